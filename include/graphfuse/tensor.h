@@ -1,0 +1,70 @@
+// Tensors: an aligned owning buffer (Tensor) and a non-owning view (TensorView).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "graphfuse/dtype.h"
+#include "graphfuse/shape.h"
+#include "graphfuse/status.h"
+
+namespace graphfuse {
+
+// Buffers are aligned to a cache line, which is also the widest vector (AVX-512).
+inline constexpr size_t kTensorAlignment = 64;
+// A single tensor larger than this is refused as absurd rather than attempted.
+inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 38;  // 256 GiB
+
+// Non-owning: dtype, shape and a pointer to row-major contiguous data.
+struct TensorView {
+  DType dtype = DType::kF32;
+  Shape shape;
+  void* data = nullptr;
+
+  int64_t numel() const;  // product of dims (the shape is assumed valid)
+  template <class T>
+  T* as() const { return static_cast<T*>(data); }
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates an uninitialized tensor; errors name the dtype and shape when it is
+  // malformed (negative dim), absurd (> kMaxTensorBytes) or the allocation fails.
+  static Result<Tensor> Empty(DType dtype, const Shape& shape);
+  // Copies `values` converted to `dtype` (round-to-nearest-even for f16/bf16).
+  static Result<Tensor> FromFloats(DType dtype, const Shape& shape, const std::vector<float>& values);
+
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * DTypeSize(dtype_); }
+  void* data() { return data_.get(); }
+  const void* data() const { return data_.get(); }
+  template <class T>
+  T* data_as() { return static_cast<T*>(data_.get()); }
+  template <class T>
+  const T* data_as() const { return static_cast<const T*>(data_.get()); }
+  TensorView view() const { return TensorView{dtype_, shape_, data_.get()}; }
+
+  // Element i read as double, whatever the dtype.
+  double GetAsDouble(int64_t i) const;
+  // Element i set from a double (converted and rounded to the dtype).
+  void SetFromDouble(int64_t i, double v);
+
+ private:
+  struct Free {
+    void operator()(void* p) const;
+  };
+  DType dtype_ = DType::kF32;
+  Shape shape_;
+  int64_t numel_ = 0;
+  std::unique_ptr<void, Free> data_;
+};
+
+// Reads element i of a view as double / writes it from double, for any dtype.
+double LoadAsDouble(const TensorView& t, int64_t i);
+void StoreFromDouble(const TensorView& t, int64_t i, double v);
+
+}  // namespace graphfuse

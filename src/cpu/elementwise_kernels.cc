@@ -1,0 +1,74 @@
+#include "elementwise_kernels.h"
+
+#include "../ops/scalar_math.h"
+#include "simd.h"
+
+namespace graphfuse::cpu {
+namespace {
+
+constexpr bool kIntOk = true, kFloatOnly = false;
+
+// Each row becomes a struct whose Eval is the row's expression for any T.
+#define OP(name, arity, cls, ints, cost, ulp, alpha, beta, expr)                                 \
+  struct name##Row {                                                                            \
+    static constexpr int kArity = arity;                                                        \
+    static constexpr bool kInts = ints;                                                         \
+    template <class T, class I>                                                                 \
+    static T Eval([[maybe_unused]] T x, [[maybe_unused]] T y, [[maybe_unused]] T z,             \
+                  [[maybe_unused]] const OpAttrs& a, [[maybe_unused]] I idx) {                  \
+      using namespace ::graphfuse::simd;                                                        \
+      using namespace ::graphfuse::scalar;                                                      \
+      return expr;                                                                              \
+    }                                                                                           \
+  };
+#include "../ops/ops.def"
+#undef OP
+
+template <class Row>
+void F32Kernel(const float* const* in, float* out, int64_t n, const OpAttrs& a, int64_t base) {
+  using simd::VF;
+  const float* x = in[0];
+  const float* y = Row::kArity > 1 ? in[1] : in[0];
+  const float* z = Row::kArity > 2 ? in[2] : in[0];
+  for (int64_t i = 0; i < n; i += simd::kLanes) {
+    const VF vx = VF::Load(x + i);
+    const VF vy = Row::kArity > 1 ? VF::Load(y + i) : vx;
+    const VF vz = Row::kArity > 2 ? VF::Load(z + i) : vx;
+    Row::template Eval<VF, int64_t>(vx, vy, vz, a, base + i).Store(out + i);
+  }
+}
+
+// Integer data: plain loops over int64 that the compiler vectorizes where it can.
+template <class Row>
+void I64Kernel(const int64_t* const* in, int64_t* out, int64_t n, const OpAttrs& a, int64_t base) {
+  const int64_t* x = in[0];
+  const int64_t* y = Row::kArity > 1 ? in[1] : in[0];
+  const int64_t* z = Row::kArity > 2 ? in[2] : in[0];
+  for (int64_t i = 0; i < n; ++i) out[i] = Row::template Eval<int64_t, int64_t>(x[i], y[i], z[i], a, base + i);
+}
+
+template <class Row>
+constexpr I64TileKernel I64KernelOrNull() {
+  if constexpr (Row::kInts) return &I64Kernel<Row>;
+  return nullptr;
+}
+
+constexpr F32TileKernel kF32Kernels[] = {
+#define OP(name, ...) &F32Kernel<name##Row>,
+#include "../ops/ops.def"
+#undef OP
+};
+constexpr I64TileKernel kI64Kernels[] = {
+#define OP(name, ...) I64KernelOrNull<name##Row>(),
+#include "../ops/ops.def"
+#undef OP
+};
+
+}  // namespace
+
+F32TileKernel GetF32TileKernel(OpKind kind) { return kF32Kernels[static_cast<size_t>(kind)]; }
+I64TileKernel GetI64TileKernel(OpKind kind) { return kI64Kernels[static_cast<size_t>(kind)]; }
+int VectorLanes() { return simd::kLanes; }
+const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace graphfuse::cpu

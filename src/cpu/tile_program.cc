@@ -1,0 +1,342 @@
+#include "tile_program.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace graphfuse::cpu {
+namespace {
+
+// ---- storage <-> register conversions (plain loops; the compiler vectorizes them) ----------
+
+inline float F16ToF32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
+inline uint16_t F32ToF16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }  // RNE
+inline float BF16ToF32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+inline uint16_t F32ToBF16(float f) {  // round to nearest even; NaN stays a quiet NaN
+  const uint32_t x = std::bit_cast<uint32_t>(f);
+  const uint32_t r = (x + 0x7FFFu + ((x >> 16) & 1u)) >> 16;
+  return static_cast<uint16_t>((x & 0x7FFFFFFFu) > 0x7F800000u ? (x >> 16) | 0x40u : r);
+}
+
+// Float -> integer: truncate toward zero, saturate, NaN -> 0 (matches Tensor::SetFromDouble).
+template <class I>
+inline I SaturateToInt(float v) {
+  constexpr float lo = static_cast<float>(std::numeric_limits<I>::min());
+  constexpr float hi = static_cast<float>(std::numeric_limits<I>::max());  // rounds up to 2^31 / 2^63
+  if (!(v == v)) return 0;
+  if (v >= hi) return std::numeric_limits<I>::max();
+  if (v <= lo) return std::numeric_limits<I>::min();
+  return static_cast<I>(v);
+}
+
+template <class Dst>
+Dst LoadOne(DType t, const void* base, int64_t i);
+
+template <>
+inline float LoadOne<float>(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kF32: return static_cast<const float*>(p)[i];
+    case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBF16: return BF16ToF32(static_cast<const uint16_t*>(p)[i]);
+    case DType::kI32: return static_cast<float>(static_cast<const int32_t*>(p)[i]);
+    case DType::kI64: return static_cast<float>(static_cast<const int64_t*>(p)[i]);
+    case DType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1.f : 0.f;
+  }
+  return 0;
+}
+template <>
+inline int64_t LoadOne<int64_t>(DType t, const void* p, int64_t i) {
+  switch (t) {
+    case DType::kI32: return static_cast<const int32_t*>(p)[i];
+    case DType::kI64: return static_cast<const int64_t*>(p)[i];
+    case DType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1 : 0;
+    default: return SaturateToInt<int64_t>(LoadOne<float>(t, p, i));
+  }
+}
+
+// dst[0..n) = src[0], src[stride], ... converted. Specialized loops for the common strides.
+template <class Dst, class Src, class Conv>
+inline void ConvertRun(const Src* src, int64_t stride, Dst* dst, int64_t n, Conv conv) {
+  if (stride == 1) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = conv(src[i]);
+  } else if (stride == 0) {
+    const Dst v = conv(src[0]);
+    for (int64_t i = 0; i < n; ++i) dst[i] = v;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = conv(src[i * stride]);
+  }
+}
+
+template <class Dst>
+void LoadRun(DType t, const void* base, int64_t offset, int64_t stride, Dst* dst, int64_t n) {
+  auto run = [&](auto* typed, auto conv) { ConvertRun(typed + offset, stride, dst, n, conv); };
+  using D = Dst;
+  switch (t) {
+    case DType::kF32: return run(static_cast<const float*>(base), [](float v) { return static_cast<D>(v); });
+    case DType::kF16:
+      return run(static_cast<const uint16_t*>(base), [](uint16_t v) {
+        if constexpr (std::is_same_v<D, float>) return F16ToF32(v);
+        else return SaturateToInt<int64_t>(F16ToF32(v));
+      });
+    case DType::kBF16:
+      return run(static_cast<const uint16_t*>(base), [](uint16_t v) {
+        if constexpr (std::is_same_v<D, float>) return BF16ToF32(v);
+        else return SaturateToInt<int64_t>(BF16ToF32(v));
+      });
+    case DType::kI32: return run(static_cast<const int32_t*>(base), [](int32_t v) { return static_cast<D>(v); });
+    case DType::kI64: return run(static_cast<const int64_t*>(base), [](int64_t v) { return static_cast<D>(v); });
+    case DType::kBool: return run(static_cast<const uint8_t*>(base), [](uint8_t v) { return static_cast<D>(v != 0); });
+  }
+}
+
+template <class Src>
+void StoreRun(const Src* src, DType t, void* base, int64_t offset, int64_t n) {
+  auto run = [&](auto* typed, auto conv) {
+    auto* out = typed + offset;
+    for (int64_t i = 0; i < n; ++i) out[i] = conv(src[i]);
+  };
+  constexpr bool kFloatSrc = std::is_same_v<Src, float>;
+  switch (t) {
+    case DType::kF32: return run(static_cast<float*>(base), [](Src v) { return static_cast<float>(v); });
+    case DType::kF16: return run(static_cast<uint16_t*>(base), [](Src v) { return F32ToF16(static_cast<float>(v)); });
+    case DType::kBF16: return run(static_cast<uint16_t*>(base), [](Src v) { return F32ToBF16(static_cast<float>(v)); });
+    case DType::kI32:
+      return run(static_cast<int32_t*>(base), [](Src v) {
+        if constexpr (kFloatSrc) return SaturateToInt<int32_t>(v);
+        else return static_cast<int32_t>(v);  // integer narrowing wraps, as in C and numpy
+      });
+    case DType::kI64:
+      return run(static_cast<int64_t*>(base), [](Src v) {
+        if constexpr (kFloatSrc) return SaturateToInt<int64_t>(v);
+        else return v;
+      });
+    case DType::kBool: return run(static_cast<uint8_t*>(base), [](Src v) { return static_cast<uint8_t>(v != 0); });
+  }
+}
+
+// ---- the iteration space -------------------------------------------------------------------
+
+// Dims after dropping size-1 dims and merging neighbours that every operand walks contiguously.
+struct Layout {
+  Shape shape;
+  std::vector<std::vector<int64_t>> strides;  // per input
+};
+
+Layout Collapse(const TileProgram& p) {
+  Layout l;
+  const std::vector<int64_t> out_strides = ContiguousStrides(p.shape);
+  std::vector<int64_t> keep;
+  for (size_t d = 0; d < p.shape.size(); ++d)
+    if (p.shape[d] != 1) keep.push_back(static_cast<int64_t>(d));
+  l.strides.resize(p.inputs.size());
+  for (int64_t d : keep) {
+    bool merge = !l.shape.empty();
+    if (merge) {
+      const int64_t inner = p.shape[d];
+      // Merge when each operand's stride of the previous dim equals its stride here times this dim.
+      for (size_t k = 0; k < p.inputs.size() && merge; ++k)
+        merge = l.strides[k].back() == p.inputs[k].strides[d] * inner;
+      (void)out_strides;
+    }
+    if (merge) {
+      l.shape.back() *= p.shape[d];
+      for (size_t k = 0; k < p.inputs.size(); ++k) l.strides[k].back() = p.inputs[k].strides[d];
+    } else {
+      l.shape.push_back(p.shape[d]);
+      for (size_t k = 0; k < p.inputs.size(); ++k) l.strides[k].push_back(p.inputs[k].strides[d]);
+    }
+  }
+  if (l.shape.empty()) {  // a scalar or all-ones shape: one element
+    l.shape.push_back(1);
+    for (auto& s : l.strides) s.push_back(0);
+  }
+  return l;
+}
+
+// Loads elements [start, start+n) of the iteration space of one input into dst.
+template <class Dst>
+void LoadTile(const TileInput& in, const Shape& shape, const std::vector<int64_t>& strides, int64_t start,
+              int64_t n, Dst* dst) {
+  const size_t rank = shape.size();
+  int64_t idx[16];
+  int64_t rem = start, offset = 0;
+  for (size_t d = rank; d-- > 0;) {
+    idx[d] = rem % shape[d];
+    rem /= shape[d];
+    offset += idx[d] * strides[d];
+  }
+  const size_t last = rank - 1;
+  while (n > 0) {
+    const int64_t run = std::min(n, shape[last] - idx[last]);
+    LoadRun(in.dtype, in.data, offset, strides[last], dst, run);
+    dst += run;
+    n -= run;
+    offset += run * strides[last];
+    idx[last] += run;
+    for (size_t d = last; d > 0 && idx[d] == shape[d]; --d) {  // carry
+      offset -= idx[d] * strides[d];
+      idx[d] = 0;
+      ++idx[d - 1];
+      offset += strides[d - 1];
+    }
+  }
+}
+
+struct Plan {
+  const TileProgram* p;
+  Layout layout;
+  int64_t numel = 0;
+  std::vector<bool> direct_input;   // read in place (f32, contiguous)
+  std::vector<int> direct_output;   // per register: output index written in place, or -1
+  std::vector<F32TileKernel> f32;
+  std::vector<I64TileKernel> i64;
+};
+
+bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return pa < pb + nb && pb < pa + na;
+}
+
+void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scratch) {
+  const TileProgram& p = *plan.p;
+  const int nin = static_cast<int>(p.inputs.size());
+  const int nreg = p.num_registers();
+  const int lanes = VectorLanes();
+  // One 8-byte-per-element buffer per register.
+  auto reg_buffer = [&](int r) { return static_cast<char*>(scratch) + static_cast<size_t>(r) * kTileElements * 8; };
+  void* regs[64];
+  GF_CHECK(nreg <= 64, "tile program with ", nreg, " registers");
+
+  for (int64_t t = tile_begin; t < tile_end; ++t) {
+    const int64_t start = t * kTileElements;
+    const int64_t n = std::min(kTileElements, plan.numel - start);
+    const int64_t npad = (n + lanes - 1) / lanes * lanes;
+    const bool aligned = (n == npad);  // no vector reads past the tensors' ends
+
+    for (int k = 0; k < nin; ++k) {
+      const TileInput& in = p.inputs[k];
+      if (plan.direct_input[k] && aligned) {
+        regs[k] = const_cast<float*>(static_cast<const float*>(in.data) + start);
+        continue;
+      }
+      regs[k] = reg_buffer(k);
+      if (in.domain == Domain::kF32) {
+        float* dst = static_cast<float*>(regs[k]);
+        LoadTile(in, plan.layout.shape, plan.layout.strides[k], start, n, dst);
+        std::fill(dst + n, dst + npad, 0.f);
+      } else {
+        int64_t* dst = static_cast<int64_t*>(regs[k]);
+        LoadTile(in, plan.layout.shape, plan.layout.strides[k], start, n, dst);
+        std::fill(dst + n, dst + npad, int64_t{0});
+      }
+    }
+    for (size_t i = 0; i < p.instrs.size(); ++i) {
+      const TileInstr& ins = p.instrs[i];
+      const int r = nin + static_cast<int>(i);
+      const int direct = plan.direct_output[r];
+      regs[r] = (direct >= 0 && aligned) ? static_cast<void*>(static_cast<float*>(p.outputs[direct].data) + start)
+                                         : static_cast<void*>(reg_buffer(r));
+      if (ins.domain == Domain::kF32) {
+        const float* args[3] = {static_cast<const float*>(regs[ins.args[0]]), static_cast<const float*>(regs[ins.args[1]]),
+                                static_cast<const float*>(regs[ins.args[2]])};
+        plan.f32[i](args, static_cast<float*>(regs[r]), npad, ins.attrs, start);
+      } else {
+        const int64_t* args[3] = {static_cast<const int64_t*>(regs[ins.args[0]]),
+                                  static_cast<const int64_t*>(regs[ins.args[1]]),
+                                  static_cast<const int64_t*>(regs[ins.args[2]])};
+        plan.i64[i](args, static_cast<int64_t*>(regs[r]), npad, ins.attrs, start);
+      }
+    }
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const TileOutput& out = p.outputs[o];
+      if (plan.direct_output[out.reg] == static_cast<int>(o) && aligned) continue;
+      if (p.RegisterDomain(out.reg) == Domain::kF32)
+        StoreRun(static_cast<const float*>(regs[out.reg]), out.dtype, out.data, start, n);
+      else
+        StoreRun(static_cast<const int64_t*>(regs[out.reg]), out.dtype, out.data, start, n);
+    }
+  }
+}
+
+}  // namespace
+
+Domain TileProgram::RegisterDomain(int reg) const {
+  const int nin = static_cast<int>(inputs.size());
+  return reg < nin ? inputs[reg].domain : instrs[reg - nin].domain;
+}
+
+int64_t TileProgram::CostPerElement() const {
+  int64_t c = 0;
+  for (const TileInstr& i : instrs) c += GetOpInfo(i.op).cost;
+  return std::max<int64_t>(c, 1);
+}
+
+void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
+  Plan plan;
+  plan.p = &p;
+  plan.numel = 1;
+  for (int64_t d : p.shape) plan.numel *= d;
+  if (plan.numel == 0) return;
+  plan.layout = Collapse(p);
+  GF_CHECK(plan.layout.shape.size() <= 16, "rank ", plan.layout.shape.size());
+
+  const int nin = static_cast<int>(p.inputs.size());
+  const int nreg = p.num_registers();
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const TileInstr& ins = p.instrs[i];
+    for (int a = 0; a < GetOpInfo(ins.op).arity; ++a) {
+      GF_CHECK(ins.args[a] >= 0 && ins.args[a] < nin + static_cast<int>(i), "bad register");
+      GF_CHECK(p.RegisterDomain(ins.args[a]) == ins.domain, "domain mismatch in ", OpName(ins.op));
+    }
+    plan.f32.push_back(GetF32TileKernel(ins.op));
+    plan.i64.push_back(GetI64TileKernel(ins.op));
+    GF_CHECK(ins.domain == Domain::kF32 || plan.i64.back() != nullptr, OpName(ins.op), " has no integer kernel");
+  }
+
+  // Inputs read in place: f32 data walked contiguously over the whole space.
+  for (int k = 0; k < nin; ++k) {
+    const TileInput& in = p.inputs[k];
+    plan.direct_input.push_back(in.dtype == DType::kF32 && in.domain == Domain::kF32 &&
+                                plan.layout.shape.size() == 1 && plan.layout.strides[k][0] == 1);
+  }
+  // Results written in place: f32 outputs, unless an input read in place overlaps the output
+  // and is still read by a later instruction (it would see the new values).
+  std::vector<int> last_use(nreg, -1);
+  for (size_t i = 0; i < p.instrs.size(); ++i)
+    for (int a = 0; a < GetOpInfo(p.instrs[i].op).arity; ++a) last_use[p.instrs[i].args[a]] = static_cast<int>(i);
+  plan.direct_output.assign(nreg, -1);
+  for (size_t o = 0; o < p.outputs.size(); ++o) {
+    const TileOutput& out = p.outputs[o];
+    if (out.reg < nin || plan.direct_output[out.reg] >= 0) continue;
+    if (out.dtype != DType::kF32 || p.RegisterDomain(out.reg) != Domain::kF32) continue;
+    const int producer = out.reg - nin;
+    bool safe = true;
+    for (int k = 0; k < nin; ++k)
+      if (plan.direct_input[k] && last_use[k] > producer &&
+          Overlaps(p.inputs[k].data, plan.numel * 4, out.data, plan.numel * 4))
+        safe = false;
+    if (safe) plan.direct_output[out.reg] = static_cast<int>(o);
+  }
+
+  const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
+  const int threads = static_cast<int>(std::min<int64_t>(ctx.ThreadsFor(plan.numel * p.CostPerElement()), tiles));
+  const size_t scratch_bytes = static_cast<size_t>(nreg) * kTileElements * 8;
+  if (threads <= 1 || ctx.pool == nullptr) {
+    // Small launches: the calling thread, no dispatch. Scratch comes from the pool when there is one.
+    if (ctx.pool != nullptr) {
+      RunTiles(plan, 0, tiles, ctx.pool->Scratch(0, scratch_bytes));
+    } else {
+      std::vector<int64_t> local((scratch_bytes + 7) / 8);
+      RunTiles(plan, 0, tiles, local.data());
+    }
+    return;
+  }
+  ctx.pool->Parallel(threads, [&](int tid, int nt) {
+    const int64_t b = tiles * tid / nt, e = tiles * (tid + 1) / nt;
+    RunTiles(plan, b, e, ctx.pool->Scratch(tid, scratch_bytes));
+  });
+}
+
+}  // namespace graphfuse::cpu

@@ -1,0 +1,59 @@
+// The CPU tile executor. A tile program is a short straight-line list of op-table
+// instructions over registers; the executor walks the iteration space in L1-sized tiles and,
+// per tile, loads the inputs (converting dtype, reading broadcast operands with stride 0),
+// runs the instructions with SIMD over the tile, and stores only the program's outputs.
+// An unfused op is a one-instruction program; a fused group (a later pass) is a longer one,
+// and its intermediates never leave the tile.
+//
+//   registers: [ inputs 0..I-1 | result of instr 0 | result of instr 1 | ... ]
+//   program:   %2 = Add(%0, %1) ; %3 = Mul(%2, %0) ; store %3 -> out0
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "elementwise_kernels.h"
+#include "graphfuse/cpu.h"
+
+namespace graphfuse::cpu {
+
+// Elements per tile: every register of a tile stays in L1 (2048 x 8 bytes = 16 KiB at most).
+inline constexpr int64_t kTileElements = 2048;
+
+struct TileInput {
+  DType dtype;
+  const void* data;
+  std::vector<int64_t> strides;  // elements, one per dim of TileProgram::shape; 0 = broadcast
+  Domain domain;                 // the register domain it is loaded into
+};
+
+struct TileInstr {
+  OpKind op;
+  std::array<int, 3> args{0, 0, 0};  // registers, all < this instruction's own register
+  OpAttrs attrs;
+  Domain domain;
+};
+
+struct TileOutput {
+  int reg;
+  DType dtype;
+  void* data;  // contiguous over TileProgram::shape
+};
+
+struct TileProgram {
+  Shape shape;  // the iteration space (the output shape)
+  std::vector<TileInput> inputs;
+  std::vector<TileInstr> instrs;
+  std::vector<TileOutput> outputs;
+
+  int num_registers() const { return static_cast<int>(inputs.size() + instrs.size()); }
+  Domain RegisterDomain(int reg) const;
+  // Compute cost per element (sum of the instructions' table costs, at least 1).
+  int64_t CostPerElement() const;
+};
+
+// Runs the program as ONE launch: at most one dispatch to the thread pool.
+// Register domains and operands are internal invariants (checked, not reported).
+void RunTileProgram(const TileProgram& program, const CpuContext& ctx);
+
+}  // namespace graphfuse::cpu

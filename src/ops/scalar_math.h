@@ -1,0 +1,60 @@
+// The op-table vocabulary for scalars: T = double (the float64 reference) and T = int64_t
+// (exact integer ops). The SIMD vocabulary with the same names is src/cpu/simd.h.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "graphfuse/ops.h"
+#include "philox.h"
+
+namespace graphfuse::scalar {
+
+template <class T>
+inline T select(T c, T t, T f) { return c != T(0) ? t : f; }
+template <class T>
+inline T lt(T x, T y) { return x < y ? T(1) : T(0); }
+template <class T>
+inline T eq(T x, T y) { return x == y ? T(1) : T(0); }
+template <class T>
+inline T logical_and(T x, T y) { return (x != T(0) && y != T(0)) ? T(1) : T(0); }
+template <class T>
+inline T logical_or(T x, T y) { return (x != T(0) || y != T(0)) ? T(1) : T(0); }
+template <class T>
+inline T logical_not(T x) { return x == T(0) ? T(1) : T(0); }
+
+// NaN-propagating, like numpy.maximum / minimum; x when x == y (max(0, -0) == 0).
+inline double max(double x, double y) { return (x != x || y != y) ? x + y : (x < y ? y : x); }
+inline double min(double x, double y) { return (x != x || y != y) ? x + y : (y < x ? y : x); }
+inline int64_t max(int64_t x, int64_t y) { return x < y ? y : x; }
+inline int64_t min(int64_t x, int64_t y) { return y < x ? y : x; }
+
+inline double abs(double x) { return std::fabs(x); }
+// Two's complement wraps (abs(INT64_MIN) == INT64_MIN), as numpy does; never UB.
+inline int64_t abs(int64_t x) { return x < 0 ? static_cast<int64_t>(0 - static_cast<uint64_t>(x)) : x; }
+
+inline double div(double x, double y) { return x / y; }
+// Integer division truncates; x / 0 gives 0 and INT64_MIN / -1 wraps, instead of trapping.
+inline int64_t div(int64_t x, int64_t y) {
+  if (y == 0) return 0;
+  if (y == -1) return static_cast<int64_t>(0 - static_cast<uint64_t>(x));
+  return x / y;
+}
+
+using std::erf;
+using std::erfc;
+using std::exp;
+using std::expm1;
+using std::log;
+using std::log1p;
+using std::pow;
+using std::sqrt;
+using std::tanh;
+
+inline double dropout(double x, const OpAttrs& a, int64_t idx) {
+  if (!a.training) return x;
+  return DropoutKeep(a.seed, static_cast<uint64_t>(idx), a.alpha) ? x * DropoutScale(a.alpha) : 0.0 * x;
+}
+
+}  // namespace graphfuse::scalar

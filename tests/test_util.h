@@ -1,0 +1,51 @@
+// Shared helpers for op tests: random inputs, the float64 reference check with ulp tolerance.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "graphfuse/cpu.h"
+#include "graphfuse/ops.h"
+#include "graphfuse/tensor.h"
+#include "ops/check.h"
+#include "ops/reference.h"
+
+namespace graphfuse::testing {
+
+// Fills a tensor with values drawn for `op` (positive where the op needs it, bools for
+// logical inputs, never all zeros).
+inline void FillRandom(Tensor& t, OpKind op, int input, std::mt19937& rng) {
+  const OpInfo& info = GetOpInfo(op);
+  std::uniform_real_distribution<double> any(-4.0, 4.0), pos(0.01, 8.0), base(0.1, 4.0), expo(-3.0, 3.0);
+  std::uniform_int_distribution<int> ints(-50, 50), bit(0, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    double v;
+    if (t.dtype() == DType::kBool) v = bit(rng);
+    else if (!IsFloat(t.dtype())) v = ints(rng);
+    else if (op == OpKind::kLog || op == OpKind::kSqrt || op == OpKind::kRsqrt) v = pos(rng);
+    else if (op == OpKind::kPow) v = input == 0 ? base(rng) : expo(rng);
+    else v = any(rng);
+    (void)info;
+    t.SetFromDouble(i, v);
+  }
+}
+
+// Checks every element of `out` against the reference (the contract of CheckAgainstReference),
+// adds a test failure naming the first bad element, and returns the worst error in ulps
+// beyond the input-slack interval (the contract's measure).
+inline double ExpectMatchesReference(OpKind op, std::span<const TensorView> in, const Tensor& out,
+                                     const OpAttrs& attrs, const std::string& where) {
+  const CheckReport rep = CheckAgainstReference(op, in, out.view(), attrs);
+  EXPECT_TRUE(rep.ok) << where << ": " << rep.failures << " of " << rep.checked
+                      << " elements wrong; first: " << rep.first_failure;
+  return rep.max_contract_ulp;
+}
+
+}  // namespace graphfuse::testing

@@ -1,0 +1,33 @@
+// Small shared pieces of the `graphfuse` command: flag parsing with clear errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graphfuse/status.h"
+
+namespace graphfuse::cli {
+
+// Exit codes of the contract in DESIGN.md.
+inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
+
+// Walks argv after the command name.
+class Args {
+ public:
+  Args(std::string command, std::vector<std::string> args) : command_(std::move(command)), args_(std::move(args)) {}
+  bool Done() const { return i_ >= args_.size(); }
+  const std::string& Next() { return args_[i_++]; }
+  // The value after flag `name`, or an error naming the flag.
+  Result<std::string> Value(const std::string& name);
+  // An integer value in [lo, hi].
+  Result<int64_t> Int(const std::string& name, int64_t lo, int64_t hi);
+  const std::string& command() const { return command_; }
+
+ private:
+  std::string command_;
+  std::vector<std::string> args_;
+  size_t i_ = 0;
+};
+
+}  // namespace graphfuse::cli
