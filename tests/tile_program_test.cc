@@ -67,12 +67,12 @@ TEST(TileProgram, ChainEqualsUnfusedBitwise) {
 
     Tensor got = Tensor::Empty(dt, {rows, cols}).value();
     cpu::TileProgram p;
-    p.shape = {rows, cols};
-    const Shape shape = p.shape;
-    p.inputs = {{dt, x.data(), BroadcastStrides(x.shape(), shape), cpu::Domain::kF32},
-                {dt, y.data(), BroadcastStrides(y.shape(), shape), cpu::Domain::kF32},
-                {dt, s.data(), BroadcastStrides(s.shape(), shape), cpu::Domain::kF32},
-                {dt, b.data(), BroadcastStrides(b.shape(), shape), cpu::Domain::kF32}};
+    const Shape shape = {rows, cols};
+    p.shape = cpu::TileShape(shape);
+    p.inputs = {{dt, x.data(), cpu::TileStrides(x.shape(), shape), cpu::Domain::kF32},
+                {dt, y.data(), cpu::TileStrides(y.shape(), shape), cpu::Domain::kF32},
+                {dt, s.data(), cpu::TileStrides(s.shape(), shape), cpu::Domain::kF32},
+                {dt, b.data(), cpu::TileStrides(b.shape(), shape), cpu::Domain::kF32}};
     p.instrs = {{OpKind::kAdd, {0, 1, 0}, {}, cpu::Domain::kF32},
                 {OpKind::kMul, {4, 2, 0}, {}, cpu::Domain::kF32},
                 {OpKind::kAdd, {5, 3, 0}, {}, cpu::Domain::kF32}};

@@ -1,4 +1,6 @@
 // The unfused baseline: every elementwise op runs alone as a one-instruction tile program.
+// The validation below runs on every launch, so its success path allocates nothing; the
+// allocating shape/dtype rules of ops.h run only to word an error.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -24,6 +26,38 @@ std::string Describe(OpKind kind, std::span<const TensorView> in) {
   return s + ")";
 }
 
+// Whether `out` is exactly the broadcast of the input shapes (no allocation).
+bool IsBroadcastOf(const Shape& out, std::span<const TensorView> in) {
+  size_t rank = 0;
+  for (const TensorView& t : in) rank = std::max(rank, t.shape.size());
+  if (out.size() != rank) return false;
+  for (size_t k = 0; k < rank; ++k) {
+    const int64_t o = out[rank - 1 - k];
+    if (o < 0) return false;
+    bool seen = (o == 1);
+    for (const TensorView& t : in) {
+      if (k >= t.shape.size()) continue;
+      const int64_t d = t.shape[t.shape.size() - 1 - k];
+      if (d == o) seen = true;
+      else if (d != 1) return false;
+    }
+    if (!seen) return false;
+  }
+  return true;
+}
+
+// The full (allocating) rules, for the error message.
+Status ExplainMismatch(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs) {
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  for (const TensorView& t : in) dtypes.push_back(t.dtype), shapes.push_back(t.shape);
+  GF_ASSIGN_OR_RETURN(DType out_dtype, InferDType(kind, dtypes, attrs));
+  GF_ASSIGN_OR_RETURN(Shape out_shape, InferShape(kind, shapes));
+  GF_RETURN_IF_ERROR(NumElements(out_shape).status());
+  return InvalidArgument(Describe(kind, in), " produces ", DTypeName(out_dtype), ShapeToString(out_shape),
+                         " but the output is ", DTypeName(out.dtype), ShapeToString(out.shape));
+}
+
 }  // namespace
 
 Status RunOp(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs,
@@ -31,37 +65,40 @@ Status RunOp(OpKind kind, std::span<const TensorView> in, const TensorView& out,
   const OpInfo& op = GetOpInfo(kind);
   if (static_cast<int>(in.size()) != op.arity)
     return InvalidArgument("op ", op.name, " takes ", op.arity, " input(s), got ", in.size());
-  std::vector<DType> dtypes;
-  std::vector<Shape> shapes;
-  for (const TensorView& t : in) dtypes.push_back(t.dtype), shapes.push_back(t.shape);
-  GF_ASSIGN_OR_RETURN(DType out_dtype, InferDType(kind, dtypes, attrs));
-  GF_ASSIGN_OR_RETURN(Shape out_shape, InferShape(kind, shapes));
+  std::array<DType, 3> dtype_buf{};
+  for (size_t k = 0; k < in.size(); ++k) dtype_buf[k] = in[k].dtype;
+  const std::span<const DType> dtypes(dtype_buf.data(), in.size());
+  auto out_dtype = InferDType(kind, dtypes, attrs);
+  if (!out_dtype.ok()) return out_dtype.status();
+  const bool bias_ok = kind != OpKind::kBias ||
+                       (in[1].shape.size() == 1 && !in[0].shape.empty() && in[1].shape[0] == in[0].shape.back());
+  if (*out_dtype != out.dtype || !bias_ok || !IsBroadcastOf(out.shape, in)) return ExplainMismatch(kind, in, out, attrs);
   GF_RETURN_IF_ERROR(CheckAttrs(kind, attrs));
-  const std::string what = Describe(kind, in);
-  if (out.dtype != out_dtype || out.shape != out_shape)
-    return InvalidArgument(what, " produces ", DTypeName(out_dtype), ShapeToString(out_shape),
-                           " but the output is ", DTypeName(out.dtype), ShapeToString(out.shape));
-  GF_ASSIGN_OR_RETURN(int64_t n, NumElements(out_shape));
+  auto numel = NumElements(out.shape);
+  if (!numel.ok()) return numel.status().WithContext(Describe(kind, in));
+  if (out.shape.size() > cpu::kMaxTileRank)
+    return Unimplemented(Describe(kind, in), ": rank ", out.shape.size(), " exceeds the supported ", cpu::kMaxTileRank);
+  const int64_t n = *numel;
   if (n == 0) return Status::Ok();
+  if (out.data == nullptr) return InvalidArgument(Describe(kind, in), ": output has no data");
   const size_t out_bytes = static_cast<size_t>(n) * DTypeSize(out.dtype);
-  if (out.data == nullptr) return InvalidArgument(what, ": output has no data");
   for (size_t k = 0; k < in.size(); ++k) {
-    if (in[k].data == nullptr) return InvalidArgument(what, ": input ", k, " has no data");
+    if (in[k].data == nullptr) return InvalidArgument(Describe(kind, in), ": input ", k, " has no data");
     // In place is fine when the input is read element for element where it is written.
     const size_t in_bytes = static_cast<size_t>(in[k].numel()) * DTypeSize(in[k].dtype);
     auto a = reinterpret_cast<uintptr_t>(in[k].data), b = reinterpret_cast<uintptr_t>(out.data);
     const bool overlap = a < b + out_bytes && b < a + in_bytes;
     if (overlap && !(a == b && in[k].shape == out.shape && in[k].dtype == out.dtype))
-      return InvalidArgument(what, ": the output overlaps input ", k,
+      return InvalidArgument(Describe(kind, in), ": the output overlaps input ", k,
                              " without being exactly it (same data, shape and dtype)");
   }
 
   const cpu::Domain domain = ComputesInIntegers(kind, dtypes) ? cpu::Domain::kI64 : cpu::Domain::kF32;
   cpu::TileProgram p;
-  p.shape = out_shape;
-  for (const TensorView& t : in) p.inputs.push_back({t.dtype, t.data, BroadcastStrides(t.shape, out_shape), domain});
-  cpu::TileInstr ins{kind, {0, 1, 2}, attrs, domain};
-  for (int a = op.arity; a < 3; ++a) ins.args[a] = 0;
+  p.shape = cpu::TileShape(out.shape);
+  for (const TensorView& t : in) p.inputs.push_back({t.dtype, t.data, cpu::TileStrides(t.shape, out.shape), domain});
+  cpu::TileInstr ins{kind, {0, 0, 0}, attrs, domain};
+  for (int a = 0; a < op.arity; ++a) ins.args[a] = a;
   p.instrs.push_back(ins);
   p.outputs.push_back({static_cast<int>(in.size()), out.dtype, out.data});
   cpu::RunTileProgram(p, ctx);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
 namespace graphfuse::cpu {
 namespace {
@@ -120,25 +121,20 @@ void StoreRun(const Src* src, DType t, void* base, int64_t offset, int64_t n) {
 
 // Dims after dropping size-1 dims and merging neighbours that every operand walks contiguously.
 struct Layout {
-  Shape shape;
-  std::vector<std::vector<int64_t>> strides;  // per input
+  TileDims shape;
+  InlineVec<TileDims, kMaxTileInputs> strides;  // per input
 };
 
 Layout Collapse(const TileProgram& p) {
   Layout l;
-  const std::vector<int64_t> out_strides = ContiguousStrides(p.shape);
-  std::vector<int64_t> keep;
-  for (size_t d = 0; d < p.shape.size(); ++d)
-    if (p.shape[d] != 1) keep.push_back(static_cast<int64_t>(d));
   l.strides.resize(p.inputs.size());
-  for (int64_t d : keep) {
+  for (size_t d = 0; d < p.shape.size(); ++d) {
+    if (p.shape[d] == 1) continue;
     bool merge = !l.shape.empty();
     if (merge) {
-      const int64_t inner = p.shape[d];
       // Merge when each operand's stride of the previous dim equals its stride here times this dim.
       for (size_t k = 0; k < p.inputs.size() && merge; ++k)
-        merge = l.strides[k].back() == p.inputs[k].strides[d] * inner;
-      (void)out_strides;
+        merge = l.strides[k].back() == p.inputs[k].strides[d] * p.shape[d];
     }
     if (merge) {
       l.shape.back() *= p.shape[d];
@@ -157,10 +153,10 @@ Layout Collapse(const TileProgram& p) {
 
 // Loads elements [start, start+n) of the iteration space of one input into dst.
 template <class Dst>
-void LoadTile(const TileInput& in, const Shape& shape, const std::vector<int64_t>& strides, int64_t start,
+void LoadTile(const TileInput& in, const TileDims& shape, const TileDims& strides, int64_t start,
               int64_t n, Dst* dst) {
   const size_t rank = shape.size();
-  int64_t idx[16];
+  int64_t idx[kMaxTileRank];
   int64_t rem = start, offset = 0;
   for (size_t d = rank; d-- > 0;) {
     idx[d] = rem % shape[d];
@@ -188,10 +184,11 @@ struct Plan {
   const TileProgram* p;
   Layout layout;
   int64_t numel = 0;
-  std::vector<bool> direct_input;   // read in place (f32, contiguous)
-  std::vector<int> direct_output;   // per register: output index written in place, or -1
-  std::vector<F32TileKernel> f32;
-  std::vector<I64TileKernel> i64;
+  InlineVec<bool, kMaxTileInputs> direct_input;                 // read in place (f32, contiguous)
+  InlineVec<int, kMaxTileInputs + kMaxTileInstrs> direct_output;  // per register: output written in place, or -1
+  InlineVec<F32TileKernel, kMaxTileInstrs> f32;
+  InlineVec<I64TileKernel, kMaxTileInstrs> i64;
+  bool streaming = false;  // one f32 instruction, every input and the output in place
 };
 
 bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
@@ -201,13 +198,30 @@ bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
 
 void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scratch) {
   const TileProgram& p = *plan.p;
+  if (plan.streaming) {
+    // Nothing to stage: one instruction from memory to memory over the range, except a
+    // last tile whose length is not a whole number of vectors, which takes the tile path
+    // (each element is computed exactly once: in-place ops must not run twice).
+    const int64_t begin = tile_begin * kTileElements;
+    const int64_t end = std::min(tile_end * kTileElements, plan.numel);
+    const bool ragged = end % VectorLanes() != 0;
+    const int64_t stream_end = ragged ? (tile_end - 1) * kTileElements : end;
+    const TileInstr& ins = p.instrs[0];
+    const float* args[3];
+    for (int a = 0; a < 3; ++a) args[a] = static_cast<const float*>(p.inputs[ins.args[a]].data) + begin;
+    if (stream_end > begin)
+      plan.f32[0](args, static_cast<float*>(p.outputs[0].data) + begin, stream_end - begin, ins.attrs, begin);
+    if (!ragged) return;
+    Plan tail = plan;
+    tail.streaming = false;
+    RunTiles(tail, tile_end - 1, tile_end, scratch);
+    return;
+  }
   const int nin = static_cast<int>(p.inputs.size());
-  const int nreg = p.num_registers();
   const int lanes = VectorLanes();
   // One 8-byte-per-element buffer per register.
   auto reg_buffer = [&](int r) { return static_cast<char*>(scratch) + static_cast<size_t>(r) * kTileElements * 8; };
-  void* regs[64];
-  GF_CHECK(nreg <= 64, "tile program with ", nreg, " registers");
+  void* regs[kMaxTileInputs + kMaxTileInstrs];
 
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const int64_t start = t * kTileElements;
@@ -262,6 +276,26 @@ void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scra
 
 }  // namespace
 
+TileDims TileShape(const Shape& s) {
+  GF_CHECK(s.size() <= kMaxTileRank, "rank ", s.size());
+  TileDims d;
+  for (int64_t v : s) d.push_back(v);
+  return d;
+}
+
+TileDims TileStrides(const Shape& in, const Shape& out) {
+  GF_CHECK(out.size() <= kMaxTileRank && in.size() <= out.size(), "rank ", out.size());
+  TileDims strides;
+  strides.resize(out.size(), 0);
+  int64_t stride = 1;
+  for (size_t k = 0; k < in.size(); ++k) {
+    const size_t di = in.size() - 1 - k, dout = out.size() - 1 - k;
+    strides[dout] = (in[di] == 1 && out[dout] != 1) ? 0 : stride;
+    stride *= in[di];
+  }
+  return strides;
+}
+
 Domain TileProgram::RegisterDomain(int reg) const {
   const int nin = static_cast<int>(inputs.size());
   return reg < nin ? inputs[reg].domain : instrs[reg - nin].domain;
@@ -280,7 +314,6 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
   for (int64_t d : p.shape) plan.numel *= d;
   if (plan.numel == 0) return;
   plan.layout = Collapse(p);
-  GF_CHECK(plan.layout.shape.size() <= 16, "rank ", plan.layout.shape.size());
 
   const int nin = static_cast<int>(p.inputs.size());
   const int nreg = p.num_registers();
@@ -295,18 +328,24 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     GF_CHECK(ins.domain == Domain::kF32 || plan.i64.back() != nullptr, OpName(ins.op), " has no integer kernel");
   }
 
-  // Inputs read in place: f32 data walked contiguously over the whole space.
+  // Inputs read in place: f32 data laid out exactly like the (contiguous) iteration space.
   for (int k = 0; k < nin; ++k) {
     const TileInput& in = p.inputs[k];
-    plan.direct_input.push_back(in.dtype == DType::kF32 && in.domain == Domain::kF32 &&
-                                plan.layout.shape.size() == 1 && plan.layout.strides[k][0] == 1);
+    bool contiguous = in.dtype == DType::kF32 && in.domain == Domain::kF32;
+    int64_t stride = 1;
+    for (size_t d = plan.layout.shape.size(); d-- > 0 && contiguous;) {
+      contiguous = plan.layout.strides[k][d] == stride;
+      stride *= plan.layout.shape[d];
+    }
+    plan.direct_input.push_back(contiguous);
   }
   // Results written in place: f32 outputs, unless an input read in place overlaps the output
   // and is still read by a later instruction (it would see the new values).
-  std::vector<int> last_use(nreg, -1);
+  int last_use[kMaxTileInputs + kMaxTileInstrs];
+  std::fill(last_use, last_use + nreg, -1);
   for (size_t i = 0; i < p.instrs.size(); ++i)
     for (int a = 0; a < GetOpInfo(p.instrs[i].op).arity; ++a) last_use[p.instrs[i].args[a]] = static_cast<int>(i);
-  plan.direct_output.assign(nreg, -1);
+  plan.direct_output.resize(nreg, -1);
   for (size_t o = 0; o < p.outputs.size(); ++o) {
     const TileOutput& out = p.outputs[o];
     if (out.reg < nin || plan.direct_output[out.reg] >= 0) continue;
@@ -320,6 +359,8 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     if (safe) plan.direct_output[out.reg] = static_cast<int>(o);
   }
 
+  plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
+                   std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
   const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
   const int threads = static_cast<int>(std::min<int64_t>(ctx.ThreadsFor(plan.numel * p.CostPerElement()), tiles));
   const size_t scratch_bytes = static_cast<size_t>(nreg) * kTileElements * 8;
@@ -328,8 +369,8 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     if (ctx.pool != nullptr) {
       RunTiles(plan, 0, tiles, ctx.pool->Scratch(0, scratch_bytes));
     } else {
-      std::vector<int64_t> local((scratch_bytes + 7) / 8);
-      RunTiles(plan, 0, tiles, local.data());
+      auto local = std::make_unique_for_overwrite<int64_t[]>((scratch_bytes + 7) / 8);
+      RunTiles(plan, 0, tiles, local.get());
     }
     return;
   }

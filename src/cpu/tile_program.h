@@ -10,8 +10,8 @@
 #pragma once
 
 #include <array>
-#include <vector>
 
+#include "../core/inline_vec.h"
 #include "elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 
@@ -19,11 +19,15 @@ namespace graphfuse::cpu {
 
 // Elements per tile: every register of a tile stays in L1 (2048 x 8 bytes = 16 KiB at most).
 inline constexpr int64_t kTileElements = 2048;
+// Capacities of one program (fixed, so that building one allocates nothing).
+inline constexpr size_t kMaxTileRank = 12, kMaxTileInputs = 16, kMaxTileInstrs = 48, kMaxTileOutputs = 8;
+
+using TileDims = InlineVec<int64_t, kMaxTileRank>;
 
 struct TileInput {
   DType dtype;
   const void* data;
-  std::vector<int64_t> strides;  // elements, one per dim of TileProgram::shape; 0 = broadcast
+  TileDims strides;  // elements, one per dim of TileProgram::shape; 0 = broadcast
   Domain domain;                 // the register domain it is loaded into
 };
 
@@ -41,16 +45,20 @@ struct TileOutput {
 };
 
 struct TileProgram {
-  Shape shape;  // the iteration space (the output shape)
-  std::vector<TileInput> inputs;
-  std::vector<TileInstr> instrs;
-  std::vector<TileOutput> outputs;
+  TileDims shape;  // the iteration space (the output shape)
+  InlineVec<TileInput, kMaxTileInputs> inputs;
+  InlineVec<TileInstr, kMaxTileInstrs> instrs;
+  InlineVec<TileOutput, kMaxTileOutputs> outputs;
 
   int num_registers() const { return static_cast<int>(inputs.size() + instrs.size()); }
   Domain RegisterDomain(int reg) const;
   // Compute cost per element (sum of the instructions' table costs, at least 1).
   int64_t CostPerElement() const;
 };
+
+// Strides for reading an input of shape `in` over the iteration space `out` (0 = broadcast).
+TileDims TileStrides(const Shape& in, const Shape& out);
+TileDims TileShape(const Shape& s);
 
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
