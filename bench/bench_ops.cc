@@ -3,6 +3,7 @@
 //   BM_Op/<Op>/<n>/threads:<T>        one public RunOp launch of every op in the table (f32 data)
 //   BM_StreamCopy|Triad/<n>/threads:<T>  STREAM-style plain loops split over the same pool
 //   BM_HandGelu|Silu|Add/<n>/threads:<T> the fastest hand-written AVX-512 + libmvec loops
+//   (the copy/triad/hand loops live in hand_loops.h, shared with bench_ratios)
 //   BM_DispatchEmpty/threads:<T>      ThreadPool::Run with an empty task
 //   BM_AddPublicPath/4096             RunOp(Add) on 4096 elements, the library choosing threads
 //   BM_OmpEmptyRegion/threads:2       an empty libgomp parallel region, for comparison
@@ -28,24 +29,16 @@
 #include <string>
 #include <vector>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 #include "cpu/tile_program.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
 #include "graphfuse/tensor.h"
 #include "graphfuse/thread_pool.h"
+#include "hand_loops.h"
 #include "ops/reference.h"
 
-#ifdef __AVX512F__
-// glibc libmvec, AVX-512 variants (x86_64 vector ABI, 'e' = AVX-512, 16 lanes).
-extern "C" __m512 _ZGVeN16v_erff(__m512);
-extern "C" __m512 _ZGVeN16v_expf(__m512);
-#endif
-
 namespace gf = graphfuse;
+namespace gfb = graphfuse::bench;
 
 namespace {
 
@@ -248,33 +241,11 @@ void BM_Op(benchmark::State& state, BenchEnv* env, gf::OpKind kind, int64_t n, i
 }
 
 // ---------------------------------------------------------------------------------------------
-// Reference loops split over the same pool: [begin, end) of thread tid, on 64-byte boundaries.
+// The ceilings: STREAM loops and hand-written AVX-512 loops (hand_loops.h) on the same pool.
 
-struct Range {
-  int64_t begin, end;
-};
-
-Range Chunk(int64_t n, int tid, int nt) {
-  const int64_t blocks = (n + 15) / 16;
-  return {std::min(n, blocks * tid / nt * 16), std::min(n, blocks * (tid + 1) / nt * 16)};
-}
-
-// A plain loop; kept from becoming a memcpy call, whose non-temporal stores on large sizes
-// would measure something no elementwise kernel does.
-__attribute__((optimize("no-tree-loop-distribute-patterns"))) void CopyLoop(const float* __restrict b,
-                                                                            float* __restrict a, Range r) {
-  for (int64_t i = r.begin; i < r.end; ++i) a[i] = b[i];
-}
-
-void TriadLoop(const float* __restrict b, const float* __restrict c, float s, float* __restrict a, Range r) {
-  for (int64_t i = r.begin; i < r.end; ++i) a[i] = b[i] + s * c[i];
-}
-
-template <class Body>
-void RunSplit(benchmark::State& state, BenchEnv* env, int64_t n, int threads, Body body) {
-  for (auto _ : state) {
-    env->pool.Parallel(threads, [&](int tid, int nt) { body(Chunk(n, tid, nt)); });
-  }
+template <class Call>
+void RunLoop(benchmark::State& state, Call call) {
+  for (auto _ : state) call();
   benchmark::ClobberMemory();
 }
 
@@ -282,7 +253,7 @@ void BM_StreamCopy(benchmark::State& state, BenchEnv* env, int64_t n, int thread
   Buffers& b = env->For(n);
   const float* x = b.x.data_as<float>();
   float* out = b.out_f32.data_as<float>();
-  RunSplit(state, env, n, threads, [&](Range r) { CopyLoop(x, out, r); });
+  RunLoop(state, [&] { gfb::StreamCopy(env->pool, x, out, n, threads); });
   if (out[n - 1] != x[n - 1]) return state.SkipWithError("copy: wrong result");
   SetTraffic(state, n * 8);
 }
@@ -293,62 +264,20 @@ void BM_StreamTriad(benchmark::State& state, BenchEnv* env, int64_t n, int threa
   const float* y = b.y.data_as<float>();
   float* out = b.out_f32.data_as<float>();
   constexpr float kS = 3.f;
-  RunSplit(state, env, n, threads, [&](Range r) { TriadLoop(x, y, kS, out, r); });
+  RunLoop(state, [&] { gfb::StreamTriad(env->pool, x, y, kS, out, n, threads); });
   if (std::fabs(out[n - 1] - (x[n - 1] + kS * y[n - 1])) > 1e-5f) return state.SkipWithError("triad: wrong result");
   SetTraffic(state, n * 12);
 }
 
 #ifdef __AVX512F__
-// Hand-written AVX-512 loops: the bar that the op library's kernels are measured against.
-// A masked tail handles n that is not a multiple of 16.
-
-template <class F>
-inline void Map1(const float* __restrict x, float* __restrict y, Range r, F f) {
-  int64_t i = r.begin;
-  for (; i + 32 <= r.end; i += 32) {
-    const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-    _mm512_storeu_ps(y + i, f(a));
-    _mm512_storeu_ps(y + i + 16, f(b));
-  }
-  for (; i < r.end; i += 16) {
-    const __mmask16 m = r.end - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (r.end - i)) - 1);
-    _mm512_mask_storeu_ps(y + i, m, f(_mm512_maskz_loadu_ps(m, x + i)));
-  }
-}
-
-inline __m512 GeluErf(__m512 x) {
-  // 0.5x * (1 + erf(x / sqrt2)) == fma(0.5x, erf(x / sqrt2), 0.5x)
-  const __m512 hx = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
-  const __m512 e = _ZGVeN16v_erff(_mm512_mul_ps(x, _mm512_set1_ps(0.70710678f)));
-  return _mm512_fmadd_ps(hx, e, hx);
-}
-
-inline __m512 Silu(__m512 x) {
-  const __m512 e = _ZGVeN16v_expf(_mm512_sub_ps(_mm512_setzero_ps(), x));
-  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.f), e));
-}
-
-void HandAddLoop(const float* __restrict a, const float* __restrict b, float* __restrict y, Range r) {
-  int64_t i = r.begin;
-  for (; i + 32 <= r.end; i += 32) {
-    _mm512_storeu_ps(y + i, _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i)));
-    _mm512_storeu_ps(y + i + 16, _mm512_add_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16)));
-  }
-  for (; i < r.end; i += 16) {
-    const __mmask16 m = r.end - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (r.end - i)) - 1);
-    _mm512_mask_storeu_ps(y + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i)));
-  }
-}
-
-bool Near(float got, double want) { return std::fabs(got - want) <= 1e-5 * std::fabs(want) + 1e-6; }
-
 void BM_HandGelu(benchmark::State& state, BenchEnv* env, int64_t n, int threads) {
   Buffers& b = env->For(n);
   const float* x = b.x.data_as<float>();
   float* out = b.out_f32.data_as<float>();
-  RunSplit(state, env, n, threads, [&](Range r) { Map1(x, out, r, GeluErf); });
+  RunLoop(state, [&] { gfb::HandGelu(env->pool, x, out, n, threads); });
   const double v = x[n - 1];
-  if (!Near(out[n - 1], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))))) return state.SkipWithError("gelu: wrong result");
+  if (!gfb::Near(out[n - 1], 0.5 * v * (1 + std::erf(v / std::sqrt(2.0)))))
+    return state.SkipWithError("gelu: wrong result");
   SetTraffic(state, n * 8);
 }
 
@@ -356,9 +285,9 @@ void BM_HandSilu(benchmark::State& state, BenchEnv* env, int64_t n, int threads)
   Buffers& b = env->For(n);
   const float* x = b.x.data_as<float>();
   float* out = b.out_f32.data_as<float>();
-  RunSplit(state, env, n, threads, [&](Range r) { Map1(x, out, r, Silu); });
+  RunLoop(state, [&] { gfb::HandSilu(env->pool, x, out, n, threads); });
   const double v = x[n - 1];
-  if (!Near(out[n - 1], v / (1 + std::exp(-v)))) return state.SkipWithError("silu: wrong result");
+  if (!gfb::Near(out[n - 1], v / (1 + std::exp(-v)))) return state.SkipWithError("silu: wrong result");
   SetTraffic(state, n * 8);
 }
 
@@ -367,7 +296,7 @@ void BM_HandAdd(benchmark::State& state, BenchEnv* env, int64_t n, int threads) 
   const float* x = b.x.data_as<float>();
   const float* y = b.y.data_as<float>();
   float* out = b.out_f32.data_as<float>();
-  RunSplit(state, env, n, threads, [&](Range r) { HandAddLoop(x, y, out, r); });
+  RunLoop(state, [&] { gfb::HandAdd(env->pool, x, y, out, n, threads); });
   if (out[n - 1] != x[n - 1] + y[n - 1]) return state.SkipWithError("add: wrong result");
   SetTraffic(state, n * 12);
 }

@@ -24,5 +24,10 @@ check demo-absurd 2 "$GF" demo --elements 99999999999999
 check demo-small 0 "$GF" demo --elements 4096 --repeats 5 --json /tmp/graphfuse_cli_test.json
 grep -q '"ops"' /tmp/graphfuse_cli_test.json || { echo "FAIL demo json lacks ops"; fail=1; }
 python3 -c "import json,sys; json.load(open('/tmp/graphfuse_cli_test.json'))" || { echo "FAIL demo json invalid"; fail=1; }
-check run-not-yet 2 "$GF" run missing.onnx
+check run-missing-model 2 "$GF" run /nonexistent/missing.onnx
+echo "$LAST" | grep -q "missing.onnx" || { echo "FAIL run error does not name the file"; fail=1; }
+head -c 1000 /dev/urandom > /tmp/graphfuse_garbage.onnx
+check run-garbage 2 "$GF" run /tmp/graphfuse_garbage.onnx
+check run-no-model 2 "$GF" run
+check run-cuda 2 "$GF" run /tmp/graphfuse_garbage.onnx --backend cuda
 exit $fail

@@ -22,6 +22,8 @@ class Args {
   Result<std::string> Value(const std::string& name);
   // An integer value in [lo, hi].
   Result<int64_t> Int(const std::string& name, int64_t lo, int64_t hi);
+  // A finite number in [lo, hi].
+  Result<double> Float(const std::string& name, double lo, double hi);
   const std::string& command() const { return command_; }
 
  private:

@@ -3,13 +3,13 @@
 // (When fusion lands, the demo becomes the transformer block, unfused vs fused.)
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "cli_common.h"
+#include "json.h"
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "ops/check.h"
@@ -31,16 +31,6 @@ struct OpRow {
   bool ok = true;
   std::string failure;
 };
-
-std::string JsonEscape(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) { o += ' '; continue; }
-    o += c;
-  }
-  return o;
-}
 
 Result<DemoOptions> ParseDemo(Args& args) {
   DemoOptions o;
@@ -176,22 +166,23 @@ int RunDemo(Args& args) {
               all_ok ? "all agree" : "SOME DIFFER");
 
   if (!o.json.empty()) {
-    std::ofstream f(o.json);
-    if (!f) {
+    Json j;
+    j.BeginObject().Key("command").Str("demo").Key("elements").Int(n).Key("threads").Int(pool.num_threads());
+    j.Key("simd").Str(cpu::SimdTargetName());
+    j.Key("gbps").BeginObject().Key("triad").Num(triad_gbps).EndObject();
+    j.Key("dispatch_us").Num(dispatch.median_s * 1e6);
+    j.Key("ops").BeginArray();
+    for (const OpRow& r : rows) {
+      j.BeginObject().Key("name").Str(r.name).Key("latency_us").Num(r.us).Key("gbps").Num(r.gbps);
+      j.Key("max_ulp_err").Num(r.max_ulp).Key("ok").Bool(r.ok);
+      if (!r.ok) j.Key("error").Str(r.failure);
+      j.EndObject();
+    }
+    j.EndArray().EndObject();
+    if (!j.WriteFile(o.json)) {
       std::fprintf(stderr, "graphfuse demo: cannot write --json file '%s'\n", o.json.c_str());
       return kExitBadInput;
     }
-    f << "{\"command\": \"demo\", \"elements\": " << n << ", \"threads\": " << pool.num_threads()
-      << ", \"simd\": \"" << cpu::SimdTargetName() << "\",\n \"gbps\": {\"triad\": " << triad_gbps
-      << "},\n \"dispatch_us\": " << dispatch.median_s * 1e6 << ",\n \"ops\": [\n";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const OpRow& r = rows[i];
-      f << "  {\"name\": \"" << r.name << "\", \"latency_us\": " << r.us << ", \"gbps\": " << r.gbps
-        << ", \"max_ulp_err\": " << r.max_ulp << ", \"ok\": " << (r.ok ? "true" : "false");
-      if (!r.ok) f << ", \"error\": \"" << JsonEscape(r.failure) << "\"";
-      f << "}" << (i + 1 < rows.size() ? "," : "") << "\n";
-    }
-    f << " ]}\n";
   }
   return all_ok ? kExitOk : kExitMismatch;
 }

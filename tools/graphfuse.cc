@@ -1,4 +1,5 @@
 // The `graphfuse` command. Exit codes: 0 ok, 1 results differ from expected, 2 bad input or usage.
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -10,7 +11,8 @@
 
 namespace graphfuse::cli {
 
-int RunDemo(Args& args);  // demo.cc
+int RunDemo(Args& args);   // demo.cc
+int RunModel(Args& args);  // run.cc
 
 Result<std::string> Args::Value(const std::string& name) {
   if (Done()) return InvalidArgument(command_, ": flag ", name, " needs a value");
@@ -28,6 +30,16 @@ Result<int64_t> Args::Int(const std::string& name, int64_t lo, int64_t hi) {
   return static_cast<int64_t>(x);
 }
 
+Result<double> Args::Float(const std::string& name, double lo, double hi) {
+  GF_ASSIGN_OR_RETURN(std::string v, Value(name));
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (v.empty() || *end != '\0' || !std::isfinite(x))
+    return InvalidArgument(command_, ": ", name, " expects a number, got '", v, "'");
+  if (x < lo || x > hi) return InvalidArgument(command_, ": ", name, " must be in [", lo, ", ", hi, "], got ", x);
+  return x;
+}
+
 namespace {
 
 constexpr const char* kUsage = R"(graphfuse: operator fusion for neural-network inference
@@ -40,11 +52,16 @@ commands:
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
+  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--no-fuse]
+        imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
+        subgraphs, runs it node by node on the CPU (every node one kernel) on DIR/input_<i>.pb
+        (random inputs without --data) and compares with DIR/output_<i>.pb when present
+        (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5). --backend cuda is
+        refused: this build has no CUDA backend
   ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
   help  this text (also -h, --help)
 
-Not in this build yet: run, bench and explain (ONNX models and fusion plans); asking for
-them exits with code 2.
+Not in this build yet: bench and explain (fusion plans); asking for them exits with code 2.
 
 exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";
@@ -92,7 +109,8 @@ int main(int argc, char** argv) {
   }
   if (cmd == "demo") return RunDemo(args);
   if (cmd == "ops") return ListOps(args);
-  if (cmd == "run" || cmd == "bench" || cmd == "explain") {
+  if (cmd == "run") return RunModel(args);
+  if (cmd == "bench" || cmd == "explain") {
     std::fprintf(stderr, "graphfuse %s: not available in this build yet (ONNX import and fusion are not built)\n",
                  cmd.c_str());
     return kExitBadInput;

@@ -60,6 +60,23 @@ Status ExplainMismatch(OpKind kind, std::span<const TensorView> in, const Tensor
 
 }  // namespace
 
+namespace cpu {
+TileProgram SingleOpProgram(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs) {
+  std::array<DType, 3> dtype_buf{};
+  for (size_t k = 0; k < in.size(); ++k) dtype_buf[k] = in[k].dtype;
+  const Domain domain =
+      ComputesInIntegers(kind, std::span<const DType>(dtype_buf.data(), in.size())) ? Domain::kI64 : Domain::kF32;
+  TileProgram p;
+  p.shape = TileShape(out.shape);
+  for (const TensorView& t : in) p.inputs.push_back({t.dtype, t.data, TileStrides(t.shape, out.shape), domain});
+  TileInstr ins{kind, {0, 0, 0}, attrs, domain};
+  for (size_t a = 0; a < in.size(); ++a) ins.args[a] = static_cast<int>(a);
+  p.instrs.push_back(ins);
+  p.outputs.push_back({static_cast<int>(in.size()), out.dtype, out.data});
+  return p;
+}
+}  // namespace cpu
+
 Status RunOp(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs,
              const CpuContext& ctx) {
   const OpInfo& op = GetOpInfo(kind);
@@ -93,14 +110,7 @@ Status RunOp(OpKind kind, std::span<const TensorView> in, const TensorView& out,
                              " without being exactly it (same data, shape and dtype)");
   }
 
-  const cpu::Domain domain = ComputesInIntegers(kind, dtypes) ? cpu::Domain::kI64 : cpu::Domain::kF32;
-  cpu::TileProgram p;
-  p.shape = cpu::TileShape(out.shape);
-  for (const TensorView& t : in) p.inputs.push_back({t.dtype, t.data, cpu::TileStrides(t.shape, out.shape), domain});
-  cpu::TileInstr ins{kind, {0, 0, 0}, attrs, domain};
-  for (int a = 0; a < op.arity; ++a) ins.args[a] = a;
-  p.instrs.push_back(ins);
-  p.outputs.push_back({static_cast<int>(in.size()), out.dtype, out.data});
+  const cpu::TileProgram p = cpu::SingleOpProgram(kind, in, out, attrs);
   cpu::RunTileProgram(p, ctx);
   return Status::Ok();
 }

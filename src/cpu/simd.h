@@ -113,6 +113,22 @@ inline VF tanh(VF x) { return PerLane(x, x, [](float a, float) { return std::tan
 #endif
 
 namespace graphfuse::simd {
+// Rounds each lane to f16 / bf16 precision (nearest even) when a.to says so.
+inline VF round_to(VF x, const OpAttrs& a) {
+  if (a.to == DType::kF16) {
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    return hn::PromoteTo(DF(), hn::DemoteTo(dh, x.v));
+  }
+  if (a.to == DType::kBF16) {
+    const hn::RebindToUnsigned<DF> du;
+    const auto bits = hn::BitCast(du, x.v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    const auto rounded = hn::And(hn::Add(bits, hn::Add(hn::Set(du, 0x7FFFu), lsb)), hn::Set(du, 0xFFFF0000u));
+    return hn::IfThenElse(hn::IsNaN(x.v), x.v, hn::BitCast(DF(), rounded));
+  }
+  return x;
+}
+
 // Lanes idx .. idx+kLanes-1 of Dropout: kept lanes scaled by 1/(1-p), dropped lanes x*0.
 inline VF dropout(VF x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <span>
 
 #include "../core/inline_vec.h"
 #include "elementwise_kernels.h"
@@ -59,6 +60,9 @@ struct TileProgram {
 // Strides for reading an input of shape `in` over the iteration space `out` (0 = broadcast).
 TileDims TileStrides(const Shape& in, const Shape& out);
 TileDims TileShape(const Shape& s);
+
+// The one-instruction program of an unfused op (types must already be valid: RunOp checks).
+TileProgram SingleOpProgram(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs);
 
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).

@@ -52,6 +52,13 @@ using std::pow;
 using std::sqrt;
 using std::tanh;
 
+// Rounds to the precision of a.to when that is f16 or bf16 (through f32, as the kernels do).
+inline double round_to(double x, const OpAttrs& a) {
+  if (a.to != DType::kF16 && a.to != DType::kBF16) return x;
+  return RoundToDType(static_cast<float>(x), a.to);
+}
+inline int64_t round_to(int64_t x, const OpAttrs&) { return x; }
+
 inline double dropout(double x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;
   return DropoutKeep(a.seed, static_cast<uint64_t>(idx), a.alpha) ? x * DropoutScale(a.alpha) : 0.0 * x;

@@ -1,0 +1,91 @@
+#include "op_registry.h"
+
+#include <map>
+
+namespace graphfuse {
+
+const Tensor* InferContext::ConstInput(size_t i) const {
+  Value* v = input(i);
+  return v && v->constant() ? v->constant().get() : nullptr;
+}
+
+Result<std::vector<int64_t>> InferContext::ConstInts(size_t i, const char* what) const {
+  const Tensor* t = ConstInput(i);
+  if (!t) {
+    if (!input(i)) return InvalidArgument(Describe(), ": the ", what, " input is missing");
+    return Unimplemented(Describe(), ": needs a constant ", what,
+                         " input (dynamic shapes are not supported); '", input(i)->name(), "' is computed at run time");
+  }
+  if (t->dtype() != DType::kI64 && t->dtype() != DType::kI32)
+    return InvalidArgument(Describe(), ": the ", what, " input must be i64 or i32, got ", DTypeName(t->dtype()));
+  std::vector<int64_t> out(static_cast<size_t>(t->numel()));
+  for (int64_t k = 0; k < t->numel(); ++k)
+    out[k] = t->dtype() == DType::kI64 ? t->data_as<int64_t>()[k] : t->data_as<int32_t>()[k];
+  return out;
+}
+
+namespace {
+template <class T>
+const T* Get(const AttributeMap& m, const std::string& k) {
+  auto it = m.find(k);
+  return it == m.end() ? nullptr : std::get_if<T>(&it->second);
+}
+}  // namespace
+
+int64_t InferContext::GetInt(const std::string& k, int64_t def) const {
+  const int64_t* v = Get<int64_t>(attrs, k);
+  return v ? *v : def;
+}
+float InferContext::GetFloat(const std::string& k, float def) const {
+  if (const float* v = Get<float>(attrs, k)) return *v;
+  if (const int64_t* v = Get<int64_t>(attrs, k)) return static_cast<float>(*v);
+  return def;
+}
+std::vector<int64_t> InferContext::GetInts(const std::string& k, const std::vector<int64_t>& def) const {
+  const auto* v = Get<std::vector<int64_t>>(attrs, k);
+  return v ? *v : def;
+}
+
+std::string InferContext::Describe() const {
+  std::string s = StrCat("op ", op, " (inputs ");
+  for (size_t i = 0; i < inputs.size(); ++i)
+    s += StrCat(i ? ", " : "", inputs[i] ? inputs[i]->TypeString() : std::string("<none>"));
+  return s + ")";
+}
+
+namespace {
+
+struct Registry {
+  std::vector<OpSchema> schemas;
+  std::map<std::string, size_t> by_name;
+};
+
+const Registry& GetRegistry() {
+  static const Registry registry = [] {
+    Registry r;
+    for (auto list : {ElementwiseSchemas(), NonElementwiseSchemas()})
+      for (const OpSchema& s : list) {
+        GF_CHECK(!r.by_name.count(s.name), "op ", s.name, " registered twice");
+        r.by_name[s.name] = r.schemas.size();
+        r.schemas.push_back(s);
+      }
+    return r;
+  }();
+  return registry;
+}
+
+}  // namespace
+
+const OpSchema* FindSchema(const std::string& op) {
+  const Registry& r = GetRegistry();
+  auto it = r.by_name.find(op);
+  return it == r.by_name.end() ? nullptr : &r.schemas[it->second];
+}
+
+std::vector<const OpSchema*> AllSchemas() {
+  std::vector<const OpSchema*> out;
+  for (const OpSchema& s : GetRegistry().schemas) out.push_back(&s);
+  return out;
+}
+
+}  // namespace graphfuse

@@ -1,0 +1,404 @@
+// ONNX node -> IR node(s).
+//
+// Most ONNX ops map 1:1: the registry (src/ir/op_registry.h) knows them under their ONNX
+// op_type with ONNX's inputs and attributes, so the node is added as is. The table below lists
+// the ops whose ONNX form differs and how each becomes IR:
+//
+//   Constant                  -> a graph constant (value, value_float(s), value_int(s))
+//   Clip(x, min?, max?)       -> Clip(x){alpha=min, beta=max}; bounds must be constant
+//   Cast{to=<ONNX enum>}      -> Cast(x){to=DType};  CastLike(x, y) -> Cast(x){to=dtype(y)}
+//   Dropout(x, ratio?, mode?) -> Dropout(x){training=0} (inference identity); mode must be a
+//                                constant false; the mask output is not supported
+//   LeakyRelu/HardSigmoid/Elu -> same op, ONNX default alpha/beta filled in
+//   Max/Min/Sum(x0..xn)       -> a chain of binary Max/Min/Add (Identity for one input)
+//   Mean(x0..xn)              -> Sum chain, then Div by n
+//   LessOrEqual(a, b)         -> Or(Less(a, b), Equal(a, b))   (NaN compares false in both)
+//   GreaterOrEqual(a, b)      -> Or(Greater(a, b), Equal(a, b))
+//   Xor(a, b)                 -> Not(Equal(a, b))
+//   PRelu(x, slope)           -> Where(Less(x, 0), Mul(x, slope), x)
+//   HardSwish(x)              -> Mul(x, HardSigmoid(x){alpha=1/6, beta=0.5})
+//   Pow(x, y) with y's dtype != x's -> Pow(x, Cast(y){to=dtype(x)})
+//   Gelu{approximate}         -> Gelu, or GeluTanh for approximate="tanh" (ONNX opset 20 form)
+//   Split(x) without 'split'  -> Split(x){num_outputs=<number of node outputs>} (opset 18 form)
+#include "onnx/node_import.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "graphfuse/ops.h"
+#include "ir/op_registry.h"
+#include "onnx/tensor_proto.h"
+
+namespace graphfuse::onnx_import {
+namespace {
+
+using ConvertFn = Status (*)(NodeImport& n);
+
+// Output k's ONNX name, or "" when the node does not have it (or left it unnamed).
+std::string OnnxOutput(const NodeImport& n, int k) {
+  return k < n.proto.output_size() ? n.proto.output(k) : std::string();
+}
+
+// Fails when the node asks for outputs beyond the first `supported`.
+Status CheckOutputs(const NodeImport& n, int supported) {
+  for (int k = supported; k < n.proto.output_size(); ++k)
+    if (!n.proto.output(k).empty())
+      return Unimplemented("output ", k, " ('", n.proto.output(k), "') is not supported");
+  return Status::Ok();
+}
+
+// Elementwise table ops defined on floats only are refused (as unsupported, not malformed) on
+// integer inputs: ONNX defines some of them on integers (Clip, Pow), graphfuse does not.
+Status CheckFloatOnly(const std::string& op, const std::vector<Value*>& ins) {
+  auto kind = OpFromName(op);
+  if (!kind.ok() || GetOpInfo(*kind).int_ok) return Status::Ok();
+  for (Value* v : ins)
+    if (v && !IsFloat(v->dtype()))
+      return Unimplemented(op, " on ", DTypeName(v->dtype()), " inputs is not supported (floats only)");
+  return Status::Ok();
+}
+
+// Adds one IR node. The final node of a conversion carries the ONNX node's name and output
+// name; the intermediates get fresh names derived from it.
+Result<Value*> Emit(NodeImport& n, const std::string& op, const std::vector<Value*>& ins, AttributeMap attrs,
+                    bool final) {
+  GF_RETURN_IF_ERROR(CheckFloatOnly(op, ins));
+  std::string out = final ? OnnxOutput(n, 0) : std::string();
+  if (out.empty()) out = n.g.FreshName(n.name + "/" + op);
+  const std::string node_name = final ? n.name : n.g.FreshName(n.name + "/" + op);
+  GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(op, ins, std::move(attrs), node_name, 1, {out}));
+  return node->output(0);
+}
+
+Result<Value*> ScalarConstant(NodeImport& n, DType dtype, double v) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, {}));
+  t.SetFromDouble(0, v);
+  return n.g.AddConstant(n.g.FreshName(n.name + "/const"), std::make_shared<const Tensor>(std::move(t)));
+}
+
+// The single value of constant input i; Unimplemented when it is not a constant.
+Result<double> ConstantScalar(const NodeImport& n, size_t i, const char* what) {
+  Value* v = i < n.inputs.size() ? n.inputs[i] : nullptr;
+  if (!v) return InvalidArgument(what, " is absent");
+  if (!v->constant()) return Unimplemented(what, " ('", v->name(), "') must be a constant");
+  if (v->constant()->numel() != 1)
+    return InvalidArgument(what, " ('", v->name(), "') must hold one value, it is ",
+                           DTypeName(v->dtype()), ShapeToString(v->shape()));
+  return v->constant()->GetAsDouble(0);
+}
+
+Status RequireInputs(const NodeImport& n, size_t lo, size_t hi) {
+  size_t present = 0;
+  for (Value* v : n.inputs) present += v != nullptr;
+  if (n.inputs.size() > hi || present < lo || (lo > 0 && n.inputs.size() < lo))
+    return InvalidArgument("takes ", lo, lo == hi ? "" : StrCat("..", hi), " inputs, got ", n.inputs.size());
+  for (size_t i = 0; i < lo; ++i)
+    if (!n.inputs[i]) return InvalidArgument("input ", i, " is required");
+  return Status::Ok();
+}
+
+Status ImportDirect(NodeImport& n, const OpSchema& s);
+
+// ---- the conversions ----
+
+Status ImportConstant(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  if (!n.inputs.empty()) return InvalidArgument("Constant takes no inputs");
+  if (n.attrs.size() != 1) return InvalidArgument("Constant needs exactly one value attribute, it has ", n.attrs.size());
+  const std::string& key = n.attrs.begin()->first;  // not a structured binding: lambdas capture it
+  const Attribute& attr = n.attrs.begin()->second;
+  std::shared_ptr<const Tensor> data;
+  auto make = [&](DType dt, const Shape& s, auto&& fill) -> Status {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dt, s));
+    fill(t);
+    data = std::make_shared<const Tensor>(std::move(t));
+    return Status::Ok();
+  };
+  if (key == "value" && std::holds_alternative<std::shared_ptr<const Tensor>>(attr)) {
+    data = std::get<std::shared_ptr<const Tensor>>(attr);
+  } else if (key == "value_float" && std::holds_alternative<float>(attr)) {
+    GF_RETURN_IF_ERROR(make(DType::kF32, {}, [&](Tensor& t) { t.data_as<float>()[0] = std::get<float>(attr); }));
+  } else if (key == "value_int" && std::holds_alternative<int64_t>(attr)) {
+    GF_RETURN_IF_ERROR(make(DType::kI64, {}, [&](Tensor& t) { t.data_as<int64_t>()[0] = std::get<int64_t>(attr); }));
+  } else if (key == "value_floats" && std::holds_alternative<std::vector<float>>(attr)) {
+    const auto& v = std::get<std::vector<float>>(attr);
+    GF_RETURN_IF_ERROR(make(DType::kF32, {static_cast<int64_t>(v.size())}, [&](Tensor& t) {
+      if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(float));
+    }));
+  } else if (key == "value_ints" && std::holds_alternative<std::vector<int64_t>>(attr)) {
+    const auto& v = std::get<std::vector<int64_t>>(attr);
+    GF_RETURN_IF_ERROR(make(DType::kI64, {static_cast<int64_t>(v.size())}, [&](Tensor& t) {
+      if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
+    }));
+  } else if (key == "value_string" || key == "value_strings") {
+    return Unimplemented("string constants are not supported");
+  } else {
+    return InvalidArgument("unexpected attribute '", key, "' (or wrong type) for a Constant");
+  }
+  std::string out = OnnxOutput(n, 0);
+  if (out.empty()) out = n.g.FreshName(n.name);
+  return n.g.AddConstant(out, std::move(data)).status();
+}
+
+Status ImportClip(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 3));
+  double lo = -INFINITY, hi = INFINITY;
+  if (n.inputs.size() > 1 && n.inputs[1]) { GF_ASSIGN_OR_RETURN(lo, ConstantScalar(n, 1, "min")); }
+  if (n.inputs.size() > 2 && n.inputs[2]) { GF_ASSIGN_OR_RETURN(hi, ConstantScalar(n, 2, "max")); }
+  if (std::isnan(lo) || std::isnan(hi)) return Unimplemented("Clip with a NaN bound is not supported");
+  // ONNX: when min > max every output is max, which is what min(max(x, max), max) gives.
+  if (lo > hi) lo = hi;
+  AttributeMap a{{"alpha", static_cast<float>(lo)}, {"beta", static_cast<float>(hi)}};
+  return Emit(n, "Clip", {n.inputs[0]}, std::move(a), true).status();
+}
+
+Status EmitCast(NodeImport& n, DType to) {
+  return Emit(n, "Cast", {n.inputs[0]}, {{"to", static_cast<int64_t>(to)}}, true).status();
+}
+
+Status ImportCast(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+  auto it = n.attrs.find("to");
+  if (it == n.attrs.end() || !std::holds_alternative<int64_t>(it->second))
+    return InvalidArgument("needs an int attribute 'to'");
+  const int64_t to = std::get<int64_t>(it->second);
+  if (to < INT32_MIN || to > INT32_MAX) return InvalidArgument("'to' = ", to, " is not an ONNX element type");
+  GF_ASSIGN_OR_RETURN(DType dt, DTypeFromOnnx(static_cast<int32_t>(to)));
+  return EmitCast(n, dt);
+}
+
+Status ImportCastLike(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
+  return EmitCast(n, n.inputs[1]->dtype());
+}
+
+Status ImportDropout(NodeImport& n) {
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 3));
+  if (!OnnxOutput(n, 1).empty()) return Unimplemented("the mask output of Dropout is not supported");
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 2));
+  if (n.inputs.size() > 2 && n.inputs[2]) {
+    GF_ASSIGN_OR_RETURN(double mode, ConstantScalar(n, 2, "training_mode"));
+    if (mode != 0) return Unimplemented("training-mode Dropout is not supported (only inference)");
+  }
+  // In inference the ratio does not matter; it is kept when valid so the IR shows it.
+  AttributeMap a{{"training", int64_t{0}}};
+  if (n.inputs.size() > 1 && n.inputs[1] && n.inputs[1]->constant() && n.inputs[1]->constant()->numel() == 1) {
+    const double r = n.inputs[1]->constant()->GetAsDouble(0);
+    if (r >= 0 && r < 1) a["alpha"] = static_cast<float>(r);
+  }
+  return Emit(n, "Dropout", {n.inputs[0]}, std::move(a), true).status();
+}
+
+// LeakyRelu, HardSigmoid, Elu: ONNX's alpha/beta attributes with ONNX's defaults.
+Status ImportAlphaBeta(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+  float alpha = 0.f, beta = 0.f;
+  if (n.op() == "LeakyRelu") alpha = 0.01f;
+  if (n.op() == "HardSigmoid") alpha = 0.2f, beta = 0.5f;
+  if (n.op() == "Elu") alpha = 1.f;
+  auto get = [&](const char* k, float def) -> Result<float> {
+    auto it = n.attrs.find(k);
+    if (it == n.attrs.end()) return def;
+    if (!std::holds_alternative<float>(it->second)) return InvalidArgument("attribute '", k, "' must be a float");
+    return std::get<float>(it->second);
+  };
+  GF_ASSIGN_OR_RETURN(alpha, get("alpha", alpha));
+  AttributeMap a{{"alpha", alpha}};
+  if (n.op() == "HardSigmoid") {
+    GF_ASSIGN_OR_RETURN(beta, get("beta", beta));
+    a["beta"] = beta;
+  }
+  return Emit(n, n.op(), {n.inputs[0]}, std::move(a), true).status();
+}
+
+// Max, Min, Sum, Mean over one or more inputs.
+Status ImportVariadic(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  if (n.inputs.empty()) return InvalidArgument("needs at least one input");
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (!n.inputs[i]) return InvalidArgument("input ", i, " is empty");
+  const bool mean = n.op() == "Mean";
+  const std::string bin = (n.op() == "Sum" || mean) ? "Add" : n.op();
+  if (n.inputs.size() == 1) return Emit(n, "Identity", {n.inputs[0]}, {}, true).status();
+  Value* acc = n.inputs[0];
+  for (size_t i = 1; i < n.inputs.size(); ++i) {
+    const bool last = i + 1 == n.inputs.size() && !mean;
+    GF_ASSIGN_OR_RETURN(acc, Emit(n, bin, {acc, n.inputs[i]}, {}, last));
+  }
+  if (!mean) return Status::Ok();
+  if (!IsFloat(acc->dtype())) return Unimplemented("Mean on ", DTypeName(acc->dtype()), " is not supported");
+  GF_ASSIGN_OR_RETURN(Value * count, ScalarConstant(n, acc->dtype(), static_cast<double>(n.inputs.size())));
+  return Emit(n, "Div", {acc, count}, {}, true).status();
+}
+
+// LessOrEqual / GreaterOrEqual: strict comparison OR equality.
+Status ImportOrEqual(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
+  const std::string strict = n.op() == "LessOrEqual" ? "Less" : "Greater";
+  GF_ASSIGN_OR_RETURN(Value * s, Emit(n, strict, {n.inputs[0], n.inputs[1]}, {}, false));
+  GF_ASSIGN_OR_RETURN(Value * e, Emit(n, "Equal", {n.inputs[0], n.inputs[1]}, {}, false));
+  return Emit(n, "Or", {s, e}, {}, true).status();
+}
+
+Status ImportXor(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
+  GF_ASSIGN_OR_RETURN(Value * e, Emit(n, "Equal", {n.inputs[0], n.inputs[1]}, {}, false));
+  return Emit(n, "Not", {e}, {}, true).status();
+}
+
+Status ImportPRelu(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
+  Value* x = n.inputs[0];
+  if (!IsFloat(x->dtype())) return Unimplemented("PRelu on ", DTypeName(x->dtype()), " inputs is not supported");
+  GF_ASSIGN_OR_RETURN(Value * zero, ScalarConstant(n, x->dtype(), 0.0));
+  GF_ASSIGN_OR_RETURN(Value * neg, Emit(n, "Less", {x, zero}, {}, false));
+  GF_ASSIGN_OR_RETURN(Value * scaled, Emit(n, "Mul", {x, n.inputs[1]}, {}, false));
+  return Emit(n, "Where", {neg, scaled, x}, {}, true).status();
+}
+
+Status ImportHardSwish(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+  AttributeMap a{{"alpha", 1.f / 6.f}, {"beta", 0.5f}};
+  GF_ASSIGN_OR_RETURN(Value * hs, Emit(n, "HardSigmoid", {n.inputs[0]}, std::move(a), false));
+  return Emit(n, "Mul", {n.inputs[0], hs}, {}, true).status();
+}
+
+Status ImportPow(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
+  Value* x = n.inputs[0];
+  Value* y = n.inputs[1];
+  GF_RETURN_IF_ERROR(CheckFloatOnly("Pow", {x}));
+  if (y->dtype() != x->dtype()) {
+    GF_ASSIGN_OR_RETURN(y, Emit(n, "Cast", {y}, {{"to", static_cast<int64_t>(x->dtype())}}, false));
+  }
+  return Emit(n, "Pow", {x, y}, {}, true).status();
+}
+
+Status ImportGelu(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+  std::string approx = "none";
+  if (auto it = n.attrs.find("approximate"); it != n.attrs.end()) {
+    if (!std::holds_alternative<std::string>(it->second)) return InvalidArgument("'approximate' must be a string");
+    approx = std::get<std::string>(it->second);
+  }
+  if (approx != "none" && approx != "tanh") return InvalidArgument("approximate='", approx, "' is not 'none' or 'tanh'");
+  return Emit(n, approx == "tanh" ? "GeluTanh" : "Gelu", {n.inputs[0]}, {}, true).status();
+}
+
+// Split before opset 18 splits into as many equal parts as the node has outputs when it has
+// no 'split' input; the IR's Split (opset 18 form) reads that count from 'num_outputs'.
+Status ImportSplit(NodeImport& n) {
+  const bool has_split = n.inputs.size() > 1 && n.inputs[1];
+  if (!has_split && !n.attrs.count("num_outputs"))
+    n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
+  const OpSchema* s = FindSchema("Split");
+  if (!s) return Unimplemented("op not supported");
+  return ImportDirect(n, *s);
+}
+
+struct Conversion {
+  const char* op;
+  ConvertFn fn;
+};
+constexpr Conversion kConversions[] = {
+    {"Constant", ImportConstant},   {"Clip", ImportClip},         {"Cast", ImportCast},
+    {"CastLike", ImportCastLike},   {"Dropout", ImportDropout},   {"LeakyRelu", ImportAlphaBeta},
+    {"HardSigmoid", ImportAlphaBeta}, {"Elu", ImportAlphaBeta},   {"Max", ImportVariadic},
+    {"Min", ImportVariadic},        {"Sum", ImportVariadic},      {"Mean", ImportVariadic},
+    {"LessOrEqual", ImportOrEqual}, {"GreaterOrEqual", ImportOrEqual}, {"Xor", ImportXor},
+    {"PRelu", ImportPRelu},         {"HardSwish", ImportHardSwish}, {"Pow", ImportPow},
+    {"Gelu", ImportGelu},           {"Split", ImportSplit},
+};
+
+// The 1:1 path: the registry has the op with ONNX's inputs, attributes and outputs.
+Status ImportDirect(NodeImport& n, const OpSchema& s) {
+  std::vector<Value*> ins = n.inputs;
+  while (!ins.empty() && !ins.back()) ins.pop_back();  // trailing omitted inputs == absent
+  if (static_cast<int>(ins.size()) > s.max_inputs || static_cast<int>(ins.size()) < s.min_inputs)
+    return InvalidArgument("takes ", s.min_inputs, "..", s.max_inputs, " inputs, got ", ins.size());
+  for (int i = 0; i < s.min_inputs; ++i)
+    if (!ins[i]) return InvalidArgument("input ", i, " is required");
+  // Trailing unnamed outputs are not requested; the rest must be computable.
+  int asked = n.proto.output_size();
+  while (asked > 0 && n.proto.output(asked - 1).empty()) --asked;
+  if (asked == 0) return InvalidArgument("has no outputs");
+  int count = s.num_outputs < 0 ? asked : s.num_outputs;
+  if (asked > count) GF_RETURN_IF_ERROR(CheckOutputs(n, count));
+  std::vector<std::string> names;
+  for (int k = 0; k < count; ++k) {
+    std::string o = OnnxOutput(n, k);
+    names.push_back(o.empty() ? n.g.FreshName(n.name + "/unused") : o);
+  }
+  if (s.elementwise) GF_RETURN_IF_ERROR(CheckFloatOnly(s.name, ins));
+  return n.g.AddNode(n.op(), ins, n.attrs, n.name, count, names).status();
+}
+
+}  // namespace
+
+const std::string& NodeImport::op() const { return proto.op_type(); }
+std::string NodeImport::Describe() const { return StrCat("node '", name, "' (", proto.op_type(), ")"); }
+
+Result<Attribute> ConvertAttribute(const onnx::AttributeProto& a, const std::string& what) {
+  if (!a.ref_attr_name().empty())
+    return Unimplemented(what, " refers to a function attribute (functions are not supported)");
+  auto type = a.type();
+  if (type == onnx::AttributeProto::UNDEFINED) {  // IR < 4 models may leave the type out
+    if (a.has_f()) type = onnx::AttributeProto::FLOAT;
+    else if (a.has_i()) type = onnx::AttributeProto::INT;
+    else if (a.has_s()) type = onnx::AttributeProto::STRING;
+    else if (a.has_t()) type = onnx::AttributeProto::TENSOR;
+    else if (a.has_g() || a.graphs_size()) type = onnx::AttributeProto::GRAPH;
+    else if (a.floats_size()) type = onnx::AttributeProto::FLOATS;
+    else if (a.ints_size()) type = onnx::AttributeProto::INTS;
+    else return InvalidArgument(what, " has no type and no value");
+  }
+  switch (type) {
+    case onnx::AttributeProto::FLOAT: return Attribute(a.f());
+    case onnx::AttributeProto::INT: return Attribute(static_cast<int64_t>(a.i()));
+    case onnx::AttributeProto::STRING: return Attribute(a.s());
+    case onnx::AttributeProto::INTS:
+      return Attribute(std::vector<int64_t>(a.ints().begin(), a.ints().end()));
+    case onnx::AttributeProto::FLOATS: return Attribute(std::vector<float>(a.floats().begin(), a.floats().end()));
+    case onnx::AttributeProto::TENSOR: {
+      GF_ASSIGN_OR_RETURN(Tensor t, TensorFromProto(a.t(), what));
+      return Attribute(std::make_shared<const Tensor>(std::move(t)));
+    }
+    case onnx::AttributeProto::GRAPH:
+    case onnx::AttributeProto::GRAPHS:
+      return Unimplemented(what, " holds a subgraph (control flow is not supported)");
+    default:
+      return Unimplemented(what, " has type ", onnx::AttributeProto::AttributeType_Name(type),
+                           ", which is not supported");
+  }
+}
+
+Status ImportNode(NodeImport& n) {
+  const std::string& domain = n.proto.domain();
+  if (!domain.empty() && domain != "ai.onnx")
+    return Unimplemented("op domain '", domain, "' is not supported (only the default ONNX domain)");
+  ConvertFn convert = nullptr;
+  for (const Conversion& c : kConversions)
+    if (n.op() == c.op) convert = c.fn;
+  const OpSchema* schema = convert ? nullptr : FindSchema(n.op());
+  if (!convert && !schema) return Unimplemented("op not supported");
+  for (const onnx::AttributeProto& a : n.proto.attribute()) {
+    const std::string what = StrCat("attribute '", a.name(), "'");
+    if (n.attrs.count(a.name())) return InvalidArgument(what, " appears twice");
+    GF_ASSIGN_OR_RETURN(n.attrs[a.name()], ConvertAttribute(a, what));
+  }
+  return convert ? convert(n) : ImportDirect(n, *schema);
+}
+
+}  // namespace graphfuse::onnx_import

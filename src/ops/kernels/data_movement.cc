@@ -1,0 +1,452 @@
+// Data movement, dtype-generic (elements are moved as DTypeSize bytes):
+//   Transpose (perm, default reversed), Concat (axis), Split (split input, num_outputs, or the
+//   output shapes), Slice (starts/ends/axes/steps inputs, ONNX clamping, negative steps),
+//   Gather (axis, negative indices), Expand (bidirectional broadcast to a constant shape).
+// Transpose, Slice and Expand are one strided copy: the output is contiguous and the source is
+// read with per-dim strides (permuted, stepped, or 0 for broadcast dims).
+#include <climits>
+#include <cstring>
+#include <vector>
+
+#include "kernel_util.h"
+
+namespace graphfuse::kernels {
+namespace {
+
+// Copies one element of a fixed size.
+template <size_t N>
+inline void CopyElem(char* dst, const char* src) {
+  std::memcpy(dst, src, N);
+}
+
+// Runs f.template operator()<N>() with N = esize for the common element sizes, 0 otherwise.
+template <class F>
+void BySize(size_t esize, F&& f) {
+  switch (esize) {
+    case 1: f.template operator()<1>(); break;
+    case 2: f.template operator()<2>(); break;
+    case 4: f.template operator()<4>(); break;
+    case 8: f.template operator()<8>(); break;
+    default: f.template operator()<0>(); break;
+  }
+}
+
+// The 2-D transpose inside a strided copy: source dim `j` is contiguous (stride 1) while the
+// innermost output dim is not. Copied in kTile x kTile blocks so both sides stay in L1.
+void TiledCopy(const CpuContext& cpu, char* out, const char* in, const Shape& s, const std::vector<int64_t>& st,
+               size_t j, size_t esize) {
+  constexpr int64_t kTile = 32;
+  const size_t last = s.size() - 1;
+  const int64_t nj = s[j], nl = s[last], sl = st[last];
+  const std::vector<int64_t> dst_st = ContiguousStrides(s);
+  const int64_t dj = dst_st[j];
+  Shape os;
+  std::vector<int64_t> o_src, o_dst;
+  for (size_t k = 0; k < last; ++k)
+    if (k != j) os.push_back(s[k]), o_src.push_back(st[k]), o_dst.push_back(dst_st[k]);
+  const int64_t tiles_j = (nj + kTile - 1) / kTile, items = Product(os) * tiles_j;
+  const int64_t e = static_cast<int64_t>(esize);
+  ParallelFor(cpu, items, kTile * nl * e / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t it = begin; it < end; ++it) {
+      int64_t rem = it / tiles_j, src = 0, dst = 0;
+      for (size_t k = os.size(); k-- > 0;) {
+        const int64_t idx = rem % os[k];
+        rem /= os[k];
+        src += idx * o_src[k], dst += idx * o_dst[k];
+      }
+      const int64_t a0 = (it % tiles_j) * kTile, a1 = std::min(a0 + kTile, nj);
+      BySize(esize, [&]<size_t N>() {
+        for (int64_t b0 = 0; b0 < nl; b0 += kTile) {
+          const int64_t b1 = std::min(b0 + kTile, nl);
+          for (int64_t a = a0; a < a1; ++a) {
+            char* d = out + (dst + a * dj) * e;
+            const char* p = in + (src + a) * e;
+            for (int64_t b = b0; b < b1; ++b) {
+              if constexpr (N > 0) CopyElem<N>(d + b * e, p + b * sl * e);
+              else std::memcpy(d + b * e, p + b * sl * e, esize);
+            }
+          }
+        }
+      });
+    }
+  });
+}
+
+// dst (contiguous, shape `shape`) = src read with element strides `strides` (any sign).
+void StridedCopy(const CpuContext& cpu, void* dst, const void* src, Shape shape, std::vector<int64_t> strides,
+                 size_t esize) {
+  // Drop size-1 dims, then merge a dim into the next when the source is contiguous across them.
+  Shape s;
+  std::vector<int64_t> st;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == 0) return;
+    if (shape[i] == 1) continue;
+    if (!s.empty() && st.back() == strides[i] * shape[i]) {
+      s.back() *= shape[i];
+      st.back() = strides[i];
+    } else {
+      s.push_back(shape[i]);
+      st.push_back(strides[i]);
+    }
+  }
+  const char* in = static_cast<const char*>(src);
+  char* out = static_cast<char*>(dst);
+  if (s.empty()) {
+    std::memcpy(out, in, esize);
+    return;
+  }
+  const int64_t n = s.back(), inner_stride = st.back(), e = static_cast<int64_t>(esize);
+  if (inner_stride != 1 && inner_stride != 0) {
+    for (size_t j = 0; j + 1 < s.size(); ++j)
+      if (st[j] == 1 && s[j] > 1) return TiledCopy(cpu, out, in, s, st, j, esize);
+  }
+  s.pop_back(), st.pop_back();
+  const int64_t rows = Product(s);
+  ParallelFor(cpu, rows, n * e / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      int64_t off = 0, rem = r;
+      for (size_t k = s.size(); k-- > 0;) off += (rem % s[k]) * st[k], rem /= s[k];
+      const char* p = in + off * e;
+      char* q = out + r * n * e;
+      if (inner_stride == 1) {
+        std::memcpy(q, p, static_cast<size_t>(n * e));
+        continue;
+      }
+      BySize(esize, [&]<size_t N>() {
+        for (int64_t j = 0; j < n; ++j) {
+          if constexpr (N > 0) CopyElem<N>(q + j * e, p + j * inner_stride * e);
+          else std::memcpy(q + j * e, p + j * inner_stride * e, esize);
+        }
+      });
+    }
+  });
+}
+
+// ---- Transpose ----
+
+Result<std::vector<int64_t>> TransposePerm(const std::vector<int64_t>& given, bool has, size_t rank,
+                                           const std::string& where) {
+  std::vector<int64_t> perm(rank);
+  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(rank - 1 - i);
+  if (!has) return perm;
+  std::vector<bool> seen(rank, false);
+  bool ok = given.size() == rank;
+  for (size_t i = 0; ok && i < rank; ++i) {
+    ok = given[i] >= 0 && given[i] < static_cast<int64_t>(rank) && !seen[given[i]];
+    if (ok) seen[given[i]] = true;
+  }
+  if (!ok) return InvalidArgument(where, ": perm ", ShapeToString(given), " is not a permutation of 0..", rank - 1);
+  return given;
+}
+
+Result<std::vector<ValueType>> InferTranspose(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  GF_ASSIGN_OR_RETURN(auto perm, TransposePerm(ctx.GetInts("perm"), ctx.HasAttr("perm"), x->shape().size(), ctx.Describe()));
+  Shape out(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) out[i] = x->shape()[perm[i]];
+  return std::vector<ValueType>{{x->dtype(), out}};
+}
+
+Status TransposeKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  GF_ASSIGN_OR_RETURN(auto perm, TransposePerm(ctx.node.GetInts("perm"), ctx.node.has_attr("perm"), X.shape.size(),
+                                               KernelWhere(ctx)));
+  const std::vector<int64_t> in_st = ContiguousStrides(X.shape);
+  Shape out(perm.size());
+  std::vector<int64_t> st(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) out[i] = X.shape[perm[i]], st[i] = in_st[perm[i]];
+  StridedCopy(ctx.cpu, ctx.outputs[0].data, X.data, out, st, DTypeSize(X.dtype));
+  return Status::Ok();
+}
+
+// ---- Concat ----
+
+Result<std::vector<ValueType>> InferConcat(const InferContext& ctx) {
+  if (!ctx.HasAttr("axis")) return InvalidArgument(ctx.Describe(), ": Concat needs an 'axis' attribute");
+  const Value* first = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(first->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Concat cannot join scalars (rank 0)");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
+  Shape out = first->shape();
+  out[axis] = 0;
+  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+    const Value* v = ctx.input(i);
+    if (v == nullptr) return InvalidArgument(ctx.Describe(), ": input ", i, " is missing");
+    if (v->dtype() != first->dtype())
+      return InvalidArgument(ctx.Describe(), ": all inputs must have one dtype; input ", i, " is ", DTypeName(v->dtype()));
+    bool ok = static_cast<int64_t>(v->shape().size()) == rank;
+    for (int64_t k = 0; ok && k < rank; ++k) ok = k == axis || v->shape()[k] == first->shape()[k];
+    if (!ok)
+      return InvalidArgument(ctx.Describe(), ": input ", i, " ", ShapeToString(v->shape()),
+                             " differs from input 0 ", ShapeToString(first->shape()), " outside axis ", axis);
+    out[axis] += v->shape()[axis];
+  }
+  return std::vector<ValueType>{{first->dtype(), out}};
+}
+
+Status ConcatKernel(const KernelContext& ctx) {
+  const TensorView& Y = ctx.outputs[0];
+  const int64_t rank = static_cast<int64_t>(Y.shape.size());
+  int64_t axis = ctx.node.GetInt("axis", 0);
+  if (axis < 0) axis += rank;
+  const int64_t esize = static_cast<int64_t>(DTypeSize(Y.dtype));
+  const int64_t outer = Product(Y.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = Product(Y.shape, static_cast<size_t>(axis) + 1, Y.shape.size()) * esize;
+  const int64_t row = Y.shape[axis] * inner;  // bytes of one output row
+  char* out = static_cast<char*>(Y.data);
+  ParallelFor(ctx.cpu, outer, row / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t pos = o * row;
+      for (const TensorView& in : ctx.inputs) {
+        const int64_t chunk = in.shape[axis] * inner;
+        if (chunk) std::memcpy(out + pos, static_cast<const char*>(in.data) + o * chunk, static_cast<size_t>(chunk));
+        pos += chunk;
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- Split ----
+
+Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Split needs an input of rank >= 1");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
+  const int64_t dim = x->shape()[axis];
+  std::vector<int64_t> sizes;
+  if (ctx.input(1) != nullptr) {
+    GF_ASSIGN_OR_RETURN(sizes, RequireConstInts(ctx, 1, "split"));
+    int64_t sum = 0;
+    for (int64_t s : sizes) {
+      if (s < 0) return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " has a negative size");
+      sum += s;
+    }
+    if (sum != dim)
+      return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " sums to ", sum, " but axis ", axis,
+                             " has ", dim);
+  } else if (ctx.HasAttr("num_outputs")) {
+    // Opset 18: equal parts of ceil(dim / n), the last one smaller.
+    const int64_t n = ctx.GetInt("num_outputs", 0);
+    if (n < 1 || n > std::max<int64_t>(dim, 1))
+      return InvalidArgument(ctx.Describe(), ": num_outputs ", n, " is invalid for axis ", axis, " of size ", dim);
+    const int64_t part = (dim + n - 1) / n;
+    for (int64_t i = 0, left = dim; i < n; ++i, left -= part) sizes.push_back(std::max<int64_t>(std::min(part, left), 0));
+    if (sizes.back() == 0 && dim > 0)
+      return InvalidArgument(ctx.Describe(), ": axis ", axis, " of size ", dim, " cannot be split into ", n, " parts");
+  } else {
+    // Opset 13 splits equally into as many outputs as the node has, which inference cannot see:
+    // the builder / importer states it as the num_outputs attribute.
+    return InvalidArgument(ctx.Describe(), ": Split without a 'split' input needs a 'num_outputs' attribute");
+  }
+  std::vector<ValueType> out;
+  for (int64_t s : sizes) {
+    Shape shape = x->shape();
+    shape[axis] = s;
+    out.push_back({x->dtype(), shape});
+  }
+  return out;
+}
+
+Status SplitKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  int64_t axis = ctx.node.GetInt("axis", 0);
+  if (axis < 0) axis += rank;
+  // The output shapes carry the sizes, whichever way the node gave them.
+  int64_t total = 0;
+  for (const TensorView& o : ctx.outputs) total += o.shape[axis];
+  if (total > X.shape[axis])
+    return InvalidArgument(KernelWhere(ctx), ": outputs take ", total, " along axis ", axis, " of size ", X.shape[axis]);
+  const int64_t esize = static_cast<int64_t>(DTypeSize(X.dtype));
+  const int64_t outer = Product(X.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size()) * esize;
+  const int64_t row = X.shape[axis] * inner;
+  const char* in = static_cast<const char*>(X.data);
+  ParallelFor(ctx.cpu, outer, row / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      int64_t pos = o * row;
+      for (const TensorView& out : ctx.outputs) {
+        const int64_t chunk = out.shape[axis] * inner;
+        if (chunk) std::memcpy(static_cast<char*>(out.data) + o * chunk, in + pos, static_cast<size_t>(chunk));
+        pos += chunk;
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- Slice ----
+
+struct SliceParams {
+  std::vector<int64_t> start, step;  // per dim of the input
+  Shape out;
+};
+
+Result<SliceParams> ComputeSlice(const Shape& shape, const std::vector<int64_t>& starts,
+                                 const std::vector<int64_t>& ends, std::vector<int64_t> axes,
+                                 std::vector<int64_t> steps, bool has_axes, bool has_steps, const std::string& where) {
+  const size_t n = starts.size();
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  if (!has_axes) {
+    axes.resize(n);
+    for (size_t i = 0; i < n; ++i) axes[i] = static_cast<int64_t>(i);
+  }
+  if (!has_steps) steps.assign(n, 1);
+  if (ends.size() != n || axes.size() != n || steps.size() != n)
+    return InvalidArgument(where, ": starts, ends, axes and steps must have one length; got ", n, ", ", ends.size(),
+                           ", ", axes.size(), ", ", steps.size());
+  SliceParams p{std::vector<int64_t>(shape.size(), 0), std::vector<int64_t>(shape.size(), 1), shape};
+  std::vector<bool> seen(shape.size(), false);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t a = axes[i];
+    if (a < -rank || a >= rank) return InvalidArgument(where, ": axis ", a, " is out of range for rank ", rank);
+    if (a < 0) a += rank;
+    if (seen[a]) return InvalidArgument(where, ": axes ", ShapeToString(axes), " repeat axis ", axes[i]);
+    seen[a] = true;
+    const int64_t st = steps[i], dim = shape[a];
+    if (st == 0) return InvalidArgument(where, ": steps must not be 0 (axis ", axes[i], ")");
+    int64_t s = starts[i], e = ends[i], len = 0;
+    if (s < 0) s += dim;
+    if (e < 0) e += dim;
+    if (st > 0) {
+      s = std::clamp<int64_t>(s, 0, dim), e = std::clamp<int64_t>(e, 0, dim);
+      len = e > s ? (e - s - 1) / st + 1 : 0;
+    } else if (dim > 0) {
+      s = std::clamp<int64_t>(s, 0, dim - 1), e = std::clamp<int64_t>(e, -1, dim - 1);
+      const uint64_t ast = 0 - static_cast<uint64_t>(st);
+      len = s > e ? static_cast<int64_t>(static_cast<uint64_t>(s - e - 1) / ast) + 1 : 0;
+    } else {
+      s = 0;
+    }
+    p.start[a] = s, p.step[a] = st, p.out[a] = len;
+  }
+  return p;
+}
+
+Result<std::vector<ValueType>> InferSlice(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  GF_ASSIGN_OR_RETURN(auto starts, RequireConstInts(ctx, 1, "starts"));
+  GF_ASSIGN_OR_RETURN(auto ends, RequireConstInts(ctx, 2, "ends"));
+  std::vector<int64_t> axes, steps;
+  if (ctx.input(3)) {
+    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 3, "axes"));
+  }
+  if (ctx.input(4)) {
+    GF_ASSIGN_OR_RETURN(steps, RequireConstInts(ctx, 4, "steps"));
+  }
+  GF_ASSIGN_OR_RETURN(SliceParams p, ComputeSlice(x->shape(), starts, ends, axes, steps, ctx.input(3) != nullptr,
+                                                  ctx.input(4) != nullptr, ctx.Describe()));
+  return std::vector<ValueType>{{x->dtype(), p.out}};
+}
+
+Status SliceKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const bool has_axes = HasInput(ctx, 3), has_steps = HasInput(ctx, 4);
+  GF_ASSIGN_OR_RETURN(SliceParams p, ComputeSlice(X.shape, ReadInts(ctx.inputs[1]), ReadInts(ctx.inputs[2]),
+                                                  has_axes ? ReadInts(ctx.inputs[3]) : std::vector<int64_t>{},
+                                                  has_steps ? ReadInts(ctx.inputs[4]) : std::vector<int64_t>{},
+                                                  has_axes, has_steps, KernelWhere(ctx)));
+  if (p.out != ctx.outputs[0].shape)
+    return InvalidArgument(KernelWhere(ctx), ": slice gives ", ShapeToString(p.out), " but the output is ",
+                           ShapeToString(ctx.outputs[0].shape));
+  const std::vector<int64_t> in_st = ContiguousStrides(X.shape);
+  int64_t off = 0;
+  std::vector<int64_t> st(X.shape.size());
+  for (size_t d = 0; d < X.shape.size(); ++d) off += p.start[d] * in_st[d], st[d] = in_st[d] * p.step[d];
+  const size_t esize = DTypeSize(X.dtype);
+  StridedCopy(ctx.cpu, ctx.outputs[0].data, static_cast<const char*>(X.data) + off * static_cast<int64_t>(esize), p.out,
+              st, esize);
+  return Status::Ok();
+}
+
+// ---- Gather ----
+
+Result<std::vector<ValueType>> InferGather(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* idx = ctx.input(1);
+  if (!IsIndexType(idx->dtype()))
+    return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Gather needs data of rank >= 1");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
+  const int64_t dim = x->shape()[axis];
+  if (ctx.ConstInput(1) != nullptr) {
+    GF_ASSIGN_OR_RETURN(auto values, ctx.ConstInts(1, "indices"));
+    for (int64_t v : values)
+      if (v < -dim || v >= dim)
+        return InvalidArgument(ctx.Describe(), ": index ", v, " is out of range for axis ", axis, " of size ", dim);
+  }
+  Shape out(x->shape().begin(), x->shape().begin() + axis);
+  out.insert(out.end(), idx->shape().begin(), idx->shape().end());
+  out.insert(out.end(), x->shape().begin() + axis + 1, x->shape().end());
+  return std::vector<ValueType>{{x->dtype(), out}};
+}
+
+Status GatherKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  int64_t axis = ctx.node.GetInt("axis", 0);
+  if (axis < 0) axis += rank;
+  const int64_t dim = X.shape[axis];
+  std::vector<int64_t> idx = ReadInts(ctx.inputs[1]);
+  for (size_t j = 0; j < idx.size(); ++j) {
+    if (idx[j] < -dim || idx[j] >= dim)
+      return InvalidArgument(KernelWhere(ctx), ": index ", idx[j], " (position ", j, ") is out of range for axis ",
+                             axis, " of size ", dim);
+    if (idx[j] < 0) idx[j] += dim;
+  }
+  const int64_t esize = static_cast<int64_t>(DTypeSize(X.dtype));
+  const int64_t outer = Product(X.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size()) * esize;
+  const int64_t nidx = static_cast<int64_t>(idx.size());
+  const char* in = static_cast<const char*>(X.data);
+  char* out = static_cast<char*>(ctx.outputs[0].data);
+  if (inner == 0) return Status::Ok();
+  ParallelFor(ctx.cpu, outer * nidx, inner / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o = t / nidx, j = t % nidx;
+      std::memcpy(out + t * inner, in + (o * dim + idx[j]) * inner, static_cast<size_t>(inner));
+    }
+  });
+  return Status::Ok();
+}
+
+// ---- Expand ----
+
+Result<std::vector<ValueType>> InferExpand(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  GF_ASSIGN_OR_RETURN(auto shape, RequireConstInts(ctx, 1, "shape"));
+  const Shape shapes[2] = {x->shape(), shape};
+  auto out = BroadcastShapes(shapes);
+  if (!out.ok()) return InvalidArgument(ctx.Describe(), ": cannot expand: ", out.status().message());
+  return std::vector<ValueType>{{x->dtype(), *out}};
+}
+
+Status ExpandKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const TensorView& Y = ctx.outputs[0];
+  const Shape shapes[2] = {X.shape, Y.shape};
+  auto check = BroadcastShapes(shapes);
+  if (!check.ok() || *check != Y.shape)
+    return InvalidArgument(KernelWhere(ctx), ": input ", ShapeToString(X.shape), " does not expand to ",
+                           ShapeToString(Y.shape));
+  StridedCopy(ctx.cpu, Y.data, X.data, Y.shape, BroadcastStrides(X.shape, Y.shape), DTypeSize(X.dtype));
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<OpSchema> DataMovementSchemas() {
+  return {
+      {"Transpose", 1, 1, 1, InferTranspose, TransposeKernel},
+      {"Concat", 1, INT_MAX, 1, InferConcat, ConcatKernel},
+      {"Split", 1, 2, -1, InferSplit, SplitKernel},
+      {"Slice", 3, 5, 1, InferSlice, SliceKernel},
+      {"Gather", 2, 2, 1, InferGather, GatherKernel},
+      {"Expand", 2, 2, 1, InferExpand, ExpandKernel},
+  };
+}
+
+}  // namespace graphfuse::kernels

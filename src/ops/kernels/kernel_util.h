@@ -1,0 +1,141 @@
+// Helpers shared by the non-elementwise kernels (src/ops/kernels/*.cc): axis normalization,
+// reading shape-like inputs, f32 row load/store for the float storage types, and splitting a
+// launch over the thread pool. Internal to src/ops/kernels/.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "graphfuse/cpu.h"
+#include "graphfuse/dtype.h"
+#include "graphfuse/graph.h"
+#include "graphfuse/shape.h"
+#include "graphfuse/status.h"
+#include "graphfuse/tensor.h"
+#include "ir/op_registry.h"
+
+namespace graphfuse::kernels {
+
+// The schema list of each file; registry_list.cc concatenates them.
+std::vector<OpSchema> GemmSchemas();          // gemm.cc
+std::vector<OpSchema> NormSchemas();          // norm.cc
+std::vector<OpSchema> SoftmaxSchemas();       // softmax.cc
+std::vector<OpSchema> ReduceSchemas();        // reduce.cc
+std::vector<OpSchema> DataMovementSchemas();  // data_movement.cc
+std::vector<OpSchema> ShapeOpSchemas();       // shape_ops.cc
+
+// "f32[2,3]" for a value, a view or a dtype/shape pair.
+inline std::string TypeStr(DType t, const Shape& s) { return StrCat(DTypeName(t), ShapeToString(s)); }
+inline std::string TypeStr(const Value* v) { return v ? TypeStr(v->dtype(), v->shape()) : "<omitted>"; }
+inline std::string TypeStr(const TensorView& v) { return TypeStr(v.dtype, v.shape); }
+
+// "node 'mm1' (MatMul) with inputs f32[2,3], f32[3,4]": prefix for kernel errors.
+inline std::string KernelWhere(const KernelContext& ctx) {
+  std::string s = StrCat(ctx.node.Describe(), " with inputs ");
+  for (size_t i = 0; i < ctx.inputs.size(); ++i)
+    s += StrCat(i ? ", " : "", ctx.node.input(i) ? TypeStr(ctx.inputs[i]) : "<omitted>");
+  return s;
+}
+
+// Whether optional input i was given (an omitted input has a null Value in the node; a given
+// zero-size tensor may still have a null data pointer).
+inline bool HasInput(const KernelContext& ctx, size_t i) { return i < ctx.inputs.size() && ctx.node.input(i); }
+
+inline int64_t Product(const Shape& s, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end && i < s.size(); ++i) n *= s[i];
+  return n;
+}
+inline int64_t Product(const Shape& s) { return Product(s, 0, s.size()); }
+
+// Maps axis in [-rank, rank) to [0, rank); anything else is an error naming the op.
+inline Result<int64_t> NormalizeAxis(const InferContext& ctx, int64_t axis, int64_t rank,
+                                     const char* what = "axis") {
+  if (axis < -rank || axis >= rank)
+    return InvalidArgument(ctx.Describe(), ": ", what, " ", axis, " is out of range for rank ", rank,
+                           " (valid: [", -rank, ", ", rank - 1, "])");
+  return axis < 0 ? axis + rank : axis;
+}
+
+// Normalizes a list of axes against `rank`, refusing out-of-range and repeated axes.
+inline Result<std::vector<int64_t>> NormalizeAxes(const InferContext& ctx, const std::vector<int64_t>& axes,
+                                                  int64_t rank, const char* what = "axes") {
+  std::vector<int64_t> out;
+  out.reserve(axes.size());
+  for (int64_t a : axes) {
+    GF_ASSIGN_OR_RETURN(int64_t n, NormalizeAxis(ctx, a, rank, what));
+    if (std::find(out.begin(), out.end(), n) != out.end())
+      return InvalidArgument(ctx.Describe(), ": ", what, " ", ShapeToString(axes), " repeat axis ", a);
+    out.push_back(n);
+  }
+  return out;
+}
+
+// The values of a constant shape-like input (Reshape's shape, Slice's starts, ...). A present but
+// non-constant input is refused by ConstInts (Unimplemented: graphfuse shapes are static).
+inline Result<std::vector<int64_t>> RequireConstInts(const InferContext& ctx, size_t i, const char* what) {
+  const Value* v = ctx.input(i);
+  if (v != nullptr && v->dtype() != DType::kI64 && v->dtype() != DType::kI32)
+    return InvalidArgument(ctx.Describe(), ": the ", what, " input must be i64 or i32, not ", DTypeName(v->dtype()));
+  return ctx.ConstInts(i, what);
+}
+
+// The values of an i32/i64 tensor (kernels re-read their shape-like inputs from the buffers).
+inline std::vector<int64_t> ReadInts(const TensorView& t) {
+  const int64_t n = t.data ? t.numel() : 0;
+  std::vector<int64_t> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    out[i] = t.dtype == DType::kI32 ? t.as<const int32_t>()[i] : t.as<const int64_t>()[i];
+  return out;
+}
+
+inline bool IsIndexType(DType t) { return t == DType::kI32 || t == DType::kI64; }
+
+// Loads n elements of a float-typed buffer (f32/f16/bf16) starting at element `offset`, every
+// `stride` elements, into dst as f32.
+inline void LoadF32(DType t, const void* base, int64_t offset, int64_t stride, int64_t n, float* dst) {
+  if (t == DType::kF32) {
+    const float* p = static_cast<const float*>(base) + offset;
+    if (stride == 1) std::memcpy(dst, p, static_cast<size_t>(n) * sizeof(float));
+    else for (int64_t i = 0; i < n; ++i) dst[i] = p[i * stride];
+    return;
+  }
+  const uint16_t* p = static_cast<const uint16_t*>(base) + offset;
+  if (t == DType::kF16) for (int64_t i = 0; i < n; ++i) dst[i] = F16BitsToF32(p[i * stride]);
+  else for (int64_t i = 0; i < n; ++i) dst[i] = BF16BitsToF32(p[i * stride]);
+}
+
+// Stores n f32 values into a float-typed buffer, rounding to nearest even for f16/bf16.
+inline void StoreF32(DType t, void* base, int64_t offset, int64_t stride, int64_t n, const float* src) {
+  if (t == DType::kF32) {
+    float* p = static_cast<float*>(base) + offset;
+    if (stride == 1) std::memmove(p, src, static_cast<size_t>(n) * sizeof(float));
+    else for (int64_t i = 0; i < n; ++i) p[i * stride] = src[i];
+    return;
+  }
+  uint16_t* p = static_cast<uint16_t*>(base) + offset;
+  if (t == DType::kF16) for (int64_t i = 0; i < n; ++i) p[i * stride] = F32ToF16Bits(src[i]);
+  else for (int64_t i = 0; i < n; ++i) p[i * stride] = F32ToBF16Bits(src[i]);
+}
+
+// Runs f(begin, end) over [0, items) split into contiguous chunks, one per thread; small
+// launches (ctx.ThreadsFor(items * work_per_item) == 1) run on the calling thread.
+template <class F>
+void ParallelFor(const CpuContext& cpu, int64_t items, int64_t work_per_item, F&& f) {
+  if (items <= 0) return;
+  const int64_t work = work_per_item > 0 && items > INT64_MAX / work_per_item ? INT64_MAX : items * work_per_item;
+  const int n = static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), items));
+  if (n <= 1 || cpu.pool == nullptr) {
+    f(int64_t{0}, items);
+    return;
+  }
+  cpu.pool->Parallel(n, [&](int tid, int nt) {
+    const int64_t b = items * tid / nt, e = items * (tid + 1) / nt;
+    if (b < e) f(b, e);
+  });
+}
+
+}  // namespace graphfuse::kernels

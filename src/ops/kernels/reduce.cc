@@ -1,0 +1,248 @@
+// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18).
+//
+// Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
+// constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
+// three ops. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
+// keepdims defaults to 1; negative axes count from the end.
+//
+// Algorithm: the input dims are coalesced into alternating kept/reduced groups (size-1 dims
+// dropped). If the innermost group is kept, each output row accumulates `vec` contiguous lanes
+// per reduced position (column reductions stay cache friendly); otherwise the innermost reduced
+// group is a contiguous run summed per output element. Float types accumulate in double, ints
+// in int64; ReduceMax propagates NaN like numpy.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernel_util.h"
+
+namespace graphfuse::kernels {
+namespace {
+
+enum class ReduceKind { kSum, kMean, kMax };
+
+// The reduced axes (normalized, sorted) and whether the op is the identity.
+struct ReduceAxes {
+  std::vector<bool> reduced;  // per input dim
+  bool noop = false;
+};
+
+ReduceAxes MakeAxes(std::vector<int64_t> axes, int64_t rank, bool noop_with_empty) {
+  ReduceAxes r;
+  r.reduced.assign(static_cast<size_t>(rank), axes.empty());
+  r.noop = axes.empty() && noop_with_empty;
+  if (r.noop) r.reduced.assign(static_cast<size_t>(rank), false);
+  for (int64_t a : axes) r.reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+  return r;
+}
+
+Shape ReducedShape(const Shape& in, const ReduceAxes& ax, bool keepdims) {
+  if (ax.noop) return in;
+  Shape out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!ax.reduced[i]) out.push_back(in[i]);
+    else if (keepdims) out.push_back(1);
+  }
+  return out;
+}
+
+Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  if (x->dtype() == DType::kBool)
+    return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  std::vector<int64_t> axes;
+  if (ctx.input(1) != nullptr) {
+    if (ctx.HasAttr("axes"))
+      return InvalidArgument(ctx.Describe(), ": axes given both as an attribute and as an input");
+    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 1, "axes"));
+  } else {
+    axes = ctx.GetInts("axes");
+  }
+  GF_RETURN_IF_ERROR(NormalizeAxes(ctx, axes, rank).status());
+  const ReduceAxes ax = MakeAxes(axes, rank, ctx.GetInt("noop_with_empty_axes", 0) != 0);
+  return std::vector<ValueType>{{x->dtype(), ReducedShape(x->shape(), ax, ctx.GetInt("keepdims", 1) != 0)}};
+}
+
+// Storage and accumulation per dtype.
+template <DType D>
+struct Traits;
+template <>
+struct Traits<DType::kF32> {
+  using T = float;
+  using Acc = double;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc a) { return static_cast<float>(a); }
+};
+template <>
+struct Traits<DType::kF16> {
+  using T = uint16_t;
+  using Acc = double;
+  static Acc Load(T v) { return F16BitsToF32(v); }
+  static T Store(Acc a) { return F32ToF16Bits(static_cast<float>(a)); }
+};
+template <>
+struct Traits<DType::kBF16> {
+  using T = uint16_t;
+  using Acc = double;
+  static Acc Load(T v) { return BF16BitsToF32(v); }
+  static T Store(Acc a) { return F32ToBF16Bits(static_cast<float>(a)); }
+};
+template <>
+struct Traits<DType::kI32> {
+  using T = int32_t;
+  using Acc = int64_t;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc a) { return static_cast<int32_t>(a); }
+};
+template <>
+struct Traits<DType::kI64> {
+  using T = int64_t;
+  using Acc = int64_t;
+  static Acc Load(T v) { return v; }
+  static T Store(Acc a) { return a; }
+};
+
+template <ReduceKind K, class Acc>
+inline Acc Init() {
+  if constexpr (K != ReduceKind::kMax) return Acc(0);
+  else if constexpr (std::is_floating_point_v<Acc>) return -std::numeric_limits<Acc>::infinity();
+  else return std::numeric_limits<Acc>::lowest();
+}
+template <ReduceKind K, class Acc>
+inline Acc Combine(Acc a, Acc v) {
+  if constexpr (K == ReduceKind::kMax) return (v > a || v != v) && !(a != a) ? v : a;
+  else return a + v;
+}
+template <ReduceKind K, class Acc>
+inline Acc Finish(Acc a, int64_t count) {
+  if constexpr (K != ReduceKind::kMean) return a;
+  else if constexpr (std::is_floating_point_v<Acc>) return a / static_cast<Acc>(count);
+  else return count ? a / count : 0;
+}
+
+// The iteration space after coalescing (see the note at the top).
+struct Plan {
+  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
+  int64_t vec = 1, inner_red = 1, rows = 1, count = 1;
+};
+
+Plan MakePlan(const Shape& in, const std::vector<bool>& reduced) {
+  std::vector<int64_t> sizes;
+  std::vector<bool> flags;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i] == 1) continue;
+    if (!flags.empty() && flags.back() == reduced[i]) sizes.back() *= in[i];
+    else sizes.push_back(in[i]), flags.push_back(reduced[i]);
+  }
+  Plan p;
+  std::vector<int64_t> strides(sizes.size(), 1);
+  for (size_t i = sizes.size(); i-- > 1;) strides[i - 1] = strides[i] * sizes[i];
+  if (!sizes.empty()) {
+    if (flags.back()) p.inner_red = sizes.back();
+    else p.vec = sizes.back();
+    sizes.pop_back(), flags.pop_back(), strides.pop_back();
+  }
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto& s = flags[i] ? p.red_sizes : p.kept_sizes;
+    auto& t = flags[i] ? p.red_strides : p.kept_strides;
+    s.push_back(sizes[i]), t.push_back(strides[i]);
+  }
+  for (int64_t s : p.kept_sizes) p.rows *= s;
+  p.count = p.inner_red;
+  for (int64_t s : p.red_sizes) p.count *= s;
+  return p;
+}
+
+template <DType D, ReduceKind K>
+void RunReduce(const KernelContext& ctx, const Plan& p) {
+  using Tr = Traits<D>;
+  using T = typename Tr::T;
+  using Acc = typename Tr::Acc;
+  const T* in = ctx.inputs[0].as<const T>();
+  T* out = ctx.outputs[0].as<T>();
+  int64_t red_total = 1;
+  for (int64_t s : p.red_sizes) red_total *= s;
+  ParallelFor(ctx.cpu, p.rows, p.count * p.vec, [&](int64_t begin, int64_t end) {
+    std::vector<Acc> acc(static_cast<size_t>(p.vec));
+    std::vector<int64_t> ridx(p.red_sizes.size());
+    for (int64_t row = begin; row < end; ++row) {
+      int64_t base = 0, rem = row;
+      for (size_t k = p.kept_sizes.size(); k-- > 0;) base += (rem % p.kept_sizes[k]) * p.kept_strides[k], rem /= p.kept_sizes[k];
+      std::fill(acc.begin(), acc.end(), Init<K, Acc>());
+      std::fill(ridx.begin(), ridx.end(), 0);
+      int64_t roff = 0;
+      for (int64_t r = 0; r < red_total; ++r) {
+        const T* src = in + base + roff;
+        if (p.vec > 1) {
+          for (int64_t v = 0; v < p.vec; ++v) acc[v] = Combine<K, Acc>(acc[v], Tr::Load(src[v]));
+        } else {
+          Acc a = acc[0];
+          for (int64_t t = 0; t < p.inner_red; ++t) a = Combine<K, Acc>(a, Tr::Load(src[t]));
+          acc[0] = a;
+        }
+        for (size_t k = ridx.size(); k-- > 0;) {  // odometer over the reduced groups
+          roff += p.red_strides[k];
+          if (++ridx[k] < p.red_sizes[k]) break;
+          roff -= ridx[k] * p.red_strides[k];
+          ridx[k] = 0;
+        }
+      }
+      for (int64_t v = 0; v < p.vec; ++v) out[row * p.vec + v] = Tr::Store(Finish<K, Acc>(acc[v], p.count));
+    }
+  });
+}
+
+// Fills every output element with the reduction of nothing (a reduced dim of size 0).
+template <DType D, ReduceKind K>
+void FillEmpty(const KernelContext& ctx) {
+  using Tr = Traits<D>;
+  typename Tr::T* out = ctx.outputs[0].as<typename Tr::T>();
+  const auto v = Tr::Store(Finish<K, typename Tr::Acc>(Init<K, typename Tr::Acc>(), 0));
+  for (int64_t i = 0, n = ctx.outputs[0].numel(); i < n; ++i) out[i] = v;
+}
+
+template <ReduceKind K>
+Status ReduceKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  std::vector<int64_t> axes = HasInput(ctx, 1) ? ReadInts(ctx.inputs[1]) : ctx.node.GetInts("axes");
+  for (int64_t a : axes)
+    if (a < -rank || a >= rank) return InvalidArgument(KernelWhere(ctx), ": axis ", a, " out of range");
+  const ReduceAxes ax = MakeAxes(axes, rank, ctx.node.GetInt("noop_with_empty_axes", 0) != 0);
+  if (ax.noop) {
+    if (ctx.outputs[0].data != X.data)
+      std::memcpy(ctx.outputs[0].data, X.data, static_cast<size_t>(X.numel()) * DTypeSize(X.dtype));
+    return Status::Ok();
+  }
+  const bool empty = X.numel() == 0;
+  const Plan p = empty ? Plan{} : MakePlan(X.shape, ax.reduced);
+#define GF_REDUCE_CASE(d)                  \
+  case d:                                  \
+    if (empty) FillEmpty<d, K>(ctx);       \
+    else RunReduce<d, K>(ctx, p);          \
+    return Status::Ok();
+  switch (X.dtype) {
+    GF_REDUCE_CASE(DType::kF32)
+    GF_REDUCE_CASE(DType::kF16)
+    GF_REDUCE_CASE(DType::kBF16)
+    GF_REDUCE_CASE(DType::kI32)
+    GF_REDUCE_CASE(DType::kI64)
+    default: break;
+  }
+#undef GF_REDUCE_CASE
+  return Unimplemented(KernelWhere(ctx), ": no reduction kernel for ", DTypeName(X.dtype));
+}
+
+}  // namespace
+
+std::vector<OpSchema> ReduceSchemas() {
+  return {
+      {"ReduceSum", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kSum>},
+      {"ReduceMean", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kMean>},
+      {"ReduceMax", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kMax>},
+  };
+}
+
+}  // namespace graphfuse::kernels

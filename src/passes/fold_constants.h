@@ -1,0 +1,21 @@
+// Constant folding at load time: a node whose inputs are all constants runs once and its
+// outputs become constants; Shape of a statically shaped value folds without running. With
+// static input shapes, shape-only subgraphs (Shape -> Gather -> Concat -> Reshape) vanish.
+//
+//   %s = Shape(%x: f32[2,8])          %r = Reshape(%x, const [16])
+//   %n = ReduceProd(%s)       ==>
+//   %r = Reshape(%x, %n)
+#pragma once
+
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+struct FoldOptions {
+  int64_t max_output_bytes = 64 << 20;  // larger results stay as run-time nodes
+};
+
+// Returns the number of nodes folded away.
+Result<int> FoldConstants(Graph& g, const FoldOptions& options = {});
+
+}  // namespace graphfuse

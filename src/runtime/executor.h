@@ -1,0 +1,62 @@
+// Execution: a graph is compiled once into an ExecutionPlan (kernel per node, buffers planned
+// by liveness and allocated once), then run many times with no planning or allocation.
+// Without fusion every node is its own kernel: the unfused baseline.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "../cpu/tile_program.h"
+#include "graphfuse/cpu.h"
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+struct ExecStats {
+  int64_t kernels_launched = 0;           // per run: nodes that launch a kernel (views are free)
+  int64_t peak_activation_bytes = 0;      // the arena: intermediate buffers live at the peak
+  int64_t activation_bytes_no_reuse = 0;  // all intermediate buffers added up, for comparison
+};
+
+class ExecutionPlan {
+ public:
+  // Plans `g` (which must stay alive and unchanged while the plan is used).
+  static Result<std::unique_ptr<ExecutionPlan>> Compile(const Graph& g);
+
+  // Runs on `inputs` (one per graph input, types as declared) into `outputs` (one per graph
+  // output, preallocated with the declared types). Errors name the input / node / op at fault.
+  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const CpuContext& ctx);
+  // Same, allocating the outputs.
+  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, const CpuContext& ctx);
+
+  const ExecStats& stats() const { return stats_; }
+  const Graph& graph() const { return *graph_; }
+
+  ~ExecutionPlan();
+
+ private:
+  struct Ref;
+  struct Step;
+  ExecutionPlan() = default;
+  Status CheckIO(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  void* Resolve(const Ref& r, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+
+  const Graph* graph_ = nullptr;
+  std::vector<Step> steps_;
+  std::vector<Tensor> arena_;
+  std::vector<std::pair<int, int>> output_copies_;  // (graph output, ref index) needing a copy
+  std::vector<Ref> output_refs_;
+  ExecStats stats_;
+};
+
+// Compile + run once (tests, tools).
+Result<std::vector<Tensor>> Execute(const Graph& g, std::span<const TensorView> inputs, const CpuContext& ctx,
+                                    ExecStats* stats = nullptr);
+
+// Runs one node's kernel on given buffers (constant folding uses it).
+Status RunNodeOnce(const Node& n, std::span<const TensorView> in, std::span<const TensorView> out,
+                   const CpuContext& ctx);
+
+}  // namespace graphfuse

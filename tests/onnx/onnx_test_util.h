@@ -1,0 +1,151 @@
+// Running an ONNX test directory (model.onnx + test_data_set_*/input_*.pb, output_*.pb) through
+// ImportOnnxFile + Execute and comparing the outputs, numpy.allclose-style.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "graphfuse/cpu.h"
+#include "graphfuse/tensor.h"
+#include "onnx/import.h"
+#include "runtime/executor.h"
+
+namespace graphfuse::testing {
+
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+
+struct Comparison {
+  bool ok = true;
+  double max_abs_err = 0;
+  double max_rel_err = 0;
+  std::string detail;  // the first mismatch, or why the tensors cannot be compared
+};
+
+// |out - ref| <= atol + rtol * |ref| for floats (NaN matches NaN, inf must match exactly);
+// exact equality for integers and bools. Dtype and shape must agree.
+inline Comparison CompareTensors(const Tensor& out, const Tensor& ref, Tolerance tol) {
+  Comparison c;
+  if (out.dtype() != ref.dtype() || out.shape() != ref.shape()) {
+    c.ok = false;
+    c.detail = StrCat("got ", DTypeName(out.dtype()), ShapeToString(out.shape()), ", expected ",
+                      DTypeName(ref.dtype()), ShapeToString(ref.shape()));
+    return c;
+  }
+  const bool exact = !IsFloat(ref.dtype());
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double o = out.GetAsDouble(i), r = ref.GetAsDouble(i);
+    bool good;
+    if (std::isnan(r) || std::isnan(o)) {
+      good = std::isnan(r) && std::isnan(o);
+    } else if (std::isinf(r) || std::isinf(o) || exact) {
+      good = o == r;
+    } else {
+      const double err = std::fabs(o - r);
+      c.max_abs_err = std::max(c.max_abs_err, err);
+      if (r != 0) c.max_rel_err = std::max(c.max_rel_err, err / std::fabs(r));
+      good = err <= tol.atol + tol.rtol * std::fabs(r);
+    }
+    if (!good && c.ok) {
+      c.ok = false;
+      c.detail = StrCat("element ", i, ": got ", o, ", expected ", r);
+    }
+  }
+  return c;
+}
+
+// Files named <prefix><k>.pb in `dir`, in order of k.
+inline std::vector<std::string> NumberedFiles(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  for (int k = 0;; ++k) {
+    std::string p = StrCat(dir, "/", prefix, k, ".pb");
+    if (!std::filesystem::exists(p)) break;
+    out.push_back(p);
+  }
+  return out;
+}
+
+inline std::vector<std::string> DataSets(const std::string& model_dir) {
+  std::vector<std::string> sets;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(model_dir, ec))
+    if (e.is_directory() && e.path().filename().string().rfind("test_data_set_", 0) == 0) sets.push_back(e.path());
+  std::sort(sets.begin(), sets.end());
+  return sets;
+}
+
+enum class Outcome { kPass, kSkip, kFail };
+
+struct DirResult {
+  Outcome outcome = Outcome::kPass;
+  std::string reason;        // skip reason or failure detail
+  bool float32 = false;      // every graph output is f32
+  ExecStats stats;           // of the last data set run
+  double max_abs_err = 0, max_rel_err = 0;
+};
+
+// Imports `dir`/model.onnx and runs every data set. Unimplemented anywhere = skip; every
+// other error or mismatch = fail. `tol_for` gives the tolerance for an output dtype.
+template <class TolFor>
+DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor tol_for) {
+  DirResult r;
+  auto fail = [&](Outcome o, const std::string& why) {
+    r.outcome = o;
+    r.reason = why;
+    return r;
+  };
+  auto skip_or_fail = [&](const Status& s, const std::string& stage) {
+    return fail(s.code() == StatusCode::kUnimplemented ? Outcome::kSkip : Outcome::kFail,
+                stage.empty() ? s.ToString() : StrCat(stage, ": ", s.ToString()));
+  };
+  auto g = ImportOnnxFile(dir + "/model.onnx");
+  if (!g.ok()) return skip_or_fail(g.status(), "");
+  const Graph& graph = **g;
+  r.float32 = !graph.outputs().empty();
+  for (const Value* o : graph.outputs()) r.float32 &= o->dtype() == DType::kF32;
+  const auto sets = DataSets(dir);
+  if (sets.empty()) return fail(Outcome::kFail, "no test_data_set_* directory");
+  for (const std::string& set : sets) {
+    std::vector<Tensor> inputs(graph.inputs().size());
+    const auto in_files = NumberedFiles(set, "input_");
+    if (in_files.size() != graph.inputs().size())
+      return fail(Outcome::kFail, StrCat(set, ": ", in_files.size(), " input files for ", graph.inputs().size(),
+                                         " graph inputs"));
+    for (size_t k = 0; k < in_files.size(); ++k) {
+      std::string name;
+      auto t = ReadTensorProtoFile(in_files[k], &name);
+      if (!t.ok()) return skip_or_fail(t.status(), "reading inputs");
+      // Match by name when the file names a graph input, else by position.
+      size_t slot = k;
+      for (size_t j = 0; j < graph.inputs().size(); ++j)
+        if (!name.empty() && graph.inputs()[j]->name() == name) slot = j;
+      inputs[slot] = std::move(t).value();
+    }
+    std::vector<TensorView> views;
+    for (const Tensor& t : inputs) views.push_back(t.view());
+    auto outs = Execute(graph, views, ctx, &r.stats);
+    if (!outs.ok()) return skip_or_fail(outs.status(), "at run time");
+    const auto out_files = NumberedFiles(set, "output_");
+    if (out_files.size() != outs->size())
+      return fail(Outcome::kFail, StrCat(set, ": ", out_files.size(), " output files for ", outs->size(),
+                                         " graph outputs"));
+    for (size_t k = 0; k < out_files.size(); ++k) {
+      auto ref = ReadTensorProtoFile(out_files[k]);
+      if (!ref.ok()) return skip_or_fail(ref.status(), "reading outputs");
+      const Comparison c = CompareTensors((*outs)[k], *ref, tol_for(ref->dtype()));
+      r.max_abs_err = std::max(r.max_abs_err, c.max_abs_err);
+      r.max_rel_err = std::max(r.max_rel_err, c.max_rel_err);
+      if (!c.ok)
+        return fail(Outcome::kFail, StrCat(std::filesystem::path(set).filename().string(), " output ", k, " '",
+                                           graph.outputs()[k]->name(), "': ", c.detail));
+    }
+  }
+  return r;
+}
+
+}  // namespace graphfuse::testing

@@ -1,0 +1,194 @@
+#!/usr/bin/python3
+"""Exports the small end-to-end test models in tests/models/ with torch.onnx.export.
+
+Run with Debian's python3 (torch 1.13 + onnx 1.12 from Debian):
+
+    /usr/bin/python3 tools/export_models.py [--out tests/models]
+
+For every model and every opset in OPSETS it writes
+
+    <out>/<name>_opset<k>/model.onnx
+    <out>/<name>_opset<k>/test_data_set_0/input_<i>.pb    (f32, fixed seed)
+    <out>/<name>_opset<k>/test_data_set_0/output_<i>.pb   (the same module run in float64 on the
+                                                          same inputs, stored as f32)
+
+so the references carry no f32 rounding of their own. The models are written the way the
+upstream code writes them (GELU via nn.GELU, RMSNorm as x * rsqrt(mean(x^2) + eps) * w, RoPE
+in rotate_half form, SwiGLU as silu(gate) * up), which is what the canonicalization passes
+must recognize. Shapes are static (batch 1, seq 16, hidden 64) and reshapes use Python ints,
+so the exported graphs hold no shape arithmetic.
+"""
+import argparse
+import math
+import os
+import shutil
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from onnx import numpy_helper
+import onnx
+
+OPSETS = (13, 17)
+SEQ = 16
+HIDDEN = 64
+HEADS = 4
+HEAD_DIM = HIDDEN // HEADS
+
+
+def causal_mask(seq):
+    """Additive mask: 0 on and below the diagonal, float32's lowest value above it (as HF does)."""
+    m = torch.full((seq, seq), torch.finfo(torch.float32).min)
+    return torch.triu(m, diagonal=1).reshape(1, 1, seq, seq)
+
+
+class MlpGelu(nn.Module):
+    """Linear -> GELU (erf form) -> Linear."""
+
+    def __init__(self, d=HIDDEN, hidden=HIDDEN):
+        super().__init__()
+        self.fc1 = nn.Linear(d, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class AttentionLayerNorm(nn.Module):
+    """Pre-norm causal self-attention block: x + Wo(softmax(QK^T/sqrt(d) + mask) V), LN first."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ):
+        super().__init__()
+        self.heads, self.hd, self.seq = heads, d // heads, seq
+        self.ln = nn.LayerNorm(d)
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.o = nn.Linear(d, d)
+        self.register_buffer("mask", causal_mask(seq))
+
+    def forward(self, x):
+        h = self.ln(x)
+        q = self.q(h).reshape(1, self.seq, self.heads, self.hd).transpose(1, 2)
+        k = self.k(h).reshape(1, self.seq, self.heads, self.hd).transpose(1, 2)
+        v = self.v(h).reshape(1, self.seq, self.heads, self.hd).transpose(1, 2)
+        s = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd) + self.mask
+        p = torch.softmax(s, dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).reshape(1, self.seq, self.heads * self.hd)
+        return x + self.o(a)
+
+
+class RMSNorm(nn.Module):
+    """As in LLaMA's code: x * rsqrt(mean(x^2) + eps) * weight."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_tables(seq, dim, base=10000.0):
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    t = torch.arange(seq, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().float().reshape(1, 1, seq, dim), emb.sin().float().reshape(1, 1, seq, dim)
+
+
+class LlamaBlock(nn.Module):
+    """LLaMA decoder layer: RMSNorm, RoPE causal attention, residual, RMSNorm, SwiGLU MLP, residual."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, inter=172):
+        super().__init__()
+        self.heads, self.hd, self.seq = heads, d // heads, seq
+        self.input_norm = RMSNorm(d)
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+        self.post_norm = RMSNorm(d)
+        self.gate_proj = nn.Linear(d, inter, bias=False)
+        self.up_proj = nn.Linear(d, inter, bias=False)
+        self.down_proj = nn.Linear(inter, d, bias=False)
+        cos, sin = rope_tables(seq, self.hd)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+        self.register_buffer("mask", causal_mask(seq))
+        with torch.no_grad():  # non-trivial norm weights, so a dropped weight multiply shows
+            self.input_norm.weight.uniform_(0.5, 1.5)
+            self.post_norm.weight.uniform_(0.5, 1.5)
+
+    def heads_of(self, t):
+        return t.reshape(1, self.seq, self.heads, self.hd).transpose(1, 2)
+
+    def forward(self, x):
+        h = self.input_norm(x)
+        q, k, v = self.heads_of(self.q_proj(h)), self.heads_of(self.k_proj(h)), self.heads_of(self.v_proj(h))
+        q = q * self.cos + rotate_half(q) * self.sin
+        k = k * self.cos + rotate_half(k) * self.sin
+        s = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(self.hd) + self.mask
+        p = F.softmax(s, dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).reshape(1, self.seq, self.heads * self.hd)
+        x = x + self.o_proj(a)
+        h = self.post_norm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+MODELS = {
+    "mlp_gelu": (MlpGelu, (1, SEQ, HIDDEN)),
+    "attention_layernorm": (AttentionLayerNorm, (1, SEQ, HIDDEN)),
+    "llama_block": (LlamaBlock, (1, SEQ, HIDDEN)),
+}
+
+
+def save_tensor(path, array, name):
+    t = numpy_helper.from_array(array, name=name)
+    with open(path, "wb") as f:
+        f.write(t.SerializeToString())
+
+
+def export(name, cls, shape, opset, out_root, seed):
+    torch.manual_seed(seed)
+    model = cls().eval()
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
+    d = os.path.join(out_root, f"{name}_opset{opset}")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(os.path.join(d, "test_data_set_0"))
+    path = os.path.join(d, "model.onnx")
+    with torch.no_grad():
+        torch.onnx.export(model, (x,), path, opset_version=opset, input_names=["x"], output_names=["y"],
+                          do_constant_folding=True)
+        ref = model.double()(x.double()).float()
+    m = onnx.load(path)
+    onnx.checker.check_model(m)
+    save_tensor(os.path.join(d, "test_data_set_0", "input_0.pb"), x.numpy(), "x")
+    save_tensor(os.path.join(d, "test_data_set_0", "output_0.pb"), ref.numpy(), "y")
+    size = os.path.getsize(path)
+    assert size < 1 << 20, f"{path} is {size} bytes"
+    ops = sorted({n.op_type for n in m.graph.node})
+    print(f"{d}: {size} bytes, {len(m.graph.node)} nodes: {' '.join(ops)}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "models"))
+    args = ap.parse_args()
+    for i, (name, (cls, shape)) in enumerate(MODELS.items()):
+        for opset in OPSETS:
+            export(name, cls, shape, opset, args.out, seed=1234 + 10 * i)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,203 @@
+// `graphfuse run MODEL.onnx [--data DIR] ...`: imports a model, runs it on the CPU and compares
+// its outputs with the expected ones (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "graphfuse/cpu.h"
+#include "json.h"
+#include "onnx/import.h"
+#include "passes/fold_constants.h"
+#include "runtime/executor.h"
+
+namespace graphfuse::cli {
+namespace {
+
+struct RunOptions {
+  std::string model, data, json, backend = "cpu";
+  double rtol = 1e-4, atol = 1e-5;
+  int threads = 0;
+};
+
+struct OutputReport {
+  std::string name;
+  double max_abs = 0, max_rel = 0;
+  int64_t mismatches = 0;
+  bool compared = false, ok = true;
+};
+
+Result<RunOptions> ParseRun(Args& args) {
+  RunOptions o;
+  while (!args.Done()) {
+    const std::string f = args.Next();
+    if (f == "--data") {
+      GF_ASSIGN_OR_RETURN(o.data, args.Value(f));
+    } else if (f == "--json") {
+      GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
+    } else if (f == "--rtol") {
+      GF_ASSIGN_OR_RETURN(o.rtol, args.Float(f, 0, 1e6));
+    } else if (f == "--atol") {
+      GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
+    } else if (f == "--threads") {
+      GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
+      o.threads = static_cast<int>(t);
+    } else if (f == "--backend") {
+      GF_ASSIGN_OR_RETURN(o.backend, args.Value(f));
+      if (o.backend != "cpu" && o.backend != "cuda")
+        return InvalidArgument("run: --backend must be cpu or cuda, got '", o.backend, "'");
+    } else if (f == "--no-fuse") {
+      // The only mode in this build: every node runs as its own kernel.
+    } else if (!f.empty() && f[0] == '-') {
+      return InvalidArgument("run: unknown flag '", f, "' (see graphfuse --help)");
+    } else if (o.model.empty()) {
+      o.model = f;
+    } else {
+      return InvalidArgument("run: unexpected argument '", f, "' (one model per run)");
+    }
+  }
+  if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
+  return o;
+}
+
+// DIR/input_0.pb, input_1.pb, ... (or output_*), in index order; stops at the first gap.
+std::vector<std::string> NumberedFiles(const std::string& dir, const char* prefix) {
+  std::vector<std::string> files;
+  for (int i = 0;; ++i) {
+    const std::string p = StrCat(dir, "/", prefix, "_", i, ".pb");
+    if (!std::filesystem::exists(p)) break;
+    files.push_back(p);
+  }
+  return files;
+}
+
+OutputReport Compare(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol) {
+  OutputReport r;
+  r.name = name;
+  r.compared = true;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.GetAsDouble(i), w = want.GetAsDouble(i);
+    if (std::isnan(g) && std::isnan(w)) continue;
+    const double abs_err = std::fabs(g - w);
+    if (!(abs_err <= atol + rtol * std::fabs(w)) && !(g == w)) ++r.mismatches;
+    if (std::isfinite(abs_err)) {
+      r.max_abs = std::max(r.max_abs, abs_err);
+      if (w != 0) r.max_rel = std::max(r.max_rel, abs_err / std::fabs(w));
+    }
+  }
+  r.ok = r.mismatches == 0;
+  return r;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "graphfuse run: %s\n", s.message().c_str());
+  return kExitBadInput;
+}
+
+}  // namespace
+
+int RunModel(Args& args) {
+  auto parsed = ParseRun(args);
+  if (!parsed.ok()) return Fail(parsed.status());
+  const RunOptions o = *parsed;
+  if (o.backend == "cuda") return Fail(Unimplemented("--backend cuda: this build has no CUDA backend"));
+
+  auto imported = ImportOnnxFile(o.model);
+  if (!imported.ok()) return Fail(imported.status());
+  Graph& g = **imported;
+  auto folded = FoldConstants(g);
+  if (!folded.ok()) return Fail(folded.status().WithContext(o.model));
+  if (Status v = g.Verify(); !v.ok()) return Fail(v.WithContext(o.model));
+
+  // Inputs: from DIR, else random (seeded) so that a model can be smoke-run without data.
+  std::vector<Tensor> inputs;
+  std::vector<std::string> expected_files;
+  if (!o.data.empty()) {
+    if (!std::filesystem::is_directory(o.data)) return Fail(NotFound("--data '", o.data, "' is not a directory"));
+    const std::vector<std::string> files = NumberedFiles(o.data, "input");
+    if (files.size() != g.inputs().size())
+      return Fail(InvalidArgument(o.data, ": the model takes ", g.inputs().size(), " inputs, found ", files.size(),
+                                  " input_<i>.pb files"));
+    for (size_t i = 0; i < files.size(); ++i) {
+      auto t = ReadTensorProtoFile(files[i]);
+      if (!t.ok()) return Fail(t.status());
+      const Value* v = g.inputs()[i];
+      if (t->dtype() != v->dtype() || t->shape() != v->shape())
+        return Fail(InvalidArgument(files[i], ": input '", v->name(), "' is ", v->TypeString(), " but the file holds ",
+                                    DTypeName(t->dtype()), ShapeToString(t->shape())));
+      inputs.push_back(std::move(*t));
+    }
+    expected_files = NumberedFiles(o.data, "output");
+  } else {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (const Value* v : g.inputs()) {
+      auto t = Tensor::Empty(v->dtype(), v->shape());
+      if (!t.ok()) return Fail(t.status());
+      for (int64_t i = 0; i < t->numel(); ++i) t->SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : 0.0);
+      inputs.push_back(std::move(*t));
+    }
+    std::fprintf(stderr, "graphfuse run: no --data: running on random inputs in [-1, 1) (nothing to compare)\n");
+  }
+
+  ThreadPool pool(o.threads);
+  const CpuContext ctx{&pool};
+  std::vector<TensorView> views;
+  for (const Tensor& t : inputs) views.push_back(t.view());
+  auto plan = ExecutionPlan::Compile(g);
+  if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
+  auto outputs = (*plan)->Run(views, ctx);
+  if (!outputs.ok()) return Fail(outputs.status().WithContext(o.model));
+
+  std::vector<OutputReport> reports;
+  bool all_ok = true;
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    const std::string name = g.outputs()[i]->name();
+    if (i >= expected_files.size()) {
+      reports.push_back(OutputReport{name});
+      continue;
+    }
+    auto want = ReadTensorProtoFile(expected_files[i]);
+    if (!want.ok()) return Fail(want.status());
+    const Tensor& got = (*outputs)[i];
+    if (want->shape() != got.shape())
+      return Fail(InvalidArgument(expected_files[i], ": expected output '", name, "' has shape ",
+                                  ShapeToString(want->shape()), ", the model gives ", ShapeToString(got.shape())));
+    reports.push_back(Compare(name, got, *want, o.rtol, o.atol));
+    all_ok &= reports.back().ok;
+  }
+
+  const ExecStats& st = (*plan)->stats();
+  std::printf("model %s: %zu nodes, %lld kernels per run (unfused), peak activations %.1f KiB (%.1f KiB without reuse)\n",
+              o.model.c_str(), g.num_nodes(), static_cast<long long>(st.kernels_launched),
+              st.peak_activation_bytes / 1024.0, st.activation_bytes_no_reuse / 1024.0);
+  std::printf("%-24s %12s %12s %10s  %s\n", "output", "max |err|", "max rel err", "mismatch", "");
+  for (const OutputReport& r : reports) {
+    if (!r.compared) {
+      std::printf("%-24s %12s %12s %10s  %s\n", r.name.c_str(), "-", "-", "-", "no reference");
+      continue;
+    }
+    std::printf("%-24s %12.3g %12.3g %10lld  %s\n", r.name.c_str(), r.max_abs, r.max_rel,
+                static_cast<long long>(r.mismatches), r.ok ? "ok" : "DIFFERS");
+  }
+  if (!o.json.empty()) {
+    Json j;
+    j.BeginObject().Key("command").Str("run").Key("model").Str(o.model);
+    j.Key("kernels_unfused").Int(st.kernels_launched);
+    j.Key("peak_activation_bytes").Int(st.peak_activation_bytes);
+    j.Key("outputs").BeginArray();
+    for (const OutputReport& r : reports) {
+      j.BeginObject().Key("name").Str(r.name);
+      if (r.compared) j.Key("max_abs_err").Num(r.max_abs).Key("max_rel_err").Num(r.max_rel).Key("ok").Bool(r.ok);
+      j.EndObject();
+    }
+    j.EndArray().EndObject();
+    if (!j.WriteFile(o.json)) return Fail(InvalidArgument("cannot write --json file '", o.json, "'"));
+  }
+  return all_ok ? kExitOk : kExitMismatch;
+}
+
+}  // namespace graphfuse::cli
