@@ -6,7 +6,9 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  libhwy-dev libsleef-dev
+  libhwy-dev libsleef-dev libopenblas-dev
+  libonnx-dev libprotobuf-dev libonnx-testdata
+  clang libclang-rt-14-dev
   python3 python3-numpy
 )
 
