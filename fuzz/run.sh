@@ -5,6 +5,7 @@
 #   fuzz/run.sh                 build + fuzz for 60 s
 #   GF_FUZZ_SECONDS=600 fuzz/run.sh
 #   fuzz/run.sh CRASH_FILE...   build + replay the given inputs (regression check)
+#   GF_FUZZ_CXXFLAGS=-DGF_FUZZ_NO_PRINT fuzz/run.sh   fuzz the importer without the printer
 #
 # Exits non-zero when the fuzzer finds a crash, a sanitizer error, a timeout or an
 # out-of-memory; the reproducer is left in $GF_FUZZ_OUT/artifacts/.
@@ -39,6 +40,8 @@ CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -march=native -ffp-contract=
           -fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined
           -DHWY_COMPILE_ONLY_STATIC=1 -DONNX_NAMESPACE=onnx -DONNX_ML=1
           -I"$ROOT/include" -I"$ROOT/src")
+read -r -a EXTRA <<<"${GF_FUZZ_CXXFLAGS:-}"  # e.g. -DGF_FUZZ_NO_PRINT to fuzz the importer alone
+CXXFLAGS+=("${EXTRA[@]}")
 read -r -a PKG_CFLAGS <<<"$(pkg-config --cflags libhwy sleef 2>/dev/null || true)"
 read -r -a PKG_LIBS <<<"$(pkg-config --libs libhwy sleef)"
 

@@ -15,6 +15,7 @@
 #include "graphfuse/graph.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/op_registry.h"
+#include "runtime/executor.h"
 
 namespace graphfuse {
 namespace {
@@ -718,6 +719,12 @@ TEST(Kernels, ConcatAndSplit) {
   ExpectNear(Values(eq[1]), {2, 3}, 0, 0, "eq1");
   ExpectNear(Values(eq[2]), {4}, 0, 0, "eq2");
 
+  OneNode a;  // opset-11 'split' attribute
+  a.Input(MakeTensor(DType::kF32, {4}, Iota(4)));
+  auto ap = a.AddRun("Split", {{"split", std::vector<int64_t>{1, 3}}});
+  ASSERT_EQ(ap.size(), 2u);
+  ExpectNear(Values(ap[1]), {1, 2, 3}, 0, 0, "split attr");
+
   OneNode bad;
   bad.Input(MakeTensor(DType::kF32, {2, 5}, Iota(10)));
   bad.ConstI64({2, 2});
@@ -851,6 +858,9 @@ TEST(Kernels, ViewOpsInferShapes) {
   EXPECT_EQ(InferredShape("Unsqueeze", {3, 4}, &(v = {0, -1})), (Shape{1, 3, 4, 1}));
   EXPECT_EQ(InferredShape("Unsqueeze", {3, 4}, &(v = {1, 3})), (Shape{3, 1, 4, 1}));
   EXPECT_EQ(InferredShape("Identity", {3, 4}, nullptr), (Shape{3, 4}));
+  // The opset-11 attribute forms are accepted too.
+  EXPECT_EQ(InferredShape("Squeeze", {1, 3, 1}, nullptr, {{"axes", std::vector<int64_t>{0}}}), (Shape{3, 1}));
+  EXPECT_EQ(InferredShape("Unsqueeze", {3}, nullptr, {{"axes", std::vector<int64_t>{-1}}}), (Shape{3, 1}));
 
   std::string e;
   InferredShape("Reshape", {2, 3, 4}, &(v = {-1, -1}), {}, &e);
@@ -935,6 +945,43 @@ TEST(Kernels, ShapeConstantOfShapeConstantRange) {
     dyn.Const(MakeTensor(DType::kI64, {}, {1}));
     EXPECT_TRUE(Contains(ErrorOf(dyn.Add("Range")), "needs a constant start input"));
   }
+}
+
+TEST(Kernels, KernelRefusesABadAxisFromAnUntypedRewrite) {
+  // AddNodeTyped skips inference; the kernel still checks the axis instead of reading out of bounds.
+  OneNode t;
+  Value* x = t.Input(MakeTensor(DType::kF32, {2, 3}, Iota(6)));
+  Node* n = t.graph().AddNodeTyped("Softmax", {x}, {{"axis", int64_t{7}}}, {{DType::kF32, {2, 3}}});
+  auto r = t.Run(n);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Contains(r.status().message(), "axis 7")) << r.status().message();
+}
+
+TEST(Kernels, ExecutorRunsAChainWithViews) {
+  // x[2,3,4] -> Reshape[6,4] -> MatMul w[4,5] -> Softmax -> Transpose -> [5,6], through Execute.
+  Graph g;
+  const Vec xv = RandomVec(24, 31), wv = RandomVec(20, 32);
+  Value* x = g.AddInput("x", DType::kF32, {2, 3, 4}).value();
+  Value* w = g.AddConstant("w", std::make_shared<const Tensor>(MakeTensor(DType::kF32, {4, 5}, wv))).value();
+  Value* shape = g.AddConstant("shape", std::make_shared<const Tensor>(MakeTensor(DType::kI64, {2}, {-1, 4}))).value();
+  Node* r = g.AddNode("Reshape", {x, shape}).value();
+  Node* mm = g.AddNode("MatMul", {r->output(), w}).value();
+  Node* sm = g.AddNode("Softmax", {mm->output()}).value();
+  Node* tr = g.AddNode("Transpose", {sm->output()}).value();
+  ASSERT_TRUE(g.MarkOutput(tr->output()).ok());
+  ASSERT_TRUE(g.Verify().ok());
+  Tensor xt = MakeTensor(DType::kF32, {2, 3, 4}, xv);
+  const TensorView in[] = {xt.view()};
+  auto out = Execute(g, in, CpuContext{});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectShape((*out)[0], {5, 6});
+  Vec mmv, scale;
+  RefMatMul(xv, {6, 4}, wv, {4, 5}, mmv, scale);
+  const Vec sv = RefSoftmax(mmv, {6, 5}, -1, false);
+  Vec want;
+  for (int j = 0; j < 5; ++j)
+    for (int i = 0; i < 6; ++i) want.push_back(sv[i * 5 + j]);
+  ExpectNear(Values((*out)[0]), want, 1e-5, 1e-7, "chain");
 }
 
 TEST(Kernels, EveryScheduledOpIsRegistered) {

@@ -11,7 +11,7 @@
 #include "graphfuse/cpu.h"
 #include "json.h"
 #include "onnx/import.h"
-#include "passes/fold_constants.h"
+#include "passes/pipeline.h"
 #include "runtime/executor.h"
 
 namespace graphfuse::cli {
@@ -108,9 +108,8 @@ int RunModel(Args& args) {
   auto imported = ImportOnnxFile(o.model);
   if (!imported.ok()) return Fail(imported.status());
   Graph& g = **imported;
-  auto folded = FoldConstants(g);
-  if (!folded.ok()) return Fail(folded.status().WithContext(o.model));
-  if (Status v = g.Verify(); !v.ok()) return Fail(v.WithContext(o.model));
+  auto passes = RunPipeline(g);
+  if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
 
   // Inputs: from DIR, else random (seeded) so that a model can be smoke-run without data.
   std::vector<Tensor> inputs;

@@ -24,10 +24,12 @@
 namespace graphfuse {
 
 class Node;
+class Graph;
 
-// An attribute value: int, float, string, ints, floats, or a tensor.
+// An attribute value: int, float, string, ints, floats, a tensor, or a graph (the body of a
+// fused group).
 using Attribute = std::variant<int64_t, float, std::string, std::vector<int64_t>, std::vector<float>,
-                               std::shared_ptr<const Tensor>>;
+                               std::shared_ptr<const Tensor>, std::shared_ptr<const Graph>>;
 using AttributeMap = std::map<std::string, Attribute>;
 
 struct Use {
@@ -82,6 +84,8 @@ class Node {
   std::vector<int64_t> GetInts(const std::string& k, const std::vector<int64_t>& def = {}) const;
   // "node 'n3' (Add)" for error messages.
   std::string Describe() const;
+  // The graph attribute `k` (a fused group's body), or nullptr.
+  const Graph* GetGraph(const std::string& k) const;
 
  private:
   friend class Graph;
@@ -126,6 +130,11 @@ class Graph {
   void RemoveNode(Node* n);
   // Removes nodes whose outputs are unused (and constants nobody reads); returns how many.
   int RemoveDeadNodes();
+  // Reorders the nodes topologically, keeping the current order where it is already valid
+  // (rewrites append nodes at the end). An error if the graph has a cycle.
+  Status TopologicalSort();
+  // Renames a value (the name must be free; rewrites use it to keep user-visible names).
+  Status RenameValue(Value* v, const std::string& name);
   // Turns value `v` into a constant holding `data` and removes its producer if now dead.
   void ReplaceWithConstant(Value* v, std::shared_ptr<const Tensor> data);
 

@@ -40,6 +40,11 @@ std::vector<int64_t> Node::GetInts(const std::string& k, const std::vector<int64
   const auto* v = GetAttr<std::vector<int64_t>>(attrs_, k);
   return v ? *v : def;
 }
+const Graph* Node::GetGraph(const std::string& k) const {
+  const auto* v = GetAttr<std::shared_ptr<const Graph>>(attrs_, k);
+  return v ? v->get() : nullptr;
+}
+
 std::string Node::Describe() const { return StrCat("node '", name_, "' (", op_, ")"); }
 
 Value* Graph::NewValue(const std::string& name, DType dtype, const Shape& shape) {
@@ -190,6 +195,47 @@ int Graph::RemoveDeadNodes() {
     return dead;
   });
   return removed;
+}
+
+Status Graph::RenameValue(Value* v, const std::string& name) {
+  if (v->name_ == name) return Status::Ok();
+  if (by_name_.count(name)) return InvalidArgument("cannot rename '", v->name_, "' to '", name, "': name taken");
+  by_name_.erase(v->name_);
+  v->name_ = name;
+  by_name_[name] = v;
+  return Status::Ok();
+}
+
+Status Graph::TopologicalSort() {
+  std::map<const Node*, size_t> position;
+  std::vector<Node*> order;
+  for (const auto& n : nodes_) position[n.get()] = order.size(), order.push_back(n.get());
+  // Kahn's algorithm, always taking the ready node that came first.
+  std::map<const Node*, int> pending;
+  for (Node* n : order) {
+    int k = 0;
+    for (const Value* in : n->inputs_)
+      if (in && in->producer_) ++k;
+    pending[n] = k;
+  }
+  std::set<std::pair<size_t, Node*>> ready;
+  for (Node* n : order)
+    if (pending[n] == 0) ready.insert({position[n], n});
+  std::vector<Node*> sorted;
+  while (!ready.empty()) {
+    Node* n = ready.begin()->second;
+    ready.erase(ready.begin());
+    sorted.push_back(n);
+    for (const Value* o : n->outputs_)
+      for (const Use& u : o->uses_)
+        if (--pending[u.node] == 0) ready.insert({position[u.node], u.node});
+  }
+  if (sorted.size() != order.size()) return Internal("graph '", name_, "' has a cycle");
+  std::map<const Node*, std::unique_ptr<Node>> owned;
+  for (auto& n : nodes_) owned[n.get()] = std::move(n);
+  nodes_.clear();
+  for (Node* n : sorted) nodes_.push_back(std::move(owned[n]));
+  return Status::Ok();
 }
 
 void Graph::ReplaceWithConstant(Value* v, std::shared_ptr<const Tensor> data) {

@@ -63,7 +63,7 @@ struct Registry {
 const Registry& GetRegistry() {
   static const Registry registry = [] {
     Registry r;
-    for (auto list : {ElementwiseSchemas(), NonElementwiseSchemas()})
+    for (auto list : {ElementwiseSchemas(), NonElementwiseSchemas(), FusedSchemas()})
       for (const OpSchema& s : list) {
         GF_CHECK(!r.by_name.count(s.name), "op ", s.name, " registered twice");
         r.by_name[s.name] = r.schemas.size();

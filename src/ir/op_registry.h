@@ -63,6 +63,7 @@ std::vector<const OpSchema*> AllSchemas();
 // Schemas contributed by each family (one file each under src/ops/kernels/ and src/ir/).
 std::vector<OpSchema> ElementwiseSchemas();   // src/ir/elementwise_schema.cc
 std::vector<OpSchema> NonElementwiseSchemas();  // src/ops/kernels/registry_list.cc
+std::vector<OpSchema> FusedSchemas();           // src/ir/fused_schema.cc
 
 // OpAttrs of an elementwise node from its attribute map (alpha, beta, to, seed, training).
 OpAttrs ElementwiseAttrs(OpKind kind, const AttributeMap& attrs);

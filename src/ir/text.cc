@@ -63,6 +63,17 @@ std::string AttrString(const Attribute& a, int64_t max_elements) {
     for (size_t k = 0; k < fs->size(); ++k) s += (k ? ", " : "") + Float((*fs)[k]);
     return s + "]";
   }
+  if (auto* body = std::get_if<std::shared_ptr<const Graph>>(&a)) {
+    // Nested graphs print indented, one level deeper than the node.
+    std::string inner = PrintGraph(**body, PrintOptions{max_elements});
+    std::string out;
+    for (size_t i = 0; i < inner.size(); ++i) {
+      out += inner[i];
+      if (inner[i] == '\n' && i + 1 < inner.size()) out += "      ";
+    }
+    while (!out.empty() && out.back() == '\n') out.pop_back();
+    return out;
+  }
   const auto& t = *std::get<std::shared_ptr<const Tensor>>(a);
   return StrCat("<", DTypeName(t.dtype()), ShapeToString(t.shape()), ": ", TensorValues(t, max_elements), ">");
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 
+#include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
 
 namespace graphfuse {
@@ -126,6 +127,11 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
       const OpKind kind = *OpFromName(n.op());
       step.program = cpu::SingleOpProgram(kind, step.in_views, step.out_views[0], ElementwiseAttrs(kind, n.attrs()));
       step.has_program = true;
+    } else if (const Graph* body = n.GetGraph("body"); body && n.op() == "FusedElementwise") {
+      auto program = cpu::LowerElementwiseGroup(*body);
+      if (!program.ok()) return program.status().WithContext(n.Describe());
+      step.program = *program;
+      step.has_program = true;
     } else if (!s->kernel) {
       return Unimplemented(n.Describe(), ": has no kernel and was not folded (is an input non-constant?)");
     }
@@ -190,7 +196,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
   for (Step& s : steps_) {
     if (s.has_program) {
       for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs);
-      s.program.outputs[0].data = Resolve(s.out_refs[0], inputs, outputs);
+      for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs);
       cpu::RunTileProgram(s.program, ctx);
       continue;
     }

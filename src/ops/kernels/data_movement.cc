@@ -187,8 +187,7 @@ Result<std::vector<ValueType>> InferConcat(const InferContext& ctx) {
 Status ConcatKernel(const KernelContext& ctx) {
   const TensorView& Y = ctx.outputs[0];
   const int64_t rank = static_cast<int64_t>(Y.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", 0);
-  if (axis < 0) axis += rank;
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", 0, rank));
   const int64_t esize = static_cast<int64_t>(DTypeSize(Y.dtype));
   const int64_t outer = Product(Y.shape, 0, static_cast<size_t>(axis));
   const int64_t inner = Product(Y.shape, static_cast<size_t>(axis) + 1, Y.shape.size()) * esize;
@@ -215,9 +214,11 @@ Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
   if (rank == 0) return InvalidArgument(ctx.Describe(), ": Split needs an input of rank >= 1");
   GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
   const int64_t dim = x->shape()[axis];
-  std::vector<int64_t> sizes;
-  if (ctx.input(1) != nullptr) {
-    GF_ASSIGN_OR_RETURN(sizes, RequireConstInts(ctx, 1, "split"));
+  std::vector<int64_t> sizes = ctx.GetInts("split");  // opset 11 form
+  if (ctx.input(1) != nullptr || ctx.HasAttr("split")) {
+    if (ctx.input(1) != nullptr) {
+      GF_ASSIGN_OR_RETURN(sizes, RequireConstInts(ctx, 1, "split"));
+    }
     int64_t sum = 0;
     for (int64_t s : sizes) {
       if (s < 0) return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " has a negative size");
@@ -252,8 +253,7 @@ Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
 Status SplitKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const int64_t rank = static_cast<int64_t>(X.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", 0);
-  if (axis < 0) axis += rank;
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", 0, rank));
   // The output shapes carry the sizes, whichever way the node gave them.
   int64_t total = 0;
   for (const TensorView& o : ctx.outputs) total += o.shape[axis];
@@ -387,8 +387,7 @@ Result<std::vector<ValueType>> InferGather(const InferContext& ctx) {
 Status GatherKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const int64_t rank = static_cast<int64_t>(X.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", 0);
-  if (axis < 0) axis += rank;
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", 0, rank));
   const int64_t dim = X.shape[axis];
   std::vector<int64_t> idx = ReadInts(ctx.inputs[1]);
   for (size_t j = 0; j < idx.size(); ++j) {

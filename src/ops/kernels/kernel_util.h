@@ -60,6 +60,15 @@ inline Result<int64_t> NormalizeAxis(const InferContext& ctx, int64_t axis, int6
   return axis < 0 ? axis + rank : axis;
 }
 
+// A kernel's axis attribute normalized against `rank` (inference checked it already; nodes made
+// by AddNodeTyped skip inference, so the kernel refuses rather than indexing out of bounds).
+inline Result<int64_t> KernelAxis(const KernelContext& ctx, const char* key, int64_t def, int64_t rank) {
+  const int64_t axis = ctx.node.GetInt(key, def);
+  if (axis < -rank || axis >= rank)
+    return InvalidArgument(KernelWhere(ctx), ": ", key, " ", axis, " is out of range for rank ", rank);
+  return axis < 0 ? axis + rank : axis;
+}
+
 // Normalizes a list of axes against `rank`, refusing out-of-range and repeated axes.
 inline Result<std::vector<int64_t>> NormalizeAxes(const InferContext& ctx, const std::vector<int64_t>& axes,
                                                   int64_t rank, const char* what = "axes") {

@@ -89,6 +89,18 @@ void ForEachRow(const KernelContext& ctx, int64_t rows, int64_t d, RowFn&& row_f
   });
 }
 
+// sum_j f(x[j]) in double with 8 independent partial sums: a single running double sum is
+// bound by the add latency (4 cycles per element); eight lanes vectorize.
+template <class F>
+double SumD(const float* x, int64_t d, F f) {
+  double acc[8] = {};
+  int64_t j = 0;
+  for (; j + 8 <= d; j += 8)
+    for (int l = 0; l < 8; ++l) acc[l] += f(static_cast<double>(x[j + l]));
+  for (int l = 0; j < d; ++j, ++l) acc[l] += f(static_cast<double>(x[j]));
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
 // ---- LayerNormalization ----
 
 Result<std::vector<ValueType>> InferLayerNorm(const InferContext& ctx) {
@@ -107,9 +119,7 @@ Result<std::vector<ValueType>> InferLayerNorm(const InferContext& ctx) {
 Status LayerNormKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const int64_t rank = static_cast<int64_t>(X.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", -1);
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank) return InvalidArgument(KernelWhere(ctx), ": axis out of range");
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", -1, rank));
   const double eps = ctx.node.GetFloat("epsilon", 1e-5f);
   const Shape norm(X.shape.begin() + axis, X.shape.end());
   const int64_t d = Product(norm), rows = Product(X.shape, 0, static_cast<size_t>(axis));
@@ -119,14 +129,8 @@ Status LayerNormKernel(const KernelContext& ctx) {
   float* mean_out = ctx.outputs.size() > 1 ? ctx.outputs[1].as<float>() : nullptr;
   float* inv_out = ctx.outputs.size() > 2 ? ctx.outputs[2].as<float>() : nullptr;
   ForEachRow(ctx, rows, d, [&](const float* x, float* y, int64_t r) {
-    double sum = 0;
-    for (int64_t j = 0; j < d; ++j) sum += x[j];
-    const double mean = sum / static_cast<double>(d);
-    double sq = 0;
-    for (int64_t j = 0; j < d; ++j) {
-      const double c = x[j] - mean;
-      sq += c * c;
-    }
+    const double mean = SumD(x, d, [](double v) { return v; }) / static_cast<double>(d);
+    const double sq = SumD(x, d, [mean](double v) { return (v - mean) * (v - mean); });
     const double inv = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
     const float mf = static_cast<float>(mean), invf = static_cast<float>(inv);
     if (has_bias) {
@@ -150,17 +154,14 @@ Result<std::vector<ValueType>> InferRmsNorm(const InferContext& ctx) {
 Status RmsNormKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const int64_t rank = static_cast<int64_t>(X.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", -1);
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank) return InvalidArgument(KernelWhere(ctx), ": axis out of range");
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", -1, rank));
   const double eps = ctx.node.GetFloat("epsilon", 1e-6f);
   const Shape norm(X.shape.begin() + axis, X.shape.end());
   const int64_t d = Product(norm), rows = Product(X.shape, 0, static_cast<size_t>(axis));
   const std::vector<float> scale = ExpandRow(ctx, 1, norm, 1.f);
   const bool has_scale = HasInput(ctx, 1);
   ForEachRow(ctx, rows, d, [&](const float* x, float* y, int64_t) {
-    double sq = 0;
-    for (int64_t j = 0; j < d; ++j) sq += static_cast<double>(x[j]) * x[j];
+    const double sq = SumD(x, d, [](double v) { return v * v; });
     const float inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
     if (has_scale) {
       for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv * scale[j];

@@ -178,8 +178,15 @@ void RunReduce(const KernelContext& ctx, const Plan& p) {
         if (p.vec > 1) {
           for (int64_t v = 0; v < p.vec; ++v) acc[v] = Combine<K, Acc>(acc[v], Tr::Load(src[v]));
         } else {
+          // Eight independent partial results: one running accumulator is latency bound.
+          Acc part[8];
+          for (Acc& a : part) a = Init<K, Acc>();
+          int64_t t = 0;
+          for (; t + 8 <= p.inner_red; t += 8)
+            for (int l = 0; l < 8; ++l) part[l] = Combine<K, Acc>(part[l], Tr::Load(src[t + l]));
+          for (int l = 0; t < p.inner_red; ++t, ++l) part[l] = Combine<K, Acc>(part[l], Tr::Load(src[t]));
           Acc a = acc[0];
-          for (int64_t t = 0; t < p.inner_red; ++t) a = Combine<K, Acc>(a, Tr::Load(src[t]));
+          for (const Acc& v : part) a = Combine<K, Acc>(a, v);
           acc[0] = a;
         }
         for (size_t k = ridx.size(); k-- > 0;) {  // odometer over the reduced groups

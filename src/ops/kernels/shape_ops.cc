@@ -49,15 +49,19 @@ Result<std::vector<ValueType>> InferReshape(const InferContext& ctx) {
   const int64_t total = Product(x->shape());
   if (infer_at >= 0) {
     out[infer_at] = 1;
-    const int64_t known = Product(out);
+    auto known_or = NumElements(out);
+    if (!known_or.ok()) return known_or.status().WithContext(ctx.Describe());
+    const int64_t known = *known_or;
     if (known == 0 || total % known != 0)
       return InvalidArgument(ctx.Describe(), ": cannot infer the -1 of shape ", spec, " for input ",
                              ShapeToString(x->shape()), " (", total, " elements)");
     out[infer_at] = total / known;
   }
-  if (Product(out) != total)
+  auto count = NumElements(out);
+  if (!count.ok()) return count.status().WithContext(ctx.Describe());
+  if (*count != total)
     return InvalidArgument(ctx.Describe(), ": cannot reshape ", ShapeToString(x->shape()), " (", total,
-                           " elements) to ", ShapeToString(out), " (", Product(out), " elements)");
+                           " elements) to ", ShapeToString(out), " (", *count, " elements)");
   return Same(x, out);
 }
 
@@ -77,8 +81,11 @@ Result<std::vector<ValueType>> InferSqueeze(const InferContext& ctx) {
   const Shape& in = x->shape();
   const int64_t rank = static_cast<int64_t>(in.size());
   std::vector<bool> drop(in.size(), false);
-  if (ctx.input(1) != nullptr) {
-    GF_ASSIGN_OR_RETURN(auto axes, RequireConstInts(ctx, 1, "axes"));
+  if (ctx.input(1) != nullptr || ctx.HasAttr("axes")) {
+    std::vector<int64_t> axes = ctx.GetInts("axes");  // opset 11 form
+    if (ctx.input(1) != nullptr) {
+      GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 1, "axes"));
+    }
     GF_ASSIGN_OR_RETURN(auto norm, NormalizeAxes(ctx, axes, rank));
     for (int64_t a : norm) {
       if (in[a] != 1)
@@ -96,7 +103,10 @@ Result<std::vector<ValueType>> InferSqueeze(const InferContext& ctx) {
 
 Result<std::vector<ValueType>> InferUnsqueeze(const InferContext& ctx) {
   const Value* x = ctx.input(0);
-  GF_ASSIGN_OR_RETURN(auto axes, RequireConstInts(ctx, 1, "axes"));
+  std::vector<int64_t> axes = ctx.GetInts("axes");  // opset 11 form
+  if (ctx.input(1) != nullptr || !ctx.HasAttr("axes")) {
+    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 1, "axes"));
+  }
   const int64_t out_rank = static_cast<int64_t>(x->shape().size() + axes.size());
   GF_ASSIGN_OR_RETURN(auto norm, NormalizeAxes(ctx, axes, out_rank));
   std::vector<bool> inserted(static_cast<size_t>(out_rank), false);
@@ -308,7 +318,7 @@ std::vector<OpSchema> ShapeOpSchemas() {
       {"Reshape", 2, 2, 1, InferReshape, nullptr, /*view=*/true},
       {"Flatten", 1, 1, 1, InferFlatten, nullptr, /*view=*/true},
       {"Squeeze", 1, 2, 1, InferSqueeze, nullptr, /*view=*/true},
-      {"Unsqueeze", 2, 2, 1, InferUnsqueeze, nullptr, /*view=*/true},
+      {"Unsqueeze", 1, 2, 1, InferUnsqueeze, nullptr, /*view=*/true},
       {"Identity", 1, 1, 1, InferIdentity, nullptr, /*view=*/true},
       {"Shape", 1, 1, 1, InferShape, ShapeKernel},
       {"ConstantOfShape", 1, 1, 1, InferConstantOfShape, ConstantOfShapeKernel},

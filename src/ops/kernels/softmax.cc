@@ -158,9 +158,7 @@ Status SoftmaxImpl(const KernelContext& ctx, bool log_softmax) {
   const TensorView& X = ctx.inputs[0];
   const TensorView& Y = ctx.outputs[0];
   const int64_t rank = static_cast<int64_t>(X.shape.size());
-  int64_t axis = ctx.node.GetInt("axis", -1);
-  if (axis < 0) axis += rank;
-  if (axis < 0 || axis >= rank) return InvalidArgument(KernelWhere(ctx), ": axis out of range");
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", -1, rank));
   const int64_t n = X.shape[axis];
   const int64_t outer = Product(X.shape, 0, static_cast<size_t>(axis));
   const int64_t inner = Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size());

@@ -1,0 +1,300 @@
+#include "fuse_elementwise.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <numeric>
+
+#include "../ir/op_registry.h"
+#include "../ir/text.h"
+#include "../ops/reference.h"
+
+namespace graphfuse {
+
+int64_t CountKernels(const Graph& g) {
+  int64_t k = 0;
+  for (const auto& n : g.nodes()) {
+    const OpSchema* s = FindSchema(n->op());
+    k += (s && !s->view) ? 1 : 0;
+  }
+  return k;
+}
+
+namespace {
+
+bool ComputesInInts(const Node& n) {
+  auto kind = OpFromName(n.op());
+  std::vector<DType> dtypes;
+  for (const Value* in : n.inputs()) dtypes.push_back(in ? in->dtype() : DType::kF32);
+  return kind.ok() && ComputesInIntegers(*kind, dtypes);
+}
+
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+class Planner {
+ public:
+  Planner(Graph& g, const FusionOptions& o) : g_(g), o_(o) {
+    for (const auto& n : g.nodes()) {
+      index_[n.get()] = static_cast<int>(order_.size());
+      order_.push_back(n.get());
+    }
+    const int n = static_cast<int>(order_.size());
+    parent_.resize(n);
+    std::iota(parent_.begin(), parent_.end(), 0);
+    elementwise_.resize(n);
+    for (int i = 0; i < n; ++i) {
+      const OpSchema* s = FindSchema(order_[i]->op());
+      elementwise_[i] = s && s->elementwise;
+    }
+  }
+
+  Result<FusionReport> Run() {
+    FusionReport rep;
+    rep.kernels_before = CountKernels(g_);
+    Vertical();
+    Horizontal();
+    std::vector<std::vector<int>> groups = FinalGroups();
+    // Refusals only matter where the two sides ended up apart.
+    for (const Pending& p : pending_)
+      if (Find(p.a) != Find(p.b) || !elementwise_[p.a] || !elementwise_[p.b]) rep.refusals.push_back(p.refusal);
+    for (size_t k = 0; k < groups.size(); ++k) {
+      const std::string name = StrCat("fused_", k);
+      if (o_.exclude.count(name)) {
+        rep.refusals.push_back({order_[groups[k].front()]->name(), order_[groups[k].back()]->name(), refusal::kExcluded,
+                                StrCat("group ", name, " is excluded by option")});
+        continue;
+      }
+      GF_ASSIGN_OR_RETURN(FusedGroupInfo info, Rewrite(groups[k], name));
+      rep.groups.push_back(std::move(info));
+    }
+    GF_RETURN_IF_ERROR(g_.TopologicalSort());
+    g_.RemoveDeadNodes();
+    for (auto& [v, name] : renames_) GF_RETURN_IF_ERROR(g_.RenameValue(v, name));
+    rep.kernels_after = CountKernels(g_);
+    return rep;
+  }
+
+ private:
+  struct Pending {
+    int a, b;
+    FusionRefusal refusal;
+  };
+
+  int Find(int i) { return parent_[i] == i ? i : parent_[i] = Find(parent_[i]); }
+  std::vector<int> Members(int root) {
+    std::vector<int> m;
+    for (int i = 0; i < static_cast<int>(order_.size()); ++i)
+      if (elementwise_[i] && Find(i) == root) m.push_back(i);
+    return m;
+  }
+
+  GroupSummary Summarize(const std::vector<int>& members) {
+    GroupSummary s;
+    std::set<const Node*> in_group;
+    for (int i : members) in_group.insert(order_[i]);
+    const Node* first = order_[members.front()];
+    s.name = first->name();
+    s.space = first->output()->shape();
+    s.integer_domain = ComputesInInts(*first);
+    for (int i : members) {
+      const Node* n = order_[i];
+      ++s.size;
+      const DType dt = n->output()->dtype();
+      if (dt == DType::kF16 || dt == DType::kBF16) ++s.size;  // the rounding step
+      for (const Value* in : n->inputs())
+        if (in && !(in->producer() && in_group.count(in->producer()))) s.reads.insert(in);
+      for (const Value* out : n->outputs()) {
+        bool outside = out->is_graph_output();
+        for (const Use& u : out->uses()) outside |= !in_group.count(u.node);
+        if (outside) s.writes.insert(out);
+      }
+    }
+    return s;
+  }
+
+  // Is there a path from a member of `from` to a member of `to` through a node in neither?
+  bool PathThroughOutside(const std::vector<int>& from, const std::vector<int>& to) {
+    std::set<int> in_from(from.begin(), from.end()), in_to(to.begin(), to.end());
+    const int limit = *std::max_element(to.begin(), to.end());
+    std::vector<int> stack;
+    std::set<int> seen;
+    for (int i : from)
+      for (const Value* o : order_[i]->outputs())
+        for (const Use& u : o->uses()) {
+          const int j = index_.at(u.node);
+          if (!in_from.count(j) && !in_to.count(j) && j < limit && seen.insert(j).second) stack.push_back(j);
+        }
+    while (!stack.empty()) {
+      const int j = stack.back();
+      stack.pop_back();
+      for (const Value* o : order_[j]->outputs())
+        for (const Use& u : o->uses()) {
+          const int k = index_.at(u.node);
+          if (in_to.count(k)) return true;
+          if (k < limit && seen.insert(k).second) stack.push_back(k);
+        }
+    }
+    return false;
+  }
+
+  void Refuse(int a, int b, const char* code, const std::string& message) {
+    const std::string pa = order_[a]->name(), pb = order_[b]->name();
+    for (const Pending& p : pending_)
+      if (p.refusal.producer == pa && p.refusal.consumer == pb && p.refusal.code == code) return;
+    pending_.push_back({a, b, {pa, pb, code, message}});
+  }
+
+  // Tries to merge the groups of nodes a and b (a's group first); records why not.
+  bool TryMerge(int a, int b, const std::string& relation) {
+    const int ra = Find(a), rb = Find(b);
+    if (ra == rb) return true;
+    if (!o_.enabled) {
+      Refuse(a, b, refusal::kDisabled, "fusion is switched off");
+      return false;
+    }
+    for (int n : {a, b})
+      if (o_.exclude.count(order_[n]->name())) {
+        Refuse(a, b, refusal::kExcluded, StrCat("node '", order_[n]->name(), "' is excluded by option"));
+        return false;
+      }
+    const std::vector<int> ma = Members(ra), mb = Members(rb);
+    std::vector<int> mm = ma;
+    mm.insert(mm.end(), mb.begin(), mb.end());
+    std::sort(mm.begin(), mm.end());
+    const GroupSummary A = Summarize(ma), B = Summarize(mb), M = Summarize(mm);
+    FusionDecision d = CheckMerge(A, B, M, o_);
+    if (d.allowed && (PathThroughOutside(ma, mb) || PathThroughOutside(mb, ma)))
+      d = FusionDecision::Refuse(refusal::kWouldCreateCycle,
+                                 StrCat("a path from '", order_[a]->name(), "' to '", order_[b]->name(),
+                                        "' (or back) runs through a node outside both groups"));
+    if (d.allowed) d = PolicyAllowsMerge(A, B, M, o_);
+    if (!d.allowed) {
+      Refuse(a, b, d.code, StrCat(relation, ": ", d.message));
+      return false;
+    }
+    parent_[rb] = ra;
+    return true;
+  }
+
+  void Vertical() {
+    for (int i = 0; i < static_cast<int>(order_.size()); ++i) {
+      const Node* n = order_[i];
+      for (const Value* in : n->inputs()) {
+        if (!in || !in->producer()) continue;
+        const int p = index_.at(in->producer());
+        if (elementwise_[p] && elementwise_[i]) {
+          TryMerge(p, i, StrCat("'", in->name(), "' flows from '", order_[p]->name(), "' to '", n->name(), "'"));
+        } else if (elementwise_[p] != elementwise_[i]) {
+          const Node* other = elementwise_[p] ? n : order_[p];
+          Refuse(p, i, refusal::kNotElementwise,
+                 StrCat(other->Describe(), " is not an elementwise op (it runs as its own kernel)"));
+        }
+      }
+    }
+  }
+
+  void Horizontal() {
+    // Readers of each tensor, in order.
+    std::map<const Value*, std::vector<int>> readers;
+    for (int i = 0; i < static_cast<int>(order_.size()); ++i)
+      if (elementwise_[i])
+        for (const Value* in : order_[i]->inputs())
+          if (in) readers[in].push_back(i);
+    for (auto& [v, rs] : readers) {
+      if (v->numel() <= 1) continue;  // a shared scalar is no reason to merge
+      for (size_t x = 1; x < rs.size(); ++x)
+        TryMerge(rs[0], rs[x], StrCat("'", order_[rs[0]]->name(), "' and '", order_[rs[x]]->name(),
+                                      "' both read '", v->name(), "'"));
+    }
+  }
+
+  std::vector<std::vector<int>> FinalGroups() {
+    std::map<int, std::vector<int>> by_root;
+    for (int i = 0; i < static_cast<int>(order_.size()); ++i)
+      if (elementwise_[i]) by_root[Find(i)].push_back(i);
+    std::vector<std::vector<int>> groups;
+    for (auto& [root, m] : by_root)
+      if (m.size() >= 2) groups.push_back(m);
+    std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) { return a.front() < b.front(); });
+    return groups;
+  }
+
+  Result<FusedGroupInfo> Rewrite(const std::vector<int>& members, const std::string& name) {
+    FusedGroupInfo info;
+    info.name = name;
+    std::set<const Node*> in_group;
+    for (int i : members) in_group.insert(order_[i]);
+    auto body = std::make_shared<Graph>(name);
+    std::map<const Value*, Value*> map;
+    std::vector<Value*> ext_inputs, ext_outputs;
+    for (int i : members) {
+      const Node* n = order_[i];
+      info.nodes.push_back(n->name());
+      std::vector<Value*> ins;
+      for (Value* in : n->inputs()) {
+        if (!map.count(in)) {
+          GF_ASSIGN_OR_RETURN(Value * bi, body->AddInput(StrCat("in", ext_inputs.size()), in->dtype(), in->shape()));
+          map[in] = bi;
+          ext_inputs.push_back(in);
+        }
+        ins.push_back(map.at(in));
+      }
+      std::vector<std::string> out_names;
+      for (const Value* o : n->outputs()) out_names.push_back(o->name());
+      auto bn = body->AddNode(n->op(), ins, n->attrs(), n->name(), -1, out_names);
+      if (!bn.ok()) return bn.status().WithContext(StrCat("building ", name));
+      for (size_t k = 0; k < n->outputs().size(); ++k) map[n->output(k)] = (*bn)->output(k);
+    }
+    for (int i : members)
+      for (Value* o : order_[i]->outputs()) {
+        bool outside = o->is_graph_output();
+        for (const Use& u : o->uses()) outside |= !in_group.count(u.node);
+        if (outside) {
+          GF_RETURN_IF_ERROR(body->MarkOutput(map.at(o)));
+          ext_outputs.push_back(o);
+        }
+      }
+    // Kernel name: what it fuses, its dtype, and a hash of the body.
+    std::string ops;
+    for (size_t k = 0; k < members.size() && k < 6; ++k) {
+      std::string op = order_[members[k]]->op();
+      for (char& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      ops += (k ? "_" : "") + op;
+    }
+    if (members.size() > 6) ops += StrCat("_and", members.size() - 6);
+    char hash[16];
+    std::snprintf(hash, sizeof hash, "%08x", Fnv1a(PrintGraph(*body)));
+    info.kernel_name = StrCat("fused_", ops, "_", DTypeName(ext_outputs.front()->dtype()), "_", hash);
+
+    std::vector<ValueType> types;
+    for (const Value* o : ext_outputs) types.push_back({o->dtype(), o->shape()});
+    AttributeMap attrs{{"body", std::shared_ptr<const Graph>(body)}, {"kernel_name", info.kernel_name}};
+    Node* fused = g_.AddNodeTyped("FusedElementwise", ext_inputs, std::move(attrs), types, name);
+    for (size_t k = 0; k < ext_outputs.size(); ++k) {
+      renames_.push_back({fused->output(k), ext_outputs[k]->name()});
+      g_.ReplaceAllUsesWith(ext_outputs[k], fused->output(k));
+    }
+    return info;
+  }
+
+  Graph& g_;
+  const FusionOptions& o_;
+  std::vector<Node*> order_;
+  std::map<const Node*, int> index_;
+  std::vector<int> parent_;
+  std::vector<bool> elementwise_;
+  std::vector<Pending> pending_;
+  std::vector<std::pair<Value*, std::string>> renames_;
+};
+
+}  // namespace
+
+Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options) { return Planner(g, options).Run(); }
+
+}  // namespace graphfuse

@@ -1,0 +1,59 @@
+// Automatic elementwise fusion: groups op-table nodes that iterate over the same space into
+// FusedElementwise nodes, each run as ONE kernel whose intermediates stay in the tile.
+//
+//   %0 = Add(%x, %y)                      %u = FusedElementwise(%x, %y, %s, %b) {body = graph {
+//   %1 = Mul(%0, %s)            ==>             %0 = Add(%x, %y); %1 = Mul(%0, %s); %u = Add(%1, %b)
+//   %u = Add(%1, %b)                          }}
+//
+// Note on the algorithm. Groups grow by union along producer -> consumer edges in
+// topological order (vertical: chains, diamonds, multi-consumer values, broadcast operands
+// read as group inputs), then siblings that read the same tensor are merged (horizontal).
+// Every merge passes legality (fusion_legality.h: same iteration space, same compute domain,
+// caps), a cycle check, and the cost policy. The cycle check refuses a merge of A and B when
+// a path leaves A, goes through a node outside both, and enters B (or back):
+//
+//        A:  a ----------> b  :B         fusing a and b would put c both after and
+//             \           ^              before the fused node: refused
+//              --> c -----/              (would-create-cycle)
+//
+// A value computed in a group is written to memory only when a node outside the group or
+// the graph's outputs read it (then the group has several outputs). A cheap producer
+// (table cost <= recompute_max_cost) whose value is read by other groups is recomputed in
+// those groups instead, when that moves fewer bytes than storing and reloading the value.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fusion_legality.h"
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+struct FusedGroupInfo {
+  std::string name;         // the FusedElementwise node: "fused_<k>"
+  std::string kind = "elementwise";
+  std::string kernel_name;  // "fused_add_mul_add_f32_<hash8>": readable in a profiler, stable
+  std::vector<std::string> nodes;       // member node names, in order
+  std::vector<std::string> recomputed;  // producers recomputed here (they also run elsewhere)
+};
+
+struct FusionRefusal {
+  std::string producer, consumer;  // the two nodes (for siblings: the two readers)
+  std::string code;                // a refusal:: code
+  std::string message;
+};
+
+struct FusionReport {
+  std::vector<FusedGroupInfo> groups;
+  std::vector<FusionRefusal> refusals;
+  int64_t kernels_before = 0;
+  int64_t kernels_after = 0;
+};
+
+Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options = {});
+
+// Kernels a graph launches per run (nodes that are not views).
+int64_t CountKernels(const Graph& g);
+
+}  // namespace graphfuse

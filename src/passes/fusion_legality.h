@@ -1,0 +1,69 @@
+// Legality and policy of elementwise fusion, kept apart from the rewrite (MLIR's split):
+// a check returns a decision -- allow, or a refusal with a stable code and a message that
+// names both sides -- and the planner records every refusal for `graphfuse explain`.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+// Stable refusal codes (part of the --json contract; never renamed, only added to).
+namespace refusal {
+inline constexpr const char* kNotElementwise = "not-elementwise";    // one side is not an op-table op
+inline constexpr const char* kShapeMismatch = "shape-mismatch";      // different iteration spaces
+inline constexpr const char* kDomainMismatch = "domain-mismatch";    // integer vs float compute
+inline constexpr const char* kWouldCreateCycle = "would-create-cycle";  // a path leaves and re-enters
+inline constexpr const char* kGroupTooLarge = "group-too-large";     // over max_group_size nodes
+inline constexpr const char* kTooManyInputs = "too-many-inputs";     // over max_inputs tensors read
+inline constexpr const char* kTooManyOutputs = "too-many-outputs";   // over max_outputs tensors written
+inline constexpr const char* kExcluded = "excluded";                 // named in FusionOptions::exclude
+inline constexpr const char* kDisabled = "fusion-disabled";          // FusionOptions::enabled == false
+inline constexpr const char* kNotProfitable = "not-profitable";      // the cost policy says no
+}  // namespace refusal
+
+struct FusionDecision {
+  bool allowed = true;
+  const char* code = "";
+  std::string message;
+  static FusionDecision Allow() { return {}; }
+  static FusionDecision Refuse(const char* code, std::string message) { return {false, code, std::move(message)}; }
+};
+
+struct FusionOptions {
+  bool enabled = true;
+  int max_group_size = 24;  // nodes per group (each may add a rounding step for f16/bf16)
+  int max_inputs = 12;      // tensors a group reads
+  int max_outputs = 6;      // tensors a group writes
+  std::set<std::string> exclude;  // node names, or group names from a previous plan ("fused_3")
+  // Cost policy.
+  double launch_overhead_us = 1.0;  // measured CPU dispatch + per-launch overhead (bench/RESULTS.md)
+  double bandwidth_gbps = 40.0;     // memory bandwidth the byte savings are priced at
+  double min_saving_us = 0.0;       // a merge must save more than this
+  int recompute_max_cost = 2;       // producers this cheap are recomputed instead of stored
+};
+
+// A candidate group as legality sees it.
+struct GroupSummary {
+  std::string name;  // for messages: a member node's name
+  Shape space;
+  bool integer_domain = false;
+  int size = 0;
+  std::set<const Value*> reads;   // tensors read from outside the group
+  std::set<const Value*> writes;  // tensors used outside the group or graph outputs
+};
+
+// Checks merging groups a and b (in either order) except for cycles, which the planner
+// checks on the graph. `a_node` / `b_node` name the two nodes of the edge being considered.
+FusionDecision CheckMerge(const GroupSummary& a, const GroupSummary& b, const GroupSummary& merged,
+                          const FusionOptions& options);
+
+// The cost policy: estimated time a merge saves (one launch, plus the traffic of tensors that
+// no longer travel through memory); refuses when it is not above options.min_saving_us.
+FusionDecision PolicyAllowsMerge(const GroupSummary& a, const GroupSummary& b, const GroupSummary& merged,
+                                 const FusionOptions& options, double* saving_us = nullptr);
+
+}  // namespace graphfuse

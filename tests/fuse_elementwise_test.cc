@@ -1,0 +1,193 @@
+// The fusion planner: graph in (textual IR) -> expected groups; refusals asserted by code;
+// fused results checked against the unfused plan on the same random inputs.
+#include "passes/fuse_elementwise.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ir/text.h"
+#include "runtime/executor.h"
+
+namespace graphfuse {
+namespace {
+
+std::unique_ptr<Graph> Parse(const std::string& text) {
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return std::move(g).value();
+}
+
+std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<Tensor> ins;
+  for (const Value* v : g.inputs()) {
+    Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.SetFromDouble(i, v->dtype() == DType::kBool ? double(rng() & 1) : IsFloat(v->dtype()) ? u(rng) : double(rng() % 100) - 50);
+    ins.push_back(std::move(t));
+  }
+  return ins;
+}
+
+// Runs `text` unfused and fused on the same inputs; expects identical bits.
+FusionReport FuseAndCompare(const std::string& text, const FusionOptions& o = {}) {
+  auto unfused = Parse(text);
+  auto fused = Parse(text);
+  auto rep = FuseElementwise(*fused, o);
+  EXPECT_TRUE(rep.ok()) << rep.status().ToString();
+  EXPECT_TRUE(fused->Verify().ok()) << fused->Verify().ToString() << "\n" << PrintGraph(*fused);
+  const std::vector<Tensor> ins = RandomInputs(*unfused, 3);
+  std::vector<TensorView> views;
+  for (const Tensor& t : ins) views.push_back(t.view());
+  ThreadPool pool(2);
+  auto a = Execute(*unfused, views, CpuContext{&pool});
+  auto b = Execute(*fused, views, CpuContext{&pool});
+  EXPECT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  if (a.ok() && b.ok())
+    for (size_t k = 0; k < a->size(); ++k)
+      EXPECT_EQ(0, std::memcmp((*a)[k].data(), (*b)[k].data(), (*a)[k].nbytes())) << "output " << k;
+  return rep.ok() ? *rep : FusionReport{};
+}
+
+bool HasRefusal(const FusionReport& r, const std::string& code) {
+  for (const auto& x : r.refusals)
+    if (x.code == code) return true;
+  return false;
+}
+
+TEST(FuseElementwise, ChainWithBroadcastOperandsIsOneGroup) {
+  auto r = FuseAndCompare(R"(graph @chain(%x: f32[64,4096], %y: f32[64,4096], %b: f32[4096]) {
+  %s: f32[] = const [0.125]
+  %0 = Add(%x, %y)
+  %1 = Mul(%0, %s)
+  %u = Add(%1, %b)
+  return %u
+})");
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].nodes, (std::vector<std::string>{"Add_0", "Mul_1", "Add_2"}));
+  EXPECT_EQ(r.kernels_before, 3);
+  EXPECT_EQ(r.kernels_after, 1);
+  EXPECT_EQ(r.groups[0].kernel_name.rfind("fused_add_mul_add_f32_", 0), 0u) << r.groups[0].kernel_name;
+}
+
+TEST(FuseElementwise, ActivationsAndDiamonds) {
+  auto r = FuseAndCompare(R"(graph @d(%x: f32[3,1000], %s: f32[1000]) {
+  %0 = Mul(%x, %s)
+  %1 = Gelu(%0)
+  %2 = Sigmoid(%0)
+  %3 = Mul(%1, %2)
+  %4 = Silu(%3)
+  return %4
+})");
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].nodes.size(), 5u);
+  EXPECT_EQ(r.kernels_after, 1);
+}
+
+TEST(FuseElementwise, MultiConsumerValueBecomesSecondOutput) {
+  auto g = Parse(R"(graph @m(%x: f32[512], %y: f32[512], %w: f32[512,512]) {
+  %t = Add(%x, %y)
+  %r = Relu(%t)
+  %m = MatMul(%t, %w)
+  return %r, %m
+})");
+  auto r = FuseElementwise(*g);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->groups.size(), 1u);
+  const Node* fused = g->FindValue("r")->producer();
+  ASSERT_EQ(fused->op(), "FusedElementwise");
+  EXPECT_EQ(fused->outputs().size(), 2u);  // %t for the MatMul, %r for the graph
+  EXPECT_TRUE(HasRefusal(*r, refusal::kNotElementwise));
+}
+
+TEST(FuseElementwise, SiblingsReadingOneInputMerge) {
+  auto r = FuseAndCompare(R"(graph @h(%x: f32[8,256], %bq: f32[256], %bk: f32[256], %bv: f32[256]) {
+  %q = Add(%x, %bq)
+  %k = Add(%x, %bk)
+  %v = Add(%x, %bv)
+  return %q, %k, %v
+})");
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].nodes.size(), 3u);
+  EXPECT_EQ(r.kernels_after, 1);
+}
+
+TEST(FuseElementwise, RefusesCycleThroughOutsideNode) {
+  auto r = FuseAndCompare(R"(graph @c(%x: f32[16,16], %w: f32[16,16]) {
+  %a = Neg(%x)
+  %c = MatMul(%a, %w)
+  %b = Add(%a, %c)
+  return %b
+})");
+  EXPECT_TRUE(r.groups.empty());
+  EXPECT_TRUE(HasRefusal(r, refusal::kWouldCreateCycle));
+}
+
+TEST(FuseElementwise, RefusesDifferentSpacesAndDomains) {
+  auto r = FuseAndCompare(R"(graph @s(%x: f32[4,8], %v: f32[8], %i: i32[4,8], %j: i32[4,8]) {
+  %a = Exp(%v)
+  %b = Add(%x, %a)
+  %c = Add(%i, %j)
+  %d = Cast(%c) {to = 0}
+  %e = Mul(%b, %d)
+  return %e
+})");
+  EXPECT_TRUE(HasRefusal(r, refusal::kShapeMismatch));
+  EXPECT_TRUE(HasRefusal(r, refusal::kDomainMismatch));
+}
+
+TEST(FuseElementwise, CapsAndSwitches) {
+  std::string text = "graph @long(%x: f32[1024]) {\n";
+  std::string prev = "x";
+  for (int i = 0; i < 10; ++i) {
+    text += StrCat("  %", i, " = ", i % 2 ? "Neg" : "Abs", "(%", prev, ")\n");
+    prev = std::to_string(i);
+  }
+  text += "  return %9\n}\n";
+  FusionOptions small;
+  small.max_group_size = 4;
+  auto r = FuseAndCompare(text, small);
+  EXPECT_EQ(r.groups.size(), 3u);  // 4 + 4 + 2
+  EXPECT_TRUE(HasRefusal(r, refusal::kGroupTooLarge));
+  FusionOptions off;
+  off.enabled = false;
+  r = FuseAndCompare(text, off);
+  EXPECT_TRUE(r.groups.empty());
+  EXPECT_TRUE(HasRefusal(r, refusal::kDisabled));
+  FusionOptions excl;
+  excl.exclude = {"fused_0"};
+  r = FuseAndCompare(text, excl);
+  EXPECT_TRUE(r.groups.empty());
+  EXPECT_TRUE(HasRefusal(r, refusal::kExcluded));
+}
+
+TEST(FuseElementwise, HalfPrecisionIntermediatesRoundAsUnfused) {
+  FuseAndCompare(R"(graph @h(%x: f16[3,500], %y: f16[500]) {
+  %0 = Mul(%x, %y)
+  %1 = Exp(%0)
+  %2 = Add(%1, %x)
+  return %2
+})");
+  FuseAndCompare(R"(graph @b(%x: bf16[3,500], %y: bf16[500]) {
+  %0 = Mul(%x, %y)
+  %1 = Tanh(%0)
+  %2 = Sub(%1, %x)
+  return %2
+})");
+}
+
+TEST(FuseElementwise, KeepsGraphOutputNames) {
+  auto g = Parse(R"(graph @n(%x: f32[10]) {
+  %a = Neg(%x)
+  %out = Exp(%a)
+  return %out
+})");
+  ASSERT_TRUE(FuseElementwise(*g).ok());
+  EXPECT_EQ(g->outputs()[0]->name(), "out");
+  EXPECT_EQ(g->num_nodes(), 1u);
+}
+
+}  // namespace
+}  // namespace graphfuse
