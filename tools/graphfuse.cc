@@ -13,6 +13,7 @@ namespace graphfuse::cli {
 
 int RunDemo(Args& args);   // demo.cc
 int RunModel(Args& args);  // run.cc
+int Explain(Args& args);   // explain.cc
 
 Result<std::string> Args::Value(const std::string& name) {
   if (Done()) return InvalidArgument(command_, ": flag ", name, " needs a value");
@@ -52,16 +53,25 @@ commands:
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
-  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--no-fuse]
+  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE]
+                 [--check-fusion] [fusion flags]
         imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
-        subgraphs, runs it node by node on the CPU (every node one kernel) on DIR/input_<i>.pb
-        (random inputs without --data) and compares with DIR/output_<i>.pb when present
-        (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5). --backend cuda is
-        refused: this build has no CUDA backend
+        subgraphs, fuses elementwise groups, runs it on the CPU on DIR/input_<i>.pb (random
+        inputs without --data) and compares with DIR/output_<i>.pb when present
+        (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5). --check-fusion also
+        runs every fused kernel's original ops on the same inputs and names the first group
+        that differs. --backend cuda is refused: this build has no CUDA backend
+  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [fusion flags]
+        the fusion plan: groups, member nodes, kernel names, every refusal with its reason
+        code; --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
+        every pass
+
+fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, default 24),
+              --exclude NAME (a node, or a group "fused_<k>" of a previous plan; repeatable)
   ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
   help  this text (also -h, --help)
 
-Not in this build yet: bench and explain (fusion plans); asking for them exits with code 2.
+Not in this build yet: bench; asking for it exits with code 2.
 
 exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";
@@ -110,7 +120,8 @@ int main(int argc, char** argv) {
   if (cmd == "demo") return RunDemo(args);
   if (cmd == "ops") return ListOps(args);
   if (cmd == "run") return RunModel(args);
-  if (cmd == "bench" || cmd == "explain") {
+  if (cmd == "explain") return Explain(args);
+  if (cmd == "bench") {
     std::fprintf(stderr, "graphfuse %s: not available in this build yet (ONNX import and fusion are not built)\n",
                  cmd.c_str());
     return kExitBadInput;

@@ -1,6 +1,7 @@
 // `graphfuse run MODEL.onnx [--data DIR] ...`: imports a model, runs it on the CPU and compares
 // its outputs with the expected ones (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <random>
@@ -9,6 +10,7 @@
 
 #include "cli_common.h"
 #include "graphfuse/cpu.h"
+#include "fusion_report.h"
 #include "json.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
@@ -21,6 +23,8 @@ struct RunOptions {
   std::string model, data, json, backend = "cpu";
   double rtol = 1e-4, atol = 1e-5;
   int threads = 0;
+  bool check_fusion = false;
+  FusionOptions fusion;
 };
 
 struct OutputReport {
@@ -49,8 +53,12 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(o.backend, args.Value(f));
       if (o.backend != "cpu" && o.backend != "cuda")
         return InvalidArgument("run: --backend must be cpu or cuda, got '", o.backend, "'");
-    } else if (f == "--no-fuse") {
-      // The only mode in this build: every node runs as its own kernel.
+    } else if (f == "--check-fusion") {
+      o.check_fusion = true;
+    } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
+      return fusion_flag.status();
+    } else if (*fusion_flag) {
+      // consumed
     } else if (!f.empty() && f[0] == '-') {
       return InvalidArgument("run: unknown flag '", f, "' (see graphfuse --help)");
     } else if (o.model.empty()) {
@@ -73,6 +81,12 @@ std::vector<std::string> NumberedFiles(const std::string& dir, const char* prefi
   }
   return files;
 }
+
+struct GroupCheck {
+  std::string group, kernel;
+  bool ok;
+  double max_abs, max_rel;
+};
 
 OutputReport Compare(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol) {
   OutputReport r;
@@ -108,7 +122,11 @@ int RunModel(Args& args) {
   auto imported = ImportOnnxFile(o.model);
   if (!imported.ok()) return Fail(imported.status());
   Graph& g = **imported;
-  auto passes = RunPipeline(g);
+  FusionReport fusion;
+  PipelineOptions pipeline;
+  pipeline.fusion = o.fusion;
+  pipeline.fusion_report = &fusion;
+  auto passes = RunPipeline(g, pipeline);
   if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
 
   // Inputs: from DIR, else random (seeded) so that a model can be smoke-run without data.
@@ -148,12 +166,39 @@ int RunModel(Args& args) {
   for (const Tensor& t : inputs) views.push_back(t.view());
   auto plan = ExecutionPlan::Compile(g);
   if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
-  auto outputs = (*plan)->Run(views, ctx);
-  if (!outputs.ok()) return Fail(outputs.status().WithContext(o.model));
+  std::vector<Tensor> outputs;
+  for (const Value* v : g.outputs()) {
+    auto t = Tensor::Empty(v->dtype(), v->shape());
+    if (!t.ok()) return Fail(t.status());
+    outputs.push_back(std::move(*t));
+  }
+  std::vector<TensorView> out_views;
+  for (const Tensor& t : outputs) out_views.push_back(t.view());
+  // --check-fusion: every fused kernel's results against its original ops on the same inputs.
+  std::vector<GroupCheck> checks;
+  ExecutionPlan::StepObserver observer = [&](const Node& n, std::span<const TensorView> in,
+                                              std::span<const TensorView> out) -> Status {
+    const Graph* body = n.GetGraph("body");
+    if (!body) return Status::Ok();
+    GF_ASSIGN_OR_RETURN(std::vector<Tensor> want, Execute(*body, in, CpuContext{}));
+    GroupCheck c{n.name(), n.GetString("kernel_name", ""), true, 0, 0};
+    for (size_t k = 0; k < want.size(); ++k) {
+      Tensor got = Tensor::Empty(out[k].dtype, out[k].shape).value();
+      std::memcpy(got.data(), out[k].data, got.nbytes());
+      const OutputReport r = Compare(body->outputs()[k]->name(), got, want[k], o.rtol, o.atol);
+      c.ok &= r.ok;
+      c.max_abs = std::max(c.max_abs, r.max_abs);
+      c.max_rel = std::max(c.max_rel, r.max_rel);
+    }
+    checks.push_back(c);
+    return Status::Ok();
+  };
+  if (Status st = (*plan)->Run(views, out_views, ctx, o.check_fusion ? &observer : nullptr); !st.ok())
+    return Fail(st.WithContext(o.model));
 
   std::vector<OutputReport> reports;
   bool all_ok = true;
-  for (size_t i = 0; i < outputs->size(); ++i) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
     const std::string name = g.outputs()[i]->name();
     if (i >= expected_files.size()) {
       reports.push_back(OutputReport{name});
@@ -161,7 +206,7 @@ int RunModel(Args& args) {
     }
     auto want = ReadTensorProtoFile(expected_files[i]);
     if (!want.ok()) return Fail(want.status());
-    const Tensor& got = (*outputs)[i];
+    const Tensor& got = outputs[i];
     if (want->shape() != got.shape())
       return Fail(InvalidArgument(expected_files[i], ": expected output '", name, "' has shape ",
                                   ShapeToString(want->shape()), ", the model gives ", ShapeToString(got.shape())));
@@ -170,9 +215,21 @@ int RunModel(Args& args) {
   }
 
   const ExecStats& st = (*plan)->stats();
-  std::printf("model %s: %zu nodes, %lld kernels per run (unfused), peak activations %.1f KiB (%.1f KiB without reuse)\n",
-              o.model.c_str(), g.num_nodes(), static_cast<long long>(st.kernels_launched),
-              st.peak_activation_bytes / 1024.0, st.activation_bytes_no_reuse / 1024.0);
+  std::printf("model %s: %lld kernels per run unfused, %lld %s; peak activations %.1f KiB (%.1f KiB without reuse)\n",
+              o.model.c_str(), static_cast<long long>(fusion.kernels_before), static_cast<long long>(st.kernels_launched),
+              o.fusion.enabled ? "fused" : "run (--no-fuse)", st.peak_activation_bytes / 1024.0,
+              st.activation_bytes_no_reuse / 1024.0);
+  if (o.check_fusion) {
+    const GroupCheck* first_bad = nullptr;
+    for (const GroupCheck& c : checks)
+      if (!c.ok && !first_bad) first_bad = &c;
+    std::printf("check-fusion: %zu fused kernels checked against their unfused ops: %s\n", checks.size(),
+                first_bad ? StrCat("first difference in ", first_bad->group, " (", first_bad->kernel, "): max |err| ",
+                                   first_bad->max_abs, ", max rel ", first_bad->max_rel)
+                                .c_str()
+                          : "all agree");
+    all_ok &= first_bad == nullptr;
+  }
   std::printf("%-24s %12s %12s %10s  %s\n", "output", "max |err|", "max rel err", "mismatch", "");
   for (const OutputReport& r : reports) {
     if (!r.compared) {
@@ -185,7 +242,14 @@ int RunModel(Args& args) {
   if (!o.json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("run").Key("model").Str(o.model);
-    j.Key("kernels_unfused").Int(st.kernels_launched);
+    AddFusionJson(j, fusion);
+    if (o.check_fusion) {
+      j.Key("check_fusion").BeginArray();
+      for (const GroupCheck& c : checks)
+        j.BeginObject().Key("group").Str(c.group).Key("kernel").Str(c.kernel).Key("max_abs_err").Num(c.max_abs)
+            .Key("max_rel_err").Num(c.max_rel).Key("ok").Bool(c.ok).EndObject();
+      j.EndArray();
+    }
     j.Key("peak_activation_bytes").Int(st.peak_activation_bytes);
     j.Key("outputs").BeginArray();
     for (const OutputReport& r : reports) {

@@ -17,6 +17,10 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& opt
     return Status::Ok();
   };
   GF_RETURN_IF_ERROR(after("FoldConstants", FoldConstants(g)));
+  auto fused = FuseElementwise(g, options.fusion);
+  if (fused.ok() && options.fusion_report) *options.fusion_report = *fused;
+  GF_RETURN_IF_ERROR(after("FuseElementwise", fused.ok() ? Result<int>(static_cast<int>(fused->groups.size()))
+                                                         : Result<int>(fused.status())));
   return records;
 }
 

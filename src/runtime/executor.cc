@@ -191,18 +191,19 @@ Status ExecutionPlan::CheckIO(std::span<const TensorView> inputs, std::span<cons
 }
 
 Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                          const CpuContext& ctx) {
+                          const CpuContext& ctx, const StepObserver* observer) {
   GF_RETURN_IF_ERROR(CheckIO(inputs, outputs));
   for (Step& s : steps_) {
     if (s.has_program) {
       for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs);
       for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs);
       cpu::RunTileProgram(s.program, ctx);
-      continue;
+      if (!observer) continue;
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
     for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs);
-    GF_RETURN_IF_ERROR(RunKernel(*s.node, *s.schema, s.in_views, s.out_views, ctx));
+    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, *s.schema, s.in_views, s.out_views, ctx));
+    if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }
   for (const auto& [out, ref] : output_copies_) {
     const void* src = Resolve(output_refs_[ref], inputs, outputs);

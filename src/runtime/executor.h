@@ -3,6 +3,7 @@
 // Without fusion every node is its own kernel: the unfused baseline.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -25,9 +26,14 @@ class ExecutionPlan {
   // Plans `g` (which must stay alive and unchanged while the plan is used).
   static Result<std::unique_ptr<ExecutionPlan>> Compile(const Graph& g);
 
+  // Called after each kernel with its node and buffers (for checks; slows the run down).
+  using StepObserver =
+      std::function<Status(const Node& node, std::span<const TensorView> in, std::span<const TensorView> out)>;
+
   // Runs on `inputs` (one per graph input, types as declared) into `outputs` (one per graph
   // output, preallocated with the declared types). Errors name the input / node / op at fault.
-  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const CpuContext& ctx);
+  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const CpuContext& ctx,
+             const StepObserver* observer = nullptr);
   // Same, allocating the outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, const CpuContext& ctx);
 
