@@ -260,6 +260,7 @@ class Planner {
           ext_outputs.push_back(o);
         }
       }
+    GF_CHECK(!ext_outputs.empty(), "fused group ", name, " writes nothing (dead nodes must be removed first)");
     // Kernel name: what it fuses, its dtype, and a hash of the body.
     std::string ops;
     for (size_t k = 0; k < members.size() && k < 6; ++k) {
@@ -295,6 +296,9 @@ class Planner {
 
 }  // namespace
 
-Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options) { return Planner(g, options).Run(); }
+Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options) {
+  g.RemoveDeadNodes();  // a group must have something to write
+  return Planner(g, options).Run();
+}
 
 }  // namespace graphfuse
