@@ -178,6 +178,31 @@ TEST(FuseElementwise, HalfPrecisionIntermediatesRoundAsUnfused) {
 })");
 }
 
+TEST(FuseElementwise, RecomputesCheapProducerInsteadOfStoringIt) {
+  const std::string text = R"(graph @r(%x: f32[32,32], %w: f32[32,32]) {
+  %s: f32[] = const [0.5]
+  %a = Mul(%x, %s)
+  %c = Neg(%a)
+  %m = MatMul(%c, %w)
+  %d = Add(%m, %a)
+  %e = Exp(%d)
+  return %e
+})";
+  auto r = FuseAndCompare(text);
+  ASSERT_EQ(r.groups.size(), 2u);
+  EXPECT_EQ(r.groups[1].recomputed, (std::vector<std::string>{"Mul_0"}));
+  EXPECT_EQ(r.kernels_after, 3);
+  auto g = Parse(text);
+  ASSERT_TRUE(FuseElementwise(*g).ok());
+  // The first group no longer writes %a: only what the MatMul reads.
+  EXPECT_EQ(g->FindValue("m")->producer()->input(0)->producer()->outputs().size(), 1u);
+  // With recompute off (max cost 0) the value is stored and read back instead.
+  FusionOptions no_recompute;
+  no_recompute.recompute_max_cost = 0;
+  auto r0 = FuseAndCompare(text, no_recompute);
+  EXPECT_TRUE(r0.groups[1].recomputed.empty());
+}
+
 TEST(FuseElementwise, KeepsGraphOutputNames) {
   auto g = Parse(R"(graph @n(%x: f32[10]) {
   %a = Neg(%x)

@@ -117,6 +117,11 @@ void StoreRun(const Src* src, DType t, void* base, int64_t offset, int64_t n) {
   }
 }
 
+// Register buffers are 8 bytes per element plus 320 bytes (5 cache lines): buffers a multiple
+// of 4 KiB apart make a load from one and a store to another at the same offset look like
+// the same address to the CPU's memory disambiguation (4K aliasing), which stalled tiles here.
+constexpr size_t kRegisterStride = kTileElements * 8 + 320;
+
 // ---- the iteration space -------------------------------------------------------------------
 
 // Dims after dropping size-1 dims and merging neighbours that every operand walks contiguously.
@@ -166,6 +171,7 @@ void LoadTile(const TileInput& in, const TileDims& shape, const TileDims& stride
   const size_t last = rank - 1;
   while (n > 0) {
     const int64_t run = std::min(n, shape[last] - idx[last]);
+    GF_CHECK(run > 0, "tile load past the end of the iteration space");
     LoadRun(in.dtype, in.data, offset, strides[last], dst, run);
     dst += run;
     n -= run;
@@ -185,6 +191,7 @@ struct Plan {
   Layout layout;
   int64_t numel = 0;
   InlineVec<bool, kMaxTileInputs> direct_input;                 // read in place (f32, contiguous)
+  InlineVec<bool, kMaxTileInputs> scalar_input;                 // one value broadcast everywhere
   InlineVec<int, kMaxTileInputs + kMaxTileInstrs> direct_output;  // per register: output written in place, or -1
   InlineVec<F32TileKernel, kMaxTileInstrs> f32;
   InlineVec<I64TileKernel, kMaxTileInstrs> i64;
@@ -220,8 +227,19 @@ void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scra
   const int nin = static_cast<int>(p.inputs.size());
   const int lanes = VectorLanes();
   // One 8-byte-per-element buffer per register.
-  auto reg_buffer = [&](int r) { return static_cast<char*>(scratch) + static_cast<size_t>(r) * kTileElements * 8; };
+  auto reg_buffer = [&](int r) { return static_cast<char*>(scratch) + static_cast<size_t>(r) * kRegisterStride; };
   void* regs[kMaxTileInputs + kMaxTileInstrs];
+
+  // Scalars (every stride 0) are the same in every tile: fill their registers once.
+  for (int k = 0; k < nin; ++k) {
+    if (!plan.scalar_input[k]) continue;
+    const TileInput& in = p.inputs[k];
+    regs[k] = reg_buffer(k);
+    if (in.domain == Domain::kF32)
+      LoadRun(in.dtype, in.data, 0, 0, static_cast<float*>(regs[k]), kTileElements);
+    else
+      LoadRun(in.dtype, in.data, 0, 0, static_cast<int64_t*>(regs[k]), kTileElements);
+  }
 
   for (int64_t t = tile_begin; t < tile_end; ++t) {
     const int64_t start = t * kTileElements;
@@ -231,6 +249,7 @@ void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scra
 
     for (int k = 0; k < nin; ++k) {
       const TileInput& in = p.inputs[k];
+      if (plan.scalar_input[k]) continue;
       if (plan.direct_input[k] && aligned) {
         regs[k] = const_cast<float*>(static_cast<const float*>(in.data) + start);
         continue;
@@ -338,6 +357,9 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
       stride *= plan.layout.shape[d];
     }
     plan.direct_input.push_back(contiguous);
+    bool scalar = true;
+    for (int64_t st : plan.layout.strides[k]) scalar &= st == 0;
+    plan.scalar_input.push_back(scalar && !contiguous);
   }
   // Results written in place: f32 outputs, unless an input read in place overlaps the output
   // and is still read by a later instruction (it would see the new values).
@@ -363,7 +385,7 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
   const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
   const int threads = static_cast<int>(std::min<int64_t>(ctx.ThreadsFor(plan.numel * p.CostPerElement()), tiles));
-  const size_t scratch_bytes = static_cast<size_t>(nreg) * kTileElements * 8;
+  const size_t scratch_bytes = static_cast<size_t>(nreg) * kRegisterStride;
   if (threads <= 1 || ctx.pool == nullptr) {
     // Small launches: the calling thread, no dispatch. Scratch comes from the pool when there is one.
     if (ctx.pool != nullptr) {

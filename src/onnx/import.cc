@@ -12,9 +12,9 @@ namespace graphfuse {
 namespace {
 
 using onnx_import::DTypeFromOnnx;
+using onnx_import::kMaxImportDim;
+using onnx_import::kMaxImportRank;
 using onnx_import::kMaxProtoFileBytes;
-
-constexpr int kMaxImportRank = 64;
 
 // Adds "<label>: node 'n' (Op)" in front of a node's error unless the message already names it.
 Status NodeContext(const Status& s, const std::string& label, const std::string& node_desc) {
@@ -62,6 +62,8 @@ Result<ValueType> InputType(const onnx::ValueInfoProto& vi) {
     const auto& d = tt.shape().dim(k);
     if (d.has_dim_value()) {
       if (d.dim_value() < 0) return InvalidArgument(what, " has negative dim ", k, " (", d.dim_value(), ")");
+      if (d.dim_value() > kMaxImportDim)
+        return InvalidArgument(what, ": dim ", k, " is ", d.dim_value(), ", more than graphfuse accepts (2^40)");
       shape.push_back(d.dim_value());
     } else if (d.has_dim_param()) {
       return Unimplemented("dynamic dim '", d.dim_param(), "' of ", what, " (graphfuse needs static shapes)");
@@ -76,6 +78,7 @@ Result<ValueType> InputType(const onnx::ValueInfoProto& vi) {
 
 // A graph output's declared type must agree with what the graph computes (where declared).
 Status CheckDeclaredOutput(const onnx::ValueInfoProto& vi, const Value& v) {
+  if (!vi.has_type()) return Status::Ok();  // nothing declared
   if (!vi.type().has_tensor_type()) return Unimplemented("output '", vi.name(), "' is not a tensor");
   const auto& tt = vi.type().tensor_type();
   auto mismatch = [&]() {

@@ -299,10 +299,11 @@ Status ImportGelu(NodeImport& n) {
 
 // Split before opset 18 splits into as many equal parts as the node has outputs when it has
 // no 'split' input; the IR's Split (opset 18 form) reads that count from 'num_outputs'.
+// (ONNX 13-17 has no num_outputs attribute: one in the model is ignored, not trusted.)
 Status ImportSplit(NodeImport& n) {
   const bool has_split = n.inputs.size() > 1 && n.inputs[1];
-  if (!has_split && !n.attrs.count("num_outputs"))
-    n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
+  n.attrs.erase("num_outputs");
+  if (!has_split) n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
   const OpSchema* s = FindSchema("Split");
   if (!s) return Unimplemented("op not supported");
   return ImportDirect(n, *s);

@@ -9,9 +9,6 @@
 namespace graphfuse::onnx_import {
 namespace {
 
-// A rank beyond this is refused as absurd: no kernel needs it, and it bounds per-dim work.
-constexpr size_t kMaxImportRank = 64;
-
 size_t OnnxElementBytes(int32_t t) {
   switch (t) {
     case onnx::TensorProto::FLOAT: return 4;
@@ -70,9 +67,12 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& wh
   if (p.has_segment()) return Unimplemented(what, ": segmented tensors are not supported");
   auto dtype = DTypeFromOnnx(p.data_type());
   if (!dtype.ok()) return dtype.status().WithContext(what);
-  if (static_cast<size_t>(p.dims_size()) > kMaxImportRank)
+  if (p.dims_size() > kMaxImportRank)
     return Unimplemented(what, ": rank ", p.dims_size(), " exceeds the supported ", kMaxImportRank);
   Shape shape(p.dims().begin(), p.dims().end());
+  for (size_t k = 0; k < shape.size(); ++k)
+    if (shape[k] > kMaxImportDim)
+      return InvalidArgument(what, ": dim ", k, " is ", shape[k], ", more than graphfuse accepts (2^40)");
   auto numel = NumElements(shape);
   if (!numel.ok()) return numel.status().WithContext(what);
   const int64_t n = *numel;

@@ -22,6 +22,13 @@ namespace graphfuse::onnx_import {
 // Files larger than protobuf can parse (2 GiB) are refused before reading them.
 inline constexpr int64_t kMaxProtoFileBytes = (int64_t{1} << 31) - 1;
 
+// A dim beyond this is refused even when the tensor has no elements ([0, 2^62] is "valid"):
+// no real model has one, and refusing it keeps every later shape computation far from int64
+// overflow.
+inline constexpr int64_t kMaxImportDim = int64_t{1} << 40;
+// Likewise for the rank.
+inline constexpr int kMaxImportRank = 64;
+
 // "FLOAT", "INT64", ... for an ONNX TensorProto.DataType value; "<n>" for unknown values.
 std::string OnnxDTypeName(int32_t onnx_dtype);
 // The DType of an ONNX element type; Unimplemented (naming the ONNX type) for the others.

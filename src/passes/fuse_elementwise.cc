@@ -63,14 +63,22 @@ class Planner {
     // Refusals only matter where the two sides ended up apart.
     for (const Pending& p : pending_)
       if (Find(p.a) != Find(p.b) || !elementwise_[p.a] || !elementwise_[p.b]) rep.refusals.push_back(p.refusal);
+    std::vector<bool> excluded(groups.size());
     for (size_t k = 0; k < groups.size(); ++k) {
-      const std::string name = StrCat("fused_", k);
-      if (o_.exclude.count(name)) {
+      excluded[k] = o_.exclude.count(StrCat("fused_", k)) != 0;
+      if (excluded[k]) {
         rep.refusals.push_back({order_[groups[k].front()]->name(), order_[groups[k].back()]->name(), refusal::kExcluded,
-                                StrCat("group ", name, " is excluded by option")});
+                                StrCat("group fused_", k, " is excluded by option")});
         continue;
       }
-      GF_ASSIGN_OR_RETURN(FusedGroupInfo info, Rewrite(groups[k], name));
+      for (int i : groups[k]) group_of_[order_[i]] = static_cast<int>(k);
+    }
+    clones_.assign(groups.size(), {});
+    for (size_t k = 0; k < groups.size(); ++k)
+      if (!excluded[k]) PlanRecompute(groups[k], static_cast<int>(k));
+    for (size_t k = 0; k < groups.size(); ++k) {
+      if (excluded[k]) continue;
+      GF_ASSIGN_OR_RETURN(FusedGroupInfo info, Rewrite(groups[k], static_cast<int>(k)));
       rep.groups.push_back(std::move(info));
     }
     GF_RETURN_IF_ERROR(g_.TopologicalSort());
@@ -225,17 +233,70 @@ class Planner {
     return groups;
   }
 
-  Result<FusedGroupInfo> Rewrite(const std::vector<int>& members, const std::string& name) {
+  // Whether `v`, computed in group `k` (or by a lone node when k < 0), must be written to
+  // memory: a graph output, or read by a node that neither belongs to k nor recomputes v.
+  bool NeededOutside(const Value* v, int k) {
+    if (v->is_graph_output()) return true;
+    for (const Use& u : v->uses()) {
+      auto it = group_of_.find(u.node);
+      const int ug = it == group_of_.end() ? -1 : it->second;
+      if (ug == k && k >= 0) continue;
+      if (ug >= 0 && std::count(clones_[ug].begin(), clones_[ug].end(), index_.at(v->producer()))) continue;
+      return true;
+    }
+    return false;
+  }
+
+  // The recompute policy: a cheap producer outside group k whose value k reads is computed
+  // again inside k when that moves fewer bytes (k reads the producer's inputs instead of its
+  // value, and the value may no longer need writing at all).
+  void PlanRecompute(const std::vector<int>& members, int k) {
+    GroupSummary g = Summarize(members);
+    for (const Value* v : std::vector<const Value*>(g.reads.begin(), g.reads.end())) {
+      const Node* p = v->producer();
+      if (!p) continue;
+      const int pi = index_.at(p);
+      if (!elementwise_[pi] || GetOpInfo(*OpFromName(p->op())).cost > o_.recompute_max_cost) continue;
+      if (p->output()->shape() != g.space || ComputesInInts(*p) != g.integer_domain) continue;
+      bool inputs_in_memory = true;  // the clone reads only tensors that exist anyway
+      int64_t new_bytes = 0;
+      std::set<const Value*> reads = g.reads;
+      reads.erase(v);
+      for (const Value* in : p->inputs()) {
+        inputs_in_memory &= !in->producer() || !elementwise_[index_.at(in->producer())];
+        if (reads.insert(in).second) new_bytes += in->numel() * static_cast<int64_t>(DTypeSize(in->dtype()));
+      }
+      if (!inputs_in_memory || g.size + 1 > o_.max_group_size || static_cast<int>(reads.size()) > o_.max_inputs) continue;
+      const int64_t v_bytes = v->numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
+      auto it = group_of_.find(p);
+      const int pg = it == group_of_.end() ? -1 : it->second;
+      clones_[k].push_back(pi);  // tentatively, to ask whether v is still needed
+      const bool write_saved = !NeededOutside(v, pg);
+      if (new_bytes >= v_bytes + (write_saved ? v_bytes : 0)) {
+        clones_[k].pop_back();
+        continue;
+      }
+      g.reads = reads;
+      ++g.size;
+    }
+  }
+
+  Result<FusedGroupInfo> Rewrite(const std::vector<int>& group_members, int k) {
+    const std::string name = StrCat("fused_", k);
     FusedGroupInfo info;
     info.name = name;
     std::set<const Node*> in_group;
-    for (int i : members) in_group.insert(order_[i]);
+    for (int i : group_members) in_group.insert(order_[i]);
+    // Recomputed producers come first: they read only tensors in memory.
+    std::vector<int> members = clones_[k];
+    members.insert(members.end(), group_members.begin(), group_members.end());
+    for (int i : clones_[k]) info.recomputed.push_back(order_[i]->name());
     auto body = std::make_shared<Graph>(name);
     std::map<const Value*, Value*> map;
     std::vector<Value*> ext_inputs, ext_outputs;
     for (int i : members) {
       const Node* n = order_[i];
-      info.nodes.push_back(n->name());
+      if (in_group.count(n)) info.nodes.push_back(n->name());
       std::vector<Value*> ins;
       for (Value* in : n->inputs()) {
         if (!map.count(in)) {
@@ -251,11 +312,9 @@ class Planner {
       if (!bn.ok()) return bn.status().WithContext(StrCat("building ", name));
       for (size_t k = 0; k < n->outputs().size(); ++k) map[n->output(k)] = (*bn)->output(k);
     }
-    for (int i : members)
+    for (int i : group_members)
       for (Value* o : order_[i]->outputs()) {
-        bool outside = o->is_graph_output();
-        for (const Use& u : o->uses()) outside |= !in_group.count(u.node);
-        if (outside) {
+        if (NeededOutside(o, k)) {
           GF_RETURN_IF_ERROR(body->MarkOutput(map.at(o)));
           ext_outputs.push_back(o);
         }
@@ -292,6 +351,8 @@ class Planner {
   std::vector<bool> elementwise_;
   std::vector<Pending> pending_;
   std::vector<std::pair<Value*, std::string>> renames_;
+  std::map<const Node*, int> group_of_;  // members of the fused groups being formed
+  std::vector<std::vector<int>> clones_;  // per group: producers recomputed in it
 };
 
 }  // namespace

@@ -1,0 +1,414 @@
+// ONNX importer: hand-built ModelProtos for each conversion and each refusal, checked for the
+// IR they produce or the error (code + the file, node and op it names).
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "graphfuse/cpu.h"
+#include "onnx/import.h"
+#include "runtime/executor.h"
+
+namespace graphfuse {
+namespace {
+
+// A small builder over onnx::ModelProto.
+struct ModelBuilder {
+  onnx::ModelProto m;
+  explicit ModelBuilder(int64_t opset = 17) {
+    m.set_ir_version(8);
+    auto* o = m.add_opset_import();
+    o->set_domain("");
+    o->set_version(opset);
+    m.mutable_graph()->set_name("t");
+  }
+  onnx::GraphProto& g() { return *m.mutable_graph(); }
+  onnx::ValueInfoProto* Input(const std::string& name, const std::vector<int64_t>& dims,
+                              int32_t type = onnx::TensorProto::FLOAT) {
+    auto* in = g().add_input();
+    in->set_name(name);
+    auto* tt = in->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(type);
+    tt->mutable_shape();  // a scalar has a shape with no dims (no shape = unknown rank)
+    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
+    return in;
+  }
+  void Output(const std::string& name) { g().add_output()->set_name(name); }
+  onnx::TensorProto* FloatInit(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
+    auto* t = g().add_initializer();
+    t->set_name(name);
+    t->set_data_type(onnx::TensorProto::FLOAT);
+    for (int64_t d : dims) t->add_dims(d);
+    for (float f : v) t->add_float_data(f);
+    return t;
+  }
+  onnx::NodeProto* Node(const std::string& op, const std::vector<std::string>& ins, const std::vector<std::string>& outs,
+                        const std::string& name = "") {
+    auto* n = g().add_node();
+    n->set_op_type(op);
+    if (!name.empty()) n->set_name(name);
+    for (const auto& i : ins) n->add_input(i);
+    for (const auto& o : outs) n->add_output(o);
+    return n;
+  }
+  Result<std::unique_ptr<Graph>> Import() { return ImportOnnxBytes(m.SerializeAsString(), "m.onnx"); }
+};
+
+void SetFloat(onnx::NodeProto* n, const std::string& k, float v) {
+  auto* a = n->add_attribute();
+  a->set_name(k);
+  a->set_type(onnx::AttributeProto::FLOAT);
+  a->set_f(v);
+}
+void SetInt(onnx::NodeProto* n, const std::string& k, int64_t v) {
+  auto* a = n->add_attribute();
+  a->set_name(k);
+  a->set_type(onnx::AttributeProto::INT);
+  a->set_i(v);
+}
+
+const Node* OnlyNode(const Graph& g) {
+  EXPECT_EQ(g.num_nodes(), 1u);
+  return g.nodes().front().get();
+}
+
+std::vector<float> RunF32(const Graph& g, const std::vector<float>& x) {
+  auto in = Tensor::FromFloats(DType::kF32, g.inputs()[0]->shape(), x);
+  EXPECT_TRUE(in.ok());
+  std::vector<TensorView> views{in->view()};
+  auto out = Execute(g, views, CpuContext{});
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  std::vector<float> r;
+  if (!out.ok()) return r;
+  for (int64_t i = 0; i < (*out)[0].numel(); ++i) r.push_back(static_cast<float>((*out)[0].GetAsDouble(i)));
+  return r;
+}
+
+#define EXPECT_ERROR(result, want_code, ...)                                              \
+  do {                                                                               \
+    auto r_ = (result);                                                              \
+    ASSERT_FALSE(r_.ok());                                                           \
+    EXPECT_EQ(r_.status().code(), want_code) << r_.status().ToString();                 \
+    for (const char* s_ : {__VA_ARGS__})                                             \
+      EXPECT_NE(r_.status().message().find(s_), std::string::npos)                   \
+          << "'" << s_ << "' not in: " << r_.status().message();                     \
+  } while (0)
+
+TEST(OnnxImport, KeepsNamesAndGeneratesMissingNodeNames) {
+  ModelBuilder b;
+  b.Input("x", {2, 3});
+  b.Node("Relu", {"x"}, {"r"});
+  b.Node("Neg", {"r"}, {"y"}, "negate");
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_EQ((*g)->num_nodes(), 2u);
+  EXPECT_EQ((*g)->nodes().front()->name(), "Relu_0");
+  EXPECT_EQ((*g)->nodes().back()->name(), "negate");
+  EXPECT_EQ((*g)->outputs()[0]->name(), "y");
+  EXPECT_NE((*g)->FindValue("r"), nullptr);
+  EXPECT_EQ(RunF32(**g, {-1, 2, -3, 4, 0, 5}), (std::vector<float>{0, -2, 0, -4, 0, -5}));
+}
+
+TEST(OnnxImport, RefusesWhatItCannotParseOrRun) {
+  EXPECT_ERROR(ImportOnnxBytes("\xff\xff\xff garbage", "bad.onnx"), StatusCode::kInvalidArgument, "bad.onnx",
+               "not a valid ONNX model (protobuf parse failed)");
+  EXPECT_ERROR(ImportOnnxFile("/nonexistent/model.onnx"), StatusCode::kNotFound, "/nonexistent/model.onnx");
+  {
+    ModelBuilder b(12);
+    b.Input("x", {2});
+    b.Node("Relu", {"x"}, {"y"});
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "opset 12");
+  }
+  {
+    ModelBuilder b;
+    auto* in = b.Input("x", {});
+    in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_param("N");
+    b.Node("Relu", {"x"}, {"y"});
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "dynamic dim 'N' of input 'x'");
+  }
+  {
+    ModelBuilder b;
+    b.Input("x", {2});
+    b.Node("Acos", {"x"}, {"y"}, "n0");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "node 'n0' (Acos)", "op not supported");
+  }
+  {
+    ModelBuilder b;
+    b.Input("x", {2});
+    auto* n = b.Node("If", {"x"}, {"y"}, "branch");
+    n->add_attribute()->set_name("then_branch");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "node 'branch' (If)");
+  }
+  {
+    ModelBuilder b;
+    b.Input("x", {2});
+    b.Node("Relu", {"x"}, {"y"})->set_domain("com.microsoft");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "Relu_0", "com.microsoft");
+  }
+  {
+    ModelBuilder b;
+    b.Input("x", {2});
+    b.Node("Relu", {"undefined"}, {"y"});
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'Relu_0' (Relu)", "'undefined' is not defined");
+  }
+  {
+    ModelBuilder b;
+    b.Input("x", {2});
+    b.Node("Relu", {"x"}, {"y"});
+    b.Output("y");
+    b.g().mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::INT64);
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "output 'y' is declared INT64");
+  }
+}
+
+TEST(OnnxImport, InitializersFromEveryField) {
+  ModelBuilder b;
+  b.Input("x", {2});
+  b.FloatInit("w_float", {2}, {1.5f, -2.f});
+  auto* raw = b.g().add_initializer();
+  raw->set_name("w_raw");
+  raw->set_data_type(onnx::TensorProto::FLOAT);
+  raw->add_dims(2);
+  const float rv[2] = {3.f, 4.f};
+  raw->set_raw_data(std::string(reinterpret_cast<const char*>(rv), sizeof rv));
+  auto* i64 = b.g().add_initializer();
+  i64->set_name("w_i64");
+  i64->set_data_type(onnx::TensorProto::INT64);
+  i64->add_dims(2);
+  i64->add_int64_data(7);
+  i64->add_int64_data(-8);
+  auto* f16 = b.g().add_initializer();
+  f16->set_name("w_f16");
+  f16->set_data_type(onnx::TensorProto::FLOAT16);
+  f16->add_int32_data(F32ToF16Bits(0.5f));
+  auto* bl = b.g().add_initializer();
+  bl->set_name("w_bool");
+  bl->set_data_type(onnx::TensorProto::BOOL);
+  bl->add_dims(2);
+  bl->add_int32_data(0);
+  bl->add_int32_data(5);
+  b.Node("Add", {"x", "w_float"}, {"a"});
+  b.Node("Mul", {"a", "w_raw"}, {"y"});
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const Graph& gr = **g;
+  EXPECT_EQ(gr.FindValue("w_i64")->constant()->data_as<int64_t>()[1], -8);
+  EXPECT_EQ(gr.FindValue("w_f16")->constant()->GetAsDouble(0), 0.5);
+  EXPECT_EQ(gr.FindValue("w_f16")->shape(), Shape{});
+  EXPECT_EQ(gr.FindValue("w_bool")->constant()->data_as<uint8_t>()[1], 1);
+  EXPECT_EQ(RunF32(gr, {1, 1}), (std::vector<float>{7.5f, -4.f}));
+}
+
+TEST(OnnxImport, RefusesMalformedInitializers) {
+  auto with_init = [](auto&& edit) {
+    ModelBuilder b;
+    b.Input("x", {2});
+    edit(b.FloatInit("w", {2}, {1, 2}));
+    b.Node("Add", {"x", "w"}, {"y"});
+    b.Output("y");
+    return b.Import();
+  };
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) { t->add_float_data(3); }), StatusCode::kInvalidArgument,
+               "initializer 'w'", "needs 2 values");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) {
+                 t->clear_float_data();
+                 t->set_raw_data("abc");
+               }),
+               StatusCode::kInvalidArgument, "initializer 'w'", "raw_data");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) { t->set_dims(0, -2); }), StatusCode::kInvalidArgument,
+               "initializer 'w'", "negative");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) {
+                 t->clear_float_data();
+                 t->set_dims(0, int64_t{1} << 62);
+                 t->add_dims(0);
+               }),
+               StatusCode::kInvalidArgument, "initializer 'w'", "dim 0");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) {
+                 t->clear_float_data();
+                 t->set_dims(0, int64_t{1} << 40);
+                 t->add_dims(int64_t{1} << 40);
+               }),
+               StatusCode::kInvalidArgument, "initializer 'w'");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) {
+                 t->set_data_location(onnx::TensorProto::EXTERNAL);
+                 auto* e = t->add_external_data();
+                 e->set_key("location");
+                 e->set_value("w.bin");
+               }),
+               StatusCode::kUnimplemented, "initializer 'w'", "external data");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) { t->set_data_type(onnx::TensorProto::DOUBLE); }),
+               StatusCode::kUnimplemented, "initializer 'w'", "DOUBLE");
+}
+
+TEST(OnnxImport, ClipBoundsBecomeAttributes) {
+  ModelBuilder b(13);
+  b.Input("x", {4});
+  b.FloatInit("lo", {}, {-1.f});
+  b.FloatInit("hi", {}, {2.f});
+  b.Node("Clip", {"x", "lo", "hi"}, {"y"}, "clip");
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const Node* n = OnlyNode(**g);
+  EXPECT_EQ(n->op(), "Clip");
+  EXPECT_EQ(n->inputs().size(), 1u);
+  EXPECT_EQ(n->GetFloat("alpha", 0), -1.f);
+  EXPECT_EQ(n->GetFloat("beta", 0), 2.f);
+  EXPECT_EQ(RunF32(**g, {-5, 0.5f, 3, 1}), (std::vector<float>{-1, 0.5f, 2, 1}));
+
+  ModelBuilder open;  // no bounds: -inf / +inf; only max given
+  open.Input("x", {2});
+  open.FloatInit("hi", {}, {0.f});
+  open.Node("Clip", {"x", "", "hi"}, {"y"});
+  open.Output("y");
+  auto g2 = open.Import();
+  ASSERT_TRUE(g2.ok()) << g2.status().ToString();
+  EXPECT_TRUE(std::isinf(OnlyNode(**g2)->GetFloat("alpha", 0)));
+  EXPECT_EQ(RunF32(**g2, {-3, 3}), (std::vector<float>{-3, 0}));
+
+  ModelBuilder dyn;  // a bound computed at run time is not supported
+  dyn.Input("x", {2});
+  dyn.Input("lo", {});
+  dyn.Node("Clip", {"x", "lo"}, {"y"}, "c");
+  dyn.Output("y");
+  EXPECT_ERROR(dyn.Import(), StatusCode::kUnimplemented, "node 'c' (Clip)", "min ('lo') must be a constant");
+}
+
+TEST(OnnxImport, CastMapsTheOnnxEnum) {
+  ModelBuilder b;
+  b.Input("x", {2});
+  SetInt(b.Node("Cast", {"x"}, {"y"}), "to", onnx::TensorProto::FLOAT16);
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(OnlyNode(**g)->GetInt("to", -1), static_cast<int64_t>(DType::kF16));
+  EXPECT_EQ((*g)->outputs()[0]->dtype(), DType::kF16);
+
+  ModelBuilder d;
+  d.Input("x", {2});
+  SetInt(d.Node("Cast", {"x"}, {"y"}, "c"), "to", onnx::TensorProto::DOUBLE);
+  d.Output("y");
+  EXPECT_ERROR(d.Import(), StatusCode::kUnimplemented, "node 'c' (Cast)", "DOUBLE");
+}
+
+TEST(OnnxImport, DropoutIsInferenceIdentity) {
+  ModelBuilder b;
+  b.Input("x", {3});
+  b.FloatInit("ratio", {}, {0.25f});
+  auto* mode = b.g().add_initializer();
+  mode->set_name("mode");
+  mode->set_data_type(onnx::TensorProto::BOOL);
+  mode->add_int32_data(0);
+  b.Node("Dropout", {"x", "ratio", "mode"}, {"y"});
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(OnlyNode(**g)->GetInt("training", 1), 0);
+  EXPECT_EQ(RunF32(**g, {1, 2, 3}), (std::vector<float>{1, 2, 3}));
+
+  ModelBuilder mask;
+  mask.Input("x", {3});
+  mask.Node("Dropout", {"x"}, {"y", "m"}, "d");
+  mask.Output("y");
+  EXPECT_ERROR(mask.Import(), StatusCode::kUnimplemented, "node 'd' (Dropout)", "mask");
+
+  ModelBuilder train;
+  train.Input("x", {3});
+  auto* t = train.g().add_initializer();
+  t->set_name("mode");
+  t->set_data_type(onnx::TensorProto::BOOL);
+  t->add_int32_data(1);
+  train.Node("Dropout", {"x", "", "mode"}, {"y"}, "d");
+  train.Output("y");
+  EXPECT_ERROR(train.Import(), StatusCode::kUnimplemented, "node 'd' (Dropout)", "training");
+}
+
+TEST(OnnxImport, AlphaBetaDefaultsAreOnnxs) {
+  ModelBuilder b;
+  b.Input("x", {2});
+  b.Node("LeakyRelu", {"x"}, {"a"});
+  b.Node("HardSigmoid", {"a"}, {"h"});
+  SetFloat(b.Node("Elu", {"h"}, {"y"}), "alpha", 0.5f);
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto it = (*g)->nodes().begin();
+  EXPECT_FLOAT_EQ((*it)->GetFloat("alpha", 0), 0.01f);
+  ++it;
+  EXPECT_FLOAT_EQ((*it)->GetFloat("alpha", 0), 0.2f);
+  EXPECT_FLOAT_EQ((*it)->GetFloat("beta", 0), 0.5f);
+  ++it;
+  EXPECT_FLOAT_EQ((*it)->GetFloat("alpha", 0), 0.5f);
+}
+
+TEST(OnnxImport, VariadicAndComposedOps) {
+  ModelBuilder b;
+  b.Input("x", {3});
+  b.FloatInit("b", {3}, {1, 2, 3});
+  b.FloatInit("c", {1}, {10});
+  b.Node("Sum", {"x", "b", "c"}, {"s"});
+  b.Node("Mean", {"s", "x"}, {"y"});
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  // s = x + b + 10; y = (s + x) / 2
+  EXPECT_EQ(RunF32(**g, {2, 4, 6}), (std::vector<float>{7.5f, 10.f, 12.5f}));
+  EXPECT_NE((*g)->FindValue("s"), nullptr);
+
+  ModelBuilder le;
+  le.Input("x", {3});
+  le.FloatInit("z", {}, {0.f});
+  le.Node("LessOrEqual", {"x", "z"}, {"y"});
+  le.Output("y");
+  auto g2 = le.Import();
+  ASSERT_TRUE(g2.ok()) << g2.status().ToString();
+  EXPECT_EQ((*g2)->outputs()[0]->dtype(), DType::kBool);
+  EXPECT_EQ(RunF32(**g2, {-1, 0, NAN}), (std::vector<float>{1, 1, 0}));
+}
+
+TEST(OnnxImport, ConstantNodesBecomeConstants) {
+  ModelBuilder b;
+  b.Input("x", {2});
+  auto* c = b.Node("Constant", {}, {"k"});
+  auto* a = c->add_attribute();
+  a->set_name("value_floats");
+  a->set_type(onnx::AttributeProto::FLOATS);
+  a->add_floats(2);
+  a->add_floats(3);
+  b.Node("Mul", {"x", "k"}, {"y"});
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ((*g)->num_nodes(), 1u);
+  ASSERT_NE((*g)->FindValue("k")->constant(), nullptr);
+  EXPECT_EQ(RunF32(**g, {1, 2}), (std::vector<float>{2, 6}));
+}
+
+TEST(OnnxImport, TensorProtoFilesRoundTrip) {
+  auto t = Tensor::FromFloats(DType::kBF16, {2, 2}, {1, -2, 0.5f, 8});
+  ASSERT_TRUE(t.ok());
+  const std::string path = (std::filesystem::temp_directory_path() / "gf_onnx_import_test.pb").string();
+  ASSERT_TRUE(WriteTensorProtoFile(path, *t, "t").ok());
+  std::string name;
+  auto back = ReadTensorProtoFile(path, &name);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(name, "t");
+  EXPECT_EQ(back->dtype(), DType::kBF16);
+  EXPECT_EQ(back->shape(), (Shape{2, 2}));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(back->GetAsDouble(i), t->GetAsDouble(i));
+  std::remove(path.c_str());
+  EXPECT_ERROR(ReadTensorProtoFile("/nonexistent.pb"), StatusCode::kNotFound, "/nonexistent.pb");
+}
+
+}  // namespace
+}  // namespace graphfuse

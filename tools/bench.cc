@@ -1,0 +1,234 @@
+// `graphfuse bench (MODEL.onnx | --preset NAME)`: unfused vs fused, median of interleaved
+// repeats; the elementwise presets also report GB/s beside a same-run STREAM triad.
+#include <cmath>
+#include <functional>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli_common.h"
+#include "fusion_report.h"
+#include "graphfuse/cpu.h"
+#include "ir/text.h"
+#include "json.h"
+#include "onnx/import.h"
+#include "passes/pipeline.h"
+#include "runtime/executor.h"
+#include "runtime/reference_eval.h"
+#include "runtime/timer.h"
+
+namespace graphfuse::cli {
+namespace {
+
+struct Preset {
+  const char* name;
+  const char* what;
+  // IR text for `rows` x `cols` elements.
+  std::string (*text)(int64_t rows, int64_t cols);
+};
+
+const Preset kPresets[] = {
+    {"chain", "u = (x + y) * scale + bias[C]",
+     [](int64_t r, int64_t c) {
+       return StrCat("graph @chain(%x: f32[", r, ",", c, "], %y: f32[", r, ",", c, "], %bias: f32[", c,
+                     "]) {\n  %scale: f32[] = const [0.5]\n  %t = Add(%x, %y)\n  %w = Mul(%t, %scale)\n"
+                     "  %u = Add(%w, %bias)\n  return %u\n}\n");
+     }},
+    {"gelu", "y = gelu(x * s + b[C])",
+     [](int64_t r, int64_t c) {
+       return StrCat("graph @gelu(%x: f32[", r, ",", c, "], %b: f32[", c,
+                     "]) {\n  %s: f32[] = const [1.25]\n  %t = Mul(%x, %s)\n  %w = Add(%t, %b)\n  %y = Gelu(%w)\n"
+                     "  return %y\n}\n");
+     }},
+    {"silu", "y = silu(g) * u",
+     [](int64_t r, int64_t c) {
+       return StrCat("graph @silu(%g: f32[", r, ",", c, "], %u: f32[", r, ",", c,
+                     "]) {\n  %s = Silu(%g)\n  %y = Mul(%s, %u)\n  return %y\n}\n");
+     }},
+    {"residual", "y = ((((attn + x) * a + b[C]) * mask) * k) + x, 6 ops",
+     [](int64_t r, int64_t c) {
+       return StrCat("graph @residual(%attn: f32[", r, ",", c, "], %x: f32[", r, ",", c, "], %mask: f32[", r, ",", c,
+                     "], %b: f32[", c, "]) {\n  %a: f32[] = const [0.75]\n  %k: f32[] = const [1.11111116]\n"
+                     "  %h = Add(%attn, %x)\n  %s = Mul(%h, %a)\n  %t = Add(%s, %b)\n  %m = Mul(%t, %mask)\n"
+                     "  %d = Mul(%m, %k)\n  %y = Add(%d, %x)\n  return %y\n}\n");
+     }},
+};
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "graphfuse bench: %s\n", s.message().c_str());
+  return kExitBadInput;
+}
+
+int64_t IoBytes(const Graph& g) {
+  int64_t b = 0;
+  for (const Value* v : g.inputs()) b += v->numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
+  for (const Value* v : g.outputs()) b += v->numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
+  return b;
+}
+
+}  // namespace
+
+int Bench(Args& args) {
+  std::string model, preset, json;
+  int64_t elements = 1 << 20;
+  int threads = 0, repeats = 21;
+  FusionOptions fusion;
+  while (!args.Done()) {
+    const std::string f = args.Next();
+    if (f == "--preset" || f == "--json") {
+      auto v = args.Value(f);
+      if (!v.ok()) return Fail(v.status());
+      (f == "--preset" ? preset : json) = *v;
+    } else if (f == "--elements") {
+      auto v = args.Int(f, 1, int64_t{1} << 30);
+      if (!v.ok()) return Fail(v.status());
+      elements = *v;
+    } else if (f == "--threads" || f == "--repeats") {
+      auto v = args.Int(f, 1, f == "--threads" ? 256 : 1001);
+      if (!v.ok()) return Fail(v.status());
+      (f == "--threads" ? threads : repeats) = static_cast<int>(*v);
+    } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
+      return Fail(flag.status());
+    } else if (*flag) {
+      // consumed
+    } else if (!f.empty() && f[0] == '-') {
+      return Fail(InvalidArgument("unknown flag '", f, "' (see graphfuse --help)"));
+    } else if (model.empty()) {
+      model = f;
+    } else {
+      return Fail(InvalidArgument("unexpected argument '", f, "'"));
+    }
+  }
+  if (model.empty() == preset.empty())
+    return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual), not both"));
+
+  // Two copies of the graph: one planned without fusion (the baseline), one with.
+  std::unique_ptr<Graph> base, fused;
+  const Preset* p = nullptr;
+  if (!preset.empty()) {
+    for (const Preset& q : kPresets)
+      if (preset == q.name) p = &q;
+    if (!p) return Fail(InvalidArgument("unknown preset '", preset, "' (chain, gelu, silu, residual)"));
+    const int64_t cols = elements % 4096 == 0 ? 4096 : elements;
+    const std::string text = p->text(elements / cols, cols);
+    base = std::move(ParseGraph(text).value());
+    fused = std::move(ParseGraph(text).value());
+  } else {
+    auto a = ImportOnnxFile(model), b = ImportOnnxFile(model);
+    if (!a.ok()) return Fail(a.status());
+    base = std::move(*a);
+    fused = std::move(*b);
+  }
+  FusionReport report;
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  on.fusion = fusion;
+  on.fusion_report = &report;
+  if (auto r = RunPipeline(*base, off); !r.ok()) return Fail(r.status());
+  if (auto r = RunPipeline(*fused, on); !r.ok()) return Fail(r.status());
+  auto base_plan = ExecutionPlan::Compile(*base);
+  auto fused_plan = ExecutionPlan::Compile(*fused);
+  if (!base_plan.ok()) return Fail(base_plan.status());
+  if (!fused_plan.ok()) return Fail(fused_plan.status());
+
+  std::fprintf(stderr, "graphfuse bench: preparing inputs...\n");
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<Tensor> ins, out_a, out_b;
+  for (const Value* v : base->inputs()) {
+    auto t = Tensor::Empty(v->dtype(), v->shape());
+    if (!t.ok()) return Fail(t.status());
+    for (int64_t i = 0; i < t->numel(); ++i) t->SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : double(rng() % 7));
+    ins.push_back(std::move(*t));
+  }
+  for (const Value* v : base->outputs()) {
+    out_a.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+    out_b.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+  }
+  std::vector<TensorView> iv, av, bv;
+  for (const Tensor& t : ins) iv.push_back(t.view());
+  for (const Tensor& t : out_a) av.push_back(t.view());
+  for (const Tensor& t : out_b) bv.push_back(t.view());
+  ThreadPool pool(threads);
+  const CpuContext ctx{&pool};
+  if (Status s = (*base_plan)->Run(iv, av, ctx); !s.ok()) return Fail(s);
+  if (Status s = (*fused_plan)->Run(iv, bv, ctx); !s.ok()) return Fail(s);
+
+  // Checks: fused against unfused on the same inputs, and (presets) against float64 at samples.
+  bool same = true;
+  for (size_t k = 0; k < out_a.size(); ++k)
+    for (int64_t i = 0; i < out_a[k].numel() && same; ++i) {
+      const double a = out_a[k].GetAsDouble(i), b = out_b[k].GetAsDouble(i);
+      same = (a == b) || (std::isnan(a) && std::isnan(b)) || std::fabs(a - b) <= 1e-5 * std::fabs(a) + 1e-6;
+    }
+  double max_rel_f64 = 0;
+  if (p) {
+    const int64_t n = out_b[0].numel();
+    for (int s = 0; s < 4096; ++s) {
+      const int64_t i = s < 2048 ? s % n : static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
+      auto ref = ReferenceEvalAt(*base, iv, i);
+      if (!ref.ok()) return Fail(ref.status());
+      const double got = out_b[0].GetAsDouble(i), want = (*ref)[0];
+      max_rel_f64 = std::max(max_rel_f64, std::fabs(got - want) / std::max(std::fabs(want), 1e-6));
+    }
+  }
+  if (!same) {
+    std::fprintf(stderr, "graphfuse bench: fused and unfused results differ\n");
+    return kExitMismatch;
+  }
+
+  // Interleaved timing: unfused, fused, and (presets) the same-run STREAM triad over `elements`.
+  Tensor ta = Tensor::Empty(DType::kF32, {elements}).value(), tb = Tensor::Empty(DType::kF32, {elements}).value(),
+         tc = Tensor::Empty(DType::kF32, {elements}).value();
+  for (int64_t i = 0; i < elements; ++i) tb.data_as<float>()[i] = 1.f, tc.data_as<float>()[i] = 2.f, ta.data_as<float>()[i] = 0.f;
+  const int triad_threads = ctx.ThreadsFor(elements);
+  std::vector<std::function<void()>> fs = {
+      [&] { (void)(*base_plan)->Run(iv, av, ctx); },
+      [&] { (void)(*fused_plan)->Run(iv, bv, ctx); },
+  };
+  if (p)
+    fs.push_back([&] {
+      float* a = ta.data_as<float>();
+      const float* b = tb.data_as<float>();
+      const float* c = tc.data_as<float>();
+      pool.Parallel(triad_threads, [&](int tid, int nt) {
+        const int64_t lo = elements * tid / nt, hi = elements * (tid + 1) / nt;
+        for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
+      });
+    });
+  const InterleavedTiming t = MeasureInterleaved(fs, repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
+  const double t_unfused = t.timings[0].median_s, t_fused = t.timings[1].median_s;
+  const double bytes = static_cast<double>(IoBytes(*base));
+  const double gb_unfused = bytes / t_unfused / 1e9, gb_fused = bytes / t_fused / 1e9;
+  const double gb_triad = p ? 12.0 * elements / t.timings[2].median_s / 1e9 : 0;
+
+  std::printf("bench %s%s: %lld kernels unfused, %lld fused; %d thread(s) max; median of %d interleaved samples\n",
+              p ? "preset " : "", p ? p->name : model.c_str(), static_cast<long long>(report.kernels_before),
+              static_cast<long long>(report.kernels_after), pool.num_threads(), repeats);
+  if (p) std::printf("  %s, %lld f32 elements\n", p->what, static_cast<long long>(elements));
+  std::printf("  %-10s %12s %10s\n", "", "latency", p ? "GB/s" : "");
+  std::printf("  %-10s %10.4f ms %10.1f\n", "unfused", t_unfused * 1e3, p ? gb_unfused : 0.0);
+  std::printf("  %-10s %10.4f ms %10.1f\n", "fused", t_fused * 1e3, p ? gb_fused : 0.0);
+  if (p) std::printf("  %-10s %10.4f ms %10.1f   (12 B/element, same pool)\n", "triad", t.timings[2].median_s * 1e3, gb_triad);
+  std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
+              1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
+  std::printf("  checks: fused == unfused; max rel error vs float64 at 4096 sampled elements: %.2g\n", max_rel_f64);
+  if (!json.empty()) {
+    Json j;
+    j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
+    j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
+    AddFusionJson(j, report);
+    j.Key("latency_ms").BeginObject().Key("unfused").Num(t_unfused * 1e3).Key("fused").Num(t_fused * 1e3).EndObject();
+    j.Key("speedup").Num(t_unfused / t_fused).Key("speedup_median_ratio").Num(1.0 / t.median_ratio_to_first[1]);
+    if (p) {
+      j.Key("gbps").BeginObject().Key("unfused").Num(gb_unfused).Key("fused").Num(gb_fused).Key("triad").Num(gb_triad).EndObject();
+      j.Key("max_rel_err_f64").Num(max_rel_f64);
+    }
+    j.EndObject();
+    if (!j.WriteFile(json)) return Fail(InvalidArgument("cannot write --json file '", json, "'"));
+  }
+  return kExitOk;
+}
+
+}  // namespace graphfuse::cli
