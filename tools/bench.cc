@@ -15,45 +15,12 @@
 #include "onnx/import.h"
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
+#include "runtime/presets.h"
 #include "runtime/reference_eval.h"
 #include "runtime/timer.h"
 
 namespace graphfuse::cli {
 namespace {
-
-struct Preset {
-  const char* name;
-  const char* what;
-  // IR text for `rows` x `cols` elements.
-  std::string (*text)(int64_t rows, int64_t cols);
-};
-
-const Preset kPresets[] = {
-    {"chain", "u = (x + y) * scale + bias[C]",
-     [](int64_t r, int64_t c) {
-       return StrCat("graph @chain(%x: f32[", r, ",", c, "], %y: f32[", r, ",", c, "], %bias: f32[", c,
-                     "]) {\n  %scale: f32[] = const [0.5]\n  %t = Add(%x, %y)\n  %w = Mul(%t, %scale)\n"
-                     "  %u = Add(%w, %bias)\n  return %u\n}\n");
-     }},
-    {"gelu", "y = gelu(x * s + b[C])",
-     [](int64_t r, int64_t c) {
-       return StrCat("graph @gelu(%x: f32[", r, ",", c, "], %b: f32[", c,
-                     "]) {\n  %s: f32[] = const [1.25]\n  %t = Mul(%x, %s)\n  %w = Add(%t, %b)\n  %y = Gelu(%w)\n"
-                     "  return %y\n}\n");
-     }},
-    {"silu", "y = silu(g) * u",
-     [](int64_t r, int64_t c) {
-       return StrCat("graph @silu(%g: f32[", r, ",", c, "], %u: f32[", r, ",", c,
-                     "]) {\n  %s = Silu(%g)\n  %y = Mul(%s, %u)\n  return %y\n}\n");
-     }},
-    {"residual", "y = ((((attn + x) * a + b[C]) * mask) * k) + x, 6 ops",
-     [](int64_t r, int64_t c) {
-       return StrCat("graph @residual(%attn: f32[", r, ",", c, "], %x: f32[", r, ",", c, "], %mask: f32[", r, ",", c,
-                     "], %b: f32[", c, "]) {\n  %a: f32[] = const [0.75]\n  %k: f32[] = const [1.11111116]\n"
-                     "  %h = Add(%attn, %x)\n  %s = Mul(%h, %a)\n  %t = Add(%s, %b)\n  %m = Mul(%t, %mask)\n"
-                     "  %d = Mul(%m, %k)\n  %y = Add(%d, %x)\n  return %y\n}\n");
-     }},
-};
 
 int Fail(const Status& s) {
   std::fprintf(stderr, "graphfuse bench: %s\n", s.message().c_str());
@@ -105,10 +72,9 @@ int Bench(Args& args) {
 
   // Two copies of the graph: one planned without fusion (the baseline), one with.
   std::unique_ptr<Graph> base, fused;
-  const Preset* p = nullptr;
+  const ElementwisePreset* p = nullptr;
   if (!preset.empty()) {
-    for (const Preset& q : kPresets)
-      if (preset == q.name) p = &q;
+    p = FindElementwisePreset(preset);
     if (!p) return Fail(InvalidArgument("unknown preset '", preset, "' (chain, gelu, silu, residual)"));
     const int64_t cols = elements % 4096 == 0 ? 4096 : elements;
     const std::string text = p->text(elements / cols, cols);

@@ -170,7 +170,10 @@ std::string SkipKey(const std::string& reason) {
   static const std::regex op_re(R"(\(([A-Za-z0-9_]+)\): op not supported)");
   static const std::regex opset_re(R"(opset (\d+) is not supported)");
   static const std::regex dtype_re(R"(element type ([A-Z0-9<>]+) is not supported)");
+  static const std::regex const_re(R"(op ([A-Za-z0-9_]+) \(inputs [^)]*\): needs a constant ([a-z_ ]+) input)");
   std::smatch m;
+  if (std::regex_search(reason, m, const_re))
+    return StrCat(m[1].str(), ": ", m[2].str(), " input computed at run time (graphfuse needs it constant)");
   if (std::regex_search(reason, m, op_re)) return StrCat("op not supported: ", m[1].str());
   if (std::regex_search(reason, m, opset_re)) return StrCat("opset ", m[1].str(), " not supported");
   if (std::regex_search(reason, m, dtype_re)) return StrCat("element type ", m[1].str(), " not supported");
