@@ -64,11 +64,31 @@ Status RequireF32(const KernelContext& ctx) {
 }
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS.
-void Sgemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-           const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(std::max<int64_t>(lda, 1)), b,
-              static_cast<int>(std::max<int64_t>(ldb, 1)), beta, c, static_cast<int>(std::max<int64_t>(ldc, 1)));
+//
+// One thread pool: OpenBLAS runs single-threaded and the columns of C are split over
+// graphfuse's pool. Two pools on the same cores (OpenBLAS's pthreads spinning beside ours)
+// were measured 1.8-3.8x slower at M=1..32 on these machines.
+void Sgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
+  (void)kSingleThreadedBlas;
+  auto run = [&](int64_t j0, int64_t j1) {
+    if (j1 <= j0) return;
+    const float* bj = b + (tb ? j0 * ldb : j0);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
+                static_cast<int>(j1 - j0), static_cast<int>(k), alpha, a, static_cast<int>(std::max<int64_t>(lda, 1)),
+                bj, static_cast<int>(std::max<int64_t>(ldb, 1)), beta, c + j0, static_cast<int>(std::max<int64_t>(ldc, 1)));
+  };
+  // Work in multiply-adds / 8 against the pool's per-thread grain; column blocks of 64.
+  const int threads = static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(m * n * std::max<int64_t>(k, 1) / 8), n / 64));
+  if (threads <= 1 || cpu.pool == nullptr) {
+    run(0, n);
+    return;
+  }
+  cpu.pool->Parallel(threads, [&](int tid, int nt) {
+    const int64_t blocks = (n + 63) / 64;
+    run(std::min(n, blocks * tid / nt * 64), std::min(n, blocks * (tid + 1) / nt * 64));
+  });
 }
 
 Result<std::vector<ValueType>> InferMatMul(const InferContext& ctx) {
@@ -103,7 +123,7 @@ Status MatMulKernel(const KernelContext& ctx) {
   // B shared by every batch and A not broadcast: one GEMM over all rows of A.
   if (nb == 1 && na == nbatch) {
     GF_RETURN_IF_ERROR(CheckBlasDims(ctx, {nbatch * m}));
-    Sgemm(false, false, nbatch * m, n, k, 1.f, a, k, b, n, 0.f, y, n);
+    Sgemm(ctx.cpu, false, false, nbatch * m, n, k, 1.f, a, k, b, n, 0.f, y, n);
     return Status::Ok();
   }
   // General case: one GEMM per batch, operands located through broadcast strides.
@@ -112,7 +132,7 @@ Status MatMulKernel(const KernelContext& ctx) {
   for (int64_t t = 0; t < nbatch; ++t) {
     int64_t oa = 0, ob = 0;
     for (size_t i = 0; i < idx.size(); ++i) oa += idx[i] * sa[i], ob += idx[i] * sb[i];
-    Sgemm(false, false, m, n, k, 1.f, a + oa * m * k, k, b + ob * k * n, n, 0.f, y + t * m * n, n);
+    Sgemm(ctx.cpu, false, false, m, n, k, 1.f, a + oa * m * k, k, b + ob * k * n, n, 0.f, y + t * m * n, n);
     for (size_t i = idx.size(); i-- > 0;) {
       if (++idx[i] < d.batch[i]) break;
       idx[i] = 0;
@@ -189,7 +209,7 @@ Status GemmKernel(const KernelContext& ctx) {
     if (!has_c) std::fill(y, y + d.m * d.n, 0.f);
     return Status::Ok();
   }
-  Sgemm(ta, tb, d.m, d.n, d.k, alpha, A.as<const float>(), ta ? d.m : d.k, B.as<const float>(), tb ? d.k : d.n,
+  Sgemm(ctx.cpu, ta, tb, d.m, d.n, d.k, alpha, A.as<const float>(), ta ? d.m : d.k, B.as<const float>(), tb ? d.k : d.n,
         has_c ? 1.f : 0.f, y, d.n);
   return Status::Ok();
 }
