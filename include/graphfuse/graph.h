@@ -32,6 +32,12 @@ using Attribute = std::variant<int64_t, float, std::string, std::vector<int64_t>
                                std::shared_ptr<const Tensor>, std::shared_ptr<const Graph>>;
 using AttributeMap = std::map<std::string, Attribute>;
 
+// Typed attribute lookups with a default (a float attribute also reads an int one).
+int64_t AttrInt(const AttributeMap& m, const std::string& k, int64_t def);
+float AttrFloat(const AttributeMap& m, const std::string& k, float def);
+std::string AttrString(const AttributeMap& m, const std::string& k, const std::string& def);
+std::vector<int64_t> AttrInts(const AttributeMap& m, const std::string& k, const std::vector<int64_t>& def);
+
 struct Use {
   Node* node;
   int input_index;
@@ -78,10 +84,12 @@ class Node {
   const AttributeMap& attrs() const { return attrs_; }
   bool has_attr(const std::string& k) const { return attrs_.count(k) != 0; }
   // Typed attribute lookups with a default.
-  int64_t GetInt(const std::string& k, int64_t def) const;
-  float GetFloat(const std::string& k, float def) const;
-  std::string GetString(const std::string& k, const std::string& def) const;
-  std::vector<int64_t> GetInts(const std::string& k, const std::vector<int64_t>& def = {}) const;
+  int64_t GetInt(const std::string& k, int64_t def) const { return AttrInt(attrs_, k, def); }
+  float GetFloat(const std::string& k, float def) const { return AttrFloat(attrs_, k, def); }
+  std::string GetString(const std::string& k, const std::string& def) const { return AttrString(attrs_, k, def); }
+  std::vector<int64_t> GetInts(const std::string& k, const std::vector<int64_t>& def = {}) const {
+    return AttrInts(attrs_, k, def);
+  }
   // "node 'n3' (Add)" for error messages.
   std::string Describe() const;
   // The graph attribute `k` (a fused group's body), or nullptr.

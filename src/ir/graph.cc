@@ -23,23 +23,24 @@ const T* GetAttr(const AttributeMap& m, const std::string& k) {
 }
 }  // namespace
 
-int64_t Node::GetInt(const std::string& k, int64_t def) const {
-  const int64_t* v = GetAttr<int64_t>(attrs_, k);
+int64_t AttrInt(const AttributeMap& m, const std::string& k, int64_t def) {
+  const int64_t* v = GetAttr<int64_t>(m, k);
   return v ? *v : def;
 }
-float Node::GetFloat(const std::string& k, float def) const {
-  if (const float* v = GetAttr<float>(attrs_, k)) return *v;
-  if (const int64_t* i = GetAttr<int64_t>(attrs_, k)) return static_cast<float>(*i);
+float AttrFloat(const AttributeMap& m, const std::string& k, float def) {
+  if (const float* v = GetAttr<float>(m, k)) return *v;
+  if (const int64_t* i = GetAttr<int64_t>(m, k)) return static_cast<float>(*i);
   return def;
 }
-std::string Node::GetString(const std::string& k, const std::string& def) const {
-  const std::string* v = GetAttr<std::string>(attrs_, k);
+std::string AttrString(const AttributeMap& m, const std::string& k, const std::string& def) {
+  const std::string* v = GetAttr<std::string>(m, k);
   return v ? *v : def;
 }
-std::vector<int64_t> Node::GetInts(const std::string& k, const std::vector<int64_t>& def) const {
-  const auto* v = GetAttr<std::vector<int64_t>>(attrs_, k);
+std::vector<int64_t> AttrInts(const AttributeMap& m, const std::string& k, const std::vector<int64_t>& def) {
+  const auto* v = GetAttr<std::vector<int64_t>>(m, k);
   return v ? *v : def;
 }
+
 const Graph* Node::GetGraph(const std::string& k) const {
   const auto* v = GetAttr<std::shared_ptr<const Graph>>(attrs_, k);
   return v ? v->get() : nullptr;

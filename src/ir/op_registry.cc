@@ -24,26 +24,10 @@ Result<std::vector<int64_t>> InferContext::ConstInts(size_t i, const char* what)
   return out;
 }
 
-namespace {
-template <class T>
-const T* Get(const AttributeMap& m, const std::string& k) {
-  auto it = m.find(k);
-  return it == m.end() ? nullptr : std::get_if<T>(&it->second);
-}
-}  // namespace
-
-int64_t InferContext::GetInt(const std::string& k, int64_t def) const {
-  const int64_t* v = Get<int64_t>(attrs, k);
-  return v ? *v : def;
-}
-float InferContext::GetFloat(const std::string& k, float def) const {
-  if (const float* v = Get<float>(attrs, k)) return *v;
-  if (const int64_t* v = Get<int64_t>(attrs, k)) return static_cast<float>(*v);
-  return def;
-}
+int64_t InferContext::GetInt(const std::string& k, int64_t def) const { return AttrInt(attrs, k, def); }
+float InferContext::GetFloat(const std::string& k, float def) const { return AttrFloat(attrs, k, def); }
 std::vector<int64_t> InferContext::GetInts(const std::string& k, const std::vector<int64_t>& def) const {
-  const auto* v = Get<std::vector<int64_t>>(attrs, k);
-  return v ? *v : def;
+  return AttrInts(attrs, k, def);
 }
 
 std::string InferContext::Describe() const {

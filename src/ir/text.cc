@@ -49,7 +49,7 @@ std::string TensorValues(const Tensor& t, int64_t max_elements) {
   return s + "]";
 }
 
-std::string AttrString(const Attribute& a, int64_t max_elements) {
+std::string AttrText(const Attribute& a, int64_t max_elements) {
   if (auto* i = std::get_if<int64_t>(&a)) return std::to_string(*i);
   if (auto* f = std::get_if<float>(&a)) return Float(*f);
   if (auto* s = std::get_if<std::string>(&a)) return "\"" + *s + "\"";
@@ -98,7 +98,7 @@ std::string PrintGraph(const Graph& g, const PrintOptions& o) {
       s += " {";
       bool first = true;
       for (const auto& [k, v] : n->attrs()) {
-        s += StrCat(first ? "" : ", ", k, " = ", AttrString(v, o.max_constant_elements));
+        s += StrCat(first ? "" : ", ", k, " = ", AttrText(v, o.max_constant_elements));
         first = false;
       }
       s += "}";

@@ -1,0 +1,383 @@
+// Algorithm. (1) The group's compute domain is its first node's (float, or long long for
+// integer data), as in src/cpu/lower_group.cc. (2) The iteration space (the outputs' shape)
+// is collapsed: size-1 dims dropped, neighbours merged when every input's strides allow, so
+// that a dense operand indexes with `i` and [N,C] + [C] with `i % C`. (3) Registers are
+// numbered like the CPU tile program's: inputs first, then one per node; each node is a call
+// of its row's device function, followed by a rounding to f16/bf16 when the unfused op
+// would store that type. (4) The kernel wraps the body in a float4 loop (when every operand
+// allows it) and a scalar grid-stride loop.
+#include "codegen.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "../ir/op_registry.h"
+#include "../ops/reference.h"
+#include "device_prelude.h"
+#include "graphfuse/ops.h"
+
+namespace graphfuse::cuda {
+namespace {
+
+// The op table as CUDA source: each row's expression stringized, in OpKind order.
+struct RowSource {
+  const char* name;
+  int arity;
+  const char* expr;
+};
+constexpr RowSource kRowSources[] = {
+#define OP(name, arity, cls, ints, cost, ulp, alpha, beta, expr) {#name, arity, #expr},
+#include "../ops/ops.def"
+#undef OP
+};
+
+// `template <class T> __device__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) {...}`
+std::string RowFunction(OpKind kind) {
+  const RowSource& row = kRowSources[static_cast<size_t>(kind)];
+  return StrCat("template <class T> __forceinline__ T op_", row.name,
+                "(T x, T y, T z, const Attrs& a, long long idx) { return ", row.expr, "; }\n");
+}
+
+// A float literal that reads back to the same float: shortest round trip, or the bit pattern
+// for infinities and NaN.
+std::string FloatLiteral(float f) {
+  if (!std::isfinite(f)) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "__int_as_float(0x%08x)", bits);
+    return buf;
+  }
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof buf, f);
+  std::string s(buf, end);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s + "f";
+}
+
+const char* StorageType(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kF16: return "__half";
+    case DType::kBF16: return "__nv_bfloat16";
+    case DType::kI32: return "int";
+    case DType::kI64: return "long long";
+    case DType::kBool: return "unsigned char";
+  }
+  return "float";
+}
+
+// Comment text that cannot end or continue the line it is on.
+std::string CommentSafe(const std::string& s) {
+  std::string out = s;
+  for (char& c : out)
+    if (!std::isprint(static_cast<unsigned char>(c)) || c == '\\') c = '?';
+  return out;
+}
+
+// The collapsed iteration space and every input's strides over it (0 = broadcast).
+struct Space {
+  std::vector<int64_t> dims;
+  std::vector<std::vector<int64_t>> strides;  // per input, one per dim
+  int64_t numel = 1;
+
+  bool IsScalar(size_t k) const {
+    return std::all_of(strides[k].begin(), strides[k].end(), [](int64_t s) { return s == 0; });
+  }
+  bool IsDense(size_t k) const {
+    int64_t inner = 1;
+    for (size_t d = dims.size(); d-- > 0;) {
+      if (strides[k][d] != inner) return false;
+      inner *= dims[d];
+    }
+    return true;
+  }
+  // The element offset of input k at flat index `i`, as a C expression.
+  std::string Offset(size_t k, const std::string& i) const {
+    if (IsScalar(k)) return "0";
+    if (IsDense(k)) return i;
+    std::string expr;
+    int64_t inner = 1;
+    std::vector<std::string> terms;
+    for (size_t d = dims.size(); d-- > 0;) {
+      const int64_t s = strides[k][d];
+      if (s != 0) {
+        std::string t = inner == 1 ? i : StrCat("(", i, " / ", inner, "LL)");
+        if (d != 0) t = StrCat("(", t, " % ", dims[d], "LL)");
+        if (s != 1) t = StrCat(t, " * ", s, "LL");
+        terms.push_back(t);
+      }
+      inner *= dims[d];
+    }
+    for (auto it = terms.rbegin(); it != terms.rend(); ++it) expr += (expr.empty() ? "" : " + ") + *it;
+    return expr;
+  }
+};
+
+Space Collapse(const Shape& out, const std::vector<Shape>& ins) {
+  Space full;
+  for (int64_t d : out) full.dims.push_back(d);
+  for (const Shape& in : ins) {
+    std::vector<int64_t> st(out.size(), 0);
+    int64_t inner = 1;
+    for (size_t j = 0; j < in.size(); ++j) {
+      const size_t din = in.size() - 1 - j, dout = out.size() - 1 - j;
+      st[dout] = in[din] == 1 ? 0 : inner;
+      inner *= in[din];
+    }
+    full.strides.push_back(st);
+  }
+  Space s;
+  s.strides.resize(ins.size());
+  for (size_t d = 0; d < full.dims.size(); ++d) {
+    s.numel *= full.dims[d];
+    if (full.dims[d] == 1) continue;
+    bool merge = !s.dims.empty();
+    for (size_t k = 0; k < ins.size() && merge; ++k)
+      merge = s.strides[k].back() == full.strides[k][d] * full.dims[d];
+    if (merge) {
+      s.dims.back() *= full.dims[d];
+      for (size_t k = 0; k < ins.size(); ++k) s.strides[k].back() = full.strides[k][d];
+    } else {
+      s.dims.push_back(full.dims[d]);
+      for (size_t k = 0; k < ins.size(); ++k) s.strides[k].push_back(full.strides[k][d]);
+    }
+  }
+  return s;
+}
+
+std::string OpsPart(const Graph& body) {
+  std::string ops;
+  size_t k = 0;
+  for (const auto& n : body.nodes()) {
+    if (k == 6) break;
+    std::string op = n->op();
+    for (char& c : op) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    ops += (k++ ? "_" : "") + op;
+  }
+  if (body.num_nodes() > 6) ops += StrCat("_and", body.num_nodes() - 6);
+  return ops;
+}
+
+// How the float4 loop reads one input.
+enum class VecRead { kFloat4, kBroadcast };
+
+}  // namespace
+
+uint32_t Fnv1a32(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name) {
+  const std::string where = StrCat("CUDA codegen for fused group '", body.name(), "'");
+  if (body.outputs().empty()) return InvalidArgument(where, ": no outputs");
+  if (body.nodes().empty()) return InvalidArgument(where, ": no nodes");
+  if (!body.constants().empty()) return InvalidArgument(where, ": holds constants; they must be inputs");
+  const Shape& space_shape = body.outputs()[0]->shape();
+
+  // (1) The compute domain, and every node's op.
+  std::vector<std::pair<const Node*, OpKind>> nodes;
+  bool ints = false;
+  for (const auto& n : body.nodes()) {
+    auto kind = OpFromName(n->op());
+    if (!kind.ok()) return InvalidArgument(where, ": ", n->Describe(), " is not an elementwise op-table op");
+    std::vector<DType> dtypes;
+    for (const Value* in : n->inputs()) dtypes.push_back(in ? in->dtype() : DType::kF32);
+    const bool node_ints = ComputesInIntegers(*kind, dtypes);
+    if (nodes.empty()) ints = node_ints;
+    if (node_ints != ints) return InvalidArgument(where, ": ", n->Describe(), " computes in another domain");
+    if (n->output()->shape() != space_shape)
+      return InvalidArgument(where, ": ", n->Describe(), " computes ", n->output()->TypeString(),
+                             ", the group iterates over ", ShapeToString(space_shape));
+    nodes.push_back({n.get(), *kind});
+  }
+  const char* T = ints ? "long long" : "float";
+  const char* load = ints ? "gf::i64_of" : "gf::f32_of";
+
+  // (2) The iteration space.
+  std::vector<Shape> in_shapes;
+  for (const Value* in : body.inputs()) {
+    if (in->shape().size() > space_shape.size())
+      return InvalidArgument(where, ": input '", in->name(), "' has a larger rank than the group");
+    in_shapes.push_back(in->shape());
+  }
+  for (const Value* o : body.outputs())
+    if (o->shape() != space_shape)
+      return InvalidArgument(where, ": output '", o->name(), "' is not over the group's space");
+  const Space space = Collapse(space_shape, in_shapes);
+
+  CudaKernelSource out;
+  out.num_elements = space.numel;
+  for (const Value* in : body.inputs()) out.input_dtypes.push_back(in->dtype());
+  for (const Value* o : body.outputs()) out.output_dtypes.push_back(o->dtype());
+
+  // (3) The op rows used, in table order, then the body function.
+  std::string src = kDevicePrelude;
+  std::vector<bool> used(std::size(kRowSources), false);
+  for (const auto& [n, kind] : nodes) used[static_cast<size_t>(kind)] = true;
+  src += "// The op-table rows this kernel uses (src/ops/ops.def, stringized).\n";
+  for (size_t k = 0; k < used.size(); ++k)
+    if (used[k]) src += RowFunction(static_cast<OpKind>(k));
+  src += "\n}  // namespace gf\n\n";
+
+  std::map<const Value*, int> reg;
+  std::string params;
+  for (size_t k = 0; k < body.inputs().size(); ++k) {
+    reg[body.inputs()[k]] = static_cast<int>(k);
+    params += StrCat(k ? ", " : "", T, " r", k);
+  }
+  for (size_t k = 0; k < body.outputs().size(); ++k) params += StrCat(params.empty() ? "" : ", ", T, "& o", k);
+  src += StrCat("// One element of group '", CommentSafe(body.name()),
+                "': registers r0.. are the inputs in body order, then one per node.\n");
+  src += StrCat("__forceinline__ void gf_body(long long idx, ", params, ") {\n");
+  int next = static_cast<int>(body.inputs().size());
+  for (const auto& [n, kind] : nodes) {
+    const OpAttrs a = ElementwiseAttrs(kind, n->attrs());
+    const int arity = kRowSources[static_cast<size_t>(kind)].arity;
+    std::string args;
+    for (int j = 0; j < 3; ++j) {
+      const Value* in = j < arity ? n->input(static_cast<size_t>(j)) : nullptr;
+      if (j < arity && (!in || !reg.count(in)))
+        return InvalidArgument(where, ": ", n->Describe(), " reads a value defined after it");
+      args += j < arity ? StrCat("r", reg.at(in)) : StrCat(T, "(0)");
+      args += ", ";
+    }
+    const int r = next++;
+    src += StrCat("  constexpr gf::Attrs a", r, "{", FloatLiteral(a.alpha), ", ", FloatLiteral(a.beta), ", ",
+                  static_cast<int>(a.to), ", ", a.seed, "ull, ", a.training ? "true" : "false", "};\n");
+    src += StrCat("  ", T, " r", r, " = gf::op_", OpName(kind), "<", T, ">(", args, "a", r, ", idx);  // ",
+                  CommentSafe(n->name()), "\n");
+    const DType dt = n->output()->dtype();
+    if (!ints && (dt == DType::kF16 || dt == DType::kBF16))
+      src += StrCat("  r", r, " = gf::round_", DTypeName(dt), "(r", r, ");  // the unfused op stores ", DTypeName(dt),
+                    "\n");
+    reg[n->output()] = r;
+  }
+  for (size_t k = 0; k < body.outputs().size(); ++k) src += StrCat("  o", k, " = r", reg.at(body.outputs()[k]), ";\n");
+  src += "}\n\n";
+
+  // (4) The kernel. Its name goes between `head` and `tail`; the hash covers both.
+  const std::string head = src + StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  std::string sig = "(";
+  for (size_t k = 0; k < body.inputs().size(); ++k)
+    sig += StrCat(k ? ", " : "", "const ", StorageType(body.inputs()[k]->dtype()), "* __restrict__ in", k);
+  for (size_t k = 0; k < body.outputs().size(); ++k)
+    sig += StrCat(sig.size() > 1 ? ", " : "", StorageType(body.outputs()[k]->dtype()), "* __restrict__ out", k);
+  std::string tail = sig + ") {\n";
+  tail += StrCat("  const long long n = ", space.numel, "LL;\n");
+  tail += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  tail += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+
+  // The float4 loop: every operand f32, n % 4 == 0, and each input either read as a float4
+  // (4 consecutive elements of one row, 16-byte aligned) or one value shared by the 4 lanes.
+  bool vec = !ints && space.numel > 0 && space.numel % 4 == 0;
+  for (DType t : out.input_dtypes) vec = vec && t == DType::kF32;
+  for (DType t : out.output_dtypes) vec = vec && t == DType::kF32;
+  std::vector<VecRead> reads;
+  for (size_t k = 0; vec && k < body.inputs().size(); ++k) {
+    if (space.IsScalar(k)) {
+      reads.push_back(VecRead::kBroadcast);
+      continue;
+    }
+    if (space.IsDense(k)) {
+      reads.push_back(VecRead::kFloat4);
+      continue;
+    }
+    const int64_t inner = space.dims.back(), s = space.strides[k].back();
+    const bool strides4 = std::all_of(space.strides[k].begin(), space.strides[k].end() - 1,
+                                      [](int64_t x) { return x % 4 == 0; });
+    if (inner % 4 == 0 && s == 1 && strides4) reads.push_back(VecRead::kFloat4);
+    else if (inner % 4 == 0 && s == 0) reads.push_back(VecRead::kBroadcast);
+    else vec = false;
+  }
+  out.has_vector_path = vec;
+  out.scalar_work_items = space.numel;
+  out.vector_work_items = vec ? space.numel / 4 : 0;
+  if (vec) {
+    std::string cond;
+    for (size_t k = 0; k < reads.size(); ++k)
+      if (reads[k] == VecRead::kFloat4) cond += StrCat(cond.empty() ? "" : " && ", "gf::aligned16(in", k, ")");
+    for (size_t k = 0; k < body.outputs().size(); ++k) cond += StrCat(cond.empty() ? "" : " && ", "gf::aligned16(out", k, ")");
+    tail += StrCat("  if (", cond, ") {\n");
+    tail += "    for (long long q = first; q < n / 4; q += step) {\n";
+    tail += "      const long long i = q * 4;\n";
+    for (size_t k = 0; k < reads.size(); ++k) {
+      if (reads[k] == VecRead::kFloat4)
+        tail += StrCat("      const float4 v", k, " = *reinterpret_cast<const float4*>(in", k, " + ", space.Offset(k, "i"), ");\n");
+      else
+        tail += StrCat("      const float v", k, " = in", k, "[", space.Offset(k, "i"), "];\n");
+    }
+    for (size_t k = 0; k < body.outputs().size(); ++k) tail += StrCat("      float4 w", k, ";\n");
+    static constexpr const char* kLane[] = {"x", "y", "z", "w"};
+    for (int lane = 0; lane < 4; ++lane) {
+      std::string call = StrCat("      gf_body(i + ", lane);
+      for (size_t k = 0; k < reads.size(); ++k)
+        call += reads[k] == VecRead::kFloat4 ? StrCat(", v", k, ".", kLane[lane]) : StrCat(", v", k);
+      for (size_t k = 0; k < body.outputs().size(); ++k) call += StrCat(", w", k, ".", kLane[lane]);
+      tail += call + ");\n";
+    }
+    for (size_t k = 0; k < body.outputs().size(); ++k)
+      tail += StrCat("      *reinterpret_cast<float4*>(out", k, " + i) = w", k, ";\n");
+    tail += "    }\n    return;\n  }\n";
+  }
+  tail += "  for (long long i = first; i < n; i += step) {\n";
+  std::string decl;
+  for (size_t k = 0; k < body.outputs().size(); ++k) decl += StrCat(k ? ", " : "", "o", k);
+  tail += StrCat("    ", T, " ", decl, ";\n");
+  std::string call = "    gf_body(i";
+  for (size_t k = 0; k < body.inputs().size(); ++k) call += StrCat(", ", load, "(in", k, "[", space.Offset(k, "i"), "])");
+  for (size_t k = 0; k < body.outputs().size(); ++k) call += StrCat(", o", k);
+  tail += call + ");\n";
+  for (size_t k = 0; k < body.outputs().size(); ++k) tail += StrCat("    gf::store(out", k, " + i, o", k, ");\n");
+  tail += "  }\n}\n";
+
+  out.name = kernel_name;
+  const bool ident = !kernel_name.empty() && !std::isdigit(static_cast<unsigned char>(kernel_name[0])) &&
+                     std::all_of(kernel_name.begin(), kernel_name.end(),
+                                 [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+  if (!kernel_name.empty() && !ident)
+    return InvalidArgument(where, ": kernel name '", CommentSafe(kernel_name), "' is not a C identifier");
+  if (out.name.empty()) {
+    char hash[16];
+    std::snprintf(hash, sizeof hash, "%08x", Fnv1a32(head + tail));
+    out.name = StrCat(body.num_nodes() > 1 ? "fused_" : "", OpsPart(body), "_", DTypeName(out.output_dtypes.front()), "_",
+                      hash);
+  }
+  out.source = head + out.name + tail;
+  return out;
+}
+
+Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node) {
+  if (!OpFromName(node.op()).ok())
+    return InvalidArgument("CUDA codegen: ", node.Describe(), " is not an elementwise op-table op");
+  auto body = std::make_unique<Graph>(node.name());
+  std::vector<Value*> ins;
+  for (size_t k = 0; k < node.inputs().size(); ++k) {
+    const Value* in = node.input(k);
+    if (!in) return InvalidArgument("CUDA codegen: ", node.Describe(), ": input ", k, " is missing");
+    GF_ASSIGN_OR_RETURN(Value * v, body->AddInput(StrCat("in", k), in->dtype(), in->shape()));
+    ins.push_back(v);
+  }
+  auto n = body->AddNode(node.op(), ins, node.attrs(), node.name());
+  if (!n.ok()) return n.status().WithContext("CUDA codegen");
+  GF_RETURN_IF_ERROR((*n)->output() ? body->MarkOutput((*n)->output()) : Internal("no output"));
+  return body;
+}
+
+Result<CudaKernelSource> GenerateKernelForNode(const Node& node) {
+  if (node.op() == "FusedElementwise") {
+    const Graph* body = node.GetGraph("body");
+    if (!body) return InvalidArgument("CUDA codegen: ", node.Describe(), " has no 'body' graph");
+    return GenerateElementwiseKernel(*body, node.GetString("kernel_name", ""));
+  }
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> body, WrapSingleOpBody(node));
+  return GenerateElementwiseKernel(*body);
+}
+
+}  // namespace graphfuse::cuda
