@@ -42,7 +42,7 @@ mkdir -p "$OUT/obj" "$OUT/artifacts"
 # The whole library: the importer reaches the IR, every op's schema and kernel (the registry
 # links them), the executor, the op table and the CPU code under them.
 mapfile -t LIB_SRCS < <(ls "$ROOT"/src/*/*.cc "$ROOT"/src/*/*/*.cc 2>/dev/null | grep -v '/src/cuda/')
-CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -march=native -ffp-contract=off
+CXXFLAGS=(-std=c++20 -O1 -g -fno-omit-frame-pointer -march=native -ffp-contract=off -fwrapv
           -fsanitize=address,undefined -fno-sanitize=vptr -fno-sanitize-recover=undefined
           -DHWY_COMPILE_ONLY_STATIC=1 -DONNX_NAMESPACE=onnx -DONNX_ML=1
           -I"$ROOT/include" -I"$ROOT/src")

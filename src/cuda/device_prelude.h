@@ -9,10 +9,10 @@
 
 namespace graphfuse::cuda {
 
-inline constexpr const char kDevicePrelude[] = R"CUDA(#include <cuda_fp16.h>
-#include <cuda_bf16.h>
+inline constexpr const char kDevicePrelude[] = R"CUDA(namespace gf {
 
-namespace gf {
+// The integer compute type (a one-word name, so that `i64(0)` is an expression).
+using i64 = long long;
 
 // graphfuse::DType's numbering (include/graphfuse/dtype.h).
 enum : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI32 = 3, kI64 = 4, kBool = 5 };
@@ -63,9 +63,19 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
 
+// f16 / bf16 storage and conversions, by the PTX cvt instructions that cuda_fp16.h's
+// __float2half_rn / __float2bfloat16_rn use (round to nearest even): NVRTC 13 does not bundle
+// those headers, and a kernel must compile without the toolkit's include dir (bf16: sm_80+).
+struct f16 { unsigned short bits; };
+struct bf16 { unsigned short bits; };
+__forceinline__ unsigned short f16_bits(float x) { unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+__forceinline__ float f16_value(unsigned short h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__forceinline__ unsigned short bf16_bits(float x) { unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x)); return h; }
+__forceinline__ float bf16_value(unsigned short b) { return __uint_as_float(static_cast<unsigned int>(b) << 16); }
+
 // Rounds to the precision of f16 / bf16 (round to nearest even), staying in float.
-__forceinline__ float round_f16(float x) { return __half2float(__float2half_rn(x)); }
-__forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+__forceinline__ float round_f16(float x) { return f16_value(f16_bits(x)); }
+__forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
 __forceinline__ float round_to(float x, const Attrs& a) {
   return a.to == kF16 ? round_f16(x) : a.to == kBF16 ? round_bf16(x) : x;
 }
@@ -119,28 +129,28 @@ __forceinline__ long long sat_i64(float v) {
 
 // Loads: storage -> compute type (float or long long).
 __forceinline__ float f32_of(float v) { return v; }
-__forceinline__ float f32_of(__half v) { return __half2float(v); }
-__forceinline__ float f32_of(__nv_bfloat16 v) { return __bfloat162float(v); }
+__forceinline__ float f32_of(f16 v) { return f16_value(v.bits); }
+__forceinline__ float f32_of(bf16 v) { return bf16_value(v.bits); }
 __forceinline__ float f32_of(int v) { return static_cast<float>(v); }
 __forceinline__ float f32_of(long long v) { return static_cast<float>(v); }
 __forceinline__ float f32_of(unsigned char v) { return v ? 1.f : 0.f; }
 __forceinline__ long long i64_of(float v) { return sat_i64(v); }
-__forceinline__ long long i64_of(__half v) { return sat_i64(__half2float(v)); }
-__forceinline__ long long i64_of(__nv_bfloat16 v) { return sat_i64(__bfloat162float(v)); }
+__forceinline__ long long i64_of(f16 v) { return sat_i64(f16_value(v.bits)); }
+__forceinline__ long long i64_of(bf16 v) { return sat_i64(bf16_value(v.bits)); }
 __forceinline__ long long i64_of(int v) { return v; }
 __forceinline__ long long i64_of(long long v) { return v; }
 __forceinline__ long long i64_of(unsigned char v) { return v ? 1 : 0; }
 
 // Stores: compute type -> storage, as the CPU's StoreRun converts.
 __forceinline__ void store(float* p, float v) { *p = v; }
-__forceinline__ void store(__half* p, float v) { *p = __float2half_rn(v); }
-__forceinline__ void store(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+__forceinline__ void store(f16* p, float v) { p->bits = f16_bits(v); }
+__forceinline__ void store(bf16* p, float v) { p->bits = bf16_bits(v); }
 __forceinline__ void store(int* p, float v) { *p = sat_i32(v); }
 __forceinline__ void store(long long* p, float v) { *p = sat_i64(v); }
 __forceinline__ void store(unsigned char* p, float v) { *p = v != 0.f ? 1 : 0; }
 __forceinline__ void store(float* p, long long v) { *p = static_cast<float>(v); }
-__forceinline__ void store(__half* p, long long v) { *p = __float2half_rn(static_cast<float>(v)); }
-__forceinline__ void store(__nv_bfloat16* p, long long v) { *p = __float2bfloat16_rn(static_cast<float>(v)); }
+__forceinline__ void store(f16* p, long long v) { p->bits = f16_bits(static_cast<float>(v)); }
+__forceinline__ void store(bf16* p, long long v) { p->bits = bf16_bits(static_cast<float>(v)); }
 __forceinline__ void store(int* p, long long v) { *p = static_cast<int>(v); }  // wraps, as in C and numpy
 __forceinline__ void store(long long* p, long long v) { *p = v; }
 __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0; }

@@ -105,9 +105,12 @@ Result<Node*> Graph::AddNode(const std::string& op, const std::vector<Value*>& i
       return InvalidArgument("node '", node_name, "' (", op, ") has ", out.size(), " outputs, asked for ", num_outputs);
     out.resize(num_outputs);
   }
-  for (const std::string& o : output_names)
-    if (!o.empty() && by_name_.count(o))
+  for (size_t i = 0; i < output_names.size(); ++i) {
+    const std::string& o = output_names[i];
+    const bool repeated = std::find(output_names.begin(), output_names.begin() + i, o) != output_names.begin() + i;
+    if (!o.empty() && (by_name_.count(o) || repeated))
       return InvalidArgument("node '", node_name, "' (", op, "): value '", o, "' is defined twice");
+  }
   return AddNodeTyped(op, inputs, std::move(attrs), out, node_name, output_names);
 }
 

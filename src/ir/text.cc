@@ -43,8 +43,11 @@ std::string TensorValues(const Tensor& t, int64_t max_elements) {
   std::string s = "[";
   for (int64_t i = 0; i < t.numel(); ++i) {
     if (i) s += ", ";
-    const double v = t.GetAsDouble(i);
-    s += IsFloat(t.dtype()) ? Float(v) : std::to_string(static_cast<int64_t>(v));
+    // Integers print exactly (an i64 beyond 2^53 would lose digits through a double).
+    if (t.dtype() == DType::kI64) s += std::to_string(t.data_as<int64_t>()[i]);
+    else if (t.dtype() == DType::kI32) s += std::to_string(t.data_as<int32_t>()[i]);
+    else if (t.dtype() == DType::kBool) s += t.data_as<uint8_t>()[i] ? "1" : "0";
+    else s += Float(t.GetAsDouble(i));
   }
   return s + "]";
 }

@@ -22,7 +22,9 @@
 #include "cuda/codegen.h"
 #include "cuda/nvrtc_compile.h"
 #include "graphfuse/ops.h"
+#include "cuda/device_prelude.h"
 #include "ir/text.h"
+#include "ops/philox.h"
 #include "passes/fuse_elementwise.h"
 
 namespace graphfuse::cuda {
@@ -246,7 +248,7 @@ TEST(CudaCodegen, KernelShapeFollowsTheGroup) {
   const std::string& s = chain->source;
   EXPECT_TRUE(chain->has_vector_path);  // dense x, y; scalar s; row-broadcast b[4096]
   EXPECT_NE(s.find("float4"), std::string::npos);
-  EXPECT_NE(s.find("(i % 4096LL)"), std::string::npos) << s;
+  EXPECT_NE(s.find("(static_cast<unsigned>(i) % 4096u)"), std::string::npos) << s;
   EXPECT_NE(s.find("return x + y; }"), std::string::npos);  // the row, stringized
   EXPECT_EQ(s.find("__expf"), std::string::npos);
   EXPECT_EQ(chain->num_elements, 64 * 4096);
@@ -260,7 +262,19 @@ TEST(CudaCodegen, KernelShapeFollowsTheGroup) {
 
   auto ints = FusedKernel(kFusedCases[11]);
   ASSERT_TRUE(ints.ok()) << ints.status().ToString();
-  EXPECT_NE(ints->source.find("long long r3 = gf::op_Add<long long>"), std::string::npos) << ints->source;
+  EXPECT_NE(ints->source.find("gf::i64 r3 = gf::op_Add<gf::i64>(r0, r1, gf::i64(0), a3, idx);"), std::string::npos) << ints->source;
+}
+
+// The device prelude's Philox is a copy of src/ops/philox.h (it cannot include a host header):
+// its constants must be the host's, so CPU and GPU draw the same Dropout mask.
+TEST(CudaCodegen, PreludePhiloxConstantsMatchTheHost) {
+  const std::string prelude = kDevicePrelude;
+  for (uint32_t c : {kPhiloxM0, kPhiloxM1, kPhiloxW0, kPhiloxW1}) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "0x%08Xu", c);
+    EXPECT_NE(prelude.find(hex), std::string::npos) << hex;
+  }
+  EXPECT_NE(prelude.find("16777216.0"), std::string::npos);  // the 24-bit integer threshold
 }
 
 TEST(CudaCodegen, RefusesWhatItCannotCompile) {
@@ -290,7 +304,7 @@ TEST(Nvrtc, CachesInMemoryAndOnDisk) {
       std::filesystem::temp_directory_path() / StrCat("gf_nvrtc_cache_test_", ::getpid());
   std::filesystem::remove_all(dir);
   {
-    NvrtcCompiler a({.arch = "sm_90", .cache_dir = dir.string()});
+    NvrtcCompiler a({.arch = "sm_90", .cache_dir = dir.string(), .extra_options = {}});
     auto first = a.Compile(*k);
     ASSERT_TRUE(first.ok()) << first.status().ToString();
     EXPECT_TRUE(first->is_cubin);
@@ -301,7 +315,7 @@ TEST(Nvrtc, CachesInMemoryAndOnDisk) {
     EXPECT_EQ(again->image, first->image);
     EXPECT_EQ(a.nvrtc_runs(), 1);
   }
-  NvrtcCompiler b({.arch = "sm_90", .cache_dir = dir.string()});
+  NvrtcCompiler b({.arch = "sm_90", .cache_dir = dir.string(), .extra_options = {}});
   auto disk = b.Compile(*k);
   ASSERT_TRUE(disk.ok());
   EXPECT_TRUE(disk->from_cache);

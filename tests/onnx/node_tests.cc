@@ -80,17 +80,18 @@ DirResult RunOne(const std::string& dir, int threads) {
   return r;
 }
 
-// Child -> parent: "<outcome> <float32>\n<reason>".
+// Child -> parent: "<outcome> <float32> <kernels unfused> <kernels fused>\n<reason>".
 std::string Encode(const DirResult& r) {
   std::string reason = r.reason.substr(0, 2000);
-  return StrCat(static_cast<int>(r.outcome), " ", r.float32 ? 1 : 0, "\n", reason);
+  return StrCat(static_cast<int>(r.outcome), " ", r.float32 ? 1 : 0, " ", r.kernels_unfused, " ", r.kernels_fused,
+                "\n", reason);
 }
 
 DirResult Decode(const std::string& s) {
   DirResult r;
   std::istringstream in(s);
   int o = 2, f = 0;
-  in >> o >> f;
+  in >> o >> f >> r.kernels_unfused >> r.kernels_fused;
   r.outcome = static_cast<Outcome>(o);
   r.float32 = f != 0;
   const size_t nl = s.find('\n');
@@ -196,7 +197,16 @@ std::string Summarize(const std::vector<Row>& rows, const std::string& data_dir)
   std::ostringstream os;
   os << "ONNX node tests (" << data_dir << "): " << rows.size() << " models\n";
   os << "pass " << count[Outcome::kPass] << " / skip " << count[Outcome::kSkip] << " / fail "
-     << count[Outcome::kFail] << "\n\n";
+     << count[Outcome::kFail] << " (each passing model passes unfused AND fused)\n";
+  int64_t ku = 0, kf = 0;
+  int fused_models = 0;
+  for (const Row& row : rows)
+    if (row.r.outcome == Outcome::kPass) {
+      ku += row.r.kernels_unfused, kf += row.r.kernels_fused;
+      fused_models += row.r.kernels_fused < row.r.kernels_unfused;
+    }
+  os << "kernels per run over the passing models: " << ku << " unfused, " << kf << " fused (" << fused_models
+     << " models fused)\n\n";
   std::vector<std::pair<std::string, int>> by_count(skips.begin(), skips.end());
   std::stable_sort(by_count.begin(), by_count.end(), [](auto& a, auto& b) { return a.second > b.second; });
   os << "skip reasons (count  reason):\n";

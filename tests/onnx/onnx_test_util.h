@@ -11,6 +11,7 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/tensor.h"
 #include "onnx/import.h"
+#include "passes/pipeline.h"
 #include "runtime/executor.h"
 
 namespace graphfuse::testing {
@@ -85,12 +86,15 @@ struct DirResult {
   Outcome outcome = Outcome::kPass;
   std::string reason;        // skip reason or failure detail
   bool float32 = false;      // every graph output is f32
-  ExecStats stats;           // of the last data set run
+  ExecStats stats;           // of the fused plan
+  int64_t kernels_unfused = 0, kernels_fused = 0;
   double max_abs_err = 0, max_rel_err = 0;
 };
 
-// Imports `dir`/model.onnx and runs every data set. Unimplemented anywhere = skip; every
-// other error or mismatch = fail. `tol_for` gives the tolerance for an output dtype.
+// Imports `dir`/model.onnx and runs every data set twice: the unfused plan (constant folding
+// only) and the fused plan (the full pipeline), each against the expected outputs.
+// Unimplemented anywhere = skip; every other error or mismatch = fail. `tol_for` gives the
+// tolerance for an output dtype.
 template <class TolFor>
 DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor tol_for) {
   DirResult r;
@@ -105,6 +109,16 @@ DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor t
   };
   auto g = ImportOnnxFile(dir + "/model.onnx");
   if (!g.ok()) return skip_or_fail(g.status(), "");
+  auto gf = ImportOnnxFile(dir + "/model.onnx");
+  if (!gf.ok()) return skip_or_fail(gf.status(), "");
+  PipelineOptions unfused_options, fused_options;
+  unfused_options.fusion.enabled = false;
+  FusionReport fusion;
+  fused_options.fusion_report = &fusion;
+  if (auto p = RunPipeline(**g, unfused_options); !p.ok()) return skip_or_fail(p.status(), "unfused pipeline");
+  if (auto p = RunPipeline(**gf, fused_options); !p.ok()) return skip_or_fail(p.status(), "fused pipeline");
+  r.kernels_unfused = fusion.kernels_before;
+  r.kernels_fused = fusion.kernels_after;
   const Graph& graph = **g;
   r.float32 = !graph.outputs().empty();
   for (const Value* o : graph.outputs()) r.float32 &= o->dtype() == DType::kF32;
@@ -128,21 +142,24 @@ DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor t
     }
     std::vector<TensorView> views;
     for (const Tensor& t : inputs) views.push_back(t.view());
-    auto outs = Execute(graph, views, ctx, &r.stats);
-    if (!outs.ok()) return skip_or_fail(outs.status(), "at run time");
-    const auto out_files = NumberedFiles(set, "output_");
-    if (out_files.size() != outs->size())
-      return fail(Outcome::kFail, StrCat(set, ": ", out_files.size(), " output files for ", outs->size(),
-                                         " graph outputs"));
-    for (size_t k = 0; k < out_files.size(); ++k) {
-      auto ref = ReadTensorProtoFile(out_files[k]);
-      if (!ref.ok()) return skip_or_fail(ref.status(), "reading outputs");
-      const Comparison c = CompareTensors((*outs)[k], *ref, tol_for(ref->dtype()));
-      r.max_abs_err = std::max(r.max_abs_err, c.max_abs_err);
-      r.max_rel_err = std::max(r.max_rel_err, c.max_rel_err);
-      if (!c.ok)
-        return fail(Outcome::kFail, StrCat(std::filesystem::path(set).filename().string(), " output ", k, " '",
-                                           graph.outputs()[k]->name(), "': ", c.detail));
+    for (const Graph* run : std::initializer_list<const Graph*>{&graph, gf->get()}) {
+      const char* which = run == &graph ? "unfused" : "fused";
+      auto outs = Execute(*run, views, ctx, run == &graph ? nullptr : &r.stats);
+      if (!outs.ok()) return skip_or_fail(outs.status(), StrCat(which, ", at run time"));
+      const auto out_files = NumberedFiles(set, "output_");
+      if (out_files.size() != outs->size())
+        return fail(Outcome::kFail, StrCat(set, ": ", out_files.size(), " output files for ", outs->size(),
+                                           " graph outputs"));
+      for (size_t k = 0; k < out_files.size(); ++k) {
+        auto ref = ReadTensorProtoFile(out_files[k]);
+        if (!ref.ok()) return skip_or_fail(ref.status(), "reading outputs");
+        const Comparison c = CompareTensors((*outs)[k], *ref, tol_for(ref->dtype()));
+        r.max_abs_err = std::max(r.max_abs_err, c.max_abs_err);
+        r.max_rel_err = std::max(r.max_rel_err, c.max_rel_err);
+        if (!c.ok)
+          return fail(Outcome::kFail, StrCat(which, " plan, ", std::filesystem::path(set).filename().string(),
+                                             " output ", k, " '", run->outputs()[k]->name(), "': ", c.detail));
+      }
     }
   }
   return r;

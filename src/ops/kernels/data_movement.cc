@@ -222,7 +222,8 @@ Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
     int64_t sum = 0;
     for (int64_t s : sizes) {
       if (s < 0) return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " has a negative size");
-      sum += s;
+      if (__builtin_add_overflow(sum, s, &sum))
+        return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " overflows int64");
     }
     if (sum != dim)
       return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " sums to ", sum, " but axis ", axis,
@@ -230,9 +231,10 @@ Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
   } else if (ctx.HasAttr("num_outputs")) {
     // Opset 18: equal parts of ceil(dim / n), the last one smaller.
     const int64_t n = ctx.GetInt("num_outputs", 0);
+    // n <= max(dim, 1) also bounds the sizes vector by the (already allocated) dim.
     if (n < 1 || n > std::max<int64_t>(dim, 1))
       return InvalidArgument(ctx.Describe(), ": num_outputs ", n, " is invalid for axis ", axis, " of size ", dim);
-    const int64_t part = (dim + n - 1) / n;
+    const int64_t part = dim / n + (dim % n != 0 ? 1 : 0);  // ceil without overflowing dim + n
     for (int64_t i = 0, left = dim; i < n; ++i, left -= part) sizes.push_back(std::max<int64_t>(std::min(part, left), 0));
     if (sizes.back() == 0 && dim > 0)
       return InvalidArgument(ctx.Describe(), ": axis ", axis, " of size ", dim, " cannot be split into ", n, " parts");
