@@ -192,6 +192,7 @@ struct Plan {
   int64_t numel = 0;
   InlineVec<bool, kMaxTileInputs> direct_input;                 // read in place (f32, contiguous)
   InlineVec<bool, kMaxTileInputs> scalar_input;                 // one value broadcast everywhere
+  InlineVec<bool, kMaxTileInputs> run_direct;                   // f32, stride 1 along the innermost dim
   InlineVec<int, kMaxTileInputs + kMaxTileInstrs> direct_output;  // per register: output written in place, or -1
   InlineVec<F32TileKernel, kMaxTileInstrs> f32;
   InlineVec<I64TileKernel, kMaxTileInstrs> i64;
@@ -253,6 +254,23 @@ void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scra
       if (plan.direct_input[k] && aligned) {
         regs[k] = const_cast<float*>(static_cast<const float*>(in.data) + start);
         continue;
+      }
+      if (plan.run_direct[k] && aligned) {
+        // Contiguous along the innermost dim (a [C] bias, a [B,1,S] mask): when the tile stays
+        // inside one run, read it in place instead of copying it.
+        const TileDims& shape = plan.layout.shape;
+        const TileDims& st = plan.layout.strides[k];
+        int64_t rem = start, offset = 0, inner = 0;
+        for (size_t d = shape.size(); d-- > 0;) {
+          const int64_t i = rem % shape[d];
+          rem /= shape[d];
+          offset += i * st[d];
+          if (d + 1 == shape.size()) inner = i;
+        }
+        if (inner + n <= shape.back()) {
+          regs[k] = const_cast<float*>(static_cast<const float*>(in.data) + offset);
+          continue;
+        }
       }
       regs[k] = reg_buffer(k);
       if (in.domain == Domain::kF32) {
@@ -360,6 +378,8 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     bool scalar = true;
     for (int64_t st : plan.layout.strides[k]) scalar &= st == 0;
     plan.scalar_input.push_back(scalar && !contiguous);
+    plan.run_direct.push_back(!contiguous && in.dtype == DType::kF32 && in.domain == Domain::kF32 &&
+                              plan.layout.strides[k].back() == 1);
   }
   // Results written in place: f32 outputs, unless an input read in place overlaps the output
   // and is still read by a later instruction (it would see the new values).
@@ -375,7 +395,7 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     const int producer = out.reg - nin;
     bool safe = true;
     for (int k = 0; k < nin; ++k)
-      if (plan.direct_input[k] && last_use[k] > producer &&
+      if ((plan.direct_input[k] || plan.run_direct[k]) && last_use[k] > producer &&
           Overlaps(p.inputs[k].data, plan.numel * 4, out.data, plan.numel * 4))
         safe = false;
     if (safe) plan.direct_output[out.reg] = static_cast<int>(o);
