@@ -28,6 +28,23 @@ check run-missing-model 2 "$GF" run /nonexistent/missing.onnx
 echo "$LAST" | grep -q "missing.onnx" || { echo "FAIL run error does not name the file"; fail=1; }
 head -c 1000 /dev/urandom > /tmp/graphfuse_garbage.onnx
 check run-garbage 2 "$GF" run /tmp/graphfuse_garbage.onnx
+MODELS="$(dirname "$0")/models"
+head -c 3000 "$MODELS/mlp_gelu_opset17/model.onnx" > /tmp/graphfuse_truncated.onnx
+check run-truncated 2 "$GF" run /tmp/graphfuse_truncated.onnx
+echo "$LAST" | grep -q "graphfuse_truncated.onnx" || { echo "FAIL truncated model error does not name the file"; fail=1; }
+check run-model 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" \
+  --check-fusion --json /tmp/graphfuse_run.json
+python3 -c "import json; j=json.load(open('/tmp/graphfuse_run.json')); assert j['kernels_fused'] < j['kernels_unfused'], j; assert all(o['ok'] for o in j['outputs'])" \
+  || { echo "FAIL run --json lacks fused kernel counts or ok outputs"; fail=1; }
+check run-mismatch 1 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --rtol 0 --atol 0
+check explain 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dot /tmp/graphfuse_plan.dot --json /tmp/graphfuse_plan.json
+grep -q "subgraph cluster_" /tmp/graphfuse_plan.dot || { echo "FAIL explain --dot has no group clusters"; fail=1; }
+python3 -c "import json; j=json.load(open('/tmp/graphfuse_plan.json')); assert j['groups'] and j['refusals'], j" \
+  || { echo "FAIL explain --json lacks groups or refusals"; fail=1; }
+check bench-preset 0 "$GF" bench --preset chain --elements 8192 --repeats 3 --json /tmp/graphfuse_bench.json
+python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench.json')); assert set(j['gbps']) == {'unfused','fused','triad'} and j['kernels_fused'] == 1, j" \
+  || { echo "FAIL bench --json lacks gbps or kernel counts"; fail=1; }
+check bench-unknown-preset 2 "$GF" bench --preset nope
 check run-no-model 2 "$GF" run
 check run-cuda 2 "$GF" run /tmp/graphfuse_garbage.onnx --backend cuda
 exit $fail

@@ -30,6 +30,7 @@
 #include "graphfuse/ops.h"
 #include "ir/op_registry.h"
 #include "onnx/tensor_proto.h"
+#include "passes/fold_constants.h"
 
 namespace graphfuse::onnx_import {
 namespace {
@@ -69,6 +70,7 @@ Result<Value*> Emit(NodeImport& n, const std::string& op, const std::vector<Valu
   if (out.empty()) out = n.g.FreshName(n.name + "/" + op);
   const std::string node_name = final ? n.name : n.g.FreshName(n.name + "/" + op);
   GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(op, ins, std::move(attrs), node_name, 1, {out}));
+  GF_RETURN_IF_ERROR(FoldNodeIfConstant(n.g, node).status().WithContext(node->Describe()));
   return node->output(0);
 }
 
@@ -343,7 +345,10 @@ Status ImportDirect(NodeImport& n, const OpSchema& s) {
     names.push_back(o.empty() ? n.g.FreshName(n.name + "/unused") : o);
   }
   if (s.elementwise) GF_RETURN_IF_ERROR(CheckFloatOnly(s.name, ins));
-  return n.g.AddNode(n.op(), ins, n.attrs, n.name, count, names).status();
+  // Fold as we build: shape-only subgraphs (Shape -> Gather -> Concat -> Reshape) become
+  // constants before the ops that need constant shape inputs are added.
+  GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(n.op(), ins, n.attrs, n.name, count, names));
+  return FoldNodeIfConstant(n.g, node).status().WithContext(node->Describe());
 }
 
 }  // namespace

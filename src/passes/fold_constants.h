@@ -18,4 +18,9 @@ struct FoldOptions {
 // Returns the number of nodes folded away.
 Result<int> FoldConstants(Graph& g, const FoldOptions& options = {});
 
+// Folds one node whose inputs are constants (or a Shape of a static value): its outputs become
+// constants, the node is left dead. Importers call it as they build, so that an op whose
+// output shape depends on an input's values (Reshape, Expand, Slice, ...) sees a constant.
+Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options = {});
+
 }  // namespace graphfuse

@@ -9,6 +9,7 @@
 
 #include "graphfuse/cpu.h"
 #include "onnx/import.h"
+#include "passes/pipeline.h"
 #include "runtime/executor.h"
 
 namespace graphfuse {
@@ -374,6 +375,43 @@ TEST(OnnxImport, VariadicAndComposedOps) {
   ASSERT_TRUE(g2.ok()) << g2.status().ToString();
   EXPECT_EQ((*g2)->outputs()[0]->dtype(), DType::kBool);
   EXPECT_EQ(RunF32(**g2, {-1, 0, NAN}), (std::vector<float>{1, 1, 0}));
+}
+
+// Shape -> Gather -> Concat -> Reshape (how exporters write a flatten) folds while importing, so
+// the Reshape sees a constant shape; the pipeline then leaves one kernel.
+TEST(OnnxImport, ShapeSubgraphsFoldAtLoadTime) {
+  ModelBuilder b;
+  b.Input("x", {2, 3, 4});
+  auto* i0 = b.g().add_initializer();
+  i0->set_name("i0");
+  i0->set_data_type(onnx::TensorProto::INT64);
+  i0->add_dims(1);
+  i0->add_int64_data(0);
+  auto* m1 = b.g().add_initializer();
+  m1->set_name("minus1");
+  m1->set_data_type(onnx::TensorProto::INT64);
+  m1->add_dims(1);
+  m1->add_int64_data(-1);
+  b.Node("Shape", {"x"}, {"shape"});
+  SetInt(b.Node("Gather", {"shape", "i0"}, {"batch"}), "axis", 0);
+  SetInt(b.Node("Concat", {"batch", "minus1"}, {"target"}), "axis", 0);
+  b.Node("Reshape", {"x", "target"}, {"flat"});
+  b.Node("Relu", {"flat"}, {"y"});
+  b.Output("y");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE((*g)->FindValue("target")->constant());
+  EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 12}));
+  ASSERT_TRUE(RunPipeline(**g).ok());
+  EXPECT_EQ((*g)->num_nodes(), 2u);  // the Reshape view and the Relu
+  ExecStats st;
+  Tensor x = Tensor::Empty(DType::kF32, {2, 3, 4}).value();
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = static_cast<float>(i) - 11.5f;
+  TensorView xv = x.view();
+  auto out = Execute(**g, {&xv, 1}, CpuContext{}, &st);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  EXPECT_EQ(st.kernels_launched, 1);
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ((*out)[0].data_as<float>()[i], std::max(0.f, i - 11.5f));
 }
 
 TEST(OnnxImport, ConstantNodesBecomeConstants) {
