@@ -135,8 +135,18 @@ inline VF round_to(VF x, const OpAttrs& a) {
 inline VF dropout(VF x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;
   alignas(64) float keep[kLanes];
-  for (int i = 0; i < kLanes; ++i)
-    keep[i] = DropoutKeep(a.seed, static_cast<uint64_t>(idx + i), a.alpha) ? 1.f : 0.f;
+  const uint32_t threshold = DropoutThreshold(a.alpha);
+  for (int i = 0; i < kLanes;) {
+    const uint64_t e = static_cast<uint64_t>(idx + i);
+    if ((e & 3) == 0 && i + 4 <= kLanes) {  // a whole Philox block: four lanes from one call
+      const PhiloxWords b = PhiloxBlock(a.seed, e >> 2);
+      for (int j = 0; j < 4; ++j) keep[i + j] = (b.w[j] >> 8) >= threshold ? 1.f : 0.f;
+      i += 4;
+    } else {
+      keep[i] = (PhiloxBits(a.seed, e) >> 8) >= threshold ? 1.f : 0.f;
+      ++i;
+    }
+  }
   return select(VF::Load(keep), x * VF(DropoutScale(a.alpha)), x * VF(0.0));
 }
 }  // namespace graphfuse::simd
