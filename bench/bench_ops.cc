@@ -59,22 +59,8 @@ struct Buffers {
   gf::Tensor out_f32, out_bool, out_f16;
 };
 
-gf::Tensor Alloc(gf::DType t, int64_t n) {
-  auto r = gf::Tensor::Empty(t, {n});
-  GF_CHECK(r.ok(), r.status().ToString());
-  return std::move(r).value();
-}
-
-void FillUniform(gf::Tensor& t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-3.f, 3.f);
-  float* p = t.data_as<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    float v;
-    do v = dist(rng);
-    while (std::fabs(v) < 1e-3f);
-    p[i] = v;
-  }
-}
+using gf::bench::Alloc;
+using gf::bench::FillUniform;
 
 std::unique_ptr<Buffers> MakeBuffers(int64_t n) {
   auto b = std::make_unique<Buffers>();

@@ -227,22 +227,8 @@ struct Buffers {
   gf::Tensor x, y, bias, out;
 };
 
-gf::Tensor Alloc(int64_t n) {
-  auto r = gf::Tensor::Empty(gf::DType::kF32, {n});
-  GF_CHECK(r.ok(), r.status().ToString());
-  return std::move(r).value();
-}
-
-void FillUniform(gf::Tensor& t, std::mt19937& rng) {
-  std::uniform_real_distribution<float> dist(-3.f, 3.f);
-  float* p = t.data_as<float>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
-    float v;
-    do v = dist(rng);
-    while (std::fabs(v) < 1e-3f);
-    p[i] = v;
-  }
-}
+using gf::bench::FillUniform;
+gf::Tensor Alloc(int64_t n) { return gf::bench::Alloc(gf::DType::kF32, n); }
 
 class Data {
  public:

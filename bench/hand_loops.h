@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 
 #ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
+#include "graphfuse/tensor.h"
 #include "graphfuse/thread_pool.h"
 
 #ifdef __AVX512F__
@@ -20,6 +22,25 @@ extern "C" __m512 _ZGVeN16v_expf(__m512);
 #endif
 
 namespace graphfuse::bench {
+
+// A 1-D tensor of n elements; benchmark set-up aborts on failure.
+inline Tensor Alloc(DType t, int64_t n) {
+  auto r = Tensor::Empty(t, {n});
+  GF_CHECK(r.ok(), r.status().ToString());
+  return std::move(r).value();
+}
+
+// Uniform f32 data in [-3, 3], never within 1e-3 of zero (Div/Log/Reciprocal stay finite).
+inline void FillUniform(Tensor& t, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-3.f, 3.f);
+  float* p = t.data_as<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    float v;
+    do v = dist(rng);
+    while (std::fabs(v) < 1e-3f);
+    p[i] = v;
+  }
+}
 
 // [begin, end) of one thread's share.
 struct Range {
