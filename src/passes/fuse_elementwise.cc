@@ -51,6 +51,7 @@ class Planner {
     for (int i = 0; i < n; ++i) {
       const OpSchema* s = FindSchema(order_[i]->op());
       elementwise_[i] = s && s->elementwise;
+      if (elementwise_[i]) members_[i] = {i};
     }
   }
 
@@ -95,12 +96,8 @@ class Planner {
   };
 
   int Find(int i) { return parent_[i] == i ? i : parent_[i] = Find(parent_[i]); }
-  std::vector<int> Members(int root) {
-    std::vector<int> m;
-    for (int i = 0; i < static_cast<int>(order_.size()); ++i)
-      if (elementwise_[i] && Find(i) == root) m.push_back(i);
-    return m;
-  }
+  // Members of the group whose root is `root`, in node order (kept up to date by TryMerge).
+  const std::vector<int>& Members(int root) const { return members_.at(root); }
 
   GroupSummary Summarize(const std::vector<int>& members) {
     GroupSummary s;
@@ -187,6 +184,8 @@ class Planner {
       return false;
     }
     parent_[rb] = ra;
+    members_[ra] = std::move(mm);
+    members_.erase(rb);
     return true;
   }
 
@@ -349,6 +348,7 @@ class Planner {
   std::map<const Node*, int> index_;
   std::vector<int> parent_;
   std::vector<bool> elementwise_;
+  std::map<int, std::vector<int>> members_;  // group root -> its nodes, in order
   std::vector<Pending> pending_;
   std::vector<std::pair<Value*, std::string>> renames_;
   std::map<const Node*, int> group_of_;  // members of the fused groups being formed
