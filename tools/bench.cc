@@ -155,13 +155,7 @@ int Bench(Args& args) {
   };
   if (p)
     fs.push_back([&] {
-      float* a = ta.data_as<float>();
-      const float* b = tb.data_as<float>();
-      const float* c = tc.data_as<float>();
-      pool.Parallel(triad_threads, [&](int tid, int nt) {
-        const int64_t lo = elements * tid / nt, hi = elements * (tid + 1) / nt;
-        for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
-      });
+      StreamTriad(pool, triad_threads, ta.data_as<float>(), tb.data_as<float>(), tc.data_as<float>(), elements);
     });
   const InterleavedTiming t = MeasureInterleaved(fs, repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
   const double t_unfused = t.timings[0].median_s, t_fused = t.timings[1].median_s;

@@ -6,11 +6,21 @@
 #include <vector>
 
 #include "graphfuse/status.h"
+#include "graphfuse/thread_pool.h"
 
 namespace graphfuse::cli {
 
 // Exit codes of the contract in DESIGN.md.
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
+
+// The same-run bandwidth ceiling that demo and bench report beside the kernels: STREAM triad
+// a = b + 0.5 * c over n floats, split over `threads` threads of the pool (12 bytes/element).
+inline void StreamTriad(ThreadPool& pool, int threads, float* a, const float* b, const float* c, int64_t n) {
+  pool.Parallel(threads, [&](int tid, int nt) {
+    const int64_t lo = n * tid / nt, hi = n * (tid + 1) / nt;
+    for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
+  });
+}
 
 // Walks argv after the command name.
 class Args {

@@ -105,12 +105,7 @@ int RunDemo(Args& args) {
   const float* b = x.data_as<float>();
   const float* c = y.data_as<float>();
   const int nt = ctx.ThreadsFor(n);
-  auto triad = MeasureMedian([&] {
-    pool.Parallel(nt, [&](int tid, int k) {
-      const int64_t lo = n * tid / k, hi = n * (tid + 1) / k;
-      for (int64_t i = lo; i < hi; ++i) a[i] = b[i] + 0.5f * c[i];
-    });
-  }, o.repeats);
+  auto triad = MeasureMedian([&] { StreamTriad(pool, nt, a, b, c, n); }, o.repeats);
   const double triad_gbps = 12.0 * n / triad.median_s / 1e9;
   auto dispatch = MeasureMedian([&] { pool.Run(pool.num_threads(), [](void*, int, int) {}, nullptr); }, o.repeats);
 
