@@ -45,9 +45,10 @@ FusionReport FuseAndCompare(const std::string& text, const FusionOptions& o = {}
   auto a = Execute(*unfused, views, CpuContext{&pool});
   auto b = Execute(*fused, views, CpuContext{&pool});
   EXPECT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
-  if (a.ok() && b.ok())
+  if (a.ok() && b.ok()) {
     for (size_t k = 0; k < a->size(); ++k)
       EXPECT_EQ(0, std::memcmp((*a)[k].data(), (*b)[k].data(), (*a)[k].nbytes())) << "output " << k;
+  }
   return rep.ok() ? *rep : FusionReport{};
 }
 

@@ -26,8 +26,10 @@ class ThreadPool {
 
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Runs fn(ctx, tid, n) for tid in [0, n) on n threads (the caller is tid 0) and returns when
-  // all are done. n is clamped to [1, num_threads()]; n == 1 runs inline with no dispatch at all.
+  // Runs fn(ctx, tid, n) for every task tid in [0, n), spread over up to n threads (the caller
+  // takes part), and returns when all are done. Each task runs exactly once, on whichever
+  // thread claims it first. n is clamped to [1, num_threads()]; n == 1 runs inline with no
+  // dispatch at all.
   using Task = void (*)(void* ctx, int tid, int n);
   void Run(int n, Task fn, void* ctx);
 
@@ -42,6 +44,7 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int tid);
+  void RunClaimedTasks(uint64_t seq, int n);
 
   struct alignas(64) Slot {
     std::unique_ptr<char[], void (*)(char*)> scratch{nullptr, [](char*) {}};
@@ -50,7 +53,8 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::vector<Slot> slots_;
   alignas(64) std::atomic<uint64_t> generation_{0};  // (job sequence << 8) | threads in the job
-  alignas(64) std::atomic<int> pending_{0};
+  alignas(64) std::atomic<uint64_t> claim_{0};  // (job sequence << 32) | next unclaimed task
+  alignas(64) std::atomic<int> done_{0};        // tasks of the current job finished
   Task fn_ = nullptr;
   void* ctx_ = nullptr;
   int spin_us_;

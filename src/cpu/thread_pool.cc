@@ -47,13 +47,25 @@ void ThreadPool::WorkerLoop(int tid) {
     }
     seen = g;
     if (stop_) return;
-    // The job word carries its own thread count, so a worker that is not part of this job
-    // never reads fn_/ctx_ while the caller may be rewriting them for the next one.
-    const int active = static_cast<int>(g & 0xFF);
-    if (tid < active) {
-      fn_(ctx_, tid, active);
-      pending_.fetch_sub(1, std::memory_order_acq_rel);
-    }
+    RunClaimedTasks(g >> 8, static_cast<int>(g & 0xFF));
+  }
+}
+
+// Tasks are claimed, not assigned: the caller and every awake worker take the next task id
+// until none is left. A worker the hypervisor is slow to wake (milliseconds here after it
+// went to sleep) therefore never holds up a launch: the caller runs its share instead.
+// The claim word carries the job's sequence number, so a late worker cannot claim a task of
+// a job that is over, and it reads fn_/ctx_ only after a successful claim (the caller does
+// not rewrite them until every task of the job is done).
+void ThreadPool::RunClaimedTasks(uint64_t seq, int n) {
+  const uint64_t tag = seq & 0xFFFFFFFFu;
+  for (;;) {
+    uint64_t c = claim_.load(std::memory_order_acquire);
+    do {
+      if ((c >> 32) != tag || static_cast<int>(c & 0xFFFFFFFFu) >= n) return;
+    } while (!claim_.compare_exchange_weak(c, c + 1, std::memory_order_acq_rel, std::memory_order_acquire));
+    fn_(ctx_, static_cast<int>(c & 0xFFFFFFFFu), n);
+    done_.fetch_add(1, std::memory_order_release);
   }
 }
 
@@ -65,12 +77,13 @@ void ThreadPool::Run(int n, Task fn, void* ctx) {
   }
   fn_ = fn;
   ctx_ = ctx;
-  pending_.store(n - 1, std::memory_order_relaxed);
-  const uint64_t g = generation_.load(std::memory_order_relaxed);
-  generation_.store(((g >> 8) + 1) << 8 | static_cast<uint64_t>(n), std::memory_order_release);
+  done_.store(0, std::memory_order_relaxed);
+  const uint64_t seq = (generation_.load(std::memory_order_relaxed) >> 8) + 1;
+  claim_.store((seq & 0xFFFFFFFFu) << 32, std::memory_order_release);
+  generation_.store(seq << 8 | static_cast<uint64_t>(n), std::memory_order_release);
   generation_.notify_all();
-  fn(ctx, 0, n);
-  while (pending_.load(std::memory_order_acquire) != 0) GF_PAUSE();
+  RunClaimedTasks(seq, n);
+  while (done_.load(std::memory_order_acquire) != n) GF_PAUSE();
 }
 
 void* ThreadPool::Scratch(int tid, size_t bytes) {
