@@ -204,25 +204,23 @@ bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
   return pa < pb + nb && pb < pa + na;
 }
 
-void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scratch) {
+// Runs elements [begin, end) of the iteration space, kTileElements at a time.
+void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
   const TileProgram& p = *plan.p;
   if (plan.streaming) {
-    // Nothing to stage: one instruction from memory to memory over the range, except a
-    // last tile whose length is not a whole number of vectors, which takes the tile path
-    // (each element is computed exactly once: in-place ops must not run twice).
-    const int64_t begin = tile_begin * kTileElements;
-    const int64_t end = std::min(tile_end * kTileElements, plan.numel);
-    const bool ragged = end % VectorLanes() != 0;
-    const int64_t stream_end = ragged ? (tile_end - 1) * kTileElements : end;
+    // Nothing to stage: one instruction from memory to memory over whole vectors; a ragged
+    // tail (less than one vector) takes the tile path. Each element is computed exactly once:
+    // in-place ops must not run twice.
+    const int64_t stream_end = begin + (end - begin) / VectorLanes() * VectorLanes();
     const TileInstr& ins = p.instrs[0];
     const float* args[3];
     for (int a = 0; a < 3; ++a) args[a] = static_cast<const float*>(p.inputs[ins.args[a]].data) + begin;
     if (stream_end > begin)
       plan.f32[0](args, static_cast<float*>(p.outputs[0].data) + begin, stream_end - begin, ins.attrs, begin);
-    if (!ragged) return;
+    if (stream_end == end) return;
     Plan tail = plan;
     tail.streaming = false;
-    RunTiles(tail, tile_end - 1, tile_end, scratch);
+    RunRange(tail, stream_end, end, scratch);
     return;
   }
   const int nin = static_cast<int>(p.inputs.size());
@@ -242,9 +240,8 @@ void RunTiles(const Plan& plan, int64_t tile_begin, int64_t tile_end, void* scra
       LoadRun(in.dtype, in.data, 0, 0, static_cast<int64_t*>(regs[k]), kTileElements);
   }
 
-  for (int64_t t = tile_begin; t < tile_end; ++t) {
-    const int64_t start = t * kTileElements;
-    const int64_t n = std::min(kTileElements, plan.numel - start);
+  for (int64_t start = begin; start < end; start += kTileElements) {
+    const int64_t n = std::min(kTileElements, end - start);
     const int64_t npad = (n + lanes - 1) / lanes * lanes;
     const bool aligned = (n == npad);  // no vector reads past the tensors' ends
 
@@ -344,12 +341,14 @@ int64_t TileProgram::CostPerElement() const {
   return std::max<int64_t>(c, 1);
 }
 
-void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
+namespace {
+
+Plan BuildPlan(const TileProgram& p) {
   Plan plan;
   plan.p = &p;
   plan.numel = 1;
   for (int64_t d : p.shape) plan.numel *= d;
-  if (plan.numel == 0) return;
+  if (plan.numel == 0) return plan;
   plan.layout = Collapse(p);
 
   const int nin = static_cast<int>(p.inputs.size());
@@ -403,22 +402,55 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
 
   plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
+  return plan;
+}
+
+}  // namespace
+
+struct TileRunner::Impl {
+  TileProgram program;
+  Plan plan;
+};
+
+TileRunner::TileRunner(const TileProgram& p) {
+  auto impl = std::make_shared<Impl>();
+  impl->program = p;
+  impl->plan = BuildPlan(impl->program);
+  impl_ = std::move(impl);
+}
+
+int64_t TileRunner::numel() const { return impl_->plan.numel; }
+
+size_t TileRunner::scratch_bytes() const {
+  return static_cast<size_t>(impl_->program.num_registers()) * kRegisterStride;
+}
+
+void TileRunner::Run(int64_t begin, int64_t end, void* scratch) const {
+  GF_CHECK(0 <= begin && begin <= end && end <= impl_->plan.numel, "tile range [", begin, ", ", end, ") outside ",
+           impl_->plan.numel);
+  if (begin < end) RunRange(impl_->plan, begin, end, scratch);
+}
+
+void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
+  const Plan plan = BuildPlan(p);
+  if (plan.numel == 0) return;
+  const int nreg = p.num_registers();
   const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
   const int threads = static_cast<int>(std::min<int64_t>(ctx.ThreadsFor(plan.numel * p.CostPerElement()), tiles));
   const size_t scratch_bytes = static_cast<size_t>(nreg) * kRegisterStride;
   if (threads <= 1 || ctx.pool == nullptr) {
     // Small launches: the calling thread, no dispatch. Scratch comes from the pool when there is one.
     if (ctx.pool != nullptr) {
-      RunTiles(plan, 0, tiles, ctx.pool->Scratch(0, scratch_bytes));
+      RunRange(plan, 0, plan.numel, ctx.pool->Scratch(0, scratch_bytes));
     } else {
       auto local = std::make_unique_for_overwrite<int64_t[]>((scratch_bytes + 7) / 8);
-      RunTiles(plan, 0, tiles, local.get());
+      RunRange(plan, 0, plan.numel, local.get());
     }
     return;
   }
   ctx.pool->Parallel(threads, [&](int tid, int nt) {
     const int64_t b = tiles * tid / nt, e = tiles * (tid + 1) / nt;
-    RunTiles(plan, b, e, ctx.pool->Scratch(tid, scratch_bytes));
+    RunRange(plan, b * kTileElements, std::min(plan.numel, e * kTileElements), ctx.pool->Scratch(tid, scratch_bytes));
   });
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <array>
+#include <memory>
 #include <span>
 
 #include "../core/inline_vec.h"
@@ -64,6 +65,23 @@ TileDims TileShape(const Shape& s);
 
 // The one-instruction program of an unfused op (types must already be valid: RunOp checks).
 TileProgram SingleOpProgram(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs);
+
+// A program prepared once and run over parts of its iteration space by the caller's own
+// threads: the prologue / epilogue of a fused GEMM, norm or softmax runs on the rows (or
+// row pieces) the kernel has just produced, while they are still in cache. Data pointers
+// are bound at construction. Copies share the prepared state.
+class TileRunner {
+ public:
+  explicit TileRunner(const TileProgram& program);
+  int64_t numel() const;
+  size_t scratch_bytes() const;  // per calling thread
+  // Elements [begin, end) of the iteration space (row-major), on the calling thread.
+  void Run(int64_t begin, int64_t end, void* scratch) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
 
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
