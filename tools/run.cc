@@ -178,7 +178,9 @@ int RunModel(Args& args) {
   std::vector<GroupCheck> checks;
   ExecutionPlan::StepObserver observer = [&](const Node& n, std::span<const TensorView> in,
                                               std::span<const TensorView> out) -> Status {
-    const Graph* body = n.GetGraph("body");
+    // A fused node's original ops: "reference" (GEMM, norm, softmax, attention kernels) or the
+    // elementwise group's own body.
+    const Graph* body = n.GetGraph("reference") ? n.GetGraph("reference") : n.GetGraph("body");
     if (!body) return Status::Ok();
     GF_ASSIGN_OR_RETURN(std::vector<Tensor> want, Execute(*body, in, CpuContext{}));
     GroupCheck c{n.name(), n.GetString("kernel_name", ""), true, 0, 0};

@@ -1,7 +1,10 @@
 #include "pipeline.h"
 
+#include <iterator>
+
 #include "../ir/text.h"
 #include "fold_constants.h"
+#include "fusion_passes.h"
 
 namespace graphfuse {
 
@@ -17,10 +20,31 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& opt
     return Status::Ok();
   };
   GF_RETURN_IF_ERROR(after("FoldConstants", FoldConstants(g)));
+  const int64_t kernels_before = CountKernels(g);
+  FusionReport report;
+  if (options.fusion.enabled) {
+    // Canonicalization turns decomposed norms / activations back into single kernels: part of
+    // the fused flow, so that --no-fuse runs the graph exactly as written.
+    GF_RETURN_IF_ERROR(after("Canonicalize", Canonicalize(g)));
+    GF_RETURN_IF_ERROR(after("FuseAttention", FuseAttention(g, options.fusion, &report)));
+  }
   auto fused = FuseElementwise(g, options.fusion);
-  if (fused.ok() && options.fusion_report) *options.fusion_report = *fused;
-  GF_RETURN_IF_ERROR(after("FuseElementwise", fused.ok() ? Result<int>(static_cast<int>(fused->groups.size()))
+  if (fused.ok()) {
+    // The elementwise planner's refusals first, then whatever the later passes add.
+    for (auto& r : report.refusals) fused->refusals.push_back(std::move(r));
+    fused->groups.insert(fused->groups.begin(), std::make_move_iterator(report.groups.begin()),
+                         std::make_move_iterator(report.groups.end()));
+    report = std::move(*fused);
+  }
+  GF_RETURN_IF_ERROR(after("FuseElementwise", fused.ok() ? Result<int>(static_cast<int>(report.groups.size()))
                                                          : Result<int>(fused.status())));
+  if (options.fusion.enabled) {
+    GF_RETURN_IF_ERROR(after("FuseGemm", FuseGemm(g, options.fusion, &report)));
+    GF_RETURN_IF_ERROR(after("FuseRowwise", FuseRowwise(g, options.fusion, &report)));
+  }
+  report.kernels_before = kernels_before;
+  report.kernels_after = CountKernels(g);
+  if (options.fusion_report) *options.fusion_report = std::move(report);
   return records;
 }
 

@@ -1,7 +1,14 @@
 // The pass pipeline, in order, with the verifier after every pass:
 //
 //   FoldConstants     constants and shape-only subgraphs become constants
+//   Canonicalize      decomposed LayerNorm / RMSNorm / GELU / SiLU / Softmax / RoPE -> one op each
+//   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
+//   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm
+//   FuseRowwise       prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax
+//
+// With fusion disabled only FoldConstants runs (and FuseElementwise, which then records why
+// nothing fused): the unfused baseline is the graph as written. Passes: fusion_passes.h.
 //
 // `print_after_each` writes the textual IR after every pass (for debugging a pass).
 #pragma once

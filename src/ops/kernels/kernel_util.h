@@ -26,6 +26,10 @@ std::vector<OpSchema> SoftmaxSchemas();       // softmax.cc
 std::vector<OpSchema> ReduceSchemas();        // reduce.cc
 std::vector<OpSchema> DataMovementSchemas();  // data_movement.cc
 std::vector<OpSchema> ShapeOpSchemas();       // shape_ops.cc
+std::vector<OpSchema> RopeSchemas();          // rope.cc
+std::vector<OpSchema> AttentionSchemas();     // attention.cc (FusedAttention)
+std::vector<OpSchema> FusedRowwiseSchemas();  // fused_rowwise.cc (FusedNorm, FusedSoftmax)
+std::vector<OpSchema> FusedGemmSchemas();     // fused_gemm.cc (FusedGemm)
 
 // "f32[2,3]" for a value, a view or a dtype/shape pair.
 inline std::string TypeStr(DType t, const Shape& s) { return StrCat(DTypeName(t), ShapeToString(s)); }

@@ -1,0 +1,7 @@
+#include "kernel_util.h"
+
+namespace graphfuse::kernels {
+
+std::vector<OpSchema> RopeSchemas() { return {}; }
+
+}  // namespace graphfuse::kernels

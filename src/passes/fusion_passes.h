@@ -1,0 +1,34 @@
+// The fusion passes beyond elementwise groups, in pipeline order (see pipeline.h). Each
+// takes the plan's FusionReport and keeps it true: groups it forms are added (kind
+// "attention", "gemm_epilogue", "norm", "softmax"), elementwise groups it absorbs are removed
+// from the report and their member nodes listed in the new group, every refusal is recorded.
+// Each new fused node carries a "reference" graph attribute: the original ops, with inputs and
+// outputs matching the node's one to one, which `graphfuse run --check-fusion` runs on the
+// same inputs. With options.enabled == false each pass changes nothing.
+#pragma once
+
+#include "fuse_elementwise.h"
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+// Recognizes what exporters write out as primitive ops -- LayerNorm, RMSNorm, GELU (erf and
+// tanh forms), SiLU, Softmax, RoPE's rotate-half -- and replaces each with the op it is.
+// Returns the number of patterns rewritten. (canonicalize.cc)
+Result<int> Canonicalize(Graph& g);
+
+// MatMul(Q, K^T) [* or / scale] [+ mask] -> Softmax -> MatMul(., V), with Q/K/V read through
+// their head-split Reshape/Transpose (and RoPE) as one FusedAttention kernel. (fuse_attention.cc)
+Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* report);
+
+// MatMuls with constant weights: projections of the same input become one GEMM over
+// concatenated weights (horizontal) and the elementwise group that consumes the results runs
+// as the GEMM's epilogue on each output block while it is in cache. (fuse_gemm.cc)
+Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* report);
+
+// An elementwise group feeding RMSNorm / LayerNormalization (prologue, e.g. the residual
+// add, optionally also emitting its result) or around a Softmax (prologue: scale, mask;
+// epilogue: dropout mask) runs inside the row kernel. (fuse_rowwise.cc)
+Result<int> FuseRowwise(Graph& g, const FusionOptions& options, FusionReport* report);
+
+}  // namespace graphfuse
