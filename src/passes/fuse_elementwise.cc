@@ -22,6 +22,14 @@ int64_t CountKernels(const Graph& g) {
   return k;
 }
 
+std::string KernelHash(const Graph& body) {
+  uint32_t h = 2166136261u;  // FNV-1a over the printed body
+  for (unsigned char c : PrintGraph(body)) h = (h ^ c) * 16777619u;
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "%08x", h);
+  return hex;
+}
+
 namespace {
 
 bool ComputesInInts(const Node& n) {
@@ -29,12 +37,6 @@ bool ComputesInInts(const Node& n) {
   std::vector<DType> dtypes;
   for (const Value* in : n.inputs()) dtypes.push_back(in ? in->dtype() : DType::kF32);
   return kind.ok() && ComputesInIntegers(*kind, dtypes);
-}
-
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
 }
 
 class Planner {
@@ -327,9 +329,7 @@ class Planner {
       ops += (k ? "_" : "") + op;
     }
     if (members.size() > 6) ops += StrCat("_and", members.size() - 6);
-    char hash[16];
-    std::snprintf(hash, sizeof hash, "%08x", Fnv1a(PrintGraph(*body)));
-    info.kernel_name = StrCat("fused_", ops, "_", DTypeName(ext_outputs.front()->dtype()), "_", hash);
+    info.kernel_name = StrCat("fused_", ops, "_", DTypeName(ext_outputs.front()->dtype()), "_", KernelHash(*body));
 
     std::vector<ValueType> types;
     for (const Value* o : ext_outputs) types.push_back({o->dtype(), o->shape()});

@@ -53,6 +53,10 @@ struct FusionReport {
 
 Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options = {});
 
+// Eight hex digits hashing a fused kernel's body (its printed IR): the stable suffix of
+// kernel names, so that two kernels with the same name compute the same thing.
+std::string KernelHash(const Graph& body);
+
 // Kernels a graph launches per run (nodes that are not views).
 int64_t CountKernels(const Graph& g);
 

@@ -1,7 +1,224 @@
+// FusedGemm: S projections of one input through concatenated weights, with an elementwise
+// epilogue applied to each output block while it is still in cache (src/passes/fuse_gemm.cc
+// forms these nodes).
+//
+//   inputs:  A [..., K], W [K, S*N] (projection s = columns [s*N, (s+1)*N)), extras...
+//   attrs:   splits = S
+//            out_proj = per output: s >= 0 -> the output IS projection s; -1 -> the next
+//                       output of the epilogue
+//            epilogue = elementwise graph: inputs (projection 0..S-1 as [..., N], extras...),
+//                       outputs = the node's outputs marked -1, in order
+//
+// Execution: the output columns are cut into blocks (and the rows too, when a block would
+// not fit in L2); a block runs S single-threaded sgemms (one per projection, OpenBLAS with
+// its own threads off, as in gemm.cc), then the epilogue program over the block's rows. A
+// projection that is a node output is computed straight into that output; the others go to a
+// workspace and are read back by the epilogue while still in cache. Blocks are spread over
+// the pool, one claim per block.
+#include <cblas.h>
+
+#include <atomic>
+#include <climits>
+#include <memory>
+#include <optional>
+
+#include "cpu/lower_group.h"
+#include "cpu/tile_program.h"
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
+namespace {
 
-std::vector<OpSchema> FusedGemmSchemas() { return {}; }
+struct GemmGeometry {
+  int64_t m = 0, k = 0, n = 0, splits = 1;
+  Shape out_shape;  // A.shape[:-1] + [N]
+};
+
+Result<GemmGeometry> Geometry(const std::string& where, const Shape& a, const Shape& w, int64_t splits) {
+  if (a.size() < 2 || w.size() != 2)
+    return InvalidArgument(where, ": FusedGemm needs A of rank >= 2 and 2-D weights, got ", ShapeToString(a), " and ",
+                           ShapeToString(w));
+  if (splits < 1 || w[1] % splits != 0)
+    return InvalidArgument(where, ": weights ", ShapeToString(w), " do not split into ", splits, " equal projections");
+  GemmGeometry g;
+  g.k = a.back();
+  if (w[0] != g.k)
+    return InvalidArgument(where, ": inner dimensions differ: A ", ShapeToString(a), " has K=", g.k, ", weights ",
+                           ShapeToString(w), " have K=", w[0]);
+  g.splits = splits;
+  g.n = w[1] / splits;
+  g.m = Product(a, 0, a.size() - 1);
+  g.out_shape = Shape(a.begin(), a.end() - 1);
+  g.out_shape.push_back(g.n);
+  for (int64_t v : {g.m, g.k, w[1]})
+    if (v > INT_MAX) return Unimplemented(where, ": a GEMM dimension of ", v, " exceeds the BLAS int range");
+  return g;
+}
+
+Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
+  const Value* a = ctx.input(0);
+  const Value* w = ctx.input(1);
+  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
+    return InvalidArgument(ctx.Describe(), ": FusedGemm runs f32 GEMMs only");
+  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(ctx.Describe(), a->shape(), w->shape(), ctx.GetInt("splits", 1)));
+  const std::vector<int64_t> out_proj = ctx.GetInts("out_proj");
+  if (out_proj.empty()) return InvalidArgument(ctx.Describe(), ": needs an 'out_proj' attribute (one entry per output)");
+  const Graph* epi = nullptr;
+  if (auto it = ctx.attrs.find("epilogue"); it != ctx.attrs.end())
+    if (const auto* p = std::get_if<std::shared_ptr<const Graph>>(&it->second)) epi = p->get();
+  const size_t extras = ctx.inputs.size() - 2;
+  if (epi) {
+    if (epi->inputs().size() != static_cast<size_t>(g.splits) + extras)
+      return InvalidArgument(ctx.Describe(), ": the epilogue takes ", epi->inputs().size(), " inputs, the node gives ",
+                             g.splits, " projections + ", extras, " extra inputs");
+    for (size_t i = 0; i < epi->inputs().size(); ++i) {
+      const Value* b = epi->inputs()[i];
+      const bool proj = i < static_cast<size_t>(g.splits);
+      const DType dt = proj ? DType::kF32 : ctx.inputs[2 + i - g.splits]->dtype();
+      const Shape& sh = proj ? g.out_shape : ctx.inputs[2 + i - g.splits]->shape();
+      if (b->dtype() != dt || b->shape() != sh)
+        return InvalidArgument(ctx.Describe(), ": epilogue input ", i, " must be ", TypeStr(dt, sh));
+    }
+  } else if (extras != 0) {
+    return InvalidArgument(ctx.Describe(), ": extra inputs without an epilogue");
+  }
+  std::vector<ValueType> out;
+  size_t next_epi = 0;
+  for (int64_t s : out_proj) {
+    if (s >= 0) {
+      if (s >= g.splits) return InvalidArgument(ctx.Describe(), ": out_proj names projection ", s, " of ", g.splits);
+      out.push_back({DType::kF32, g.out_shape});
+    } else {
+      if (!epi || next_epi >= epi->outputs().size())
+        return InvalidArgument(ctx.Describe(), ": more epilogue outputs in out_proj than the epilogue has");
+      const Value* o = epi->outputs()[next_epi++];
+      out.push_back({o->dtype(), o->shape()});
+    }
+  }
+  if (epi && next_epi != epi->outputs().size())
+    return InvalidArgument(ctx.Describe(), ": the epilogue has ", epi->outputs().size(), " outputs, out_proj uses ",
+                           next_epi);
+  return out;
+}
+
+// Row-major strides over `space` of a [rows, ld]-laid-out matrix whose last dim is `space`'s
+// last dim (leading dims flattened into rows).
+cpu::TileDims MatrixStrides(const Shape& space, int64_t ld) {
+  cpu::TileDims st;
+  st.resize(space.size(), 0);
+  int64_t stride = ld;
+  st[space.size() - 1] = 1;
+  for (size_t d = space.size() - 1; d-- > 0;) {
+    st[d] = stride;
+    stride *= space[d];
+  }
+  return st;
+}
+
+Status RunFusedGemm(const KernelContext& ctx) {
+  static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
+  (void)kSingleThreadedBlas;
+  const Node& node = ctx.node;
+  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(KernelWhere(ctx), ctx.inputs[0].shape, ctx.inputs[1].shape,
+                                               node.GetInt("splits", 1)));
+  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
+  const Graph* epi = node.GetGraph("epilogue");
+  const int64_t m = g.m, n = g.n, k = g.k, S = g.splits, ldw = S * n;
+  if (m * n == 0) return Status::Ok();
+
+  // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
+  std::vector<float*> proj(S, nullptr);
+  std::vector<int64_t> proj_ld(S, ldw);
+  for (size_t o = 0; o < out_proj.size(); ++o)
+    if (out_proj[o] >= 0 && !proj[out_proj[o]]) {
+      proj[out_proj[o]] = ctx.outputs[o].as<float>();
+      proj_ld[out_proj[o]] = n;
+    }
+  bool need_ws = false;
+  for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
+
+  // Column blocks of 256 (fewer when that leaves threads idle), rows cut so that a block of
+  // all S projections stays within ~512 KiB (L2).
+  const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
+  const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
+  int64_t nb = std::min<int64_t>(256, std::max<int64_t>(16, (n / threads + 15) / 16 * 16));
+  nb = std::min(nb, n);
+  const int64_t mb = std::clamp<int64_t>((512 << 10) / (nb * S * 4), 1, m);
+  const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
+  const int64_t blocks = col_blocks * row_blocks;
+
+  // The epilogue, prepared once for this launch over the whole output space.
+  std::optional<cpu::TileRunner> runner;
+  size_t reg_bytes = 0;
+  const size_t ws_bytes = need_ws ? static_cast<size_t>(m * ldw) * sizeof(float) : 0;
+  const int nthreads = static_cast<int>(std::min<int64_t>(threads, blocks));
+  // One allocation from the pool's scratch of task 0, taken before the launch: the workspace,
+  // then one register area per task (tasks must not call Scratch themselves).
+  char* scratch = nullptr;
+  std::unique_ptr<char[]> local;
+  auto take = [&](size_t bytes) -> char* {
+    if (ctx.cpu.pool) return static_cast<char*>(ctx.cpu.pool->Scratch(0, bytes));
+    local = std::make_unique_for_overwrite<char[]>(bytes + 64);
+    return local.get();
+  };
+  if (epi) {
+    GF_ASSIGN_OR_RETURN(cpu::TileProgram p, cpu::LowerElementwiseGroup(*epi));
+    const cpu::TileRunner probe(p);  // for the register size only (data pointers unbound)
+    reg_bytes = (probe.scratch_bytes() + 63) / 64 * 64;
+    scratch = take(ws_bytes + reg_bytes * static_cast<size_t>(nthreads) + 64);
+    float* ws = reinterpret_cast<float*>(scratch);
+    for (int64_t s = 0; s < S; ++s)
+      if (!proj[s]) proj[s] = ws + s * n;
+    for (int64_t s = 0; s < S; ++s) {
+      p.inputs[s].data = proj[s];
+      p.inputs[s].strides = MatrixStrides(g.out_shape, proj_ld[s]);
+    }
+    for (size_t e = 0; e + S < p.inputs.size(); ++e) p.inputs[S + e].data = ctx.inputs[2 + e].data;
+    size_t next = 0;
+    for (size_t o = 0; o < out_proj.size(); ++o)
+      if (out_proj[o] < 0) p.outputs[next++].data = ctx.outputs[o].data;
+    runner.emplace(p);
+  } else if (need_ws) {
+    return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
+  }
+
+  const float* a = ctx.inputs[0].as<const float>();
+  const float* w = ctx.inputs[1].as<const float>();
+  auto run_block = [&](int64_t b, void* regs) {
+    const int64_t cb = b % col_blocks, rb = b / col_blocks;
+    const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
+    for (int64_t s = 0; s < S; ++s) {
+      if (k == 0) {
+        for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
+        continue;
+      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(i1 - i0), static_cast<int>(j1 - j0),
+                  static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw), 0.f,
+                  proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
+    }
+    if (runner)
+      for (int64_t i = i0; i < i1; ++i) runner->Run(i * n + j0, i * n + j1, regs);
+  };
+  char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
+                            : nullptr;
+  if (nthreads <= 1) {
+    for (int64_t b = 0; b < blocks; ++b) run_block(b, regs_base);
+    return Status::Ok();
+  }
+  // Blocks are claimed one at a time: a thread that starts late (or is descheduled) takes
+  // fewer blocks instead of stalling the launch.
+  std::atomic<int64_t> next_block{0};
+  ctx.cpu.pool->Parallel(nthreads, [&](int tid, int) {
+    void* regs = regs_base ? regs_base + reg_bytes * static_cast<size_t>(tid) : nullptr;
+    for (int64_t b = next_block.fetch_add(1); b < blocks; b = next_block.fetch_add(1)) run_block(b, regs);
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<OpSchema> FusedGemmSchemas() {
+  return {{"FusedGemm", 2, INT_MAX, -1, InferFusedGemm, RunFusedGemm}};
+}
 
 }  // namespace graphfuse::kernels
