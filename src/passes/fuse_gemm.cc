@@ -166,13 +166,15 @@ class GemmFuser {
       }
       members.push_back(n.get());
     }
-    // Drop members that read another member's result, then (until stable) members whose other
-    // operands are computed from a projection outside the group: fusing them would make a cycle.
+    // Drop (until stable) members that read another member's result, or whose other operands
+    // are computed from the group's results by a node outside it: fusing them would make a cycle.
     for (bool changed = true; changed;) {
       changed = false;
       std::set<const Node*> in_group(projections.begin(), projections.end());
       in_group.insert(members.begin(), members.end());
-      const std::set<const Node*> downstream = ReachableFrom(projections, in_group);
+      std::vector<Node*> all(projections.begin(), projections.end());
+      all.insert(all.end(), members.begin(), members.end());
+      const std::set<const Node*> downstream = ReachableFrom(all, in_group);
       for (size_t i = 0; i < members.size(); ++i) {
         const Node* bad = nullptr;
         for (const Value* v : members[i]->inputs()) {
