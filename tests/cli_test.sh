@@ -18,10 +18,21 @@ check unknown-command 2 "$GF" frobnicate
 echo "$LAST" | grep -q "frobnicate" || { echo "FAIL unknown command not named"; fail=1; }
 check ops 0 "$GF" ops
 echo "$LAST" | grep -q "Gelu" || { echo "FAIL ops does not list Gelu"; fail=1; }
-check demo-bad-flag 2 "$GF" demo --elements
-check demo-bad-number 2 "$GF" demo --elements abc
-check demo-absurd 2 "$GF" demo --elements 99999999999999
-check demo-small 0 "$GF" demo --elements 4096 --repeats 5 --json /tmp/graphfuse_cli_test.json
+check demo-bad-flag 2 "$GF" demo --preset elementwise --elements
+check demo-bad-number 2 "$GF" demo --preset elementwise --elements abc
+check demo-absurd 2 "$GF" demo --preset elementwise --elements 99999999999999
+check demo-unknown-preset 2 "$GF" demo --preset llama99
+echo "$LAST" | grep -q "llama-small" || { echo "FAIL unknown preset error does not list the presets"; fail=1; }
+check demo-bad-seq 2 "$GF" demo --seq 0
+check demo-block 0 "$GF" demo --preset llama-small --seq 16 --repeats 3 --json /tmp/graphfuse_block.json
+python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_block.json'))
+assert j['kernels_fused'] <= 8 < j['kernels_unfused'], j
+assert all(o['ok'] for o in j['outputs']), j['outputs']
+assert j['outside_gemm_ms']['fused'] > 0 and j['latency_ms']['unfused'] > 0, j
+assert {g['kind'] for g in j['groups']} >= {'attention', 'gemm_epilogue', 'gemm_horizontal'}, j['groups']
+" || { echo "FAIL demo --json: kernel counts, check, times or group kinds"; fail=1; }
+check demo-small 0 "$GF" demo --preset elementwise --elements 4096 --repeats 5 --json /tmp/graphfuse_cli_test.json
 grep -q '"ops"' /tmp/graphfuse_cli_test.json || { echo "FAIL demo json lacks ops"; fail=1; }
 python3 -c "import json,sys; json.load(open('/tmp/graphfuse_cli_test.json'))" || { echo "FAIL demo json invalid"; fail=1; }
 check run-missing-model 2 "$GF" run /nonexistent/missing.onnx

@@ -68,7 +68,9 @@ std::string FusionDot(const Graph& g, const FusionReport& r) {
     producer_id[in] = "in:" + in->name();
   }
   for (const auto& n : g.nodes()) {
-    if (const Graph* body = n->GetGraph("body")) {
+    // A fused node's original ops: its "reference" graph, or an elementwise group's body.
+    const Graph* body = n->GetGraph("reference") ? n->GetGraph("reference") : n->GetGraph("body");
+    if (body) {
       s += StrCat("  subgraph cluster_", cluster++, " {\n    label=", DotId(n->name() + ": " + n->GetString("kernel_name", "")),
                   "; style=filled; color=lightblue;\n");
       std::map<const Value*, std::string> inner;

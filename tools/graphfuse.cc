@@ -11,7 +11,7 @@
 
 namespace graphfuse::cli {
 
-int RunDemo(Args& args);   // demo.cc
+int RunDemo(Args& args);   // block_demo.cc
 int RunModel(Args& args);  // run.cc
 int Explain(Args& args);   // explain.cc
 int Bench(Args& args);     // bench.cc
@@ -49,7 +49,14 @@ constexpr const char* kUsage = R"(graphfuse: operator fusion for neural-network 
 usage: graphfuse <command> [flags]
 
 commands:
-  demo [--elements N] [--threads T] [--repeats R] [--json FILE]
+  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--json FILE]
+        builds a transformer block with the graph API (random weights; presets llama7b, the
+        default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
+        gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
+        checks they agree (|fused - unfused| <= atol + rtol*|unfused|; defaults 1e-4, 1e-3),
+        and prints kernels per block, dispatch overhead, time outside the weight GEMMs, block
+        latency (median of interleaved repeats), bytes moved and the fused groups
+  demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
@@ -57,7 +64,8 @@ commands:
   run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE]
                  [--check-fusion] [fusion flags]
         imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
-        subgraphs, fuses elementwise groups, runs it on the CPU on DIR/input_<i>.pb (random
+        subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
+        GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU on DIR/input_<i>.pb (random
         inputs without --data) and compares with DIR/output_<i>.pb when present
         (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5). --check-fusion also
         runs every fused kernel's original ops on the same inputs and names the first group

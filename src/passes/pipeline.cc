@@ -1,5 +1,6 @@
 #include "pipeline.h"
 
+#include <algorithm>
 #include <iterator>
 
 #include "../ir/text.h"
@@ -42,6 +43,15 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& opt
     GF_RETURN_IF_ERROR(after("FuseGemm", FuseGemm(g, options.fusion, &report)));
     GF_RETURN_IF_ERROR(after("FuseRowwise", FuseRowwise(g, options.fusion, &report)));
   }
+  // A refusal that a later pass overcame (a GEMM and the add it now runs as its epilogue)
+  // no longer describes the plan: drop those whose two nodes ended up in one group.
+  std::erase_if(report.refusals, [&](const FusionRefusal& r) {
+    for (const FusedGroupInfo& grp : report.groups)
+      if (std::find(grp.nodes.begin(), grp.nodes.end(), r.producer) != grp.nodes.end() &&
+          std::find(grp.nodes.begin(), grp.nodes.end(), r.consumer) != grp.nodes.end())
+        return true;
+    return false;
+  });
   report.kernels_before = kernels_before;
   report.kernels_after = CountKernels(g);
   if (options.fusion_report) *options.fusion_report = std::move(report);
