@@ -84,7 +84,8 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
                                      [fusion flags]
         times the unfused and the fused plan (medians of interleaved samples) after checking
         they agree; presets chain, gelu, silu, residual (f32, default 1048576 elements) also
-        report GB/s beside a same-run STREAM triad and check against float64
+        report GB/s beside a same-run STREAM triad and check against float64; the block
+        presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table
 
 exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";

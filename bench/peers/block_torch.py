@@ -1,0 +1,130 @@
+#!/usr/bin/python3
+"""PyTorch eager timing of the transformer blocks that `graphfuse demo` builds (same presets,
+shapes, op sequence and thread count; random weights; f32; inference mode).
+
+usage: /usr/bin/python3 bench/peers/block_torch.py --preset llama7b [--seq N] [--threads T] [--repeats R]
+prints one JSON object: {"preset", "seq", "threads", "latency_ms" (median), "min_ms", "repeats"}
+"""
+import argparse
+import json
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+PRESETS = {
+    "llama7b": dict(family="llama", hidden=4096, heads=32, ffn=11008, seq=32, eps=1e-6),
+    "llama-small": dict(family="llama", hidden=512, heads=8, ffn=1376, seq=128, eps=1e-6),
+    "gpt2": dict(family="gpt2", hidden=768, heads=12, ffn=3072, seq=128, eps=1e-5),
+    "bert": dict(family="bert", hidden=768, heads=12, ffn=3072, seq=128, eps=1e-5),
+}
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def make_block(c):
+    d, f, nh = c["hidden"], c["ffn"], c["heads"]
+    hd = d // nh
+    s = c["seq"]
+    llama = c["family"] == "llama"
+    g = torch.Generator().manual_seed(7)
+
+    def w(*shape, scale=1.0):
+        return (torch.rand(*shape, generator=g) * 2 - 1) * scale
+
+    P = {}
+    for name, (i, o) in {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d)}.items():
+        P[name] = w(i, o, scale=d ** -0.5)
+        P[name + "b"] = None if llama else w(o, scale=0.1)
+    if llama:
+        P["gate"], P["up"], P["down"] = w(d, f, scale=d ** -0.5), w(d, f, scale=d ** -0.5), w(f, d, scale=f ** -0.5)
+    else:
+        P["fc_in"], P["fc_inb"] = w(d, f, scale=d ** -0.5), w(f, scale=0.1)
+        P["fc_out"], P["fc_outb"] = w(f, d, scale=f ** -0.5), w(d, scale=0.1)
+    P["n1"], P["n2"] = 1 + w(d, scale=0.2), 1 + w(d, scale=0.2)
+    P["n1b"], P["n2b"] = w(d, scale=0.1), w(d, scale=0.1)
+    pos = torch.arange(s, dtype=torch.float64)[:, None]
+    inv = 10000.0 ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
+    ang = torch.cat((pos * inv, pos * inv), dim=-1)
+    cos, sin = ang.cos().float(), ang.sin().float()
+    if c["family"] == "bert":
+        mask = torch.zeros(1, 1, 1, s)
+        mask[..., s - s // 8:] = -1e9
+    else:
+        mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
+    eps = c["eps"]
+
+    def linear(x, name):
+        y = x @ P[name]
+        return y if P.get(name + "b") is None else y + P[name + "b"]
+
+    def norm(x, which):
+        if llama:
+            return rms_norm(x, P[which], eps)
+        return F.layer_norm(x, (d,), P[which], P[which + "b"], eps)
+
+    def attention(h):
+        b = h.shape[0]
+        q = linear(h, "q").view(b, s, nh, hd).transpose(1, 2)
+        k = linear(h, "k").view(b, s, nh, hd).transpose(1, 2)
+        v = linear(h, "v").view(b, s, nh, hd).transpose(1, 2)
+        if llama:
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + mask
+        o = torch.softmax(scores, dim=-1) @ v
+        return linear(o.transpose(1, 2).reshape(b, s, d), "o")
+
+    def mlp(h):
+        if llama:
+            return linear(F.silu(linear(h, "gate")) * linear(h, "up"), "down")
+        act = F.gelu(linear(h, "fc_in"), approximate="tanh" if c["family"] == "gpt2" else "none")
+        return linear(act, "fc_out")
+
+    def block(x):
+        if c["family"] == "bert":
+            h1 = norm(attention(x) + x, "n1")
+            return norm(mlp(h1) + h1, "n2")
+        r1 = x + attention(norm(x, "n1"))
+        return r1 + mlp(norm(r1, "n2"))
+
+    return block
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--preset", default="llama7b", choices=sorted(PRESETS))
+    ap.add_argument("--seq", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=11)
+    a = ap.parse_args()
+    c = dict(PRESETS[a.preset])
+    if a.seq:
+        c["seq"] = a.seq
+    torch.set_num_threads(a.threads)
+    block = make_block(c)
+    x = torch.rand(1, c["seq"], c["hidden"]) * 2 - 1
+    with torch.inference_mode():
+        for _ in range(2):
+            block(x)
+        times = []
+        for _ in range(a.repeats):
+            t0 = time.perf_counter()
+            block(x)
+            times.append(time.perf_counter() - t0)
+    times.sort()
+    print(json.dumps(dict(preset=a.preset, seq=c["seq"], threads=a.threads, repeats=a.repeats,
+                          latency_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
+                          torch=torch.__version__)))
+
+
+if __name__ == "__main__":
+    main()
