@@ -137,13 +137,14 @@ Status RunFusedGemm(const KernelContext& ctx) {
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
-  // Column blocks of 256 (fewer when that leaves threads idle), rows cut so that a block of
-  // all S projections stays within ~512 KiB (L2).
+  // Column blocks: about four per thread (claimed dynamically, so a late thread takes fewer),
+  // 64-1024 wide: each sgemm call packs its A rows again, so narrow blocks cost A traffic.
+  // Rows are cut so that one block of all S projections stays within ~1 MiB (L2).
   const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
-  int64_t nb = std::min<int64_t>(256, std::max<int64_t>(16, (n / threads + 15) / 16 * 16));
+  int64_t nb = std::clamp<int64_t>((n / (4 * threads) + 15) / 16 * 16, 64, 1024);
   nb = std::min(nb, n);
-  const int64_t mb = std::clamp<int64_t>((512 << 10) / (nb * S * 4), 1, m);
+  const int64_t mb = std::clamp<int64_t>((1 << 20) / (nb * S * 4), 1, m);
   const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
   const int64_t blocks = col_blocks * row_blocks;
 
