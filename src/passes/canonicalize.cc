@@ -1,10 +1,636 @@
+// Canonicalize: recognizes what exporters write out as primitive ops and replaces each pattern
+// with the single op it is, so that the fusion passes see RMSNorm / LayerNormalization / Gelu /
+// GeluTanh / Silu / Softmax / Rope nodes.
+//
+// Note on the matching algorithm
+// ------------------------------
+// Every pattern is matched from its root, the node that computes the pattern's result, walking
+// producers upward:
+//
+//     x ──┬──────────────────────────────┐
+//         └─ Pow(·,2) ─ ReduceMean ─ Add(eps) ─ Sqrt ─ Div(1,·) ─┐
+//                                                               Mul ─ Mul(weight)   <- root
+//
+// * Products are matched as multisets of factors: Mul nodes whose result feeds only the next Mul
+//   are flattened, so x*0.5*(1+erf) in any association and operand order is {x, 0.5, 1+erf}.
+//   Add and Mul operands are tried in both orders.
+// * Constants are graph constants (initializers, or Constant nodes already folded by
+//   FoldConstants) holding one float element (scalar or shape [1]); their value is compared in
+//   f32 with a relative tolerance of 1e-6, so 0.5001 is not 0.5. Epsilons are read as written.
+// * A match is accepted only if every intermediate value is consumed by pattern nodes alone and
+//   is not a graph output (otherwise removing the pattern would drop a value someone reads), if
+//   every value in it has the float dtype of the pattern input, and if the result has the
+//   input's shape (a broadcasting constant must not change the shape).
+// * Roots are tried consumers first (reverse topological order), so the largest match wins: the
+//   Mul by an RMSNorm weight is tried before the Mul by 1/sqrt(...) inside it.
+// * Rewrite: the new node is appended, takes over every use of the root's value and that value's
+//   name (user-visible names survive), dead nodes are removed and the graph re-sorted; then the
+//   scan restarts, so no matcher ever sees a removed node. Patterns are few and matching is
+//   local, so the restarts cost O(patterns * nodes).
+//
+// Forms never mix: the tanh approximation of GELU becomes GeluTanh, never Gelu; the softmax
+// written without the max subtraction is left alone.
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
 #include "fusion_passes.h"
 
 namespace graphfuse {
+namespace {
+
+constexpr float kRelTol = 1e-6f;
+constexpr double kSqrt2 = 1.4142135623730950488;
+constexpr double kSqrt2OverPi = 0.79788456080286535588;  // GELU tanh form's outer coefficient
+constexpr double kGeluCubic = 0.044715;                   // and its cubic coefficient
+
+// A recognized pattern and the op that replaces it.
+struct Match {
+  const char* op;  // the replacement op, also the suffix of its node name
+  std::vector<Value*> inputs;
+  AttributeMap attrs;
+  std::vector<Node*> members;  // every node of the pattern, the root included
+  Node* root = nullptr;
+  // LayerNormalization needs a Scale input: when the pattern has none, a [d] constant of ones.
+  int64_t unit_scale_dim = -1;
+};
+
+// ---- small helpers ----
+
+// v's producer if it is an `op` node, else nullptr.
+Node* ProducerOp(const Value* v, const char* op) {
+  return v && v->producer() && v->producer()->op() == op ? v->producer() : nullptr;
+}
+
+// Whether v is read by exactly one node input and is not a graph output.
+bool SingleUse(const Value* v) { return v->uses().size() == 1 && !v->is_graph_output(); }
+
+// The value of a constant holding one number (scalar or shape [1]); integer constants count,
+// as an exporter may write Pow's exponent as one.
+std::optional<float> ConstScalar(const Value* v) {
+  if (!v || !v->constant() || v->dtype() == DType::kBool || v->numel() != 1 || v->shape().size() > 1)
+    return std::nullopt;
+  return static_cast<float>(v->constant()->GetAsDouble(0));
+}
+
+// Whether v is a one-element float constant equal to `value` (in f32, relative tolerance).
+bool IsConstScalar(const Value* v, double value) {
+  const std::optional<float> c = ConstScalar(v);
+  const float want = static_cast<float>(value);
+  return c && std::fabs(*c - want) <= kRelTol * std::fabs(want);
+}
+
+// The values of an integer constant (Slice bounds, Reduce axes), read exactly.
+std::optional<std::vector<int64_t>> ConstInts(const Value* v) {
+  if (!v || !v->constant()) return std::nullopt;
+  const Tensor& t = *v->constant();
+  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
+  if (t.dtype() == DType::kI64) std::copy_n(t.data_as<int64_t>(), out.size(), out.begin());
+  else if (t.dtype() == DType::kI32) std::copy_n(t.data_as<int32_t>(), out.size(), out.begin());
+  else return std::nullopt;
+  return out;
+}
+
+// For a two-input node, the operand beside `v` (either order), or nullptr if v is not an operand.
+Value* OtherOperand(const Node* n, const Value* v) {
+  if (n->inputs().size() != 2) return nullptr;
+  if (n->input(0) == v) return n->input(1);
+  if (n->input(1) == v) return n->input(0);
+  return nullptr;
+}
+
+// For a commutative two-input node with a constant operand equal to `c`, the other operand.
+Value* OperandBesideConst(const Node* n, double c) {
+  if (n->inputs().size() != 2) return nullptr;
+  if (IsConstScalar(n->input(1), c)) return n->input(0);
+  if (IsConstScalar(n->input(0), c)) return n->input(1);
+  return nullptr;
+}
+
+// Whether axis `a` names the last dim of a rank-`rank` tensor.
+bool IsLastAxis(int64_t a, size_t rank) { return rank > 0 && (a == -1 || a == static_cast<int64_t>(rank) - 1); }
+
+// Whether reduction n (ReduceMean/Sum/Max) reduces exactly the last axis and keeps dims. Axes
+// come from the attribute (opset 13) or a constant second input (ReduceSum 13, all from 18).
+bool ReducesLastAxis(const Node* n) {
+  if (!n || n->GetInt("keepdims", 1) != 1 || !n->input(0)) return false;
+  std::vector<int64_t> axes;
+  if (n->input(1)) {
+    auto a = ConstInts(n->input(1));
+    if (!a) return false;
+    axes = *a;
+  } else {
+    axes = n->GetInts("axes");
+  }
+  return axes.size() == 1 && IsLastAxis(axes[0], n->input(0)->shape().size());
+}
+
+// The reduced input of `v = op(input)` reducing the last axis, or nullptr.
+Value* LastAxisReduceOf(const Value* v, const char* op, std::vector<Node*>& members) {
+  Node* r = ProducerOp(v, op);
+  if (!r || !ReducesLastAxis(r)) return nullptr;
+  members.push_back(r);
+  return r->input(0);
+}
+
+// The factors of the product computed by Mul node n, descending into Mul operands that feed
+// only this product: x * 0.5 * y in any association gives {x, 0.5, y}. The walked Mul nodes go
+// to `members`. At most `kMaxFactors` factors (a pattern never needs more).
+constexpr size_t kMaxFactors = 6;
+bool ProductFactors(Node* n, std::vector<Value*>& factors, std::vector<Node*>& members) {
+  if (n->op() != "Mul" || n->inputs().size() != 2) return false;
+  members.push_back(n);
+  for (Value* in : n->inputs()) {
+    if (!in) return false;
+    if (Node* m = ProducerOp(in, "Mul"); m && SingleUse(in)) {
+      if (!ProductFactors(m, factors, members)) return false;
+    } else {
+      factors.push_back(in);
+    }
+    if (factors.size() > kMaxFactors) return false;
+  }
+  return true;
+}
+
+// Removes one occurrence of `v` from `factors`; false if absent.
+bool TakeFactor(std::vector<Value*>& factors, const Value* v) {
+  auto it = std::find(factors.begin(), factors.end(), v);
+  if (it == factors.end()) return false;
+  factors.erase(it);
+  return true;
+}
+
+// Removes the one-element constant equal to `c` from `factors`; false if absent.
+bool TakeConstFactor(std::vector<Value*>& factors, double c) {
+  auto it = std::find_if(factors.begin(), factors.end(), [c](const Value* v) { return IsConstScalar(v, c); });
+  if (it == factors.end()) return false;
+  factors.erase(it);
+  return true;
+}
+
+// x when `v` = x^2, written Pow(x, 2) or Mul(x, x); else nullptr.
+Value* SquareOf(const Value* v, std::vector<Node*>& members) {
+  if (Node* p = ProducerOp(v, "Pow"); p && p->inputs().size() == 2 && IsConstScalar(p->input(1), 2.0)) {
+    members.push_back(p);
+    return p->input(0);
+  }
+  if (Node* m = ProducerOp(v, "Mul"); m && m->inputs().size() == 2 && m->input(0) == m->input(1)) {
+    members.push_back(m);
+    return m->input(0);
+  }
+  return nullptr;
+}
+
+// s when `v` = 1 / sqrt(s): Rsqrt(s), Reciprocal(Sqrt(s)), Div(1, Sqrt(s)) or Pow(s, -0.5).
+Value* InvSqrtOf(const Value* v, std::vector<Node*>& members) {
+  if (Node* r = ProducerOp(v, "Rsqrt")) {
+    members.push_back(r);
+    return r->input(0);
+  }
+  if (Node* p = ProducerOp(v, "Pow"); p && p->inputs().size() == 2 && IsConstScalar(p->input(1), -0.5)) {
+    members.push_back(p);
+    return p->input(0);
+  }
+  Node* inv = ProducerOp(v, "Reciprocal");
+  Value* root = inv ? inv->input(0) : nullptr;
+  if (!inv) {
+    inv = ProducerOp(v, "Div");
+    if (!inv || !IsConstScalar(inv->input(0), 1.0)) return nullptr;
+    root = inv->input(1);
+  }
+  Node* sq = ProducerOp(root, "Sqrt");
+  if (!sq) return nullptr;
+  members.push_back(inv);
+  members.push_back(sq);
+  return sq->input(0);
+}
+
+// `v` = (product of numerators) / sqrt(s), written as Div(n, Sqrt(s)) or as a product with a
+// 1/sqrt(s) factor (see InvSqrtOf) or a Div(n, Sqrt(s)) factor.
+struct ScaledBySqrt {
+  std::vector<Value*> numerators;
+  Value* s = nullptr;
+};
+
+// Splits one factor: a 1/sqrt(s) factor or Div(n, Sqrt(s)) sets out.s (once), anything else is
+// a numerator. `expand` is false for a factor read elsewhere too, which must stay whole.
+bool AddNormFactor(Value* f, bool expand, ScaledBySqrt& out, std::vector<Node*>& members) {
+  std::vector<Node*> walked;
+  Value* s = expand ? InvSqrtOf(f, walked) : nullptr;
+  Value* numerator = nullptr;
+  if (!s && expand) {
+    Node* div = ProducerOp(f, "Div");
+    Node* sq = div ? ProducerOp(div->input(1), "Sqrt") : nullptr;
+    if (sq) {
+      walked = {div, sq};
+      s = sq->input(0);
+      numerator = div->input(0);
+    }
+  }
+  if (!s) {
+    out.numerators.push_back(f);
+    return true;
+  }
+  if (out.s) return false;  // two square roots: not a normalization
+  out.s = s;
+  if (numerator) out.numerators.push_back(numerator);
+  members.insert(members.end(), walked.begin(), walked.end());
+  return true;
+}
+
+std::optional<ScaledBySqrt> MatchScaledBySqrt(Node* root, std::vector<Node*>& members) {
+  ScaledBySqrt out;
+  if (root->op() == "Div") {
+    // Div(n, Sqrt(s)); a Div(1, Sqrt(s)) root leaves no numerator, which no norm accepts.
+    if (!AddNormFactor(root->output(), true, out, members) || !out.s) return std::nullopt;
+    return out;
+  }
+  std::vector<Value*> factors;
+  if (!ProductFactors(root, factors, members)) return std::nullopt;
+  for (Value* f : factors)
+    if (!AddNormFactor(f, SingleUse(f), out, members)) return std::nullopt;
+  if (!out.s) return std::nullopt;
+  return out;
+}
+
+// eps when `s` = stat + eps (either order) with eps a one-element constant; sets *stat.
+std::optional<float> EpsilonOf(const Value* s, Value** stat, std::vector<Node*>& members) {
+  Node* add = ProducerOp(s, "Add");
+  if (!add || add->inputs().size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    if (std::optional<float> eps = ConstScalar(add->input(1 - k))) {
+      *stat = add->input(k);
+      members.push_back(add);
+      return eps;
+    }
+  }
+  return std::nullopt;
+}
+
+// Whether a norm parameter (RMSNorm weight, LayerNorm gamma / beta) of shape [d], [1] or []
+// with x's dtype can be an input of the normalization op over x's last dim.
+bool IsRowParam(const Value* p, const Value* x) {
+  if (!p || p->dtype() != x->dtype() || p->shape().size() > 1) return false;
+  return p->shape().empty() || p->shape()[0] == 1 || p->shape()[0] == x->shape().back();
+}
+
+// ---- the patterns: one matcher each, returning the replacement or nothing ----
+
+// x * (1/sqrt(mean(x^2, -1) + eps)) [* weight], or x / sqrt(...) [* weight] -> RMSNorm.
+std::optional<Match> MatchRmsNorm(Node* root) {
+  if (root->op() != "Mul" && root->op() != "Div") return std::nullopt;
+  Match m{"RMSNorm", {}, {}, {}, root};
+  std::optional<ScaledBySqrt> q = MatchScaledBySqrt(root, m.members);
+  if (!q) return std::nullopt;
+  Value* mean = nullptr;
+  std::optional<float> eps = EpsilonOf(q->s, &mean, m.members);
+  if (!eps) return std::nullopt;
+  Value* sq = LastAxisReduceOf(mean, "ReduceMean", m.members);
+  Value* x = sq ? SquareOf(sq, m.members) : nullptr;
+  if (!x || !TakeFactor(q->numerators, x) || q->numerators.size() > 1) return std::nullopt;
+  Value* weight = q->numerators.empty() ? nullptr : q->numerators[0];
+  if (weight && !IsRowParam(weight, x)) return std::nullopt;
+  m.inputs = weight ? std::vector<Value*>{x, weight} : std::vector<Value*>{x};
+  m.attrs = {{"axis", int64_t{-1}}, {"epsilon", *eps}};
+  return m;
+}
+
+// d = x - mean(x, -1); d / sqrt(mean(d^2, -1) + eps) [* gamma] [+ beta] -> LayerNormalization.
+std::optional<Match> MatchLayerNorm(Node* root) {
+  Match m{"LayerNormalization", {}, {}, {}, root};
+  Node* core = root;
+  Value* beta = nullptr;
+  if (root->op() == "Add" && root->inputs().size() == 2) {
+    // The normalized product is one operand (feeding only this Add), beta the other.
+    core = nullptr;
+    for (int k = 0; k < 2 && !core; ++k) {
+      Value* v = root->input(k);
+      if (v && v->producer() && SingleUse(v) && (v->producer()->op() == "Mul" || v->producer()->op() == "Div")) {
+        core = v->producer();
+        beta = root->input(1 - k);
+      }
+    }
+    if (!core) return std::nullopt;
+    m.members.push_back(root);
+  } else if (root->op() != "Mul" && root->op() != "Div") {
+    return std::nullopt;
+  }
+  std::optional<ScaledBySqrt> q = MatchScaledBySqrt(core, m.members);
+  if (!q) return std::nullopt;
+  Value* var = nullptr;
+  std::optional<float> eps = EpsilonOf(q->s, &var, m.members);
+  if (!eps) return std::nullopt;
+  Value* sq = LastAxisReduceOf(var, "ReduceMean", m.members);
+  Value* d = sq ? SquareOf(sq, m.members) : nullptr;
+  Node* sub = ProducerOp(d, "Sub");
+  if (!sub || sub->inputs().size() != 2) return std::nullopt;
+  m.members.push_back(sub);
+  Value* x = sub->input(0);
+  if (LastAxisReduceOf(sub->input(1), "ReduceMean", m.members) != x) return std::nullopt;
+  if (!TakeFactor(q->numerators, d) || q->numerators.size() > 1) return std::nullopt;
+  Value* gamma = q->numerators.empty() ? nullptr : q->numerators[0];
+  if ((gamma && !IsRowParam(gamma, x)) || (beta && !IsRowParam(beta, x))) return std::nullopt;
+  if (x->shape().empty()) return std::nullopt;
+  m.inputs = {x, gamma};
+  if (!gamma) m.unit_scale_dim = x->shape().back();
+  if (beta) m.inputs.push_back(beta);
+  m.attrs = {{"axis", int64_t{-1}}, {"epsilon", *eps}};
+  return m;
+}
+
+// Splits a GELU product {x, 0.5, 1 + f(...)} where f is the op `inner` (Erf or Tanh): returns
+// f's node and x candidates are checked by the caller. Members get the Add and f.
+Node* GeluOuter(Node* root, const char* inner, std::vector<Value*>& factors, std::vector<Node*>& members) {
+  if (!ProductFactors(root, factors, members) || factors.size() != 3 || !TakeConstFactor(factors, 0.5))
+    return nullptr;
+  for (int k = 0; k < 2; ++k) {
+    Value* a = factors[k];
+    Node* add = ProducerOp(a, "Add");
+    if (!add || !SingleUse(a)) continue;
+    Node* f = ProducerOp(OperandBesideConst(add, 1.0), inner);
+    if (!f) continue;
+    members.push_back(add);
+    members.push_back(f);
+    factors.erase(factors.begin() + k);  // leaves x
+    return f;
+  }
+  return nullptr;
+}
+
+// x * 0.5 * (1 + Erf(x / sqrt2)) (or x * (1/sqrt2)), any association / order -> Gelu.
+std::optional<Match> MatchGeluErf(Node* root) {
+  if (root->op() != "Mul") return std::nullopt;
+  Match m{"Gelu", {}, {}, {}, root};
+  std::vector<Value*> factors;
+  Node* erf = GeluOuter(root, "Erf", factors, m.members);
+  if (!erf) return std::nullopt;
+  Value* x = factors[0];
+  // Erf's argument: x / sqrt2 or x * (1/sqrt2).
+  Node* div = ProducerOp(erf->input(0), "Div");
+  Node* mul = ProducerOp(erf->input(0), "Mul");
+  const bool by_div = div && div->input(0) == x && IsConstScalar(div->input(1), kSqrt2);
+  const bool by_mul = mul && OperandBesideConst(mul, 1.0 / kSqrt2) == x;
+  if (!by_div && !by_mul) return std::nullopt;
+  m.members.push_back(by_div ? div : mul);
+  m.inputs = {x};
+  return m;
+}
+
+// 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), x^3 as Pow(x, 3) or x*x*x -> GeluTanh.
+std::optional<Match> MatchGeluTanh(Node* root) {
+  if (root->op() != "Mul") return std::nullopt;
+  Match m{"GeluTanh", {}, {}, {}, root};
+  std::vector<Value*> factors;
+  Node* tanh = GeluOuter(root, "Tanh", factors, m.members);
+  if (!tanh) return std::nullopt;
+  Value* x = factors[0];
+  // tanh's argument: {sqrt(2/pi), x + 0.044715 x^3}
+  std::vector<Value*> outer;
+  Node* u = ProducerOp(tanh->input(0), "Mul");
+  if (!u || !ProductFactors(u, outer, m.members) || outer.size() != 2 || !TakeConstFactor(outer, kSqrt2OverPi))
+    return std::nullopt;
+  Node* sum = ProducerOp(outer[0], "Add");
+  Value* cubic = sum ? OtherOperand(sum, x) : nullptr;
+  Node* cubic_mul = ProducerOp(cubic, "Mul");
+  if (!cubic_mul) return std::nullopt;
+  m.members.push_back(sum);
+  // 0.044715 * x^3 as factors, with Pow(x, 3) counted as x, x, x.
+  std::vector<Value*> inner;
+  if (!ProductFactors(cubic_mul, inner, m.members) || !TakeConstFactor(inner, kGeluCubic)) return std::nullopt;
+  int xs = 0;
+  for (Value* f : inner) {
+    Node* p = ProducerOp(f, "Pow");
+    if (f == x) {
+      ++xs;
+    } else if (p && p->input(0) == x && IsConstScalar(p->input(1), 3.0)) {
+      xs += 3;
+      m.members.push_back(p);
+    } else if (p && p->input(0) == x && IsConstScalar(p->input(1), 2.0)) {
+      xs += 2;
+      m.members.push_back(p);
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (xs != 3) return std::nullopt;
+  m.inputs = {x};
+  return m;
+}
+
+// x * Sigmoid(x), either order -> Silu.
+std::optional<Match> MatchSilu(Node* root) {
+  if (root->op() != "Mul" || root->inputs().size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    Node* sig = ProducerOp(root->input(1 - k), "Sigmoid");
+    if (sig && sig->input(0) == root->input(k)) return Match{"Silu", {root->input(k)}, {}, {sig, root}, root};
+  }
+  return std::nullopt;
+}
+
+// e = Exp(x - ReduceMax(x, -1)); e / ReduceSum(e, -1) -> Softmax(axis -1).
+std::optional<Match> MatchSoftmax(Node* root) {
+  if (root->op() != "Div" || root->inputs().size() != 2) return std::nullopt;
+  Match m{"Softmax", {}, {}, {root}, root};
+  Value* e = root->input(0);
+  Node* exp = ProducerOp(e, "Exp");
+  if (!exp || LastAxisReduceOf(root->input(1), "ReduceSum", m.members) != e) return std::nullopt;
+  Node* sub = ProducerOp(exp->input(0), "Sub");
+  if (!sub || sub->inputs().size() != 2) return std::nullopt;
+  Value* x = sub->input(0);
+  if (LastAxisReduceOf(sub->input(1), "ReduceMax", m.members) != x) return std::nullopt;
+  m.members.push_back(exp);
+  m.members.push_back(sub);
+  m.inputs = {x};
+  m.attrs = {{"axis", int64_t{-1}}};
+  return m;
+}
+
+// [start, end) of Slice node n when it slices only the last axis of its input with step 1,
+// with ONNX's clamping of out-of-range bounds.
+std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Node* n) {
+  const Value* x = n->input(0);
+  auto starts = ConstInts(n->input(1)), ends = ConstInts(n->input(2));
+  if (!x || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
+  std::vector<int64_t> axes{0};
+  if (n->input(3)) {
+    auto a = ConstInts(n->input(3));
+    if (!a) return std::nullopt;
+    axes = *a;
+  }
+  if (n->input(4)) {
+    auto steps = ConstInts(n->input(4));
+    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
+  }
+  if (axes.size() != 1 || !IsLastAxis(axes[0], x->shape().size())) return std::nullopt;
+  const int64_t d = x->shape().back();
+  auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? std::max<int64_t>(i, -d) + d : i, 0, d); };
+  return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
+}
+
+// x when `v` = rotate_half(x) = Concat(Neg(Slice(x, d/2..d)), Slice(x, 0..d/2), axis -1).
+Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
+  Node* cat = ProducerOp(v, "Concat");
+  if (!cat || cat->inputs().size() != 2 || !cat->input(0) || !cat->input(1)) return nullptr;
+  Node* neg = ProducerOp(cat->input(0), "Neg");
+  Node* hi = neg ? ProducerOp(neg->input(0), "Slice") : nullptr;
+  Node* lo = ProducerOp(cat->input(1), "Slice");
+  if (!hi || !lo || hi->input(0) != lo->input(0)) return nullptr;
+  Value* x = lo->input(0);
+  if (x->shape().empty() || !IsLastAxis(cat->GetInt("axis", 0), x->shape().size())) return nullptr;
+  const int64_t d = x->shape().back();
+  if (d % 2 != 0 || LastAxisSlice(hi) != std::make_pair(d / 2, d) || LastAxisSlice(lo) != std::make_pair(int64_t{0}, d / 2))
+    return nullptr;
+  members.insert(members.end(), {cat, neg, hi, lo});
+  return x;
+}
+
+// Whether table t (cos / sin) can be a Rope input for x: x's dtype, broadcasting to x's shape.
+bool IsRopeTable(const Value* t, const Value* x) {
+  if (!t || t->dtype() != x->dtype() || t->shape().size() > x->shape().size()) return false;
+  const Shape &s = t->shape(), &xs = x->shape();
+  for (size_t k = 0; k < s.size(); ++k)
+    if (s[s.size() - 1 - k] != 1 && s[s.size() - 1 - k] != xs[xs.size() - 1 - k]) return false;
+  return true;
+}
+
+// x * cos + rotate_half(x) * sin, any operand order -> Rope(x, cos, sin).
+std::optional<Match> MatchRope(Node* root) {
+  if (root->op() != "Add" || root->inputs().size() != 2) return std::nullopt;
+  for (int k = 0; k < 2; ++k) {
+    Node* mc = ProducerOp(root->input(k), "Mul");
+    Node* ms = ProducerOp(root->input(1 - k), "Mul");
+    if (!mc || !ms || mc->inputs().size() != 2 || ms->inputs().size() != 2) continue;
+    for (int j = 0; j < 2; ++j) {
+      Match m{"Rope", {}, {}, {root, mc, ms}, root};
+      Value* x = RotateHalfOf(ms->input(j), m.members);
+      if (!x) continue;
+      Value* sin = ms->input(1 - j);
+      Value* cos = OtherOperand(mc, x);
+      if (!IsRopeTable(cos, x) || !IsRopeTable(sin, x)) continue;
+      m.inputs = {x, cos, sin};
+      return m;
+    }
+  }
+  return std::nullopt;
+}
+
+using Matcher = std::optional<Match> (*)(Node*);
+// LayerNorm before RMSNorm: a LayerNorm's core d / sqrt(mean(d^2) + eps) is also an RMSNorm of
+// d = x - mean(x), and the larger pattern should win.
+constexpr Matcher kMatchers[] = {MatchLayerNorm, MatchRmsNorm, MatchGeluErf, MatchGeluTanh,
+                                 MatchSilu,      MatchSoftmax, MatchRope};
+
+// ---- acceptance and rewrite ----
+
+// The legality checks shared by every pattern (see the note at the top).
+bool Acceptable(Match& m) {
+  std::sort(m.members.begin(), m.members.end());
+  m.members.erase(std::unique(m.members.begin(), m.members.end()), m.members.end());
+  const Value* x = m.inputs.empty() ? nullptr : m.inputs[0];
+  const Value* out = m.root->output();
+  if (!x || !IsFloat(x->dtype()) || out->dtype() != x->dtype() || out->shape() != x->shape()) return false;
+  if (m.root->outputs().size() != 1) return false;
+  const std::set<const Node*> inside(m.members.begin(), m.members.end());
+  for (const Node* n : m.members) {
+    for (const Value* o : n->outputs()) {
+      if (o->dtype() != x->dtype()) return false;
+      if (n == m.root) continue;
+      if (o->is_graph_output()) return false;
+      for (const Use& u : o->uses())
+        if (!inside.count(u.node)) return false;
+    }
+  }
+  return true;
+}
+
+// The new node's name: the members' common scope + op ("/input_norm/RMSNorm"), else the last
+// member's name + "_" + op in lower case ("/Add_1_rope"); made unique among the graph's nodes.
+std::string NodeName(const Graph& g, const std::vector<Node*>& ordered, const std::string& op) {
+  std::string prefix = ordered.front()->name();
+  for (const Node* n : ordered) {
+    size_t k = 0;
+    while (k < prefix.size() && k < n->name().size() && prefix[k] == n->name()[k]) ++k;
+    prefix.resize(k);
+  }
+  const size_t slash = prefix.rfind('/');
+  prefix = slash == std::string::npos ? "" : prefix.substr(0, slash + 1);
+  std::string lower = op;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string name = prefix.size() > 1 ? prefix + op : ordered.back()->name() + "_" + lower;
+  std::set<std::string> taken;
+  for (const auto& n : g.nodes()) taken.insert(n->name());
+  const std::string base = name;
+  for (int i = 1; taken.count(name); ++i) name = StrCat(base, "_", i);
+  return name;
+}
+
+// Replaces the match by one node; false (graph untouched) if the new node's inference refuses
+// its inputs, which the matchers are meant to rule out.
+Result<bool> Rewrite(Graph& g, Match& m) {
+  std::map<const Node*, size_t> position;
+  for (const auto& n : g.nodes()) position.emplace(n.get(), position.size());
+  std::vector<Node*> ordered = m.members;
+  std::sort(ordered.begin(), ordered.end(), [&](Node* a, Node* b) { return position[a] < position[b]; });
+  std::string from;
+  for (const Node* n : ordered) from += (from.empty() ? "" : ", ") + n->name();
+  m.attrs["canonicalized_from"] = from;
+  if (m.unit_scale_dim >= 0) {
+    GF_ASSIGN_OR_RETURN(Tensor ones, Tensor::FromFloats(m.inputs[0]->dtype(), {m.unit_scale_dim},
+                                                        std::vector<float>(m.unit_scale_dim, 1.f)));
+    GF_ASSIGN_OR_RETURN(m.inputs[1], g.AddConstant(g.FreshName(m.root->name() + "_unit_scale"),
+                                                   std::make_shared<const Tensor>(std::move(ones))));
+  }
+  Value* old = m.root->output();
+  auto node = g.AddNode(m.op, m.inputs, m.attrs, NodeName(g, ordered, m.op), 1);
+  if (!node.ok()) {
+    g.RemoveDeadNodes();  // the unit-scale constant, if one was made
+    return false;
+  }
+  Value* out = (*node)->output();
+  if (out->dtype() != old->dtype() || out->shape() != old->shape()) {
+    const std::string what = StrCat((*node)->Describe(), " computes ", out->TypeString(), " in place of '",
+                                    old->name(), "' ", old->TypeString());
+    g.RemoveNode(*node);
+    return Internal(what);
+  }
+  const std::string name = old->name();
+  g.ReplaceAllUsesWith(old, out);
+  GF_RETURN_IF_ERROR(g.RenameValue(old, g.FreshName(name + "_decomposed")));
+  GF_RETURN_IF_ERROR(g.RenameValue(out, name));
+  return true;
+}
+
+}  // namespace
 
 Result<int> Canonicalize(Graph& g) {
-  (void)g;
-  return 0;
+  int rewritten = 0;
+  // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;
+  // the bound only guards that argument.
+  const size_t max_rewrites = g.num_nodes();
+  for (bool changed = true; changed && static_cast<size_t>(rewritten) < max_rewrites;) {
+    changed = false;
+    std::vector<Node*> order;
+    for (const auto& n : g.nodes()) order.push_back(n.get());
+    for (auto it = order.rbegin(); it != order.rend() && !changed; ++it) {
+      for (Matcher matcher : kMatchers) {
+        std::optional<Match> m = matcher(*it);
+        if (!m || !Acceptable(*m)) continue;
+        GF_ASSIGN_OR_RETURN(changed, Rewrite(g, *m));
+        if (changed) break;
+      }
+    }
+    if (changed) {
+      ++rewritten;
+      g.RemoveDeadNodes();
+      GF_RETURN_IF_ERROR(g.TopologicalSort().WithContext("Canonicalize"));
+    }
+  }
+  return rewritten;
 }
 
 }  // namespace graphfuse

@@ -1,7 +1,120 @@
+// Rope: rotary position embedding in rotate-half form (the LLaMA / GPT-NeoX convention),
+//   Y = X * cos + rotate_half(X) * sin,
+//   rotate_half(X)[..., i] = -X[..., i + d/2]  for i <  d/2,
+//                             X[..., i - d/2]  for i >= d/2,
+// over the last dim d of X (even). cos and sin have X's dtype and broadcast unidirectionally to
+// X's shape (typically [S, d] or [1, 1, S, d] against X [B, H, S, d]).
+//
+// Every element is computed in f32 as (x * c) + ((-x2) * s): each product rounded on its own,
+// then the add (the library builds with -ffp-contract=off), which is exactly what the decomposed
+// Mul / Neg / Concat / Mul / Add graph computes, so canonicalizing that graph to Rope is bit exact
+// for f32. f16/bf16 rows are converted to f32, computed, and rounded once when stored.
+#include <vector>
+
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
+namespace {
 
-std::vector<OpSchema> RopeSchemas() { return {}; }
+// Whether `t` broadcasts unidirectionally to `to` (right aligned, each dim 1 or equal).
+bool BroadcastsTo(const Shape& t, const Shape& to) {
+  if (t.size() > to.size()) return false;
+  for (size_t k = 0; k < t.size(); ++k) {
+    const int64_t a = t[t.size() - 1 - k], b = to[to.size() - 1 - k];
+    if (a != 1 && a != b) return false;
+  }
+  return true;
+}
+
+Result<std::vector<ValueType>> InferRope(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* cos = ctx.input(1);
+  const Value* sin = ctx.input(2);
+  if (x == nullptr || cos == nullptr || sin == nullptr)
+    return InvalidArgument(ctx.Describe(), ": Rope needs three inputs (x, cos, sin)");
+  if (!IsFloat(x->dtype()))
+    return InvalidArgument(ctx.Describe(), ": Rope needs a float input, got ", DTypeName(x->dtype()));
+  const Shape& xs = x->shape();
+  if (xs.empty()) return InvalidArgument(ctx.Describe(), ": Rope needs an input of rank >= 1, got a scalar");
+  if (xs.back() % 2 != 0)
+    return InvalidArgument(ctx.Describe(), ": Rope rotates halves of the last dim, which must be even; x is ",
+                           TypeStr(x));
+  for (const Value* t : {cos, sin}) {
+    const char* what = t == cos ? "cos" : "sin";
+    if (t->dtype() != x->dtype())
+      return InvalidArgument(ctx.Describe(), ": ", what, " must have x's dtype ", DTypeName(x->dtype()), ", got ",
+                             DTypeName(t->dtype()));
+    if (!BroadcastsTo(t->shape(), xs))
+      return InvalidArgument(ctx.Describe(), ": ", what, " ", ShapeToString(t->shape()),
+                             " does not broadcast to x's shape ", ShapeToString(xs));
+  }
+  return std::vector<ValueType>{{x->dtype(), xs}};
+}
+
+// The element offset of row `r` of X (X viewed as [rows, d]) in a table read with broadcast
+// strides `st` (one per dim of X).
+int64_t RowOffset(int64_t r, const Shape& xshape, const std::vector<int64_t>& st) {
+  int64_t off = 0;
+  for (size_t k = xshape.size() - 1; k-- > 0;) {
+    off += (r % xshape[k]) * st[k];
+    r /= xshape[k];
+  }
+  return off;
+}
+
+// A row of n f32 values: the buffer itself when it is f32 and contiguous, else `scratch`.
+const float* RowF32(const TensorView& t, int64_t offset, int64_t stride, int64_t n, std::vector<float>& scratch) {
+  if (t.dtype == DType::kF32 && stride == 1) return t.as<const float>() + offset;
+  LoadF32(t.dtype, t.data, offset, stride, n, scratch.data());
+  return scratch.data();
+}
+
+Status RopeKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const TensorView& C = ctx.inputs[1];
+  const TensorView& S = ctx.inputs[2];
+  const TensorView& Y = ctx.outputs[0];
+  if (X.shape.empty() || X.shape.back() % 2 != 0 || !BroadcastsTo(C.shape, X.shape) ||
+      !BroadcastsTo(S.shape, X.shape) || !IsFloat(X.dtype) || C.dtype != X.dtype || S.dtype != X.dtype)
+    return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d] with d even and cos/sin of x's dtype "
+                                             "broadcasting to x's shape");
+  const int64_t d = X.shape.back(), h = d / 2;
+  if (d == 0) return Status::Ok();
+  const int64_t rows = Product(X.shape) / d;
+  const std::vector<int64_t> cst = BroadcastStrides(C.shape, X.shape);
+  const std::vector<int64_t> sst = BroadcastStrides(S.shape, X.shape);
+  // Y over X (in place) goes through scratch: each half of a row reads the other half.
+  const bool direct_out = Y.dtype == DType::kF32 && Y.data != X.data;
+  ParallelFor(ctx.cpu, rows, d * 3, [&](int64_t begin, int64_t end) {
+    std::vector<float> xs(static_cast<size_t>(d)), cs(static_cast<size_t>(d)), ss(static_cast<size_t>(d)),
+        ys(static_cast<size_t>(d));
+    for (int64_t r = begin; r < end; ++r) {
+      const float* x = RowF32(X, r * d, 1, d, xs);
+      const float* c = RowF32(C, RowOffset(r, X.shape, cst), cst.back(), d, cs);
+      const float* s = RowF32(S, RowOffset(r, X.shape, sst), sst.back(), d, ss);
+      float* y = direct_out ? Y.as<float>() + r * d : ys.data();
+      for (int64_t i = 0; i < h; ++i) {
+        const float a = x[i] * c[i];
+        const float b = (-x[i + h]) * s[i];
+        y[i] = a + b;
+      }
+      for (int64_t i = h; i < d; ++i) {
+        const float a = x[i] * c[i];
+        const float b = x[i - h] * s[i];
+        y[i] = a + b;
+      }
+      if (!direct_out) StoreF32(Y.dtype, Y.data, r * d, 1, d, y);
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<OpSchema> RopeSchemas() {
+  return {
+      {"Rope", 3, 3, 1, InferRope, RopeKernel},
+  };
+}
 
 }  // namespace graphfuse::kernels
