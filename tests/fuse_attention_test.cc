@@ -1,1 +1,480 @@
+// FuseAttention: attention blocks built with the C++ API as PyTorch exports them -> one
+// FusedAttention node; refusals asserted by code; the fused graph checked against the unfused
+// graph, against a float64 attention computed here, and against its own "reference" graph.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "ir/op_registry.h"
+#include "ir/text.h"
+#include "passes/fusion_passes.h"
+#include "passes/pipeline.h"
+#include "runtime/executor.h"
+
+namespace graphfuse {
+namespace {
+
+enum class ScaleForm { kNone, kDiv, kMulRight, kMulLeft, kDivThenMul };
+enum class MaskForm { kNone, kCausal, kCausal2d, kPadding };
+
+struct Spec {
+  int64_t b = 2, h = 4, s = 16, sk = 16, d = 32;
+  ScaleForm scale = ScaleForm::kDiv;
+  MaskForm mask = MaskForm::kNone;
+  bool merge_heads = true;     // output Transpose + Reshape to [B,S,H*d]
+  bool k_direct = false;       // K^T as Transpose(Reshape(k), perm [0,2,3,1])
+  bool rope = false;           // Rope on Q and K
+  bool scores_output = false;  // the raw scores are also a graph output
+  bool k4_output = false;      // the head-split K is also a graph output
+  DType dtype = DType::kF32;
+};
+
+// What the test needs to compute the attention itself.
+struct Built {
+  std::unique_ptr<Graph> g;
+  double scale = 1;
+  std::vector<float> mask;  // causal mask values [S,Sk] (constant), empty otherwise
+  std::vector<float> cos, sin;  // [S,d]
+};
+
+std::shared_ptr<const Tensor> Const(DType t, const Shape& shape, const std::vector<float>& v) {
+  return std::make_shared<const Tensor>(Tensor::FromFloats(t, shape, v).value());
+}
+
+Value* Node1(Graph& g, const std::string& op, const std::vector<Value*>& ins, AttributeMap attrs = {}) {
+  auto n = g.AddNode(op, ins, std::move(attrs));
+  EXPECT_TRUE(n.ok()) << op << ": " << n.status().ToString();
+  return n.ok() ? (*n)->output() : nullptr;
+}
+
+Built Build(const Spec& sp) {
+  Built r;
+  r.g = std::make_unique<Graph>("attention");
+  Graph& g = *r.g;
+  const int64_t hd = sp.h * sp.d;
+  Value* q = g.AddInput("q", sp.dtype, {sp.b, sp.s, hd}).value();
+  Value* k = g.AddInput("k", sp.dtype, {sp.b, sp.sk, hd}).value();
+  Value* v = g.AddInput("v", sp.dtype, {sp.b, sp.sk, hd}).value();
+  Value* mask = nullptr;
+  if (sp.mask == MaskForm::kCausal || sp.mask == MaskForm::kCausal2d) {
+    // Additive causal mask as Hugging Face writes it: 0 on and below the diagonal, float's lowest above.
+    r.mask.assign(static_cast<size_t>(sp.s * sp.sk), 0.f);
+    for (int64_t i = 0; i < sp.s; ++i)
+      for (int64_t j = i + 1; j < sp.sk; ++j) r.mask[i * sp.sk + j] = std::numeric_limits<float>::lowest();
+    const Shape ms = sp.mask == MaskForm::kCausal ? Shape{1, 1, sp.s, sp.sk} : Shape{sp.s, sp.sk};
+    mask = g.AddConstant("mask", Const(sp.dtype, ms, r.mask)).value();
+  } else if (sp.mask == MaskForm::kPadding) {
+    mask = g.AddInput("pad", sp.dtype, {sp.b, 1, 1, sp.sk}).value();
+  }
+  auto shape_of = [&](const std::string& name, int64_t rows) {
+    return g.AddConstant(name, Const(DType::kI64, {4}, {float(sp.b), float(rows), float(sp.h), float(sp.d)})).value();
+  };
+  auto heads = [&](Value* x, Value* shape, std::vector<int64_t> perm) {
+    return Node1(g, "Transpose", {Node1(g, "Reshape", {x, shape})}, {{"perm", perm}});
+  };
+  Value *cos = nullptr, *sin = nullptr;
+  if (sp.rope) {
+    for (int64_t i = 0; i < sp.s; ++i)
+      for (int64_t j = 0; j < sp.d; ++j) {
+        const double f = i / std::pow(10000.0, 2.0 * (j % (sp.d / 2)) / sp.d);
+        r.cos.push_back(static_cast<float>(std::cos(f)));
+        r.sin.push_back(static_cast<float>(std::sin(f)));
+      }
+    cos = g.AddConstant("cos", Const(sp.dtype, {sp.s, sp.d}, r.cos)).value();
+    sin = g.AddConstant("sin", Const(sp.dtype, {sp.s, sp.d}, r.sin)).value();
+  }
+  Value* q4 = heads(q, shape_of("q_shape", sp.s), {0, 2, 1, 3});
+  if (sp.rope) q4 = Node1(g, "Rope", {q4, cos, sin});
+  Value* kt = nullptr;
+  Value* k4 = nullptr;
+  if (sp.k_direct) {
+    kt = heads(k, shape_of("k_shape", sp.sk), {0, 2, 3, 1});
+  } else {
+    k4 = heads(k, shape_of("k_shape", sp.sk), {0, 2, 1, 3});
+    if (sp.rope) k4 = Node1(g, "Rope", {k4, cos, sin});
+    kt = Node1(g, "Transpose", {k4}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}});
+  }
+  Value* v4 = heads(v, shape_of("v_shape", sp.sk), {0, 2, 1, 3});
+  Value* scores = Node1(g, "MatMul", {q4, kt});
+  Value* s = scores;
+  const double sq = std::sqrt(static_cast<double>(sp.d));
+  auto scalar = [&](const std::string& name, double c) {
+    return g.AddConstant(name, Const(sp.dtype, {}, {static_cast<float>(c)})).value();
+  };
+  switch (sp.scale) {
+    case ScaleForm::kNone: break;
+    case ScaleForm::kDiv: s = Node1(g, "Div", {s, scalar("c", sq)}), r.scale = 1 / double(float(sq)); break;
+    case ScaleForm::kMulRight: s = Node1(g, "Mul", {s, scalar("c", 1 / sq)}), r.scale = float(1 / sq); break;
+    case ScaleForm::kMulLeft: s = Node1(g, "Mul", {scalar("c", 1 / sq), s}), r.scale = float(1 / sq); break;
+    case ScaleForm::kDivThenMul:
+      s = Node1(g, "Mul", {Node1(g, "Div", {s, scalar("c", 2.0)}), scalar("c2", 0.25)});
+      r.scale = 0.125;
+      break;
+  }
+  if (mask) s = Node1(g, "Add", {s, mask});
+  Value* p = Node1(g, "Softmax", {s}, {{"axis", int64_t{-1}}});
+  Value* o = Node1(g, "MatMul", {p, v4});
+  if (sp.merge_heads) {
+    o = Node1(g, "Transpose", {o}, {{"perm", std::vector<int64_t>{0, 2, 1, 3}}});
+    o = Node1(g, "Reshape", {o, g.AddConstant("o_shape", Const(DType::kI64, {3}, {float(sp.b), float(sp.s), float(hd)})).value()});
+  }
+  EXPECT_TRUE(g.RenameValue(o, "out").ok());
+  EXPECT_TRUE(g.MarkOutput(o).ok());
+  if (sp.scores_output) {
+    EXPECT_TRUE(g.MarkOutput(scores).ok());
+  }
+  if (sp.k4_output) {
+    EXPECT_TRUE(g.MarkOutput(k4).ok());
+  }
+  EXPECT_TRUE(g.Verify().ok()) << g.Verify().ToString();
+  return r;
+}
+
+// Random non-zero inputs: q, k, v in +-[0.05, 1.5] (a fixed sign per draw), padding masks 0 or -1e4.
+std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> mag(0.05, 1.5);
+  std::vector<Tensor> ins;
+  for (const Value* in : g.inputs()) {
+    Tensor t = Tensor::Empty(in->dtype(), in->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (in->name() == "pad") t.SetFromDouble(i, (i % in->shape().back()) >= in->shape().back() - 1 - (i / in->shape().back()) % 3 ? -1e4 : 0);
+      else t.SetFromDouble(i, (rng() & 1 ? 1 : -1) * mag(rng));
+    }
+    ins.push_back(std::move(t));
+  }
+  return ins;
+}
+
+std::vector<TensorView> Views(const std::vector<Tensor>& ts) {
+  std::vector<TensorView> v;
+  for (const Tensor& t : ts) v.push_back(t.view());
+  return v;
+}
+
+int CountOp(const Graph& g, const std::string& op) {
+  int n = 0;
+  for (const auto& node : g.nodes()) n += node->op() == op;
+  return n;
+}
+
+const Node* FindOp(const Graph& g, const std::string& op) {
+  for (const auto& node : g.nodes())
+    if (node->op() == op) return node.get();
+  return nullptr;
+}
+
+int Formed(const Result<int>& r) {
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? *r : -1;
+}
+
+bool HasRefusal(const FusionReport& r, const std::string& code) {
+  for (const auto& x : r.refusals)
+    if (x.code == code) return true;
+  return false;
+}
+
+// Tolerance of fused vs unfused and vs float64, per element: |got - want| <= kAtol + kRtol*|want|.
+// Both f32 paths use the same SLEEF exp and OpenBLAS; what differs is rounding order: the scale
+// rides on sgemm's alpha (s*(1/c) rather than s/c), the per-head sgemm may sum the d-long dot
+// products in another order than the batched MatMul, and the softmax sum divides O's rows rather
+// than P's. A score error delta becomes a relative error delta on exp(s), and the output is a convex
+// combination of V (|v| <= 1.5), so |err| <~ 2 * delta * 1.5. delta is a few ulp of the largest
+// score: |s| <= d * 1.5^2 / sqrt(d) ~ 13 scaled (delta ~ 3e-6 at 4 ulp), ~72 unscaled (~1.7e-5
+// worst case, rounding errors of a 32-term sum rarely add up). Measured: <= 6e-7 fused vs
+// unfused, <= 1.8e-6 vs float64 (the unscaled cross-attention case). 1e-5 absolute keeps a 5x
+// margin and still catches a 1e-4 relative slip in the kernel (errors of 3e-5 and more).
+constexpr double kAtol = 1e-5, kRtol = 1e-5;
+
+void ExpectClose(const Tensor& got, const Tensor& want, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  int bad = 0;
+  double worst = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double a = got.GetAsDouble(i), b = want.GetAsDouble(i), err = std::fabs(a - b);
+    worst = std::max(worst, err);
+    if (!(err <= kAtol + kRtol * std::fabs(b)) && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " is " << a << ", expected " << b;
+  }
+  EXPECT_EQ(bad, 0) << what << " (max |err| " << worst << ")";
+}
+
+// softmax(scale * Q K^T + mask) V in float64 from the raw [B,S,H*d] inputs, written in [B,S,H*d]
+// order (or [B,H,S,d] without the head merge).
+Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor>& ins) {
+  const int64_t hd = sp.h * sp.d;
+  const Tensor &Q = ins[0], &K = ins[1], &V = ins[2];
+  const Tensor* pad = sp.mask == MaskForm::kPadding ? &ins[3] : nullptr;
+  Tensor out = Tensor::Empty(DType::kF32, sp.merge_heads ? Shape{sp.b, sp.s, hd} : Shape{sp.b, sp.h, sp.s, sp.d}).value();
+  auto rope = [&](const Tensor& x, int64_t bb, int64_t row, int64_t hh, int64_t j) {
+    const double xj = x.GetAsDouble((bb * (&x == &Q ? sp.s : sp.sk) + row) * hd + hh * sp.d + j);
+    if (!sp.rope) return xj;
+    const int64_t half = sp.d / 2;
+    const int64_t jr = j < half ? j + half : j - half;
+    const double xr = x.GetAsDouble((bb * (&x == &Q ? sp.s : sp.sk) + row) * hd + hh * sp.d + jr);
+    return xj * b.cos[row * sp.d + j] + (j < half ? -xr : xr) * b.sin[row * sp.d + j];
+  };
+  std::vector<double> sc(static_cast<size_t>(sp.sk));
+  for (int64_t bb = 0; bb < sp.b; ++bb)
+    for (int64_t hh = 0; hh < sp.h; ++hh)
+      for (int64_t i = 0; i < sp.s; ++i) {
+        double m = -INFINITY;
+        for (int64_t j = 0; j < sp.sk; ++j) {
+          double dot = 0;
+          for (int64_t t = 0; t < sp.d; ++t) dot += rope(Q, bb, i, hh, t) * rope(K, bb, j, hh, t);
+          sc[j] = dot * b.scale;
+          if (!b.mask.empty()) sc[j] += b.mask[i * sp.sk + j];
+          if (pad) sc[j] += pad->GetAsDouble(bb * sp.sk + j);
+          m = std::max(m, sc[j]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - m));
+        for (int64_t t = 0; t < sp.d; ++t) {
+          double acc = 0;
+          for (int64_t j = 0; j < sp.sk; ++j) acc += sc[j] / sum * V.GetAsDouble((bb * sp.sk + j) * hd + hh * sp.d + t);
+          const int64_t o = sp.merge_heads ? (bb * sp.s + i) * hd + hh * sp.d + t : ((bb * sp.h + hh) * sp.s + i) * sp.d + t;
+          out.SetFromDouble(o, acc);
+        }
+      }
+  return out;
+}
+
+// Fuses a copy of the spec's graph and checks it: one FusedAttention and nothing else that
+// launches, fused == unfused == float64, and the node's reference graph agrees.
+FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
+  Built unfused = Build(sp);
+  Built fused = Build(sp);
+  FusionReport report;
+  auto formed = FuseAttention(*fused.g, FusionOptions{}, &report);
+  EXPECT_TRUE(formed.ok()) << formed.status().ToString();
+  EXPECT_EQ(Formed(formed), 1);
+  EXPECT_TRUE(fused.g->Verify().ok()) << fused.g->Verify().ToString() << "\n" << PrintGraph(*fused.g);
+  EXPECT_EQ(CountOp(*fused.g, "FusedAttention"), 1) << PrintGraph(*fused.g);
+  EXPECT_EQ(CountKernels(*fused.g), 1 + (sp.k4_output ? 1 : 0)) << PrintGraph(*fused.g);
+  EXPECT_EQ(fused.g->outputs()[0]->name(), "out");
+
+  const std::vector<Tensor> ins = RandomInputs(*unfused.g, seed);
+  ThreadPool pool(threads);
+  auto a = Execute(*unfused.g, Views(ins), CpuContext{&pool});
+  auto b = Execute(*fused.g, Views(ins), CpuContext{&pool});
+  EXPECT_TRUE(a.ok()) << a.status().ToString();
+  EXPECT_TRUE(b.ok()) << b.status().ToString();
+  if (!a.ok() || !b.ok()) return report;
+  ExpectClose((*b)[0], (*a)[0], "fused vs unfused");
+  // Row blocks are computed the same way whichever thread runs them: no pool gives the same bits.
+  auto serial = Execute(*fused.g, Views(ins), CpuContext{});
+  EXPECT_TRUE(serial.ok()) << serial.status().ToString();
+  if (serial.ok()) {
+    EXPECT_EQ(0, std::memcmp((*serial)[0].data(), (*b)[0].data(), (*b)[0].nbytes()));
+  }
+  ExpectClose((*b)[0], Float64Attention(sp, fused, ins), "fused vs float64");
+
+  // The reference graph on the fused node's own inputs reproduces its output.
+  const Node* fa = FindOp(*fused.g, "FusedAttention");
+  if (!fa || sp.k4_output) return report;
+  const Graph* ref = fa->GetGraph("reference");
+  EXPECT_NE(ref, nullptr);
+  if (!ref) return report;
+  EXPECT_EQ(ref->inputs().size(), fa->inputs().size());
+  std::vector<TensorView> ref_in;
+  for (const Value* in : fa->inputs()) {
+    if (in->constant()) {
+      ref_in.push_back(in->constant()->view());
+      continue;
+    }
+    for (size_t i = 0; i < fused.g->inputs().size(); ++i)
+      if (fused.g->inputs()[i] == in) ref_in.push_back(ins[i].view());
+  }
+  EXPECT_EQ(ref_in.size(), fa->inputs().size());
+  auto c = Execute(*ref, ref_in, CpuContext{});
+  EXPECT_TRUE(c.ok()) << c.status().ToString();
+  if (c.ok()) ExpectClose((*b)[0], (*c)[0], "fused vs its reference graph");
+  return report;
+}
+
+TEST(FuseAttention, DivScaleCausalMaskMergedHeads) {
+  Spec sp;
+  sp.mask = MaskForm::kCausal;
+  Built unfused = Build(sp);
+  // Transpose x4 (q, k, k^T, v), MatMul, Div, Add, Softmax, MatMul, Transpose: 10 launches.
+  EXPECT_EQ(CountKernels(*unfused.g), 10);
+  FusionReport r = FuseAndCheck(sp);
+  ASSERT_EQ(r.groups.size(), 1u);
+  const FusedGroupInfo& gi = r.groups[0];
+  EXPECT_EQ(gi.name, "fused_attention_0");
+  EXPECT_EQ(gi.kind, "attention");
+  EXPECT_EQ(gi.nodes.size(), 14u);  // + 4 Reshapes (views)
+  EXPECT_EQ(gi.kernel_name.rfind("attention_mask_h4_d32_f32_", 0), 0u) << gi.kernel_name;
+  EXPECT_EQ(gi.kernel_name.size(), std::string("attention_mask_h4_d32_f32_").size() + 8);
+}
+
+TEST(FuseAttention, NoMaskMulScaleHeadSplitOutput) {
+  Spec sp;
+  sp.scale = ScaleForm::kMulRight;
+  sp.merge_heads = false;
+  FusionReport r = FuseAndCheck(sp);
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
+}
+
+TEST(FuseAttention, ScalarOnTheLeftAndDirectKeyTranspose) {
+  Spec sp;
+  sp.scale = ScaleForm::kMulLeft;
+  sp.k_direct = true;
+  sp.mask = MaskForm::kCausal2d;
+  FuseAndCheck(sp);
+}
+
+TEST(FuseAttention, PaddingMaskInputAndTwoScaleFactors) {
+  Spec sp;
+  sp.scale = ScaleForm::kDivThenMul;
+  sp.mask = MaskForm::kPadding;
+  FuseAndCheck(sp);
+}
+
+TEST(FuseAttention, NoScaleCrossAttention) {
+  Spec sp;
+  sp.scale = ScaleForm::kNone;
+  sp.sk = 24;
+  sp.mask = MaskForm::kPadding;
+  FuseAndCheck(sp);
+}
+
+TEST(FuseAttention, LongSequenceSplitsRowBlocksOverThreads) {
+  Spec sp;
+  sp.b = 1;
+  sp.h = 3;
+  sp.s = sp.sk = 300;  // 218 query rows per block: 2 blocks per head, the last one short
+  sp.d = 16;
+  sp.mask = MaskForm::kCausal;
+  FuseAndCheck(sp, 4);
+}
+
+TEST(FuseAttention, SharedHeadSplitKeyStaysOutsideAndIsReadInPlace) {
+  // k4 is also a graph output (a KV cache): its Transpose keeps running for that reader, and
+  // the fused kernel reads k4 as [B,H,Sk,d] rather than recomputing anything.
+  Spec sp;
+  sp.mask = MaskForm::kCausal;
+  sp.k4_output = true;
+  FusionReport r = FuseAndCheck(sp);
+  Built f = Build(sp);
+  FusionReport r2;
+  ASSERT_TRUE(FuseAttention(*f.g, FusionOptions{}, &r2).ok());
+  const Node* fa = FindOp(*f.g, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  EXPECT_EQ(fa->GetString("k_layout", ""), "bhsd");
+  EXPECT_EQ(fa->GetString("q_layout", ""), "bshd");
+}
+
+TEST(FuseAttention, RefusesWhenScoresAreAGraphOutput) {
+  Spec sp;
+  sp.mask = MaskForm::kCausal;
+  sp.scores_output = true;
+  Built b = Build(sp);
+  const int64_t before = CountKernels(*b.g);
+  FusionReport r;
+  auto formed = FuseAttention(*b.g, FusionOptions{}, &r);
+  ASSERT_TRUE(formed.ok()) << formed.status().ToString();
+  EXPECT_EQ(*formed, 0);
+  EXPECT_EQ(CountOp(*b.g, "FusedAttention"), 0);
+  EXPECT_EQ(CountKernels(*b.g), before);
+  ASSERT_TRUE(HasRefusal(r, "attention-intermediate-escapes"));
+  for (const auto& x : r.refusals)
+    if (x.code == "attention-intermediate-escapes") {
+      EXPECT_FALSE(x.producer.empty());
+      EXPECT_FALSE(x.consumer.empty());
+    }
+}
+
+TEST(FuseAttention, RefusesWhenProbabilitiesHaveAnotherReader) {
+  Spec sp;
+  Built b = Build(sp);
+  // A second reader of the softmax output.
+  const Node* sm = FindOp(*b.g, "Softmax");
+  ASSERT_NE(sm, nullptr);
+  auto extra = b.g->AddNode("Relu", {sm->output()});
+  ASSERT_TRUE(extra.ok());
+  ASSERT_TRUE(b.g->MarkOutput((*extra)->output()).ok());
+  FusionReport r;
+  EXPECT_EQ(Formed(FuseAttention(*b.g, FusionOptions{}, &r)), 0);
+  EXPECT_TRUE(HasRefusal(r, "attention-intermediate-escapes"));
+}
+
+TEST(FuseAttention, RefusesNonF32) {
+  Spec sp;
+  sp.dtype = DType::kF16;
+  sp.mask = MaskForm::kCausal;
+  Built b = Build(sp);
+  FusionReport r;
+  auto formed = FuseAttention(*b.g, FusionOptions{}, &r);
+  ASSERT_TRUE(formed.ok()) << formed.status().ToString();
+  EXPECT_EQ(*formed, 0);
+  EXPECT_EQ(CountOp(*b.g, "FusedAttention"), 0);
+  EXPECT_TRUE(HasRefusal(r, "attention-unsupported-dtype"));
+}
+
+TEST(FuseAttention, DisabledOrExcludedChangesNothing) {
+  Spec sp;
+  Built b = Build(sp);
+  const std::string before = PrintGraph(*b.g);
+  FusionOptions off;
+  off.enabled = false;
+  FusionReport r;
+  EXPECT_EQ(Formed(FuseAttention(*b.g, off, &r)), 0);
+  EXPECT_EQ(PrintGraph(*b.g), before);
+  EXPECT_TRUE(r.groups.empty() && r.refusals.empty());
+
+  FusionOptions ex;
+  ex.exclude.insert("fused_attention_0");
+  EXPECT_EQ(Formed(FuseAttention(*b.g, ex, &r)), 0);
+  EXPECT_EQ(PrintGraph(*b.g), before);
+  EXPECT_TRUE(HasRefusal(r, "excluded"));
+}
+
+TEST(FuseAttention, PipelineReportsTheGroupAndKernelCounts) {
+  Spec sp;
+  sp.mask = MaskForm::kCausal;
+  for (bool enabled : {false, true}) {
+    Built b = Build(sp);
+    PipelineOptions po;
+    po.fusion.enabled = enabled;
+    FusionReport rep;
+    po.fusion_report = &rep;
+    auto rec = RunPipeline(*b.g, po);
+    ASSERT_TRUE(rec.ok()) << rec.status().ToString();
+    EXPECT_EQ(rep.kernels_before, 10);
+    EXPECT_EQ(rep.kernels_after, enabled ? 1 : 10);
+    bool found = false;
+    for (const auto& gi : rep.groups) found |= gi.kind == "attention";
+    EXPECT_EQ(found, enabled);
+  }
+}
+
+TEST(FuseAttention, WithRope) {
+  if (FindSchema("Rope") == nullptr) GTEST_SKIP() << "the Rope op is not in the registry yet (src/ops/kernels/rope.cc)";
+  Spec sp;
+  sp.rope = true;
+  sp.mask = MaskForm::kCausal;
+  FusionReport r = FuseAndCheck(sp);
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_rope_mask_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
+  EXPECT_EQ(r.groups[0].nodes.size(), 16u);  // the two Rope nodes too
+}
+
+TEST(FuseAttention, KernelRejectsInconsistentAttributesWithAStatus) {
+  // A FusedAttention whose attributes do not describe its inputs: an error naming the op.
+  Graph g;
+  Value* q = g.AddInput("q", DType::kF32, {1, 4, 8}).value();
+  AttributeMap attrs{{"batch", int64_t{1}},  {"heads", int64_t{2}},    {"seq_q", int64_t{4}},
+                     {"seq_k", int64_t{4}},  {"head_dim", int64_t{8}}, {"output_shape", std::vector<int64_t>{1, 4, 16}}};
+  auto n = g.AddNode("FusedAttention", {q, q, q}, attrs);
+  ASSERT_FALSE(n.ok());
+  EXPECT_NE(n.status().message().find("FusedAttention"), std::string::npos) << n.status().ToString();
+}
+
+}  // namespace
+}  // namespace graphfuse

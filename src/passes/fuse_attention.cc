@@ -1,10 +1,460 @@
+// FuseAttention: scaled dot-product attention as exporters and the API-built blocks write it,
+// rewritten into one FusedAttention node (kernel: src/ops/kernels/attention.cc).
+//
+//   %q4 = Transpose(Reshape(%q, [B,S,H,d]), perm [0,2,1,3])      (k4, v4 alike; q4/k4 maybe Rope'd)
+//   %kt = Transpose(%k4, perm [0,1,3,2])                          (or Transpose(Reshape(k), [0,2,3,1]))
+//   %s  = MatMul(%q4, %kt)                                        ==>   %o = FusedAttention(%q, %k, %v
+//   %s1 = Div(%s, c) / Mul(%s, c) ...        (scalar constants)               [, %mask] [, %cos, %sin])
+//   %s2 = Add(%s1, %mask)                    (broadcast to [B,H,S,Sk])       {reference = graph {...}}
+//   %p  = Softmax(%s2, axis -1)
+//   %o4 = MatMul(%p, %v4)
+//   %o  = Reshape(Transpose(%o4, perm [0,2,1,3]), [B,S,H*d])      (optional)
+//
+// Note on the algorithm. Each Softmax over the last axis anchors a match: its input chain is
+// walked back through scalar Mul/Div and at most one mask Add to the Q K^T MatMul, and its
+// output must feed the P V MatMul. That "core" (scores, scaled / masked scores, probabilities)
+// is all-or-nothing: an intermediate read outside the pattern or returned by the graph refuses
+// the fusion, since computing it a second time would cost as much as the attention itself.
+// Operands are absorbed greedily and safely: Q, K and V are followed back through Rope,
+// Transpose and Reshape only while each value is read by the pattern alone; where the walk
+// stops, the value reached is read in place through a layout the kernel knows (bshd: the
+// pre-head-split tensor; bhsd: a head-split tensor; bhds: K already transposed). So a K that
+// is also kept as a cache output, or a RoPE that is still written out as Slice/Neg/Concat, only
+// shortens the chain; it never blocks the fusion and never computes anything twice. The
+// output side likewise takes Transpose(perm [0,2,1,3]) and a Reshape when nothing else reads
+// what they consume, and then writes [B,S,H*dv] order directly.
+//
+// Nothing the fused node reads can depend on an absorbed value (each is read only inside the
+// pattern), so the rewrite cannot create a cycle.
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include "../ir/op_registry.h"
+#include "../ir/text.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {
+namespace {
+
+// Stable refusal codes of this pass (the --json contract: never renamed, only added to).
+constexpr const char* kIntermediateEscapes = "attention-intermediate-escapes";  // scores/probs read elsewhere
+constexpr const char* kUnsupportedLayout = "attention-unsupported-layout";      // ranks, broadcast batches, axis
+constexpr const char* kUnsupportedDtype = "attention-unsupported-dtype";        // not f32
+constexpr const char* kUnsupportedPattern = "attention-unsupported-pattern";    // an op between QK^T and softmax
+
+uint32_t Fnv1a(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+// Read by exactly one node and not a graph output.
+bool Private(const Value* v) { return !v->is_graph_output() && v->uses().size() == 1; }
+
+Node* ProducerIs(const Value* v, const char* op) {
+  Node* p = v ? v->producer() : nullptr;
+  return p && p->op() == op ? p : nullptr;
+}
+
+// The value of a constant holding a single float, if `v` is one.
+bool ScalarConstant(const Value* v, double* out) {
+  if (!v || !v->constant() || v->numel() != 1 || !IsFloat(v->dtype())) return false;
+  *out = v->constant()->GetAsDouble(0);
+  return true;
+}
+
+bool BroadcastsTo(const Shape& s, const Shape& to) {
+  if (s.size() > to.size()) return false;
+  const Shape both[2] = {s, to};
+  auto r = BroadcastShapes(both);
+  return r.ok() && *r == to;
+}
+
+// One of Q, K, V as the fused node reads it.
+struct Operand {
+  Value* input = nullptr;
+  std::string layout = "bhsd";
+  Node* rope = nullptr;
+  std::vector<Node*> nodes;  // absorbed Rope / Transpose / Reshape
+};
+
+struct Match {
+  Node* softmax = nullptr;
+  Node* qk = nullptr;
+  Node* pv = nullptr;
+  std::vector<Node*> core;  // scale, mask and softmax nodes between the MatMuls
+  Operand q, k, v;
+  Value* mask = nullptr;
+  double scale = 1, mask_scale = 1;
+  Value* out = nullptr;
+  std::string out_layout = "bhsd";
+  std::vector<Node*> out_nodes;
+  int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+};
+
+class AttentionFuser {
+ public:
+  AttentionFuser(Graph& g, const FusionOptions& o, FusionReport* report) : g_(g), o_(o), report_(report) {}
+
+  Result<int> Run() {
+    std::vector<Node*> order;
+    for (const auto& n : g_.nodes()) order.push_back(n.get());
+    for (size_t i = 0; i < order.size(); ++i) index_[order[i]] = static_cast<int>(i);
+    int formed = 0, candidates = 0;
+    for (Node* n : order) {
+      if (n->op() != "Softmax" || absorbed_.count(n)) continue;
+      Match m;
+      if (!MatchAt(n, &m)) continue;
+      // Group names count candidates, so excluding one keeps the others' names stable.
+      const std::string name = StrCat("fused_attention_", candidates++);
+      if (!Allowed(m, name)) continue;
+      GF_RETURN_IF_ERROR(Rewrite(m, name));
+      ++formed;
+    }
+    if (formed == 0) return 0;
+    GF_RETURN_IF_ERROR(g_.TopologicalSort());
+    g_.RemoveDeadNodes();
+    for (auto& [v, name] : renames_) GF_RETURN_IF_ERROR(g_.RenameValue(v, name));
+    return formed;
+  }
+
+ private:
+  void Refuse(const Node* producer, const std::string& consumer, const char* code, const std::string& message) {
+    if (report_) report_->refusals.push_back({producer->name(), consumer, code, message});
+  }
+
+  // Q, K rows or V read back through Rope (when allowed) -> Transpose(perm 0,2,1,3) -> Reshape.
+  // `x` is the head-split value [B,H,rows,cols] the MatMul reads.
+  Operand MatchHeads(Value* x, bool allow_rope, int64_t rows, int64_t cols, const Operand* rope_like) {
+    Operand op;
+    op.input = x;
+    Value* cur = x;
+    if (Node* r = ProducerIs(cur, "Rope"); allow_rope && r && Private(cur) && RopeFits(*r, rows, cols, rope_like)) {
+      op.rope = r;
+      op.nodes.push_back(r);
+      cur = r->input(0);
+      op.input = cur;
+    }
+    Node* t = ProducerIs(cur, "Transpose");
+    if (t && Private(cur) && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+      op.nodes.push_back(t);
+      op.input = t->input(0);  // [B,rows,H,cols]: the bshd layout already
+      op.layout = "bshd";
+      if (Node* r = ProducerIs(op.input, "Reshape"); r && Private(op.input)) {
+        op.nodes.push_back(r);
+        op.input = r->input(0);
+      }
+    }
+    return op;
+  }
+
+  // A Rope the kernel applies: (x, cos, sin), no attribute it would not honour, cos/sin f32
+  // [.., rows, d] broadcasting over the heads, and the same tables as Q's when both rotate.
+  bool RopeFits(const Node& r, int64_t rows, int64_t cols, const Operand* rope_like) {
+    if (r.inputs().size() != 3 || cols % 2 != 0) return false;
+    // Rope has no attributes that change what it computes; anything but provenance may one day.
+    for (const auto& [key, value] : r.attrs())
+      if (key != "canonicalized_from") return false;
+    const Value* x = r.input(0);
+    const Value* c = r.input(1);
+    const Value* s = r.input(2);
+    if (!x || !c || !s || c->shape() != s->shape() || c->dtype() != DType::kF32 || s->dtype() != DType::kF32) return false;
+    if (c->shape().empty() || c->shape().back() != cols || x->shape().size() != 4) return false;
+    if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, cols})) return false;
+    if (rope_like && rope_like->rope && (rope_like->rope->input(1) != c || rope_like->rope->input(2) != s)) return false;
+    return true;
+  }
+
+  bool MatchAt(Node* sm, Match* m) {
+    m->softmax = sm;
+    // The P V MatMul: the first reader of the probabilities that multiplies them from the left.
+    Value* p = sm->output();
+    for (const Use& u : p->uses())
+      if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
+    if (!m->pv) return false;
+    // Walk back from the softmax input: scalar scales and at most one mask add.
+    m->core.push_back(sm);
+    Value* cur = sm->input(0);
+    bool mask_seen = false;
+    for (;;) {
+      Node* n = cur->producer();
+      if (!n || n->op() == "MatMul") break;
+      double c = 0;
+      Value* next = nullptr;
+      if (n->op() == "Mul" && ScalarConstant(n->input(1), &c)) next = n->input(0);
+      else if (n->op() == "Mul" && ScalarConstant(n->input(0), &c)) next = n->input(1);
+      else if (n->op() == "Div" && ScalarConstant(n->input(1), &c) && c != 0) next = n->input(0), c = 1.0 / c;
+      if (next) {
+        // Factors after the mask add (met first walking back) scale the mask too.
+        m->scale *= c;
+        if (!mask_seen) m->mask_scale *= c;
+      } else if (n->op() == "Add" && !mask_seen) {
+        auto scores_like = [](const Value* v) {
+          const Node* pr = v->producer();
+          return pr && (pr->op() == "MatMul" || pr->op() == "Mul" || pr->op() == "Div");
+        };
+        const int si = scores_like(n->input(0)) ? 0 : scores_like(n->input(1)) ? 1 : -1;
+        if (si < 0) break;
+        next = n->input(si);
+        m->mask = n->input(1 - si);
+        mask_seen = true;
+      } else {
+        break;
+      }
+      m->core.push_back(n);
+      cur = next;
+    }
+    std::reverse(m->core.begin(), m->core.end());  // graph order: first after QK^T, softmax last
+    m->qk = ProducerIs(cur, "MatMul");
+    if (!m->qk) {
+      Refuse(cur->producer() ? cur->producer() : sm, cur->producer() ? sm->name() : m->pv->name(), kUnsupportedPattern,
+             StrCat("softmax '", sm->name(), "' feeds MatMul '", m->pv->name(), "' but its input '", cur->name(),
+                    "' comes from ", cur->producer() ? cur->producer()->Describe() : std::string("outside the graph's nodes"),
+                    ", not from Q K^T through scalar scales and one mask add"));
+      return false;
+    }
+    return CheckCore(m) && MatchOperands(m);
+  }
+
+  // Shapes, dtypes and privacy of everything between the two MatMuls.
+  bool CheckCore(Match* m) {
+    Node* qk = m->qk;
+    Node* pv = m->pv;
+    const Value* q4 = qk->input(0);
+    const Value* kt = qk->input(1);
+    const Value* v4 = pv->input(1);
+    const Value* p = m->softmax->output();
+    std::vector<const Value*> all = {q4, kt, v4, p, pv->output()};
+    if (m->mask) all.push_back(m->mask);
+    for (const Value* x : all)
+      if (x->dtype() != DType::kF32) {
+        Refuse(qk, pv->name(), kUnsupportedDtype,
+               StrCat("attention runs in f32 only; '", x->name(), "' is ", x->TypeString()));
+        return false;
+      }
+    const Shape &qs = q4->shape(), &ks = kt->shape(), &vs = v4->shape();
+    const bool rank4 = qs.size() == 4 && ks.size() == 4 && vs.size() == 4;
+    if (!rank4 || qs[0] != ks[0] || qs[1] != ks[1] || qs[0] != vs[0] || qs[1] != vs[1] || ks[3] != vs[2]) {
+      Refuse(qk, pv->name(), kUnsupportedLayout,
+             StrCat("needs Q [B,H,S,d], K^T [B,H,d,Sk], V [B,H,Sk,dv] with equal B and H (no broadcast batches); got ",
+                    q4->TypeString(), ", ", kt->TypeString(), ", ", v4->TypeString()));
+      return false;
+    }
+    m->b = qs[0], m->h = qs[1], m->s = qs[2], m->d = qs[3], m->sk = ks[3], m->dv = vs[3];
+    const Shape scores{m->b, m->h, m->s, m->sk};
+    const int64_t axis = m->softmax->GetInt("axis", -1);
+    if (axis != -1 && axis != 3) {
+      Refuse(m->softmax, pv->name(), kUnsupportedLayout,
+             StrCat("softmax over axis ", axis, " of ", p->TypeString(), ", not the key axis"));
+      return false;
+    }
+    for (const Node* n : m->core)
+      if (n->output()->shape() != scores) {
+        Refuse(n, pv->name(), kUnsupportedLayout,
+               StrCat(n->Describe(), " gives ", n->output()->TypeString(), ", not the scores' shape ",
+                      ShapeToString(scores)));
+        return false;
+      }
+    if (m->mask && !BroadcastsTo(m->mask->shape(), scores)) {
+      Refuse(qk, pv->name(), kUnsupportedLayout,
+             StrCat("mask '", m->mask->name(), "' ", m->mask->TypeString(), " does not broadcast to ", ShapeToString(scores)));
+      return false;
+    }
+    // Every value from Q K^T to the probabilities is read by the next step of the pattern only.
+    std::vector<Node*> chain = {qk};
+    chain.insert(chain.end(), m->core.begin(), m->core.end());
+    for (size_t i = 0; i < chain.size(); ++i) {
+      const Value* o = chain[i]->output();
+      const Node* next = i + 1 < chain.size() ? chain[i + 1] : pv;
+      for (const Use& u : o->uses())
+        if (u.node != next) {
+          Refuse(chain[i], u.node->name(), kIntermediateEscapes,
+                 StrCat("'", o->name(), "' is also read by ", u.node->Describe(),
+                        ": the attention kernel never materializes it"));
+          return false;
+        }
+      if (o->is_graph_output()) {
+        Refuse(chain[i], next->name(), kIntermediateEscapes,
+               StrCat("'", o->name(), "' is a graph output: the attention kernel never materializes it"));
+        return false;
+      }
+    }
+    return true;
+  }
+
+  bool Allowed(const Match& m, const std::string& name) {
+    if (o_.exclude.count(name)) {
+      Refuse(m.qk, m.pv->name(), refusal::kExcluded, StrCat("group ", name, " is excluded by option"));
+      return false;
+    }
+    for (const Node* n : AllNodes(m))
+      if (o_.exclude.count(n->name())) {
+        Refuse(m.qk, m.pv->name(), refusal::kExcluded, StrCat("node '", n->name(), "' is excluded by option"));
+        return false;
+      }
+    return true;
+  }
+
+  bool MatchOperands(Match* m) {
+    m->q = MatchHeads(m->qk->input(0), true, m->s, m->d, nullptr);
+    // K: K^T from a Transpose of K rows, or of the pre-split tensor, or read as given.
+    Value* kt = m->qk->input(1);
+    Node* t = ProducerIs(kt, "Transpose");
+    const std::vector<int64_t> perm = t ? t->GetInts("perm") : std::vector<int64_t>{};
+    if (t && Private(kt) && perm == std::vector<int64_t>{0, 1, 3, 2}) {
+      m->k = MatchHeads(t->input(0), true, m->sk, m->d, &m->q);
+      m->k.nodes.insert(m->k.nodes.begin(), t);
+    } else if (t && Private(kt) && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+      m->k.input = t->input(0);
+      m->k.layout = "bshd";
+      m->k.nodes.push_back(t);
+      if (Node* r = ProducerIs(m->k.input, "Reshape"); r && Private(m->k.input)) {
+        m->k.nodes.push_back(r);
+        m->k.input = r->input(0);
+      }
+    } else {
+      m->k.input = kt;
+      m->k.layout = "bhds";
+    }
+    m->v = MatchHeads(m->pv->input(1), false, m->sk, m->dv, nullptr);
+    // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
+    m->out = m->pv->output();
+    if (Private(m->out)) {
+      Node* t2 = m->out->uses()[0].node;
+      if (t2->op() == "Transpose" && t2->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+        m->out_nodes.push_back(t2);
+        m->out = t2->output();
+        m->out_layout = "bshd";
+        if (Private(m->out) && m->out->uses()[0].node->op() == "Reshape" && m->out->uses()[0].input_index == 0) {
+          m->out_nodes.push_back(m->out->uses()[0].node);
+          m->out = m->out_nodes.back()->output();
+        }
+      }
+    }
+    for (const Operand* op : {&m->q, &m->k, &m->v})
+      if (op->input->dtype() != DType::kF32) {  // a Rope / Reshape never changes the dtype; be safe
+        Refuse(m->qk, m->pv->name(), kUnsupportedDtype, StrCat("'", op->input->name(), "' is ", op->input->TypeString()));
+        return false;
+      }
+    return true;
+  }
+
+  std::vector<Node*> AllNodes(const Match& m) const {
+    std::vector<Node*> all = {m.qk, m.pv};
+    all.insert(all.end(), m.core.begin(), m.core.end());
+    for (const Operand* op : {&m.q, &m.k, &m.v}) all.insert(all.end(), op->nodes.begin(), op->nodes.end());
+    all.insert(all.end(), m.out_nodes.begin(), m.out_nodes.end());
+    std::sort(all.begin(), all.end(), [&](Node* a, Node* b) { return index_.at(a) < index_.at(b); });
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    return all;
+  }
+
+  Status Rewrite(const Match& m, const std::string& name) {
+    const std::vector<Node*> members = AllNodes(m);
+    // Inputs: q, k, v, then mask, then cos and sin.
+    std::vector<Value*> inputs = {m.q.input, m.k.input, m.v.input};
+    if (m.mask) inputs.push_back(m.mask);
+    const Node* rope = m.q.rope ? m.q.rope : m.k.rope;
+    if (rope) inputs.push_back(rope->input(1)), inputs.push_back(rope->input(2));
+
+    // The reference: the original ops, reading the fused node's inputs one to one.
+    auto ref = std::make_shared<Graph>(name);
+    std::map<const Value*, Value*> map;
+    std::set<std::string> used_names;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      std::string in_name = inputs[i]->name();
+      if (used_names.count(in_name)) in_name = StrCat(in_name, ".in", i);
+      used_names.insert(in_name);
+      GF_ASSIGN_OR_RETURN(Value * ri, ref->AddInput(in_name, inputs[i]->dtype(), inputs[i]->shape()));
+      map.emplace(inputs[i], ri);
+    }
+    for (const Node* n : members) {
+      std::vector<Value*> ins;
+      for (Value* in : n->inputs()) {
+        if (!in) {
+          ins.push_back(nullptr);
+          continue;
+        }
+        if (!map.count(in)) {
+          if (!in->constant())
+            return Internal(name, ": ", n->Describe(), " reads '", in->name(),
+                            "', which is neither a fused input, a member's result nor a constant");
+          GF_ASSIGN_OR_RETURN(Value * c, ref->AddConstant(in->name(), in->constant()));
+          map[in] = c;
+        }
+        ins.push_back(map.at(in));
+      }
+      std::vector<std::string> out_names;
+      for (const Value* o : n->outputs()) out_names.push_back(o->name());
+      auto rn = ref->AddNode(n->op(), ins, n->attrs(), n->name(), -1, out_names);
+      if (!rn.ok()) return rn.status().WithContext(StrCat("building the reference of ", name));
+      for (size_t i = 0; i < n->outputs().size(); ++i) map[n->output(i)] = (*rn)->output(i);
+    }
+    GF_RETURN_IF_ERROR(ref->MarkOutput(map.at(m.out)));
+
+    std::string kernel = "attention";
+    if (rope) kernel += "_rope";
+    if (m.mask) kernel += "_mask";
+    char hash[16];
+    std::snprintf(hash, sizeof hash, "%08x",
+                  Fnv1a(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout)));
+    kernel += StrCat("_h", m.h, "_d", m.d, "_f32_", hash);
+
+    AttributeMap attrs{
+        {"batch", m.b},
+        {"heads", m.h},
+        {"seq_q", m.s},
+        {"seq_k", m.sk},
+        {"head_dim", m.d},
+        {"v_head_dim", m.dv},
+        {"q_layout", m.q.layout},
+        {"k_layout", m.k.layout},
+        {"v_layout", m.v.layout},
+        {"out_layout", m.out_layout},
+        {"output_shape", std::vector<int64_t>(m.out->shape().begin(), m.out->shape().end())},
+        {"scale", static_cast<float>(m.scale)},
+        {"mask_scale", static_cast<float>(m.mask_scale)},
+        {"has_mask", int64_t{m.mask != nullptr}},
+        {"rope_q", int64_t{m.q.rope != nullptr}},
+        {"rope_k", int64_t{m.k.rope != nullptr}},
+        {"kernel_name", kernel},
+        {"reference", std::shared_ptr<const Graph>(ref)},
+    };
+    auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
+    if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
+    if ((*fused)->output()->shape() != m.out->shape())
+      return Internal(name, ": gives ", (*fused)->output()->TypeString(), " in place of '", m.out->name(), "' ",
+                      m.out->TypeString());
+    renames_.push_back({(*fused)->output(), m.out->name()});
+    g_.ReplaceAllUsesWith(m.out, (*fused)->output());
+
+    FusedGroupInfo info;
+    info.name = name;
+    info.kind = "attention";
+    info.kernel_name = kernel;
+    for (Node* n : members) {
+      info.nodes.push_back(n->name());
+      absorbed_.insert(n);
+    }
+    if (report_) report_->groups.push_back(std::move(info));
+    return Status::Ok();
+  }
+
+  Graph& g_;
+  const FusionOptions& o_;
+  FusionReport* report_;
+  std::map<const Node*, int> index_;
+  std::set<const Node*> absorbed_;
+  std::vector<std::pair<Value*, std::string>> renames_;
+};
+
+}  // namespace
 
 Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* report) {
-  (void)g, (void)options, (void)report;
-  return 0;
+  if (!options.enabled) return 0;
+  return AttentionFuser(g, options, report).Run();
 }
 
 }  // namespace graphfuse

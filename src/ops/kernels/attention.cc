@@ -1,7 +1,384 @@
+// FusedAttention: softmax(scale * Q K^T + mask_scale * mask) V for every (batch, head) pair in
+// ONE launch, formed by the FuseAttention pass (src/passes/fuse_attention.cc).
+//
+// Operands are read where they lie, through a per-operand layout attribute:
+//   "bshd": the pre-head-split tensor [B,S,H*d] (any shape with that row-major order); head
+//           (b, h) starts at b*S*H*d + h*d and its rows are H*d apart.
+//   "bhsd": a head-split tensor [B,H,S,d]; head (b, h) is a contiguous [S,d] block.
+//   "bhds": (K only) K^T already laid out [B,H,d,Sk]; head (b, h) is a contiguous [d,Sk] block.
+// The output is written in "bshd" ([B,S,H*dv], what Transpose+Reshape of the heads gives) or
+// "bhsd" ([B,H,S,dv]) order. Optional inputs follow q, k, v in this order: mask (when
+// has_mask; broadcast to [B,H,S,Sk]), cos and sin (when rope_q or rope_k; broadcast to
+// [B,H,S,d], last dim d), y = x*cos + rotate_half(x)*sin applied to Q / K rows as they are
+// gathered.
+//
+// Per task: a block of query rows of one head. scores = scale * Q K^T is one sgemm into
+// per-thread scratch ([rows, Sk]; Q and K are read in place unless RoPE needs a gathered copy),
+// the mask is added and each row exponentiated after subtracting its max (as softmax.cc does),
+// then O = P V is one sgemm reading V in place and writing O in place in the output layout;
+// O's rows are divided by their softmax sums last ([rows, dv] values rather than [rows, Sk]).
+// No [B,H,S,Sk] tensor and no transposed copy ever exists in memory.
+//
+// OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
+// is split over graphfuse's pool.
+#include <cblas.h>
+
+#include <climits>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "cpu/simd.h"
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
+namespace {
 
-std::vector<OpSchema> AttentionSchemas() { return {}; }
+using simd::kLanes;
+using simd::VF;
+
+enum class Layout { kBSHD, kBHSD, kBHDS };
+
+Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::string& where, const char* which) {
+  if (s == "bshd") return Layout::kBSHD;
+  if (s == "bhsd") return Layout::kBHSD;
+  if (s == "bhds" && allow_bhds) return Layout::kBHDS;
+  return InvalidArgument(where, ": ", which, " '", s, "' is not a layout this op reads (bshd, bhsd",
+                         allow_bhds ? ", bhds" : "", ")");
+}
+
+// The problem as the attributes describe it.
+struct Dims {
+  int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+  Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
+  bool mask = false, rope_q = false, rope_k = false;
+  Shape out_shape;
+  int num_inputs() const { return 3 + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
+};
+
+Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
+  Dims d;
+  d.b = AttrInt(a, "batch", -1);
+  d.h = AttrInt(a, "heads", -1);
+  d.s = AttrInt(a, "seq_q", -1);
+  d.sk = AttrInt(a, "seq_k", -1);
+  d.d = AttrInt(a, "head_dim", -1);
+  d.dv = AttrInt(a, "v_head_dim", d.d);
+  for (int64_t x : {d.b, d.h, d.s, d.sk, d.d, d.dv})
+    if (x < 0)
+      return InvalidArgument(where, ": needs non-negative batch, heads, seq_q, seq_k, head_dim, v_head_dim attributes");
+  GF_ASSIGN_OR_RETURN(d.q, ParseLayout(AttrString(a, "q_layout", "bshd"), false, where, "q_layout"));
+  GF_ASSIGN_OR_RETURN(d.k, ParseLayout(AttrString(a, "k_layout", "bshd"), true, where, "k_layout"));
+  GF_ASSIGN_OR_RETURN(d.v, ParseLayout(AttrString(a, "v_layout", "bshd"), false, where, "v_layout"));
+  GF_ASSIGN_OR_RETURN(d.out, ParseLayout(AttrString(a, "out_layout", "bshd"), false, where, "out_layout"));
+  d.mask = AttrInt(a, "has_mask", 0) != 0;
+  d.rope_q = AttrInt(a, "rope_q", 0) != 0;
+  d.rope_k = AttrInt(a, "rope_k", 0) != 0;
+  if (d.rope_k && d.k == Layout::kBHDS)
+    return InvalidArgument(where, ": RoPE on K needs K rows (k_layout bshd or bhsd), not bhds");
+  if ((d.rope_q || d.rope_k) && d.d % 2 != 0)
+    return InvalidArgument(where, ": RoPE needs an even head_dim, got ", d.d);
+  d.out_shape = AttrInts(a, "output_shape", {});
+  return d;
+}
+
+// Shape checks shared by inference and the kernel.
+Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
+                     const std::string& where) {
+  if (static_cast<int>(shapes.size()) != d.num_inputs())
+    return InvalidArgument(where, ": expects ", d.num_inputs(), " inputs (q, k, v", d.mask ? ", mask" : "",
+                           d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
+  for (size_t i = 0; i < dtypes.size(); ++i)
+    if (dtypes[i] != DType::kF32)
+      return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+  auto check = [&](size_t i, const char* name, Layout l, int64_t rows, int64_t cols) -> Status {
+    const Shape& s = shapes[i];
+    int64_t n = 1;
+    for (int64_t x : s) n *= x;
+    const Shape want = l == Layout::kBHDS ? Shape{d.b, d.h, cols, rows} : Shape{d.b, d.h, rows, cols};
+    if (l == Layout::kBSHD ? n != d.b * rows * d.h * cols : s != want)
+      return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not hold ",
+                             l == Layout::kBSHD ? StrCat("[B,S,H*d] = [", d.b, ",", rows, ",", d.h * cols, "]")
+                                                : ShapeToString(want));
+    return Status::Ok();
+  };
+  GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
+  GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
+  GF_RETURN_IF_ERROR(check(2, "v", d.v, d.sk, d.dv));
+  size_t next = 3;
+  auto broadcasts = [&](const Shape& s, const Shape& to, const char* name) -> Status {
+    const Shape both[2] = {s, to};
+    auto r = BroadcastShapes(both);
+    if (s.size() > to.size() || !r.ok() || *r != to)
+      return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not broadcast to ", ShapeToString(to));
+    return Status::Ok();
+  };
+  if (d.mask) GF_RETURN_IF_ERROR(broadcasts(shapes[next++], Shape{d.b, d.h, d.s, d.sk}, "mask"));
+  if (d.rope_q || d.rope_k)
+    for (const char* name : {"cos", "sin"}) {
+      const Shape& s = shapes[next++];
+      if (s.empty() || s.back() != d.d)
+        return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in head_dim ", d.d);
+      if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.d}, name));
+      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.sk, d.d}, name));
+    }
+  int64_t n = 1;
+  for (int64_t x : d.out_shape) n *= x;
+  if (d.out_shape.empty() || n != d.b * d.h * d.s * d.dv ||
+      (d.out == Layout::kBHSD && d.out_shape != Shape{d.b, d.h, d.s, d.dv}))
+    return InvalidArgument(where, ": output_shape ", ShapeToString(d.out_shape), " does not hold ",
+                           d.out == Layout::kBHSD ? "[B,H,S,dv]" : "[B,S,H*dv]", " = ",
+                           ShapeToString(Shape{d.b, d.h, d.s, d.dv}), " in ", d.out == Layout::kBHSD ? "bhsd" : "bshd",
+                           " order");
+  return Status::Ok();
+}
+
+Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
+  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(ctx.attrs, ctx.Describe()));
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  for (const Value* v : ctx.inputs) {
+    if (!v) return InvalidArgument(ctx.Describe(), ": FusedAttention takes no omitted inputs (flags say which are present)");
+    dtypes.push_back(v->dtype());
+    shapes.push_back(v->shape());
+  }
+  GF_RETURN_IF_ERROR(CheckOperands(d, dtypes, shapes, ctx.Describe()));
+  return std::vector<ValueType>{{DType::kF32, d.out_shape}};
+}
+
+// Where head (b, h) of an operand starts and how far apart its rows are.
+struct HeadAccess {
+  int64_t head_stride_b, head_stride_h, row_stride;
+};
+HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
+  switch (l) {
+    case Layout::kBSHD: return {rows * d.h * cols, cols, d.h * cols};
+    case Layout::kBHSD: return {d.h * rows * cols, rows * cols, cols};
+    case Layout::kBHDS: return {d.h * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
+  }
+  return {0, 0, 0};
+}
+
+// dst[r] = rope(src row r) for `rows` rows; cos/sin rows are located through broadcast strides
+// (c_row: element stride between rows; the last dim is contiguous).
+void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, const float* cos, const float* sin,
+                int64_t c_row, float* dst) {
+  const int64_t half = d / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* x = src + r * src_stride;
+    const float* c = cos + r * c_row;
+    const float* s = sin + r * c_row;
+    float* y = dst + r * d;
+    // Same operations, in the same order, as x*cos + concat(-x2, x1)*sin written out.
+    for (int64_t j = 0; j < half; ++j) y[j] = x[j] * c[j] + (-x[j + half]) * s[j];
+    for (int64_t j = half; j < d; ++j) y[j] = x[j] * c[j] + x[j - half] * s[j];
+  }
+}
+
+inline VF LoadTail(const float* x, int64_t rem, float fill) {
+  alignas(64) float buf[kLanes];
+  for (int l = 0; l < kLanes; ++l) buf[l] = l < rem ? x[l] : fill;
+  return VF::Load(buf);
+}
+
+// row += mask_scale * mask (mask contiguous, or one value broadcast when mask_stride is 0);
+// then row = exp(row - max(row)); returns the sum of the exponentials.
+double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  VF vmax(ninf);
+  int64_t i = 0;
+  if (mask) {
+    const bool unit = mask_scale == 1.f;
+    if (mask_stride == 0) {
+      const float m = unit ? mask[0] : mask[0] * mask_scale;
+      for (int64_t j = 0; j < n; ++j) row[j] += m;
+    } else if (unit) {
+      for (; i + kLanes <= n; i += kLanes) (VF::Load(row + i) + VF::Load(mask + i)).Store(row + i);
+      for (; i < n; ++i) row[i] += mask[i];
+    } else {
+      const VF ms(mask_scale);
+      for (; i + kLanes <= n; i += kLanes) (VF::Load(row + i) + VF::Load(mask + i) * ms).Store(row + i);
+      for (; i < n; ++i) row[i] += mask[i] * mask_scale;
+    }
+  }
+  for (i = 0; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
+  if (i < n) vmax = simd::max(vmax, LoadTail(row + i, n - i, ninf));
+  alignas(64) float lanes[kLanes];
+  vmax.Store(lanes);
+  float m = ninf;
+  for (int l = 0; l < kLanes; ++l) m = (lanes[l] != lanes[l] || m < lanes[l]) ? lanes[l] : m;
+  const VF vm(m);
+  VF acc(0.0);
+  for (i = 0; i + kLanes <= n; i += kLanes) {
+    const VF e = simd::exp(VF::Load(row + i) - vm);
+    e.Store(row + i);
+    acc = acc + e;
+  }
+  if (i < n) {
+    const VF e = simd::exp(LoadTail(row + i, n - i, ninf) - vm);
+    e.Store(lanes);
+    for (int64_t l = 0; l < n - i; ++l) row[i + l] = lanes[l];
+    acc = acc + e;  // padded lanes are exp(-inf) = 0 (NaN when the row is NaN anyway)
+  }
+  acc.Store(lanes);
+  double s = 0;
+  for (int l = 0; l < kLanes; ++l) s += lanes[l];
+  return s;
+}
+
+void SingleThreadedBlas() {
+  static const bool once = (openblas_set_num_threads(1), true);
+  (void)once;
+}
+
+Status AttentionKernel(const KernelContext& ctx) {
+  const std::string where = KernelWhere(ctx);
+  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(ctx.node.attrs(), where));
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  for (const TensorView& t : ctx.inputs) dtypes.push_back(t.dtype), shapes.push_back(t.shape);
+  GF_RETURN_IF_ERROR(CheckOperands(d, dtypes, shapes, where));
+  if (ctx.outputs[0].shape != d.out_shape || ctx.outputs[0].dtype != DType::kF32)
+    return InvalidArgument(where, ": output buffer ", TypeStr(ctx.outputs[0]), " is not f32",
+                           ShapeToString(d.out_shape));
+  for (int64_t x : {d.s, d.sk, d.d, d.dv, d.h * d.d, d.h * d.dv})
+    if (x > INT_MAX) return Unimplemented(where, ": a GEMM dimension of ", x, " exceeds the BLAS int range");
+  float* out = ctx.outputs[0].as<float>();
+  if (d.b * d.h * d.s * d.dv == 0) return Status::Ok();
+  if (d.sk == 0) {  // softmax over zero keys is empty: P V sums nothing
+    std::fill(out, out + d.b * d.h * d.s * d.dv, 0.f);
+    return Status::Ok();
+  }
+  SingleThreadedBlas();
+  const float scale = ctx.node.GetFloat("scale", 1.f);
+  const float mask_scale = ctx.node.GetFloat("mask_scale", 1.f);
+  const float* q = ctx.inputs[0].as<const float>();
+  const float* k = ctx.inputs[1].as<const float>();
+  const float* v = ctx.inputs[2].as<const float>();
+  size_t next = 3;
+  const float* mask = nullptr;
+  std::vector<int64_t> ms;  // mask strides over [B,H,S,Sk]
+  if (d.mask) {
+    mask = ctx.inputs[next].as<const float>();
+    ms = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.sk});
+    ++next;
+  }
+  const float *cos = nullptr, *sin = nullptr;
+  std::vector<int64_t> cq, ck;  // cos/sin strides over [B,H,S,d] and [B,H,Sk,d]
+  if (d.rope_q || d.rope_k) {
+    cos = ctx.inputs[next].as<const float>();
+    sin = ctx.inputs[next + 1].as<const float>();
+    if (ctx.inputs[next].shape != ctx.inputs[next + 1].shape)
+      return InvalidArgument(where, ": cos ", ShapeToString(ctx.inputs[next].shape), " and sin ",
+                             ShapeToString(ctx.inputs[next + 1].shape), " differ in shape");
+    cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.d});
+    ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.sk, d.d});
+  }
+  const HeadAccess qa = Access(d.q, d, d.s, d.d), ka = Access(d.k, d, d.sk, d.d), va = Access(d.v, d, d.sk, d.dv),
+                   oa = Access(d.out, d, d.s, d.dv);
+
+  // Query rows per task: a [rows, Sk] score block of about 256 KiB (L2-resident), 16..256 rows.
+  // Measured at H=32, S=Sk=512, d=128 on one core: 154 ms with 256 KiB blocks, 203 ms with
+  // 64 KiB (sgemm with M=32 runs well below its M=128 rate).
+  const int64_t rows_per_block = std::min<int64_t>(d.s, std::clamp<int64_t>(65536 / std::max<int64_t>(d.sk, 1), 16, 256));
+  const int64_t blocks = (d.s + rows_per_block - 1) / rows_per_block;
+  const int64_t items = d.b * d.h * blocks;
+  auto align16 = [](int64_t n) { return (n + 15) / 16 * 16; };
+  const int64_t scores_floats = align16(rows_per_block * d.sk);
+  const int64_t qg_floats = d.rope_q ? align16(rows_per_block * d.d) : 0;
+  const int64_t kg_floats = d.rope_k ? align16(d.sk * d.d) : 0;
+  const size_t scratch_bytes = static_cast<size_t>(scores_floats + qg_floats + kg_floats + 16) * sizeof(float);
+  const int64_t work_per_item = rows_per_block * d.sk * (d.d + d.dv) / 4 + rows_per_block * d.sk * 8;
+
+  auto run_items = [&](int64_t begin, int64_t end, float* scratch) {
+    float* scores = scratch;
+    float* qg = scratch + scores_floats;
+    float* kg = qg + qg_floats;
+    int64_t gathered_head = -1;  // the head whose roped K is in kg
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t head = item / blocks, blk = item % blocks;
+      const int64_t b = head / d.h, h = head % d.h;
+      const int64_t r0 = blk * rows_per_block, rows = std::min(rows_per_block, d.s - r0);
+      const float* qh = q + b * qa.head_stride_b + h * qa.head_stride_h + r0 * qa.row_stride;
+      const float* kh = k + b * ka.head_stride_b + h * ka.head_stride_h;
+      const float* vh = v + b * va.head_stride_b + h * va.head_stride_h;
+      float* oh = out + b * oa.head_stride_b + h * oa.head_stride_h + r0 * oa.row_stride;
+      const float* a_ptr = qh;
+      int64_t lda = qa.row_stride;
+      if (d.rope_q) {
+        const int64_t off = b * cq[0] + h * cq[1] + r0 * cq[2];
+        GatherRope(qh, qa.row_stride, rows, d.d, cos + off, sin + off, cq[2], qg);
+        a_ptr = qg;
+        lda = d.d;
+      }
+      const float* b_ptr = kh;
+      int64_t ldb = ka.row_stride;
+      if (d.rope_k) {
+        if (gathered_head != head) {
+          const int64_t off = b * ck[0] + h * ck[1];
+          GatherRope(kh, ka.row_stride, d.sk, d.d, cos + off, sin + off, ck[2], kg);
+          gathered_head = head;
+        }
+        b_ptr = kg;
+        ldb = d.d;
+      }
+      // scores[rows, Sk] = scale * Q K^T (K^T read as given for bhds).
+      if (d.d > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, d.k == Layout::kBHDS ? CblasNoTrans : CblasTrans,
+                    static_cast<int>(rows), static_cast<int>(d.sk), static_cast<int>(d.d), scale, a_ptr,
+                    static_cast<int>(std::max<int64_t>(lda, 1)), b_ptr, static_cast<int>(std::max<int64_t>(ldb, 1)),
+                    0.f, scores, static_cast<int>(d.sk));
+      } else {
+        std::fill(scores, scores + rows * d.sk, 0.f);
+      }
+      float inv[256];
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* mrow = mask ? mask + b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : nullptr;
+        const double sum = MaskExpRow(scores + r * d.sk, d.sk, mrow, mask ? ms[3] : 1, mask_scale);
+        inv[r] = static_cast<float>(1.0 / sum);
+      }
+      // O[rows, dv] = P V, written in place in the output layout, then normalized per row.
+      if (d.dv > 0) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(d.dv),
+                    static_cast<int>(d.sk), 1.f, scores, static_cast<int>(d.sk), vh,
+                    static_cast<int>(std::max<int64_t>(va.row_stride, 1)), 0.f, oh,
+                    static_cast<int>(std::max<int64_t>(oa.row_stride, 1)));
+        for (int64_t r = 0; r < rows; ++r) {
+          float* o = oh + r * oa.row_stride;
+          const VF vi(inv[r]);
+          int64_t j = 0;
+          for (; j + kLanes <= d.dv; j += kLanes) (VF::Load(o + j) * vi).Store(o + j);
+          for (; j < d.dv; ++j) o[j] *= inv[r];
+        }
+      }
+    }
+  };
+
+  const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(items * work_per_item), items));
+  if (ctx.cpu.pool == nullptr) {
+    std::unique_ptr<float[]> local(new float[scratch_bytes / sizeof(float)]);
+    run_items(0, items, local.get());
+    return Status::Ok();
+  }
+  if (threads <= 1) {
+    run_items(0, items, static_cast<float*>(ctx.cpu.pool->Scratch(0, scratch_bytes)));
+    return Status::Ok();
+  }
+  // Contiguous item ranges per task, so consecutive blocks of one head reuse its gathered K.
+  ctx.cpu.pool->Parallel(threads, [&](int tid, int nt) {
+    const int64_t b = items * tid / nt, e = items * (tid + 1) / nt;
+    if (b < e) run_items(b, e, static_cast<float*>(ctx.cpu.pool->Scratch(tid, scratch_bytes)));
+  });
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<OpSchema> AttentionSchemas() {
+  return {
+      {"FusedAttention", 3, 6, 1, InferAttention, AttentionKernel},
+  };
+}
 
 }  // namespace graphfuse::kernels
