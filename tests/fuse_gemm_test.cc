@@ -211,6 +211,34 @@ TEST(FuseGemm, ExcludedReaderStaysOutAndNonConstantWeightsAreNotFused) {
   ExpectClose(unfused.outputs, fused.outputs);
 }
 
+TEST(FuseGemm, LinearLayerWrittenAsGemmGetsItsBiasAndActivationAsEpilogue) {
+  auto [unfused, fused] = BuildAndRun([](Graph& g) {
+    Value* x = g.AddInput("x", DType::kF32, {kM, kK}).value();
+    Value* w = g.AddConstant("w", RandomTensor({kN, kK}, 71)).value();  // [out, in]: transB = 1
+    Value* b = g.AddConstant("b", RandomTensor({kN}, 72)).value();
+    Value* y = g.AddNode("Gemm", {x, w, b}, {{"transB", int64_t{1}}}, "linear").value()->output();
+    Value* z = g.AddNode("Relu", {y}, {}, "relu").value()->output();
+    ASSERT_TRUE(g.MarkOutput(z).ok());
+  });
+  EXPECT_EQ(CountOp(*fused.graph, "Gemm"), 0);
+  EXPECT_EQ(fused.report.kernels_after, 1);
+  const FusedGroupInfo* g = FindKind(fused.report, "gemm_epilogue");
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->nodes, (std::vector<std::string>{"linear", "linear/bias", "relu"}));
+  ExpectClose(unfused.outputs, fused.outputs);
+}
+
+TEST(FuseGemm, GemmWithScaledProductIsLeftAlone) {
+  auto [unfused, fused] = BuildAndRun([](Graph& g) {
+    Value* x = g.AddInput("x", DType::kF32, {kM, kK}).value();
+    Value* w = g.AddConstant("w", RandomTensor({kK, kN}, 81)).value();
+    Value* y = g.AddNode("Gemm", {x, w}, {{"alpha", 0.5f}}, "scaled").value()->output();
+    ASSERT_TRUE(g.MarkOutput(y).ok());
+  });
+  EXPECT_EQ(CountOp(*fused.graph, "Gemm"), 1);
+  ExpectClose(unfused.outputs, fused.outputs);
+}
+
 TEST(FuseGemm, ReferenceGraphReproducesTheFusedNode) {
   auto [unfused, fused] = BuildAndRun([](Graph& g) {
     Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();

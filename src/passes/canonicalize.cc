@@ -607,8 +607,60 @@ Result<bool> Rewrite(Graph& g, Match& m) {
 
 }  // namespace
 
+namespace {
+
+// A linear layer exported as Gemm (nn.Linear on 2-D input: Gemm(A, W, b, transB=1)) with
+// constant weights becomes MatMul(A, W^T folded) + Add(b): the projection FuseGemm groups
+// horizontally and the bias add an epilogue it absorbs (with whatever elementwise ops follow,
+// which FuseElementwise joins to the add first). Only alpha = 1, transA = 0 and a constant bias
+// with beta = 1 (or none): anything else keeps the Gemm.
+Result<int> SplitLinearGemms(Graph& g) {
+  std::vector<Node*> gemms;
+  for (const auto& n : g.nodes())
+    if (n->op() == "Gemm") gemms.push_back(n.get());
+  int split = 0;
+  for (Node* n : gemms) {
+    Value* a = n->input(0);
+    Value* w = n->input(1);
+    Value* c = n->input(2);
+    if (!w->constant() || a->dtype() != DType::kF32 || w->dtype() != DType::kF32) continue;
+    if (n->GetInt("transA", 0) != 0 || n->GetFloat("alpha", 1.f) != 1.f) continue;
+    if (c && (!c->constant() || n->GetFloat("beta", 1.f) != 1.f)) continue;
+    std::shared_ptr<const Tensor> weights = w->constant();
+    if (n->GetInt("transB", 0) != 0) {  // fold the transpose: [N, K] -> [K, N]
+      const int64_t nn = w->shape()[0], kk = w->shape()[1];
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, {kk, nn}));
+      const float* src = weights->data_as<float>();
+      float* dst = t.data_as<float>();
+      for (int64_t i = 0; i < nn; ++i)
+        for (int64_t j = 0; j < kk; ++j) dst[j * nn + i] = src[i * kk + j];
+      weights = std::make_shared<const Tensor>(std::move(t));
+    }
+    GF_ASSIGN_OR_RETURN(Value * wk, g.AddConstant(g.FreshName(w->name() + "_kn"), weights));
+    GF_ASSIGN_OR_RETURN(Node * mm, g.AddNode("MatMul", {a, wk}, {}, n->name()));
+    Value* out = mm->output();
+    if (c) {
+      GF_ASSIGN_OR_RETURN(Node * add, g.AddNode("Add", {out, c}, {}, n->name() + "/bias"));
+      out = add->output();
+    }
+    if (out->shape() != n->output()->shape()) return Internal("Gemm '", n->name(), "': split form has another shape");
+    const std::string name = n->output()->name();
+    g.ReplaceAllUsesWith(n->output(), out);
+    g.RemoveNode(n);
+    GF_RETURN_IF_ERROR(g.RenameValue(out, name));
+    ++split;
+  }
+  if (split) {
+    g.RemoveDeadNodes();
+    GF_RETURN_IF_ERROR(g.TopologicalSort().WithContext("Canonicalize"));
+  }
+  return split;
+}
+
+}  // namespace
+
 Result<int> Canonicalize(Graph& g) {
-  int rewritten = 0;
+  GF_ASSIGN_OR_RETURN(int rewritten, SplitLinearGemms(g));
   // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;
   // the bound only guards that argument.
   const size_t max_rewrites = g.num_nodes();

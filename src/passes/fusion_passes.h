@@ -13,7 +13,8 @@
 namespace graphfuse {
 
 // Recognizes what exporters write out as primitive ops -- LayerNorm, RMSNorm, GELU (erf and
-// tanh forms), SiLU, Softmax, RoPE's rotate-half -- and replaces each with the op it is.
+// tanh forms), SiLU, Softmax, RoPE's rotate-half -- and replaces each with the op it is; a
+// linear layer written as Gemm with constant weights becomes MatMul + bias Add (for FuseGemm).
 // Returns the number of patterns rewritten. (canonicalize.cc)
 Result<int> Canonicalize(Graph& g);
 
