@@ -2,11 +2,13 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include "cli_common.h"
 #include "cpu/elementwise_kernels.h"
+#include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
 
 namespace graphfuse::cli {
@@ -121,6 +123,12 @@ int ListOps(Args& args) {
 
 int main(int argc, char** argv) {
   using namespace graphfuse::cli;
+  // OpenBLAS fell back to generic kernels on a CPU it does not know: start again with the
+  // right ones named (once: the child has the variable set). See SuggestedBlasCoreType.
+  if (const char* core = graphfuse::SuggestedBlasCoreType()) {
+    setenv("OPENBLAS_CORETYPE", core, 1);
+    execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
+  }
   if (argc < 2) {
     std::fputs(kUsage, stderr);
     return kExitBadInput;

@@ -13,6 +13,15 @@ namespace graphfuse {
 // a 2-thread dispatch costs ~1 us here, the time a 1-thread add spends on ~30K elements.
 inline constexpr int64_t kDefaultMinWorkPerThread = 48 * 1024;
 
+// GEMMs run through OpenBLAS, which picks its kernels from the CPU model when it is loaded.
+// OpenBLAS 0.3.21 does not know newer Xeons (Sapphire Rapids, for one) and falls back to its
+// SSE3 "Prescott" kernels: 4.3x slower than its AVX-512 ones on this project's machines. This
+// returns the OPENBLAS_CORETYPE value that names the right kernels ("SkylakeX" with AVX-512,
+// "Haswell" with AVX2) when that fallback happened and the variable is not set; else nullptr.
+// The variable only takes effect in a process started with it (the `graphfuse` command
+// re-executes itself once).
+const char* SuggestedBlasCoreType();
+
 // Everything a CPU kernel needs from outside, passed explicitly (no globals).
 struct CpuContext {
   ThreadPool* pool = nullptr;  // nullptr: run on the calling thread only

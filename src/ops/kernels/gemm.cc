@@ -6,7 +6,10 @@
 // would oversubscribe the cores.
 #include <cblas.h>
 
+#include <cctype>
 #include <climits>
+#include <cstdlib>
+#include <string>
 #include <cstring>
 #include <vector>
 
@@ -224,3 +227,20 @@ std::vector<OpSchema> GemmSchemas() {
 }
 
 }  // namespace graphfuse::kernels
+
+namespace graphfuse {
+
+const char* SuggestedBlasCoreType() {
+  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
+  const char* core = openblas_get_corename();
+  std::string name = core ? core : "";
+  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  const bool generic = name == "prescott" || name == "core2" || name == "nehalem" || name == "unknown";
+  if (!generic) return nullptr;
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return nullptr;
+}
+
+}  // namespace graphfuse
