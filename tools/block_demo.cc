@@ -29,6 +29,7 @@ struct BlockDemoOptions {
   int64_t seq = -1;  // preset's
   int threads = 0;
   int repeats = 11;
+  bool profile = false;
   double rtol = 1e-3, atol = 1e-4;
   std::string json;
 };
@@ -53,9 +54,12 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
     } else if (f == "--json") {
       GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
+    } else if (f == "--profile") {
+      o.profile = true;
     } else {
       return InvalidArgument("demo: unknown flag '", f,
-                             "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --json FILE)");
+                             "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --profile "
+                             "--json FILE)");
     }
   }
   return o;
@@ -65,6 +69,7 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
 struct PlanFigures {
   int64_t kernels = 0;
   double latency_ms = 0, outside_gemm_ms = 0, gemm_ms = 0, bytes = 0;
+  std::vector<std::pair<std::string, double>> steps;  // "node (op)", median ms
 };
 
 // Bytes each kernel reads and writes (every input and output once per launch).
@@ -87,6 +92,7 @@ Status Profile(ExecutionPlan& plan, std::span<const TensorView> in, std::span<co
   using Clock = std::chrono::steady_clock;
   std::vector<std::vector<double>> per_step;
   std::vector<bool> is_gemm;
+  std::vector<std::string> names;
   for (int r = 0; r < runs; ++r) {
     size_t step = 0;
     auto last = Clock::now();
@@ -95,6 +101,7 @@ Status Profile(ExecutionPlan& plan, std::span<const TensorView> in, std::span<co
       if (per_step.size() <= step) {
         per_step.emplace_back();
         is_gemm.push_back(IsWeightGemm(n));
+        names.push_back(StrCat(n.name(), " (", n.op(), ")"));
       }
       per_step[step++].push_back(std::chrono::duration<double>(now - last).count());
       last = Clock::now();
@@ -107,6 +114,7 @@ Status Profile(ExecutionPlan& plan, std::span<const TensorView> in, std::span<co
     std::vector<double>& t = per_step[s];
     std::sort(t.begin(), t.end());
     (is_gemm[s] ? f.gemm_ms : f.outside_gemm_ms) += t[t.size() / 2] * 1e3;
+    f.steps.emplace_back(names[s], t[t.size() / 2] * 1e3);
   }
   return Status::Ok();
 }
@@ -249,6 +257,13 @@ int RunDemo(Args& args) {
               "as outside.\n");
   std::printf("check: fused vs unfused max |err| %.3g, max rel err %.3g (|err| <= %.0e + %.0e*|ref|): %s\n\n", max_abs,
               max_rel, o.atol, o.rtol, ok ? "ok" : "DIFFERS");
+  if (o.profile) {
+    for (const auto& [label, f] : {std::pair<const char*, const PlanFigures*>{"unfused", &fu}, {"fused", &ff}}) {
+      std::printf("%s plan, per kernel (median ms over %d observed runs):\n", label, profile_runs);
+      for (const auto& [name, ms] : f->steps) std::printf("  %9.3f  %s\n", ms, name.c_str());
+    }
+    std::printf("\n");
+  }
   std::printf("fused plan: %zu groups (graphfuse explain prints them with every refusal)\n", report.groups.size());
   for (const FusedGroupInfo& g : report.groups) {
     std::string members;

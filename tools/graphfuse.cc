@@ -51,13 +51,15 @@ constexpr const char* kUsage = R"(graphfuse: operator fusion for neural-network 
 usage: graphfuse <command> [flags]
 
 commands:
-  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--json FILE]
+  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
+       [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
         checks they agree (|fused - unfused| <= atol + rtol*|unfused|; defaults 1e-4, 1e-3),
         and prints kernels per block, dispatch overhead, time outside the weight GEMMs, block
-        latency (median of interleaved repeats), bytes moved and the fused groups
+        latency (median of interleaved repeats), bytes moved and the fused groups; --profile
+        adds the median time of every kernel of both plans
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64

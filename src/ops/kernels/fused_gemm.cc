@@ -137,14 +137,18 @@ Status RunFusedGemm(const KernelContext& ctx) {
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
-  // Column blocks: about four per thread (claimed dynamically, so a late thread takes fewer),
-  // 64-1024 wide: each sgemm call packs its A rows again, so narrow blocks cost A traffic.
-  // Rows are cut so that one block of all S projections stays within ~1 MiB (L2).
+  // Blocks: each sgemm call packs its rows of A again, so blocks are as wide as the threads
+  // allow (one per thread: N / threads columns) while a block of all S projections stays
+  // within ~2 MiB (L2) for the epilogue to read back; never narrower than 256 columns (for
+  // large M the A repacking would cost more than the cache saves); rows are cut only when
+  // even that does not fit.
+  constexpr int64_t kBlockBytes = 2 << 20;
   const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
-  int64_t nb = std::clamp<int64_t>((n / (4 * threads) + 15) / 16 * 16, 64, 1024);
-  nb = std::min(nb, n);
-  const int64_t mb = std::clamp<int64_t>((1 << 20) / (nb * S * 4), 1, m);
+  const int64_t nb_threads = (n + threads - 1) / threads;
+  const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
+  const int64_t nb = std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
+  const int64_t mb = std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
   const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
   const int64_t blocks = col_blocks * row_blocks;
 
