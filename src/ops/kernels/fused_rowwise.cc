@@ -34,6 +34,7 @@
 #include "cpu/simd.h"
 #include "cpu/tile_program.h"
 #include "kernel_util.h"
+#include "norm_rows.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -250,20 +251,6 @@ std::vector<float> ParamRow(const TensorView& p, int64_t d) {
   return row;
 }
 
-// sum over the row of f(x[j]) in double. Element j goes to partial sum j % 8 and the eight
-// partials are added as a balanced tree: the loop vectorizes (one running double sum would wait
-// on every add), and the order is the unfused norm kernels', so both give the same statistics.
-template <class F>
-double RowSum(const float* x, int64_t n, F f) {
-  double part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-  const int64_t full = n - n % 8;
-  for (int64_t j = 0; j < full; j += 8)
-    for (int l = 0; l < 8; ++l) part[l] += f(static_cast<double>(x[j + l]));
-  for (int64_t j = full; j < n; ++j) part[j - full] += f(static_cast<double>(x[j]));
-  const double a = part[0] + part[1], b = part[2] + part[3], c = part[4] + part[5], e = part[6] + part[7];
-  return (a + b) + (c + e);
-}
-
 Status FusedNormKernel(const KernelContext& ctx) {
   GF_ASSIGN_OR_RETURN(NormLayout l, ReadNormLayout(KernelWhere(ctx), ctx.node.attrs(), ctx.inputs.size()));
   const TensorView& Y = ctx.outputs[0];
@@ -285,27 +272,9 @@ Status FusedNormKernel(const KernelContext& ctx) {
   const std::vector<float> scale = has_scale ? ParamRow(ctx.inputs[l.body_inputs], d) : std::vector<float>();
   const std::vector<float> bias = has_bias ? ParamRow(ctx.inputs[l.body_inputs + 1], d) : std::vector<float>();
   const double eps = ctx.node.GetFloat("epsilon", l.layer_norm ? 1e-5f : 1e-6f);
-  const double dd = static_cast<double>(d);
-
   auto norm_row = [&](const float* x, float* y) {
-    if (l.layer_norm) {
-      const double mean = RowSum(x, d, [](double v) { return v; }) / dd;
-      const double var = RowSum(x, d, [mean](double v) { return (v - mean) * (v - mean); }) / dd;
-      const float mf = static_cast<float>(mean), inv = static_cast<float>(1.0 / std::sqrt(var + eps));
-      if (has_bias) {
-        for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * inv * scale[j] + bias[j];
-      } else {
-        for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * inv * scale[j];
-      }
-      return;
-    }
-    const double ms = RowSum(x, d, [](double v) { return v * v; }) / dd;
-    const float inv = static_cast<float>(1.0 / std::sqrt(ms + eps));
-    if (has_scale) {
-      for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv * scale[j];
-    } else {
-      for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv;
-    }
+    if (l.layer_norm) LayerNormRow(x, y, d, scale.data(), has_bias ? bias.data() : nullptr, eps);
+    else RmsNormRow(x, y, d, has_scale ? scale.data() : nullptr, eps);
   };
   ForRowBlocks(ctx.cpu, rows, d, cost, prologue.scratch_bytes(), [&](int64_t r0, int64_t r1, void* scratch) {
     prologue.Run(r0 * d, r1 * d, scratch);

@@ -5,9 +5,11 @@
 // Statistics accumulate in double (two-pass variance), so a row of 1e6 similar values keeps its
 // variance; the per-element normalization runs in f32. f16/bf16 rows are converted to f32.
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernel_util.h"
+#include "norm_rows.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -55,6 +57,10 @@ std::vector<float> ExpandRow(const KernelContext& ctx, size_t i, const Shape& no
   std::vector<float> row(static_cast<size_t>(d), fill);
   if (!HasInput(ctx, i)) return row;
   const TensorView& p = ctx.inputs[i];
+  if (p.dtype == DType::kF32 && Product(p.shape) == d) {  // the usual [D] parameter: a copy
+    std::memcpy(row.data(), p.data, static_cast<size_t>(d) * sizeof(float));
+    return row;
+  }
   const std::vector<int64_t> st = BroadcastStrides(p.shape, norm);
   std::vector<int64_t> idx(norm.size(), 0);
   for (int64_t j = 0; j < d; ++j) {
@@ -89,18 +95,6 @@ void ForEachRow(const KernelContext& ctx, int64_t rows, int64_t d, RowFn&& row_f
   });
 }
 
-// sum_j f(x[j]) in double with 8 independent partial sums: a single running double sum is
-// bound by the add latency (4 cycles per element); eight lanes vectorize.
-template <class F>
-double SumD(const float* x, int64_t d, F f) {
-  double acc[8] = {};
-  int64_t j = 0;
-  for (; j + 8 <= d; j += 8)
-    for (int l = 0; l < 8; ++l) acc[l] += f(static_cast<double>(x[j + l]));
-  for (int l = 0; j < d; ++j, ++l) acc[l] += f(static_cast<double>(x[j]));
-  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-}
-
 // ---- LayerNormalization ----
 
 Result<std::vector<ValueType>> InferLayerNorm(const InferContext& ctx) {
@@ -129,17 +123,8 @@ Status LayerNormKernel(const KernelContext& ctx) {
   float* mean_out = ctx.outputs.size() > 1 ? ctx.outputs[1].as<float>() : nullptr;
   float* inv_out = ctx.outputs.size() > 2 ? ctx.outputs[2].as<float>() : nullptr;
   ForEachRow(ctx, rows, d, [&](const float* x, float* y, int64_t r) {
-    const double mean = SumD(x, d, [](double v) { return v; }) / static_cast<double>(d);
-    const double sq = SumD(x, d, [mean](double v) { return (v - mean) * (v - mean); });
-    const double inv = 1.0 / std::sqrt(sq / static_cast<double>(d) + eps);
-    const float mf = static_cast<float>(mean), invf = static_cast<float>(inv);
-    if (has_bias) {
-      for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * invf * scale[j] + bias[j];
-    } else {
-      for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * invf * scale[j];
-    }
-    if (mean_out) mean_out[r] = mf;
-    if (inv_out) inv_out[r] = invf;
+    LayerNormRow(x, y, d, scale.data(), has_bias ? bias.data() : nullptr, eps, mean_out ? mean_out + r : nullptr,
+                 inv_out ? inv_out + r : nullptr);
   });
   return Status::Ok();
 }
@@ -161,13 +146,7 @@ Status RmsNormKernel(const KernelContext& ctx) {
   const std::vector<float> scale = ExpandRow(ctx, 1, norm, 1.f);
   const bool has_scale = HasInput(ctx, 1);
   ForEachRow(ctx, rows, d, [&](const float* x, float* y, int64_t) {
-    const double sq = SumD(x, d, [](double v) { return v * v; });
-    const float inv = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(d) + eps));
-    if (has_scale) {
-      for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv * scale[j];
-    } else {
-      for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv;
-    }
+    RmsNormRow(x, y, d, has_scale ? scale.data() : nullptr, eps);
   });
   return Status::Ok();
 }
