@@ -17,6 +17,13 @@ upstream code writes them (GELU via nn.GELU, RMSNorm as x * rsqrt(mean(x^2) + ep
 in rotate_half form, SwiGLU as silu(gate) * up), which is what the canonicalization passes
 must recognize. Shapes are static (batch 1, seq 16, hidden 64) and reshapes use Python ints,
 so the exported graphs hold no shape arithmetic.
+
+A model that takes more than `x` (bert_layer's padding mask) lists its further inputs in
+MODELS; they are written as input_1.pb, ... in the order given.
+
+    /usr/bin/python3 tools/export_models.py --only gpt2_block bert_layer
+
+exports only the named models and leaves the other directories as they are.
 """
 import argparse
 import math
@@ -144,10 +151,90 @@ class LlamaBlock(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
+def padding_mask(batch, seq, padded):
+    """Additive key-padding mask [B,1,1,S]: 0 for kept keys, -1e9 for the last `padded` keys."""
+    m = torch.zeros(batch, 1, 1, seq)
+    m[..., seq - padded:] = -1e9
+    return m
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention as GPT-2 and BERT write it: separate q/k/v projections with
+    bias, heads split with view/transpose, softmax(QK^T / sqrt(d) + mask) V, heads merged,
+    output projection with bias. The residual add is left to the caller."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ):
+        super().__init__()
+        self.heads, self.hd, self.seq = heads, d // heads, seq
+        self.q_proj = nn.Linear(d, d)
+        self.k_proj = nn.Linear(d, d)
+        self.v_proj = nn.Linear(d, d)
+        self.o_proj = nn.Linear(d, d)
+
+    def split(self, t):
+        return t.view(1, self.seq, self.heads, self.hd).transpose(1, 2)
+
+    def forward(self, h, mask):
+        q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hd) + mask
+        p = torch.softmax(s, dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).contiguous().view(1, self.seq, self.heads * self.hd)
+        return self.o_proj(a)
+
+
+def randomize_layer_norms(module):
+    """Non-trivial LayerNorm scales and shifts, so a dropped weight multiply or bias add shows."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.1, 0.1)
+
+
+class Gpt2Block(nn.Module):
+    """GPT-2 decoder layer (pre-norm): x + attn(ln_1(x)) with a causal mask, then
+    r + fc_out(gelu_tanh(fc_in(ln_2(r))))."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = SelfAttention(d, heads, seq)
+        self.ln_2 = nn.LayerNorm(d)
+        self.fc_in = nn.Linear(d, ffn)
+        self.fc_out = nn.Linear(ffn, d)
+        self.register_buffer("mask", causal_mask(seq))
+        randomize_layer_norms(self)
+
+    def forward(self, x):
+        r = x + self.attn(self.ln_1(x), self.mask)
+        return r + self.fc_out(F.gelu(self.fc_in(self.ln_2(r)), approximate="tanh"))
+
+
+class BertLayer(nn.Module):
+    """BERT encoder layer (post-norm): h = ln_1(attn(x, mask) + x) with the padding mask given
+    as the second input, then ln_2(fc_out(gelu(fc_in(h))) + h) with GELU in erf form."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
+        super().__init__()
+        self.attn = SelfAttention(d, heads, seq)
+        self.ln_1 = nn.LayerNorm(d)
+        self.fc_in = nn.Linear(d, ffn)
+        self.fc_out = nn.Linear(ffn, d)
+        self.ln_2 = nn.LayerNorm(d)
+        randomize_layer_norms(self)
+
+    def forward(self, x, mask):
+        h = self.ln_1(self.attn(x, mask) + x)
+        return self.ln_2(self.fc_out(F.gelu(self.fc_in(h))) + h)
+
+
 MODELS = {
     "mlp_gelu": (MlpGelu, (1, SEQ, HIDDEN)),
     "attention_layernorm": (AttentionLayerNorm, (1, SEQ, HIDDEN)),
     "llama_block": (LlamaBlock, (1, SEQ, HIDDEN)),
+    # New models go at the end: a model's seed follows its position here.
+    "gpt2_block": (Gpt2Block, (1, SEQ, HIDDEN)),
+    "bert_layer": (BertLayer, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
 }
 
 
@@ -157,22 +244,29 @@ def save_tensor(path, array, name):
         f.write(t.SerializeToString())
 
 
-def export(name, cls, shape, opset, out_root, seed):
+def export(name, cls, shape, opset, out_root, seed, extra_inputs=None):
+    """`extra_inputs`: {name: tensor} of model inputs after `x`, used as given (not random)."""
+    extra_inputs = extra_inputs or {}
     torch.manual_seed(seed)
     model = cls().eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
+    inputs = (x,) + tuple(extra_inputs.values())
+    names = ["x"] + list(extra_inputs)
     d = os.path.join(out_root, f"{name}_opset{opset}")
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(os.path.join(d, "test_data_set_0"))
     path = os.path.join(d, "model.onnx")
     with torch.no_grad():
-        torch.onnx.export(model, (x,), path, opset_version=opset, input_names=["x"], output_names=["y"],
+        torch.onnx.export(model, inputs, path, opset_version=opset, input_names=names, output_names=["y"],
                           do_constant_folding=True)
-        ref = model.double()(x.double()).float()
+        ref = model.double()(*(t.double() for t in inputs)).float()
     m = onnx.load(path)
     onnx.checker.check_model(m)
-    save_tensor(os.path.join(d, "test_data_set_0", "input_0.pb"), x.numpy(), "x")
+    graph_inputs = [i.name for i in m.graph.input]
+    assert graph_inputs == names, f"{path}: inputs {graph_inputs}, expected {names}"
+    for i, (n, t) in enumerate(zip(names, inputs)):
+        save_tensor(os.path.join(d, "test_data_set_0", f"input_{i}.pb"), t.numpy(), n)
     save_tensor(os.path.join(d, "test_data_set_0", "output_0.pb"), ref.numpy(), "y")
     size = os.path.getsize(path)
     assert size < 1 << 20, f"{path} is {size} bytes"
@@ -184,10 +278,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "models"))
+    ap.add_argument("--only", nargs="+", choices=sorted(MODELS), metavar="NAME",
+                    help=f"export only these models (of: {', '.join(MODELS)})")
     args = ap.parse_args()
-    for i, (name, (cls, shape)) in enumerate(MODELS.items()):
+    for i, (name, (cls, shape, *extra)) in enumerate(MODELS.items()):
+        if args.only and name not in args.only:
+            continue
         for opset in OPSETS:
-            export(name, cls, shape, opset, args.out, seed=1234 + 10 * i)
+            export(name, cls, shape, opset, args.out, seed=1234 + 10 * i, extra_inputs=extra[0] if extra else None)
 
 
 if __name__ == "__main__":

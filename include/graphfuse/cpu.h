@@ -1,6 +1,7 @@
 // Running elementwise ops on the CPU: one op = one kernel launch over the thread pool.
 #pragma once
 
+#include <atomic>
 #include <span>
 
 #include "graphfuse/ops.h"
@@ -22,11 +23,22 @@ inline constexpr int64_t kDefaultMinWorkPerThread = 48 * 1024;
 // re-executes itself once).
 const char* SuggestedBlasCoreType();
 
+// Profiling counters of kernels that run BLAS inside a larger kernel (a GEMM with its
+// epilogue, attention): thread-time spent inside the BLAS calls and in the kernel's tasks in
+// all. A profiler reads blas_ns / task_ns after a kernel to split its time into GEMM work and
+// the rest (the epilogue, softmax, RoPE), then resets both. Counted only when a CpuContext
+// points here: no cost otherwise.
+struct KernelCounters {
+  std::atomic<int64_t> blas_ns{0};
+  std::atomic<int64_t> task_ns{0};
+};
+
 // Everything a CPU kernel needs from outside, passed explicitly (no globals).
 struct CpuContext {
   ThreadPool* pool = nullptr;  // nullptr: run on the calling thread only
   int max_threads = 0;         // 0: all of the pool's threads
   int64_t min_work_per_thread = kDefaultMinWorkPerThread;
+  KernelCounters* counters = nullptr;  // profiling (see KernelCounters); nullptr: off
 
   // Threads for a launch of `work` units: 1 for small launches, then one per
   // min_work_per_thread, capped by the pool.

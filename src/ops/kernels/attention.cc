@@ -297,6 +297,7 @@ Status AttentionKernel(const KernelContext& ctx) {
     float* kg = qg + qg_floats;
     int64_t gathered_head = -1;  // the head whose roped K is in kg
     for (int64_t item = begin; item < end; ++item) {
+      const ScopedNs task_time(TaskCounter(ctx.cpu));
       const int64_t head = item / blocks, blk = item % blocks;
       const int64_t b = head / d.h, h = head % d.h;
       const int64_t r0 = blk * rows_per_block, rows = std::min(rows_per_block, d.s - r0);
@@ -325,6 +326,7 @@ Status AttentionKernel(const KernelContext& ctx) {
       }
       // scores[rows, Sk] = scale * Q K^T (K^T read as given for bhds).
       if (d.d > 0) {
+        const ScopedNs blas_time(BlasCounter(ctx.cpu));
         cblas_sgemm(CblasRowMajor, CblasNoTrans, d.k == Layout::kBHDS ? CblasNoTrans : CblasTrans,
                     static_cast<int>(rows), static_cast<int>(d.sk), static_cast<int>(d.d), scale, a_ptr,
                     static_cast<int>(std::max<int64_t>(lda, 1)), b_ptr, static_cast<int>(std::max<int64_t>(ldb, 1)),
@@ -340,10 +342,13 @@ Status AttentionKernel(const KernelContext& ctx) {
       }
       // O[rows, dv] = P V, written in place in the output layout, then normalized per row.
       if (d.dv > 0) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(d.dv),
-                    static_cast<int>(d.sk), 1.f, scores, static_cast<int>(d.sk), vh,
-                    static_cast<int>(std::max<int64_t>(va.row_stride, 1)), 0.f, oh,
-                    static_cast<int>(std::max<int64_t>(oa.row_stride, 1)));
+        {
+          const ScopedNs blas_time(BlasCounter(ctx.cpu));
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(d.dv),
+                      static_cast<int>(d.sk), 1.f, scores, static_cast<int>(d.sk), vh,
+                      static_cast<int>(std::max<int64_t>(va.row_stride, 1)), 0.f, oh,
+                      static_cast<int>(std::max<int64_t>(oa.row_stride, 1)));
+        }
         for (int64_t r = 0; r < rows; ++r) {
           float* o = oh + r * oa.row_stride;
           const VF vi(inv[r]);

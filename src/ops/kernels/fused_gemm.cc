@@ -190,9 +190,11 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
   auto run_block = [&](int64_t b, void* regs) {
+    const ScopedNs task_time(TaskCounter(ctx.cpu));
     const int64_t cb = b % col_blocks, rb = b / col_blocks;
     const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
     for (int64_t s = 0; s < S; ++s) {
+      const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (k == 0) {
         for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
         continue;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -133,6 +135,27 @@ inline void StoreF32(DType t, void* base, int64_t offset, int64_t stride, int64_
   if (t == DType::kF16) for (int64_t i = 0; i < n; ++i) p[i * stride] = F32ToF16Bits(src[i]);
   else for (int64_t i = 0; i < n; ++i) p[i * stride] = F32ToBF16Bits(src[i]);
 }
+
+// Adds the steady-clock time from construction to destruction to *counter (when not null):
+// KernelCounters accounting around a BLAS call or a whole task.
+class ScopedNs {
+ public:
+  explicit ScopedNs(std::atomic<int64_t>* counter)
+      : counter_(counter), t0_(counter ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{}) {}
+  ~ScopedNs() {
+    if (counter_)
+      counter_->fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_).count(),
+                          std::memory_order_relaxed);
+  }
+  ScopedNs(const ScopedNs&) = delete;
+  ScopedNs& operator=(const ScopedNs&) = delete;
+
+ private:
+  std::atomic<int64_t>* counter_;
+  std::chrono::steady_clock::time_point t0_;
+};
+inline std::atomic<int64_t>* BlasCounter(const CpuContext& c) { return c.counters ? &c.counters->blas_ns : nullptr; }
+inline std::atomic<int64_t>* TaskCounter(const CpuContext& c) { return c.counters ? &c.counters->task_ns : nullptr; }
 
 // Runs f(begin, end) over [0, items) split into contiguous chunks, one per thread; small
 // launches (ctx.ThreadsFor(items * work_per_item) == 1) run on the calling thread.
