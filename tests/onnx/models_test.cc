@@ -1,6 +1,7 @@
 // End-to-end: every tests/models/*/ (exported by tools/export_models.py from PyTorch, with
 // float64 references) through ImportOnnxFile + Execute, outputs within 1e-4 (abs and rel).
-// Prints the kernel count and peak activation bytes per model.
+// Prints the kernel count and peak activation bytes per model. The exported transformer
+// blocks must also fuse into the families the API-built blocks (src/runtime/blocks.cc) do.
 //
 // The models directory is GF_MODELS_DIR (set by CMake), overridable by $GF_MODELS_DIR.
 #include <gtest/gtest.h>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <map>
 
 #include "graphfuse/thread_pool.h"
 #include "onnx_test_util.h"
@@ -48,6 +50,83 @@ TEST(OnnxModels, ExportedModelsMatchFloat64Reference) {
     const std::string kernels = StrCat(r.kernels_unfused, " -> ", r.kernels_fused);
     std::printf("%-32s %16s %14lld %12.3g %12.3g\n", name.c_str(), kernels.c_str(),
                 static_cast<long long>(r.stats.peak_activation_bytes), r.max_abs_err, r.max_rel_err);
+  }
+}
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The group that holds a node whose name ends in `suffix` (exported names carry the module
+// path: "/attn/q_proj/MatMul"), or nullptr.
+const FusedGroupInfo* GroupOf(const FusionReport& report, const std::string& suffix) {
+  for (const FusedGroupInfo& gi : report.groups)
+    for (const std::string& n : gi.nodes)
+      if (EndsWith(n, suffix)) return &gi;
+  return nullptr;
+}
+
+std::string DescribeGroups(const FusionReport& report) {
+  std::string out;
+  for (const FusedGroupInfo& gi : report.groups) {
+    out += StrCat("\n  ", gi.kind, " ", gi.name, ":");
+    for (const std::string& n : gi.nodes) out += " " + n;
+  }
+  return out;
+}
+
+// Each exported transformer block, at every opset, fuses into what the API-built block of
+// its family fuses into (`graphfuse demo --preset gpt2|bert|llama-small`): one attention
+// kernel; the q, k, v projections in one GEMM group (with their biases as its epilogue in
+// GPT-2 and BERT); the output projection and both MLP GEMMs each carrying their bias /
+// activation / residual add as an epilogue; at most 10 kernels in all.
+TEST(OnnxModels, ExportedBlocksFuseIntoTheFamiliesOfTheApiBuiltBlocks) {
+  struct Block {
+    const char* name;
+    const char* mlp_in;   // the GEMM whose epilogue is the activation (SwiGLU or GELU)
+    const char* mlp_out;  // the GEMM whose epilogue is the residual add
+  };
+  constexpr Block kBlocks[] = {{"llama_block", "gate_proj/MatMul", "down_proj/MatMul"},
+                               {"gpt2_block", "fc_in/MatMul", "fc_out/MatMul"},
+                               {"bert_layer", "fc_in/MatMul", "fc_out/MatMul"}};
+  for (const Block& block : kBlocks) {
+    for (int opset : {13, 17}) {
+      const std::string name = StrCat(block.name, "_opset", opset);
+      const std::string path = StrCat(ModelsDir(), "/", name, "/model.onnx");
+      ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (run tools/export_models.py)";
+      auto g = ImportOnnxFile(path);
+      ASSERT_TRUE(g.ok()) << name << ": " << g.status().ToString();
+      FusionReport report;
+      PipelineOptions options;
+      options.fusion_report = &report;
+      auto p = RunPipeline(**g, options);
+      ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
+      std::map<std::string, int> kinds;
+      for (const FusedGroupInfo& gi : report.groups) ++kinds[gi.kind];
+      std::string formed;
+      for (const auto& [kind, n] : kinds) formed += StrCat(formed.empty() ? "" : ", ", kind, " x", n);
+      std::printf("%-24s kernels %lld -> %lld  groups: %s\n", name.c_str(),
+                  static_cast<long long>(report.kernels_before), static_cast<long long>(report.kernels_after),
+                  formed.c_str());
+      const std::string groups = DescribeGroups(report);
+      EXPECT_EQ(kinds["attention"], 1) << name << groups;
+      EXPECT_GE(kinds["gemm_epilogue"], 1) << name << groups;
+
+      const FusedGroupInfo* q = GroupOf(report, "q_proj/MatMul");
+      ASSERT_NE(q, nullptr) << name << ": the q projection is in no group" << groups;
+      EXPECT_TRUE(q->kind == "gemm_horizontal" || q->kind == "gemm_epilogue") << name << ": " << q->kind;
+      EXPECT_EQ(GroupOf(report, "k_proj/MatMul"), q) << name << ": q and k projections apart" << groups;
+      EXPECT_EQ(GroupOf(report, "v_proj/MatMul"), q) << name << ": q and v projections apart" << groups;
+
+      for (const char* gemm : {"o_proj/MatMul", block.mlp_in, block.mlp_out}) {
+        const FusedGroupInfo* gi = GroupOf(report, gemm);
+        ASSERT_NE(gi, nullptr) << name << ": " << gemm << " is in no group" << groups;
+        EXPECT_EQ(gi->kind, "gemm_epilogue") << name << ": " << gemm << groups;
+        EXPECT_GE(gi->nodes.size(), 2u) << name << ": " << gemm << " has no epilogue" << groups;
+      }
+      EXPECT_LE(report.kernels_after, 10) << name << groups;
+      EXPECT_LT(report.kernels_after, report.kernels_before) << name;
+    }
   }
 }
 
