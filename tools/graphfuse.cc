@@ -83,6 +83,7 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
               --exclude NAME (a node, or a group "fused_<k>" of a previous plan; repeatable)
   ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
   help  this text (also -h, --help)
+  --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
 
   bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
                                      [fusion flags]
@@ -139,6 +140,10 @@ int main(int argc, char** argv) {
   Args args(cmd, std::vector<std::string>(argv + 2, argv + argc));
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
     std::fputs(kUsage, stdout);
+    return kExitOk;
+  }
+  if (cmd == "--blas-core") {  // for scripts that run peers on the same BLAS kernels
+    std::printf("%s\n", graphfuse::BlasCoreName());
     return kExitOk;
   }
   if (cmd == "demo") return RunDemo(args);

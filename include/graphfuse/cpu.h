@@ -22,6 +22,8 @@ inline constexpr int64_t kDefaultMinWorkPerThread = 48 * 1024;
 // The variable only takes effect in a process started with it (the `graphfuse` command
 // re-executes itself once).
 const char* SuggestedBlasCoreType();
+// The kernels OpenBLAS runs in this process ("SkylakeX", "Prescott", ...).
+const char* BlasCoreName();
 
 // Profiling counters of kernels that run BLAS inside a larger kernel (a GEMM with its
 // epilogue, attention): thread-time spent inside the BLAS calls and in the kernel's tasks in

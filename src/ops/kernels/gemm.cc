@@ -230,6 +230,11 @@ std::vector<OpSchema> GemmSchemas() {
 
 namespace graphfuse {
 
+const char* BlasCoreName() {
+  const char* core = openblas_get_corename();
+  return core ? core : "unknown";
+}
+
 const char* SuggestedBlasCoreType() {
   if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
   const char* core = openblas_get_corename();
