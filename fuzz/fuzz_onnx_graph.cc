@@ -17,6 +17,7 @@
 #include "graphfuse/cpu.h"
 #include "ir/op_registry.h"
 #include "onnx/import.h"
+#include "passes/pipeline.h"
 #include "runtime/executor.h"
 
 namespace {
@@ -200,5 +201,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const graphfuse::Tensor& t : inputs) views.push_back(t.view());
   auto out = graphfuse::Execute(graph, views, graphfuse::CpuContext{});
   if (!out.ok() && out.status().message().empty()) __builtin_trap();
+  // The same graph through every fusion pass, then run fused: a pass may refuse or fail with
+  // a message, never crash, and a graph that ran unfused must still run.
+  graphfuse::PipelineOptions fuse_all;
+  auto passes = graphfuse::RunPipeline(**g, fuse_all);
+  if (!passes.ok()) {
+    if (passes.status().message().empty()) __builtin_trap();
+    return 0;
+  }
+  auto fused = graphfuse::Execute(**g, views, graphfuse::CpuContext{});
+  if (!fused.ok() && fused.status().message().empty()) __builtin_trap();
+  if (out.ok() && !fused.ok()) __builtin_trap();  // fusion broke a graph that ran
   return 0;
 }

@@ -57,7 +57,7 @@ std::vector<float> ExpandRow(const KernelContext& ctx, size_t i, const Shape& no
   std::vector<float> row(static_cast<size_t>(d), fill);
   if (!HasInput(ctx, i)) return row;
   const TensorView& p = ctx.inputs[i];
-  if (p.dtype == DType::kF32 && Product(p.shape) == d) {  // the usual [D] parameter: a copy
+  if (d > 0 && p.dtype == DType::kF32 && Product(p.shape) == d) {  // the usual [D] parameter: a copy
     std::memcpy(row.data(), p.data, static_cast<size_t>(d) * sizeof(float));
     return row;
   }
