@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "graph_test_util.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -41,18 +43,6 @@ std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
     ins.push_back(std::move(t));
   }
   return ins;
-}
-
-int CountOp(const Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes()) n += node->op() == op;
-  return n;
-}
-
-const Node* FindOp(const Graph& g, const std::string& op) {
-  for (const auto& node : g.nodes())
-    if (node->op() == op) return node.get();
-  return nullptr;
 }
 
 // How far the canonicalized graph may be from the decomposed one, per element:

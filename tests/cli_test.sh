@@ -47,6 +47,15 @@ check run-model 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODEL
   --check-fusion --json /tmp/graphfuse_run.json
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_run.json')); assert j['kernels_fused'] < j['kernels_unfused'], j; assert all(o['ok'] for o in j['outputs'])" \
   || { echo "FAIL run --json lacks fused kernel counts or ok outputs"; fail=1; }
+check run-llama-check-fusion 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" \
+  --check-fusion --json /tmp/graphfuse_llama.json
+echo "$LAST" | grep -q "all agree" || { echo "FAIL check-fusion on the llama block does not say all agree"; fail=1; }
+python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_llama.json'))
+kinds = sorted(g['kind'] for g in j['groups'])
+assert kinds == ['attention', 'gemm_epilogue', 'gemm_epilogue', 'gemm_epilogue', 'gemm_horizontal'], kinds
+assert j['kernels_fused'] == 7 and all(o['ok'] for o in j['outputs']), j
+" || { echo "FAIL run --json on the llama block: group kinds, kernel count or outputs"; fail=1; }
 check run-mismatch 1 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --rtol 0 --atol 0
 check explain 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dot /tmp/graphfuse_plan.dot --json /tmp/graphfuse_plan.json
 grep -q "subgraph cluster_" /tmp/graphfuse_plan.dot || { echo "FAIL explain --dot has no group clusters"; fail=1; }

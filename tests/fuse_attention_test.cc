@@ -3,6 +3,8 @@
 // graph, against a float64 attention computed here, and against its own "reference" graph.
 #include <gtest/gtest.h>
 
+#include "graph_test_util.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -147,24 +149,6 @@ std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
     ins.push_back(std::move(t));
   }
   return ins;
-}
-
-std::vector<TensorView> Views(const std::vector<Tensor>& ts) {
-  std::vector<TensorView> v;
-  for (const Tensor& t : ts) v.push_back(t.view());
-  return v;
-}
-
-int CountOp(const Graph& g, const std::string& op) {
-  int n = 0;
-  for (const auto& node : g.nodes()) n += node->op() == op;
-  return n;
-}
-
-const Node* FindOp(const Graph& g, const std::string& op) {
-  for (const auto& node : g.nodes())
-    if (node->op() == op) return node.get();
-  return nullptr;
 }
 
 int Formed(const Result<int>& r) {

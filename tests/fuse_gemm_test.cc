@@ -3,6 +3,8 @@
 // inputs, and one case against a float64 computation written out here.
 #include <gtest/gtest.h>
 
+#include "graph_test_util.h"
+
 #include <cmath>
 #include <functional>
 #include <random>
@@ -80,18 +82,6 @@ void ExpectClose(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   }
 }
 
-int CountOp(const Graph& g, const std::string& op) {
-  int c = 0;
-  for (const auto& n : g.nodes()) c += n->op() == op;
-  return c;
-}
-
-const FusedGroupInfo* FindKind(const FusionReport& r, const std::string& kind) {
-  for (const auto& g : r.groups)
-    if (g.kind == kind) return &g;
-  return nullptr;
-}
-
 constexpr int64_t kM = 12, kK = 48, kN = 80;
 
 TEST(FuseGemm, ProjectionsOfOneInputBecomeOneGemm) {
@@ -107,7 +97,7 @@ TEST(FuseGemm, ProjectionsOfOneInputBecomeOneGemm) {
   EXPECT_EQ(CountOp(*fused.graph, "MatMul"), 0);
   EXPECT_EQ(fused.report.kernels_before, 3);
   EXPECT_EQ(fused.report.kernels_after, 1);
-  const FusedGroupInfo* g = FindKind(fused.report, "gemm_horizontal");
+  const FusedGroupInfo* g = FindGroup(fused.report, "gemm_horizontal");
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->nodes, (std::vector<std::string>{"proj0", "proj1", "proj2"}));
   // Output names are kept.
@@ -128,7 +118,7 @@ TEST(FuseGemm, SwigluRunsAsTheEpilogueOfTheGateUpGemm) {
   };
   auto [unfused, fused] = BuildAndRun(build);
   EXPECT_EQ(fused.report.kernels_after, 1);
-  const FusedGroupInfo* g = FindKind(fused.report, "gemm_epilogue");
+  const FusedGroupInfo* g = FindGroup(fused.report, "gemm_epilogue");
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->nodes, (std::vector<std::string>{"gate", "up", "silu", "mul"}));
   EXPECT_TRUE(fused.report.groups.size() == 1) << "the elementwise group is absorbed, not listed twice";
@@ -222,7 +212,7 @@ TEST(FuseGemm, LinearLayerWrittenAsGemmGetsItsBiasAndActivationAsEpilogue) {
   });
   EXPECT_EQ(CountOp(*fused.graph, "Gemm"), 0);
   EXPECT_EQ(fused.report.kernels_after, 1);
-  const FusedGroupInfo* g = FindKind(fused.report, "gemm_epilogue");
+  const FusedGroupInfo* g = FindGroup(fused.report, "gemm_epilogue");
   ASSERT_NE(g, nullptr);
   EXPECT_EQ(g->nodes, (std::vector<std::string>{"linear", "linear/bias", "relu"}));
   ExpectClose(unfused.outputs, fused.outputs);

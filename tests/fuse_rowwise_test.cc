@@ -4,6 +4,8 @@
 // (what `graphfuse run --check-fusion` executes).
 #include <gtest/gtest.h>
 
+#include "graph_test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -36,30 +38,6 @@ FusionReport Plan(Graph& g, const FusionOptions& o = {}) {
   return *rep;
 }
 
-const Node* FindOp(const Graph& g, const std::string& op) {
-  for (const auto& n : g.nodes())
-    if (n->op() == op) return n.get();
-  return nullptr;
-}
-
-int CountOp(const Graph& g, const std::string& op) {
-  int k = 0;
-  for (const auto& n : g.nodes()) k += n->op() == op;
-  return k;
-}
-
-const FusionRefusal* FindRefusal(const FusionReport& r, const std::string& code) {
-  for (const auto& x : r.refusals)
-    if (x.code == code) return &x;
-  return nullptr;
-}
-
-const FusedGroupInfo* FindGroup(const FusionReport& r, const std::string& kind) {
-  for (const auto& x : r.groups)
-    if (x.kind == kind) return &x;
-  return nullptr;
-}
-
 // Fresh random inputs, never zero (|v| in [0.05, 2]); `zero_one` inputs hold a dropout keep
 // mask (0 or 1.25), `mask` inputs an additive attention mask (0 or -1e4).
 std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
@@ -77,12 +55,6 @@ std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
     ins.push_back(std::move(t));
   }
   return ins;
-}
-
-std::vector<TensorView> Views(const std::vector<Tensor>& ts) {
-  std::vector<TensorView> v;
-  for (const Tensor& t : ts) v.push_back(t.view());
-  return v;
 }
 
 // Elementwise |a - b| <= atol + rtol * |b| (numpy.allclose); returns the worst |a - b|.
