@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
-  libhwy-dev libsleef-dev libopenblas-dev
+  libhwy-dev libsleef-dev libopenblas-dev libdnnl-dev
   libonnx-dev libprotobuf-dev libonnx-testdata
   clang libclang-rt-14-dev
   python3 python3-numpy

@@ -6,7 +6,9 @@
 #include "graph_test_util.h"
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <map>
 #include <random>
 
 #include "graphfuse/thread_pool.h"
@@ -27,7 +29,7 @@ std::shared_ptr<Tensor> RandomTensor(const Shape& s, uint32_t seed, double scale
 
 using Builder = std::function<void(Graph&)>;
 
-struct Run {
+struct PlanRun {
   FusionReport report;
   std::unique_ptr<Graph> graph;
   std::vector<Tensor> outputs;
@@ -35,8 +37,8 @@ struct Run {
 };
 
 // Builds the graph twice, runs it unfused and through the whole pipeline, on the same inputs.
-std::pair<Run, Run> BuildAndRun(const Builder& build, FusionOptions options = {}) {
-  Run unfused, fused;
+std::pair<PlanRun, PlanRun> BuildAndRun(const Builder& build, FusionOptions options = {}) {
+  PlanRun unfused, fused;
   unfused.graph = std::make_unique<Graph>();
   fused.graph = std::make_unique<Graph>();
   build(*unfused.graph);
@@ -227,6 +229,49 @@ TEST(FuseGemm, GemmWithScaledProductIsLeftAlone) {
   });
   EXPECT_EQ(CountOp(*fused.graph, "Gemm"), 1);
   ExpectClose(unfused.outputs, fused.outputs);
+}
+
+// A compiled plan packs constant weights once (oneDNN); a one-off run (RunNodeOnce, constant
+// folding) uses the unpacked OpenBLAS path. Both must give the same results, for the fused
+// GEMM with an epilogue and for a plain MatMul, with widths that leave a ragged last block.
+TEST(FuseGemm, PackedWeightsGiveTheResultsOfTheUnpackedPath) {
+  for (const int64_t n : {int64_t{80}, int64_t{1000}}) {
+    auto [unfused, fused] = BuildAndRun([n](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();
+      Value* wg = g.AddConstant("wg", RandomTensor({kK, n}, 91)).value();
+      Value* wu = g.AddConstant("wu", RandomTensor({kK, n}, 92)).value();
+      Value* gate = g.AddNode("MatMul", {h, wg}, {}, "gate").value()->output();
+      Value* up = g.AddNode("MatMul", {h, wu}, {}, "up").value()->output();
+      Value* y = g.AddNode("Mul", {g.AddNode("Silu", {gate}, {}, "silu").value()->output(), up}, {}, "mul")
+                     .value()
+                     ->output();
+      ASSERT_TRUE(g.MarkOutput(y).ok());
+    });
+    ExpectClose(unfused.outputs, fused.outputs);  // both plans: packed weights
+    ThreadPool pool(2);
+    for (PlanRun* r : {&unfused, &fused}) {
+      // Every GEMM node again, unpacked, on the inputs the plan gave it.
+      std::map<const Value*, TensorView> value_of;
+      value_of[r->graph->inputs()[0]] = unfused.inputs[0].view();  // the inputs both plans ran on
+      std::vector<Tensor> keep;
+      for (const auto& node : r->graph->nodes()) {
+        std::vector<TensorView> in;
+        for (const Value* v : node->inputs()) in.push_back(v->constant() ? v->constant()->view() : value_of.at(v));
+        std::vector<TensorView> out;
+        for (const Value* v : node->outputs()) {
+          keep.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+          out.push_back(keep.back().view());
+          value_of[v] = keep.back().view();
+        }
+        ASSERT_TRUE(RunNodeOnce(*node, in, out, CpuContext{&pool}).ok()) << node->Describe();
+      }
+      std::vector<Tensor> once;
+      const Value* y = r->graph->outputs()[0];
+      once.push_back(Tensor::Empty(y->dtype(), y->shape()).value());
+      std::memcpy(once[0].data(), value_of.at(y).data, once[0].nbytes());
+      ExpectClose(once, r->outputs);
+    }
+  }
 }
 
 TEST(FuseGemm, ReferenceGraphReproducesTheFusedNode) {

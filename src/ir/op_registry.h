@@ -5,6 +5,7 @@
 // The registry is an immutable table built once; nothing registers at run time.
 #pragma once
 
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -41,10 +42,14 @@ struct KernelContext {
   std::span<const TensorView> inputs;
   std::span<const TensorView> outputs;
   const CpuContext& cpu;
+  const void* state = nullptr;  // what the schema's `prepare` made for this node (null if none)
 };
 
 using InferFn = Result<std::vector<ValueType>> (*)(const InferContext& ctx);
 using KernelFn = Status (*)(const KernelContext& ctx);
+// Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
+// kernel must also run without it (nullptr state: constant folding, one-off runs).
+using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node);
 
 struct OpSchema {
   const char* name;
@@ -55,6 +60,7 @@ struct OpSchema {
   KernelFn kernel;      // nullptr for ops that are only views (see `view`) or compile-time only
   bool view = false;    // output 0 is input 0's buffer reinterpreted (Reshape, Squeeze, ...): no launch
   bool elementwise = false;
+  PrepareFn prepare = nullptr;
 };
 
 const OpSchema* FindSchema(const std::string& op);

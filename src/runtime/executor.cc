@@ -29,6 +29,7 @@ struct ExecutionPlan::Step {
   std::vector<TensorView> in_views, out_views;  // types fixed at compile time, data set per run
   bool has_program = false;                     // elementwise: a prepared one-instruction program
   cpu::TileProgram program;
+  std::shared_ptr<const void> state;            // the schema's prepare result, if any
 };
 
 ExecutionPlan::~ExecutionPlan() = default;
@@ -36,9 +37,9 @@ ExecutionPlan::~ExecutionPlan() = default;
 namespace {
 
 Status RunKernel(const Node& n, const OpSchema& s, std::span<const TensorView> in, std::span<const TensorView> out,
-                 const CpuContext& ctx) {
+                 const CpuContext& ctx, const void* state = nullptr) {
   if (!s.kernel) return Internal(n.Describe(), ": no kernel");
-  Status st = s.kernel(KernelContext{n, in, out, ctx});
+  Status st = s.kernel(KernelContext{n, in, out, ctx, state});
   return st.ok() ? st : st.WithContext(n.Describe());
 }
 
@@ -135,6 +136,11 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
     } else if (!s->kernel) {
       return Unimplemented(n.Describe(), ": has no kernel and was not folded (is an input non-constant?)");
     }
+    if (s->prepare) {
+      auto prepared = s->prepare(n);
+      if (!prepared.ok()) return prepared.status().WithContext(n.Describe());
+      step.state = std::move(*prepared);
+    }
     plan->steps_.push_back(std::move(step));
   }
   for (size_t i = 0; i < g.outputs().size(); ++i) {
@@ -202,7 +208,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
     for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs);
-    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, *s.schema, s.in_views, s.out_views, ctx));
+    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, *s.schema, s.in_views, s.out_views, ctx, s.state.get()));
     if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }
   for (const auto& [out, ref] : output_copies_) {

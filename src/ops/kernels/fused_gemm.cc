@@ -25,6 +25,7 @@
 #include "cpu/lower_group.h"
 #include "cpu/tile_program.h"
 #include "kernel_util.h"
+#include "packed_gemm.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -115,6 +116,37 @@ cpu::TileDims MatrixStrides(const Shape& space, int64_t ld) {
   return st;
 }
 
+// Where projection s is written: the node output that IS it (leading dimension n), else the
+// workspace (S*n).
+std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t S, int64_t n) {
+  std::vector<int64_t> ld(static_cast<size_t>(S), S * n);
+  for (int64_t s : out_proj)
+    if (s >= 0) ld[static_cast<size_t>(s)] = n;
+  return ld;
+}
+
+// The weights of every projection, packed once (packed_gemm.h).
+struct PackedProjections {
+  int64_t m = 0;
+  std::vector<std::shared_ptr<const PackedGemm>> proj;
+};
+
+Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
+  const Value* a = node.input(0);
+  const Value* w = node.input(1);
+  if (!w->constant() || a->numel() == 0 || w->numel() == 0) return std::shared_ptr<const void>();
+  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
+  const std::vector<int64_t> ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+  auto packed = std::make_shared<PackedProjections>();
+  packed->m = g.m;
+  for (int64_t s = 0; s < g.splits; ++s) {
+    GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
+                                                   g.splits * g.n, ld[static_cast<size_t>(s)]));
+    packed->proj.push_back(std::move(p));
+  }
+  return std::shared_ptr<const void>(std::move(packed));
+}
+
 Status RunFusedGemm(const KernelContext& ctx) {
   static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
   (void)kSingleThreadedBlas;
@@ -128,12 +160,11 @@ Status RunFusedGemm(const KernelContext& ctx) {
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
-  std::vector<int64_t> proj_ld(S, ldw);
+  const std::vector<int64_t> proj_ld = ProjectionLd(out_proj, S, n);
   for (size_t o = 0; o < out_proj.size(); ++o)
-    if (out_proj[o] >= 0 && !proj[out_proj[o]]) {
-      proj[out_proj[o]] = ctx.outputs[o].as<float>();
-      proj_ld[out_proj[o]] = n;
-    }
+    if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
+  const auto* packed = static_cast<const PackedProjections*>(ctx.state);
+  if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
@@ -147,8 +178,9 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
   const int64_t nb_threads = (n + threads - 1) / threads;
   const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
-  const int64_t nb = std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
-  const int64_t mb = std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
+  // Packed weights come in fixed column blocks of all rows.
+  const int64_t nb = packed ? packed->proj[0]->block_cols() : std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
+  const int64_t mb = packed ? m : std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
   const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
   const int64_t blocks = col_blocks * row_blocks;
 
@@ -195,6 +227,10 @@ Status RunFusedGemm(const KernelContext& ctx) {
     const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
     for (int64_t s = 0; s < S; ++s) {
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
+      if (packed) {
+        packed->proj[s]->RunBlock(cb, a, proj[s]);
+        continue;
+      }
       if (k == 0) {
         for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
         continue;
@@ -225,7 +261,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
 }  // namespace
 
 std::vector<OpSchema> FusedGemmSchemas() {
-  return {{"FusedGemm", 2, INT_MAX, -1, InferFusedGemm, RunFusedGemm}};
+  return {{"FusedGemm", 2, INT_MAX, -1, InferFusedGemm, RunFusedGemm, false, false, PrepareFusedGemm}};
 }
 
 }  // namespace graphfuse::kernels

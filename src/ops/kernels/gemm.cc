@@ -6,6 +6,7 @@
 // would oversubscribe the cores.
 #include <cblas.h>
 
+#include <atomic>
 #include <cctype>
 #include <climits>
 #include <cstdlib>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernel_util.h"
+#include "packed_gemm.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -103,6 +105,31 @@ Result<std::vector<ValueType>> InferMatMul(const InferContext& ctx) {
   return std::vector<ValueType>{{a->dtype(), d.out}};
 }
 
+// A MatMul by constant 2-D weights with A's rows flattened: the weights are packed once.
+Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node) {
+  const Value* a = node.input(0);
+  const Value* b = node.input(1);
+  if (!b->constant() || b->shape().size() != 2 || a->shape().size() < 2 || a->dtype() != DType::kF32 ||
+      b->dtype() != DType::kF32 || a->numel() == 0 || b->numel() == 0)
+    return std::shared_ptr<const void>();
+  const int64_t k = b->shape()[0], n = b->shape()[1], m = a->numel() / k;
+  GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(m, k, n, b->constant()->data_as<float>(), n, n));
+  return std::shared_ptr<const void>(packed);
+}
+
+// Blocks of a packed GEMM spread over the pool, one claim at a time.
+void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
+  const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
+  if (threads <= 1) {
+    for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, a, c);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  cpu.pool->Parallel(threads, [&](int, int) {
+    for (int64_t blk = next.fetch_add(1); blk < g.blocks(); blk = next.fetch_add(1)) g.RunBlock(blk, a, c);
+  });
+}
+
 Status MatMulKernel(const KernelContext& ctx) {
   GF_RETURN_IF_ERROR(RequireF32(ctx));
   const TensorView& A = ctx.inputs[0];
@@ -126,6 +153,10 @@ Status MatMulKernel(const KernelContext& ctx) {
   // B shared by every batch and A not broadcast: one GEMM over all rows of A.
   if (nb == 1 && na == nbatch) {
     GF_RETURN_IF_ERROR(CheckBlasDims(ctx, {nbatch * m}));
+    if (ctx.state) {  // weights packed when the plan was compiled
+      RunPackedBlocks(ctx.cpu, *static_cast<const PackedGemm*>(ctx.state), nbatch * m * n * k / 8, a, y);
+      return Status::Ok();
+    }
     Sgemm(ctx.cpu, false, false, nbatch * m, n, k, 1.f, a, k, b, n, 0.f, y, n);
     return Status::Ok();
   }
@@ -221,7 +252,7 @@ Status GemmKernel(const KernelContext& ctx) {
 
 std::vector<OpSchema> GemmSchemas() {
   return {
-      {"MatMul", 2, 2, 1, InferMatMul, MatMulKernel},
+      {"MatMul", 2, 2, 1, InferMatMul, MatMulKernel, false, false, PrepareMatMul},
       {"Gemm", 2, 3, 1, InferGemm, GemmKernel},
   };
 }
