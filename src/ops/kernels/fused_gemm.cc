@@ -178,8 +178,14 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
   const int64_t nb_threads = (n + threads - 1) / threads;
   const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
-  // Packed weights come in fixed column blocks of all rows.
-  const int64_t nb = packed ? packed->proj[0]->block_cols() : std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
+  // Packed weights come in fixed column blocks of all rows; a task takes a run of `group` of
+  // them (at least two tasks per thread, within the L2 budget), so the epilogue runs over
+  // longer row pieces (one piece per row and task: 19% cheaper than 512-column pieces).
+  const int64_t pb = packed ? packed->proj[0]->block_cols() : 0, pblocks = packed ? packed->proj[0]->blocks() : 0;
+  const int64_t group = packed ? std::clamp<int64_t>(std::min<int64_t>(pblocks / (2 * threads), kBlockBytes / (m * pb * S * 4)),
+                                                     1, pblocks)
+                               : 1;
+  const int64_t nb = packed ? pb * group : std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
   const int64_t mb = packed ? m : std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
   const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
   const int64_t blocks = col_blocks * row_blocks;
@@ -228,7 +234,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     for (int64_t s = 0; s < S; ++s) {
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (packed) {
-        packed->proj[s]->RunBlock(cb, a, proj[s]);
+        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) packed->proj[s]->RunBlock(q, a, proj[s]);
         continue;
       }
       if (k == 0) {
