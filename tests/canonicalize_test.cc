@@ -33,18 +33,6 @@ std::unique_ptr<Graph> Parse(const std::string& text) {
 }
 
 // Values of magnitude in [0.1, 2] with random sign: never zero, so relative checks mean something.
-std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> mag(0.1, 2.0);
-  std::vector<Tensor> ins;
-  for (const Value* v : g.inputs()) {
-    Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
-    for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, (rng() & 1 ? 1 : -1) * mag(rng));
-    ins.push_back(std::move(t));
-  }
-  return ins;
-}
-
 // How far the canonicalized graph may be from the decomposed one, per element:
 // |a - b| <= atol + ulps * 2^-23 * max(|a|, |b|).
 struct Tol {
@@ -54,7 +42,7 @@ struct Tol {
 
 // Runs `before` and `after` on the same random inputs and checks every output within `tol`.
 void ExpectSameResults(const Graph& before, const Graph& after, Tol tol, uint32_t seed = 7) {
-  const std::vector<Tensor> ins = RandomInputs(before, seed);
+  const std::vector<Tensor> ins = RandomInputs(before, seed, 0.1, 2.0);
   std::vector<TensorView> views;
   for (const Tensor& t : ins) views.push_back(t.view());
   ThreadPool pool(2);
@@ -667,7 +655,7 @@ void CheckRopeKernel(DType dtype, const Shape& table, int64_t d) {
   auto n = g.AddNode("Rope", {x, c, s});
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   ASSERT_TRUE(g.MarkOutput((*n)->output()).ok());
-  const std::vector<Tensor> ins = RandomInputs(g, 11);
+  const std::vector<Tensor> ins = RandomInputs(g, 11, 0.1, 2.0);
   std::vector<TensorView> views;
   for (const Tensor& t : ins) views.push_back(t.view());
   ThreadPool pool(3);

@@ -40,21 +40,13 @@ FusionReport Plan(Graph& g, const FusionOptions& o = {}) {
 
 // Fresh random inputs, never zero (|v| in [0.05, 2]); `zero_one` inputs hold a dropout keep
 // mask (0 or 1.25), `mask` inputs an additive attention mask (0 or -1e4).
-std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> mag(0.05, 2.0);
-  std::vector<Tensor> ins;
-  for (const Value* v : g.inputs()) {
-    Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      double x = mag(rng) * ((rng() & 1) ? 1 : -1);
-      if (v->name() == "keep") x = (rng() % 5) ? 1.25 : 0.0;
-      if (v->name() == "mask") x = (rng() % 4) ? 0.0 : -1e4;
-      t.SetFromDouble(i, x);
-    }
-    ins.push_back(std::move(t));
-  }
-  return ins;
+// Fresh data; "keep" is a dropout keep-mask (1.25 or 0), "mask" an additive mask (0 or -1e4).
+std::vector<Tensor> RowwiseInputs(const Graph& g, uint32_t seed) {
+  return RandomInputs(g, seed, 0.05, 2.0, [](const Value& v, int64_t, std::mt19937& rng) -> std::optional<double> {
+    if (v.name() == "keep") return (rng() % 5) ? 1.25 : 0.0;
+    if (v.name() == "mask") return (rng() % 4) ? 0.0 : -1e4;
+    return std::nullopt;
+  });
 }
 
 // Elementwise |a - b| <= atol + rtol * |b| (numpy.allclose); returns the worst |a - b|.
@@ -95,7 +87,7 @@ FusionReport CompareFusedUnfused(const std::string& text, std::unique_ptr<Graph>
   on.fusion_report = &report;
   auto rec = RunPipeline(*fused, on);
   EXPECT_TRUE(rec.ok()) << rec.status().ToString();
-  std::vector<Tensor> ins = RandomInputs(*unfused, 11);
+  std::vector<Tensor> ins = RowwiseInputs(*unfused, 11);
   ThreadPool pool(4);
   CpuContext ctx{&pool};
   ctx.min_work_per_thread = 4096;  // several threads even for these small tensors
@@ -436,7 +428,7 @@ TEST(FuseRowwiseNumerics, ReferenceGraphsReproduceTheFusedNodes) {
   ASSERT_EQ(CountOp(*g, "FusedSoftmax"), 1) << PrintGraph(*g);
   auto plan = ExecutionPlan::Compile(*g);
   ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-  std::vector<Tensor> ins = RandomInputs(*g, 5);
+  std::vector<Tensor> ins = RowwiseInputs(*g, 5);
   ThreadPool pool(2);
   int checked = 0;
   ExecutionPlan::StepObserver observer = [&](const Node& n, std::span<const TensorView> in,

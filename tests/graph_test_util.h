@@ -1,10 +1,15 @@
 // Small lookups shared by the pass tests: ops in a graph, groups and refusals in a report.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "graphfuse/graph.h"
+#include "graphfuse/tensor.h"
 #include "passes/fuse_elementwise.h"
 
 namespace graphfuse {
@@ -31,6 +36,28 @@ inline const FusedGroupInfo* FindGroup(const FusionReport& r, const std::string&
   for (const auto& x : r.groups)
     if (x.kind == kind) return &x;
   return nullptr;
+}
+
+// Fresh random data for every graph input: random sign, magnitude uniform in [lo, hi) (never
+// zero). `special` may give an element of a named input its own value (masks, keep-masks).
+using SpecialValue = std::function<std::optional<double>(const Value& input, int64_t index, std::mt19937& rng)>;
+inline std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed, double lo, double hi,
+                                        const SpecialValue& special = nullptr) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> mag(lo, hi);
+  std::vector<Tensor> ins;
+  for (const Value* v : g.inputs()) {
+    Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double sign = (rng() & 1) ? 1 : -1;
+      double x = sign * mag(rng);
+      if (special)
+        if (std::optional<double> s = special(*v, i, rng)) x = *s;
+      t.SetFromDouble(i, x);
+    }
+    ins.push_back(std::move(t));
+  }
+  return ins;
 }
 
 inline std::vector<TensorView> Views(const std::vector<Tensor>& ts) {

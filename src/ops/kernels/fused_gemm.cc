@@ -250,16 +250,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
                             : nullptr;
-  if (nthreads <= 1) {
-    for (int64_t b = 0; b < blocks; ++b) run_block(b, regs_base);
-    return Status::Ok();
-  }
-  // Blocks are claimed one at a time: a thread that starts late (or is descheduled) takes
-  // fewer blocks instead of stalling the launch.
-  std::atomic<int64_t> next_block{0};
-  ctx.cpu.pool->Parallel(nthreads, [&](int tid, int) {
-    void* regs = regs_base ? regs_base + reg_bytes * static_cast<size_t>(tid) : nullptr;
-    for (int64_t b = next_block.fetch_add(1); b < blocks; b = next_block.fetch_add(1)) run_block(b, regs);
+  ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int tid) {
+    run_block(b, regs_base ? regs_base + reg_bytes * static_cast<size_t>(tid) : nullptr);
   });
   return Status::Ok();
 }

@@ -244,13 +244,6 @@ Result<cpu::TileRunner> BindProgram(const Graph& body, const std::vector<const v
 }
 
 // A norm parameter as one row of d floats (its shape is [d], [1] or []: checked by inference).
-std::vector<float> ParamRow(const TensorView& p, int64_t d) {
-  std::vector<float> row(static_cast<size_t>(d));
-  const float* v = p.as<const float>();
-  for (int64_t j = 0; j < d; ++j) row[static_cast<size_t>(j)] = p.numel() == 1 ? v[0] : v[j];
-  return row;
-}
-
 Status FusedNormKernel(const KernelContext& ctx) {
   GF_ASSIGN_OR_RETURN(NormLayout l, ReadNormLayout(KernelWhere(ctx), ctx.node.attrs(), ctx.inputs.size()));
   const TensorView& Y = ctx.outputs[0];
@@ -269,8 +262,8 @@ Status FusedNormKernel(const KernelContext& ctx) {
   float* ys = Y.as<float>();
 
   const bool has_scale = l.params >= 1, has_bias = l.params >= 2;
-  const std::vector<float> scale = has_scale ? ParamRow(ctx.inputs[l.body_inputs], d) : std::vector<float>();
-  const std::vector<float> bias = has_bias ? ParamRow(ctx.inputs[l.body_inputs + 1], d) : std::vector<float>();
+  const std::vector<float> scale = has_scale ? ParamRow(ctx.inputs[l.body_inputs], Shape{d}) : std::vector<float>();
+  const std::vector<float> bias = has_bias ? ParamRow(ctx.inputs[l.body_inputs + 1], Shape{d}) : std::vector<float>();
   const double eps = ctx.node.GetFloat("epsilon", l.layer_norm ? 1e-5f : 1e-6f);
   auto norm_row = [&](const float* x, float* y) {
     if (l.layer_norm) LayerNormRow(x, y, d, scale.data(), has_bias ? bias.data() : nullptr, eps);

@@ -120,14 +120,7 @@ Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node) {
 // Blocks of a packed GEMM spread over the pool, one claim at a time.
 void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
   const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
-  if (threads <= 1) {
-    for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, a, c);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  cpu.pool->Parallel(threads, [&](int, int) {
-    for (int64_t blk = next.fetch_add(1); blk < g.blocks(); blk = next.fetch_add(1)) g.RunBlock(blk, a, c);
-  });
+  ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c); });
 }
 
 Status MatMulKernel(const KernelContext& ctx) {

@@ -17,6 +17,7 @@
 #include "graphfuse/shape.h"
 #include "graphfuse/status.h"
 #include "graphfuse/tensor.h"
+#include "graphfuse/thread_pool.h"
 #include "ir/op_registry.h"
 
 namespace graphfuse::kernels {
@@ -44,6 +45,21 @@ inline std::string KernelWhere(const KernelContext& ctx) {
   for (size_t i = 0; i < ctx.inputs.size(); ++i)
     s += StrCat(i ? ", " : "", ctx.node.input(i) ? TypeStr(ctx.inputs[i]) : "<omitted>");
   return s;
+}
+
+// Runs body(item, tid) for every item in [0, n): on the calling thread when `threads` <= 1
+// (tid 0), else on that many pool threads claiming one item at a time, so that a thread that
+// starts late (or is descheduled) takes fewer items instead of stalling the launch.
+template <class F>
+void ForEachClaimed(const CpuContext& cpu, int threads, int64_t n, F&& body) {
+  if (threads <= 1 || cpu.pool == nullptr) {
+    for (int64_t i = 0; i < n; ++i) body(i, 0);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  cpu.pool->Parallel(threads, [&](int tid, int) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) body(i, tid);
+  });
 }
 
 // Whether optional input i was given (an omitted input has a null Value in the node; a given

@@ -53,26 +53,8 @@ Result<NormShape> InferNormShape(const InferContext& ctx, int64_t default_axis) 
 
 // A parameter broadcast to one full row of D values (null when the input is omitted).
 std::vector<float> ExpandRow(const KernelContext& ctx, size_t i, const Shape& norm, float fill) {
-  const int64_t d = Product(norm);
-  std::vector<float> row(static_cast<size_t>(d), fill);
-  if (!HasInput(ctx, i)) return row;
-  const TensorView& p = ctx.inputs[i];
-  if (d > 0 && p.dtype == DType::kF32 && Product(p.shape) == d) {  // the usual [D] parameter: a copy
-    std::memcpy(row.data(), p.data, static_cast<size_t>(d) * sizeof(float));
-    return row;
-  }
-  const std::vector<int64_t> st = BroadcastStrides(p.shape, norm);
-  std::vector<int64_t> idx(norm.size(), 0);
-  for (int64_t j = 0; j < d; ++j) {
-    int64_t off = 0;
-    for (size_t k = 0; k < idx.size(); ++k) off += idx[k] * st[k];
-    row[j] = static_cast<float>(LoadAsDouble(p, off));
-    for (size_t k = idx.size(); k-- > 0;) {
-      if (++idx[k] < norm[k]) break;
-      idx[k] = 0;
-    }
-  }
-  return row;
+  if (!HasInput(ctx, i)) return std::vector<float>(static_cast<size_t>(Product(norm)), fill);
+  return ParamRow(ctx.inputs[i], norm);
 }
 
 // Runs row_fn(x_row, y_row, row) over every row with f32 pointers: f32 tensors are used in

@@ -10,8 +10,33 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
+
+#include "kernel_util.h"
 
 namespace graphfuse::kernels {
+
+// A norm parameter (Scale / B) broadcast to one full row over `norm` (X.shape[axis:]), in f32.
+inline std::vector<float> ParamRow(const TensorView& p, const Shape& norm) {
+  const int64_t d = Product(norm);
+  std::vector<float> row(static_cast<size_t>(d));
+  if (d > 0 && p.dtype == DType::kF32 && Product(p.shape) == d) {  // the usual [D] parameter: a copy
+    std::memcpy(row.data(), p.data, static_cast<size_t>(d) * sizeof(float));
+    return row;
+  }
+  const std::vector<int64_t> st = BroadcastStrides(p.shape, norm);
+  std::vector<int64_t> idx(norm.size(), 0);
+  for (int64_t j = 0; j < d; ++j) {
+    int64_t off = 0;
+    for (size_t k = 0; k < idx.size(); ++k) off += idx[k] * st[k];
+    row[static_cast<size_t>(j)] = static_cast<float>(LoadAsDouble(p, off));
+    for (size_t k = idx.size(); k-- > 0;) {
+      if (++idx[k] < norm[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return row;
+}
 
 using F32x8 = float __attribute__((vector_size(32)));
 using F64x8 = double __attribute__((vector_size(64)));
