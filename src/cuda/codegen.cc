@@ -17,10 +17,12 @@
 
 #include "../ir/op_registry.h"
 #include "../ops/reference.h"
+#include "codegen_internal.h"
 #include "device_prelude.h"
 #include "graphfuse/ops.h"
 
 namespace graphfuse::cuda {
+namespace internal {
 namespace {
 
 // The op table as CUDA source: each row's expression stringized, in OpKind order.
@@ -34,6 +36,8 @@ constexpr RowSource kRowSources[] = {
 #include "../ops/ops.def"
 #undef OP
 };
+
+}  // namespace
 
 // `template <class T> __device__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) {...}`
 std::string RowFunction(OpKind kind) {
@@ -79,60 +83,18 @@ std::string CommentSafe(const std::string& s) {
   return out;
 }
 
-// The collapsed iteration space and every input's strides over it (0 = broadcast).
-struct Space {
-  std::vector<int64_t> dims;
-  std::vector<std::vector<int64_t>> strides;  // per input, one per dim
-  int64_t numel = 1;
-
-  bool IsScalar(size_t k) const {
-    return std::all_of(strides[k].begin(), strides[k].end(), [](int64_t s) { return s == 0; });
-  }
-  bool IsDense(size_t k) const {
-    int64_t inner = 1;
-    for (size_t d = dims.size(); d-- > 0;) {
-      if (strides[k][d] != inner) return false;
-      inner *= dims[d];
-    }
-    return true;
-  }
-  // Offsets fit 32 bits: index arithmetic (/ and % by constants) in unsigned int, which is
-  // several times cheaper on the GPU than in 64 bits.
-  bool Small() const { return numel <= (int64_t{1} << 31); }
-  // The element offset of input k at flat index `i`, as a C expression.
-  std::string Offset(size_t k, const std::string& i64) const {
-    if (IsScalar(k)) return "0";
-    if (IsDense(k)) return i64;
-    const std::string i = Small() ? StrCat("static_cast<unsigned>(", i64, ")") : i64;
-    const char* sfx = Small() ? "u" : "LL";
-    std::string expr;
-    int64_t inner = 1;
-    std::vector<std::string> terms;
-    for (size_t d = dims.size(); d-- > 0;) {
-      const int64_t s = strides[k][d];
-      if (s != 0) {
-        std::string t = inner == 1 ? i : StrCat("(", i, " / ", inner, sfx, ")");
-        if (d != 0) t = StrCat("(", t, " % ", dims[d], sfx, ")");
-        if (s != 1) t = StrCat(t, " * ", s, sfx);
-        terms.push_back(t);
-      }
-      inner *= dims[d];
-    }
-    for (auto it = terms.rbegin(); it != terms.rend(); ++it) expr += (expr.empty() ? "" : " + ") + *it;
-    return expr;
-  }
-};
-
-Space Collapse(const Shape& out, const std::vector<Shape>& ins) {
+Space Collapse(const Shape& out, const std::vector<Shape>& ins, const std::vector<int64_t>& row_strides) {
   Space full;
   for (int64_t d : out) full.dims.push_back(d);
-  for (const Shape& in : ins) {
+  for (size_t k = 0; k < ins.size(); ++k) {
+    const Shape& in = ins[k];
     std::vector<int64_t> st(out.size(), 0);
+    const int64_t ld = k < row_strides.size() ? row_strides[k] : 0;
     int64_t inner = 1;
     for (size_t j = 0; j < in.size(); ++j) {
       const size_t din = in.size() - 1 - j, dout = out.size() - 1 - j;
       st[dout] = in[din] == 1 ? 0 : inner;
-      inner *= in[din];
+      inner *= j == 0 && ld > 0 ? ld : in[din];  // rows of ld elements: the last dim is dense
     }
     full.strides.push_back(st);
   }
@@ -168,25 +130,23 @@ std::string OpsPart(const Graph& body) {
   return ops;
 }
 
-// How the float4 loop reads one input.
-enum class VecRead { kFloat4, kBroadcast };
-
-}  // namespace
-
-uint32_t Fnv1a32(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
+std::string RowFunctions(const std::vector<bool>& used) {
+  std::string src = "// The op-table rows this kernel uses (src/ops/ops.def, stringized).\n";
+  for (size_t k = 0; k < used.size(); ++k)
+    if (used[k]) src += RowFunction(static_cast<OpKind>(k));
+  return src;
 }
 
-Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name) {
-  const std::string where = StrCat("CUDA codegen for fused group '", body.name(), "'");
+size_t NumRows() { return std::size(kRowSources); }
+
+Result<BodyFunction> EmitBodyFunction(const Graph& body, const std::string& fn, const std::string& where,
+                                      std::vector<bool>& used) {
   if (body.outputs().empty()) return InvalidArgument(where, ": no outputs");
   if (body.nodes().empty()) return InvalidArgument(where, ": no nodes");
   if (!body.constants().empty()) return InvalidArgument(where, ": holds constants; they must be inputs");
   const Shape& space_shape = body.outputs()[0]->shape();
 
-  // (1) The compute domain, and every node's op.
+  // The compute domain, and every node's op.
   std::vector<std::pair<const Node*, OpKind>> nodes;
   bool ints = false;
   for (const auto& n : body.nodes()) {
@@ -202,35 +162,17 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
                              ", the group iterates over ", ShapeToString(space_shape));
     nodes.push_back({n.get(), *kind});
   }
-  const char* T = ints ? "gf::i64" : "float";
-  const char* load = ints ? "gf::i64_of" : "gf::f32_of";
-
-  // (2) The iteration space.
-  std::vector<Shape> in_shapes;
-  for (const Value* in : body.inputs()) {
+  for (const Value* in : body.inputs())
     if (in->shape().size() > space_shape.size())
       return InvalidArgument(where, ": input '", in->name(), "' has a larger rank than the group");
-    in_shapes.push_back(in->shape());
-  }
   for (const Value* o : body.outputs())
     if (o->shape() != space_shape)
       return InvalidArgument(where, ": output '", o->name(), "' is not over the group's space");
-  const Space space = Collapse(space_shape, in_shapes);
-
-  CudaKernelSource out;
-  out.num_elements = space.numel;
-  for (const Value* in : body.inputs()) out.input_dtypes.push_back(in->dtype());
-  for (const Value* o : body.outputs()) out.output_dtypes.push_back(o->dtype());
-
-  // (3) The op rows used, in table order, then the body function.
-  std::string src = kDevicePrelude;
-  std::vector<bool> used(std::size(kRowSources), false);
+  const char* T = ints ? "gf::i64" : "float";
   for (const auto& [n, kind] : nodes) used[static_cast<size_t>(kind)] = true;
-  src += "// The op-table rows this kernel uses (src/ops/ops.def, stringized).\n";
-  for (size_t k = 0; k < used.size(); ++k)
-    if (used[k]) src += RowFunction(static_cast<OpKind>(k));
-  src += "\n}  // namespace gf\n\n";
 
+  BodyFunction out;
+  out.ints = ints;
   std::map<const Value*, int> reg;
   std::string params;
   for (size_t k = 0; k < body.inputs().size(); ++k) {
@@ -238,9 +180,10 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
     params += StrCat(k ? ", " : "", T, " r", k);
   }
   for (size_t k = 0; k < body.outputs().size(); ++k) params += StrCat(params.empty() ? "" : ", ", T, "& o", k);
+  std::string& src = out.code;
   src += StrCat("// One element of group '", CommentSafe(body.name()),
                 "': registers r0.. are the inputs in body order, then one per node.\n");
-  src += StrCat("__forceinline__ void gf_body(long long idx, ", params, ") {\n");
+  src += StrCat("__forceinline__ void ", fn, "(long long idx, ", params, ") {\n");
   int next = static_cast<int>(body.inputs().size());
   for (const auto& [n, kind] : nodes) {
     const OpAttrs a = ElementwiseAttrs(kind, n->attrs());
@@ -266,6 +209,57 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
   }
   for (size_t k = 0; k < body.outputs().size(); ++k) src += StrCat("  o", k, " = r", reg.at(body.outputs()[k]), ";\n");
   src += "}\n\n";
+  return out;
+}
+
+namespace {
+
+// How the float4 loop reads one input.
+enum class VecRead { kFloat4, kBroadcast };
+
+}  // namespace
+}  // namespace internal
+
+using namespace internal;
+
+uint32_t Fnv1a32(const std::string& s) {
+  uint32_t h = 2166136261u;
+  for (unsigned char c : s) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name,
+                                                   const std::vector<int64_t>& row_strides) {
+  const std::string where = StrCat("CUDA codegen for fused group '", body.name(), "'");
+  // (1) The compute domain and (3) the body function (errors name the node at fault).
+  std::vector<bool> used(NumRows(), false);
+  GF_ASSIGN_OR_RETURN(BodyFunction fn, EmitBodyFunction(body, "gf_body", where, used));
+  const bool ints = fn.ints;
+  const char* T = ints ? "gf::i64" : "float";
+  const char* load = ints ? "gf::i64_of" : "gf::f32_of";
+  const Shape& space_shape = body.outputs()[0]->shape();
+
+  // (2) The iteration space.
+  std::vector<Shape> in_shapes;
+  for (size_t k = 0; k < body.inputs().size(); ++k) {
+    const Value* in = body.inputs()[k];
+    if (k < row_strides.size() && row_strides[k] > 0 &&
+        (in->shape() != space_shape || space_shape.empty() || row_strides[k] < space_shape.back()))
+      return InvalidArgument(where, ": input '", in->name(), "' ", in->TypeString(), " cannot be read as rows of ",
+                             row_strides[k], " elements over ", ShapeToString(space_shape));
+    in_shapes.push_back(in->shape());
+  }
+  const Space space = Collapse(space_shape, in_shapes, row_strides);
+
+  CudaKernelSource out;
+  out.num_elements = space.numel;
+  for (const Value* in : body.inputs()) out.input_dtypes.push_back(in->dtype());
+  for (const Value* o : body.outputs()) out.output_dtypes.push_back(o->dtype());
+
+  std::string src = kDevicePrelude;
+  src += RowFunctions(used);
+  src += "\n}  // namespace gf\n\n";
+  src += fn.code;
 
   // (4) The kernel. Its name goes between `head` and `tail`; the hash covers both.
   const std::string head = src + StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");

@@ -41,7 +41,10 @@ struct CudaKernelSource {
 // bodies: "<op>_<dtype>_<hash8>"), hash8 = FNV-1a 32 of the source without the name.
 // Errors (a node outside the op table, mixed compute domains, constants in the body, a node
 // not over the group's space) name the node at fault.
-Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name = "");
+// row_strides[k] > 0: input k (of the group's shape) is read as rows of that many elements, a
+// column block of a wider matrix (a GEMM epilogue reading one projection of a wider output).
+Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name = "",
+                                                   const std::vector<int64_t>& row_strides = {});
 
 // A one-node body for a single unfused op-table node (same input types and attributes).
 Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node);

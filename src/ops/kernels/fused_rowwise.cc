@@ -35,6 +35,7 @@
 #include "cpu/tile_program.h"
 #include "kernel_util.h"
 #include "norm_rows.h"
+#include "rowwise_layout.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -42,6 +43,8 @@ namespace {
 // Elements per block of rows: the prologue's outputs for the block are still in cache when
 // the row op reads them back (32 KiB of f32 per stream).
 constexpr int64_t kBlockElements = 8 * 1024;
+
+}  // namespace
 
 const Graph* GraphAttr(const AttributeMap& attrs, const char* key) {
   auto it = attrs.find(key);
@@ -53,13 +56,6 @@ const Graph* GraphAttr(const AttributeMap& attrs, const char* key) {
 // ---- layouts: how a node's inputs and outputs map onto its bodies (shared by inference and
 // the kernels, so that a kernel never indexes past what inference accepted) ----
 
-struct NormLayout {
-  const Graph* body = nullptr;
-  bool layer_norm = false;
-  int64_t norm_input = 0, prologue_outputs = 0;
-  size_t body_inputs = 0, params = 0;
-  const Value* x = nullptr;  // the body output the norm reads
-};
 
 Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs) {
   NormLayout l;
@@ -89,14 +85,6 @@ Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& 
   return l;
 }
 
-struct SoftmaxLayout {
-  const Graph* prologue = nullptr;
-  const Graph* epilogue = nullptr;
-  int64_t softmax_input = 0, prologue_outputs = 0, epilogue_input = 0;
-  size_t prologue_inputs = 1;  // node inputs read by the prologue (X alone without one)
-  size_t main_outputs = 1;     // node outputs before the prologue's
-  ValueType x;                 // the softmax input's type
-};
 
 Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const AttributeMap& attrs,
                                         const std::vector<const Value*>& inputs) {
@@ -143,6 +131,8 @@ Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const Attribut
   }
   return l;
 }
+
+namespace {
 
 // Checks node inputs [offset, offset + n) against a body's inputs, skipping body input `skip`.
 Status CheckBodyInputs(const std::string& where, const char* what, const Graph& body,

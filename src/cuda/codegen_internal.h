@@ -1,0 +1,87 @@
+// Pieces of the CUDA code generator shared by its kernel families (codegen.cc: elementwise
+// groups; codegen_rows.cc: norms, softmax, RoPE and GEMM epilogues). Not a public interface.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "graphfuse/graph.h"
+#include "graphfuse/ops.h"
+
+namespace graphfuse::cuda::internal {
+
+// `template <class T> T op_<Name>(T x, T y, T z, const Attrs& a, long long idx)`: one op-table
+// row's expression, stringized from src/ops/ops.def.
+std::string RowFunction(OpKind kind);
+// The rows marked in `used` (indexed by OpKind), in table order, with a heading comment.
+std::string RowFunctions(const std::vector<bool>& used);
+size_t NumRows();
+
+// A float literal that reads back to the same float (inf / NaN as bit patterns).
+std::string FloatLiteral(float f);
+// The C type a dtype is stored as in device memory ("float", "gf::f16", ...).
+const char* StorageType(DType t);
+// Text safe inside a // comment.
+std::string CommentSafe(const std::string& s);
+// "add_mul_add" from a body's first six ops.
+std::string OpsPart(const Graph& body);
+
+// The collapsed iteration space and every input's strides over it (0 = broadcast).
+struct Space {
+  std::vector<int64_t> dims;
+  std::vector<std::vector<int64_t>> strides;  // per input, one per dim
+  int64_t numel = 1;
+
+  bool IsScalar(size_t k) const {
+    return std::all_of(strides[k].begin(), strides[k].end(), [](int64_t s) { return s == 0; });
+  }
+  bool IsDense(size_t k) const {
+    int64_t inner = 1;
+    for (size_t d = dims.size(); d-- > 0;) {
+      if (strides[k][d] != inner) return false;
+      inner *= dims[d];
+    }
+    return true;
+  }
+  // Offsets fit 32 bits: index arithmetic (/ and % by constants) in unsigned int, which is
+  // several times cheaper on the GPU than in 64 bits.
+  bool Small() const { return numel <= (int64_t{1} << 31); }
+  // The element offset of input k at flat index `i`, as a C expression.
+  std::string Offset(size_t k, const std::string& i64) const {
+    if (IsScalar(k)) return "0";
+    if (IsDense(k)) return i64;
+    const std::string i = Small() ? StrCat("static_cast<unsigned>(", i64, ")") : i64;
+    const char* sfx = Small() ? "u" : "LL";
+    std::string expr;
+    int64_t inner = 1;
+    std::vector<std::string> terms;
+    for (size_t d = dims.size(); d-- > 0;) {
+      const int64_t s = strides[k][d];
+      if (s != 0) {
+        std::string t = inner == 1 ? i : StrCat("(", i, " / ", inner, sfx, ")");
+        if (d != 0) t = StrCat("(", t, " % ", dims[d], sfx, ")");
+        if (s != 1) t = StrCat(t, " * ", s, sfx);
+        terms.push_back(t);
+      }
+      inner *= dims[d];
+    }
+    for (auto it = terms.rbegin(); it != terms.rend(); ++it) expr += (expr.empty() ? "" : " + ") + *it;
+    return expr;
+  }
+};
+
+// Collapses `out` with the inputs' broadcast strides; an input k with row_strides[k] > 0 has
+// out's shape laid out as rows of row_strides[k] elements (a column block of a wider matrix).
+Space Collapse(const Shape& out, const std::vector<Shape>& ins, const std::vector<int64_t>& row_strides = {});
+
+// `__forceinline__ void <fn>(long long idx, T r0.., T& o0..)`: one element of an elementwise
+// body (inputs in body order, then outputs), f16/bf16 intermediates rounded as the unfused
+// ops store them. Marks the op rows it calls in `used`.
+struct BodyFunction {
+  std::string code;
+  bool ints = false;  // computes in long long (integer data) instead of float
+};
+Result<BodyFunction> EmitBodyFunction(const Graph& body, const std::string& fn, const std::string& where,
+                                      std::vector<bool>& used);
+
+}  // namespace graphfuse::cuda::internal
