@@ -370,6 +370,11 @@ Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node) {
 }
 
 Result<CudaKernelSource> GenerateKernelForNode(const Node& node) {
+  const std::string& op = node.op();
+  if (op == "FusedGemm") return GenerateGemmEpilogueKernel(node);
+  if (op == "Rope") return GenerateRopeKernel(node);
+  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax")
+    return GenerateRowKernel(node);
   if (node.op() == "FusedElementwise") {
     const Graph* body = node.GetGraph("body");
     if (!body) return InvalidArgument("CUDA codegen: ", node.Describe(), " has no 'body' graph");

@@ -35,6 +35,9 @@ struct CudaKernelSource {
   // Work items of the scalar loop (num_elements) and of the float4 loop (num_elements / 4):
   // a launcher sizes the grid from these (any grid is correct).
   int64_t scalar_work_items = 0, vector_work_items = 0;
+  // A row kernel (codegen_rows.cc): launch exactly kCudaBlockSize threads per block; any
+  // number of blocks (scalar_work_items = rows: one block per row is the natural grid).
+  bool row_kernel = false;
 };
 
 // The kernel for a group body. `kernel_name` empty: "fused_<ops>_<dtype>_<hash8>" (one-node
@@ -50,8 +53,49 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
 Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node);
 
 // The kernel for a node: a FusedElementwise node (its body; its "kernel_name" attribute if
-// present) or a single op-table node.
+// present), a single op-table node, a row op (norms, softmax, their fused forms), Rope, or a
+// FusedGemm's epilogue (below).
 Result<CudaKernelSource> GenerateKernelForNode(const Node& node);
+
+// ---- around the GEMMs (codegen_rows.cc) ----
+
+// RMSNorm, LayerNormalization (optional mean / inv_std outputs), Softmax over the last axis,
+// and FusedNorm / FusedSoftmax with their prologue / epilogue bodies: one block per row, the
+// row in registers, statistics in double as on the CPU. Parameters: the node's inputs then
+// its outputs, in node order.
+Result<CudaKernelSource> GenerateRowKernel(const Node& node);
+// Rope (rotate-half): parameters x, cos, sin, y.
+Result<CudaKernelSource> GenerateRopeKernel(const Node& node);
+// A FusedGemm's epilogue as one elementwise kernel run right after the GEMM. Parameters: the
+// S projections (each a pointer to its first column; a projection that is a node output has
+// rows of N elements, the others are read from the [M, S*N] GEMM workspace), the node's extra
+// inputs, then the epilogue's outputs.
+Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node);
+
+// Whether cuBLASLt's own epilogue enum computes a FusedGemm's epilogue exactly: no epilogue,
+// bias, ReLU(+bias), or GELU-tanh(+bias) (cuBLASLt's GELU is the tanh form; an erf Gelu is
+// never mapped onto it), for one projection whose only output is the epilogue's.
+struct CublasLtEpilogue {
+  enum Kind { kNotCovered, kNone, kBias, kReluBias, kGeluTanhBias } kind = kNotCovered;
+  int64_t bias_input = -1;  // the node input holding the [N] bias
+};
+CublasLtEpilogue CublasLtEpilogueFor(const Node& fused_gemm);
+
+// How one node of a plan runs on the GPU, with the kernels to compile for it.
+enum class CudaPath {
+  kView,             // Reshape and kin: a view of the input buffer, no launch
+  kCublas,           // MatMul / Gemm / FusedGemm covered by cuBLAS(Lt) alone
+  kCublasThenKernel, // FusedGemm: cuBLAS GEMM, then its generated epilogue kernel
+  kKernel,           // one generated kernel
+};
+struct CudaNodePlan {
+  CudaPath path = CudaPath::kKernel;
+  std::string what;  // for reports: "generated row kernel", "cuBLASLt GEMM with its epilogue", ...
+  CublasLtEpilogue cublas_epilogue;
+  std::vector<CudaKernelSource> kernels;
+};
+// Errors name the node and say what is missing (Unimplemented for ops with no CUDA path yet).
+Result<CudaNodePlan> PlanNodeForCuda(const Node& node);
 
 // FNV-1a 32-bit (kernel-name hashes).
 uint32_t Fnv1a32(const std::string& s);

@@ -22,10 +22,14 @@
 #include "cuda/codegen.h"
 #include "cuda/nvrtc_compile.h"
 #include "graphfuse/ops.h"
+#include "graphfuse/thread_pool.h"
 #include "cuda/device_prelude.h"
 #include "ir/text.h"
+#include "onnx/import.h"
 #include "ops/philox.h"
 #include "passes/fuse_elementwise.h"
+#include "passes/pipeline.h"
+#include "runtime/blocks.h"
 
 namespace graphfuse::cuda {
 namespace {
@@ -323,6 +327,229 @@ TEST(Nvrtc, CachesInMemoryAndOnDisk) {
   std::filesystem::remove_all(dir);
 }
 
+// ---- around the GEMMs: norms, softmax, RoPE, GEMM epilogues -----------------------------------
+
+// The graph of `ir` after the whole fusion pipeline.
+Result<std::unique_ptr<Graph>> Pipelined(const std::string& ir) {
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ParseGraph(ir));
+  GF_RETURN_IF_ERROR(RunPipeline(*g).status());
+  return g;
+}
+
+const Node* Only(const Graph& g, const std::string& op) {
+  const Node* found = nullptr;
+  for (const auto& n : g.nodes())
+    if (n->op() == op) {
+      EXPECT_EQ(found, nullptr) << "more than one " << op;
+      found = n.get();
+    }
+  EXPECT_NE(found, nullptr) << "no " << op << " in\n" << PrintGraph(g);
+  return found;
+}
+
+struct RowCase {
+  const char* name;
+  const char* op;             // the node to generate for, after the pipeline
+  const char* kernel_prefix;  // the kernel name up to the dtype
+  const char* ir;
+};
+
+const RowCase kRowCases[] = {
+    // 300 = one full pass of 256 threads and a ragged second one.
+    {"rmsnorm", "RMSNorm", "rmsnorm_f32_", R"(graph @n(%x: f32[4,300], %w: f32[300]) {
+  %y = RMSNorm(%x, %w) {epsilon = 1e-6}
+  return %y
+})"},
+    {"layernorm_stats", "LayerNormalization", "layernorm_f32_", R"(graph @n(%x: f32[3,64], %g: f32[64], %b: f32[64]) {
+  %y, %mean, %inv = LayerNormalization(%x, %g, %b) {epsilon = 1e-5}
+  return %y, %mean, %inv
+})"},
+    {"softmax", "Softmax", "softmax_f32_", R"(graph @s(%x: f32[2,5,77]) {
+  %y = Softmax(%x) {axis = -1}
+  return %y
+})"},
+    {"softmax_f16", "Softmax", "softmax_f16_", R"(graph @s(%x: f16[8,1000]) {
+  %y = Softmax(%x) {axis = -1}
+  return %y
+})"},
+    // The pre-norm residual stream: the sum is a second output.
+    {"add_rmsnorm", "FusedNorm", "fused_add_rmsnorm_f32_", R"(graph @n(%x: f32[16,4096], %r: f32[16,4096], %w: f32[4096]) {
+  %s = Add(%x, %r)
+  %y = RMSNorm(%s, %w) {epsilon = 1e-6}
+  return %y, %s
+})"},
+    {"add_layernorm", "FusedNorm", "fused_add_add_layernorm_f32_", R"(graph @n(%x: f32[8,768], %b: f32[768], %r: f32[8,768], %g: f32[768], %c: f32[768]) {
+  %0 = Add(%x, %b)
+  %1 = Add(%0, %r)
+  %y = LayerNormalization(%1, %g, %c) {epsilon = 1e-5}
+  return %y
+})"},
+    {"scale_mask_softmax_dropout", "FusedSoftmax", "fused_mul_add_softmax_mul_f32_", R"(graph @a(%s: f32[2,4,32,32], %k: f32[], %m: f32[1,1,32,32], %keep: f32[2,4,32,32]) {
+  %0 = Mul(%s, %k)
+  %1 = Add(%0, %m)
+  %p = Softmax(%1) {axis = -1}
+  %d = Mul(%p, %keep)
+  return %d
+})"},
+    {"rope", "Rope", "rope_f32_", R"(graph @r(%x: f32[1,4,16,64], %c: f32[16,64], %s: f32[16,64]) {
+  %y = Rope(%x, %c, %s)
+  return %y
+})"},
+};
+
+TEST(CudaCodegen, RowKernelsCompileAndNamesSayWhatTheyFuse) {
+  std::vector<CudaKernelSource> kernels;
+  for (const RowCase& c : kRowCases) {
+    auto g = Pipelined(c.ir);
+    ASSERT_TRUE(g.ok()) << c.name << ": " << g.status().ToString();
+    const Node* n = Only(**g, c.op);
+    ASSERT_NE(n, nullptr) << c.name;
+    auto k = GenerateKernelForNode(*n);
+    ASSERT_TRUE(k.ok()) << c.name << ": " << k.status().ToString();
+    EXPECT_EQ(k->name.rfind(c.kernel_prefix, 0), 0u) << c.name << ": " << k->name;
+    EXPECT_EQ(k->input_dtypes.size(), n->inputs().size()) << c.name;
+    EXPECT_EQ(k->output_dtypes.size(), n->outputs().size()) << c.name;
+    kernels.push_back(std::move(*k));
+  }
+  NvrtcCompiler compiler;
+  double seconds = 0;
+  for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+}
+
+TEST(CudaCodegen, RowKernelsRefuseWhatTheyDoNotGenerate) {
+  auto g = ParseGraph(R"(graph @s(%x: f32[4,8]) {
+  %y = Softmax(%x) {axis = 0}
+  return %y
+})");
+  ASSERT_TRUE(g.ok());
+  auto k = GenerateKernelForNode(*Only(**g, "Softmax"));
+  ASSERT_FALSE(k.ok());
+  EXPECT_NE(k.status().message().find("axis 0"), std::string::npos) << k.status().ToString();
+  auto long_rows = ParseGraph(R"(graph @n(%x: f32[2,9000]) {
+  %y = RMSNorm(%x)
+  return %y
+})");
+  ASSERT_TRUE(long_rows.ok());
+  auto k2 = GenerateKernelForNode(*Only(**long_rows, "RMSNorm"));
+  ASSERT_FALSE(k2.ok());
+  EXPECT_NE(k2.status().message().find("9000"), std::string::npos) << k2.status().ToString();
+}
+
+// x[8,32] @ w[32,64] (a constant), then Add with a constant bias [64] (or a residual input
+// [8,64]), then `act` (none when empty); after the whole pipeline.
+Result<std::unique_ptr<Graph>> GemmGraph(const std::string& act, bool bias_first, bool residual) {
+  auto g = std::make_unique<Graph>("gemm");
+  auto filled = [](const Shape& s) {
+    auto t = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, s).value());
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+    return t;
+  };
+  GF_ASSIGN_OR_RETURN(Value * x, g->AddInput("x", DType::kF32, {8, 32}));
+  GF_ASSIGN_OR_RETURN(Value * w, g->AddConstant("w", filled({32, 64})));
+  GF_ASSIGN_OR_RETURN(Node * mm, g->AddNode("MatMul", {x, w}, {}, "mm"));
+  Value* other = nullptr;
+  if (residual) {
+    GF_ASSIGN_OR_RETURN(other, g->AddInput("r", DType::kF32, {8, 64}));
+  } else {
+    GF_ASSIGN_OR_RETURN(other, g->AddConstant("b", filled({64})));
+  }
+  std::vector<Value*> add_in = bias_first ? std::vector<Value*>{other, mm->output()} : std::vector<Value*>{mm->output(), other};
+  GF_ASSIGN_OR_RETURN(Node * add, g->AddNode("Add", add_in, {}, "add"));
+  Value* out = add->output();
+  if (!act.empty()) {
+    GF_ASSIGN_OR_RETURN(Node * a, g->AddNode(act, {out}, {}, "act"));
+    out = a->output();
+  }
+  GF_RETURN_IF_ERROR(g->MarkOutput(out));
+  GF_RETURN_IF_ERROR(RunPipeline(*g).status());
+  return g;
+}
+
+TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
+  struct Case {
+    const char* act;
+    bool bias_first, residual;
+    CublasLtEpilogue::Kind want;
+  } cases[] = {
+      {"", false, false, CublasLtEpilogue::kBias},
+      {"GeluTanh", true, false, CublasLtEpilogue::kGeluTanhBias},
+      {"Relu", false, false, CublasLtEpilogue::kReluBias},
+      // GELU (erf) is not cuBLASLt's GELU (tanh): a generated epilogue, never an approximation.
+      {"Gelu", false, false, CublasLtEpilogue::kNotCovered},
+      // A residual add is not in the enum either.
+      {"", false, true, CublasLtEpilogue::kNotCovered},
+  };
+  std::vector<CudaKernelSource> kernels;
+  for (const Case& c : cases) {
+    const std::string what = StrCat("act '", c.act, "', residual ", c.residual);
+    auto g = GemmGraph(c.act, c.bias_first, c.residual);
+    ASSERT_TRUE(g.ok()) << what << ": " << g.status().ToString();
+    const Node* n = Only(**g, "FusedGemm");
+    ASSERT_NE(n, nullptr) << what;
+    EXPECT_EQ(CublasLtEpilogueFor(*n).kind, c.want) << what;
+    auto plan = PlanNodeForCuda(*n);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const bool covered = c.want != CublasLtEpilogue::kNotCovered;
+    EXPECT_EQ(plan->path, covered ? CudaPath::kCublas : CudaPath::kCublasThenKernel) << what;
+    EXPECT_EQ(plan->kernels.size(), covered ? 0u : 1u) << what;
+    for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
+  }
+  NvrtcCompiler compiler;
+  double seconds = 0;
+  for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+}
+
+// Every node of the demo presets' and the exported models' fused plans has a CUDA path, except
+// the attention kernel (named here until it has one), and every kernel they need compiles.
+TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
+  std::vector<std::pair<std::string, std::unique_ptr<Graph>>> graphs;
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  for (const char* preset : {"llama-small", "gpt2", "bert"}) {
+    auto cfg = BlockPreset(preset);
+    ASSERT_TRUE(cfg.ok()) << cfg.status().ToString();
+    cfg->seq = 8;
+    auto w = MakeBlockWeights(*cfg, 1, ctx);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    auto g = std::make_unique<Graph>(preset);
+    ASSERT_TRUE(BuildBlock(*g, *cfg, *w).ok());
+    graphs.emplace_back(StrCat("demo preset ", preset), std::move(g));
+  }
+  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  for (const auto& entry : std::filesystem::directory_iterator(models)) {
+    auto g = ImportOnnxFile((entry.path() / "model.onnx").string());
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    graphs.emplace_back(entry.path().filename().string(), std::move(*g));
+  }
+  std::vector<CudaKernelSource> kernels;
+  std::map<std::string, int> paths, unplanned;
+  for (auto& [label, g] : graphs) {
+    auto run = RunPipeline(*g);
+    ASSERT_TRUE(run.ok()) << label << ": " << run.status().ToString();
+    for (const auto& n : g->nodes()) {
+      auto plan = PlanNodeForCuda(*n);
+      if (!plan.ok()) {
+        ++unplanned[n->op()];
+        EXPECT_EQ(n->op(), "FusedAttention") << label << ": " << plan.status().ToString();
+        continue;
+      }
+      ++paths[plan->what];
+      for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
+    }
+  }
+  EXPECT_GE(kernels.size(), 20u);
+  EXPECT_GT(paths["generated row kernel"], 0);
+  EXPECT_GT(paths["cuBLAS GEMM, then the generated epilogue"], 0);
+  NvrtcCompiler compiler;
+  double seconds = 0;
+  for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+  std::printf("[ cuda     ] %zu kernels of %zu fused plans compiled in %.1f s; paths:", kernels.size(), graphs.size(),
+              seconds);
+  for (const auto& [what, count] : paths) std::printf(" %s x%d;", what.c_str(), count);
+  for (const auto& [op, count] : unplanned) std::printf(" no CUDA path yet: %s x%d;", op.c_str(), count);
+  std::printf("\n");
+}
+
 // ---- the snapshot ----------------------------------------------------------------------------
 
 TEST(CudaCodegen, GoldenSources) {
@@ -330,6 +557,20 @@ TEST(CudaCodegen, GoldenSources) {
     const char* e = std::getenv("GF_UPDATE_GOLDEN");
     return e && std::string(e) == "1";
   }();
+  auto check = [&](const std::string& name, const CudaKernelSource& k) {
+    const std::filesystem::path file = GoldenDir() / StrCat(name, ".cu");
+    if (update) {
+      std::filesystem::create_directories(file.parent_path());
+      std::ofstream(file, std::ios::binary) << k.source;
+      return;
+    }
+    std::ifstream f(file, std::ios::binary);
+    ASSERT_TRUE(f.good()) << file << " is missing; run with GF_UPDATE_GOLDEN=1 to create it";
+    std::stringstream want;
+    want << f.rdbuf();
+    EXPECT_EQ(k.source, want.str()) << "generated source of '" << name << "' differs from " << file
+                                    << "; if intended, rerun with GF_UPDATE_GOLDEN=1 and review the diff";
+  };
   for (const char* name : {"chain", "gelu", "silu", "f16_chain", "dropout"}) {
     const FusedCase* c = nullptr;
     for (const FusedCase& fc : kFusedCases)
@@ -337,19 +578,24 @@ TEST(CudaCodegen, GoldenSources) {
     ASSERT_NE(c, nullptr);
     auto k = FusedKernel(*c);
     ASSERT_TRUE(k.ok()) << k.status().ToString();
-    const std::filesystem::path file = GoldenDir() / StrCat(name, ".cu");
-    if (update) {
-      std::filesystem::create_directories(file.parent_path());
-      std::ofstream(file, std::ios::binary) << k->source;
-      continue;
-    }
-    std::ifstream f(file, std::ios::binary);
-    ASSERT_TRUE(f.good()) << file << " is missing; run with GF_UPDATE_GOLDEN=1 to create it";
-    std::stringstream want;
-    want << f.rdbuf();
-    EXPECT_EQ(k->source, want.str()) << "generated source of '" << name << "' differs from " << file
-                                     << "; if intended, rerun with GF_UPDATE_GOLDEN=1 and review the diff";
+    check(name, *k);
   }
+  for (const char* name : {"add_rmsnorm", "scale_mask_softmax_dropout", "rope"}) {
+    const RowCase* c = nullptr;
+    for (const RowCase& rc : kRowCases)
+      if (std::string(rc.name) == name) c = &rc;
+    ASSERT_NE(c, nullptr);
+    auto g = Pipelined(c->ir);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    auto k = GenerateKernelForNode(*Only(**g, c->op));
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    check(name, *k);
+  }
+  auto g = GemmGraph("", false, true);  // MatMul + residual Add: a generated epilogue
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto k = GenerateKernelForNode(*Only(**g, "FusedGemm"));
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  check("gemm_residual_epilogue", *k);
 }
 
 // ---- needs a GPU ---------------------------------------------------------------------------

@@ -1,0 +1,471 @@
+// CUDA C for the kernels around the GEMMs: row kernels (RMSNorm, LayerNormalization, Softmax,
+// and FusedNorm / FusedSoftmax with their elementwise bodies), RoPE, and the epilogue of a
+// FusedGemm; plus how each node of a plan runs on the GPU (PlanNodeForCuda).
+//
+// Row kernels: one thread block of kCudaBlockSize threads per row (grid-stride over rows). A
+// row's values stay in registers (kPer per thread), so a prologue is computed once, its extra
+// outputs stored on the way, and the statistics follow the CPU kernels' recipes
+// (src/ops/kernels/norm_rows.h, softmax.cc): sums in double, reduced per warp by shuffles, then
+// the warps' partials added in a fixed order, so every thread holds the same value and a
+// launch is deterministic. Rows longer than kMaxRowPerThread * kCudaBlockSize are refused.
+#include <algorithm>
+#include <cctype>
+
+#include "../ops/kernels/rowwise_layout.h"
+#include "codegen.h"
+#include "codegen_internal.h"
+#include "device_prelude.h"
+
+namespace graphfuse::cuda {
+namespace {
+
+using namespace internal;
+
+constexpr int kMaxRowPerThread = 32;
+
+// Block-wide reductions, inside namespace gf (after the op rows).
+constexpr const char* kRowPrelude = R"(
+// Block reductions for row kernels (blockDim.x == 256: eight warps). Warp partials by
+// shuffles, then the eight partials summed in a fixed order: every thread gets the same value.
+__forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = gf::max(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__noinline__ double block_sum(double v) {
+  __shared__ double part[8];
+  v = warp_sum(v);
+  __syncthreads();  // the previous reduction's readers are done with part
+  if ((threadIdx.x & 31u) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double t = 0;
+  for (int w = 0; w < 8; ++w) t += part[w];
+  return t;
+}
+__noinline__ float block_max(float v) {
+  __shared__ float part[8];
+  v = warp_max(v);
+  __syncthreads();
+  if ((threadIdx.x & 31u) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float t = part[0];
+  for (int w = 1; w < 8; ++w) t = gf::max(t, part[w]);
+  return t;
+}
+)";
+
+// Names the kernel "<base>_<dtype>_<hash8>", the hash over the source without the name.
+CudaKernelSource Finish(const std::string& head, const std::string& tail, const std::string& base, DType dt,
+                        CudaKernelSource k) {
+  char hash[16];
+  std::snprintf(hash, sizeof hash, "%08x", Fnv1a32(head + tail));
+  k.name = StrCat(base, "_", DTypeName(dt), "_", hash);
+  k.source = head + k.name + tail;
+  return k;
+}
+
+// One input of a row kernel's body: which kernel parameter, read at which offset.
+struct BodyArg {
+  std::string expr;  // e.g. "gf::f32_of(in2[(i % 64LL)])", or "p" for the probabilities
+};
+
+// The argument expressions for a body whose inputs are node inputs `first..` (skipping body
+// input `special`, which reads `special_expr`), over the row space `x_shape`.
+std::vector<BodyArg> BodyArgs(const Graph& body, const Shape& x_shape, size_t first, int64_t special,
+                              const std::string& special_expr) {
+  std::vector<Shape> shapes;
+  for (const Value* in : body.inputs()) shapes.push_back(in->shape());
+  const Space sp = Collapse(x_shape, shapes);
+  std::vector<BodyArg> args;
+  size_t param = first;
+  for (size_t k = 0; k < body.inputs().size(); ++k) {
+    if (static_cast<int64_t>(k) == special) {
+      args.push_back({special_expr});
+      continue;
+    }
+    args.push_back({StrCat("gf::f32_of(in", param++, "[", sp.Offset(k, "i"), "])")});
+  }
+  return args;
+}
+
+std::string Call(const std::string& fn, const std::vector<BodyArg>& args, size_t outputs, const char* out_prefix) {
+  std::string c = StrCat(fn, "(i");
+  for (const BodyArg& a : args) c += ", " + a.expr;
+  for (size_t k = 0; k < outputs; ++k) c += StrCat(", ", out_prefix, k);
+  return c + ");";
+}
+
+// The offset of a norm parameter ([D], [1] or a scalar; numel D or 1) at row column c.
+Result<std::string> ParamOffset(const Node& node, size_t input, int64_t d) {
+  const Value* p = node.input(input);
+  if (!p) return std::string();
+  if (p->numel() == d) return std::string("c");
+  if (p->numel() == 1) return std::string("0");
+  return Unimplemented("CUDA codegen: ", node.Describe(), ": parameter ", p->TypeString(),
+                       " is neither one value nor one per row element (", d, ")");
+}
+
+enum class RowOp { kRms, kLayer, kSoftmax };
+
+struct RowSpec {
+  RowOp op;
+  const Node* node;
+  Shape x_shape;        // the rows: [..., D] (leading dims flattened)
+  int64_t d = 0;        // row length
+  DType x_dtype = DType::kF32;
+  // Prologue (FusedNorm body / FusedSoftmax prologue): node inputs [0, prologue_inputs).
+  const Graph* prologue = nullptr;
+  int64_t x_output = 0, prologue_outputs = 0;
+  size_t prologue_inputs = 1;
+  size_t prologue_first_out = 1;  // node output of prologue output 0
+  // Softmax epilogue: node inputs from prologue_inputs on, body input epilogue_input = P.
+  const Graph* epilogue = nullptr;
+  int64_t epilogue_input = 0;
+  // Norm parameters: node input indices (-1: none), epsilon; LayerNormalization's optional
+  // mean / inv_std outputs.
+  int64_t scale = -1, bias = -1;
+  double eps = 0;
+  bool mean_out = false, inv_out = false;
+};
+
+Result<RowSpec> ReadRowSpec(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  RowSpec s;
+  s.node = &node;
+  const std::string& op = node.op();
+  auto last_axis = [&](int64_t def) -> Status {
+    const int64_t rank = static_cast<int64_t>(node.input(0)->shape().size());
+    int64_t axis = node.GetInt("axis", def);
+    if (axis < 0) axis += rank;
+    if (axis != rank - 1)
+      return Unimplemented(where, ": rows along axis ", node.GetInt("axis", def), " of ", node.input(0)->TypeString(),
+                           " (only the last axis is generated)");
+    return Status::Ok();
+  };
+  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax") {
+    const Value* x = node.input(0);
+    if (!x || x->shape().empty()) return InvalidArgument(where, ": needs an input of rank >= 1");
+    GF_RETURN_IF_ERROR(last_axis(-1));
+    s.op = op == "RMSNorm" ? RowOp::kRms : op == "LayerNormalization" ? RowOp::kLayer : RowOp::kSoftmax;
+    s.x_shape = x->shape();
+    s.x_dtype = x->dtype();
+    if (s.op != RowOp::kSoftmax) {
+      s.scale = node.input(1) ? 1 : -1;
+      s.bias = node.inputs().size() > 2 && node.input(2) ? 2 : -1;
+      s.eps = node.GetFloat("epsilon", s.op == RowOp::kRms ? 1e-6f : 1e-5f);
+      s.mean_out = s.op == RowOp::kLayer && node.outputs().size() > 1;
+      s.inv_out = s.op == RowOp::kLayer && node.outputs().size() > 2;
+    }
+  } else if (op == "FusedNorm") {
+    GF_ASSIGN_OR_RETURN(kernels::NormLayout l, kernels::ReadNormLayout(where, node.attrs(), node.inputs().size()));
+    s.op = l.layer_norm ? RowOp::kLayer : RowOp::kRms;
+    s.x_shape = l.x->shape();
+    s.prologue = l.body;
+    s.x_output = l.norm_input;
+    s.prologue_outputs = l.prologue_outputs;
+    s.prologue_inputs = l.body_inputs;
+    s.scale = l.params >= 1 ? static_cast<int64_t>(l.body_inputs) : -1;
+    s.bias = l.params >= 2 ? static_cast<int64_t>(l.body_inputs) + 1 : -1;
+    s.eps = node.GetFloat("epsilon", l.layer_norm ? 1e-5f : 1e-6f);
+  } else if (op == "FusedSoftmax") {
+    const std::vector<const Value*> inputs(node.inputs().begin(), node.inputs().end());
+    GF_ASSIGN_OR_RETURN(kernels::SoftmaxLayout l, kernels::ReadSoftmaxLayout(where, node.attrs(), inputs));
+    s.op = RowOp::kSoftmax;
+    s.x_shape = l.x.shape;
+    s.prologue = l.prologue;
+    s.x_output = l.softmax_input;
+    s.prologue_outputs = l.prologue_outputs;
+    s.prologue_inputs = l.prologue_inputs;
+    s.prologue_first_out = l.main_outputs;
+    s.epilogue = l.epilogue;
+    s.epilogue_input = l.epilogue_input;
+  } else {
+    return InvalidArgument(where, " has no row kernel");
+  }
+  s.d = s.x_shape.back();
+  return s;
+}
+
+}  // namespace
+
+Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
+  GF_ASSIGN_OR_RETURN(RowSpec s, ReadRowSpec(node));
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  int64_t rows = 1;
+  for (size_t k = 0; k + 1 < s.x_shape.size(); ++k) rows *= s.x_shape[k];
+  const int64_t per = (s.d + kCudaBlockSize - 1) / kCudaBlockSize;
+  if (per > kMaxRowPerThread)
+    return Unimplemented(where, ": rows of ", s.d, " elements exceed the register path (at most ",
+                         kMaxRowPerThread * kCudaBlockSize, ")");
+
+  std::vector<bool> used(NumRows(), false);
+  std::string bodies;
+  if (s.prologue) {
+    GF_ASSIGN_OR_RETURN(BodyFunction f, EmitBodyFunction(*s.prologue, "gf_prologue", where + " (prologue)", used));
+    if (f.ints) return Unimplemented(where, ": an integer prologue");
+    bodies += f.code;
+  }
+  if (s.epilogue) {
+    GF_ASSIGN_OR_RETURN(BodyFunction f, EmitBodyFunction(*s.epilogue, "gf_epilogue", where + " (epilogue)", used));
+    if (f.ints) return Unimplemented(where, ": an integer epilogue");
+    bodies += f.code;
+  }
+  std::string scale_off, bias_off;
+  if (s.scale >= 0) {
+    GF_ASSIGN_OR_RETURN(scale_off, ParamOffset(node, static_cast<size_t>(s.scale), s.d));
+  }
+  if (s.bias >= 0) {
+    GF_ASSIGN_OR_RETURN(bias_off, ParamOffset(node, static_cast<size_t>(s.bias), s.d));
+  }
+
+  CudaKernelSource k;
+  k.num_elements = rows * s.d;
+  k.row_kernel = true;
+  k.scalar_work_items = rows;  // one block per row
+  std::string sig = "(";
+  for (size_t i = 0; i < node.inputs().size(); ++i) {
+    const Value* in = node.input(i);
+    if (!in) return Unimplemented(where, ": omitted input ", i);
+    k.input_dtypes.push_back(in->dtype());
+    sig += StrCat(i ? ", " : "", "const ", StorageType(in->dtype()), "* __restrict__ in", i);
+  }
+  for (size_t o = 0; o < node.outputs().size(); ++o) {
+    k.output_dtypes.push_back(node.output(o)->dtype());
+    sig += StrCat(", ", StorageType(node.output(o)->dtype()), "* __restrict__ out", o);
+  }
+  sig += ") {\n";
+
+  std::string head = kDevicePrelude;
+  head += RowFunctions(used);
+  head += kRowPrelude;
+  head += "\n}  // namespace gf\n\n" + bodies;
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+
+  std::string t = sig;
+  t += StrCat("  const long long kRows = ", rows, "LL, kD = ", s.d, "LL;\n");
+  t += StrCat("  constexpr int kPer = ", per, ";\n");
+  t += "  for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {\n";
+  t += "    float x[kPer];\n";
+  t += "#pragma unroll\n    for (int j = 0; j < kPer; ++j) {\n";
+  t += StrCat("      const long long c = threadIdx.x + j * ", kCudaBlockSize, "LL, i = row * kD + c;\n");
+  t += "      x[j] = 0.f;\n      if (c >= kD) continue;\n";
+  if (s.prologue) {
+    const size_t nout = s.prologue->outputs().size();
+    std::string decl;
+    for (size_t o = 0; o < nout; ++o) decl += StrCat(o ? ", " : "", "q", o);
+    t += StrCat("      float ", decl, ";\n");
+    t += "      " + Call("gf_prologue", BodyArgs(*s.prologue, s.x_shape, 0, -1, ""), nout, "q") + "\n";
+    for (int64_t o = 0; o < s.prologue_outputs; ++o)
+      t += StrCat("      gf::store(out", s.prologue_first_out + static_cast<size_t>(o), " + i, q", o, ");\n");
+    t += StrCat("      x[j] = q", s.x_output, ";\n");
+  } else {
+    t += "      x[j] = gf::f32_of(in0[i]);\n";
+  }
+  t += "    }\n";
+
+  auto for_each = [&](const std::string& body) {
+    return StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j) {\n", "      const long long c = threadIdx.x + j * ",
+                  kCudaBlockSize, "LL, i = row * kD + c;\n      if (c >= kD) continue;\n", body, "    }\n");
+  };
+  auto param = [&](int64_t input, const std::string& off) { return StrCat("gf::f32_of(in", input, "[", off, "])"); };
+  const std::string eps = FloatLiteral(static_cast<float>(s.eps));
+  if (s.op == RowOp::kRms) {
+    t += "    double ss = 0;\n";
+    t += "    for (int j = 0; j < kPer; ++j) ss += static_cast<double>(x[j]) * x[j];  // padding lanes hold 0\n";
+    t += "    ss = gf::block_sum(ss);\n";
+    t += StrCat("    const float inv = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(kD) + static_cast<double>(",
+                eps, ")));\n");
+    t += for_each(StrCat("      gf::store(out0 + i, x[j] * inv", s.scale >= 0 ? " * " + param(s.scale, scale_off) : "",
+                         ");\n"));
+  } else if (s.op == RowOp::kLayer) {
+    t += "    double sum = 0;\n";
+    t += "    for (int j = 0; j < kPer; ++j) sum += x[j];\n";
+    t += "    const double mean = gf::block_sum(sum) / static_cast<double>(kD);\n";
+    t += "    double sq = 0;\n";
+    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
+                "LL < kD) sq += (x[j] - mean) * (x[j] - mean);\n");
+    t += "    const double var = gf::block_sum(sq) / static_cast<double>(kD);\n";
+    t += StrCat("    const float mf = static_cast<float>(mean), inv = static_cast<float>(1.0 / sqrt(var + static_cast<double>(",
+                eps, ")));\n");
+    if (s.mean_out) t += "    if (threadIdx.x == 0) gf::store(out1 + row, mf);\n";
+    if (s.inv_out) t += "    if (threadIdx.x == 0) gf::store(out2 + row, inv);\n";
+    t += for_each(StrCat("      gf::store(out0 + i, (x[j] - mf) * inv * ", param(s.scale, scale_off),
+                         s.bias >= 0 ? " + " + param(s.bias, bias_off) : "", ");\n"));
+  } else {
+    t += "    float m = -__int_as_float(0x7f800000);\n";
+    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
+                "LL < kD) m = gf::max(m, x[j]);\n");
+    t += "    m = gf::block_max(m);\n";
+    t += "    double sum = 0;\n";
+    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
+                "LL < kD) {\n        x[j] = expf(x[j] - m);\n        sum += x[j];\n      }\n");
+    t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
+    if (s.epilogue) {
+      const size_t nout = s.epilogue->outputs().size();
+      std::string decl;
+      for (size_t o = 0; o < nout; ++o) decl += StrCat(o ? ", " : "", "w", o);
+      std::string body = "      const float p = x[j] * inv;\n";
+      body += StrCat("      float ", decl, ";\n");
+      body += "      " + Call("gf_epilogue", BodyArgs(*s.epilogue, s.x_shape, s.prologue_inputs, s.epilogue_input, "p"),
+                                   nout, "w") + "\n";
+      for (size_t o = 0; o < nout; ++o) body += StrCat("      gf::store(out", o, " + i, w", o, ");\n");
+      t += for_each(body);
+    } else {
+      t += for_each("      gf::store(out0 + i, x[j] * inv);\n");
+    }
+  }
+  t += "  }\n}\n";
+
+  std::string base = s.op == RowOp::kRms ? "rmsnorm" : s.op == RowOp::kLayer ? "layernorm" : "softmax";
+  if (s.prologue) base = OpsPart(*s.prologue) + "_" + base;
+  if (s.epilogue) base += "_" + OpsPart(*s.epilogue);
+  if (s.prologue || s.epilogue) base = "fused_" + base;
+  return Finish(head, t, base, node.output()->dtype(), std::move(k));
+}
+
+// Rope: y = x * cos + rotate_half(x) * sin over the last dim (src/ops/kernels/rope.cc), each
+// product rounded, then the add (--fmad=false), as on the CPU.
+Result<CudaKernelSource> GenerateRopeKernel(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  const Value* x = node.input(0);
+  const Value* cs = node.input(1);
+  const Value* sn = node.input(2);
+  if (!x || !cs || !sn || x->shape().empty() || x->shape().back() % 2 != 0)
+    return InvalidArgument(where, ": Rope needs x (last dim even), cos and sin");
+  const Space sp = Collapse(x->shape(), {x->shape(), cs->shape(), sn->shape()});
+  const int64_t d = x->shape().back();
+  CudaKernelSource k;
+  k.num_elements = x->numel();
+  k.scalar_work_items = k.num_elements;
+  k.input_dtypes = {x->dtype(), cs->dtype(), sn->dtype()};
+  k.output_dtypes = {node.output()->dtype()};
+  std::string head = kDevicePrelude;
+  head += "\n}  // namespace gf\n\n";
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  std::string t = StrCat("(const ", StorageType(x->dtype()), "* __restrict__ in0, const ", StorageType(cs->dtype()),
+                         "* __restrict__ in1, const ", StorageType(sn->dtype()), "* __restrict__ in2, ",
+                         StorageType(node.output()->dtype()), "* __restrict__ out0) {\n");
+  t += StrCat("  const long long n = ", k.num_elements, "LL, kD = ", d, "LL, kHalf = ", d / 2, "LL;\n");
+  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+  t += "  for (long long i = first; i < n; i += step) {\n";
+  t += "    const long long c = i % kD;\n";
+  t += "    const float x2 = c < kHalf ? -gf::f32_of(in0[i + kHalf]) : gf::f32_of(in0[i - kHalf]);\n";
+  t += StrCat("    const float a = gf::f32_of(in0[i]) * gf::f32_of(in1[", sp.Offset(1, "i"), "]);\n");
+  t += StrCat("    const float b = x2 * gf::f32_of(in2[", sp.Offset(2, "i"), "]);\n");
+  t += "    gf::store(out0 + i, a + b);\n  }\n}\n";
+  return Finish(head, t, "rope", node.output()->dtype(), std::move(k));
+}
+
+namespace {
+
+// Where a FusedGemm's projection s is read by its epilogue: the node output that IS it (rows
+// of N), else the GEMM workspace (rows of S*N), as in src/ops/kernels/fused_gemm.cc.
+std::vector<int64_t> EpilogueRowStrides(const Node& node, int64_t splits, int64_t n) {
+  std::vector<int64_t> ld(static_cast<size_t>(splits), splits * n);
+  for (int64_t s : node.GetInts("out_proj"))
+    if (s >= 0 && s < splits) ld[static_cast<size_t>(s)] = n;
+  return ld;
+}
+
+}  // namespace
+
+Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi) return InvalidArgument(where, " has no epilogue: the GEMM alone runs in cuBLAS");
+  const Value* w = node.input(1);
+  const int64_t splits = node.GetInt("splits", 1);
+  if (!w || w->shape().size() != 2 || splits < 1 || w->shape()[1] % splits != 0)
+    return InvalidArgument(where, ": weights do not split into ", splits, " projections");
+  const int64_t n = w->shape()[1] / splits;
+  std::string name = node.GetString("kernel_name", "");
+  name = name.empty() ? "" : "epilogue_" + name;
+  return GenerateElementwiseKernel(*epi, name, EpilogueRowStrides(node, splits, n));
+}
+
+CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
+  CublasLtEpilogue none;
+  if (node.op() != "FusedGemm") return none;
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi) return {CublasLtEpilogue::kNone, -1};
+  if (node.GetInt("splits", 1) != 1) return none;
+  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
+  if (out_proj != std::vector<int64_t>{-1} || epi->inputs().size() != 2 || epi->outputs().size() != 1) return none;
+  const Value* proj = epi->inputs()[0];
+  const Value* bias = epi->inputs()[1];
+  if (bias->shape().size() != 1 || proj->shape().empty() || bias->shape()[0] != proj->shape().back() ||
+      bias->dtype() != DType::kF32)
+    return none;
+  std::vector<const Node*> nodes;
+  for (const auto& n : epi->nodes()) nodes.push_back(n.get());
+  if (nodes.empty() || nodes.size() > 2 || nodes[0]->op() != "Add") return none;
+  const Node& add = *nodes[0];
+  const bool reads = (add.input(0) == proj && add.input(1) == bias) || (add.input(0) == bias && add.input(1) == proj);
+  if (!reads) return none;
+  if (nodes.size() == 1) return {CublasLtEpilogue::kBias, 2};
+  const Node& act = *nodes[1];
+  if (act.input(0) != add.output() || epi->outputs()[0] != act.output()) return none;
+  // cuBLASLt's GELU epilogue is the tanh form: an erf Gelu is never mapped onto it.
+  if (act.op() == "Relu") return {CublasLtEpilogue::kReluBias, 2};
+  if (act.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, 2};
+  return none;
+}
+
+Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
+  CudaNodePlan p;
+  const std::string& op = node.op();
+  static const char* kViews[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
+  if (std::find(std::begin(kViews), std::end(kViews), op) != std::end(kViews)) {
+    p.path = CudaPath::kView;
+    p.what = "a view of its input (no kernel)";
+    return p;
+  }
+  if (op == "MatMul" || op == "Gemm") {
+    p.path = CudaPath::kCublas;
+    p.what = "cuBLAS GEMM";
+    return p;
+  }
+  if (op == "FusedGemm") {
+    const CublasLtEpilogue e = CublasLtEpilogueFor(node);
+    if (e.kind != CublasLtEpilogue::kNotCovered) {
+      p.path = CudaPath::kCublas;
+      p.cublas_epilogue = e;
+      p.what = e.kind == CublasLtEpilogue::kNone ? StrCat("cuBLAS GEMM (", node.GetInt("splits", 1), " projections in one call)")
+                                                 : "cuBLASLt GEMM with its epilogue";
+      return p;
+    }
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateGemmEpilogueKernel(node));
+    p.path = CudaPath::kCublasThenKernel;
+    p.what = "cuBLAS GEMM, then the generated epilogue";
+    p.kernels.push_back(std::move(k));
+    return p;
+  }
+  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax") {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateRowKernel(node));
+    p.path = CudaPath::kKernel;
+    p.what = "generated row kernel";
+    p.kernels.push_back(std::move(k));
+    return p;
+  }
+  if (op == "Rope") {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateRopeKernel(node));
+    p.path = CudaPath::kKernel;
+    p.what = "generated RoPE kernel";
+    p.kernels.push_back(std::move(k));
+    return p;
+  }
+  if (op == "FusedElementwise" || OpFromName(op).ok()) {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateKernelForNode(node));
+    p.path = CudaPath::kKernel;
+    p.what = "generated elementwise kernel";
+    p.kernels.push_back(std::move(k));
+    return p;
+  }
+  return Unimplemented("CUDA codegen: ", node.Describe(), ": no CUDA kernel for ", op, " yet");
+}
+
+}  // namespace graphfuse::cuda
