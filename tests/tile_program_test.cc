@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "graphfuse/thread_pool.h"
 #include "test_util.h"
 
 namespace graphfuse {
@@ -102,6 +103,40 @@ TEST(TileProgram, InPlaceWithLaterReadStaysCorrect) {
     ASSERT_EQ(x.data_as<float>()[i], orig[i] * orig[i]);
     ASSERT_EQ(second.data_as<float>()[i], orig[i] * orig[i] + orig[i]) << i;
   }
+}
+
+// Launches writing more than 32 MiB of f32 store it non-temporally from an L1 stage: the same
+// bits as the in-cache path, with a ragged tail, an output written over an input that is still
+// read, and a one-instruction in-place launch (which otherwise streams memory to memory).
+TEST(TileProgram, LargeOutputsStoredNonTemporallyAreExact) {
+  const int64_t n = (int64_t{8} << 20) + 37;  // 32 MiB + 148 bytes per output
+  Tensor x = Tensor::Empty(DType::kF32, {n}).value(), y = Tensor::Empty(DType::kF32, {n}).value();
+  std::vector<float> xs(n), ys(n);
+  std::mt19937 rng(9);
+  std::uniform_real_distribution<float> u(-4, 4);
+  for (int64_t i = 0; i < n; ++i) xs[i] = x.data_as<float>()[i] = u(rng), ys[i] = y.data_as<float>()[i] = u(rng);
+  Tensor second = Tensor::Empty(DType::kF32, {n}).value();
+  cpu::TileProgram p;
+  p.shape = {n};
+  p.inputs = {{DType::kF32, x.data(), {1}, cpu::Domain::kF32}, {DType::kF32, y.data(), {1}, cpu::Domain::kF32}};
+  // %2 = x * y (written into x), %3 = %2 + x (elsewhere)
+  p.instrs = {{OpKind::kMul, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kAdd, {2, 0, 0}, {}, cpu::Domain::kF32}};
+  p.outputs = {{2, DType::kF32, x.data()}, {3, DType::kF32, second.data()}};
+  ThreadPool pool(2);
+  cpu::RunTileProgram(p, CpuContext{&pool});
+  for (int64_t i = 0; i < n; ++i) {
+    const float prod = xs[i] * ys[i];
+    ASSERT_EQ(x.data_as<float>()[i], prod) << i;
+    ASSERT_EQ(second.data_as<float>()[i], prod + xs[i]) << i;
+  }
+  // y = y + y in place, one instruction.
+  cpu::TileProgram q;
+  q.shape = {n};
+  q.inputs = {{DType::kF32, y.data(), {1}, cpu::Domain::kF32}};
+  q.instrs = {{OpKind::kAdd, {0, 0, 0}, {}, cpu::Domain::kF32}};
+  q.outputs = {{1, DType::kF32, y.data()}};
+  cpu::RunTileProgram(q, CpuContext{&pool});
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y.data_as<float>()[i], ys[i] + ys[i]) << i;
 }
 
 }  // namespace
