@@ -66,5 +66,17 @@ python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench.json')); assert 
   || { echo "FAIL bench --json lacks gbps or kernel counts"; fail=1; }
 check bench-unknown-preset 2 "$GF" bench --preset nope
 check run-no-model 2 "$GF" run
-check run-cuda 2 "$GF" run /tmp/graphfuse_garbage.onnx --backend cuda
+check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
+# --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
+# with a GPU, the GPU's outputs agree with the CPU's.
+out=$("$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda 2>&1); rc=$?
+if [ "$rc" -eq 2 ]; then
+  echo "$out" | grep -q -E "no CUDA device|no CUDA backend" && echo "ok   run-cuda (exit 2: $(echo "$out" | tail -1))" \
+    || { echo "FAIL run-cuda: exit 2 without saying why"; echo "$out"; fail=1; }
+elif [ "$rc" -eq 0 ]; then
+  echo "$out" | grep -q "cuda vs cpu" && ! echo "$out" | grep -q DIFFERS && echo "ok   run-cuda (GPU present)" \
+    || { echo "FAIL run-cuda: no cuda vs cpu comparison, or a difference"; echo "$out"; fail=1; }
+else
+  echo "FAIL run-cuda: exit $rc"; echo "$out" | head -20; fail=1
+fi
 exit $fail

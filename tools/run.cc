@@ -15,6 +15,9 @@
 #include "onnx/import.h"
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
+#ifdef GF_HAVE_CUDA
+#include "cuda/cuda_executor.h"
+#endif
 
 namespace graphfuse::cli {
 namespace {
@@ -23,7 +26,7 @@ struct RunOptions {
   std::string model, data, json, backend = "cpu";
   double rtol = 1e-4, atol = 1e-5;
   int threads = 0;
-  bool check_fusion = false;
+  bool check_fusion = false, cuda_graph = false;
   FusionOptions fusion;
 };
 
@@ -55,6 +58,8 @@ Result<RunOptions> ParseRun(Args& args) {
         return InvalidArgument("run: --backend must be cpu or cuda, got '", o.backend, "'");
     } else if (f == "--check-fusion") {
       o.check_fusion = true;
+    } else if (f == "--cuda-graph") {
+      o.cuda_graph = true;
     } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
       return fusion_flag.status();
     } else if (*fusion_flag) {
@@ -68,6 +73,7 @@ Result<RunOptions> ParseRun(Args& args) {
     }
   }
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
+  if (o.cuda_graph && o.backend != "cuda") return InvalidArgument("run: --cuda-graph needs --backend cuda");
   return o;
 }
 
@@ -117,7 +123,14 @@ int RunModel(Args& args) {
   auto parsed = ParseRun(args);
   if (!parsed.ok()) return Fail(parsed.status());
   const RunOptions o = *parsed;
-  if (o.backend == "cuda") return Fail(Unimplemented("--backend cuda: this build has no CUDA backend"));
+  if (o.backend == "cuda") {
+#ifdef GF_HAVE_CUDA
+    std::string why;
+    if (!cuda::CudaDeviceAvailable(0, &why)) return Fail(NotFound("--backend cuda: ", why));
+#else
+    return Fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
+#endif
+  }
 
   auto imported = ImportOnnxFile(o.model);
   if (!imported.ok()) return Fail(imported.status());
@@ -198,8 +211,38 @@ int RunModel(Args& args) {
   if (Status st = (*plan)->Run(views, out_views, ctx, o.check_fusion ? &observer : nullptr); !st.ok())
     return Fail(st.WithContext(o.model));
 
+#ifdef GF_HAVE_CUDA
+  // --backend cuda: the same plan on the GPU; its outputs are the ones reported, after a
+  // comparison with the CPU's on the same inputs.
+  std::vector<std::string> cuda_lines;
+  std::vector<OutputReport> cuda_vs_cpu;
+  if (o.backend == "cuda") {
+    cuda::CudaExecOptions co;
+    co.cuda_graph = o.cuda_graph;
+    auto ex = cuda::CudaExecutor::Create(g, co);
+    if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
+    auto gpu = (*ex)->Run(views);
+    if (!gpu.ok()) return Fail(gpu.status().WithContext(StrCat(o.model, ": --backend cuda")));
+    for (size_t i = 0; i < outputs.size(); ++i)
+      cuda_vs_cpu.push_back(Compare(g.outputs()[i]->name(), (*gpu)[i], outputs[i], o.rtol, o.atol));
+    const cuda::CudaExecStats& cs = (*ex)->stats();
+    cuda_lines.push_back(StrCat("cuda: ", cs.launches, " launches per run (", cs.generated, " generated kernels, ",
+                                cs.cublas, " cuBLAS calls, ", cs.host_fallbacks, " on the host)",
+                                o.cuda_graph ? ", replayed as one CUDA graph" : ""));
+    for (const std::string& l : (*ex)->describe()) cuda_lines.push_back("  " + l);
+    outputs = std::move(*gpu);
+  }
+  for (const std::string& l : cuda_lines) std::printf("%s\n", l.c_str());
+  for (const OutputReport& r : cuda_vs_cpu)
+    std::printf("cuda vs cpu  %-24s max |err| %.3g  max rel %.3g  %s\n", r.name.c_str(), r.max_abs, r.max_rel,
+                r.ok ? "ok" : "DIFFERS");
+#endif
+
   std::vector<OutputReport> reports;
   bool all_ok = true;
+#ifdef GF_HAVE_CUDA
+  for (const OutputReport& r : cuda_vs_cpu) all_ok &= r.ok;
+#endif
   for (size_t i = 0; i < outputs.size(); ++i) {
     const std::string name = g.outputs()[i]->name();
     if (i >= expected_files.size()) {

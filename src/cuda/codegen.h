@@ -64,6 +64,8 @@ Result<CudaKernelSource> GenerateKernelForNode(const Node& node);
 // row in registers, statistics in double as on the CPU. Parameters: the node's inputs then
 // its outputs, in node order.
 Result<CudaKernelSource> GenerateRowKernel(const Node& node);
+// Transpose (any dtype): parameters x, y.
+Result<CudaKernelSource> GenerateTransposeKernel(const Node& node);
 // Rope (rotate-half): parameters x, cos, sin, y.
 Result<CudaKernelSource> GenerateRopeKernel(const Node& node);
 // A FusedGemm's epilogue as one elementwise kernel run right after the GEMM. Parameters: the

@@ -360,6 +360,46 @@ Result<CudaKernelSource> GenerateRopeKernel(const Node& node) {
   return Finish(head, t, "rope", node.output()->dtype(), std::move(k));
 }
 
+// Transpose: out[i] = in[offset of i's permuted coordinates], the strides baked in. Any
+// dtype (a byte copy of the element).
+Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  const Value* x = node.input(0);
+  const Value* y = node.output();
+  if (!x || !y) return InvalidArgument(where, ": needs one input and one output");
+  const Shape& xs = x->shape();
+  const size_t rank = xs.size();
+  std::vector<int64_t> perm = node.GetInts("perm");
+  if (!node.has_attr("perm")) {
+    perm.resize(rank);
+    for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(rank - 1 - i);
+  }
+  if (perm.size() != rank) return InvalidArgument(where, ": perm has ", perm.size(), " entries for rank ", rank);
+  std::vector<int64_t> in_stride(rank, 1);
+  for (size_t d = rank; d-- > 1;) in_stride[d - 1] = in_stride[d] * xs[d];
+  CudaKernelSource k;
+  k.num_elements = x->numel();
+  k.scalar_work_items = k.num_elements;
+  k.input_dtypes = {x->dtype()};
+  k.output_dtypes = {y->dtype()};
+  std::string head = kDevicePrelude;
+  head += "\n}  // namespace gf\n\n";
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  const char* T = StorageType(x->dtype());
+  std::string t = StrCat("(const ", T, "* __restrict__ in0, ", T, "* __restrict__ out0) {\n");
+  t += StrCat("  const long long n = ", k.num_elements, "LL;\n");
+  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+  t += "  for (long long i = first; i < n; i += step) {\n    long long rest = i, src = 0;\n";
+  for (size_t d = rank; d-- > 0;) {
+    const int64_t dim = xs[static_cast<size_t>(perm[d])];
+    t += StrCat("    src += (rest % ", dim, "LL) * ", in_stride[static_cast<size_t>(perm[d])], "LL;\n");
+    if (d > 0) t += StrCat("    rest /= ", dim, "LL;\n");
+  }
+  t += "    out0[i] = in0[src];\n  }\n}\n";
+  return Finish(head, t, "transpose", x->dtype(), std::move(k));
+}
+
 namespace {
 
 // Where a FusedGemm's projection s is read by its epilogue: the node output that IS it (rows
@@ -448,6 +488,13 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
     GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateRowKernel(node));
     p.path = CudaPath::kKernel;
     p.what = "generated row kernel";
+    p.kernels.push_back(std::move(k));
+    return p;
+  }
+  if (op == "Transpose") {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateTransposeKernel(node));
+    p.path = CudaPath::kKernel;
+    p.what = "generated transpose kernel";
     p.kernels.push_back(std::move(k));
     return p;
   }

@@ -16,10 +16,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
 #include "cuda/codegen.h"
+#include "cuda/cuda_executor.h"
 #include "cuda/nvrtc_compile.h"
 #include "graphfuse/ops.h"
 #include "graphfuse/thread_pool.h"
@@ -30,6 +34,7 @@
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
+#include "runtime/executor.h"
 
 namespace graphfuse::cuda {
 namespace {
@@ -600,11 +605,86 @@ TEST(CudaCodegen, GoldenSources) {
 
 // ---- needs a GPU ---------------------------------------------------------------------------
 
-TEST(CudaRuntime, DeviceIsPresent) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device: runtime tests need a GPU";
-  EXPECT_GT(count, 0);
+TEST(CudaRuntime, WithoutADeviceTheExecutorSaysSo) {
+  std::string why;
+  if (CudaDeviceAvailable(0, &why)) GTEST_SKIP() << "a CUDA device is present";
+  auto g = ParseGraph(R"(graph @g(%x: f32[4]) {
+  %y = Relu(%x)
+  return %y
+})");
+  ASSERT_TRUE(g.ok());
+  auto ex = CudaExecutor::Create(**g);
+  ASSERT_FALSE(ex.ok());
+  EXPECT_NE(ex.status().message().find("no CUDA device"), std::string::npos) << ex.status().ToString();
+}
+
+// Needs a GPU: every graph of the corpus, unfused and fused, on the GPU (stream and CUDA graph)
+// against the CPU executor on the same random inputs.
+TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
+  std::string why;
+  if (!CudaDeviceAvailable(0, &why)) GTEST_SKIP() << why << ": runtime tests need a GPU";
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  std::vector<std::pair<std::string, std::function<Result<std::unique_ptr<Graph>>()>>> sources;
+  for (const char* preset : {"llama-small", "gpt2", "bert"})
+    sources.push_back({preset, [preset, &ctx]() -> Result<std::unique_ptr<Graph>> {
+                         GF_ASSIGN_OR_RETURN(BlockConfig cfg, BlockPreset(preset));
+                         cfg.seq = 8;
+                         GF_ASSIGN_OR_RETURN(BlockWeights w, MakeBlockWeights(cfg, 1, ctx));
+                         auto g = std::make_unique<Graph>(preset);
+                         GF_RETURN_IF_ERROR(BuildBlock(*g, cfg, w));
+                         return g;
+                       }});
+  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  for (const auto& entry : std::filesystem::directory_iterator(models)) {
+    const std::string path = (entry.path() / "model.onnx").string();
+    sources.push_back({entry.path().filename().string(), [path]() { return ImportOnnxFile(path); }});
+  }
+  for (const auto& [label, make] : sources) {
+    for (bool fuse : {false, true}) {
+      for (bool graph : {false, true}) {
+        auto g = make();
+        ASSERT_TRUE(g.ok()) << label << ": " << g.status().ToString();
+        PipelineOptions po;
+        po.fusion.enabled = fuse;
+        ASSERT_TRUE(RunPipeline(**g, po).ok()) << label;
+        std::mt19937 rng(3);
+        std::uniform_real_distribution<double> u(-1, 1);
+        std::vector<Tensor> ins;
+        std::vector<TensorView> views;
+        for (const Value* v : (*g)->inputs()) {
+          Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
+          for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : 0.0);
+          ins.push_back(std::move(t));
+        }
+        for (const Tensor& t : ins) views.push_back(t.view());
+        auto want = Execute(**g, views, ctx);
+        ASSERT_TRUE(want.ok()) << label << ": " << want.status().ToString();
+        CudaExecOptions o;
+        o.cuda_graph = graph;
+        auto ex = CudaExecutor::Create(**g, o);
+        if (!ex.ok() && graph && ex.status().message().find("runs on the host") != std::string::npos) continue;
+        ASSERT_TRUE(ex.ok()) << label << ": " << ex.status().ToString();
+        auto got = (*ex)->Run(views);
+        ASSERT_TRUE(got.ok()) << label << ": " << got.status().ToString();
+        ASSERT_EQ(got->size(), want->size());
+        for (size_t k = 0; k < got->size(); ++k) {
+          double worst = 0;
+          for (int64_t i = 0; i < (*got)[k].numel(); ++i) {
+            const double a = (*got)[k].GetAsDouble(i), b = (*want)[k].GetAsDouble(i);
+            const double err = std::fabs(a - b) / (1e-4 + 1e-3 * std::fabs(b));
+            worst = std::max(worst, std::isnan(err) ? 1e9 : err);
+          }
+          EXPECT_LE(worst, 1.0) << label << (fuse ? " fused" : " unfused") << (graph ? " (CUDA graph)" : "")
+                                << ": output " << k << " differs from the CPU's";
+        }
+        std::printf("[ cuda     ] %s %s%s: %lld launches (%lld generated, %lld cuBLAS, %lld host)\n", label.c_str(),
+                    fuse ? "fused" : "unfused", graph ? " + CUDA graph" : "",
+                    static_cast<long long>((*ex)->stats().launches), static_cast<long long>((*ex)->stats().generated),
+                    static_cast<long long>((*ex)->stats().cublas), static_cast<long long>((*ex)->stats().host_fallbacks));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,0 +1,551 @@
+#include "cuda_executor.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <functional>
+#include <map>
+
+#include "../runtime/executor.h"
+#include "codegen.h"
+#include "nvrtc_compile.h"
+
+namespace graphfuse::cuda {
+namespace {
+
+Status CudaStatus(cudaError_t e, const std::string& what) {
+  if (e == cudaSuccess) return Status::Ok();
+  return Internal(what, ": ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+Status BlasStatus(cublasStatus_t s, const std::string& what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return Status::Ok();
+  return Internal(what, ": cuBLAS ", cublasGetStatusName(s), " (", cublasGetStatusString(s), ")");
+}
+
+#define GF_CUDA(expr, what) GF_RETURN_IF_ERROR(CudaStatus((expr), (what)))
+#define GF_BLAS(expr, what) GF_RETURN_IF_ERROR(BlasStatus((expr), (what)))
+
+size_t Bytes(const Value* v) { return static_cast<size_t>(v->numel()) * DTypeSize(v->dtype()); }
+
+// C[M,N] (row stride ldc) = A[M,K] (lda) * B[K,N] (ldb), row-major f32, as cuBLAS's
+// column-major C^T = B^T A^T; `batch` > 1 steps each operand by its stride.
+Status RowMajorSgemm(cublasHandle_t h, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a,
+                     const float* b, int64_t ldb, int64_t stride_b, float* c, int64_t ldc, int64_t stride_c,
+                     int64_t batch, const std::string& where) {
+  const float one = 1.f, zero = 0.f;
+  if (batch == 1) {
+    GF_BLAS(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m), static_cast<int>(k),
+                        &one, b, static_cast<int>(ldb), a, static_cast<int>(lda), &zero, c, static_cast<int>(ldc)),
+            where);
+    return Status::Ok();
+  }
+  GF_BLAS(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
+                                    static_cast<int>(k), &one, b, static_cast<int>(ldb), stride_b, a,
+                                    static_cast<int>(lda), stride_a, &zero, c, static_cast<int>(ldc), stride_c,
+                                    static_cast<int>(batch)),
+          where);
+  return Status::Ok();
+}
+
+struct Step {
+  std::string label;
+  std::function<Status(cudaStream_t)> run;
+  bool host = false;  // synchronizes with the host (no CUDA-graph capture)
+};
+
+}  // namespace
+
+bool CudaDeviceAvailable(int device, std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count <= device) {
+    if (why)
+      *why = e != cudaSuccess ? StrCat("no CUDA device (cudaGetDeviceCount: ", cudaGetErrorString(e), ")")
+                              : StrCat("no CUDA device ", device, " (", count, " found)");
+    return false;
+  }
+  return true;
+}
+
+struct CudaExecutor::Impl {
+  const Graph* graph = nullptr;
+  CudaExecOptions opts;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* blas_workspace = nullptr;
+  size_t blas_workspace_bytes = size_t{32} << 20;
+  std::vector<void*> allocations;
+  std::vector<cudaLibrary_t> libraries;
+  std::vector<std::function<void()>> cleanups;  // cuBLASLt descriptors
+  std::map<const Value*, void*> dev;
+  std::map<std::string, cudaKernel_t> kernels;  // by kernel name (identical groups share one)
+  std::vector<Step> steps;
+  std::vector<std::string> lines;
+  CudaExecStats stats;
+  std::unique_ptr<NvrtcCompiler> compiler;
+  int sms = 1;
+  cudaGraph_t cuda_graph = nullptr;
+  cudaGraphExec_t graph_exec = nullptr;
+  bool ran = false;
+
+  ~Impl() {
+    if (stream) cudaStreamSynchronize(stream);
+    if (graph_exec) cudaGraphExecDestroy(graph_exec);
+    if (cuda_graph) cudaGraphDestroy(cuda_graph);
+    for (auto& c : cleanups) c();
+    for (cudaLibrary_t l : libraries) cudaLibraryUnload(l);
+    for (void* p : allocations) cudaFree(p);
+    if (lt) cublasLtDestroy(lt);
+    if (blas) cublasDestroy(blas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  Result<void*> Alloc(size_t bytes, const std::string& what) {
+    void* p = nullptr;
+    GF_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)), StrCat("cudaMalloc of ", bytes, " bytes for ", what));
+    allocations.push_back(p);
+    stats.device_bytes += static_cast<int64_t>(bytes);
+    return p;
+  }
+
+  // The device buffer of a value (allocated on first use; constants uploaded then).
+  Result<void*> Buffer(const Value* v) {
+    if (auto it = dev.find(v); it != dev.end()) return it->second;
+    GF_ASSIGN_OR_RETURN(void* p, Alloc(Bytes(v), StrCat("value '", v->name(), "' ", v->TypeString())));
+    if (v->constant()) {
+      GF_CUDA(cudaMemcpy(p, v->constant()->data(), Bytes(v), cudaMemcpyHostToDevice),
+              StrCat("uploading constant '", v->name(), "'"));
+    }
+    dev[v] = p;
+    return p;
+  }
+
+  Result<cudaKernel_t> Load(const CudaKernelSource& k) {
+    if (auto it = kernels.find(k.name); it != kernels.end()) return it->second;
+    const auto t0 = std::chrono::steady_clock::now();
+    GF_ASSIGN_OR_RETURN(CompiledKernel c, compiler->Compile(k));
+    if (!c.from_cache) stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cudaLibrary_t lib = nullptr;
+    GF_CUDA(cudaLibraryLoadData(&lib, c.image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0),
+            StrCat("loading kernel '", k.name, "'"));
+    libraries.push_back(lib);
+    cudaKernel_t kernel = nullptr;
+    GF_CUDA(cudaLibraryGetKernel(&kernel, lib, k.name.c_str()), StrCat("finding kernel '", k.name, "'"));
+    kernels[k.name] = kernel;
+    return kernel;
+  }
+
+  // A step launching generated kernel `k` on the given device pointers (its parameters).
+  Status AddKernelStep(const std::string& label, const CudaKernelSource& k, std::vector<void*> args) {
+    if (k.num_elements == 0) return Status::Ok();
+    GF_ASSIGN_OR_RETURN(cudaKernel_t kernel, Load(k));
+    const int64_t items = k.row_kernel ? k.scalar_work_items
+                                       : (k.has_vector_path ? k.vector_work_items : k.scalar_work_items);
+    const int64_t blocks = k.row_kernel ? std::clamp<int64_t>(items, 1, int64_t{1} << 20)
+                                        : std::clamp<int64_t>((items + kCudaBlockSize - 1) / kCudaBlockSize, 1,
+                                                              int64_t{16} * sms);
+    const std::string name = k.name;
+    steps.push_back({label, [kernel, blocks, args, name](cudaStream_t s) -> Status {
+                       std::vector<void*> values = args;
+                       std::vector<void*> ptrs(values.size());
+                       for (size_t i = 0; i < values.size(); ++i) ptrs[i] = &values[i];
+                       GF_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
+                                                dim3(kCudaBlockSize), ptrs.data(), 0, s),
+                               StrCat("launching ", name));
+                       return Status::Ok();
+                     }});
+    ++stats.launches;
+    ++stats.generated;
+    return Status::Ok();
+  }
+
+  Status PlanGraph(const Graph& g) {
+    for (const auto& n : g.nodes()) GF_RETURN_IF_ERROR(PlanNode(*n).WithContext(n->Describe()));
+    return Status::Ok();
+  }
+
+  Result<std::vector<void*>> NodeBuffers(const Node& n) {
+    std::vector<void*> out;
+    for (const Value* v : n.inputs()) {
+      if (!v) return Unimplemented("an omitted optional input");
+      GF_ASSIGN_OR_RETURN(void* p, Buffer(v));
+      out.push_back(p);
+    }
+    for (const Value* v : n.outputs()) {
+      GF_ASSIGN_OR_RETURN(void* p, Buffer(v));
+      out.push_back(p);
+    }
+    return out;
+  }
+
+  Status PlanNode(const Node& n) {
+    auto plan = PlanNodeForCuda(n);
+    if (!plan.ok()) {
+      if (const Graph* ref = n.GetGraph("reference")) return PlanReference(n, *ref);
+      return PlanHostFallback(n, plan.status());
+    }
+    switch (plan->path) {
+      case CudaPath::kView: {
+        GF_ASSIGN_OR_RETURN(void* p, Buffer(n.input(0)));
+        if (dev.count(n.output())) {  // a graph output with its own buffer: copy
+          void* dst = dev[n.output()];
+          const size_t bytes = Bytes(n.output());
+          steps.push_back({n.name(), [=](cudaStream_t s) {
+                             return CudaStatus(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyDeviceToDevice, s), "view copy");
+                           }});
+        } else {
+          dev[n.output()] = p;
+        }
+        lines.push_back(StrCat(n.name(), ": ", plan->what));
+        return Status::Ok();
+      }
+      case CudaPath::kKernel: {
+        GF_ASSIGN_OR_RETURN(std::vector<void*> args, NodeBuffers(n));
+        lines.push_back(StrCat(n.name(), ": ", plan->what, " ", plan->kernels[0].name));
+        return AddKernelStep(n.name(), plan->kernels[0], std::move(args));
+      }
+      case CudaPath::kCublas:
+      case CudaPath::kCublasThenKernel:
+        return PlanGemm(n, *plan);
+    }
+    return Internal("unknown CUDA path");
+  }
+
+  Status PlanReference(const Node& n, const Graph& ref) {
+    if (ref.inputs().size() != n.inputs().size() || ref.outputs().size() != n.outputs().size())
+      return Internal("the reference graph's inputs / outputs do not match the node's");
+    for (size_t i = 0; i < ref.inputs().size(); ++i) {
+      GF_ASSIGN_OR_RETURN(void* p, Buffer(n.input(i)));
+      dev[ref.inputs()[i]] = p;
+    }
+    std::vector<std::pair<const Value*, const Value*>> copies;  // (node output, reference value)
+    for (size_t o = 0; o < ref.outputs().size(); ++o) {
+      const Value* r = ref.outputs()[o];
+      if (dev.count(r)) {  // a reference input (or a value seen twice) is an output: copy it
+        copies.push_back({n.output(o), r});
+        continue;
+      }
+      GF_ASSIGN_OR_RETURN(void* p, Buffer(n.output(o)));
+      dev[r] = p;
+    }
+    lines.push_back(StrCat(n.name(), ": no CUDA kernel of its own; its reference graph of ", ref.num_nodes(),
+                           " ops runs instead:"));
+    ++stats.reference_graphs;
+    GF_RETURN_IF_ERROR(PlanGraph(ref));
+    for (const auto& [out, r] : copies) {
+      GF_ASSIGN_OR_RETURN(void* dst, Buffer(out));
+      void* src = dev[r];
+      const size_t bytes = Bytes(out);
+      steps.push_back({n.name(), [=](cudaStream_t s) {
+                         return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "output copy");
+                       }});
+    }
+    return Status::Ok();
+  }
+
+  // The node's CPU kernel between a download of its inputs and an upload of its outputs.
+  Status PlanHostFallback(const Node& n, const Status& why) {
+    GF_ASSIGN_OR_RETURN(std::vector<void*> bufs, NodeBuffers(n));
+    auto host_in = std::make_shared<std::vector<Tensor>>();
+    auto host_out = std::make_shared<std::vector<Tensor>>();
+    for (const Value* v : n.inputs()) host_in->push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+    for (const Value* v : n.outputs()) host_out->push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+    const Node* node = &n;
+    steps.push_back({n.name(),
+                     [=](cudaStream_t s) -> Status {
+                       // Copies on the plan's stream (ordered with its kernels), waited for here.
+                       std::vector<TensorView> in, out;
+                       for (size_t i = 0; i < host_in->size(); ++i) {
+                         Tensor& t = (*host_in)[i];
+                         GF_CUDA(cudaMemcpyAsync(t.data(), bufs[i], t.nbytes(), cudaMemcpyDeviceToHost, s), "download");
+                         in.push_back(t.view());
+                       }
+                       GF_CUDA(cudaStreamSynchronize(s), "host fallback");
+                       for (Tensor& t : *host_out) out.push_back(t.view());
+                       GF_RETURN_IF_ERROR(RunNodeOnce(*node, in, out, CpuContext{}));
+                       for (size_t o = 0; o < host_out->size(); ++o) {
+                         Tensor& t = (*host_out)[o];
+                         GF_CUDA(cudaMemcpyAsync(bufs[host_in->size() + o], t.data(), t.nbytes(), cudaMemcpyHostToDevice, s),
+                                 "upload");
+                       }
+                       return CudaStatus(cudaStreamSynchronize(s), "host fallback");
+                     },
+                     true});
+    ++stats.launches;
+    ++stats.host_fallbacks;
+    lines.push_back(StrCat(n.name(), ": on the host (", why.message(), ")"));
+    return Status::Ok();
+  }
+
+  Status PlanGemm(const Node& n, const CudaNodePlan& plan) {
+    if (n.op() == "MatMul") return PlanMatMul(n, plan);
+    if (n.op() != "FusedGemm") return PlanHostFallback(n, Unimplemented(n.op(), " on the GPU"));
+    const Value* a = n.input(0);
+    const Value* w = n.input(1);
+    if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
+      return PlanHostFallback(n, Unimplemented("non-f32 GEMM"));
+    const int64_t splits = n.GetInt("splits", 1), k = a->shape().back(), nn = w->shape()[1] / splits;
+    const int64_t m = k == 0 ? 0 : a->numel() / k;
+    const std::vector<int64_t> out_proj = n.GetInts("out_proj");
+    GF_ASSIGN_OR_RETURN(void* ap, Buffer(a));
+    GF_ASSIGN_OR_RETURN(void* wp, Buffer(w));
+    const float* A = static_cast<const float*>(ap);
+    const float* W = static_cast<const float*>(wp);
+    cublasHandle_t h = blas;
+    const std::string where = StrCat(n.name(), " (", m, "x", nn * splits, "x", k, ")");
+
+    if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone)
+      return PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
+
+    // Where projection s goes: the node output that IS it, else the workspace.
+    std::vector<float*> dst(static_cast<size_t>(splits), nullptr);
+    std::vector<int64_t> ld(static_cast<size_t>(splits), splits * nn);
+    for (size_t o = 0; o < out_proj.size(); ++o)
+      if (out_proj[o] >= 0) {
+        GF_ASSIGN_OR_RETURN(void* p, Buffer(n.output(o)));
+        dst[static_cast<size_t>(out_proj[o])] = static_cast<float*>(p);
+        ld[static_cast<size_t>(out_proj[o])] = nn;
+      }
+    float* ws = nullptr;
+    const bool all_in_ws = std::all_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; });
+    if (std::any_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; })) {
+      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(m * splits * nn) * 4, StrCat(n.name(), " workspace")));
+      ws = static_cast<float*>(p);
+      for (int64_t s = 0; s < splits; ++s)
+        if (!dst[static_cast<size_t>(s)]) dst[static_cast<size_t>(s)] = ws + s * nn;
+    }
+    if (m * nn > 0) {
+      if (all_in_ws) {  // one GEMM over the concatenated weights
+        steps.push_back({n.name(), [=](cudaStream_t) {
+                           return RowMajorSgemm(h, m, splits * nn, k, A, k, 0, W, splits * nn, 0, ws, splits * nn, 0, 1,
+                                                where);
+                         }});
+        ++stats.launches, ++stats.cublas;
+      } else {
+        for (int64_t s = 0; s < splits; ++s) {
+          float* c = dst[static_cast<size_t>(s)];
+          const int64_t ldc = ld[static_cast<size_t>(s)];
+          steps.push_back({n.name(), [=](cudaStream_t) {
+                             return RowMajorSgemm(h, m, nn, k, A, k, 0, W + s * nn, splits * nn, 0, c, ldc, 0, 1, where);
+                           }});
+          ++stats.launches, ++stats.cublas;
+        }
+      }
+    }
+    if (plan.path == CudaPath::kCublas) {
+      lines.push_back(StrCat(n.name(), ": ", plan.what));
+      return Status::Ok();
+    }
+    // The epilogue kernel: projections, extra inputs, then the epilogue's outputs.
+    std::vector<void*> args(dst.begin(), dst.end());
+    for (size_t i = 2; i < n.inputs().size(); ++i) {
+      GF_ASSIGN_OR_RETURN(void* p, Buffer(n.input(i)));
+      args.push_back(p);
+    }
+    for (size_t o = 0; o < out_proj.size(); ++o)
+      if (out_proj[o] < 0) {
+        GF_ASSIGN_OR_RETURN(void* p, Buffer(n.output(o)));
+        args.push_back(p);
+      }
+    lines.push_back(StrCat(n.name(), ": ", plan.what, " ", plan.kernels[0].name));
+    return AddKernelStep(n.name(), plan.kernels[0], std::move(args));
+  }
+
+  Status PlanCublasLt(const Node& n, const CublasLtEpilogue& e, int64_t m, int64_t nn, int64_t k) {
+    GF_ASSIGN_OR_RETURN(void* ap, Buffer(n.input(0)));
+    GF_ASSIGN_OR_RETURN(void* wp, Buffer(n.input(1)));
+    GF_ASSIGN_OR_RETURN(void* bp, Buffer(n.input(static_cast<size_t>(e.bias_input))));
+    GF_ASSIGN_OR_RETURN(void* cp, Buffer(n.output(0)));
+    const std::string where = StrCat(n.name(), ": cuBLASLt");
+    // Column-major D[N,M] = W^T-as-stored [N,K] * A^T-as-stored [K,M]: row-major C[M,N] = A W.
+    cublasLtMatmulDesc_t op = nullptr;
+    cublasLtMatrixLayout_t wl = nullptr, al = nullptr, cl = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    GF_BLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), where);
+    cleanups.push_back([op] { cublasLtMatmulDescDestroy(op); });
+    const cublasLtEpilogue_t epi = e.kind == CublasLtEpilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                   : e.kind == CublasLtEpilogue::kReluBias ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                                                           : CUBLASLT_EPILOGUE_GELU_BIAS;
+    GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), where);
+    const void* bias = bp;
+    GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where);
+    GF_BLAS(cublasLtMatrixLayoutCreate(&wl, CUDA_R_32F, static_cast<uint64_t>(nn), static_cast<uint64_t>(k), nn), where);
+    cleanups.push_back([wl] { cublasLtMatrixLayoutDestroy(wl); });
+    GF_BLAS(cublasLtMatrixLayoutCreate(&al, CUDA_R_32F, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k), where);
+    cleanups.push_back([al] { cublasLtMatrixLayoutDestroy(al); });
+    GF_BLAS(cublasLtMatrixLayoutCreate(&cl, CUDA_R_32F, static_cast<uint64_t>(nn), static_cast<uint64_t>(m), nn), where);
+    cleanups.push_back([cl] { cublasLtMatrixLayoutDestroy(cl); });
+    GF_BLAS(cublasLtMatmulPreferenceCreate(&pref), where);
+    cleanups.push_back([pref] { cublasLtMatmulPreferenceDestroy(pref); });
+    const uint64_t ws_bytes = blas_workspace_bytes;
+    GF_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes,
+                                                 sizeof ws_bytes),
+            where);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    GF_BLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, wl, al, cl, cl, pref, 1, &result, &found), where);
+    if (found == 0) return Unimplemented(where, ": no algorithm for this epilogue");
+    cublasLtHandle_t handle = lt;
+    void* ws = blas_workspace;
+    const size_t wsb = blas_workspace_bytes;
+    steps.push_back({n.name(), [=](cudaStream_t s) {
+                       const float one = 1.f, zero = 0.f;
+                       return BlasStatus(cublasLtMatmul(handle, op, &one, wp, wl, ap, al, &zero, cp, cl, cp, cl,
+                                                        &result.algo, ws, wsb, s),
+                                         where);
+                     }});
+    ++stats.launches, ++stats.cublas;
+    lines.push_back(StrCat(n.name(), ": cuBLASLt GEMM with its ",
+                           epi == CUBLASLT_EPILOGUE_BIAS ? "BIAS" : epi == CUBLASLT_EPILOGUE_RELU_BIAS ? "RELU_BIAS" : "GELU_BIAS",
+                           " epilogue"));
+    return Status::Ok();
+  }
+
+  Status PlanMatMul(const Node& n, const CudaNodePlan& plan) {
+    const Value* a = n.input(0);
+    const Value* b = n.input(1);
+    const Value* y = n.output();
+    const Shape &as = a->shape(), &bs = b->shape();
+    if (a->dtype() != DType::kF32 || b->dtype() != DType::kF32 || as.size() < 2 || bs.size() < 2)
+      return PlanHostFallback(n, Unimplemented("MatMul of ", a->TypeString(), " and ", b->TypeString(), " on the GPU"));
+    const int64_t m = as[as.size() - 2], k = as.back(), nn = bs.back();
+    const Shape a_batch(as.begin(), as.end() - 2), b_batch(bs.begin(), bs.end() - 2);
+    int64_t batch = 1, stride_a = m * k, stride_b = k * nn, rows = m;
+    for (int64_t d : a_batch) batch *= d;
+    if (bs.size() == 2) {  // one GEMM over all rows of A
+      rows = batch * m;
+      batch = 1;
+      stride_b = 0;
+    } else if (a_batch == b_batch) {
+    } else if (as.size() == 2) {
+      batch = 1;
+      for (int64_t d : b_batch) batch *= d;
+      stride_a = 0;
+    } else {
+      return PlanHostFallback(n, Unimplemented("MatMul with broadcast batch dims ", a->TypeString(), " x ",
+                                               b->TypeString(), " on the GPU"));
+    }
+    GF_ASSIGN_OR_RETURN(void* ap, Buffer(a));
+    GF_ASSIGN_OR_RETURN(void* bp, Buffer(b));
+    GF_ASSIGN_OR_RETURN(void* yp, Buffer(y));
+    if (y->numel() == 0) return Status::Ok();
+    cublasHandle_t h = blas;
+    const std::string where = StrCat(n.name(), " (", batch, " x ", rows, "x", nn, "x", k, ")");
+    const auto* A = static_cast<const float*>(ap);
+    const auto* B = static_cast<const float*>(bp);
+    auto* Y = static_cast<float*>(yp);
+    if (k == 0) {
+      const size_t bytes = Bytes(y);
+      steps.push_back({n.name(), [=](cudaStream_t s) { return CudaStatus(cudaMemsetAsync(Y, 0, bytes, s), where); }});
+    } else {
+      steps.push_back({n.name(), [=](cudaStream_t) {
+                         return RowMajorSgemm(h, rows, nn, k, A, k, stride_a, B, nn, stride_b, Y, nn, rows * nn, batch,
+                                              where);
+                       }});
+    }
+    ++stats.launches, ++stats.cublas;
+    lines.push_back(StrCat(n.name(), ": ", plan.what, batch > 1 ? StrCat(" (", batch, " batched)") : ""));
+    return Status::Ok();
+  }
+
+  Status Enqueue() {
+    if (graph_exec) return CudaStatus(cudaGraphLaunch(graph_exec, stream), "replaying the CUDA graph");
+    for (Step& s : steps) GF_RETURN_IF_ERROR(s.run(stream).WithContext(s.label));
+    return Status::Ok();
+  }
+};
+
+CudaExecutor::CudaExecutor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaExecutor::~CudaExecutor() = default;
+const CudaExecStats& CudaExecutor::stats() const { return impl_->stats; }
+const std::vector<std::string>& CudaExecutor::describe() const { return impl_->lines; }
+
+Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const CudaExecOptions& options) {
+  std::string why;
+  if (!CudaDeviceAvailable(options.device, &why)) return NotFound(why);
+  auto impl = std::make_unique<Impl>();
+  Impl& x = *impl;
+  x.graph = &g;
+  x.opts = options;
+  GF_CUDA(cudaSetDevice(options.device), "cudaSetDevice");
+  cudaDeviceProp prop{};
+  GF_CUDA(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
+  x.sms = std::max(1, prop.multiProcessorCount);
+  NvrtcOptions nv;
+  nv.arch = StrCat("compute_", prop.major, prop.minor);
+  nv.cache_dir = options.kernel_cache_dir;
+  x.compiler = std::make_unique<NvrtcCompiler>(nv);
+  GF_CUDA(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  GF_BLAS(cublasCreate(&x.blas), "cublasCreate");
+  GF_BLAS(cublasSetStream(x.blas, x.stream), "cublasSetStream");
+  GF_BLAS(cublasLtCreate(&x.lt), "cublasLtCreate");
+  GF_ASSIGN_OR_RETURN(x.blas_workspace, x.Alloc(x.blas_workspace_bytes, "the cuBLAS workspace"));
+  GF_BLAS(cublasSetWorkspace(x.blas, x.blas_workspace, x.blas_workspace_bytes), "cublasSetWorkspace");
+
+  for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+  GF_RETURN_IF_ERROR(x.PlanGraph(g));
+  for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+
+  if (options.cuda_graph) {
+    for (const Step& s : x.steps)
+      if (s.host) return Unimplemented("--cuda-graph: node '", s.label, "' runs on the host, which a CUDA graph cannot capture");
+    GF_CUDA(cudaStreamBeginCapture(x.stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    Status st = x.Enqueue();
+    const cudaError_t end = cudaStreamEndCapture(x.stream, &x.cuda_graph);
+    GF_RETURN_IF_ERROR(st.WithContext("capturing the plan"));
+    GF_CUDA(end, "cudaStreamEndCapture");
+    GF_CUDA(cudaGraphInstantiate(&x.graph_exec, x.cuda_graph, 0), "cudaGraphInstantiate");
+  }
+  return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+}
+
+Result<std::vector<Tensor>> CudaExecutor::Run(std::span<const TensorView> inputs) {
+  Impl& x = *impl_;
+  const Graph& g = *x.graph;
+  if (inputs.size() != g.inputs().size())
+    return InvalidArgument("the graph takes ", g.inputs().size(), " inputs, got ", inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Value* v = g.inputs()[i];
+    if (inputs[i].dtype != v->dtype() || inputs[i].shape != v->shape())
+      return InvalidArgument("input ", i, " ('", v->name(), "') must be ", v->TypeString(), ", got ",
+                             DTypeName(inputs[i].dtype), ShapeToString(inputs[i].shape));
+    GF_CUDA(cudaMemcpyAsync(x.dev.at(v), inputs[i].data, Bytes(v), cudaMemcpyHostToDevice, x.stream),
+            StrCat("uploading input '", v->name(), "'"));
+  }
+  GF_RETURN_IF_ERROR(x.Enqueue());
+  std::vector<Tensor> out;
+  for (const Value* v : g.outputs()) {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v->dtype(), v->shape()));
+    GF_CUDA(cudaMemcpyAsync(t.data(), x.dev.at(v), t.nbytes(), cudaMemcpyDeviceToHost, x.stream),
+            StrCat("downloading output '", v->name(), "'"));
+    out.push_back(std::move(t));
+  }
+  GF_CUDA(cudaStreamSynchronize(x.stream), "running the plan");
+  x.ran = true;
+  return out;
+}
+
+Result<double> CudaExecutor::Replay() {
+  Impl& x = *impl_;
+  if (!x.ran) return InvalidArgument("Replay before a first Run");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  GF_CUDA(cudaEventCreate(&start), "cudaEventCreate");
+  GF_CUDA(cudaEventCreate(&stop), "cudaEventCreate");
+  cudaEventRecord(start, x.stream);
+  Status st = x.Enqueue();
+  cudaEventRecord(stop, x.stream);
+  const cudaError_t sync = cudaEventSynchronize(stop);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, start, stop);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  GF_RETURN_IF_ERROR(st);
+  GF_CUDA(sync, "replaying the plan");
+  return static_cast<double>(ms);
+}
+
+}  // namespace graphfuse::cuda

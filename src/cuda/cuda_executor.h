@@ -1,0 +1,71 @@
+// Runs a graph (fused or not) on one CUDA device.
+//
+// Create() plans every node by its PlanNodeForCuda path (codegen.h): generated kernels are
+// compiled with NVRTC for the device's architecture (memory / disk cache) and loaded through
+// the runtime API (cudaLibraryLoadData: no link-time dependency on the driver, so a build with
+// the backend still runs on machines without a GPU); GEMMs go to cuBLAS, or to cuBLASLt with
+// its bias / ReLU / GELU-tanh epilogue where that enum computes the group exactly; a FusedGemm
+// epilogue it does not cover runs as one generated kernel right after the GEMM. A fused node
+// with no CUDA kernel of its own (FusedAttention today) runs its "reference" graph, each op by
+// its own path; an op with no CUDA path at all runs on the host between copies (reported, and
+// refused under CUDA-graph capture). Every value gets one device buffer (views share their
+// input's); constants are uploaded once.
+//
+// Run(): inputs host -> device, the launches on one stream (or the whole plan replayed as one
+// CUDA graph), outputs device -> host.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "graphfuse/graph.h"
+#include "graphfuse/tensor.h"
+
+namespace graphfuse::cuda {
+
+// Whether device `device` can be used; when not, `why` (if given) says why, e.g. "no CUDA
+// device (cudaGetDeviceCount: ...)".
+bool CudaDeviceAvailable(int device = 0, std::string* why = nullptr);
+
+struct CudaExecOptions {
+  int device = 0;
+  bool cuda_graph = false;       // capture the launches once, replay them as one CUDA graph
+  std::string kernel_cache_dir;  // NVRTC disk cache; empty: memory only
+};
+
+struct CudaExecStats {
+  int64_t launches = 0;          // per run: generated kernels + cuBLAS calls + host fallbacks
+  int64_t generated = 0;         // generated-kernel launches
+  int64_t cublas = 0;            // cuBLAS / cuBLASLt calls
+  int64_t host_fallbacks = 0;    // nodes run on the host between copies
+  int64_t reference_graphs = 0;  // fused nodes run through their reference graph
+  int64_t device_bytes = 0;      // device memory held (buffers, constants, workspaces)
+  double compile_seconds = 0;    // NVRTC time at Create (0 when every kernel came from a cache)
+};
+
+class CudaExecutor {
+ public:
+  // `g` must stay alive and unchanged while the executor is used.
+  static Result<std::unique_ptr<CudaExecutor>> Create(const Graph& g, const CudaExecOptions& options = {});
+  ~CudaExecutor();
+
+  // One run: one input per graph input (types as declared); returns the graph's outputs.
+  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs);
+  // The device work of one run again, on the inputs of the last Run (for timing: no copies);
+  // waits for it and returns the elapsed device time in milliseconds (CUDA events).
+  Result<double> Replay();
+
+  const CudaExecStats& stats() const;
+  // One line per step: what runs and how ("fused_gemm_3: cuBLAS GEMM, then the generated
+  // epilogue epilogue_gemm_...").
+  const std::vector<std::string>& describe() const;
+
+ private:
+  struct Impl;
+  explicit CudaExecutor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace graphfuse::cuda
