@@ -2,6 +2,7 @@
 // run unfused (every op its own kernel) and fused (the whole pipeline), checked equal, timed
 // interleaved, and printed as a table: kernels, dispatch overhead, time outside GEMMs,
 // latency, bytes moved. `--preset elementwise` runs the op-library demo instead.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,9 @@
 #include "runtime/blocks.h"
 #include "runtime/executor.h"
 #include "runtime/timer.h"
+#ifdef GF_HAVE_CUDA
+#include "cuda/cuda_executor.h"
+#endif
 
 namespace graphfuse::cli {
 
@@ -31,7 +35,7 @@ struct BlockDemoOptions {
   int repeats = 11;
   bool profile = false;
   double rtol = 1e-3, atol = 1e-4;
-  std::string json;
+  std::string json, backend = "cpu";
 };
 
 Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
@@ -56,10 +60,14 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
     } else if (f == "--profile") {
       o.profile = true;
+    } else if (f == "--backend") {
+      GF_ASSIGN_OR_RETURN(o.backend, args.Value(f));
+      if (o.backend != "cpu" && o.backend != "cuda")
+        return InvalidArgument("demo: --backend must be cpu or cuda, got '", o.backend, "'");
     } else {
       return InvalidArgument("demo: unknown flag '", f,
                              "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --profile "
-                             "--json FILE)");
+                             "--backend cpu|cuda --json FILE)");
     }
   }
   return o;
@@ -183,6 +191,14 @@ int RunDemo(Args& args) {
   if (!preset.ok()) return fail(preset.status().WithContext("--preset (or 'elementwise' for the op library)"));
   BlockConfig cfg = *preset;
   if (o.seq > 0) cfg.seq = o.seq;
+  if (o.backend == "cuda") {
+#ifdef GF_HAVE_CUDA
+    std::string why;
+    if (!cuda::CudaDeviceAvailable(0, &why)) return fail(NotFound("--backend cuda: ", why));
+#else
+    return fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
+#endif
+  }
 
   ThreadPool pool(o.threads);
   const CpuContext ctx{&pool, pool.num_threads()};
@@ -286,6 +302,60 @@ int RunDemo(Args& args) {
     }
     std::printf("\n");
   }
+#ifdef GF_HAVE_CUDA
+  // --backend cuda: both plans on GPU 0, launched one by one and replayed as one CUDA graph;
+  // outputs checked against the CPU's unfused result; latency = median device time (events).
+  struct GpuRow {
+    std::string plan;
+    int64_t launches = 0, generated = 0, cublas = 0, host = 0;
+    double ms = 0, max_abs = 0;
+    bool ok = false;
+  };
+  std::vector<GpuRow> gpu_rows;
+  if (o.backend == "cuda") {
+    std::fprintf(stderr, "  running on the GPU (compiling kernels with NVRTC)...\n");
+    for (const auto& [label, graph] : {std::pair<const char*, const Graph*>{"unfused", &unfused}, {"fused", &fused}}) {
+      for (bool use_graph : {false, true}) {
+        cuda::CudaExecOptions co;
+        co.cuda_graph = use_graph;
+        auto ex = cuda::CudaExecutor::Create(*graph, co);
+        if (!ex.ok()) return fail(ex.status().WithContext(StrCat("--backend cuda, ", label, " plan")));
+        auto y = (*ex)->Run(in);
+        if (!y.ok()) return fail(y.status().WithContext(StrCat("--backend cuda, ", label, " plan")));
+        GpuRow r;
+        r.plan = StrCat(label, use_graph ? " + CUDA graph" : "");
+        int64_t bad_gpu = 0;
+        for (int64_t i = 0; i < yu.numel(); ++i) {
+          const double a = (*y)[0].data_as<float>()[i], b = yu.data_as<float>()[i];
+          const double err = std::fabs(a - b);
+          r.max_abs = std::isfinite(err) ? std::max(r.max_abs, err) : INFINITY;
+          bad_gpu += !(err <= o.atol + o.rtol * std::fabs(b));
+        }
+        r.ok = bad_gpu == 0;
+        std::vector<double> ms;
+        for (int k = 0; k < std::max(3, o.repeats); ++k) {
+          auto t_ms = (*ex)->Replay();
+          if (!t_ms.ok()) return fail(t_ms.status());
+          ms.push_back(*t_ms);
+        }
+        std::sort(ms.begin(), ms.end());
+        r.ms = ms[ms.size() / 2];
+        const cuda::CudaExecStats& cs = (*ex)->stats();
+        r.launches = cs.launches, r.generated = cs.generated, r.cublas = cs.cublas, r.host = cs.host_fallbacks;
+        gpu_rows.push_back(r);
+      }
+    }
+    std::printf("GPU 0: %-22s %9s %10s %7s %5s %12s %14s\n", "plan", "launches", "generated", "cuBLAS", "host",
+                "latency ms", "max|err| vs CPU");
+    for (const GpuRow& r : gpu_rows)
+      std::printf("       %-22s %9lld %10lld %7lld %5lld %12.4f %14.3g %s\n", r.plan.c_str(),
+                  static_cast<long long>(r.launches), static_cast<long long>(r.generated),
+                  static_cast<long long>(r.cublas), static_cast<long long>(r.host), r.ms, r.max_abs,
+                  r.ok ? "ok" : "DIFFERS");
+    std::printf("(latency: median device time of %d replays, CUDA events; launches include cuBLAS calls)\n\n",
+                std::max(3, o.repeats));
+  }
+#endif
   std::printf("fused plan: %zu groups (graphfuse explain prints them with every refusal)\n", report.groups.size());
   for (const FusedGroupInfo& g : report.groups) {
     std::string members;
@@ -307,12 +377,26 @@ int RunDemo(Args& args) {
     j.Key("gemm_ms").BeginObject().Key("unfused").Num(fu.gemm_ms).Key("fused").Num(ff.gemm_ms).EndObject();
     j.Key("dispatch_us_per_launch").Num(per_launch_us);
     j.Key("bytes_moved").BeginObject().Key("unfused").Num(fu.bytes).Key("fused").Num(ff.bytes).EndObject();
+#ifdef GF_HAVE_CUDA
+    if (!gpu_rows.empty()) {
+      j.Key("cuda").BeginArray();
+      for (const GpuRow& r : gpu_rows)
+        j.BeginObject().Key("plan").Str(r.plan).Key("launches").Int(r.launches).Key("generated").Int(r.generated)
+            .Key("cublas").Int(r.cublas).Key("host").Int(r.host).Key("latency_ms").Num(r.ms)
+            .Key("max_abs_err_vs_cpu").Num(r.max_abs).Key("ok").Bool(r.ok).EndObject();
+      j.EndArray();
+    }
+#endif
     j.EndObject();
     if (!j.WriteFile(o.json)) {
       std::fprintf(stderr, "graphfuse demo: cannot write --json file '%s'\n", o.json.c_str());
       return kExitBadInput;
     }
   }
+#ifdef GF_HAVE_CUDA
+  for (const GpuRow& r : gpu_rows)
+    if (!r.ok) return kExitMismatch;
+#endif
   return ok ? kExitOk : kExitMismatch;
 }
 

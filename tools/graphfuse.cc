@@ -52,14 +52,16 @@ usage: graphfuse <command> [flags]
 
 commands:
   demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
-       [--json FILE]
+       [--backend cpu|cuda] [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
         checks they agree (|fused - unfused| <= atol + rtol*|unfused|; defaults 1e-4, 1e-3),
         and prints kernels per block, dispatch overhead, time outside the weight GEMMs, block
         latency (median of interleaved repeats), bytes moved and the fused groups; --profile
-        adds the median time of every kernel of both plans
+        adds the median time of every kernel of both plans; --backend cuda also runs both plans
+        on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints launches,
+        median device latency and the error against the CPU (exit 2 without a device)
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64

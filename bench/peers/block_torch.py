@@ -3,7 +3,10 @@
 shapes, op sequence and thread count; random weights; f32; inference mode).
 
 usage: /usr/bin/python3 bench/peers/block_torch.py --preset llama7b [--seq N] [--threads T] [--repeats R]
-prints one JSON object: {"preset", "seq", "threads", "latency_ms" (median), "min_ms", "repeats"}
+                                                   [--device cpu|cuda] [--dtype f32|bf16] [--compile]
+prints one JSON object: {"preset", "seq", "threads", "device", "dtype", "compiled", "latency_ms"
+(median), "min_ms", "repeats"}. On cuda every timed call is bracketed by synchronizations;
+--compile times torch.compile's graph of the same block (after its warm-up compilations).
 """
 import argparse
 import json
@@ -30,7 +33,7 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def make_block(c):
+def make_block(c, device="cpu", dtype=torch.float32):
     d, f, nh = c["hidden"], c["ffn"], c["heads"]
     hd = d // nh
     s = c["seq"]
@@ -61,6 +64,8 @@ def make_block(c):
     else:
         mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
     eps = c["eps"]
+    P = {k: (None if v is None else v.to(device=device, dtype=dtype)) for k, v in P.items()}
+    cos, sin, mask = (t.to(device=device, dtype=dtype) for t in (cos, sin, mask))
 
     def linear(x, name):
         y = x @ P[name]
@@ -105,23 +110,33 @@ def main():
     ap.add_argument("--seq", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=11)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--compile", action="store_true")
     a = ap.parse_args()
+    dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
     c = dict(PRESETS[a.preset])
     if a.seq:
         c["seq"] = a.seq
     torch.set_num_threads(a.threads)
-    block = make_block(c)
-    x = torch.rand(1, c["seq"], c["hidden"]) * 2 - 1
+    block = make_block(c, a.device, dtype)
+    if a.compile:
+        block = torch.compile(block)
+    x = (torch.rand(1, c["seq"], c["hidden"]) * 2 - 1).to(device=a.device, dtype=dtype)
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     with torch.inference_mode():
-        for _ in range(2):
+        for _ in range(3 if a.compile else 2):
             block(x)
+        sync()
         times = []
         for _ in range(a.repeats):
             t0 = time.perf_counter()
             block(x)
+            sync()
             times.append(time.perf_counter() - t0)
     times.sort()
-    print(json.dumps(dict(preset=a.preset, seq=c["seq"], threads=a.threads, repeats=a.repeats,
+    print(json.dumps(dict(preset=a.preset, seq=c["seq"], threads=a.threads, repeats=a.repeats, device=a.device,
+                          dtype=a.dtype, compiled=a.compile,
                           latency_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
                           torch=torch.__version__)))
 
