@@ -43,7 +43,13 @@ for m in tests/models/*/; do
   step "run_${name}_graph" 120 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
 done
 
-# 3. The LLaMA-7B block: decode and prefill; graphfuse (f32) and PyTorch (f32, bf16; eager and
+# 3. Fused elementwise chains on the GPU beside a same-run device-to-device copy (64 Mi f32).
+for preset in chain gelu silu residual; do
+  step "bench_${preset}_64Mi" 300 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
+    --json "$OUT/bench_${preset}_64Mi.json"
+done
+
+# 4. The LLaMA-7B block: decode and prefill; graphfuse (f32) and PyTorch (f32, bf16; eager and
 #    torch.compile), same shapes.
 for seq in 1 512; do
   step "demo_llama7b_seq$seq" 900 $GF demo --preset llama7b --seq $seq --threads "$(nproc)" --repeats 21 \

@@ -1,5 +1,6 @@
 // `graphfuse bench (MODEL.onnx | --preset NAME)`: unfused vs fused, median of interleaved
 // repeats; the elementwise presets also report GB/s beside a same-run STREAM triad.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <cstdio>
@@ -19,6 +20,10 @@
 #include "runtime/presets.h"
 #include "runtime/reference_eval.h"
 #include "runtime/timer.h"
+
+#ifdef GF_HAVE_CUDA
+#include "cuda/cuda_executor.h"
+#endif
 
 namespace graphfuse::cli {
 namespace {
@@ -49,13 +54,19 @@ int Bench(Args& args) {
         if (BlockPreset(name).ok()) return RunDemo(args);
       }
   }
-  std::string model, preset, json;
+  std::string model, preset, json, backend = "cpu";
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
   FusionOptions fusion;
   while (!args.Done()) {
     const std::string f = args.Next();
-    if (f == "--preset" || f == "--json") {
+    if (f == "--backend") {
+      auto v = args.Value(f);
+      if (!v.ok()) return Fail(v.status());
+      backend = *v;
+      if (backend != "cpu" && backend != "cuda")
+        return Fail(InvalidArgument("--backend must be cpu or cuda, got '", backend, "'"));
+    } else if (f == "--preset" || f == "--json") {
       auto v = args.Value(f);
       if (!v.ok()) return Fail(v.status());
       (f == "--preset" ? preset : json) = *v;
@@ -81,6 +92,15 @@ int Bench(Args& args) {
   }
   if (model.empty() == preset.empty())
     return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
+
+  if (backend == "cuda") {
+#ifdef GF_HAVE_CUDA
+    std::string why;
+    if (!cuda::CudaDeviceAvailable(0, &why)) return Fail(NotFound("--backend cuda: ", why));
+#else
+    return Fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
+#endif
+  }
 
   // Two copies of the graph: one planned without fusion (the baseline), one with.
   std::unique_ptr<Graph> base, fused;
@@ -186,6 +206,48 @@ int Bench(Args& args) {
   std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
               1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
   std::printf("  checks: fused == unfused; max rel error vs float64 at 4096 sampled elements: %.2g\n", max_rel_f64);
+#ifdef GF_HAVE_CUDA
+  // --backend cuda: both plans on GPU 0 (checked against the CPU's outputs), median device
+  // time of `repeats` replays each, beside a same-run device-to-device copy of one tensor.
+  double cuda_unfused_ms = 0, cuda_fused_ms = 0, cuda_copy_gbps = 0;
+  if (backend == "cuda") {
+    double ms[2] = {0, 0};
+    const Graph* graphs[2] = {base.get(), fused.get()};
+    const std::vector<Tensor>* want[2] = {&out_a, &out_b};
+    for (int k = 0; k < 2; ++k) {
+      auto ex = cuda::CudaExecutor::Create(*graphs[k]);
+      if (!ex.ok()) return Fail(ex.status().WithContext("--backend cuda"));
+      auto got = (*ex)->Run(iv);
+      if (!got.ok()) return Fail(got.status().WithContext("--backend cuda"));
+      for (size_t o = 0; o < got->size(); ++o)
+        for (int64_t i = 0; i < (*got)[o].numel(); ++i) {
+          const double a = (*got)[o].GetAsDouble(i), b = (*want[k])[o].GetAsDouble(i);
+          if (!(std::fabs(a - b) <= 1e-5 + 1e-4 * std::fabs(b)) && !(std::isnan(a) && std::isnan(b))) {
+            std::fprintf(stderr, "graphfuse bench: the GPU's output %zu differs from the CPU's at %lld: %g vs %g\n", o,
+                         static_cast<long long>(i), a, b);
+            return kExitMismatch;
+          }
+        }
+      std::vector<double> v;
+      for (int r = 0; r < repeats; ++r) {
+        auto t_ms = (*ex)->Replay();
+        if (!t_ms.ok()) return Fail(t_ms.status());
+        v.push_back(*t_ms);
+      }
+      std::sort(v.begin(), v.end());
+      ms[k] = v[v.size() / 2];
+    }
+    cuda_unfused_ms = ms[0], cuda_fused_ms = ms[1];
+    auto copy_ms = cuda::DeviceCopyMs(elements * 4, repeats);
+    if (!copy_ms.ok()) return Fail(copy_ms.status());
+    cuda_copy_gbps = 8.0 * elements / (*copy_ms * 1e-3) / 1e9;
+    std::printf("  GPU 0: unfused %.4f ms (%.1f GB/s), fused %.4f ms (%.1f GB/s; %.0f%% of copy), "
+                "device copy %.1f GB/s (read + write); outputs == CPU's\n",
+                cuda_unfused_ms, bytes / (cuda_unfused_ms * 1e-3) / 1e9, cuda_fused_ms,
+                bytes / (cuda_fused_ms * 1e-3) / 1e9, 100 * bytes / (cuda_fused_ms * 1e-3) / 1e9 / cuda_copy_gbps,
+                cuda_copy_gbps);
+  }
+#endif
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
@@ -197,6 +259,11 @@ int Bench(Args& args) {
       j.Key("gbps").BeginObject().Key("unfused").Num(gb_unfused).Key("fused").Num(gb_fused).Key("triad").Num(gb_triad).EndObject();
       j.Key("max_rel_err_f64").Num(max_rel_f64);
     }
+#ifdef GF_HAVE_CUDA
+    if (backend == "cuda")
+      j.Key("cuda").BeginObject().Key("latency_ms").BeginObject().Key("unfused").Num(cuda_unfused_ms)
+          .Key("fused").Num(cuda_fused_ms).EndObject().Key("copy_gbps").Num(cuda_copy_gbps).EndObject();
+#endif
     j.EndObject();
     if (!j.WriteFile(json)) return Fail(InvalidArgument("cannot write --json file '", json, "'"));
   }

@@ -91,11 +91,13 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
   --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
 
   bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
-                                     [fusion flags]
+                                     [--backend cpu|cuda] [fusion flags]
         times the unfused and the fused plan (medians of interleaved samples) after checking
         they agree; presets chain, gelu, silu, residual (f32, default 1048576 elements) also
         report GB/s beside a same-run STREAM triad and check against float64; the block
-        presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table
+        presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table;
+        --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
+        device-to-device copy, after checking the GPU's outputs against the CPU's
 
 exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";

@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -68,6 +69,38 @@ bool CudaDeviceAvailable(int device, std::string* why) {
     return false;
   }
   return true;
+}
+
+Result<double> DeviceCopyMs(int64_t bytes, int repeats, int device) {
+  std::string why;
+  if (!CudaDeviceAvailable(device, &why)) return NotFound(why);
+  GF_CUDA(cudaSetDevice(device), "cudaSetDevice");
+  void *a = nullptr, *b = nullptr;
+  GF_CUDA(cudaMalloc(&a, static_cast<size_t>(bytes)), "cudaMalloc");
+  const cudaError_t eb = cudaMalloc(&b, static_cast<size_t>(bytes));
+  if (eb != cudaSuccess) cudaFree(a);
+  GF_CUDA(eb, "cudaMalloc");
+  cudaEvent_t start = nullptr, stop = nullptr;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  cudaError_t err = cudaMemcpy(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice);  // warm-up
+  for (int r = 0; r < std::max(1, repeats) && err == cudaSuccess; ++r) {
+    cudaEventRecord(start);
+    cudaMemcpyAsync(b, a, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice);
+    cudaEventRecord(stop);
+    err = cudaEventSynchronize(stop);
+    float t = 0;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(a);
+  cudaFree(b);
+  GF_CUDA(err, "timing a device-to-device copy");
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
 }
 
 struct CudaExecutor::Impl {

@@ -29,6 +29,10 @@ namespace graphfuse::cuda {
 // device (cudaGetDeviceCount: ...)".
 bool CudaDeviceAvailable(int device = 0, std::string* why = nullptr);
 
+// Median device time (ms, CUDA events) of copying `bytes` device to device, over `repeats`
+// copies: the same-run bandwidth anchor for GB/s figures (2 x bytes moved per copy).
+Result<double> DeviceCopyMs(int64_t bytes, int repeats, int device = 0);
+
 struct CudaExecOptions {
   int device = 0;
   bool cuda_graph = false;       // capture the launches once, replay them as one CUDA graph
