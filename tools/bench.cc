@@ -93,14 +93,8 @@ int Bench(Args& args) {
   if (model.empty() == preset.empty())
     return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
 
-  if (backend == "cuda") {
-#ifdef GF_HAVE_CUDA
-    std::string why;
-    if (!cuda::CudaDeviceAvailable(0, &why)) return Fail(NotFound("--backend cuda: ", why));
-#else
-    return Fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
-#endif
-  }
+  if (backend == "cuda")
+    if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
   // Two copies of the graph: one planned without fusion (the baseline), one with.
   std::unique_ptr<Graph> base, fused;

@@ -191,14 +191,8 @@ int RunDemo(Args& args) {
   if (!preset.ok()) return fail(preset.status().WithContext("--preset (or 'elementwise' for the op library)"));
   BlockConfig cfg = *preset;
   if (o.seq > 0) cfg.seq = o.seq;
-  if (o.backend == "cuda") {
-#ifdef GF_HAVE_CUDA
-    std::string why;
-    if (!cuda::CudaDeviceAvailable(0, &why)) return fail(NotFound("--backend cuda: ", why));
-#else
-    return fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
-#endif
-  }
+  if (o.backend == "cuda")
+    if (Status st = CheckCudaBackend(); !st.ok()) return fail(st);
 
   ThreadPool pool(o.threads);
   const CpuContext ctx{&pool, pool.num_threads()};

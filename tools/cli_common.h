@@ -13,6 +13,10 @@ namespace graphfuse::cli {
 // Exit codes of the contract in DESIGN.md.
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
 
+// --backend cuda: Ok when GPU 0 can be used, else an error saying what is missing (no device,
+// or a build without the CUDA toolkit). Call it before any long work.
+Status CheckCudaBackend();
+
 // The same-run bandwidth ceiling that demo and bench report beside the kernels: STREAM triad
 // a = b + 0.5 * c over n floats, split over `threads` threads of the pool (12 bytes/element).
 inline void StreamTriad(ThreadPool& pool, int threads, float* a, const float* b, const float* c, int64_t n) {

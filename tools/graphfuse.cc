@@ -10,6 +10,9 @@
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
+#ifdef GF_HAVE_CUDA
+#include "cuda/cuda_executor.h"
+#endif
 
 namespace graphfuse::cli {
 
@@ -17,6 +20,16 @@ int RunDemo(Args& args);   // block_demo.cc
 int RunModel(Args& args);  // run.cc
 int Explain(Args& args);   // explain.cc
 int Bench(Args& args);     // bench.cc
+
+Status CheckCudaBackend() {
+#ifdef GF_HAVE_CUDA
+  std::string why;
+  if (!cuda::CudaDeviceAvailable(0, &why)) return NotFound("--backend cuda: ", why);
+  return Status::Ok();
+#else
+  return Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)");
+#endif
+}
 
 Result<std::string> Args::Value(const std::string& name) {
   if (Done()) return InvalidArgument(command_, ": flag ", name, " needs a value");

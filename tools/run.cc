@@ -123,14 +123,8 @@ int RunModel(Args& args) {
   auto parsed = ParseRun(args);
   if (!parsed.ok()) return Fail(parsed.status());
   const RunOptions o = *parsed;
-  if (o.backend == "cuda") {
-#ifdef GF_HAVE_CUDA
-    std::string why;
-    if (!cuda::CudaDeviceAvailable(0, &why)) return Fail(NotFound("--backend cuda: ", why));
-#else
-    return Fail(Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)"));
-#endif
-  }
+  if (o.backend == "cuda")
+    if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
   auto imported = ImportOnnxFile(o.model);
   if (!imported.ok()) return Fail(imported.status());

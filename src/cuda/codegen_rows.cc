@@ -484,31 +484,21 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
     p.kernels.push_back(std::move(k));
     return p;
   }
-  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax") {
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateRowKernel(node));
+  // One generated kernel: which generator, and what the plan calls it.
+  Result<CudaKernelSource> (*generate)(const Node&) = nullptr;
+  const char* what = nullptr;
+  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax")
+    generate = GenerateRowKernel, what = "generated row kernel";
+  else if (op == "Transpose")
+    generate = GenerateTransposeKernel, what = "generated transpose kernel";
+  else if (op == "Rope")
+    generate = GenerateRopeKernel, what = "generated RoPE kernel";
+  else if (op == "FusedElementwise" || OpFromName(op).ok())
+    generate = GenerateKernelForNode, what = "generated elementwise kernel";
+  if (generate) {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, generate(node));
     p.path = CudaPath::kKernel;
-    p.what = "generated row kernel";
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  if (op == "Transpose") {
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateTransposeKernel(node));
-    p.path = CudaPath::kKernel;
-    p.what = "generated transpose kernel";
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  if (op == "Rope") {
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateRopeKernel(node));
-    p.path = CudaPath::kKernel;
-    p.what = "generated RoPE kernel";
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  if (op == "FusedElementwise" || OpFromName(op).ok()) {
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateKernelForNode(node));
-    p.path = CudaPath::kKernel;
-    p.what = "generated elementwise kernel";
+    p.what = what;
     p.kernels.push_back(std::move(k));
     return p;
   }
