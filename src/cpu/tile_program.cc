@@ -248,15 +248,17 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
   auto reg_buffer = [&](int r) { return static_cast<char*>(scratch) + static_cast<size_t>(r) * kRegisterStride; };
   void* regs[kMaxTileInputs + kMaxTileInstrs];
 
-  // Scalars (every stride 0) are the same in every tile: fill their registers once.
+  // Scalars (every stride 0) are the same in every tile: fill their registers once, as far as
+  // the largest tile of this range reaches (padded to whole vectors).
+  const int64_t fill = std::min(kTileElements, (end - begin + lanes - 1) / lanes * lanes);
   for (int k = 0; k < nin; ++k) {
     if (!plan.scalar_input[k]) continue;
     const TileInput& in = p.inputs[k];
     regs[k] = reg_buffer(k);
     if (in.domain == Domain::kF32)
-      LoadRun(in.dtype, in.data, 0, 0, static_cast<float*>(regs[k]), kTileElements);
+      LoadRun(in.dtype, in.data, 0, 0, static_cast<float*>(regs[k]), fill);
     else
-      LoadRun(in.dtype, in.data, 0, 0, static_cast<int64_t*>(regs[k]), kTileElements);
+      LoadRun(in.dtype, in.data, 0, 0, static_cast<int64_t*>(regs[k]), fill);
   }
 
   for (int64_t start = begin; start < end; start += kTileElements) {
@@ -461,8 +463,10 @@ void TileRunner::Run(int64_t begin, int64_t end, void* scratch) const {
   if (begin < end) RunRange(impl_->plan, begin, end, scratch);
 }
 
-void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
-  const Plan plan = BuildPlan(p);
+namespace {
+
+// One launch of a planned program: on the calling thread for small work, else one dispatch.
+void RunPlanned(const Plan& plan, const TileProgram& p, const CpuContext& ctx) {
   if (plan.numel == 0) return;
   const int nreg = p.num_registers();
   const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
@@ -482,6 +486,24 @@ void RunTileProgram(const TileProgram& p, const CpuContext& ctx) {
     const int64_t b = tiles * tid / nt, e = tiles * (tid + 1) / nt;
     RunRange(plan, b * kTileElements, std::min(plan.numel, e * kTileElements), ctx.pool->Scratch(tid, scratch_bytes));
   });
+}
+
+}  // namespace
+
+void RunTileProgram(const TileProgram& p, const CpuContext& ctx) { RunPlanned(BuildPlan(p), p, ctx); }
+
+void RunTileRunner(const TileRunner& r, const CpuContext& ctx) { r.Launch(ctx); }
+
+void TileRunner::Launch(const CpuContext& ctx) const { RunPlanned(impl_->plan, impl_->program, ctx); }
+
+bool TileRunner::BoundTo(const TileProgram& p) const {
+  const TileProgram& q = impl_->program;
+  if (q.inputs.size() != p.inputs.size() || q.outputs.size() != p.outputs.size()) return false;
+  for (size_t k = 0; k < p.inputs.size(); ++k)
+    if (q.inputs[k].data != p.inputs[k].data) return false;
+  for (size_t k = 0; k < p.outputs.size(); ++k)
+    if (q.outputs[k].data != p.outputs[k].data) return false;
+  return true;
 }
 
 }  // namespace graphfuse::cpu

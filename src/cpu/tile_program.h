@@ -77,6 +77,11 @@ class TileRunner {
   size_t scratch_bytes() const;  // per calling thread
   // Elements [begin, end) of the iteration space (row-major), on the calling thread.
   void Run(int64_t begin, int64_t end, void* scratch) const;
+  // The whole space as ONE launch, as RunTileProgram does, without planning it again.
+  void Launch(const CpuContext& ctx) const;
+  // Whether the runner was built from a program with these data pointers (the same shapes and
+  // instructions are the caller's to guarantee): a plan reuses its runner while they hold.
+  bool BoundTo(const TileProgram& p) const;
 
  private:
   struct Impl;
@@ -86,5 +91,6 @@ class TileRunner {
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
 void RunTileProgram(const TileProgram& program, const CpuContext& ctx);
+void RunTileRunner(const TileRunner& runner, const CpuContext& ctx);
 
 }  // namespace graphfuse::cpu

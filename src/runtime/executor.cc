@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <map>
 
 #include "../cpu/lower_group.h"
@@ -29,6 +30,7 @@ struct ExecutionPlan::Step {
   std::vector<TensorView> in_views, out_views;  // types fixed at compile time, data set per run
   bool has_program = false;                     // elementwise: a prepared one-instruction program
   cpu::TileProgram program;
+  std::optional<cpu::TileRunner> runner;        // `program` planned, reused while its pointers hold
   std::shared_ptr<const void> state;            // the schema's prepare result, if any
 };
 
@@ -203,7 +205,10 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
     if (s.has_program) {
       for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs);
       for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs);
-      cpu::RunTileProgram(s.program, ctx);
+      // Planning a launch (layout, in-place checks) costs about as much as a 1K-element add:
+      // it is done again only when a buffer moved (graph inputs / outputs given per run).
+      if (!s.runner || !s.runner->BoundTo(s.program)) s.runner.emplace(s.program);
+      s.runner->Launch(ctx);
       if (!observer) continue;
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
