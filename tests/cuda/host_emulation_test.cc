@@ -1,0 +1,358 @@
+// The generated CUDA kernels, run on the host: each kernel's source is compiled as C++ by the
+// host compiler behind a small shim that defines the CUDA built-ins (thread and block indices,
+// __syncthreads as a barrier of real threads, warp shuffles through shared slots, float4, the
+// f16/bf16 conversions), and launched over a grid with one std::thread per CUDA thread. The
+// outputs are compared with what the CPU executor computes for the same node on the same
+// inputs. This checks what NVRTC cannot: that the generated indexing, broadcasting, row
+// reductions, GEMM-epilogue layouts, transposes and RoPE compute the right values, on a
+// machine without a GPU. Math functions are the host's libm (not CUDA's), so transcendental
+// results are compared within a tolerance; everything else must match bit for bit.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cuda/codegen.h"
+#include "graphfuse/thread_pool.h"
+#include "ir/text.h"
+#include "passes/pipeline.h"
+#include "runtime/executor.h"
+
+namespace graphfuse::cuda {
+namespace {
+
+constexpr const char* kShim = R"SHIM(
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static std::barrier<>* g_barrier = nullptr;
+#define __global__
+#define __launch_bounds__(n)
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __shared__ static
+static inline void __syncthreads() { g_barrier->arrive_and_wait(); }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static double g_shfl_d[1024];
+static float g_shfl_f[1024];
+static inline double __shfl_xor_sync(unsigned, double v, int o) {
+  g_shfl_d[threadIdx.x] = v; __syncthreads(); const double r = g_shfl_d[threadIdx.x ^ o]; __syncthreads(); return r;
+}
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+  g_shfl_f[threadIdx.x] = v; __syncthreads(); const float r = g_shfl_f[threadIdx.x ^ o]; __syncthreads(); return r;
+}
+static inline unsigned short host_f16_bits(float x) { _Float16 h = static_cast<_Float16>(x); unsigned short b; std::memcpy(&b, &h, 2); return b; }
+static inline float host_f16_value(unsigned short b) { _Float16 h; std::memcpy(&h, &b, 2); return static_cast<float>(h); }
+static inline unsigned short host_bf16_bits(float x) {
+  unsigned u; std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<unsigned short>(u >> 16);
+}
+)SHIM";
+
+// The CUDA-only lines of the prelude, and their host stand-ins.
+const std::pair<const char*, const char*> kHostLines[] = {
+    {"__forceinline__ unsigned short f16_bits(float x) {",
+     "__forceinline__ unsigned short f16_bits(float x) { return host_f16_bits(x); }"},
+    {"__forceinline__ float f16_value(unsigned short h) {",
+     "__forceinline__ float f16_value(unsigned short h) { return host_f16_value(h); }"},
+    {"__forceinline__ unsigned short bf16_bits(float x) {",
+     "__forceinline__ unsigned short bf16_bits(float x) { return host_bf16_bits(x); }"},
+};
+
+const char* ParamType(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kF16: return "gf::f16";
+    case DType::kBF16: return "gf::bf16";
+    case DType::kI32: return "int";
+    case DType::kI64: return "long long";
+    case DType::kBool: return "unsigned char";
+  }
+  return "float";
+}
+
+// A generated kernel built as a host shared object.
+class HostKernel {
+ public:
+  static Result<HostKernel> Build(const CudaKernelSource& k) {
+    std::string src = k.source;
+    for (const auto& [prefix, host] : kHostLines) {
+      const size_t at = src.find(prefix);
+      if (at == std::string::npos) return Internal("the prelude has no line starting '", prefix, "'");
+      src.replace(at, src.find('\n', at) - at, host);
+    }
+    std::string call = StrCat(k.name, "(");
+    size_t a = 0;
+    for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", ParamType(t), "*>(args[", a, "])"), ++a;
+    for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", ParamType(t), "*>(args[", a, "])"), ++a;
+    call += ")";
+    src = kShim + src + StrCat(R"(
+extern "C" void gf_host_launch(void** args, unsigned grid, unsigned block) {
+  gridDim.x = grid;
+  blockDim.x = block;
+  for (unsigned b = 0; b < grid; ++b) {
+    std::barrier<> bar(block);
+    g_barrier = &bar;
+    std::vector<std::thread> threads;
+    for (unsigned t = 0; t < block; ++t)
+      threads.emplace_back([=] { threadIdx.x = t; blockIdx.x = b; )", call, R"(; });
+    for (auto& th : threads) th.join();
+  }
+}
+)");
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "graphfuse_host_emulation";
+    std::filesystem::create_directories(dir);
+    const std::filesystem::path cc = dir / (k.name + ".cc"), so = dir / (k.name + ".so"), log = dir / (k.name + ".log");
+    std::ofstream(cc) << src;
+    const std::string cmd = StrCat("c++ -std=c++20 -O1 -march=native -ffp-contract=off -fPIC -shared -w -o ", so.string(),
+                                   " ", cc.string(), " > ", log.string(), " 2>&1");
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream l(log);
+      std::stringstream ss;
+      ss << l.rdbuf();
+      return Internal("host compile of ", k.name, " failed:\n", ss.str().substr(0, 3000));
+    }
+    HostKernel h;
+    h.handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h.handle_) return Internal("dlopen ", so.string(), ": ", dlerror());
+    h.launch_ = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(h.handle_, "gf_host_launch"));
+    if (!h.launch_) return Internal("no gf_host_launch in ", so.string());
+    return h;
+  }
+  void Launch(std::vector<void*> args, unsigned grid) const { launch_(args.data(), grid, kCudaBlockSize); }
+
+ private:
+  void* handle_ = nullptr;
+  void (*launch_)(void**, unsigned, unsigned) = nullptr;
+};
+
+// A node's inputs and outputs as the CPU executor sees them, on fresh random data.
+struct NodeRun {
+  std::vector<Tensor> in, out;
+};
+
+Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<Tensor> ins;
+  std::vector<TensorView> views;
+  for (const Value* v : g.inputs()) {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v->dtype(), v->shape()));
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.SetFromDouble(i, v->name() == "keep" ? ((rng() % 5) ? 1.25 : 0.0) : IsFloat(v->dtype()) ? u(rng) : double(rng() % 9));
+    ins.push_back(std::move(t));
+  }
+  for (const Tensor& t : ins) views.push_back(t.view());
+  GF_ASSIGN_OR_RETURN(auto plan, ExecutionPlan::Compile(g));
+  NodeRun run;
+  ExecutionPlan::StepObserver observe = [&](const Node& n, std::span<const TensorView> in,
+                                            std::span<const TensorView> out) -> Status {
+    if (&n != &target) return Status::Ok();
+    for (const TensorView& v : in) {
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
+      std::memcpy(t.data(), v.data, t.nbytes());
+      run.in.push_back(std::move(t));
+    }
+    for (const TensorView& v : out) {
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
+      std::memcpy(t.data(), v.data, t.nbytes());
+      run.out.push_back(std::move(t));
+    }
+    return Status::Ok();
+  };
+  std::vector<Tensor> outs;
+  std::vector<TensorView> out_views;
+  for (const Value* v : g.outputs()) outs.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+  for (const Tensor& t : outs) out_views.push_back(t.view());
+  GF_RETURN_IF_ERROR(plan->Run(views, out_views, CpuContext{}, &observe));
+  if (run.out.empty()) return Internal("node ", target.name(), " did not run");
+  return run;
+}
+
+// |got - want| <= atol + rtol * |want| everywhere (NaN only where want is NaN); returns the
+// worst |got - want|.
+double ExpectClose(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
+  double worst = 0;
+  int reported = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double a = got.GetAsDouble(i), b = want.GetAsDouble(i);
+    if (std::isnan(b) && std::isnan(a)) continue;
+    const double err = std::fabs(a - b);
+    worst = std::max(worst, std::isnan(err) ? INFINITY : err);
+    if (!(err <= atol + rtol * std::fabs(b)) && reported++ < 3)
+      ADD_FAILURE() << what << ": element " << i << " is " << a << ", the CPU gives " << b;
+  }
+  return worst;
+}
+
+struct Case {
+  const char* name;
+  const char* op;  // the node to run, after the pipeline
+  const char* ir;
+  double rtol;     // 0: bit for bit
+};
+
+const Case kCases[] = {
+    {"broadcast chain", "FusedElementwise", R"(graph @c(%x: f32[6,100], %y: f32[100], %s: f32[], %r: f32[6,1]) {
+  %0 = Add(%x, %y)
+  %1 = Mul(%0, %s)
+  %2 = Sub(%1, %r)
+  %3 = Relu(%2)
+  return %3
+})", 0},
+    {"f16 chain with gelu", "FusedElementwise", R"(graph @h(%x: f16[4,130], %b: f16[130], %y: f16[4,130]) {
+  %0 = Add(%x, %b)
+  %1 = Gelu(%0)
+  %2 = Mul(%1, %y)
+  return %2
+})", 2e-3},
+    {"dropout (Philox)", "FusedElementwise", R"(graph @d(%x: f32[8,64], %b: f32[64]) {
+  %0 = Add(%x, %b)
+  %1 = Dropout(%0) {alpha = 0.25, seed = 99, training = 1}
+  %2 = Neg(%1)
+  return %2
+})", 0},
+    {"rmsnorm", "RMSNorm", R"(graph @n(%x: f32[5,300], %w: f32[300]) {
+  %y = RMSNorm(%x, %w) {epsilon = 1e-6}
+  return %y
+})", 1e-6},
+    {"layernorm with stats", "LayerNormalization", R"(graph @n(%x: f32[3,520], %g: f32[520], %b: f32[520]) {
+  %y, %mean, %inv = LayerNormalization(%x, %g, %b) {epsilon = 1e-5}
+  return %y, %mean, %inv
+})", 1e-6},
+    {"residual rmsnorm", "FusedNorm", R"(graph @n(%x: f32[4,256], %r: f32[4,256], %w: f32[256]) {
+  %s = Add(%x, %r)
+  %y = RMSNorm(%s, %w) {epsilon = 1e-6}
+  return %y, %s
+})", 1e-6},
+    {"softmax", "Softmax", R"(graph @s(%x: f32[3,7,300]) {
+  %y = Softmax(%x) {axis = -1}
+  return %y
+})", 1e-5},
+    {"scale mask softmax dropout", "FusedSoftmax", R"(graph @a(%s: f32[2,2,16,40], %k: f32[], %m: f32[1,1,16,40], %keep: f32[2,2,16,40]) {
+  %0 = Mul(%s, %k)
+  %1 = Add(%0, %m)
+  %p = Softmax(%1) {axis = -1}
+  %d = Mul(%p, %keep)
+  return %d
+})", 1e-5},
+    {"rope", "Rope", R"(graph @r(%x: f32[1,3,10,16], %c: f32[10,16], %s: f32[10,16]) {
+  %y = Rope(%x, %c, %s)
+  return %y
+})", 0},
+    {"transpose", "Transpose", R"(graph @t(%x: f32[2,3,4,5]) {
+  %y = Transpose(%x) {perm = [0, 2, 3, 1]}
+  return %y
+})", 0},
+};
+
+TEST(CudaHostEmulation, GeneratedKernelsComputeWhatTheCpuComputes) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    auto g = ParseGraph(c.ir);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    PipelineOptions po;
+    ASSERT_TRUE(RunPipeline(**g, po).ok());
+    const Node* node = nullptr;
+    for (const auto& n : (*g)->nodes())
+      if (n->op() == c.op) node = n.get();
+    ASSERT_NE(node, nullptr) << PrintGraph(**g);
+    auto k = GenerateKernelForNode(*node);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    auto run = CaptureNode(**g, *node, 5);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    auto host = HostKernel::Build(*k);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    std::vector<Tensor> got;
+    std::vector<void*> args;
+    for (Tensor& t : run->in) args.push_back(t.data());
+    for (const Tensor& t : run->out) {
+      got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
+      std::memset(got.back().data(), 0xff, got.back().nbytes());  // NaN / -1 where nothing is written
+      args.push_back(got.back().data());
+    }
+    // Few blocks, so that grid-stride loops (and rows per block) wrap around.
+    host->Launch(args, 3);
+    for (size_t o = 0; o < got.size(); ++o)
+      ExpectClose(got[o], run->out[o], c.rtol, c.rtol == 0 ? 0 : 1e-6, StrCat(c.name, " output ", o));
+  }
+}
+
+// A FusedGemm's epilogue reads its projections as column blocks of the GEMM workspace: the
+// GEMM is done here on the host into that layout, then the generated epilogue runs on it.
+TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
+  // SwiGLU plus a residual: gate and up become one GEMM into an [M, 2N] workspace.
+  Graph g("swiglu");
+  const int64_t m = 6, kdim = 24, n = 40;
+  auto w = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {kdim, 2 * n}).value());
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < w->numel(); ++i) w->data_as<float>()[i] = u(rng);
+  Value* x = g.AddInput("x", DType::kF32, {m, kdim}).value();
+  Value* r = g.AddInput("r", DType::kF32, {m, n}).value();
+  auto wg = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {kdim, n}).value());
+  auto wu = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {kdim, n}).value());
+  for (int64_t i = 0; i < kdim; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      wg->data_as<float>()[i * n + j] = w->data_as<float>()[i * 2 * n + j];
+      wu->data_as<float>()[i * n + j] = w->data_as<float>()[i * 2 * n + n + j];
+    }
+  Value* gate = g.AddNode("MatMul", {x, g.AddConstant("wg", wg).value()}, {}, "gate").value()->output();
+  Value* up = g.AddNode("MatMul", {x, g.AddConstant("wu", wu).value()}, {}, "up").value()->output();
+  Value* s = g.AddNode("Silu", {gate}, {}, "silu").value()->output();
+  Value* p = g.AddNode("Mul", {s, up}, {}, "mul").value()->output();
+  Value* y = g.AddNode("Add", {p, r}, {}, "res").value()->output();
+  ASSERT_TRUE(g.MarkOutput(y).ok());
+  ASSERT_TRUE(RunPipeline(g).ok());
+  const Node* fg = nullptr;
+  for (const auto& nd : g.nodes())
+    if (nd->op() == "FusedGemm") fg = nd.get();
+  ASSERT_NE(fg, nullptr) << PrintGraph(g);
+  ASSERT_EQ(fg->GetInt("splits", 1), 2) << PrintGraph(g);
+  auto k = GenerateGemmEpilogueKernel(*fg);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  auto run = CaptureNode(g, *fg, 6);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  // The GEMM, in double, into the [M, S*N] workspace (no projection is a node output here).
+  const Tensor& a = run->in[0];
+  const Tensor& wt = run->in[1];
+  const int64_t S = 2, ldw = wt.shape()[1];
+  ASSERT_EQ(ldw, S * n);
+  std::vector<float> ws(static_cast<size_t>(m * S * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < S * n; ++j) {
+      double acc = 0;
+      for (int64_t q = 0; q < kdim; ++q) acc += double(a.data_as<float>()[i * kdim + q]) * wt.data_as<float>()[q * ldw + j];
+      ws[static_cast<size_t>(i * S * n + j)] = static_cast<float>(acc);
+    }
+  auto host = HostKernel::Build(*k);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  std::vector<void*> args = {ws.data(), ws.data() + n};
+  for (size_t i = 2; i < run->in.size(); ++i) args.push_back(run->in[i].data());
+  std::vector<Tensor> got;
+  for (const Tensor& t : run->out) {
+    got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
+    args.push_back(got.back().data());
+  }
+  host->Launch(args, 2);
+  for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
+}
+
+}  // namespace
+}  // namespace graphfuse::cuda
