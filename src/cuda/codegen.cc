@@ -374,6 +374,7 @@ Result<CudaKernelSource> GenerateKernelForNode(const Node& node) {
   if (op == "FusedGemm") return GenerateGemmEpilogueKernel(node);
   if (op == "Rope") return GenerateRopeKernel(node);
   if (op == "Transpose") return GenerateTransposeKernel(node);
+  if (op == "FusedAttention") return GenerateAttentionKernel(node);
   if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax")
     return GenerateRowKernel(node);
   if (node.op() == "FusedElementwise") {

@@ -64,6 +64,9 @@ Result<CudaKernelSource> GenerateKernelForNode(const Node& node);
 // row in registers, statistics in double as on the CPU. Parameters: the node's inputs then
 // its outputs, in node order.
 Result<CudaKernelSource> GenerateRowKernel(const Node& node);
+// FusedAttention (f32): one block per query row; parameters q, k, v, [mask], [cos, sin], out
+// as the node's inputs and output. Rows of at most 8192 keys.
+Result<CudaKernelSource> GenerateAttentionKernel(const Node& node);
 // Transpose (any dtype): parameters x, y.
 Result<CudaKernelSource> GenerateTransposeKernel(const Node& node);
 // Rope (rotate-half): parameters x, cos, sin, y.

@@ -1,6 +1,6 @@
 // CUDA C for the kernels around the GEMMs: row kernels (RMSNorm, LayerNormalization, Softmax,
-// and FusedNorm / FusedSoftmax with their elementwise bodies), RoPE, and the epilogue of a
-// FusedGemm; plus how each node of a plan runs on the GPU (PlanNodeForCuda).
+// and FusedNorm / FusedSoftmax with their elementwise bodies), attention, RoPE, transposes and
+// the epilogue of a FusedGemm; plus how each node of a plan runs on the GPU (PlanNodeForCuda).
 //
 // Row kernels: one thread block of kCudaBlockSize threads per row (grid-stride over rows). A
 // row's values stay in registers (kPer per thread), so a prologue is computed once, its extra
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "../ops/kernels/attention_layout.h"
 #include "../ops/kernels/rowwise_layout.h"
 #include "codegen.h"
 #include "codegen_internal.h"
@@ -400,6 +401,112 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
   return Finish(head, t, "transpose", x->dtype(), std::move(k));
 }
 
+// FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
+// (roped) query row goes to shared memory; each thread takes keys j = t, t + 256, ... and
+// forms scale * q.k_j (K roped on the fly) + mask_scale * mask; the row's max and sum of
+// exponentials are block reductions (sum in double); each thread then forms output columns as
+// sum_j p_j v_j[c] and scales them by 1/sum, written in the output layout. Scores of one row
+// live in shared memory: at most kMaxAttentionKeys keys.
+Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  GF_ASSIGN_OR_RETURN(kernels::Dims d, kernels::ReadDims(node.attrs(), where));
+  constexpr int64_t kMaxAttentionKeys = 8192, kMaxHeadDim = 1024;
+  if (d.sk > kMaxAttentionKeys || d.d > kMaxHeadDim)
+    return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",
+                         kMaxAttentionKeys, " keys, head_dim ", kMaxHeadDim, ")");
+  if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
+  for (const Value* v : node.inputs())
+    if (!v || v->dtype() != DType::kF32) return Unimplemented(where, ": f32 operands only");
+  const kernels::HeadAccess qa = kernels::Access(d.q, d, d.s, d.d), ka = kernels::Access(d.k, d, d.sk, d.d),
+                            va = kernels::Access(d.v, d, d.sk, d.dv), oa = kernels::Access(d.out, d, d.s, d.dv);
+  const bool kt = d.k == kernels::Layout::kBHDS;  // K^T laid out [d, Sk] per head
+  size_t next = 3;
+  std::vector<int64_t> ms, cq, ck;
+  if (d.mask) ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
+  if (d.rope_q || d.rope_k) {
+    cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
+    ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.sk, d.d});
+  }
+  const float scale = node.GetFloat("scale", 1.f), mask_scale = node.GetFloat("mask_scale", 1.f);
+  CudaKernelSource k;
+  k.num_elements = d.b * d.h * d.s * d.dv;
+  k.row_kernel = true;
+  k.scalar_work_items = d.b * d.h * d.s;  // one block per query row
+  for (const Value* v : node.inputs()) k.input_dtypes.push_back(v->dtype());
+  k.output_dtypes = {DType::kF32};
+
+  std::string head = kDevicePrelude;
+  head += kRowPrelude;
+  head += "\n}  // namespace gf\n\n";
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  std::string t = "(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v";
+  if (d.mask) t += ", const float* __restrict__ mask";
+  if (d.rope_q || d.rope_k) t += ", const float* __restrict__ cs, const float* __restrict__ sn";
+  t += ", float* __restrict__ out) {\n";
+  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
+              "LL, kHalf = ", d.d / 2, "LL;\n");
+  t += StrCat("  __shared__ float qs[", std::max<int64_t>(d.d, 1), "];\n  __shared__ float ps[", std::max<int64_t>(d.sk, 1),
+              "];\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");
+  t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
+  t += StrCat("    const float* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h, "LL + r * ", qa.row_stride,
+              "LL;\n");
+  t += StrCat("    const float* kh = k + b * ", ka.head_stride_b, "LL + h * ", ka.head_stride_h, "LL;\n");
+  t += StrCat("    const float* vh = v + b * ", va.head_stride_b, "LL + h * ", va.head_stride_h, "LL;\n");
+  t += StrCat("    float* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
+              "LL;\n");
+  // The query row (roped: x*cos + rotate_half(x)*sin, each product rounded, then the add).
+  t += "    __syncthreads();  // the previous row's readers are done with qs and ps\n";
+  t += StrCat("    for (long long c = threadIdx.x; c < kD; c += ", kCudaBlockSize, ") {\n");
+  if (d.rope_q) {
+    t += StrCat("      const long long co = b * ", cq[0], "LL + h * ", cq[1], "LL + r * ", cq[2], "LL + c * ", cq[3], "LL;\n");
+    t += "      const float x2 = c < kHalf ? -qh[c + kHalf] : qh[c - kHalf];\n";
+    t += "      const float a = qh[c] * cs[co];\n      const float s = x2 * sn[co];\n      qs[c] = a + s;\n";
+  } else {
+    t += "      qs[c] = qh[c];\n";
+  }
+  t += "    }\n    __syncthreads();\n";
+  // Scores.
+  t += "    float m = -__int_as_float(0x7f800000);\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
+  t += "      float acc = 0.f;\n";
+  if (d.rope_k) {
+    t += StrCat("      const float* kr = kh + j * ", ka.row_stride, "LL;\n");
+    t += StrCat("      const long long co = b * ", ck[0], "LL + h * ", ck[1], "LL + j * ", ck[2], "LL;\n");
+    t += "      for (long long c = 0; c < kD; ++c) {\n";
+    t += StrCat("        const float x2 = c < kHalf ? -kr[c + kHalf] : kr[c - kHalf];\n");
+    t += StrCat("        const float a = kr[c] * cs[co + c * ", ck[3], "LL];\n");
+    t += StrCat("        const float s = x2 * sn[co + c * ", ck[3], "LL];\n");
+    t += "        acc += qs[c] * (a + s);\n      }\n";
+  } else if (kt) {
+    t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * kh[c * ", ka.row_stride, "LL + j];\n");
+  } else {
+    t += StrCat("      const float* kr = kh + j * ", ka.row_stride, "LL;\n");
+    t += "      for (long long c = 0; c < kD; ++c) acc += qs[c] * kr[c];\n";
+  }
+  t += StrCat("      float sc = ", FloatLiteral(scale), " * acc;\n");
+  if (d.mask) {
+    const std::string moff = StrCat("b * ", ms[0], "LL + h * ", ms[1], "LL + r * ", ms[2], "LL + j * ", ms[3], "LL");
+    t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
+                           : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
+  }
+  t += "      ps[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
+  t += "    m = gf::block_max(m);\n";
+  t += "    double sum = 0;\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
+  t += "      const float e = expf(ps[j] - m);\n      ps[j] = e;\n      sum += e;\n    }\n";
+  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));  // also orders ps's writes before the reads\n";
+  t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
+  t += "      float o = 0.f;\n";
+  t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ps[j] * vh[j * ", va.row_stride, "LL + c];\n");
+  t += "      oh[c] = o * inv;\n    }\n  }\n}\n";
+  std::string base = "attention";
+  if (d.rope_q || d.rope_k) base += "_rope";
+  if (d.mask) base += "_mask";
+  base += StrCat("_h", d.h, "_d", d.d);
+  return Finish(head, t, base, DType::kF32, std::move(k));
+}
+
 namespace {
 
 // Where a FusedGemm's projection s is read by its epilogue: the node output that IS it (rows
@@ -467,6 +574,13 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
   if (op == "MatMul" || op == "Gemm") {
     p.path = CudaPath::kCublas;
     p.what = "cuBLAS GEMM";
+    return p;
+  }
+  if (op == "FusedAttention") {
+    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateAttentionKernel(node));
+    p.path = CudaPath::kKernel;
+    p.what = "generated attention kernel";
+    p.kernels.push_back(std::move(k));
     return p;
   }
   if (op == "FusedGemm") {

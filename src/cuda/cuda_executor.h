@@ -6,9 +6,9 @@
 // the backend still runs on machines without a GPU); GEMMs go to cuBLAS, or to cuBLASLt with
 // its bias / ReLU / GELU-tanh epilogue where that enum computes the group exactly; a FusedGemm
 // epilogue it does not cover runs as one generated kernel right after the GEMM. A fused node
-// with no CUDA kernel of its own (FusedAttention today) runs its "reference" graph, each op by
-// its own path; an op with no CUDA path at all runs on the host between copies (reported, and
-// refused under CUDA-graph capture). Every value gets one device buffer (views share their
+// whose kernel cannot be generated (say, attention over more keys than the generated kernel
+// holds) runs its "reference" graph, each op by its own path; an op with no CUDA path at all
+// runs on the host between copies (reported, and refused under CUDA-graph capture). Every value gets one device buffer (views share their
 // input's); constants are uploaded once.
 //
 // Run(): inputs host -> device, the launches on one stream (or the whole plan replayed as one

@@ -20,7 +20,9 @@
 #include "cuda/codegen.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
+#include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/blocks.h"
 #include "runtime/executor.h"
 
 namespace graphfuse::cuda {
@@ -352,6 +354,68 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
   }
   host->Launch(args, 2);
   for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
+}
+
+// The attention kernel of each exported block (LLaMA: RoPE and a causal mask; GPT-2: causal
+// mask, q/k/v from one GEMM; BERT: padding mask) against the CPU's FusedAttention.
+TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
+  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  int checked = 0;
+  for (const char* name : {"llama_block_opset17", "gpt2_block_opset17", "bert_layer_opset13"}) {
+    SCOPED_TRACE(name);
+    auto g = ImportOnnxFile((models / name / "model.onnx").string());
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_TRUE(RunPipeline(**g).ok());
+    const Node* att = nullptr;
+    for (const auto& n : (*g)->nodes())
+      if (n->op() == "FusedAttention") att = n.get();
+    ASSERT_NE(att, nullptr);
+    auto k = GenerateKernelForNode(*att);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    auto run = CaptureNode(**g, *att, 12);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    auto host = HostKernel::Build(*k);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    std::vector<void*> args;
+    for (Tensor& t : run->in) args.push_back(t.data());
+    Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
+    args.push_back(got.data());
+    host->Launch(args, 5);
+    const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, StrCat(name, " attention"));
+    std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", name, k->name.c_str(), worst);
+    ++checked;
+  }
+  // The llama-small demo block at 264 positions: more keys than threads per block, 8 heads of 64.
+  {
+    ThreadPool pool(2);
+    auto cfg = BlockPreset("llama-small");
+    ASSERT_TRUE(cfg.ok());
+    cfg->seq = 264;
+    auto w = MakeBlockWeights(*cfg, 3, CpuContext{&pool});
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    Graph g("llama-small");
+    ASSERT_TRUE(BuildBlock(g, *cfg, *w).ok());
+    ASSERT_TRUE(RunPipeline(g).ok());
+    const Node* att = nullptr;
+    for (const auto& n : g.nodes())
+      if (n->op() == "FusedAttention") att = n.get();
+    ASSERT_NE(att, nullptr);
+    auto k = GenerateKernelForNode(*att);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    auto run = CaptureNode(g, *att, 13);
+    ASSERT_TRUE(run.ok()) << run.status().ToString();
+    auto host = HostKernel::Build(*k);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    std::vector<void*> args;
+    for (Tensor& t : run->in) args.push_back(t.data());
+    Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
+    args.push_back(got.data());
+    host->Launch(args, 7);
+    const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, "llama-small seq 264 attention");
+    std::printf("[ emulated ] llama-small seq 264: %s, max |err| vs CPU %.2g\n", k->name.c_str(), worst);
+    ++checked;
+  }
+  EXPECT_EQ(checked, 4);
 }
 
 }  // namespace

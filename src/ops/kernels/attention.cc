@@ -30,15 +30,11 @@
 #include <vector>
 
 #include "cpu/simd.h"
+#include "attention_layout.h"
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
-namespace {
 
-using simd::kLanes;
-using simd::VF;
-
-enum class Layout { kBSHD, kBHSD, kBHDS };
 
 Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::string& where, const char* which) {
   if (s == "bshd") return Layout::kBSHD;
@@ -47,15 +43,6 @@ Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::str
   return InvalidArgument(where, ": ", which, " '", s, "' is not a layout this op reads (bshd, bhsd",
                          allow_bhds ? ", bhds" : "", ")");
 }
-
-// The problem as the attributes describe it.
-struct Dims {
-  int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
-  Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
-  bool mask = false, rope_q = false, rope_k = false;
-  Shape out_shape;
-  int num_inputs() const { return 3 + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
-};
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   Dims d;
@@ -82,6 +69,20 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   d.out_shape = AttrInts(a, "output_shape", {});
   return d;
 }
+
+HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
+  switch (l) {
+    case Layout::kBSHD: return {rows * d.h * cols, cols, d.h * cols};
+    case Layout::kBHSD: return {d.h * rows * cols, rows * cols, cols};
+    case Layout::kBHDS: return {d.h * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
+  }
+  return {0, 0, 0};
+}
+
+namespace {
+
+using simd::kLanes;
+using simd::VF;
 
 // Shape checks shared by inference and the kernel.
 Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
@@ -145,19 +146,6 @@ Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
   }
   GF_RETURN_IF_ERROR(CheckOperands(d, dtypes, shapes, ctx.Describe()));
   return std::vector<ValueType>{{DType::kF32, d.out_shape}};
-}
-
-// Where head (b, h) of an operand starts and how far apart its rows are.
-struct HeadAccess {
-  int64_t head_stride_b, head_stride_h, row_stride;
-};
-HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
-  switch (l) {
-    case Layout::kBSHD: return {rows * d.h * cols, cols, d.h * cols};
-    case Layout::kBHSD: return {d.h * rows * cols, rows * cols, cols};
-    case Layout::kBHDS: return {d.h * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
-  }
-  return {0, 0, 0};
 }
 
 // dst[r] = rope(src row r) for `rows` rows; cos/sin rows are located through broadcast strides

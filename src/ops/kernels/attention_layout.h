@@ -1,0 +1,31 @@
+// How a FusedAttention node's attributes describe its problem (the layouts of Q, K, V and the
+// output, sizes, mask and RoPE flags), shared by the CPU kernel (attention.cc) and the CUDA code
+// generator.
+#pragma once
+
+#include <string>
+
+#include "graphfuse/graph.h"
+
+namespace graphfuse::kernels {
+
+enum class Layout { kBSHD, kBHSD, kBHDS };
+
+// The problem as the attributes describe it.
+struct Dims {
+  int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+  Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
+  bool mask = false, rope_q = false, rope_k = false;
+  Shape out_shape;
+  int num_inputs() const { return 3 + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
+};
+
+Result<Dims> ReadDims(const AttributeMap& a, const std::string& where);
+
+// Where head (b, h) of an operand starts and how far apart its rows are.
+struct HeadAccess {
+  int64_t head_stride_b, head_stride_h, row_stride;
+};
+HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols);
+
+}  // namespace graphfuse::kernels
