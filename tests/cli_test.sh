@@ -61,6 +61,12 @@ check explain 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dot /tm
 grep -q "subgraph cluster_" /tmp/graphfuse_plan.dot || { echo "FAIL explain --dot has no group clusters"; fail=1; }
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_plan.json')); assert j['groups'] and j['refusals'], j" \
   || { echo "FAIL explain --json lacks groups or refusals"; fail=1; }
+if "$GF" --help | grep -q -- "--cuda-src" && "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --cuda-src /tmp/graphfuse_cuda_src > /tmp/graphfuse_cuda_plan.txt 2>&1; then
+  grep -q "generated attention kernel" /tmp/graphfuse_cuda_plan.txt && ls /tmp/graphfuse_cuda_src/attention_*.cu > /dev/null \
+    && echo "ok   explain-cuda-src" || { echo "FAIL explain --cuda-src: no attention kernel or no sources"; fail=1; }
+elif ! grep -q "no CUDA backend" /tmp/graphfuse_cuda_plan.txt; then
+  echo "FAIL explain --cuda-src"; cat /tmp/graphfuse_cuda_plan.txt; fail=1
+fi
 check bench-preset 0 "$GF" bench --preset chain --elements 8192 --repeats 3 --json /tmp/graphfuse_bench.json
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench.json')); assert set(j['gbps']) == {'unfused','fused','triad'} and j['kernels_fused'] == 1, j" \
   || { echo "FAIL bench --json lacks gbps or kernel counts"; fail=1; }

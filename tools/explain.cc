@@ -1,6 +1,8 @@
 // `graphfuse explain MODEL.onnx`: the fusion plan without running anything: groups, their
-// member nodes and kernel names, every refused fusion with its reason code.
+// member nodes and kernel names, every refused fusion with its reason code; with --cuda-src,
+// how each node would run on a GPU and the CUDA source generated for it (no GPU needed).
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -9,11 +11,14 @@
 #include "ir/text.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#ifdef GF_HAVE_CUDA
+#include "cuda/codegen.h"
+#endif
 
 namespace graphfuse::cli {
 
 int Explain(Args& args) {
-  std::string model, dot, json;
+  std::string model, dot, json, cuda_src;
   bool print_ir = false;
   FusionOptions fusion;
   auto fail = [](const Status& s) {
@@ -22,10 +27,10 @@ int Explain(Args& args) {
   };
   while (!args.Done()) {
     const std::string f = args.Next();
-    if (f == "--dot" || f == "--json") {
+    if (f == "--dot" || f == "--json" || f == "--cuda-src") {
       auto v = args.Value(f);
       if (!v.ok()) return fail(v.status());
-      (f == "--dot" ? dot : json) = *v;
+      (f == "--dot" ? dot : f == "--json" ? json : cuda_src) = *v;
     } else if (f == "--print-ir") {
       print_ir = true;
     } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
@@ -56,6 +61,35 @@ int Explain(Args& args) {
     std::ofstream f(dot);
     f << FusionDot(**g, report);
     if (!f) return fail(InvalidArgument("cannot write --dot file '", dot, "'"));
+  }
+  if (!cuda_src.empty()) {
+#ifdef GF_HAVE_CUDA
+    std::error_code ec;
+    std::filesystem::create_directories(cuda_src, ec);
+    if (ec) return fail(InvalidArgument("--cuda-src: cannot create directory '", cuda_src, "': ", ec.message()));
+    std::printf("\nCUDA plan (sources in %s):\n", cuda_src.c_str());
+    int files = 0;
+    for (const auto& n : (*g)->nodes()) {
+      auto plan = cuda::PlanNodeForCuda(*n);
+      if (!plan.ok()) {
+        std::printf("  %-28s %s\n", n->name().c_str(), plan.status().message().c_str());
+        continue;
+      }
+      std::string kernels;
+      for (const cuda::CudaKernelSource& k : plan->kernels) {
+        const std::filesystem::path file = std::filesystem::path(cuda_src) / (k.name + ".cu");
+        std::ofstream out(file);
+        out << k.source;
+        if (!out) return fail(InvalidArgument("--cuda-src: cannot write '", file.string(), "'"));
+        kernels += " " + k.name;
+        ++files;
+      }
+      std::printf("  %-28s %s%s\n", n->name().c_str(), plan->what.c_str(), kernels.c_str());
+    }
+    std::printf("%d kernel source(s) written\n", files);
+#else
+    return fail(Unimplemented("--cuda-src: this build has no CUDA backend (no CUDA toolkit when it was built)"));
+#endif
   }
   if (!json.empty()) {
     Json j;

@@ -92,10 +92,12 @@ commands:
         with NVRTC, cuBLAS / cuBLASLt GEMMs; --cuda-graph replays it as one CUDA graph),
         compares its outputs with the CPU's and reports the GPU's; exits 2 when there is no
         device or the build has no CUDA toolkit
-  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [fusion flags]
+  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
         the fusion plan: groups, member nodes, kernel names, every refusal with its reason
         code; --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
-        every pass
+        every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
+        cuBLAS, cuBLASLt epilogue, view) and writes every generated kernel's CUDA source to
+        DIR (no GPU needed)
 
 fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, default 24),
               --exclude NAME (a node, or a group "fused_<k>" of a previous plan; repeatable)

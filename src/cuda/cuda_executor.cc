@@ -334,9 +334,27 @@ struct CudaExecutor::Impl {
     if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone)
       return PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
 
-    // Where projection s goes: the node output that IS it, else the workspace.
+    // Every projection a node output of its own (q/k/v): the outputs get one [S, M, N] block,
+    // so that one strided-batched GEMM writes all of them.
     std::vector<float*> dst(static_cast<size_t>(splits), nullptr);
     std::vector<int64_t> ld(static_cast<size_t>(splits), splits * nn);
+    bool batched = plan.path == CudaPath::kCublas && splits > 1 && static_cast<int64_t>(out_proj.size()) == splits;
+    for (size_t o = 0; o < out_proj.size() && batched; ++o)
+      batched = out_proj[o] == static_cast<int64_t>(o) && !dev.count(n.output(o));
+    if (batched) {
+      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(splits * m * nn) * 4, StrCat(n.name(), " outputs")));
+      for (int64_t s = 0; s < splits; ++s) dev[n.output(static_cast<size_t>(s))] = static_cast<float*>(p) + s * m * nn;
+      float* c = static_cast<float*>(p);
+      if (m * nn > 0) {
+        steps.push_back({n.name(), [=](cudaStream_t) {
+                           return RowMajorSgemm(h, m, nn, k, A, k, 0, W, splits * nn, nn, c, nn, m * nn, splits, where);
+                         }});
+        ++stats.launches, ++stats.cublas;
+      }
+      lines.push_back(StrCat(n.name(), ": ", plan.what, " (strided-batched over the ", splits, " projections)"));
+      return Status::Ok();
+    }
+    // Otherwise: projection s goes to the node output that IS it, else the workspace.
     for (size_t o = 0; o < out_proj.size(); ++o)
       if (out_proj[o] >= 0) {
         GF_ASSIGN_OR_RETURN(void* p, Buffer(n.output(o)));
