@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "cuda/codegen.h"
+#include "cuda/host_emulation.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
 #include "onnx/import.h"
@@ -28,121 +29,7 @@
 namespace graphfuse::cuda {
 namespace {
 
-constexpr const char* kShim = R"SHIM(
-#include <barrier>
-#include <cmath>
-#include <cstdint>
-#include <cstring>
-#include <thread>
-#include <vector>
-struct dim3 { unsigned x = 1, y = 1, z = 1; };
-struct alignas(16) float4 { float x, y, z, w; };
-static thread_local dim3 threadIdx, blockIdx;
-static dim3 blockDim, gridDim;
-static std::barrier<>* g_barrier = nullptr;
-#define __global__
-#define __launch_bounds__(n)
-#define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
-#define __restrict__ __restrict
-#define __shared__ static
-static inline void __syncthreads() { g_barrier->arrive_and_wait(); }
-static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
-static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
-static double g_shfl_d[1024];
-static float g_shfl_f[1024];
-static inline double __shfl_xor_sync(unsigned, double v, int o) {
-  g_shfl_d[threadIdx.x] = v; __syncthreads(); const double r = g_shfl_d[threadIdx.x ^ o]; __syncthreads(); return r;
-}
-static inline float __shfl_xor_sync(unsigned, float v, int o) {
-  g_shfl_f[threadIdx.x] = v; __syncthreads(); const float r = g_shfl_f[threadIdx.x ^ o]; __syncthreads(); return r;
-}
-static inline unsigned short host_f16_bits(float x) { _Float16 h = static_cast<_Float16>(x); unsigned short b; std::memcpy(&b, &h, 2); return b; }
-static inline float host_f16_value(unsigned short b) { _Float16 h; std::memcpy(&h, &b, 2); return static_cast<float>(h); }
-static inline unsigned short host_bf16_bits(float x) {
-  unsigned u; std::memcpy(&u, &x, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<unsigned short>(u >> 16);
-}
-)SHIM";
 
-// The CUDA-only lines of the prelude, and their host stand-ins.
-const std::pair<const char*, const char*> kHostLines[] = {
-    {"__forceinline__ unsigned short f16_bits(float x) {",
-     "__forceinline__ unsigned short f16_bits(float x) { return host_f16_bits(x); }"},
-    {"__forceinline__ float f16_value(unsigned short h) {",
-     "__forceinline__ float f16_value(unsigned short h) { return host_f16_value(h); }"},
-    {"__forceinline__ unsigned short bf16_bits(float x) {",
-     "__forceinline__ unsigned short bf16_bits(float x) { return host_bf16_bits(x); }"},
-};
-
-const char* ParamType(DType t) {
-  switch (t) {
-    case DType::kF32: return "float";
-    case DType::kF16: return "gf::f16";
-    case DType::kBF16: return "gf::bf16";
-    case DType::kI32: return "int";
-    case DType::kI64: return "long long";
-    case DType::kBool: return "unsigned char";
-  }
-  return "float";
-}
-
-// A generated kernel built as a host shared object.
-class HostKernel {
- public:
-  static Result<HostKernel> Build(const CudaKernelSource& k) {
-    std::string src = k.source;
-    for (const auto& [prefix, host] : kHostLines) {
-      const size_t at = src.find(prefix);
-      if (at == std::string::npos) return Internal("the prelude has no line starting '", prefix, "'");
-      src.replace(at, src.find('\n', at) - at, host);
-    }
-    std::string call = StrCat(k.name, "(");
-    size_t a = 0;
-    for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", ParamType(t), "*>(args[", a, "])"), ++a;
-    for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", ParamType(t), "*>(args[", a, "])"), ++a;
-    call += ")";
-    src = kShim + src + StrCat(R"(
-extern "C" void gf_host_launch(void** args, unsigned grid, unsigned block) {
-  gridDim.x = grid;
-  blockDim.x = block;
-  for (unsigned b = 0; b < grid; ++b) {
-    std::barrier<> bar(block);
-    g_barrier = &bar;
-    std::vector<std::thread> threads;
-    for (unsigned t = 0; t < block; ++t)
-      threads.emplace_back([=] { threadIdx.x = t; blockIdx.x = b; )", call, R"(; });
-    for (auto& th : threads) th.join();
-  }
-}
-)");
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "graphfuse_host_emulation";
-    std::filesystem::create_directories(dir);
-    const std::filesystem::path cc = dir / (k.name + ".cc"), so = dir / (k.name + ".so"), log = dir / (k.name + ".log");
-    std::ofstream(cc) << src;
-    const std::string cmd = StrCat("c++ -std=c++20 -O1 -march=native -ffp-contract=off -fPIC -shared -w -o ", so.string(),
-                                   " ", cc.string(), " > ", log.string(), " 2>&1");
-    if (std::system(cmd.c_str()) != 0) {
-      std::ifstream l(log);
-      std::stringstream ss;
-      ss << l.rdbuf();
-      return Internal("host compile of ", k.name, " failed:\n", ss.str().substr(0, 3000));
-    }
-    HostKernel h;
-    h.handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!h.handle_) return Internal("dlopen ", so.string(), ": ", dlerror());
-    h.launch_ = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(h.handle_, "gf_host_launch"));
-    if (!h.launch_) return Internal("no gf_host_launch in ", so.string());
-    return h;
-  }
-  void Launch(std::vector<void*> args, unsigned grid) const { launch_(args.data(), grid, kCudaBlockSize); }
-
- private:
-  void* handle_ = nullptr;
-  void (*launch_)(void**, unsigned, unsigned) = nullptr;
-};
 
 // A node's inputs and outputs as the CPU executor sees them, on fresh random data.
 struct NodeRun {
@@ -290,7 +177,7 @@ TEST(CudaHostEmulation, GeneratedKernelsComputeWhatTheCpuComputes) {
       args.push_back(got.back().data());
     }
     // Few blocks, so that grid-stride loops (and rows per block) wrap around.
-    host->Launch(args, 3);
+    (*host)->Launch(args, 3);
     for (size_t o = 0; o < got.size(); ++o)
       ExpectClose(got[o], run->out[o], c.rtol, c.rtol == 0 ? 0 : 1e-6, StrCat(c.name, " output ", o));
   }
@@ -352,7 +239,7 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
     got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
     args.push_back(got.back().data());
   }
-  host->Launch(args, 2);
+  (*host)->Launch(args, 2);
   for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
 }
 
@@ -380,7 +267,7 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
     for (Tensor& t : run->in) args.push_back(t.data());
     Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
     args.push_back(got.data());
-    host->Launch(args, 5);
+    (*host)->Launch(args, 5);
     const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, StrCat(name, " attention"));
     std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", name, k->name.c_str(), worst);
     ++checked;
@@ -410,7 +297,7 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
     for (Tensor& t : run->in) args.push_back(t.data());
     Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
     args.push_back(got.data());
-    host->Launch(args, 7);
+    (*host)->Launch(args, 7);
     const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, "llama-small seq 264 attention");
     std::printf("[ emulated ] llama-small seq 264: %s, max |err| vs CPU %.2g\n", k->name.c_str(), worst);
     ++checked;

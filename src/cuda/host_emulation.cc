@@ -1,0 +1,148 @@
+#include "host_emulation.h"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace graphfuse::cuda {
+namespace {
+
+// Part of the shared objects' names: bump when the shim changes, so that none built with an
+// older one is reused.
+constexpr const char* kShimVersion = "_h1";
+
+constexpr const char* kShim = R"SHIM(
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct alignas(16) float4 { float x, y, z, w; };
+static thread_local dim3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
+static std::barrier<>* g_barrier = nullptr;
+#define __global__
+#define __launch_bounds__(n)
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __shared__ static
+static inline void __syncthreads() { g_barrier->arrive_and_wait(); }
+static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+static double g_shfl_d[1024];
+static float g_shfl_f[1024];
+static inline double __shfl_xor_sync(unsigned, double v, int o) {
+  g_shfl_d[threadIdx.x] = v; __syncthreads(); const double r = g_shfl_d[threadIdx.x ^ o]; __syncthreads(); return r;
+}
+static inline float __shfl_xor_sync(unsigned, float v, int o) {
+  g_shfl_f[threadIdx.x] = v; __syncthreads(); const float r = g_shfl_f[threadIdx.x ^ o]; __syncthreads(); return r;
+}
+static inline unsigned short host_f16_bits(float x) { _Float16 h = static_cast<_Float16>(x); unsigned short b; std::memcpy(&b, &h, 2); return b; }
+static inline float host_f16_value(unsigned short b) { _Float16 h; std::memcpy(&h, &b, 2); return static_cast<float>(h); }
+static inline unsigned short host_bf16_bits(float x) {
+  unsigned u; std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<unsigned short>(u >> 16);
+}
+)SHIM";
+
+// The CUDA-only lines of the prelude, and their host stand-ins.
+const std::pair<const char*, const char*> kHostLines[] = {
+    {"__forceinline__ unsigned short f16_bits(float x) {",
+     "__forceinline__ unsigned short f16_bits(float x) { return host_f16_bits(x); }"},
+    {"__forceinline__ float f16_value(unsigned short h) {",
+     "__forceinline__ float f16_value(unsigned short h) { return host_f16_value(h); }"},
+    {"__forceinline__ unsigned short bf16_bits(float x) {",
+     "__forceinline__ unsigned short bf16_bits(float x) { return host_bf16_bits(x); }"},
+};
+
+const char* ParamType(DType t) {
+  switch (t) {
+    case DType::kF32: return "float";
+    case DType::kF16: return "gf::f16";
+    case DType::kBF16: return "gf::bf16";
+    case DType::kI32: return "int";
+    case DType::kI64: return "long long";
+    case DType::kBool: return "unsigned char";
+  }
+  return "float";
+}
+
+}  // namespace
+
+Result<std::shared_ptr<HostKernel>> HostKernel::Build(const CudaKernelSource& k, const std::string& root) {
+  std::string src = k.source;
+  for (const auto& [prefix, host] : kHostLines) {
+    const size_t at = src.find(prefix);
+    if (at == std::string::npos) return Internal("the prelude has no line starting '", prefix, "'");
+    src.replace(at, src.find('\n', at) - at, host);
+  }
+  std::string call = StrCat(k.name, "(");
+  size_t a = 0;
+  for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", ParamType(t), "*>(args[", a, "])"), ++a;
+  for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", ParamType(t), "*>(args[", a, "])"), ++a;
+  call += ")";
+  src = kShim + src + StrCat(R"(
+extern "C" void gf_host_launch(void** args, unsigned grid, unsigned block) {
+gridDim.x = grid;
+blockDim.x = block;
+for (unsigned b = 0; b < grid; ++b) {
+  std::barrier<> bar(block);
+  g_barrier = &bar;
+  std::vector<std::thread> threads;
+  for (unsigned t = 0; t < block; ++t)
+    threads.emplace_back([=] { threadIdx.x = t; blockIdx.x = b; )", call, R"(; });
+  for (auto& th : threads) th.join();
+}
+}
+)");
+  const std::filesystem::path dir =
+      root.empty() ? std::filesystem::temp_directory_path() / "graphfuse_host_emulation" : std::filesystem::path(root);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Internal("host emulation: cannot create '", dir.string(), "': ", ec.message());
+  const std::string stem = k.name + kShimVersion, unique = StrCat(".", getpid(), ".", std::rand());
+  const std::filesystem::path so = dir / (stem + ".so");
+  if (!std::filesystem::exists(so)) {
+    // Built under a unique name, then renamed: concurrent builders never see a partial file.
+    const std::filesystem::path cc = dir / (stem + unique + ".cc"), tmp = dir / (stem + unique + ".so"),
+                                log = dir / (stem + unique + ".log");
+    std::ofstream(cc) << src;
+    const std::string cmd = StrCat("c++ -std=c++20 -O1 -march=native -ffp-contract=off -fPIC -shared -w -o ",
+                                   tmp.string(), " ", cc.string(), " > ", log.string(), " 2>&1");
+    if (std::system(cmd.c_str()) != 0) {
+      std::ifstream l(log);
+      std::stringstream ss;
+      ss << l.rdbuf();
+      return Internal("host compile of ", k.name, " failed:\n", ss.str().substr(0, 3000));
+    }
+    std::filesystem::rename(tmp, so, ec);
+    if (ec) return Internal("host emulation: cannot rename '", tmp.string(), "': ", ec.message());
+    std::filesystem::remove(cc, ec);
+    std::filesystem::remove(log, ec);
+  }
+  std::shared_ptr<HostKernel> h(new HostKernel());
+  h->handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!h->handle_) return Internal("dlopen ", so.string(), ": ", dlerror());
+  h->launch_ = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(h->handle_, "gf_host_launch"));
+  if (!h->launch_) return Internal("no gf_host_launch in ", so.string());
+  return h;
+}
+
+HostKernel::~HostKernel() {
+  if (handle_) dlclose(handle_);
+}
+
+void HostKernel::Launch(std::vector<void*> args, unsigned grid, unsigned block) const {
+  launch_(args.data(), grid, block);
+}
+
+}  // namespace graphfuse::cuda
