@@ -72,6 +72,10 @@ python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench.json')); assert 
   || { echo "FAIL bench --json lacks gbps or kernel counts"; fail=1; }
 check bench-unknown-preset 2 "$GF" bench --preset nope
 check run-no-model 2 "$GF" run
+if "$GF" --help | grep -q -- "--emulate-gpu"; then
+  check run-emulated-gpu 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda --emulate-gpu
+  echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --emulate-gpu: no agreement with the CPU"; echo "$LAST"; fail=1; }
+fi
 check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
 # with a GPU, the GPU's outputs agree with the CPU's.

@@ -81,7 +81,7 @@ commands:
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
   run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE]
-                 [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [fusion flags]
+                 [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
         imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
         subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
         GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU on DIR/input_<i>.pb (random
@@ -91,7 +91,9 @@ commands:
         that differs. --backend cuda runs the same plan on GPU 0 (generated kernels compiled
         with NVRTC, cuBLAS / cuBLASLt GEMMs; --cuda-graph replays it as one CUDA graph),
         compares its outputs with the CPU's and reports the GPU's; exits 2 when there is no
-        device or the build has no CUDA toolkit
+        device or the build has no CUDA toolkit. --emulate-gpu runs that same CUDA plan on the
+        host instead (generated kernels compiled as C++ by `c++`, one thread per CUDA thread;
+        slow, no GPU needed): a check of the plan and of every generated kernel
   explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
         the fusion plan: groups, member nodes, kernel names, every refusal with its reason
         code; --dot writes Graphviz with groups as clusters; --print-ir prints the IR after

@@ -26,7 +26,7 @@ struct RunOptions {
   std::string model, data, json, backend = "cpu";
   double rtol = 1e-4, atol = 1e-5;
   int threads = 0;
-  bool check_fusion = false, cuda_graph = false;
+  bool check_fusion = false, cuda_graph = false, emulate_gpu = false;
   FusionOptions fusion;
 };
 
@@ -60,6 +60,8 @@ Result<RunOptions> ParseRun(Args& args) {
       o.check_fusion = true;
     } else if (f == "--cuda-graph") {
       o.cuda_graph = true;
+    } else if (f == "--emulate-gpu") {
+      o.emulate_gpu = true;
     } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
       return fusion_flag.status();
     } else if (*fusion_flag) {
@@ -73,7 +75,9 @@ Result<RunOptions> ParseRun(Args& args) {
     }
   }
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
-  if (o.cuda_graph && o.backend != "cuda") return InvalidArgument("run: --cuda-graph needs --backend cuda");
+  if ((o.cuda_graph || o.emulate_gpu) && o.backend != "cuda")
+    return InvalidArgument("run: --cuda-graph and --emulate-gpu need --backend cuda");
+  if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
   return o;
 }
 
@@ -123,7 +127,7 @@ int RunModel(Args& args) {
   auto parsed = ParseRun(args);
   if (!parsed.ok()) return Fail(parsed.status());
   const RunOptions o = *parsed;
-  if (o.backend == "cuda")
+  if (o.backend == "cuda" && !o.emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
   auto imported = ImportOnnxFile(o.model);
@@ -213,6 +217,7 @@ int RunModel(Args& args) {
   if (o.backend == "cuda") {
     cuda::CudaExecOptions co;
     co.cuda_graph = o.cuda_graph;
+    co.emulate = o.emulate_gpu;
     auto ex = cuda::CudaExecutor::Create(g, co);
     if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
     auto gpu = (*ex)->Run(views);
@@ -222,7 +227,8 @@ int RunModel(Args& args) {
     const cuda::CudaExecStats& cs = (*ex)->stats();
     cuda_lines.push_back(StrCat("cuda: ", cs.launches, " launches per run (", cs.generated, " generated kernels, ",
                                 cs.cublas, " cuBLAS calls, ", cs.host_fallbacks, " on the host)",
-                                o.cuda_graph ? ", replayed as one CUDA graph" : ""));
+                                o.cuda_graph ? ", replayed as one CUDA graph" : "",
+                                o.emulate_gpu ? "; emulated on the host, no GPU used" : ""));
     for (const std::string& l : (*ex)->describe()) cuda_lines.push_back("  " + l);
     outputs = std::move(*gpu);
   }

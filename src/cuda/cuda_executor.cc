@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 
 #include "../runtime/executor.h"
 #include "codegen.h"
+#include "host_emulation.h"
 #include "nvrtc_compile.h"
 
 namespace graphfuse::cuda {
@@ -49,6 +52,19 @@ Status RowMajorSgemm(cublasHandle_t h, int64_t m, int64_t n, int64_t k, const fl
                                     static_cast<int>(batch)),
           where);
   return Status::Ok();
+}
+
+// RowMajorSgemm's arithmetic on the host (accumulating in double), for emulated plans.
+void HostSgemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a, const float* b,
+               int64_t ldb, int64_t stride_b, float* c, int64_t ldc, int64_t stride_c, int64_t batch) {
+  for (int64_t t = 0; t < batch; ++t)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int64_t q = 0; q < k; ++q)
+          acc += static_cast<double>(a[t * stride_a + i * lda + q]) * b[t * stride_b + q * ldb + j];
+        c[t * stride_c + i * ldc + j] = static_cast<float>(acc);
+      }
 }
 
 struct Step {
@@ -124,6 +140,8 @@ struct CudaExecutor::Impl {
   cudaGraph_t cuda_graph = nullptr;
   cudaGraphExec_t graph_exec = nullptr;
   bool ran = false;
+  bool emu = false;  // CudaExecOptions::emulate: host memory, host-compiled kernels, host GEMMs
+  std::map<std::string, std::shared_ptr<HostKernel>> host_kernels;
 
   ~Impl() {
     if (stream) cudaStreamSynchronize(stream);
@@ -131,7 +149,7 @@ struct CudaExecutor::Impl {
     if (cuda_graph) cudaGraphDestroy(cuda_graph);
     for (auto& c : cleanups) c();
     for (cudaLibrary_t l : libraries) cudaLibraryUnload(l);
-    for (void* p : allocations) cudaFree(p);
+    for (void* p : allocations) emu ? std::free(p) : static_cast<void>(cudaFree(p));
     if (lt) cublasLtDestroy(lt);
     if (blas) cublasDestroy(blas);
     if (stream) cudaStreamDestroy(stream);
@@ -139,7 +157,12 @@ struct CudaExecutor::Impl {
 
   Result<void*> Alloc(size_t bytes, const std::string& what) {
     void* p = nullptr;
-    GF_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)), StrCat("cudaMalloc of ", bytes, " bytes for ", what));
+    if (emu) {
+      p = std::aligned_alloc(64, (std::max<size_t>(bytes, 16) + 63) / 64 * 64);
+      if (!p) return ResourceExhausted("allocating ", bytes, " bytes for ", what);
+    } else {
+      GF_CUDA(cudaMalloc(&p, std::max<size_t>(bytes, 16)), StrCat("cudaMalloc of ", bytes, " bytes for ", what));
+    }
     allocations.push_back(p);
     stats.device_bytes += static_cast<int64_t>(bytes);
     return p;
@@ -150,11 +173,30 @@ struct CudaExecutor::Impl {
     if (auto it = dev.find(v); it != dev.end()) return it->second;
     GF_ASSIGN_OR_RETURN(void* p, Alloc(Bytes(v), StrCat("value '", v->name(), "' ", v->TypeString())));
     if (v->constant()) {
-      GF_CUDA(cudaMemcpy(p, v->constant()->data(), Bytes(v), cudaMemcpyHostToDevice),
-              StrCat("uploading constant '", v->name(), "'"));
+      GF_RETURN_IF_ERROR(Copy(p, v->constant()->data(), Bytes(v), cudaMemcpyHostToDevice, stream)
+                             .WithContext(StrCat("uploading constant '", v->name(), "'")));
     }
     dev[v] = p;
     return p;
+  }
+
+  // Stream-ordered copy (a plain memcpy when emulating).
+  Status Copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) const {
+    if (bytes == 0) return Status::Ok();
+    if (emu) {
+      std::memmove(dst, src, bytes);
+      return Status::Ok();
+    }
+    return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
+  }
+  Status Sync(cudaStream_t s) const { return emu ? Status::Ok() : CudaStatus(cudaStreamSynchronize(s), "synchronizing"); }
+  Status Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
+              int64_t stride_b, float* c, int64_t ldc, int64_t stride_c, int64_t batch, const std::string& where) const {
+    if (emu) {
+      HostSgemm(m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch);
+      return Status::Ok();
+    }
+    return RowMajorSgemm(blas, m, n, k, a, lda, stride_a, b, ldb, stride_b, c, ldc, stride_c, batch, where);
   }
 
   Result<cudaKernel_t> Load(const CudaKernelSource& k) {
@@ -175,6 +217,22 @@ struct CudaExecutor::Impl {
   // A step launching generated kernel `k` on the given device pointers (its parameters).
   Status AddKernelStep(const std::string& label, const CudaKernelSource& k, std::vector<void*> args) {
     if (k.num_elements == 0) return Status::Ok();
+    if (emu) {
+      std::shared_ptr<HostKernel>& hk = host_kernels[k.name];
+      if (!hk) {
+        GF_ASSIGN_OR_RETURN(hk, HostKernel::Build(k));
+      }
+      std::shared_ptr<const HostKernel> host = hk;
+      // A few blocks: grid-stride loops cover the rest (any grid is correct).
+      const unsigned grid = k.row_kernel ? static_cast<unsigned>(std::clamp<int64_t>(k.scalar_work_items, 1, 4)) : 2u;
+      steps.push_back({label, [host, args, grid](cudaStream_t) -> Status {
+                         host->Launch(args, grid);
+                         return Status::Ok();
+                       }});
+      ++stats.launches;
+      ++stats.generated;
+      return Status::Ok();
+    }
     GF_ASSIGN_OR_RETURN(cudaKernel_t kernel, Load(k));
     const int64_t items = k.row_kernel ? k.scalar_work_items
                                        : (k.has_vector_path ? k.vector_work_items : k.scalar_work_items);
@@ -227,8 +285,8 @@ struct CudaExecutor::Impl {
         if (dev.count(n.output())) {  // a graph output with its own buffer: copy
           void* dst = dev[n.output()];
           const size_t bytes = Bytes(n.output());
-          steps.push_back({n.name(), [=](cudaStream_t s) {
-                             return CudaStatus(cudaMemcpyAsync(dst, p, bytes, cudaMemcpyDeviceToDevice, s), "view copy");
+          steps.push_back({n.name(), [=, this](cudaStream_t s) {
+                             return Copy(dst, p, bytes, cudaMemcpyDeviceToDevice, s);
                            }});
         } else {
           dev[n.output()] = p;
@@ -273,8 +331,8 @@ struct CudaExecutor::Impl {
       GF_ASSIGN_OR_RETURN(void* dst, Buffer(out));
       void* src = dev[r];
       const size_t bytes = Bytes(out);
-      steps.push_back({n.name(), [=](cudaStream_t s) {
-                         return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "output copy");
+      steps.push_back({n.name(), [=, this](cudaStream_t s) {
+                         return Copy(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
                        }});
     }
     return Status::Ok();
@@ -289,23 +347,22 @@ struct CudaExecutor::Impl {
     for (const Value* v : n.outputs()) host_out->push_back(Tensor::Empty(v->dtype(), v->shape()).value());
     const Node* node = &n;
     steps.push_back({n.name(),
-                     [=](cudaStream_t s) -> Status {
+                     [=, this](cudaStream_t s) -> Status {
                        // Copies on the plan's stream (ordered with its kernels), waited for here.
                        std::vector<TensorView> in, out;
                        for (size_t i = 0; i < host_in->size(); ++i) {
                          Tensor& t = (*host_in)[i];
-                         GF_CUDA(cudaMemcpyAsync(t.data(), bufs[i], t.nbytes(), cudaMemcpyDeviceToHost, s), "download");
+                         GF_RETURN_IF_ERROR(Copy(t.data(), bufs[i], t.nbytes(), cudaMemcpyDeviceToHost, s));
                          in.push_back(t.view());
                        }
-                       GF_CUDA(cudaStreamSynchronize(s), "host fallback");
+                       GF_RETURN_IF_ERROR(Sync(s));
                        for (Tensor& t : *host_out) out.push_back(t.view());
                        GF_RETURN_IF_ERROR(RunNodeOnce(*node, in, out, CpuContext{}));
                        for (size_t o = 0; o < host_out->size(); ++o) {
                          Tensor& t = (*host_out)[o];
-                         GF_CUDA(cudaMemcpyAsync(bufs[host_in->size() + o], t.data(), t.nbytes(), cudaMemcpyHostToDevice, s),
-                                 "upload");
+                         GF_RETURN_IF_ERROR(Copy(bufs[host_in->size() + o], t.data(), t.nbytes(), cudaMemcpyHostToDevice, s));
                        }
-                       return CudaStatus(cudaStreamSynchronize(s), "host fallback");
+                       return Sync(s);
                      },
                      true});
     ++stats.launches;
@@ -328,11 +385,18 @@ struct CudaExecutor::Impl {
     GF_ASSIGN_OR_RETURN(void* wp, Buffer(w));
     const float* A = static_cast<const float*>(ap);
     const float* W = static_cast<const float*>(wp);
-    cublasHandle_t h = blas;
     const std::string where = StrCat(n.name(), " (", m, "x", nn * splits, "x", k, ")");
 
-    if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone)
-      return PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
+    if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone) {
+      if (!emu) return PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
+      // Emulated: the epilogue cuBLASLt would apply, as a generated kernel after the GEMM.
+      CudaNodePlan generic = plan;
+      generic.path = CudaPath::kCublasThenKernel;
+      generic.what = "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)";
+      GF_ASSIGN_OR_RETURN(CudaKernelSource ek, GenerateGemmEpilogueKernel(n));
+      generic.kernels = {std::move(ek)};
+      return PlanGemm(n, generic);
+    }
 
     // Every projection a node output of its own (q/k/v): the outputs get one [S, M, N] block,
     // so that one strided-batched GEMM writes all of them.
@@ -346,8 +410,8 @@ struct CudaExecutor::Impl {
       for (int64_t s = 0; s < splits; ++s) dev[n.output(static_cast<size_t>(s))] = static_cast<float*>(p) + s * m * nn;
       float* c = static_cast<float*>(p);
       if (m * nn > 0) {
-        steps.push_back({n.name(), [=](cudaStream_t) {
-                           return RowMajorSgemm(h, m, nn, k, A, k, 0, W, splits * nn, nn, c, nn, m * nn, splits, where);
+        steps.push_back({n.name(), [=, this](cudaStream_t) {
+                           return Gemm(m, nn, k, A, k, 0, W, splits * nn, nn, c, nn, m * nn, splits, where);
                          }});
         ++stats.launches, ++stats.cublas;
       }
@@ -371,17 +435,16 @@ struct CudaExecutor::Impl {
     }
     if (m * nn > 0) {
       if (all_in_ws) {  // one GEMM over the concatenated weights
-        steps.push_back({n.name(), [=](cudaStream_t) {
-                           return RowMajorSgemm(h, m, splits * nn, k, A, k, 0, W, splits * nn, 0, ws, splits * nn, 0, 1,
-                                                where);
+        steps.push_back({n.name(), [=, this](cudaStream_t) {
+                           return Gemm(m, splits * nn, k, A, k, 0, W, splits * nn, 0, ws, splits * nn, 0, 1, where);
                          }});
         ++stats.launches, ++stats.cublas;
       } else {
         for (int64_t s = 0; s < splits; ++s) {
           float* c = dst[static_cast<size_t>(s)];
           const int64_t ldc = ld[static_cast<size_t>(s)];
-          steps.push_back({n.name(), [=](cudaStream_t) {
-                             return RowMajorSgemm(h, m, nn, k, A, k, 0, W + s * nn, splits * nn, 0, c, ldc, 0, 1, where);
+          steps.push_back({n.name(), [=, this](cudaStream_t) {
+                             return Gemm(m, nn, k, A, k, 0, W + s * nn, splits * nn, 0, c, ldc, 0, 1, where);
                            }});
           ++stats.launches, ++stats.cublas;
         }
@@ -484,18 +547,19 @@ struct CudaExecutor::Impl {
     GF_ASSIGN_OR_RETURN(void* bp, Buffer(b));
     GF_ASSIGN_OR_RETURN(void* yp, Buffer(y));
     if (y->numel() == 0) return Status::Ok();
-    cublasHandle_t h = blas;
     const std::string where = StrCat(n.name(), " (", batch, " x ", rows, "x", nn, "x", k, ")");
     const auto* A = static_cast<const float*>(ap);
     const auto* B = static_cast<const float*>(bp);
     auto* Y = static_cast<float*>(yp);
     if (k == 0) {
       const size_t bytes = Bytes(y);
-      steps.push_back({n.name(), [=](cudaStream_t s) { return CudaStatus(cudaMemsetAsync(Y, 0, bytes, s), where); }});
+      steps.push_back({n.name(), [=, this](cudaStream_t s) {
+                         if (emu) return (std::memset(Y, 0, bytes), Status::Ok());
+                         return CudaStatus(cudaMemsetAsync(Y, 0, bytes, s), where);
+                       }});
     } else {
-      steps.push_back({n.name(), [=](cudaStream_t) {
-                         return RowMajorSgemm(h, rows, nn, k, A, k, stride_a, B, nn, stride_b, Y, nn, rows * nn, batch,
-                                              where);
+      steps.push_back({n.name(), [=, this](cudaStream_t) {
+                         return Gemm(rows, nn, k, A, k, stride_a, B, nn, stride_b, Y, nn, rows * nn, batch, where);
                        }});
     }
     ++stats.launches, ++stats.cublas;
@@ -516,12 +580,20 @@ const CudaExecStats& CudaExecutor::stats() const { return impl_->stats; }
 const std::vector<std::string>& CudaExecutor::describe() const { return impl_->lines; }
 
 Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const CudaExecOptions& options) {
-  std::string why;
-  if (!CudaDeviceAvailable(options.device, &why)) return NotFound(why);
   auto impl = std::make_unique<Impl>();
   Impl& x = *impl;
   x.graph = &g;
   x.opts = options;
+  if (options.emulate) {
+    if (options.cuda_graph) return InvalidArgument("a CUDA graph cannot be emulated on the host");
+    x.emu = true;
+    for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+    GF_RETURN_IF_ERROR(x.PlanGraph(g));
+    for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+    return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
+  }
+  std::string why;
+  if (!CudaDeviceAvailable(options.device, &why)) return NotFound(why);
   GF_CUDA(cudaSetDevice(options.device), "cudaSetDevice");
   cudaDeviceProp prop{};
   GF_CUDA(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
@@ -564,18 +636,18 @@ Result<std::vector<Tensor>> CudaExecutor::Run(std::span<const TensorView> inputs
     if (inputs[i].dtype != v->dtype() || inputs[i].shape != v->shape())
       return InvalidArgument("input ", i, " ('", v->name(), "') must be ", v->TypeString(), ", got ",
                              DTypeName(inputs[i].dtype), ShapeToString(inputs[i].shape));
-    GF_CUDA(cudaMemcpyAsync(x.dev.at(v), inputs[i].data, Bytes(v), cudaMemcpyHostToDevice, x.stream),
-            StrCat("uploading input '", v->name(), "'"));
+    GF_RETURN_IF_ERROR(x.Copy(x.dev.at(v), inputs[i].data, Bytes(v), cudaMemcpyHostToDevice, x.stream)
+                           .WithContext(StrCat("uploading input '", v->name(), "'")));
   }
   GF_RETURN_IF_ERROR(x.Enqueue());
   std::vector<Tensor> out;
   for (const Value* v : g.outputs()) {
     GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v->dtype(), v->shape()));
-    GF_CUDA(cudaMemcpyAsync(t.data(), x.dev.at(v), t.nbytes(), cudaMemcpyDeviceToHost, x.stream),
-            StrCat("downloading output '", v->name(), "'"));
+    GF_RETURN_IF_ERROR(x.Copy(t.data(), x.dev.at(v), t.nbytes(), cudaMemcpyDeviceToHost, x.stream)
+                           .WithContext(StrCat("downloading output '", v->name(), "'")));
     out.push_back(std::move(t));
   }
-  GF_CUDA(cudaStreamSynchronize(x.stream), "running the plan");
+  GF_RETURN_IF_ERROR(x.Sync(x.stream).WithContext("running the plan"));
   x.ran = true;
   return out;
 }
@@ -583,6 +655,11 @@ Result<std::vector<Tensor>> CudaExecutor::Run(std::span<const TensorView> inputs
 Result<double> CudaExecutor::Replay() {
   Impl& x = *impl_;
   if (!x.ran) return InvalidArgument("Replay before a first Run");
+  if (x.emu) {  // host time of the emulated plan
+    const auto t0 = std::chrono::steady_clock::now();
+    GF_RETURN_IF_ERROR(x.Enqueue());
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
   cudaEvent_t start = nullptr, stop = nullptr;
   GF_CUDA(cudaEventCreate(&start), "cudaEventCreate");
   GF_CUDA(cudaEventCreate(&stop), "cudaEventCreate");

@@ -37,6 +37,10 @@ struct CudaExecOptions {
   int device = 0;
   bool cuda_graph = false;       // capture the launches once, replay them as one CUDA graph
   std::string kernel_cache_dir;  // NVRTC disk cache; empty: memory only
+  // Run the plan on the host instead (no GPU needed, slow): host memory, the generated kernels
+  // compiled as C++ and run by host threads (host_emulation.h), GEMMs in double on the host,
+  // cuBLASLt's epilogues as generated kernels. Checks the plan and every kernel it launches.
+  bool emulate = false;
 };
 
 struct CudaExecStats {
