@@ -7,7 +7,9 @@
 #   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu; prints a summary at the end
 #
 # Each step is time-boxed and its failure is reported without stopping the others, so that one
-# run brings back as much as it can. The build reuses ./build when it is already there.
+# run brings back as much as it can. The GPU machine's image has CUDA, CMake and PyTorch but not
+# this project's Debian libraries, and nothing can be installed there: make gpu_bundle.tar.xz here
+# (bench/gpu_bundle.sh) and carry it; without it the script tries to build in ./build.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/gpu}
@@ -26,15 +28,27 @@ step() {  # step NAME SECONDS CMD... : runs CMD with a time limit, output to OUT
 log "machine: $(nproc) cores; $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -1)"
 log "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 
-if [ ! -x build/graphfuse ] || [ ! -x build/tests/graphfuse_cuda_tests ]; then
+GF=./build/graphfuse
+TESTS=./build/tests/graphfuse_cuda_tests
+if [ -f gpu_bundle.tar.xz ]; then
+  # Built elsewhere (bench/gpu_bundle.sh): its binaries, its libraries, and its source path
+  # (where the tests look for tests/models and tests/golden) pointing here.
+  rm -rf /tmp/gpu_bundle && tar -C /tmp -xJf gpu_bundle.tar.xz
+  src=$(cat /tmp/gpu_bundle/source_dir)
+  if [ "$src" != "$(pwd)" ] && [ ! -e "$src" ]; then mkdir -p "$(dirname "$src")" && ln -s "$(pwd)" "$src"; fi
+  export LD_LIBRARY_PATH=/tmp/gpu_bundle/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  GF=/tmp/gpu_bundle/bin/graphfuse
+  TESTS=/tmp/gpu_bundle/bin/graphfuse_cuda_tests
+  log "using gpu_bundle.tar.xz: $(head -1 /tmp/gpu_bundle/README)"
+elif [ ! -x build/graphfuse ] || [ ! -x build/tests/graphfuse_cuda_tests ]; then
   step configure 300 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release || { log "configure failed"; exit 1; }
   step build 900 cmake --build build -j "$(nproc)" --target graphfuse_cli graphfuse_cuda_tests || { log "build failed"; exit 1; }
 fi
-GF=./build/graphfuse
+step versions 30 sh -c "$GF --help | head -3; ldd $GF | grep -E 'not found|cuda|cublas|nvrtc'"
 
 # 1. Runtime tests: the corpus (demo presets, exported models) unfused / fused, stream / CUDA
 #    graph, against the CPU; plus codegen and NVRTC for the device.
-step cuda_tests 600 ./build/tests/graphfuse_cuda_tests
+step cuda_tests 600 "$TESTS"
 
 # 2. Exported models with their float64-derived references, on the GPU (and as a CUDA graph).
 for m in tests/models/*/; do
