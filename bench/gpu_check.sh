@@ -4,7 +4,7 @@
 # LLaMA-7B block at decode (seq 1) and prefill (seq 512), unfused / fused / fused + CUDA graph,
 # beside PyTorch eager and torch.compile on the same shapes (f32 and bf16).
 #
-#   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu; prints a summary at the end
+#   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu: summary.txt and raw.tar.gz
 #
 # Each step is time-boxed and its failure is reported without stopping the others, so that one
 # run brings back as much as it can. The GPU machine's image has CUDA, CMake and PyTorch but not
@@ -14,14 +14,24 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-bench/results/gpu}
 mkdir -p "$OUT"
+# Two files come back: OUT/summary.txt (every step's exit status and output tail) and
+# OUT/raw.tar.gz (every step's whole output and JSON), packed as each step ends.
+RAW=$(mktemp -d)
 log() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
-step() {  # step NAME SECONDS CMD... : runs CMD with a time limit, output to OUT/NAME.txt
+# One device command may run 10 minutes: every step shares one budget (GF_GPU_BUDGET seconds,
+# default 540), the most important first; a step gets at most what is left.
+DEADLINE=$((SECONDS + ${GF_GPU_BUDGET:-540}))
+step() {  # step NAME SECONDS CMD... : runs CMD with a time limit, output to RAW/NAME.txt
   local name=$1 secs=$2; shift 2
+  local left=$((DEADLINE - SECONDS))
+  if [ "$left" -lt 15 ]; then log "$name: skipped (out of time)"; return 124; fi
+  [ "$secs" -gt "$left" ] && secs=$left
   local t0=$SECONDS
-  timeout "$secs" "$@" > "$OUT/$name.txt" 2>&1
+  timeout "$secs" "$@" > "$RAW/$name.txt" 2>&1
   local rc=$?
   log "$name: exit $rc in $((SECONDS - t0)) s"
-  tail -n 25 "$OUT/$name.txt" >> "$OUT/summary.txt"
+  tail -n 25 "$RAW/$name.txt" >> "$OUT/summary.txt"
+  tar -C "$RAW" -czf "$OUT/raw.tar.gz" .
   return $rc
 }
 : > "$OUT/summary.txt"
@@ -46,33 +56,44 @@ elif [ ! -x build/graphfuse ] || [ ! -x build/tests/graphfuse_cuda_tests ]; then
 fi
 step versions 30 sh -c "$GF --help | head -3; ldd $GF | grep -E 'not found|cuda|cublas|nvrtc'"
 
-# 1. Runtime tests: the corpus (demo presets, exported models) unfused / fused, stream / CUDA
-#    graph, against the CPU; plus codegen and NVRTC for the device.
-step cuda_tests 600 "$TESTS"
+export GF_KERNEL_CACHE=/tmp/graphfuse_kernels  # NVRTC disk cache shared by every step
 
-# 2. Exported models with their float64-derived references, on the GPU (and as a CUDA graph).
-for m in tests/models/*/; do
-  name=$(basename "$m")
-  step "run_$name" 120 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda
-  step "run_${name}_graph" 120 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
-done
+# 1. What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi;
+#    the LLaMA-7B decode block (kernels, latency unfused / fused / fused + CUDA graph, error
+#    against the CPU); PyTorch eager and torch.compile on the same block.
+step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
+  --json "$RAW/bench_chain_64Mi.json"
+step demo_llama7b_seq1 120 $GF demo --preset llama7b --seq 1 --threads "$(nproc)" --repeats 21 --backend cuda \
+  --json "$RAW/demo_llama7b_seq1.json"
+step torch_eager_seq1_f32 60 python3 bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
+step torch_compile_seq1_f32 120 python3 bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
 
-# 3. Fused elementwise chains on the GPU beside a same-run device-to-device copy (64 Mi f32).
-for preset in chain gelu silu residual; do
-  step "bench_${preset}_64Mi" 300 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
-    --json "$OUT/bench_${preset}_64Mi.json"
-done
+# 2. The runtime tests: demo presets and exported models, unfused / fused, stream / CUDA graph,
+#    against the CPU; codegen, NVRTC for this device, and the host emulation.
+step cuda_tests 200 "$TESTS"
 
-# 4. The LLaMA-7B block: decode and prefill; graphfuse (f32) and PyTorch (f32, bf16; eager and
-#    torch.compile), same shapes.
+# 3. Prefill, and bf16 for PyTorch (graphfuse's GPU GEMMs are f32 only).
+step demo_llama7b_seq512 150 $GF demo --preset llama7b --seq 512 --threads "$(nproc)" --repeats 11 --backend cuda \
+  --json "$RAW/demo_llama7b_seq512.json"
 for seq in 1 512; do
-  step "demo_llama7b_seq$seq" 900 $GF demo --preset llama7b --seq $seq --threads "$(nproc)" --repeats 21 \
-    --backend cuda --json "$OUT/demo_llama7b_seq$seq.json"
   for dt in f32 bf16; do
-    step "torch_eager_seq${seq}_$dt" 300 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
+    [ "$seq$dt" = "1f32" ] && continue
+    step "torch_eager_seq${seq}_$dt" 60 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
       --device cuda --dtype $dt --repeats 51
-    step "torch_compile_seq${seq}_$dt" 600 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
+    step "torch_compile_seq${seq}_$dt" 120 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
       --device cuda --dtype $dt --repeats 51 --compile
   done
 done
-log "done; raw outputs in $OUT"
+
+# 4. The other elementwise presets, and every exported model with its reference outputs on the
+#    GPU (launched, and as a CUDA graph).
+for preset in gelu silu residual; do
+  step "bench_${preset}_64Mi" 60 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
+    --json "$RAW/bench_${preset}_64Mi.json"
+done
+for m in tests/models/*/; do
+  name=$(basename "$m")
+  step "run_$name" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda
+  step "run_${name}_graph" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
+done
+log "done; every output in $OUT/raw.tar.gz"

@@ -601,6 +601,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   NvrtcOptions nv;
   nv.arch = StrCat("compute_", prop.major, prop.minor);
   nv.cache_dir = options.kernel_cache_dir;
+  if (const char* env = std::getenv("GF_KERNEL_CACHE"); nv.cache_dir.empty() && env) nv.cache_dir = env;
   x.compiler = std::make_unique<NvrtcCompiler>(nv);
   GF_CUDA(cudaStreamCreateWithFlags(&x.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   GF_BLAS(cublasCreate(&x.blas), "cublasCreate");

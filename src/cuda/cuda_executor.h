@@ -36,7 +36,7 @@ Result<double> DeviceCopyMs(int64_t bytes, int repeats, int device = 0);
 struct CudaExecOptions {
   int device = 0;
   bool cuda_graph = false;       // capture the launches once, replay them as one CUDA graph
-  std::string kernel_cache_dir;  // NVRTC disk cache; empty: memory only
+  std::string kernel_cache_dir;  // NVRTC disk cache; empty: $GF_KERNEL_CACHE if set, else memory only
   // Run the plan on the host instead (no GPU needed, slow): host memory, the generated kernels
   // compiled as C++ and run by host threads (host_emulation.h), GEMMs in double on the host,
   // cuBLASLt's epilogues as generated kernels. Checks the plan and every kernel it launches.

@@ -673,6 +673,7 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
         ASSERT_TRUE(want.ok()) << label << ": " << want.status().ToString();
         CudaExecOptions o;
         o.cuda_graph = graph;
+        o.kernel_cache_dir = (std::filesystem::temp_directory_path() / "graphfuse_test_kernels").string();
         auto ex = CudaExecutor::Create(**g, o);
         if (!ex.ok() && graph && ex.status().message().find("runs on the host") != std::string::npos) continue;
         ASSERT_TRUE(ex.ok()) << label << ": " << ex.status().ToString();
