@@ -116,6 +116,9 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
         --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
         device-to-device copy, after checking the GPU's outputs against the CPU's
 
+environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs;
+             OPENBLAS_CORETYPE names OpenBLAS's kernels (set automatically when it falls back)
+
 exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";
 
