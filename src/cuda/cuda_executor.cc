@@ -388,11 +388,16 @@ struct CudaExecutor::Impl {
     const std::string where = StrCat(n.name(), " (", m, "x", nn * splits, "x", k, ")");
 
     if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone) {
-      if (!emu) return PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
-      // Emulated: the epilogue cuBLASLt would apply, as a generated kernel after the GEMM.
+      if (!emu) {
+        const Status lt_plan = PlanCublasLt(n, plan.cublas_epilogue, m, nn, k);
+        // cuBLASLt found no algorithm for this shape and epilogue: GEMM + generated epilogue.
+        if (lt_plan.ok() || lt_plan.code() != StatusCode::kUnimplemented) return lt_plan;
+      }
+      // Emulated (or no cuBLASLt algorithm): the same epilogue as a generated kernel.
       CudaNodePlan generic = plan;
       generic.path = CudaPath::kCublasThenKernel;
-      generic.what = "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)";
+      generic.what = emu ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
+                         : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
       GF_ASSIGN_OR_RETURN(CudaKernelSource ek, GenerateGemmEpilogueKernel(n));
       generic.kernels = {std::move(ek)};
       return PlanGemm(n, generic);
