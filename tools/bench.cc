@@ -222,14 +222,9 @@ int Bench(Args& args) {
             return kExitMismatch;
           }
         }
-      std::vector<double> v;
-      for (int r = 0; r < repeats; ++r) {
-        auto t_ms = (*ex)->Replay();
-        if (!t_ms.ok()) return Fail(t_ms.status());
-        v.push_back(*t_ms);
-      }
-      std::sort(v.begin(), v.end());
-      ms[k] = v[v.size() / 2];
+      auto median_ms = (*ex)->MedianReplayMs(repeats);
+      if (!median_ms.ok()) return Fail(median_ms.status());
+      ms[k] = *median_ms;
     }
     cuda_unfused_ms = ms[0], cuda_fused_ms = ms[1];
     auto copy_ms = cuda::DeviceCopyMs(elements * 4, repeats);

@@ -326,14 +326,9 @@ int RunDemo(Args& args) {
           bad_gpu += !(err <= o.atol + o.rtol * std::fabs(b));
         }
         r.ok = bad_gpu == 0;
-        std::vector<double> ms;
-        for (int k = 0; k < std::max(3, o.repeats); ++k) {
-          auto t_ms = (*ex)->Replay();
-          if (!t_ms.ok()) return fail(t_ms.status());
-          ms.push_back(*t_ms);
-        }
-        std::sort(ms.begin(), ms.end());
-        r.ms = ms[ms.size() / 2];
+        auto median_ms = (*ex)->MedianReplayMs(std::max(3, o.repeats));
+        if (!median_ms.ok()) return fail(median_ms.status());
+        r.ms = *median_ms;
         const cuda::CudaExecStats& cs = (*ex)->stats();
         r.launches = cs.launches, r.generated = cs.generated, r.cublas = cs.cublas, r.host = cs.host_fallbacks;
         gpu_rows.push_back(r);

@@ -492,8 +492,6 @@ void RunPlanned(const Plan& plan, const TileProgram& p, const CpuContext& ctx) {
 
 void RunTileProgram(const TileProgram& p, const CpuContext& ctx) { RunPlanned(BuildPlan(p), p, ctx); }
 
-void RunTileRunner(const TileRunner& r, const CpuContext& ctx) { r.Launch(ctx); }
-
 void TileRunner::Launch(const CpuContext& ctx) const { RunPlanned(impl_->plan, impl_->program, ctx); }
 
 bool TileRunner::BoundTo(const TileProgram& p) const {

@@ -91,6 +91,5 @@ class TileRunner {
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
 void RunTileProgram(const TileProgram& program, const CpuContext& ctx);
-void RunTileRunner(const TileRunner& runner, const CpuContext& ctx);
 
 }  // namespace graphfuse::cpu

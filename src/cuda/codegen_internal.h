@@ -2,6 +2,7 @@
 // groups; codegen_rows.cc: norms, softmax, RoPE and GEMM epilogues). Not a public interface.
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <vector>
 

@@ -658,6 +658,16 @@ Result<std::vector<Tensor>> CudaExecutor::Run(std::span<const TensorView> inputs
   return out;
 }
 
+Result<double> CudaExecutor::MedianReplayMs(int repeats) {
+  std::vector<double> ms;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    GF_ASSIGN_OR_RETURN(double t, Replay());
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
 Result<double> CudaExecutor::Replay() {
   Impl& x = *impl_;
   if (!x.ran) return InvalidArgument("Replay before a first Run");

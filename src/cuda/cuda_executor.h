@@ -64,6 +64,8 @@ class CudaExecutor {
   // The device work of one run again, on the inputs of the last Run (for timing: no copies);
   // waits for it and returns the elapsed device time in milliseconds (CUDA events).
   Result<double> Replay();
+  // The median of `repeats` (at least 1) Replay() times.
+  Result<double> MedianReplayMs(int repeats);
 
   const CudaExecStats& stats() const;
   // One line per step: what runs and how ("fused_gemm_3: cuBLAS GEMM, then the generated

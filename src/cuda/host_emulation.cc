@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "codegen_internal.h"
+
 namespace graphfuse::cuda {
 namespace {
 
@@ -64,18 +66,6 @@ const std::pair<const char*, const char*> kHostLines[] = {
      "__forceinline__ unsigned short bf16_bits(float x) { return host_bf16_bits(x); }"},
 };
 
-const char* ParamType(DType t) {
-  switch (t) {
-    case DType::kF32: return "float";
-    case DType::kF16: return "gf::f16";
-    case DType::kBF16: return "gf::bf16";
-    case DType::kI32: return "int";
-    case DType::kI64: return "long long";
-    case DType::kBool: return "unsigned char";
-  }
-  return "float";
-}
-
 }  // namespace
 
 Result<std::shared_ptr<HostKernel>> HostKernel::Build(const CudaKernelSource& k, const std::string& root) {
@@ -87,8 +77,8 @@ Result<std::shared_ptr<HostKernel>> HostKernel::Build(const CudaKernelSource& k,
   }
   std::string call = StrCat(k.name, "(");
   size_t a = 0;
-  for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", ParamType(t), "*>(args[", a, "])"), ++a;
-  for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", ParamType(t), "*>(args[", a, "])"), ++a;
+  for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", internal::StorageType(t), "*>(args[", a, "])"), ++a;
+  for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", internal::StorageType(t), "*>(args[", a, "])"), ++a;
   call += ")";
   src = kShim + src + StrCat(R"(
 extern "C" void gf_host_launch(void** args, unsigned grid, unsigned block) {

@@ -34,7 +34,7 @@
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
-
+namespace {
 
 Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::string& where, const char* which) {
   if (s == "bshd") return Layout::kBSHD;
@@ -43,6 +43,8 @@ Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::str
   return InvalidArgument(where, ": ", which, " '", s, "' is not a layout this op reads (bshd, bhsd",
                          allow_bhds ? ", bhds" : "", ")");
 }
+
+}  // namespace
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   Dims d;

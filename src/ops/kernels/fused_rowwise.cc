@@ -56,7 +56,6 @@ const Graph* GraphAttr(const AttributeMap& attrs, const char* key) {
 // ---- layouts: how a node's inputs and outputs map onto its bodies (shared by inference and
 // the kernels, so that a kernel never indexes past what inference accepted) ----
 
-
 Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs) {
   NormLayout l;
   l.body = GraphAttr(attrs, "body");
@@ -84,7 +83,6 @@ Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& 
     return InvalidArgument(where, ": the norm input ", l.x->TypeString(), " must be f32 of rank >= 1");
   return l;
 }
-
 
 Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const AttributeMap& attrs,
                                         const std::vector<const Value*>& inputs) {
@@ -233,7 +231,6 @@ Result<cpu::TileRunner> BindProgram(const Graph& body, const std::vector<const v
   return cpu::TileRunner(p);
 }
 
-// A norm parameter as one row of d floats (its shape is [d], [1] or []: checked by inference).
 Status FusedNormKernel(const KernelContext& ctx) {
   GF_ASSIGN_OR_RETURN(NormLayout l, ReadNormLayout(KernelWhere(ctx), ctx.node.attrs(), ctx.inputs.size()));
   const TensorView& Y = ctx.outputs[0];
