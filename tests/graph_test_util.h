@@ -60,6 +60,14 @@ inline std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed, double lo
   return ins;
 }
 
+// Fresh random float inputs (magnitude in [0.05, 1), random sign); integer and bool inputs 0.
+inline std::vector<Tensor> FloatInputs(const Graph& g, uint32_t seed) {
+  return RandomInputs(g, seed, 0.05, 1.0, [](const Value& v, int64_t, std::mt19937&) -> std::optional<double> {
+    if (IsFloat(v.dtype())) return std::nullopt;
+    return 0.0;
+  });
+}
+
 inline std::vector<TensorView> Views(const std::vector<Tensor>& ts) {
   std::vector<TensorView> v;
   for (const Tensor& t : ts) v.push_back(t.view());

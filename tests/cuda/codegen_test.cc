@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "cuda/codegen.h"
+#include "../graph_test_util.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/nvrtc_compile.h"
 #include "graphfuse/ops.h"
@@ -659,16 +660,8 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
         PipelineOptions po;
         po.fusion.enabled = fuse;
         ASSERT_TRUE(RunPipeline(**g, po).ok()) << label;
-        std::mt19937 rng(3);
-        std::uniform_real_distribution<double> u(-1, 1);
-        std::vector<Tensor> ins;
-        std::vector<TensorView> views;
-        for (const Value* v : (*g)->inputs()) {
-          Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
-          for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : 0.0);
-          ins.push_back(std::move(t));
-        }
-        for (const Tensor& t : ins) views.push_back(t.view());
+        const std::vector<Tensor> ins = FloatInputs(**g, 3);
+        const std::vector<TensorView> views = Views(ins);
         auto want = Execute(**g, views, ctx);
         ASSERT_TRUE(want.ok()) << label << ": " << want.status().ToString();
         CudaExecOptions o;

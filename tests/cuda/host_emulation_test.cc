@@ -20,6 +20,7 @@
 #include "cuda/codegen.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/host_emulation.h"
+#include "../graph_test_util.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
 #include "onnx/import.h"
@@ -38,17 +39,14 @@ struct NodeRun {
 };
 
 Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<double> u(-2, 2);
-  std::vector<Tensor> ins;
-  std::vector<TensorView> views;
-  for (const Value* v : g.inputs()) {
-    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v->dtype(), v->shape()));
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.SetFromDouble(i, v->name() == "keep" ? ((rng() % 5) ? 1.25 : 0.0) : IsFloat(v->dtype()) ? u(rng) : double(rng() % 9));
-    ins.push_back(std::move(t));
-  }
-  for (const Tensor& t : ins) views.push_back(t.view());
+  // "keep" is a dropout keep-mask (1.25 or 0); integer inputs hold small non-negative values.
+  const std::vector<Tensor> ins =
+      RandomInputs(g, seed, 0.05, 2.0, [](const Value& v, int64_t, std::mt19937& rng) -> std::optional<double> {
+        if (v.name() == "keep") return (rng() % 5) ? 1.25 : 0.0;
+        if (!IsFloat(v.dtype())) return double(rng() % 9);
+        return std::nullopt;
+      });
+  const std::vector<TensorView> views = Views(ins);
   GF_ASSIGN_OR_RETURN(auto plan, ExecutionPlan::Compile(g));
   NodeRun run;
   ExecutionPlan::StepObserver observe = [&](const Node& n, std::span<const TensorView> in,
@@ -244,70 +242,54 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
   for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
 }
 
+// The generated attention kernel of g's FusedAttention node, run on the host, against the CPU's
+// FusedAttention on the same inputs.
+void CheckEmulatedAttention(const Graph& g, const std::string& label, uint32_t seed, unsigned grid) {
+  SCOPED_TRACE(label);
+  const Node* att = nullptr;
+  for (const auto& n : g.nodes())
+    if (n->op() == "FusedAttention") att = n.get();
+  ASSERT_NE(att, nullptr);
+  auto k = GenerateKernelForNode(*att);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  auto run = CaptureNode(g, *att, seed);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  auto host = HostKernel::Build(*k);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  std::vector<void*> args;
+  for (Tensor& t : run->in) args.push_back(t.data());
+  Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
+  args.push_back(got.data());
+  (*host)->Launch(args, grid);
+  const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, label + " attention");
+  std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", label.c_str(), k->name.c_str(), worst);
+}
+
 // The attention kernel of each exported block (LLaMA: RoPE and a causal mask; GPT-2: causal
 // mask, q/k/v from one GEMM; BERT: padding mask) against the CPU's FusedAttention.
 TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
-  int checked = 0;
   for (const char* name : {"llama_block_opset17", "gpt2_block_opset17", "bert_layer_opset13"}) {
-    SCOPED_TRACE(name);
     auto g = ImportOnnxFile((models / name / "model.onnx").string());
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     ASSERT_TRUE(RunPipeline(**g).ok());
-    const Node* att = nullptr;
-    for (const auto& n : (*g)->nodes())
-      if (n->op() == "FusedAttention") att = n.get();
-    ASSERT_NE(att, nullptr);
-    auto k = GenerateKernelForNode(*att);
-    ASSERT_TRUE(k.ok()) << k.status().ToString();
-    auto run = CaptureNode(**g, *att, 12);
-    ASSERT_TRUE(run.ok()) << run.status().ToString();
-    auto host = HostKernel::Build(*k);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
-    std::vector<void*> args;
-    for (Tensor& t : run->in) args.push_back(t.data());
-    Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
-    args.push_back(got.data());
-    (*host)->Launch(args, 5);
-    const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, StrCat(name, " attention"));
-    std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", name, k->name.c_str(), worst);
-    ++checked;
+    CheckEmulatedAttention(**g, name, 12, 5);
   }
   // A LLaMA block (the demo's builder) at 264 positions: more keys than threads per block; 2
   // heads of 64 keep the one-thread-per-CUDA-thread emulation short.
-  {
-    ThreadPool pool(2);
-    auto cfg = BlockPreset("llama-small");
-    ASSERT_TRUE(cfg.ok());
-    cfg->seq = 264;
-    cfg->hidden = 128;
-    cfg->heads = 2;
-    cfg->ffn = 344;
-    auto w = MakeBlockWeights(*cfg, 3, CpuContext{&pool});
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    Graph g("llama-small");
-    ASSERT_TRUE(BuildBlock(g, *cfg, *w).ok());
-    ASSERT_TRUE(RunPipeline(g).ok());
-    const Node* att = nullptr;
-    for (const auto& n : g.nodes())
-      if (n->op() == "FusedAttention") att = n.get();
-    ASSERT_NE(att, nullptr);
-    auto k = GenerateKernelForNode(*att);
-    ASSERT_TRUE(k.ok()) << k.status().ToString();
-    auto run = CaptureNode(g, *att, 13);
-    ASSERT_TRUE(run.ok()) << run.status().ToString();
-    auto host = HostKernel::Build(*k);
-    ASSERT_TRUE(host.ok()) << host.status().ToString();
-    std::vector<void*> args;
-    for (Tensor& t : run->in) args.push_back(t.data());
-    Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
-    args.push_back(got.data());
-    (*host)->Launch(args, 7);
-    const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, "LLaMA block, 264 positions, attention");
-    std::printf("[ emulated ] LLaMA block at 264 positions: %s, max |err| vs CPU %.2g\n", k->name.c_str(), worst);
-    ++checked;
-  }
-  EXPECT_EQ(checked, 4);
+  ThreadPool pool(2);
+  auto cfg = BlockPreset("llama-small");
+  ASSERT_TRUE(cfg.ok());
+  cfg->seq = 264;
+  cfg->hidden = 128;
+  cfg->heads = 2;
+  cfg->ffn = 344;
+  auto w = MakeBlockWeights(*cfg, 3, CpuContext{&pool});
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  Graph g("llama-small");
+  ASSERT_TRUE(BuildBlock(g, *cfg, *w).ok());
+  ASSERT_TRUE(RunPipeline(g).ok());
+  CheckEmulatedAttention(g, "LLaMA block at 264 positions", 13, 7);
 }
 
 // Whole plans through the CUDA executor, emulated on the host: every node's path (generated
@@ -327,16 +309,8 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     PipelineOptions po;
     po.fusion.enabled = r.fuse;
     ASSERT_TRUE(RunPipeline(**g, po).ok());
-    std::mt19937 rng(21);
-    std::uniform_real_distribution<double> u(-1, 1);
-    std::vector<Tensor> ins;
-    std::vector<TensorView> views;
-    for (const Value* v : (*g)->inputs()) {
-      Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
-      for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : 0.0);
-      ins.push_back(std::move(t));
-    }
-    for (const Tensor& t : ins) views.push_back(t.view());
+    const std::vector<Tensor> ins = FloatInputs(**g, 21);
+    const std::vector<TensorView> views = Views(ins);
     auto want = Execute(**g, views, CpuContext{});
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     CudaExecOptions o;
