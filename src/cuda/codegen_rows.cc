@@ -271,6 +271,11 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
     return StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j) {\n", "      const long long c = threadIdx.x + j * ",
                   kCudaBlockSize, "LL, i = row * kD + c;\n      if (c >= kD) continue;\n", body, "    }\n");
   };
+  // `stmt` for each of the thread's lanes inside the row (no index variables).
+  auto for_valid = [&](const std::string& stmt) {
+    return StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
+                  "LL < kD)", stmt);
+  };
   auto param = [&](int64_t input, const std::string& off) { return StrCat("gf::f32_of(in", input, "[", off, "])"); };
   const std::string eps = FloatLiteral(static_cast<float>(s.eps));
   if (s.op == RowOp::kRms) {
@@ -286,8 +291,7 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
     t += "    for (int j = 0; j < kPer; ++j) sum += x[j];\n";
     t += "    const double mean = gf::block_sum(sum) / static_cast<double>(kD);\n";
     t += "    double sq = 0;\n";
-    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
-                "LL < kD) sq += (x[j] - mean) * (x[j] - mean);\n");
+    t += for_valid(" sq += (x[j] - mean) * (x[j] - mean);\n");
     t += "    const double var = gf::block_sum(sq) / static_cast<double>(kD);\n";
     t += StrCat("    const float mf = static_cast<float>(mean), inv = static_cast<float>(1.0 / sqrt(var + static_cast<double>(",
                 eps, ")));\n");
@@ -297,12 +301,10 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
                          s.bias >= 0 ? " + " + param(s.bias, bias_off) : "", ");\n"));
   } else {
     t += "    float m = -__int_as_float(0x7f800000);\n";
-    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
-                "LL < kD) m = gf::max(m, x[j]);\n");
+    t += for_valid(" m = gf::max(m, x[j]);\n");
     t += "    m = gf::block_max(m);\n";
     t += "    double sum = 0;\n";
-    t += StrCat("#pragma unroll\n    for (int j = 0; j < kPer; ++j)\n      if (threadIdx.x + j * ", kCudaBlockSize,
-                "LL < kD) {\n        x[j] = expf(x[j] - m);\n        sum += x[j];\n      }\n");
+    t += for_valid(" {\n        x[j] = expf(x[j] - m);\n        sum += x[j];\n      }\n");
     t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
     if (s.epilogue) {
       const size_t nout = s.epilogue->outputs().size();

@@ -239,13 +239,17 @@ struct CudaExecutor::Impl {
     const int64_t blocks = k.row_kernel ? std::clamp<int64_t>(items, 1, int64_t{1} << 20)
                                         : std::clamp<int64_t>((items + kCudaBlockSize - 1) / kCudaBlockSize, 1,
                                                               int64_t{16} * sms);
+    // The parameter array cudaLaunchKernel reads, built once: the pointers never change.
+    struct Params {
+      std::vector<void*> values, addresses;
+    };
+    auto params = std::make_shared<Params>();
+    params->values = std::move(args);
+    for (void*& v : params->values) params->addresses.push_back(&v);
     const std::string name = k.name;
-    steps.push_back({label, [kernel, blocks, args, name](cudaStream_t s) -> Status {
-                       std::vector<void*> values = args;
-                       std::vector<void*> ptrs(values.size());
-                       for (size_t i = 0; i < values.size(); ++i) ptrs[i] = &values[i];
+    steps.push_back({label, [kernel, blocks, params, name](cudaStream_t s) -> Status {
                        GF_CUDA(cudaLaunchKernel(reinterpret_cast<const void*>(kernel), dim3(static_cast<unsigned>(blocks)),
-                                                dim3(kCudaBlockSize), ptrs.data(), 0, s),
+                                                dim3(kCudaBlockSize), params->addresses.data(), 0, s),
                                StrCat("launching ", name));
                        return Status::Ok();
                      }});
