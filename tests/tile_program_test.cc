@@ -105,9 +105,10 @@ TEST(TileProgram, InPlaceWithLaterReadStaysCorrect) {
   }
 }
 
-// Launches writing more than 32 MiB of f32 store it non-temporally from an L1 stage: the same
-// bits as the in-cache path, with a ragged tail, an output written over an input that is still
-// read, and a one-instruction in-place launch (which otherwise streams memory to memory).
+// Launches writing more than 32 MiB of f32 store it non-temporally: straight from the
+// instruction that computes it (%3 below), or from an L1 stage when a later instruction still
+// reads it (%2). The same bits as the in-cache path, with a ragged tail, an output written over
+// an input that is still read, and a one-instruction in-place launch (memory to memory).
 TEST(TileProgram, LargeOutputsStoredNonTemporallyAreExact) {
   const int64_t n = (int64_t{8} << 20) + 37;  // 32 MiB + 148 bytes per output
   Tensor x = Tensor::Empty(DType::kF32, {n}).value(), y = Tensor::Empty(DType::kF32, {n}).value();

@@ -24,7 +24,8 @@ constexpr bool kIntOk = true, kFloatOnly = false;
 #include "../ops/ops.def"
 #undef OP
 
-template <class Row>
+// kStream: non-temporal stores (out 64-byte aligned), for outputs far larger than the caches.
+template <class Row, bool kStream>
 void F32Kernel(const float* const* in, float* out, int64_t n, const OpAttrs& a, int64_t base) {
   using simd::VF;
   const float* x = in[0];
@@ -34,7 +35,9 @@ void F32Kernel(const float* const* in, float* out, int64_t n, const OpAttrs& a, 
     const VF vx = VF::Load(x + i);
     const VF vy = Row::kArity > 1 ? VF::Load(y + i) : vx;
     const VF vz = Row::kArity > 2 ? VF::Load(z + i) : vx;
-    Row::template Eval<VF, int64_t>(vx, vy, vz, a, base + i).Store(out + i);
+    const VF r = Row::template Eval<VF, int64_t>(vx, vy, vz, a, base + i);
+    if constexpr (kStream) r.Stream(out + i);
+    else r.Store(out + i);
   }
 }
 
@@ -54,7 +57,12 @@ constexpr I64TileKernel I64KernelOrNull() {
 }
 
 constexpr F32TileKernel kF32Kernels[] = {
-#define OP(name, ...) &F32Kernel<name##Row>,
+#define OP(name, ...) &F32Kernel<name##Row, false>,
+#include "../ops/ops.def"
+#undef OP
+};
+constexpr F32TileKernel kF32StreamKernels[] = {
+#define OP(name, ...) &F32Kernel<name##Row, true>,
 #include "../ops/ops.def"
 #undef OP
 };
@@ -67,6 +75,7 @@ constexpr I64TileKernel kI64Kernels[] = {
 }  // namespace
 
 F32TileKernel GetF32TileKernel(OpKind kind) { return kF32Kernels[static_cast<size_t>(kind)]; }
+F32TileKernel GetF32StreamKernel(OpKind kind) { return kF32StreamKernels[static_cast<size_t>(kind)]; }
 I64TileKernel GetI64TileKernel(OpKind kind) { return kI64Kernels[static_cast<size_t>(kind)]; }
 int VectorLanes() { return simd::kLanes; }
 const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }

@@ -21,6 +21,9 @@ using I64TileKernel = void (*)(const int64_t* const* in, int64_t* out, int64_t n
                                int64_t base);
 
 F32TileKernel GetF32TileKernel(OpKind kind);
+// The same kernel with non-temporal stores: `out` must be 64-byte aligned, and the caller
+// fences (hwy::FlushStream) before another thread reads the result.
+F32TileKernel GetF32StreamKernel(OpKind kind);
 // nullptr when the op has no integer form.
 I64TileKernel GetI64TileKernel(OpKind kind);
 

@@ -35,6 +35,7 @@ struct VF {
   VF(double s) : v(hn::Set(DF(), static_cast<float>(s))) {}      // NOLINT: T(0.5) in the table
   static VF Load(const float* p) { return VF(hn::LoadU(DF(), p)); }
   void Store(float* p) const { hn::StoreU(v, DF(), p); }
+  void Stream(float* p) const { hn::Stream(v, DF(), p); }  // p aligned to the vector
 };
 
 inline VF operator+(VF a, VF b) { return a.v + b.v; }

@@ -213,10 +213,17 @@ struct Plan {
   InlineVec<bool, kMaxTileInputs> run_direct;                   // f32, stride 1 along the innermost dim
   InlineVec<int, kMaxTileInputs + kMaxTileInstrs> direct_output;  // per register: output written in place, or -1
   InlineVec<F32TileKernel, kMaxTileInstrs> f32;
+  InlineVec<F32TileKernel, kMaxTileInstrs> f32_stream;  // the same kernels with non-temporal stores
   InlineVec<I64TileKernel, kMaxTileInstrs> i64;
+  InlineVec<bool, kMaxTileInputs + kMaxTileInstrs> read_later;  // per register: an instruction reads it
   bool streaming = false;  // one f32 instruction, every input and the output in place
-  bool nt_outputs = false;  // f32 outputs far larger than the caches: staged in L1, stored non-temporally
+  // f32 outputs far larger than the caches: stored non-temporally, straight from the
+  // instruction that computes them when no later instruction reads them, else from L1.
+  bool nt_outputs = false;
 };
+
+// 64-byte aligned: where non-temporal vector stores may write.
+bool StreamAligned(const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 == 0; }
 
 bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
   auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
@@ -234,11 +241,16 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
     const TileInstr& ins = p.instrs[0];
     const float* args[3];
     for (int a = 0; a < 3; ++a) args[a] = static_cast<const float*>(p.inputs[ins.args[a]].data) + begin;
-    if (stream_end > begin)
-      plan.f32[0](args, static_cast<float*>(p.outputs[0].data) + begin, stream_end - begin, ins.attrs, begin);
+    float* out = static_cast<float*>(p.outputs[0].data) + begin;
+    if (stream_end > begin) {
+      const bool nt = plan.nt_outputs && StreamAligned(out);
+      (nt ? plan.f32_stream[0] : plan.f32[0])(args, out, stream_end - begin, ins.attrs, begin);
+      if (nt) StreamFence();
+    }
     if (stream_end == end) return;
     Plan tail = plan;
     tail.streaming = false;
+    tail.nt_outputs = false;
     RunRange(tail, stream_end, end, scratch);
     return;
   }
@@ -305,13 +317,15 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
       const TileInstr& ins = p.instrs[i];
       const int r = nin + static_cast<int>(i);
       const int direct = plan.direct_output[r];
-      regs[r] = (direct >= 0 && aligned && !plan.nt_outputs)
-                    ? static_cast<void*>(static_cast<float*>(p.outputs[direct].data) + start)
-                    : static_cast<void*>(reg_buffer(r));
+      float* in_place = direct >= 0 && aligned ? static_cast<float*>(p.outputs[direct].data) + start : nullptr;
+      // Non-temporal: only a result nothing reads again goes straight to memory.
+      const bool nt = plan.nt_outputs && in_place != nullptr && !plan.read_later[r] && StreamAligned(in_place);
+      regs[r] = in_place != nullptr && (!plan.nt_outputs || nt) ? static_cast<void*>(in_place)
+                                                                 : static_cast<void*>(reg_buffer(r));
       if (ins.domain == Domain::kF32) {
         const float* args[3] = {static_cast<const float*>(regs[ins.args[0]]), static_cast<const float*>(regs[ins.args[1]]),
                                 static_cast<const float*>(regs[ins.args[2]])};
-        plan.f32[i](args, static_cast<float*>(regs[r]), npad, ins.attrs, start);
+        (nt ? plan.f32_stream[i] : plan.f32[i])(args, static_cast<float*>(regs[r]), npad, ins.attrs, start);
       } else {
         const int64_t* args[3] = {static_cast<const int64_t*>(regs[ins.args[0]]),
                                   static_cast<const int64_t*>(regs[ins.args[1]]),
@@ -321,9 +335,10 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
     }
     for (size_t o = 0; o < p.outputs.size(); ++o) {
       const TileOutput& out = p.outputs[o];
-      if (plan.direct_output[out.reg] == static_cast<int>(o) && aligned && !plan.nt_outputs) continue;
+      if (plan.direct_output[out.reg] == static_cast<int>(o) && regs[out.reg] == static_cast<float*>(out.data) + start)
+        continue;  // computed in place (non-temporally or not)
       if (plan.nt_outputs && aligned && out.dtype == DType::kF32 && p.RegisterDomain(out.reg) == Domain::kF32 &&
-          reinterpret_cast<uintptr_t>(static_cast<float*>(out.data) + start) % 64 == 0) {
+          StreamAligned(static_cast<float*>(out.data) + start)) {
         StreamStoreF32(static_cast<const float*>(regs[out.reg]), static_cast<float*>(out.data) + start, n);
         continue;
       }
@@ -388,6 +403,7 @@ Plan BuildPlan(const TileProgram& p) {
       GF_CHECK(p.RegisterDomain(ins.args[a]) == ins.domain, "domain mismatch in ", OpName(ins.op));
     }
     plan.f32.push_back(GetF32TileKernel(ins.op));
+    plan.f32_stream.push_back(GetF32StreamKernel(ins.op));
     plan.i64.push_back(GetI64TileKernel(ins.op));
     GF_CHECK(ins.domain == Domain::kF32 || plan.i64.back() != nullptr, OpName(ins.op), " has no integer kernel");
   }
@@ -414,6 +430,8 @@ Plan BuildPlan(const TileProgram& p) {
   std::fill(last_use, last_use + nreg, -1);
   for (size_t i = 0; i < p.instrs.size(); ++i)
     for (int a = 0; a < GetOpInfo(p.instrs[i].op).arity; ++a) last_use[p.instrs[i].args[a]] = static_cast<int>(i);
+  plan.read_later.resize(nreg, false);
+  for (int r = 0; r < nreg; ++r) plan.read_later[r] = last_use[r] >= 0;
   plan.direct_output.resize(nreg, -1);
   for (size_t o = 0; o < p.outputs.size(); ++o) {
     const TileOutput& out = p.outputs[o];
@@ -432,7 +450,7 @@ Plan BuildPlan(const TileProgram& p) {
   for (const TileOutput& out : p.outputs)
     if (out.dtype == DType::kF32) f32_out_bytes += plan.numel * 4;
   plan.nt_outputs = f32_out_bytes >= kNonTemporalBytes;
-  plan.streaming = !plan.nt_outputs && p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
+  plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
   return plan;
 }
@@ -489,6 +507,17 @@ void RunPlanned(const Plan& plan, const TileProgram& p, const CpuContext& ctx) {
 }
 
 }  // namespace
+
+bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out, int64_t n, const OpAttrs& attrs,
+                      const CpuContext& ctx) {
+  // The same decisions RunPlanned and BuildPlan would take: one thread, ordinary stores.
+  if (n % VectorLanes() != 0 || n * 4 >= kNonTemporalBytes || in.empty()) return false;
+  const int64_t tiles = (n + kTileElements - 1) / kTileElements;
+  if (ctx.pool != nullptr && std::min<int64_t>(ctx.ThreadsFor(n * GetOpInfo(kind).cost), tiles) > 1) return false;
+  const float* args[3] = {in[0], in[in.size() > 1 ? 1 : 0], in[in.size() > 2 ? 2 : 0]};
+  GetF32TileKernel(kind)(args, out, n, attrs, 0);
+  return true;
+}
 
 void RunTileProgram(const TileProgram& p, const CpuContext& ctx) { RunPlanned(BuildPlan(p), p, ctx); }
 

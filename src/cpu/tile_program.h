@@ -88,6 +88,13 @@ class TileRunner {
   std::shared_ptr<const Impl> impl_;
 };
 
+// The unfused fast path of one f32 op over n contiguous elements (every input exactly the
+// output's shape): the kernel runs straight over the caller's arrays on the calling thread,
+// with nothing to plan. Returns false, having done nothing, where the tile executor is needed
+// instead (work for more than one thread, a ragged tail, outputs stored non-temporally).
+bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out, int64_t n, const OpAttrs& attrs,
+                      const CpuContext& ctx);
+
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
 void RunTileProgram(const TileProgram& program, const CpuContext& ctx);
