@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }
@@ -189,7 +190,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_c0e2a068(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_d9910afe(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }

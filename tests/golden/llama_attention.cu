@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }
@@ -180,7 +181,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_f1058e9f(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_6811b405(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   __shared__ float qs[16];
   __shared__ float ps[16];

@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }
@@ -149,7 +150,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_57cd7a60(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_51ce1a2e(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;

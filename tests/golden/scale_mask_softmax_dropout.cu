@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }
@@ -199,7 +200,7 @@ __forceinline__ void gf_epilogue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_92b09a37(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_284c25e5(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
   const long long kRows = 256LL, kD = 32LL;
   constexpr int kPer = 1;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

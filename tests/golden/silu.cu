@@ -43,6 +43,7 @@ __forceinline__ long long div(long long x, long long y) {
 }
 
 __forceinline__ float exp(float x) { return expf(x); }
+__forceinline__ float exp_fast(float x) { return expf(x); }
 __forceinline__ float expm1(float x) { return expm1f(x); }
 __forceinline__ float log(float x) { return logf(x); }
 __forceinline__ float log1p(float x) { return log1pf(x); }
@@ -148,7 +149,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 // The op-table rows this kernel uses (src/ops/ops.def, stringized).
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
-template <class T> __forceinline__ T op_Silu(T x, T y, T z, const Attrs& a, long long idx) { return x / (T(1) + exp(-x)); }
+template <class T> __forceinline__ T op_Silu(T x, T y, T z, const Attrs& a, long long idx) { return x / (T(1) + exp_fast(-x)); }
 
 }  // namespace gf
 
