@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "graphfuse/thread_pool.h"
 #include "test_util.h"
@@ -138,6 +140,36 @@ TEST(TileProgram, LargeOutputsStoredNonTemporallyAreExact) {
   q.outputs = {{1, DType::kF32, y.data()}};
   cpu::RunTileProgram(q, CpuContext{&pool});
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y.data_as<float>()[i], ys[i] + ys[i]) << i;
+}
+
+// RunOp runs f32 operands of the output's shape on one thread straight over the caller's
+// arrays (RunContiguousF32), without planning a tile program: the same bits as the tile path,
+// for every f32 op, out of place and in place (Dropout's counter starts at element 0 in both).
+TEST(TileProgram, ContiguousFastPathMatchesTheTilePath) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-3, 3);
+  for (const OpInfo& op : AllOps()) {
+    if (op.cls == OpClass::kLogical || op.cls == OpClass::kSelect || op.cls == OpClass::kCompare) continue;  // not f32 -> f32
+    if (op.kind == OpKind::kBias) continue;  // its [C] operand is never the output's shape
+    OpAttrs a = DefaultAttrs(op.kind);
+    if (op.kind == OpKind::kDropout) a.alpha = 0.25f, a.training = true, a.seed = 99;
+    for (int64_t n : {64, 4096}) {
+      std::vector<Tensor> in;
+      std::vector<TensorView> views;
+      for (int k = 0; k < op.arity; ++k) {
+        in.push_back(Tensor::Empty(DType::kF32, {n / 64, 64}).value());
+        for (int64_t i = 0; i < n; ++i) in.back().data_as<float>()[i] = u(rng);
+      }
+      for (const Tensor& t : in) views.push_back(t.view());
+      Tensor fast = Tensor::Empty(DType::kF32, {n / 64, 64}).value(), tiled = Tensor::Empty(DType::kF32, {n / 64, 64}).value();
+      ASSERT_TRUE(RunOp(op.kind, views, fast.view(), a, CpuContext{}).ok()) << op.name;
+      cpu::RunTileProgram(cpu::SingleOpProgram(op.kind, views, tiled.view(), a), CpuContext{});
+      ASSERT_EQ(std::memcmp(fast.data(), tiled.data(), tiled.nbytes()), 0) << op.name << " n=" << n;
+      // In place: the first input is the output.
+      ASSERT_TRUE(RunOp(op.kind, views, views[0], a, CpuContext{}).ok()) << op.name;
+      ASSERT_EQ(std::memcmp(in[0].data(), tiled.data(), tiled.nbytes()), 0) << op.name << " in place, n=" << n;
+    }
+  }
 }
 
 }  // namespace
