@@ -1,5 +1,7 @@
 #include "elementwise_kernels.h"
 
+#include <hwy/cache_control.h>
+
 #include "../ops/scalar_math.h"
 #include "simd.h"
 
@@ -24,19 +26,31 @@ constexpr bool kIntOk = true, kFloatOnly = false;
 #include "../ops/ops.def"
 #undef OP
 
-// kStream: non-temporal stores (out 64-byte aligned), for outputs far larger than the caches.
-template <class Row, bool kStream>
+// How a kernel stores: kPlain; kStream, non-temporal stores (out 64-byte aligned) for outputs
+// far larger than the caches; kPrefetch, plain stores with every operand prefetched 256 bytes
+// ahead, for the caller's own arrays (in L2 rather than L1 when the call comes: RunOp(Add)
+// at 4096 elements measured 0.94-1.29x the hand-written loop with it, 1.17-1.89x without).
+enum class Mode { kPlain, kStream, kPrefetch };
+
+template <class Row, Mode kMode>
 void F32Kernel(const float* const* in, float* out, int64_t n, const OpAttrs& a, int64_t base) {
   using simd::VF;
   const float* x = in[0];
   const float* y = Row::kArity > 1 ? in[1] : in[0];
   const float* z = Row::kArity > 2 ? in[2] : in[0];
+  constexpr int64_t kAhead = 64;  // floats
   for (int64_t i = 0; i < n; i += simd::kLanes) {
+    if constexpr (kMode == Mode::kPrefetch) {
+      hwy::Prefetch(x + i + kAhead);
+      if constexpr (Row::kArity > 1) hwy::Prefetch(y + i + kAhead);
+      if constexpr (Row::kArity > 2) hwy::Prefetch(z + i + kAhead);
+      hwy::Prefetch(out + i + kAhead);
+    }
     const VF vx = VF::Load(x + i);
     const VF vy = Row::kArity > 1 ? VF::Load(y + i) : vx;
     const VF vz = Row::kArity > 2 ? VF::Load(z + i) : vx;
     const VF r = Row::template Eval<VF, int64_t>(vx, vy, vz, a, base + i);
-    if constexpr (kStream) r.Stream(out + i);
+    if constexpr (kMode == Mode::kStream) r.Stream(out + i);
     else r.Store(out + i);
   }
 }
@@ -57,12 +71,17 @@ constexpr I64TileKernel I64KernelOrNull() {
 }
 
 constexpr F32TileKernel kF32Kernels[] = {
-#define OP(name, ...) &F32Kernel<name##Row, false>,
+#define OP(name, ...) &F32Kernel<name##Row, Mode::kPlain>,
 #include "../ops/ops.def"
 #undef OP
 };
 constexpr F32TileKernel kF32StreamKernels[] = {
-#define OP(name, ...) &F32Kernel<name##Row, true>,
+#define OP(name, ...) &F32Kernel<name##Row, Mode::kStream>,
+#include "../ops/ops.def"
+#undef OP
+};
+constexpr F32TileKernel kF32PrefetchKernels[] = {
+#define OP(name, ...) &F32Kernel<name##Row, Mode::kPrefetch>,
 #include "../ops/ops.def"
 #undef OP
 };
@@ -76,6 +95,7 @@ constexpr I64TileKernel kI64Kernels[] = {
 
 F32TileKernel GetF32TileKernel(OpKind kind) { return kF32Kernels[static_cast<size_t>(kind)]; }
 F32TileKernel GetF32StreamKernel(OpKind kind) { return kF32StreamKernels[static_cast<size_t>(kind)]; }
+F32TileKernel GetF32PrefetchKernel(OpKind kind) { return kF32PrefetchKernels[static_cast<size_t>(kind)]; }
 I64TileKernel GetI64TileKernel(OpKind kind) { return kI64Kernels[static_cast<size_t>(kind)]; }
 int VectorLanes() { return simd::kLanes; }
 const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }

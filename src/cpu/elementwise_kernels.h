@@ -24,6 +24,8 @@ F32TileKernel GetF32TileKernel(OpKind kind);
 // The same kernel with non-temporal stores: `out` must be 64-byte aligned, and the caller
 // fences (hwy::FlushStream) before another thread reads the result.
 F32TileKernel GetF32StreamKernel(OpKind kind);
+// The same kernel prefetching its operands ahead: for arrays outside the tile's L1 registers.
+F32TileKernel GetF32PrefetchKernel(OpKind kind);
 // nullptr when the op has no integer form.
 I64TileKernel GetI64TileKernel(OpKind kind);
 

@@ -515,7 +515,7 @@ bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out,
   const int64_t tiles = (n + kTileElements - 1) / kTileElements;
   if (ctx.pool != nullptr && std::min<int64_t>(ctx.ThreadsFor(n * GetOpInfo(kind).cost), tiles) > 1) return false;
   const float* args[3] = {in[0], in[in.size() > 1 ? 1 : 0], in[in.size() > 2 ? 2 : 0]};
-  GetF32TileKernel(kind)(args, out, n, attrs, 0);
+  GetF32PrefetchKernel(kind)(args, out, n, attrs, 0);
   return true;
 }
 
