@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "graphfuse/thread_pool.h"
+#include "ops/philox.h"
 #include "test_util.h"
 
 namespace graphfuse {
@@ -140,6 +141,21 @@ TEST(TileProgram, LargeOutputsStoredNonTemporallyAreExact) {
   q.outputs = {{1, DType::kF32, y.data()}};
   cpu::RunTileProgram(q, CpuContext{&pool});
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y.data_as<float>()[i], ys[i] + ys[i]) << i;
+  // A result stored non-temporally in pieces (with the next tile's inputs prefetched between
+  // them) keeps every element's own counter: Dropout(x * x) against the scalar rule.
+  cpu::TileProgram d;
+  d.shape = {n};
+  d.inputs = {{DType::kF32, y.data(), {1}, cpu::Domain::kF32}};
+  OpAttrs drop;
+  drop.alpha = 0.3f, drop.training = true, drop.seed = 77;
+  d.instrs = {{OpKind::kMul, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kDropout, {1, 0, 0}, drop, cpu::Domain::kF32}};
+  d.outputs = {{2, DType::kF32, second.data()}};
+  cpu::RunTileProgram(d, CpuContext{&pool});
+  for (int64_t i = 0; i < n; ++i) {
+    const float sq = (ys[i] + ys[i]) * (ys[i] + ys[i]);
+    const float want = DropoutKeep(drop.seed, static_cast<uint64_t>(i), drop.alpha) ? sq * DropoutScale(drop.alpha) : 0.f;
+    ASSERT_EQ(second.data_as<float>()[i], want) << i;
+  }
 }
 
 // RunOp runs f32 operands of the output's shape on one thread straight over the caller's
