@@ -316,10 +316,17 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
         std::fill(dst + n, dst + npad, int64_t{0});
       }
     }
-    bool prefetched = false;
-    for (size_t i = 0; i < p.instrs.size(); ++i) {
+    // Launches stored non-temporally spread the next tile's in-place inputs over the phases
+    // after the first (which reads this tile's), a piece at a time between pieces of the
+    // kernels, so that DRAM reads overlap the computing and storing phases instead of
+    // alternating with them tile by tile.
+    const int64_t next = start + kTileElements;
+    const bool prefetch_next = plan.nt_outputs && aligned && next < end;
+    const int ninstr = static_cast<int>(p.instrs.size());
+    const int first_phase = ninstr > 1 ? 1 : 0;
+    for (int i = 0; i < ninstr; ++i) {
       const TileInstr& ins = p.instrs[i];
-      const int r = nin + static_cast<int>(i);
+      const int r = nin + i;
       const int direct = plan.direct_output[r];
       float* in_place = direct >= 0 && aligned ? static_cast<float*>(p.outputs[direct].data) + start : nullptr;
       // Non-temporal: only a result nothing reads again goes straight to memory.
@@ -329,24 +336,22 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
       if (ins.domain == Domain::kF32) {
         const float* args[3] = {static_cast<const float*>(regs[ins.args[0]]), static_cast<const float*>(regs[ins.args[1]]),
                                 static_cast<const float*>(regs[ins.args[2]])};
-        if (!nt) {
-          plan.f32[i](args, static_cast<float*>(regs[r]), npad, ins.attrs, start);
+        const F32TileKernel kernel = nt ? plan.f32_stream[i] : plan.f32[i];
+        if (!prefetch_next || i < first_phase) {
+          kernel(args, static_cast<float*>(regs[r]), npad, ins.attrs, start);
         } else {
-          // The store phase of a tile: the next tile's in-place inputs are prefetched a
-          // piece at a time between pieces of the stores, so that DRAM reads and writes
-          // overlap instead of alternating tile by tile.
-          const int64_t next = start + kTileElements;
-          const bool prefetch = !prefetched && next < end;
-          prefetched |= prefetch;
+          // This phase's share of the next tile: [lo, hi), in whole cache lines.
+          const int phases = ninstr - first_phase;
+          const int64_t lo = kTileElements * (i - first_phase) / phases / 16 * 16;
+          const int64_t hi = kTileElements * (i - first_phase + 1) / phases / 16 * 16;
           for (int64_t c = 0; c < npad; c += kPrefetchPiece) {
             const int64_t cn = std::min(kPrefetchPiece, npad - c);
-            if (prefetch)
-              for (int k = 0; k < nin; ++k)
-                if (plan.direct_input[k])
-                  for (int64_t e = c; e < c + cn; e += 16)
-                    hwy::Prefetch(static_cast<const float*>(p.inputs[k].data) + next + e);
+            const int64_t from = lo + (hi - lo) * c / npad / 16 * 16, to = lo + (hi - lo) * (c + cn) / npad / 16 * 16;
+            for (int k = 0; k < nin; ++k)
+              if (plan.direct_input[k])
+                for (int64_t e = from; e < to; e += 16) hwy::Prefetch(static_cast<const float*>(p.inputs[k].data) + next + e);
             const float* piece[3] = {args[0] + c, args[1] + c, args[2] + c};
-            plan.f32_stream[i](piece, static_cast<float*>(regs[r]) + c, cn, ins.attrs, start + c);
+            kernel(piece, static_cast<float*>(regs[r]) + c, cn, ins.attrs, start + c);
           }
         }
       } else {
