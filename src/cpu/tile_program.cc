@@ -194,8 +194,9 @@ void LoadTile(const TileInput& in, const TileDims& shape, const TileDims& stride
 // out), fused 11.9 -> 8.1-9.5 ms and unfused 25 -> 17-19 ms; at 1 Mi (4 MiB, still in cache
 // for the next kernel) non-temporal stores made the unfused chain 1.6x slower.
 constexpr int64_t kNonTemporalBytes = int64_t{32} << 20;
-// Elements stored between two rounds of prefetches of the next tile (probe: a 3-op chain at
-// 16 Mi went from 109% to 120% of triad; one burst per tile gained nothing).
+// Elements computed between two rounds of prefetches of the next tile (a probe of a tiled
+// 3-op chain at 16 Mi: 108-112% of triad without them, 121-124% with them spread over the
+// phases after the first; one burst per tile, or a spread over every phase, gained nothing).
 constexpr int64_t kPrefetchPiece = 256;
 
 // Non-temporal stores of n floats (dst 64-byte aligned, n a multiple of the vector width).
@@ -346,7 +347,8 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
           const int64_t hi = kTileElements * (i - first_phase + 1) / phases / 16 * 16;
           for (int64_t c = 0; c < npad; c += kPrefetchPiece) {
             const int64_t cn = std::min(kPrefetchPiece, npad - c);
-            const int64_t from = lo + (hi - lo) * c / npad / 16 * 16, to = lo + (hi - lo) * (c + cn) / npad / 16 * 16;
+            const int64_t from = lo + (hi - lo) * c / npad / 16 * 16;
+            const int64_t to = std::min(lo + (hi - lo) * (c + cn) / npad / 16 * 16, end - next);
             for (int k = 0; k < nin; ++k)
               if (plan.direct_input[k])
                 for (int64_t e = from; e < to; e += 16) hwy::Prefetch(static_cast<const float*>(p.inputs[k].data) + next + e);
