@@ -16,6 +16,7 @@
 // workspace and are read back by the epilogue while still in cache. Blocks are spread over
 // the pool, one claim per block.
 #include <cblas.h>
+#include <hwy/cache_control.h>
 
 #include <atomic>
 #include <climits>
@@ -174,6 +175,10 @@ Status RunFusedGemm(const KernelContext& ctx) {
   // large M the A repacking would cost more than the cache saves); rows are cut only when
   // even that does not fit.
   constexpr int64_t kBlockBytes = 2 << 20;
+  // Row pieces up to this long have the next row's prefetched (llama-small, 128 and 352 columns:
+  // SwiGLU epilogue 0.20-0.22 -> 0.14-0.18 ms, residual 0.04-0.06 -> 0.03-0.05 ms; llama7b's
+  // 1024- and 2560-column pieces measured no gain).
+  constexpr int64_t kPrefetchRowElements = 512;
   const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
   const int64_t nb_threads = (n + threads - 1) / threads;
@@ -225,6 +230,15 @@ Status RunFusedGemm(const KernelContext& ctx) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
 
+  // Full [M, N] f32 operands of the epilogue besides the projections (a residual) and its
+  // outputs: prefetched a row ahead with the projections.
+  std::vector<const float*> ahead;
+  if (runner) {
+    for (size_t e = 2; e < ctx.inputs.size(); ++e)
+      if (ctx.inputs[e].dtype == DType::kF32 && ctx.inputs[e].numel() == m * n) ahead.push_back(ctx.inputs[e].as<const float>());
+    for (size_t o = 0; o < out_proj.size(); ++o)
+      if (out_proj[o] < 0 && ctx.outputs[o].dtype == DType::kF32) ahead.push_back(ctx.outputs[o].as<const float>());
+  }
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
   auto run_block = [&](int64_t b, void* regs) {
@@ -246,7 +260,23 @@ Status RunFusedGemm(const KernelContext& ctx) {
                   proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
     }
     if (runner)
-      for (int64_t i = i0; i < i1; ++i) runner->Run(i * n + j0, i * n + j1, regs);
+      for (int64_t i = i0; i < i1; ++i) {
+        // Short row pieces: the next row's are prefetched while this one runs (the GEMM has
+        // pushed part of its own output out of L2 by the time the epilogue reads it back, and
+        // the hardware prefetchers do not follow the jumps between pieces). Long pieces are
+        // left to the hardware.
+        if (i + 1 < i1 && j1 - j0 <= kPrefetchRowElements) {
+          for (const float* row : ahead) {
+            const float* q = row + (i + 1) * n + j0;
+            for (int64_t j = 0; j < j1 - j0; j += 16) hwy::Prefetch(q + j);
+          }
+          for (int64_t s = 0; s < S; ++s) {
+            const float* q = proj[s] + (i + 1) * proj_ld[s] + j0;
+            for (int64_t j = 0; j < j1 - j0; j += 16) hwy::Prefetch(q + j);
+          }
+        }
+        runner->Run(i * n + j0, i * n + j1, regs);
+      }
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
                             : nullptr;
