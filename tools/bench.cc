@@ -61,11 +61,9 @@ int Bench(Args& args) {
   while (!args.Done()) {
     const std::string f = args.Next();
     if (f == "--backend") {
-      auto v = args.Value(f);
+      auto v = args.Backend(f);
       if (!v.ok()) return Fail(v.status());
       backend = *v;
-      if (backend != "cpu" && backend != "cuda")
-        return Fail(InvalidArgument("--backend must be cpu or cuda, got '", backend, "'"));
     } else if (f == "--preset" || f == "--json") {
       auto v = args.Value(f);
       if (!v.ok()) return Fail(v.status());

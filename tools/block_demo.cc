@@ -61,9 +61,7 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
     } else if (f == "--profile") {
       o.profile = true;
     } else if (f == "--backend") {
-      GF_ASSIGN_OR_RETURN(o.backend, args.Value(f));
-      if (o.backend != "cpu" && o.backend != "cuda")
-        return InvalidArgument("demo: --backend must be cpu or cuda, got '", o.backend, "'");
+      GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else {
       return InvalidArgument("demo: unknown flag '", f,
                              "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --profile "

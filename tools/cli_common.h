@@ -38,6 +38,8 @@ class Args {
   Result<int64_t> Int(const std::string& name, int64_t lo, int64_t hi);
   // A finite number in [lo, hi].
   Result<double> Float(const std::string& name, double lo, double hi);
+  // A backend name: "cpu" or "cuda".
+  Result<std::string> Backend(const std::string& name);
   const std::string& command() const { return command_; }
 
  private:

@@ -47,6 +47,12 @@ Result<int64_t> Args::Int(const std::string& name, int64_t lo, int64_t hi) {
   return static_cast<int64_t>(x);
 }
 
+Result<std::string> Args::Backend(const std::string& name) {
+  GF_ASSIGN_OR_RETURN(std::string v, Value(name));
+  if (v != "cpu" && v != "cuda") return InvalidArgument(command_, ": ", name, " must be cpu or cuda, got '", v, "'");
+  return v;
+}
+
 Result<double> Args::Float(const std::string& name, double lo, double hi) {
   GF_ASSIGN_OR_RETURN(std::string v, Value(name));
   char* end = nullptr;

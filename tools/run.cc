@@ -53,9 +53,7 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
       o.threads = static_cast<int>(t);
     } else if (f == "--backend") {
-      GF_ASSIGN_OR_RETURN(o.backend, args.Value(f));
-      if (o.backend != "cpu" && o.backend != "cuda")
-        return InvalidArgument("run: --backend must be cpu or cuda, got '", o.backend, "'");
+      GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else if (f == "--check-fusion") {
       o.check_fusion = true;
     } else if (f == "--cuda-graph") {

@@ -4,8 +4,8 @@
 // 240 -> 49 ns on the session VM).
 // The validation below runs on every launch, so its success path allocates nothing; the
 // allocating shape/dtype rules of ops.h run only to word an error.
-#include <array>
 #include <algorithm>
+#include <array>
 #include <string>
 #include <vector>
 

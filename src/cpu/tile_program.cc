@@ -194,6 +194,7 @@ void LoadTile(const TileInput& in, const TileDims& shape, const TileDims& stride
 // out), fused 11.9 -> 8.1-9.5 ms and unfused 25 -> 17-19 ms; at 1 Mi (4 MiB, still in cache
 // for the next kernel) non-temporal stores made the unfused chain 1.6x slower.
 constexpr int64_t kNonTemporalBytes = int64_t{32} << 20;
+bool StoresNonTemporally(int64_t f32_out_bytes) { return f32_out_bytes >= kNonTemporalBytes; }
 // Elements computed between two rounds of prefetches of the next tile (a probe of a tiled
 // 3-op chain at 16 Mi: 108-112% of triad without them, 121-124% with them spread over the
 // phases after the first; one burst per tile, or a spread over every phase, gained nothing).
@@ -350,8 +351,7 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
             const int64_t from = lo + (hi - lo) * c / npad / 16 * 16;
             const int64_t to = std::min(lo + (hi - lo) * (c + cn) / npad / 16 * 16, end - next);
             for (int k = 0; k < nin; ++k)
-              if (plan.direct_input[k])
-                for (int64_t e = from; e < to; e += 16) hwy::Prefetch(static_cast<const float*>(p.inputs[k].data) + next + e);
+              if (plan.direct_input[k]) PrefetchFloats(static_cast<const float*>(p.inputs[k].data) + next + from, to - from);
             const float* piece[3] = {args[0] + c, args[1] + c, args[2] + c};
             kernel(piece, static_cast<float*>(regs[r]) + c, cn, ins.attrs, start + c);
           }
@@ -382,6 +382,10 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
 }
 
 }  // namespace
+
+void PrefetchFloats(const float* p, int64_t n) {
+  for (int64_t i = 0; i < n; i += 16) hwy::Prefetch(p + i);  // one per 64-byte line
+}
 
 TileDims TileShape(const Shape& s) {
   GF_CHECK(s.size() <= kMaxTileRank, "rank ", s.size());
@@ -479,7 +483,7 @@ Plan BuildPlan(const TileProgram& p) {
   int64_t f32_out_bytes = 0;
   for (const TileOutput& out : p.outputs)
     if (out.dtype == DType::kF32) f32_out_bytes += plan.numel * 4;
-  plan.nt_outputs = f32_out_bytes >= kNonTemporalBytes;
+  plan.nt_outputs = StoresNonTemporally(f32_out_bytes);
   plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
   return plan;
@@ -513,12 +517,19 @@ void TileRunner::Run(int64_t begin, int64_t end, void* scratch) const {
 
 namespace {
 
+// Threads for one launch over numel elements: as the context grants for the work, at most one
+// per tile.
+int64_t LaunchThreads(const CpuContext& ctx, int64_t numel, int64_t cost_per_element) {
+  const int64_t tiles = (numel + kTileElements - 1) / kTileElements;
+  return std::min<int64_t>(ctx.ThreadsFor(numel * cost_per_element), tiles);
+}
+
 // One launch of a planned program: on the calling thread for small work, else one dispatch.
 void RunPlanned(const Plan& plan, const TileProgram& p, const CpuContext& ctx) {
   if (plan.numel == 0) return;
   const int nreg = p.num_registers();
   const int64_t tiles = (plan.numel + kTileElements - 1) / kTileElements;
-  const int threads = static_cast<int>(std::min<int64_t>(ctx.ThreadsFor(plan.numel * p.CostPerElement()), tiles));
+  const int threads = static_cast<int>(LaunchThreads(ctx, plan.numel, p.CostPerElement()));
   const size_t scratch_bytes = static_cast<size_t>(nreg) * kRegisterStride;
   if (threads <= 1 || ctx.pool == nullptr) {
     // Small launches: the calling thread, no dispatch. Scratch comes from the pool when there is one.
@@ -541,9 +552,8 @@ void RunPlanned(const Plan& plan, const TileProgram& p, const CpuContext& ctx) {
 bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out, int64_t n, const OpAttrs& attrs,
                       const CpuContext& ctx) {
   // The same decisions RunPlanned and BuildPlan would take: one thread, ordinary stores.
-  if (n % VectorLanes() != 0 || n * 4 >= kNonTemporalBytes || in.empty()) return false;
-  const int64_t tiles = (n + kTileElements - 1) / kTileElements;
-  if (ctx.pool != nullptr && std::min<int64_t>(ctx.ThreadsFor(n * GetOpInfo(kind).cost), tiles) > 1) return false;
+  if (n % VectorLanes() != 0 || StoresNonTemporally(n * 4) || in.empty()) return false;
+  if (ctx.pool != nullptr && LaunchThreads(ctx, n, GetOpInfo(kind).cost) > 1) return false;
   const float* args[3] = {in[0], in[in.size() > 1 ? 1 : 0], in[in.size() > 2 ? 2 : 0]};
   GetF32PrefetchKernel(kind)(args, out, n, attrs, 0);
   return true;

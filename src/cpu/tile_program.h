@@ -95,6 +95,9 @@ class TileRunner {
 bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out, int64_t n, const OpAttrs& attrs,
                       const CpuContext& ctx);
 
+// Prefetches floats [p, p + n) into the cache, one request per cache line.
+void PrefetchFloats(const float* p, int64_t n);
+
 // Runs the program as ONE launch: at most one dispatch to the thread pool.
 // Register domains and operands are internal invariants (checked, not reported).
 void RunTileProgram(const TileProgram& program, const CpuContext& ctx);

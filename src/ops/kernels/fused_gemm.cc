@@ -16,10 +16,8 @@
 // workspace and are read back by the epilogue while still in cache. Blocks are spread over
 // the pool, one claim per block.
 #include <cblas.h>
-#include <hwy/cache_control.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <memory>
 #include <optional>
@@ -287,14 +285,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
         // the hardware prefetchers do not follow the jumps between pieces). Long pieces are
         // left to the hardware.
         if (i + 1 < i1 && j1 - j0 <= kPrefetchRowElements) {
-          for (const float* row : ahead) {
-            const float* q = row + (i + 1) * n + j0;
-            for (int64_t j = 0; j < j1 - j0; j += 16) hwy::Prefetch(q + j);
-          }
-          for (int64_t s = 0; s < S; ++s) {
-            const float* q = proj[s] + (i + 1) * proj_ld[s] + j0;
-            for (int64_t j = 0; j < j1 - j0; j += 16) hwy::Prefetch(q + j);
-          }
+          for (const float* row : ahead) cpu::PrefetchFloats(row + (i + 1) * n + j0, j1 - j0);
+          for (int64_t s = 0; s < S; ++s) cpu::PrefetchFloats(proj[s] + (i + 1) * proj_ld[s] + j0, j1 - j0);
         }
         runner->Run(i * n + j0, i * n + j1, regs);
       }

@@ -6,7 +6,6 @@
 // would oversubscribe the cores.
 #include <cblas.h>
 
-#include <atomic>
 #include <cctype>
 #include <climits>
 #include <cstdlib>
