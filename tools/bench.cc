@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "cli_common.h"
 #include "fusion_report.h"
 #include "graphfuse/cpu.h"
+#include "graphfuse/cpu_codegen.h"
 #include "ir/text.h"
 #include "json.h"
 #include "onnx/import.h"
@@ -57,10 +59,13 @@ int Bench(Args& args) {
   std::string model, preset, json, backend = "cpu";
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
+  bool native = false;
   FusionOptions fusion;
   while (!args.Done()) {
     const std::string f = args.Next();
-    if (f == "--backend") {
+    if (f == "--cpu-codegen") {
+      native = true;
+    } else if (f == "--backend") {
       auto v = args.Backend(f);
       if (!v.ok()) return Fail(v.status());
       backend = *v;
@@ -144,6 +149,31 @@ int Bench(Args& args) {
   const CpuContext ctx{&pool};
   if (Status s = (*base_plan)->Run(iv, av, ctx); !s.ok()) return Fail(s);
   if (Status s = (*fused_plan)->Run(iv, bv, ctx); !s.ok()) return Fail(s);
+  // --cpu-codegen: the fused plan once more, its groups compiled to native loops (a plan of
+  // its own, so that the two keep their own prepared launches), timed in the same rounds.
+  std::unique_ptr<CpuCodegen> codegen;
+  std::unique_ptr<ExecutionPlan> native_plan;
+  CpuContext native_ctx = ctx;
+  std::vector<Tensor> out_c;
+  std::vector<TensorView> cv;
+  if (native) {
+    auto cg = CpuCodegen::Create();
+    if (!cg.ok()) return Fail(cg.status().WithContext("--cpu-codegen"));
+    codegen = std::move(*cg);
+    native_ctx.codegen = codegen.get();
+    auto np = ExecutionPlan::Compile(*fused);
+    if (!np.ok()) return Fail(np.status());
+    native_plan = std::move(*np);
+    for (const Value* v : base->outputs()) out_c.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+    for (const Tensor& t : out_c) cv.push_back(t.view());
+    std::fprintf(stderr, "graphfuse bench: compiling native kernels (cache: %s)...\n", codegen->cache_dir().c_str());
+    if (Status s = native_plan->Run(iv, cv, native_ctx); !s.ok()) return Fail(s);
+    for (size_t k = 0; k < out_c.size(); ++k)
+      if (std::memcmp(out_c[k].data(), out_b[k].data(), out_b[k].nbytes()) != 0) {
+        std::fprintf(stderr, "graphfuse bench: the native kernels' output %zu differs from the tile executor's\n", k);
+        return kExitMismatch;
+      }
+  }
 
   // Checks: fused against unfused on the same inputs, and (presets) against float64 at samples.
   bool same = true;
@@ -181,8 +211,10 @@ int Bench(Args& args) {
     fs.push_back([&] {
       StreamTriad(pool, triad_threads, ta.data_as<float>(), tb.data_as<float>(), tc.data_as<float>(), elements);
     });
+  if (native) fs.push_back([&] { (void)native_plan->Run(iv, cv, native_ctx); });
   const InterleavedTiming t = MeasureInterleaved(fs, repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
   const double t_unfused = t.timings[0].median_s, t_fused = t.timings[1].median_s;
+  const double t_native = native ? t.timings.back().median_s : 0;
   const double bytes = static_cast<double>(IoBytes(*base));
   const double gb_unfused = bytes / t_unfused / 1e9, gb_fused = bytes / t_fused / 1e9;
   const double gb_triad = p ? 12.0 * elements / t.timings[2].median_s / 1e9 : 0;
@@ -194,10 +226,21 @@ int Bench(Args& args) {
   std::printf("  %-10s %12s %10s\n", "", "latency", p ? "GB/s" : "");
   std::printf("  %-10s %10.4f ms %10.1f\n", "unfused", t_unfused * 1e3, p ? gb_unfused : 0.0);
   std::printf("  %-10s %10.4f ms %10.1f\n", "fused", t_fused * 1e3, p ? gb_fused : 0.0);
+  if (native) std::printf("  %-10s %10.4f ms %10.1f   (fused, groups as native loops)\n", "native", t_native * 1e3, p ? bytes / t_native / 1e9 : 0.0);
   if (p) std::printf("  %-10s %10.4f ms %10.1f   (12 B/element, same pool)\n", "triad", t.timings[2].median_s * 1e3, gb_triad);
   std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
               1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
-  std::printf("  checks: fused == unfused; max rel error vs float64 at 4096 sampled elements: %.2g\n", max_rel_f64);
+  if (native) {
+    const CpuCodegen::Stats cs = codegen->stats();
+    std::printf("  native is %.2fx unfused (median of per-round ratios %.2fx)%s; %d kernel(s) compiled (%.1f s), %d from the "
+                "cache, %d program(s) outside the generator's scope%s\n",
+                t_unfused / t_native, 1.0 / t.median_ratio_to_first.back(),
+                p ? StrCat("; ", std::lround(100 * bytes / t_native / 1e9 / gb_triad), "% of triad").c_str() : "",
+                cs.compiled, cs.compile_seconds, cs.loaded, cs.outside_scope,
+                cs.failed ? StrCat("; ", cs.failed, " failed: ", cs.last_error).c_str() : "");
+  }
+  std::printf("  checks: fused == unfused%s; max rel error vs float64 at 4096 sampled elements: %.2g\n",
+              native ? " == native (bitwise)" : "", max_rel_f64);
 #ifdef GF_HAVE_CUDA
   // --backend cuda: both plans on GPU 0 (checked against the CPU's outputs), median device
   // time of `repeats` replays each, beside a same-run device-to-device copy of one tensor.
@@ -240,10 +283,14 @@ int Bench(Args& args) {
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
     j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
     AddFusionJson(j, report);
-    j.Key("latency_ms").BeginObject().Key("unfused").Num(t_unfused * 1e3).Key("fused").Num(t_fused * 1e3).EndObject();
+    j.Key("latency_ms").BeginObject().Key("unfused").Num(t_unfused * 1e3).Key("fused").Num(t_fused * 1e3);
+    if (native) j.Key("native").Num(t_native * 1e3);
+    j.EndObject();
     j.Key("speedup").Num(t_unfused / t_fused).Key("speedup_median_ratio").Num(1.0 / t.median_ratio_to_first[1]);
     if (p) {
-      j.Key("gbps").BeginObject().Key("unfused").Num(gb_unfused).Key("fused").Num(gb_fused).Key("triad").Num(gb_triad).EndObject();
+      j.Key("gbps").BeginObject().Key("unfused").Num(gb_unfused).Key("fused").Num(gb_fused).Key("triad").Num(gb_triad);
+      if (native) j.Key("native").Num(bytes / t_native / 1e9);
+      j.EndObject();
       j.Key("max_rel_err_f64").Num(max_rel_f64);
     }
 #ifdef GF_HAVE_CUDA

@@ -35,12 +35,18 @@ struct KernelCounters {
   std::atomic<int64_t> task_ns{0};
 };
 
+class CpuCodegen;  // graphfuse/cpu_codegen.h
+
 // Everything a CPU kernel needs from outside, passed explicitly (no globals).
 struct CpuContext {
   ThreadPool* pool = nullptr;  // nullptr: run on the calling thread only
   int max_threads = 0;         // 0: all of the pool's threads
   int64_t min_work_per_thread = kDefaultMinWorkPerThread;
   KernelCounters* counters = nullptr;  // profiling (see KernelCounters); nullptr: off
+  // Elementwise programs (fused groups, epilogues, single ops) compiled to native code that
+  // keeps every intermediate in registers (graphfuse/cpu_codegen.h); nullptr: the tile
+  // executor interprets them over L1 tiles.
+  CpuCodegen* codegen = nullptr;
 
   // Threads for a launch of `work` units: 1 for small launches, then one per
   // min_work_per_thread, capped by the pool.

@@ -2,29 +2,12 @@
 
 #include <hwy/cache_control.h>
 
-#include "../ops/scalar_math.h"
-#include "simd.h"
+#include "op_rows.h"
 
 namespace graphfuse::cpu {
 namespace {
 
-constexpr bool kIntOk = true, kFloatOnly = false;
-
-// Each row becomes a struct whose Eval is the row's expression for any T.
-#define OP(name, arity, cls, ints, cost, ulp, alpha, beta, expr)                                 \
-  struct name##Row {                                                                            \
-    static constexpr int kArity = arity;                                                        \
-    static constexpr bool kInts = ints;                                                         \
-    template <class T, class I>                                                                 \
-    static T Eval([[maybe_unused]] T x, [[maybe_unused]] T y, [[maybe_unused]] T z,             \
-                  [[maybe_unused]] const OpAttrs& a, [[maybe_unused]] I idx) {                  \
-      using namespace ::graphfuse::simd;                                                        \
-      using namespace ::graphfuse::scalar;                                                      \
-      return expr;                                                                              \
-    }                                                                                           \
-  };
-#include "../ops/ops.def"
-#undef OP
+using namespace rows;  // the op table's rows as types (op_rows.h)
 
 // How a kernel stores: kPlain; kStream, non-temporal stores (out 64-byte aligned) for outputs
 // far larger than the caches; kPrefetch, plain stores with every operand prefetched 256 bytes

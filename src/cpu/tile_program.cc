@@ -9,6 +9,9 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
+
+#include "cpu_codegen.h"
 
 namespace graphfuse::cpu {
 namespace {
@@ -225,6 +228,11 @@ struct Plan {
   // f32 outputs far larger than the caches: stored non-temporally, straight from the
   // instruction that computes them when no later instruction reads them, else from L1.
   bool nt_outputs = false;
+  // The program compiled to one loop over vectors (cpu_codegen.h), or null: the tile executor.
+  NativeKernel native = nullptr;
+  InlineVec<int64_t, kMaxTileInputs> native_row_strides;
+  int64_t native_cols = 0;
+  InlineVec<OpAttrs, kMaxTileInstrs> native_attrs;
 };
 
 // 64-byte aligned: where non-temporal vector stores may write.
@@ -238,6 +246,30 @@ bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
 // Runs elements [begin, end) of the iteration space, kTileElements at a time.
 void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
   const TileProgram& p = *plan.p;
+  if (plan.native && begin % VectorLanes() == 0) {
+    // Whole vectors in the compiled loop; a ragged tail (a 1-D space that is not a whole
+    // number of vectors) on the tile path. Each element is computed exactly once.
+    const int64_t vec_end = begin + (end - begin) / VectorLanes() * VectorLanes();
+    if (vec_end > begin) {
+      const float* in[kMaxTileInputs];
+      float* out[kMaxTileOutputs];
+      bool nt = plan.nt_outputs;
+      for (size_t k = 0; k < p.inputs.size(); ++k) in[k] = static_cast<const float*>(p.inputs[k].data);
+      for (size_t o = 0; o < p.outputs.size(); ++o) {
+        out[o] = static_cast<float*>(p.outputs[o].data);
+        nt &= StreamAligned(out[o] + begin);
+      }
+      plan.native(in, out, plan.native_attrs.data(), plan.native_row_strides.data(), plan.native_cols, begin, vec_end,
+                  nt ? 1 : 0);
+      if (nt) StreamFence();
+    }
+    if (vec_end == end) return;
+    Plan tail = plan;
+    tail.native = nullptr;
+    tail.nt_outputs = false;
+    RunRange(tail, vec_end, end, scratch);
+    return;
+  }
   if (plan.streaming) {
     // Nothing to stage: one instruction from memory to memory over whole vectors; a ragged
     // tail (less than one vector) takes the tile path. Each element is computed exactly once:
@@ -420,7 +452,40 @@ int64_t TileProgram::CostPerElement() const {
 
 namespace {
 
-Plan BuildPlan(const TileProgram& p) {
+// The program as one compiled loop, when it is within the generator's scope: f32 throughout,
+// a space of at most two dims (rows of a whole number of vectors when there are two), every
+// input contiguous along the rows or broadcast along them, and no output overlapping an input
+// other than exactly (an element is read, then written, in the same iteration).
+std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p) {
+  const Layout& l = plan.layout;
+  if (l.shape.size() > 2 || (l.shape.size() == 2 && l.shape.back() % VectorLanes() != 0)) return std::nullopt;
+  NativeProgram np;
+  for (size_t k = 0; k < p.inputs.size(); ++k) {
+    const TileInput& in = p.inputs[k];
+    if (in.dtype != DType::kF32 || in.domain != Domain::kF32) return std::nullopt;
+    const int64_t col = l.strides[k].back(), row = l.shape.size() == 2 ? l.strides[k][0] : 0;
+    if (col != 0 && col != 1) return std::nullopt;
+    np.inputs.push_back(col == 1 ? NativeRead::kRow : row == 0 ? NativeRead::kScalar : NativeRead::kPerRow);
+    for (const TileOutput& out : p.outputs) {
+      const bool same = in.data == out.data && plan.direct_input[k];
+      int64_t span = 1;  // elements the input spans
+      for (size_t d = 0; d < l.shape.size(); ++d) span += (l.shape[d] - 1) * l.strides[k][d];
+      if (!same && Overlaps(in.data, static_cast<size_t>(span) * 4, out.data, static_cast<size_t>(plan.numel) * 4))
+        return std::nullopt;
+    }
+  }
+  for (const TileInstr& ins : p.instrs) {
+    if (ins.domain != Domain::kF32) return std::nullopt;
+    np.instrs.push_back(ins);
+  }
+  for (const TileOutput& out : p.outputs) {
+    if (out.dtype != DType::kF32 || p.RegisterDomain(out.reg) != Domain::kF32) return std::nullopt;
+    np.outputs.push_back(out.reg);
+  }
+  return np;
+}
+
+Plan BuildPlan(const TileProgram& p, CpuCodegen* codegen) {
   Plan plan;
   plan.p = &p;
   plan.numel = 1;
@@ -486,6 +551,18 @@ Plan BuildPlan(const TileProgram& p) {
   plan.nt_outputs = StoresNonTemporally(f32_out_bytes);
   plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
+  if (codegen) {
+    const std::optional<NativeProgram> np = NativeScope(plan, p);
+    if (!np) {
+      CountOutsideScope(*codegen);
+    } else if (auto kernel = GetNativeKernel(*codegen, *np); kernel.ok()) {  // else counted; tiles run it
+      plan.native = *kernel;
+      plan.native_cols = plan.layout.shape.back();
+      for (int k = 0; k < nin; ++k)
+        plan.native_row_strides.push_back(plan.layout.shape.size() == 2 ? plan.layout.strides[k][0] : 0);
+      for (const TileInstr& ins : p.instrs) plan.native_attrs.push_back(ins.attrs);
+    }
+  }
   return plan;
 }
 
@@ -494,14 +571,18 @@ Plan BuildPlan(const TileProgram& p) {
 struct TileRunner::Impl {
   TileProgram program;
   Plan plan;
+  const CpuCodegen* codegen = nullptr;
 };
 
-TileRunner::TileRunner(const TileProgram& p) {
+TileRunner::TileRunner(const TileProgram& p, CpuCodegen* codegen) {
   auto impl = std::make_shared<Impl>();
   impl->program = p;
-  impl->plan = BuildPlan(impl->program);
+  impl->plan = BuildPlan(impl->program, codegen);
+  impl->codegen = codegen;
   impl_ = std::move(impl);
 }
+
+bool TileRunner::native() const { return impl_->plan.native != nullptr; }
 
 int64_t TileRunner::numel() const { return impl_->plan.numel; }
 
@@ -559,11 +640,12 @@ bool RunContiguousF32(OpKind kind, std::span<const float* const> in, float* out,
   return true;
 }
 
-void RunTileProgram(const TileProgram& p, const CpuContext& ctx) { RunPlanned(BuildPlan(p), p, ctx); }
+void RunTileProgram(const TileProgram& p, const CpuContext& ctx) { RunPlanned(BuildPlan(p, ctx.codegen), p, ctx); }
 
 void TileRunner::Launch(const CpuContext& ctx) const { RunPlanned(impl_->plan, impl_->program, ctx); }
 
-bool TileRunner::BoundTo(const TileProgram& p) const {
+bool TileRunner::BoundTo(const TileProgram& p, const CpuCodegen* codegen) const {
+  if (codegen != impl_->codegen) return false;
   const TileProgram& q = impl_->program;
   if (q.inputs.size() != p.inputs.size() || q.outputs.size() != p.outputs.size()) return false;
   for (size_t k = 0; k < p.inputs.size(); ++k)

@@ -72,16 +72,20 @@ TileProgram SingleOpProgram(OpKind kind, std::span<const TensorView> in, const T
 // are bound at construction. Copies share the prepared state.
 class TileRunner {
  public:
-  explicit TileRunner(const TileProgram& program);
+  // With `codegen`, a program within its scope runs as one compiled loop (cpu_codegen.h).
+  explicit TileRunner(const TileProgram& program, CpuCodegen* codegen = nullptr);
   int64_t numel() const;
   size_t scratch_bytes() const;  // per calling thread
   // Elements [begin, end) of the iteration space (row-major), on the calling thread.
   void Run(int64_t begin, int64_t end, void* scratch) const;
   // The whole space as ONE launch, as RunTileProgram does, without planning it again.
   void Launch(const CpuContext& ctx) const;
-  // Whether the runner was built from a program with these data pointers (the same shapes and
-  // instructions are the caller's to guarantee): a plan reuses its runner while they hold.
-  bool BoundTo(const TileProgram& p) const;
+  // Whether the runner was built from a program with these data pointers and this code
+  // generator (the same shapes and instructions are the caller's to guarantee): a plan reuses
+  // its runner while they hold.
+  bool BoundTo(const TileProgram& p, const CpuCodegen* codegen) const;
+  // Whether the program runs as a compiled loop.
+  bool native() const;
 
  private:
   struct Impl;

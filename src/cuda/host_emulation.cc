@@ -1,14 +1,9 @@
 #include "host_emulation.h"
 
-#include <dlfcn.h>
-#include <unistd.h>
-
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "codegen_internal.h"
+#include "core/shared_object.h"
 
 namespace graphfuse::cuda {
 namespace {
@@ -96,39 +91,14 @@ for (unsigned b = 0; b < grid; ++b) {
 )");
   const std::filesystem::path dir =
       root.empty() ? std::filesystem::temp_directory_path() / "graphfuse_host_emulation" : std::filesystem::path(root);
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Internal("host emulation: cannot create '", dir.string(), "': ", ec.message());
-  const std::string stem = k.name + kShimVersion, unique = StrCat(".", getpid(), ".", std::rand());
-  const std::filesystem::path so = dir / (stem + ".so");
-  if (!std::filesystem::exists(so)) {
-    // Built under a unique name, then renamed: concurrent builders never see a partial file.
-    const std::filesystem::path cc = dir / (stem + unique + ".cc"), tmp = dir / (stem + unique + ".so"),
-                                log = dir / (stem + unique + ".log");
-    std::ofstream(cc) << src;
-    const std::string cmd = StrCat("c++ -std=c++20 -O1 -march=native -ffp-contract=off -fPIC -shared -w -o ",
-                                   tmp.string(), " ", cc.string(), " > ", log.string(), " 2>&1");
-    if (std::system(cmd.c_str()) != 0) {
-      std::ifstream l(log);
-      std::stringstream ss;
-      ss << l.rdbuf();
-      return Internal("host compile of ", k.name, " failed:\n", ss.str().substr(0, 3000));
-    }
-    std::filesystem::rename(tmp, so, ec);
-    if (ec) return Internal("host emulation: cannot rename '", tmp.string(), "': ", ec.message());
-    std::filesystem::remove(cc, ec);
-    std::filesystem::remove(log, ec);
-  }
+  GF_ASSIGN_OR_RETURN(std::filesystem::path so,
+                      BuildSharedObject(src, "c++ -std=c++20 -O1 -march=native -ffp-contract=off -fPIC -shared -w", dir,
+                                        k.name + kShimVersion));
   std::shared_ptr<HostKernel> h(new HostKernel());
-  h->handle_ = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  if (!h->handle_) return Internal("dlopen ", so.string(), ": ", dlerror());
-  h->launch_ = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(dlsym(h->handle_, "gf_host_launch"));
-  if (!h->launch_) return Internal("no gf_host_launch in ", so.string());
+  GF_ASSIGN_OR_RETURN(h->so_, SharedObject::Open(so));
+  GF_ASSIGN_OR_RETURN(void* launch, h->so_->Symbol("gf_host_launch"));
+  h->launch_ = reinterpret_cast<void (*)(void**, unsigned, unsigned)>(launch);
   return h;
-}
-
-HostKernel::~HostKernel() {
-  if (handle_) dlclose(handle_);
 }
 
 void HostKernel::Launch(std::vector<void*> args, unsigned grid, unsigned block) const {

@@ -13,6 +13,10 @@
 
 #include "codegen.h"
 
+namespace graphfuse {
+class SharedObject;
+}
+
 namespace graphfuse::cuda {
 
 class HostKernel {
@@ -20,13 +24,12 @@ class HostKernel {
   // Compiles `k` into a shared object under `dir` (default: the system temp directory), reusing
   // one built before for the same kernel name (the name carries a hash of the source).
   static Result<std::shared_ptr<HostKernel>> Build(const CudaKernelSource& k, const std::string& dir = "");
-  ~HostKernel();
   // args: one pointer per kernel parameter (the node's inputs, then its outputs); any grid.
   void Launch(std::vector<void*> args, unsigned grid, unsigned block = kCudaBlockSize) const;
 
  private:
   HostKernel() = default;
-  void* handle_ = nullptr;
+  std::shared_ptr<SharedObject> so_;
   void (*launch_)(void**, unsigned, unsigned) = nullptr;
 };
 

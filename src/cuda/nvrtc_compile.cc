@@ -7,13 +7,10 @@
 #include <sstream>
 #include <thread>
 
+#include "core/shared_object.h"
+
 namespace graphfuse::cuda {
 namespace {
-
-uint64_t Fnv1a64(const std::string& s, uint64_t h = 14695981039346656037ull) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
 
 // The program's log; empty when there is none.
 std::string ProgramLog(nvrtcProgram prog) {

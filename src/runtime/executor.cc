@@ -207,7 +207,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
       for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs);
       // Planning a launch (layout, in-place checks) costs about as much as a 1K-element add:
       // it is done again only when a buffer moved (graph inputs / outputs given per run).
-      if (!s.runner || !s.runner->BoundTo(s.program)) s.runner.emplace(s.program);
+      if (!s.runner || !s.runner->BoundTo(s.program, ctx.codegen)) s.runner.emplace(s.program, ctx.codegen);
       s.runner->Launch(ctx);
       if (!observer) continue;
     }

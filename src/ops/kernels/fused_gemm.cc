@@ -244,7 +244,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     size_t next = 0;
     for (size_t o = 0; o < out_proj.size(); ++o)
       if (out_proj[o] < 0) p.outputs[next++].data = ctx.outputs[o].data;
-    runner.emplace(p);
+    runner.emplace(p, ctx.cpu.codegen);
   } else if (need_ws) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }

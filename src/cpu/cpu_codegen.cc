@@ -1,0 +1,200 @@
+#include "cpu_codegen.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/shared_object.h"
+
+// Set by CMakeLists.txt: where the headers the generated code includes live, and how the
+// library itself was compiled (the loops must be compiled the same way to give its bits).
+#ifndef GF_SOURCE_ROOT
+#error "GF_SOURCE_ROOT must name the source tree (CMakeLists.txt sets it)"
+#endif
+
+namespace graphfuse {
+
+struct CpuCodegen::Impl {
+  Options options;
+  std::string compile;     // the command prefix
+  std::string key_prefix;  // compiler version, flags and headers: part of every cache key
+  mutable std::mutex mu;
+  std::map<uint64_t, std::pair<std::shared_ptr<SharedObject>, cpu::NativeKernel>> kernels;
+  Stats stats;
+};
+
+namespace {
+
+std::string ReadAll(const std::filesystem::path& p) {
+  std::stringstream s;
+  s << std::ifstream(p, std::ios::binary).rdbuf();
+  return s.str();
+}
+
+// The first line a command prints, or "" when it fails.
+std::string FirstLineOf(const std::string& cmd) {
+  FILE* f = popen((cmd + " 2>/dev/null").c_str(), "r");
+  if (!f) return "";
+  char buf[512] = {0};
+  const bool got = fgets(buf, sizeof buf, f) != nullptr;
+  if (pclose(f) != 0 || !got) return "";
+  std::string line(buf);
+  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  return line;
+}
+
+std::filesystem::path DefaultCacheDir() {
+  if (const char* d = std::getenv("GF_KERNEL_CACHE"); d && *d) return std::filesystem::path(d) / "cpu";
+  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::filesystem::path(d) / "graphfuse" / "cpu";
+  if (const char* d = std::getenv("HOME"); d && *d) return std::filesystem::path(d) / ".cache" / "graphfuse" / "cpu";
+  return std::filesystem::temp_directory_path() / "graphfuse" / "cpu";
+}
+
+}  // namespace
+
+Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  if (impl->options.compiler.empty()) {
+    const char* cxx = std::getenv("CXX");
+    impl->options.compiler = cxx && *cxx ? cxx : GF_CODEGEN_CXX;
+  }
+  if (impl->options.cache_dir.empty()) impl->options.cache_dir = DefaultCacheDir().string();
+  const std::filesystem::path root = GF_SOURCE_ROOT;
+  const std::string version = FirstLineOf(impl->options.compiler + " --version");
+  if (version.empty())
+    return NotFound("CPU code generation: the compiler '", impl->options.compiler,
+                              "' does not run (set CXX, or CpuCodegen::Options::compiler)");
+  // The headers the loops include, and everything they include from the project.
+  std::string headers;
+  for (const char* dir : {"include/graphfuse", "src/cpu", "src/ops"}) {
+    std::vector<std::filesystem::path> files;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(root / dir, ec))
+      if (e.path().extension() == ".h" || e.path().extension() == ".def") files.push_back(e.path());
+    if (ec || files.empty())
+      return NotFound("CPU code generation needs graphfuse's headers, looked for under '", (root / dir).string(),
+                                "': ", ec ? ec.message() : "none there");
+    std::sort(files.begin(), files.end());
+    for (const auto& f : files) headers += f.filename().string() + '\n' + ReadAll(f);
+  }
+  impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", (root / "src").string(), " -I",
+                         (root / "include").string());
+  impl->key_prefix = StrCat(version, '\n', impl->compile, '\n', GF_CODEGEN_LIBS, '\n', Fnv1a64(headers), '\n');
+  return std::unique_ptr<CpuCodegen>(new CpuCodegen(std::move(impl)));
+}
+
+CpuCodegen::CpuCodegen(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CpuCodegen::~CpuCodegen() = default;
+
+CpuCodegen::Stats CpuCodegen::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->stats;
+}
+
+const std::string& CpuCodegen::cache_dir() const { return impl_->options.cache_dir; }
+
+namespace cpu {
+
+std::string NativeSource(const NativeProgram& p, const std::string& symbol) {
+  const int nin = static_cast<int>(p.inputs.size());
+  std::string ops;
+  for (const TileInstr& ins : p.instrs) ops += StrCat(ops.empty() ? "" : ", ", OpName(ins.op));
+  std::string s = StrCat("// graphfuse CPU kernel: ", ops, R"(
+#include <algorithm>
+#include "cpu/op_rows.h"
+using namespace graphfuse;
+using namespace graphfuse::cpu::rows;
+using graphfuse::simd::VF;
+extern "C" void )", symbol,
+                         R"((const float* const* in, float* const* out, const OpAttrs* a, const int64_t* rs,
+                         int64_t cols, int64_t begin, int64_t end, int stream) {
+  constexpr int64_t L = graphfuse::simd::kLanes;
+)");
+  for (int k = 0; k < nin; ++k)
+    if (p.inputs[k] == NativeRead::kScalar) s += StrCat("  const VF r", k, " = VF(static_cast<double>(in[", k, "][0]));\n");
+  s += R"(  int64_t row = begin / cols, col = begin - row * cols;
+  for (int64_t i = begin; i < end; ++row, col = 0) {
+    const int64_t n = std::min(end - i, cols - col);
+)";
+  for (int k = 0; k < nin; ++k) {
+    if (p.inputs[k] == NativeRead::kRow) s += StrCat("    const float* p", k, " = in[", k, "] + row * rs[", k, "] + col;\n");
+    if (p.inputs[k] == NativeRead::kPerRow)
+      s += StrCat("    const VF r", k, " = VF(static_cast<double>(in[", k, "][row * rs[", k, "]]));\n");
+  }
+  for (size_t o = 0; o < p.outputs.size(); ++o) s += StrCat("    float* o", o, " = out[", o, "] + i;\n");
+  std::string body;
+  for (int k = 0; k < nin; ++k)
+    if (p.inputs[k] == NativeRead::kRow) body += StrCat("        const VF r", k, " = VF::Load(p", k, " + j);\n");
+  for (size_t i = 0; i < p.instrs.size(); ++i) {
+    const TileInstr& ins = p.instrs[i];
+    const int arity = GetOpInfo(ins.op).arity;
+    const int x = ins.args[0], y = arity > 1 ? ins.args[1] : x, z = arity > 2 ? ins.args[2] : x;
+    body += StrCat("        const VF r", nin + static_cast<int>(i), " = ", OpName(ins.op), "Row::Eval<VF, int64_t>(r", x,
+                   ", r", y, ", r", z, ", a[", i, "], i + j);\n");
+  }
+  // Non-temporal stores, or plain ones.
+  for (const char* store : {"Stream", "Store"}) {
+    s += StrCat(store == std::string("Stream") ? "    if (stream) {\n" : "    } else {\n",
+                "      for (int64_t j = 0; j < n; j += L) {\n", body);
+    for (size_t o = 0; o < p.outputs.size(); ++o) s += StrCat("        r", p.outputs[o], ".", store, "(o", o, " + j);\n");
+    s += "      }\n";
+  }
+  s += "    }\n    i += n;\n  }\n}\n";
+  return s;
+}
+
+Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
+  CpuCodegen::Impl& im = cg.impl();
+  // The name says what the loop computes; the hash, everything that went into it.
+  std::string name = "gf_cpu";
+  for (size_t i = 0; i < p.instrs.size() && i < 6; ++i) {
+    std::string op(OpName(p.instrs[i].op));
+    std::transform(op.begin(), op.end(), op.begin(), [](unsigned char c) { return std::tolower(c); });
+    name += "_" + op;
+  }
+  if (p.instrs.size() > 6) name += StrCat("_and", p.instrs.size() - 6);
+  const std::string probe = NativeSource(p, "gf_kernel");
+  const uint64_t key = Fnv1a64(probe, Fnv1a64(im.key_prefix));
+  char hex[24];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key));
+  name += StrCat("_", hex);
+
+  std::lock_guard<std::mutex> lock(im.mu);
+  if (auto it = im.kernels.find(key); it != im.kernels.end()) return it->second.second;
+  const auto t0 = std::chrono::steady_clock::now();
+  bool built = false;
+  auto fail = [&](const Status& s) -> Status {
+    ++im.stats.failed;
+    im.stats.last_error = s.ToString();
+    return s;
+  };
+  auto so = BuildSharedObject(NativeSource(p, name), im.compile, im.options.cache_dir, name, GF_CODEGEN_LIBS, &built);
+  if (!so.ok()) return fail(so.status());
+  auto lib = SharedObject::Open(*so);
+  if (!lib.ok()) return fail(lib.status());
+  auto sym = (*lib)->Symbol(name);
+  if (!sym.ok()) return fail(sym.status());
+  const auto kernel = reinterpret_cast<NativeKernel>(*sym);
+  im.kernels[key] = {*lib, kernel};
+  if (built) {
+    ++im.stats.compiled;
+    im.stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    ++im.stats.loaded;
+  }
+  return kernel;
+}
+
+void CountOutsideScope(CpuCodegen& cg) {
+  std::lock_guard<std::mutex> lock(cg.impl().mu);
+  ++cg.impl().stats.outside_scope;
+}
+
+}  // namespace cpu
+}  // namespace graphfuse

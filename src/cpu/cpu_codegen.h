@@ -1,0 +1,39 @@
+// The CPU code generator's internals (graphfuse/cpu_codegen.h is the public side): what a
+// program must look like to become one native loop, the loop's signature, and its source.
+#pragma once
+
+#include <string>
+
+#include "graphfuse/cpu_codegen.h"
+#include "tile_program.h"
+
+namespace graphfuse::cpu {
+
+// How a native loop reads one input over a [rows, cols] iteration space (a 1-D space is one
+// row): along the row (column stride 1; its row stride is an argument), one value per row
+// (column stride 0), or one value everywhere.
+enum class NativeRead : uint8_t { kRow, kPerRow, kScalar };
+
+struct NativeProgram {
+  InlineVec<NativeRead, kMaxTileInputs> inputs;
+  InlineVec<TileInstr, kMaxTileInstrs> instrs;  // f32; op and args (the attrs come per call)
+  InlineVec<int, kMaxTileOutputs> outputs;      // registers, stored contiguously over the space
+};
+
+// Elements [begin, end) of the space: begin and end are multiples of the vector width, and so
+// is cols unless the space is one row. in[k] points at input k's element (0, 0); out[o] at
+// output o's first element; attrs[i] are instruction i's attributes. stream != 0: outputs are
+// stored non-temporally (every out[o] + begin 64-byte aligned; the caller fences).
+using NativeKernel = void (*)(const float* const* in, float* const* out, const OpAttrs* attrs,
+                              const int64_t* row_strides, int64_t cols, int64_t begin, int64_t end, int stream);
+
+// The C++ source of the program's loop, defining extern "C" `symbol`.
+std::string NativeSource(const NativeProgram& p, const std::string& symbol);
+
+// The compiled loop (from memory, the disk cache, or the compiler); an error when compiling
+// failed (counted in the stats; callers fall back to the tile executor).
+Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p);
+// Counts a program left to the tile executor.
+void CountOutsideScope(CpuCodegen& cg);
+
+}  // namespace graphfuse::cpu
