@@ -3,9 +3,13 @@
 // and mixed dtypes. For each: the fused graph verifies (so it is acyclic and well typed), and
 // fused == unfused bit for bit on fresh random inputs (same primitives, same order).
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
 
 #include <random>
 
+#include "graphfuse/cpu_codegen.h"
 #include "ir/text.h"
 #include "passes/fuse_elementwise.h"
 #include "runtime/executor.h"
@@ -102,6 +106,10 @@ TEST(FusionProperty, RandomGraphsFuseToTheSameBits) {
   ThreadPool pool(2);
   const CpuContext ctx{&pool, 2, 4096};
   int fused_groups = 0, graphs = 0, graphs_with_groups = 0;
+  // The kernel cache of this process only, removed afterwards.
+  const std::filesystem::path cache = std::filesystem::temp_directory_path() / StrCat("graphfuse_property_", getpid());
+  auto codegen = CpuCodegen::Create({.cache_dir = cache.string()});
+  ASSERT_TRUE(codegen.ok()) << codegen.status().ToString();
   for (int iter = 0; iter < 400; ++iter) {
     const DType dt = std::vector<DType>{DType::kF32, DType::kF32, DType::kF16, DType::kBF16, DType::kI32}[iter % 5];
     const std::string text = RandomGraphText(rng, dt);
@@ -128,10 +136,29 @@ TEST(FusionProperty, RandomGraphsFuseToTheSameBits) {
     for (size_t k = 0; k < a->size(); ++k)
       ASSERT_EQ(0, std::memcmp((*a)[k].data(), (*b)[k].data(), (*a)[k].nbytes()))
           << "output " << k << " differs\n" << text << "\nfused:\n" << PrintGraph(*fused);
+    // The first f32 graphs once more with the groups compiled to native loops (~2 s a kernel).
+    if (dt == DType::kF32 && iter < 30) {
+      CpuContext native = ctx;
+      native.codegen = codegen->get();
+      auto c = Execute(*fused, views, native);
+      ASSERT_TRUE(c.ok()) << c.status().ToString() << "\n" << text;
+      for (size_t k = 0; k < a->size(); ++k)
+        ASSERT_EQ(0, std::memcmp((*a)[k].data(), (*c)[k].data(), (*a)[k].nbytes()))
+            << "output " << k << " differs with native loops\n" << text << "\nfused:\n" << PrintGraph(*fused);
+    }
+  }
+  {
+    const CpuCodegen::Stats cs = (*codegen)->stats();
+    std::printf("  native loops: %d compiled, %d from the cache, %d programs outside the scope, %d failed\n", cs.compiled,
+                cs.loaded, cs.outside_scope, cs.failed);
+    EXPECT_GT(cs.compiled + cs.loaded, 5);
+    EXPECT_EQ(cs.failed, 0) << cs.last_error;
   }
   std::printf("  %d random graphs (%d with fused groups), %d fused groups, all bit-identical to unfused\n", graphs,
               graphs_with_groups, fused_groups);
   EXPECT_GT(graphs_with_groups, graphs / 2);  // the generator must actually give the planner work
+  std::error_code ec;
+  std::filesystem::remove_all(cache, ec);
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include "json.h"
 #include "ir/op_registry.h"
 #include "passes/pipeline.h"
+#include "graphfuse/cpu_codegen.h"
 #include "runtime/blocks.h"
 #include "runtime/executor.h"
 #include "runtime/timer.h"
@@ -34,6 +35,7 @@ struct BlockDemoOptions {
   int threads = 0;
   int repeats = 11;
   bool profile = false;
+  bool cpu_codegen = false;  // the fused plan's elementwise programs as native loops
   double rtol = 1e-3, atol = 1e-4;
   std::string json, backend = "cpu";
 };
@@ -60,12 +62,14 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
     } else if (f == "--profile") {
       o.profile = true;
+    } else if (f == "--cpu-codegen") {
+      o.cpu_codegen = true;
     } else if (f == "--backend") {
       GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else {
       return InvalidArgument("demo: unknown flag '", f,
                              "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --profile "
-                             "--backend cpu|cuda --json FILE)");
+                             "--cpu-codegen --backend cpu|cuda --json FILE)");
     }
   }
   return o;
@@ -217,6 +221,17 @@ int RunDemo(Args& args) {
   if (!plan_u.ok()) return fail(plan_u.status());
   auto plan_f = ExecutionPlan::Compile(fused);
   if (!plan_f.ok()) return fail(plan_f.status());
+  // --cpu-codegen: the fused plan's elementwise programs (groups, GEMM and norm epilogues) run
+  // as native loops, compiled on their first run (cached on disk).
+  std::unique_ptr<CpuCodegen> codegen;
+  CpuContext ctx_f = ctx;
+  if (o.cpu_codegen) {
+    auto cg = CpuCodegen::Create();
+    if (!cg.ok()) return fail(cg.status().WithContext("--cpu-codegen"));
+    codegen = std::move(*cg);
+    ctx_f.codegen = codegen.get();
+    std::fprintf(stderr, "  native loops for the fused plan (kernel cache: %s)\n", codegen->cache_dir().c_str());
+  }
 
   // Input: fresh random activations (not zeros), one output buffer per plan.
   Tensor x = Tensor::Empty(DType::kF32, {cfg.batch, cfg.seq, cfg.hidden}).value();
@@ -229,7 +244,7 @@ int RunDemo(Args& args) {
 
   std::fprintf(stderr, "  checking fused against unfused...\n");
   if (Status st = (*plan_u)->Run(in, out_u, ctx); !st.ok()) return fail(st);
-  if (Status st = (*plan_f)->Run(in, out_f, ctx); !st.ok()) return fail(st);
+  if (Status st = (*plan_f)->Run(in, out_f, ctx_f); !st.ok()) return fail(st);
   double max_abs = 0, max_rel = 0;
   int64_t bad = 0;
   bool finite = true;
@@ -245,7 +260,7 @@ int RunDemo(Args& args) {
 
   std::fprintf(stderr, "  timing (%d interleaved repeats)...\n", o.repeats);
   std::vector<std::function<void()>> variants = {[&] { (void)(*plan_u)->Run(in, out_u, ctx); },
-                                                 [&] { (void)(*plan_f)->Run(in, out_f, ctx); }};
+                                                 [&] { (void)(*plan_f)->Run(in, out_f, ctx_f); }};
   const InterleavedTiming t = MeasureInterleaved(variants, o.repeats, 0.0, 1);
   PlanFigures fu, ff;
   fu.kernels = (*plan_u)->stats().kernels_launched;
@@ -256,7 +271,7 @@ int RunDemo(Args& args) {
   ff.bytes = KernelBytes(fused);
   const int profile_runs = std::max(3, o.repeats / 2);
   if (Status st = Profile(**plan_u, in, out_u, ctx, profile_runs, fu); !st.ok()) return fail(st);
-  if (Status st = Profile(**plan_f, in, out_f, ctx, profile_runs, ff); !st.ok()) return fail(st);
+  if (Status st = Profile(**plan_f, in, out_f, ctx_f, profile_runs, ff); !st.ok()) return fail(st);
   const Timing dispatch = MeasureMedian([&] { pool.Run(pool.num_threads(), [](void*, int, int) {}, nullptr); }, 21);
   const double per_launch_us = dispatch.median_s * 1e6;
 
@@ -284,6 +299,13 @@ int RunDemo(Args& args) {
               pool.num_threads(), per_launch_us);
   std::printf("GEMM time: MatMul kernels, and inside fused kernels the share of thread-time spent in BLAS calls\n"
               "(their epilogues, softmax and RoPE count as outside); kernel times are medians of observed runs.\n");
+  if (codegen) {
+    const CpuCodegen::Stats cs = codegen->stats();
+    std::printf("fused plan: elementwise programs as native loops: %d compiled (%.1f s), %d from the cache, %d left to "
+                "the tile executor (outside the generator's scope)%s\n",
+                cs.compiled, cs.compile_seconds, cs.loaded, cs.outside_scope,
+                cs.failed ? StrCat("; ", cs.failed, " failed to compile: ", cs.last_error).c_str() : "");
+  }
   std::printf("check: fused vs unfused max |err| %.3g, max rel err %.3g (|err| <= %.0e + %.0e*|ref|): %s\n\n", max_abs,
               max_rel, o.atol, o.rtol, ok ? "ok" : "DIFFERS");
   if (o.profile) {

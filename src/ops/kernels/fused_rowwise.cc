@@ -222,13 +222,13 @@ void ForRowBlocks(const CpuContext& cpu, int64_t rows, int64_t d, int64_t cost, 
 
 // A lowered body with its data pointers bound, ready to run over element ranges.
 Result<cpu::TileRunner> BindProgram(const Graph& body, const std::vector<const void*>& in,
-                                    const std::vector<void*>& out, int64_t* cost) {
+                                    const std::vector<void*>& out, int64_t* cost, CpuCodegen* codegen) {
   GF_ASSIGN_OR_RETURN(cpu::TileProgram p, cpu::LowerElementwiseGroup(body));
   GF_CHECK(p.inputs.size() == in.size() && p.outputs.size() == out.size(), "body '", body.name(), "' binding");
   for (size_t k = 0; k < in.size(); ++k) p.inputs[k].data = in[k];
   for (size_t k = 0; k < out.size(); ++k) p.outputs[k].data = out[k];
   *cost += p.CostPerElement();
-  return cpu::TileRunner(p);
+  return cpu::TileRunner(p, codegen);
 }
 
 Status FusedNormKernel(const KernelContext& ctx) {
@@ -244,7 +244,7 @@ Status FusedNormKernel(const KernelContext& ctx) {
   for (size_t k = 0; k < l.body->outputs().size(); ++k)
     out.push_back(static_cast<int64_t>(k) < l.prologue_outputs ? ctx.outputs[k + 1].data : Y.data);
   int64_t cost = 4;
-  GF_ASSIGN_OR_RETURN(cpu::TileRunner prologue, BindProgram(*l.body, in, out, &cost));
+  GF_ASSIGN_OR_RETURN(cpu::TileRunner prologue, BindProgram(*l.body, in, out, &cost, ctx.cpu.codegen));
   const float* xs = static_cast<const float*>(out[static_cast<size_t>(l.norm_input)]);
   float* ys = Y.as<float>();
 
@@ -328,7 +328,7 @@ Status FusedSoftmaxKernel(const KernelContext& ctx) {
     for (size_t k = 0; k < l.prologue->outputs().size(); ++k)
       out.push_back(static_cast<int64_t>(k) < l.prologue_outputs ? ctx.outputs[l.main_outputs + k].data
                                                                   : static_cast<void*>(ys));
-    GF_ASSIGN_OR_RETURN(prologue, BindProgram(*l.prologue, in, out, &cost));
+    GF_ASSIGN_OR_RETURN(prologue, BindProgram(*l.prologue, in, out, &cost, ctx.cpu.codegen));
     xs = static_cast<const float*>(out[static_cast<size_t>(l.softmax_input)]);
   }
   if (l.epilogue) {
@@ -338,7 +338,7 @@ Status FusedSoftmaxKernel(const KernelContext& ctx) {
     for (size_t k = 0; k < l.epilogue->inputs().size(); ++k)
       in.push_back(static_cast<int64_t>(k) == l.epilogue_input ? static_cast<const void*>(ys) : ctx.inputs[next++].data);
     for (size_t k = 0; k < l.main_outputs; ++k) out.push_back(ctx.outputs[k].data);
-    GF_ASSIGN_OR_RETURN(epilogue, BindProgram(*l.epilogue, in, out, &cost));
+    GF_ASSIGN_OR_RETURN(epilogue, BindProgram(*l.epilogue, in, out, &cost, ctx.cpu.codegen));
   }
   const size_t scratch = std::max(prologue ? prologue->scratch_bytes() : 0, epilogue ? epilogue->scratch_bytes() : 0);
   ForRowBlocks(ctx.cpu, rows, n, cost, scratch, [&](int64_t r0, int64_t r1, void* s) {

@@ -1,0 +1,289 @@
+// The CPU code generator: every program it compiles gives the tile executor's bits, over
+// every op, every way an input can be read, ragged tails, threads, non-temporal stores and
+// in-place outputs; programs outside its scope and failed compiles fall back to the tile
+// executor; compiled kernels are found again in the disk cache.
+#include "cpu/cpu_codegen.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <random>
+#include <vector>
+
+#include "graphfuse/cpu_codegen.h"
+#include "graphfuse/thread_pool.h"
+#include "test_util.h"
+
+namespace graphfuse {
+namespace {
+
+// One cache directory per test process, empty at the start (the compile path runs) and
+// removed at exit.
+const std::string& CacheDir() {
+  struct Dir {
+    std::string path = (std::filesystem::temp_directory_path() / StrCat("graphfuse_codegen_test_", getpid())).string();
+    Dir() { std::filesystem::remove_all(path); }
+    ~Dir() {
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
+}
+
+CpuCodegen& Codegen() {
+  static std::unique_ptr<CpuCodegen> cg = [] {
+    auto r = CpuCodegen::Create({.cache_dir = CacheDir()});
+    GF_CHECK(r.ok(), r.status().ToString());
+    return std::move(*r);
+  }();
+  return *cg;
+}
+
+Tensor Random(DType dt, const Shape& s, std::mt19937& rng, OpKind op = OpKind::kAdd) {
+  Tensor t = Tensor::Empty(dt, s).value();
+  testing::FillRandom(t, op, 0, rng);
+  return t;
+}
+
+// Runs `p` (its outputs bound to fresh buffers, or to the given ones) on the tile executor and
+// with the code generator, and expects the same bytes. Returns whether the generator took it.
+bool ExpectSameBits(cpu::TileProgram p, const CpuContext& base, const std::string& what) {
+  const int64_t numel = [&] {
+    int64_t n = 1;
+    for (int64_t d : p.shape) n *= d;
+    return n;
+  }();
+  std::vector<std::vector<float>> tile(p.outputs.size()), native(p.outputs.size());
+  cpu::TileProgram q = p;
+  for (size_t o = 0; o < p.outputs.size(); ++o) {
+    tile[o].assign(static_cast<size_t>(numel), -7.f);
+    native[o].assign(static_cast<size_t>(numel), -9.f);
+    p.outputs[o].data = tile[o].data();
+    q.outputs[o].data = native[o].data();
+  }
+  cpu::RunTileProgram(p, base);
+  CpuContext ctx = base;
+  ctx.codegen = &Codegen();
+  const cpu::TileRunner runner(q, ctx.codegen);
+  runner.Launch(ctx);
+  for (size_t o = 0; o < p.outputs.size(); ++o)
+    EXPECT_EQ(0, std::memcmp(tile[o].data(), native[o].data(), static_cast<size_t>(numel) * 4))
+        << what << ": output " << o << " differs";
+  return runner.native();
+}
+
+cpu::TileInput In(const Tensor& t, const Shape& space) {
+  return {t.dtype(), t.data(), cpu::TileStrides(t.shape(), space), cpu::Domain::kF32};
+}
+
+// u = (x + y) * s + b[C]: 1-D and 2-D spaces, a ragged tail, two threads, outputs large enough
+// to be stored non-temporally (64 MiB), and the same kernel each time (one compile).
+TEST(CpuCodegen, ChainGivesTheTileExecutorsBits) {
+  std::mt19937 rng(1);
+  ThreadPool pool(2);
+  const CpuCodegen::Stats before = Codegen().stats();
+  struct Case {
+    Shape shape;
+    CpuContext ctx;
+  };
+  const Case cases[] = {{{4096}, {}},         {{4096 + 5}, {}},  {{37, 4096}, {&pool, 2, 1024}},
+                        {{3, 32}, {}},        {{1000003}, {&pool, 2, 1024}},
+                        {{1024, 16384}, {&pool, 2, 1024}}};
+  for (const Case& c : cases) {
+    const Shape bias_shape = {c.shape.back()};
+    Tensor x = Random(DType::kF32, c.shape, rng), y = Random(DType::kF32, c.shape, rng);
+    Tensor s = Random(DType::kF32, {}, rng), b = Random(DType::kF32, bias_shape, rng);
+    cpu::TileProgram p;
+    p.shape = cpu::TileShape(c.shape);
+    p.inputs = {In(x, c.shape), In(y, c.shape), In(s, c.shape), In(b, c.shape)};
+    p.instrs = {{OpKind::kAdd, {0, 1, 0}, {}, cpu::Domain::kF32},
+                {OpKind::kMul, {4, 2, 0}, {}, cpu::Domain::kF32},
+                {OpKind::kAdd, {5, 3, 0}, {}, cpu::Domain::kF32}};
+    p.outputs = {{6, DType::kF32, nullptr}};
+    EXPECT_TRUE(ExpectSameBits(p, c.ctx, ShapeToString(c.shape))) << ShapeToString(c.shape);
+  }
+  const CpuCodegen::Stats after = Codegen().stats();
+  EXPECT_EQ(after.compiled + after.loaded - before.compiled - before.loaded, 1) << "one kernel for every shape";
+  EXPECT_EQ(after.failed, 0) << after.last_error;
+}
+
+// Every f32 op of the table, eight to a kernel, each reading the inputs x, y, z (Where reads
+// x as its condition), with non-default attributes where the op has them (Dropout in
+// training, Cast rounding to f16 and bf16).
+TEST(CpuCodegen, EveryOpGivesTheTileExecutorsBits) {
+  std::mt19937 rng(2);
+  const Shape shape = {5, 512};
+  Tensor x = Random(DType::kF32, shape, rng), y = Random(DType::kF32, shape, rng), z = Random(DType::kF32, shape, rng);
+  std::vector<std::pair<OpKind, OpAttrs>> ops;
+  for (const OpInfo& info : AllOps()) {
+    const OpKind op = info.kind;
+    OpAttrs a = DefaultAttrs(op);
+    if (op == OpKind::kDropout) a.training = true, a.seed = 99, a.alpha = 0.3f;
+    if (op == OpKind::kCast) {
+      a.to = DType::kBF16;
+      ops.push_back({op, a});
+      a.to = DType::kF16;
+    }
+    ops.push_back({op, a});
+  }
+  for (size_t first = 0; first < ops.size(); first += cpu::kMaxTileOutputs) {
+    cpu::TileProgram p;
+    p.shape = cpu::TileShape(shape);
+    p.inputs = {In(x, shape), In(y, shape), In(z, shape)};
+    std::string names;
+    for (size_t i = first; i < std::min(ops.size(), first + cpu::kMaxTileOutputs); ++i) {
+      p.instrs.push_back({ops[i].first, {0, 1, 2}, ops[i].second, cpu::Domain::kF32});
+      p.outputs.push_back({static_cast<int>(2 + p.instrs.size()), DType::kF32, nullptr});
+      names += StrCat(" ", OpName(ops[i].first));
+    }
+    EXPECT_TRUE(ExpectSameBits(p, CpuContext{}, names)) << names;
+  }
+  EXPECT_EQ(Codegen().stats().failed, 0) << Codegen().stats().last_error;
+}
+
+// The other ways of reading an input: a per-row value ([R, 1]), rows further apart than the
+// space's (a GEMM projection in a wider workspace), an output that is also an input register.
+TEST(CpuCodegen, PerRowAndStridedInputs) {
+  std::mt19937 rng(3);
+  const int64_t rows = 9, cols = 96, ld = 3 * cols;
+  const Shape shape = {rows, cols};
+  Tensor ws = Random(DType::kF32, {rows, ld}, rng), c = Random(DType::kF32, {rows, 1}, rng);
+  cpu::TileProgram p;
+  p.shape = cpu::TileShape(shape);
+  cpu::TileDims strided;
+  strided.push_back(ld);
+  strided.push_back(1);
+  p.inputs = {{DType::kF32, ws.data_as<float>() + cols, strided, cpu::Domain::kF32}, In(c, shape)};
+  p.instrs = {{OpKind::kSilu, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kMul, {2, 1, 0}, {}, cpu::Domain::kF32}};
+  p.outputs = {{3, DType::kF32, nullptr}, {0, DType::kF32, nullptr}};
+  EXPECT_TRUE(ExpectSameBits(p, CpuContext{}, "silu(ws[:, C:2C]) * c[R, 1]"));
+}
+
+// An output written over its own input (the same buffer, element for element) is in scope;
+// one shifted against an input is not, and runs on the tile executor. Both stay exact.
+TEST(CpuCodegen, InPlaceOutputs) {
+  std::mt19937 rng(4);
+  const int64_t n = 4096;
+  Tensor x = Random(DType::kF32, {n + 16}, rng), y = Random(DType::kF32, {n}, rng);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = (x.data_as<float>()[i] + y.data_as<float>()[i]) * y.data_as<float>()[i];
+  auto program = [&](float* out, const float* xin) {
+    cpu::TileProgram p;
+    p.shape = cpu::TileShape({n});
+    p.inputs = {{DType::kF32, xin, cpu::TileStrides({n}, {n}), cpu::Domain::kF32}, In(y, {n})};
+    p.instrs = {{OpKind::kAdd, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kMul, {2, 1, 0}, {}, cpu::Domain::kF32}};
+    p.outputs = {{3, DType::kF32, out}};
+    return p;
+  };
+  CpuContext ctx;
+  ctx.codegen = &Codegen();
+  {
+    std::vector<float> a(x.data_as<float>(), x.data_as<float>() + n + 16);
+    float* buf = a.data();
+    const cpu::TileRunner r(program(buf, buf), ctx.codegen);
+    EXPECT_TRUE(r.native());
+    r.Launch(ctx);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], want[i]) << i;
+  }
+  {
+    // out = x shifted by 16 elements: element i is written before element i + 16 is read.
+    std::vector<float> a(x.data_as<float>(), x.data_as<float>() + n + 16);
+    float* buf = a.data();
+    const int before = Codegen().stats().outside_scope;
+    const cpu::TileRunner r(program(buf, buf + 16), ctx.codegen);
+    EXPECT_FALSE(r.native());
+    EXPECT_EQ(Codegen().stats().outside_scope, before + 1);
+    std::vector<float> shifted(n);
+    for (int64_t i = 0; i < n; ++i)
+      shifted[i] = (x.data_as<float>()[i + 16] + y.data_as<float>()[i]) * y.data_as<float>()[i];
+    r.Launch(ctx);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(buf[i], shifted[i]) << i;
+  }
+}
+
+// Outside the scope: f16 data, a 2-D space whose rows are not whole vectors. Counted, and run
+// by the tile executor.
+TEST(CpuCodegen, ProgramsOutsideTheScopeRunOnTiles) {
+  std::mt19937 rng(5);
+  for (const auto& [dt, shape] : {std::pair<DType, Shape>{DType::kF16, {4096}}, {DType::kF32, {5, 100}}}) {
+    Tensor x = Random(dt, shape, rng), b = Random(dt, {shape.back()}, rng);
+    cpu::TileProgram p;
+    p.shape = cpu::TileShape(shape);
+    p.inputs = {In(x, shape), In(b, shape)};
+    p.instrs = {{OpKind::kAdd, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kGelu, {2, 0, 0}, {}, cpu::Domain::kF32}};
+    p.outputs = {{3, DType::kF32, nullptr}};
+    const int before = Codegen().stats().outside_scope;
+    EXPECT_FALSE(ExpectSameBits(p, CpuContext{}, ShapeToString(shape)));
+    EXPECT_EQ(Codegen().stats().outside_scope, before + 1);
+  }
+}
+
+// A compiler that fails: the error is kept (with the compiler's log), the program runs on the
+// tile executor, and the result is right.
+TEST(CpuCodegen, FailedCompileFallsBackToTiles) {
+  auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/broken", .compiler = "c++ -include /nonexistent/gf_missing.h"});
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  std::mt19937 rng(6);
+  Tensor x = Random(DType::kF32, {4096}, rng);
+  std::vector<float> out(4096);
+  cpu::TileProgram p;
+  p.shape = cpu::TileShape({4096});
+  p.inputs = {In(x, {4096})};
+  p.instrs = {{OpKind::kAbs, {0, 0, 0}, {}, cpu::Domain::kF32}};
+  p.outputs = {{1, DType::kF32, out.data()}};
+  const cpu::TileRunner r(p, cg->get());
+  EXPECT_FALSE(r.native());
+  r.Launch(CpuContext{});
+  for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(out[i], std::fabs(x.data_as<float>()[i]));
+  EXPECT_EQ((*cg)->stats().failed, 1);
+  EXPECT_NE((*cg)->stats().last_error.find("gf_missing.h"), std::string::npos) << (*cg)->stats().last_error;
+}
+
+// A compiler that does not run is reported when the generator is created.
+TEST(CpuCodegen, MissingCompilerIsReported) {
+  auto cg = CpuCodegen::Create({.cache_dir = CacheDir(), .compiler = "/nonexistent/gf-cxx"});
+  ASSERT_FALSE(cg.ok());
+  EXPECT_NE(cg.status().message().find("/nonexistent/gf-cxx"), std::string::npos) << cg.status().ToString();
+}
+
+// A second generator over the same cache directory loads what the first compiled.
+TEST(CpuCodegen, KernelsComeBackFromTheDiskCache) {
+  std::mt19937 rng(7);
+  Tensor x = Random(DType::kF32, {2048}, rng);
+  cpu::TileProgram p;
+  p.shape = cpu::TileShape({2048});
+  p.inputs = {In(x, {2048})};
+  p.instrs = {{OpKind::kNeg, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kExp, {1, 0, 0}, {}, cpu::Domain::kF32}};
+  std::vector<float> out(2048);
+  p.outputs = {{2, DType::kF32, out.data()}};
+  for (int round = 0; round < 2; ++round) {
+    auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/shared"});
+    ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+    const cpu::TileRunner r(p, cg->get());
+    EXPECT_TRUE(r.native());
+    EXPECT_EQ((*cg)->stats().compiled, round == 0 ? 1 : 0);
+    EXPECT_EQ((*cg)->stats().loaded, round == 0 ? 0 : 1);
+  }
+}
+
+// The generated source names what it fuses and keeps every intermediate in a register.
+TEST(CpuCodegen, SourceIsOneLoopOverRegisters) {
+  cpu::NativeProgram np;
+  np.inputs = {cpu::NativeRead::kRow, cpu::NativeRead::kScalar, cpu::NativeRead::kPerRow};
+  np.instrs = {{OpKind::kMul, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kAdd, {3, 2, 0}, {}, cpu::Domain::kF32}};
+  np.outputs = {4};
+  const std::string s = cpu::NativeSource(np, "k");
+  EXPECT_NE(s.find("// graphfuse CPU kernel: Mul, Add"), std::string::npos) << s;
+  EXPECT_NE(s.find("const VF r3 = MulRow::Eval<VF, int64_t>(r0, r1, r0, a[0], i + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("const VF r4 = AddRow::Eval<VF, int64_t>(r3, r2, r3, a[1], i + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("r4.Stream(o0 + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("r4.Store(o0 + j);"), std::string::npos) << s;
+  EXPECT_EQ(s.find("r3.Store"), std::string::npos) << "an intermediate reached memory:\n" << s;
+}
+
+}  // namespace
+}  // namespace graphfuse
