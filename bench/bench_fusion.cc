@@ -1,10 +1,12 @@
 // Google Benchmark rows for fusion: each preset (runtime/presets.cc) as its unfused plan, its
-// fused plan, and a hand-written fused AVX-512 loop (libmvec erf/exp, bench/hand_loops.h) at
+// fused plan (tile executor), the fused plan as native loops (graphfuse/cpu_codegen.h), and a
+// hand-written fused AVX-512 loop (libmvec erf/exp, bench/hand_loops.h) at
 // 4Ki, 64Ki, 1Mi and 16Mi f32 elements, on the same 2-thread pool. Every variant's output is
 // checked before timing. Run with --benchmark_repetitions=N --benchmark_report_aggregates_only.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <random>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "graphfuse/cpu.h"
+#include "graphfuse/cpu_codegen.h"
 #include "hand_loops.h"
 #include "ir/text.h"
 #include "passes/pipeline.h"
@@ -27,7 +30,7 @@ const int64_t kSizes[] = {4096, 65536, 1 << 20, 1 << 24};
 
 struct Case {
   std::unique_ptr<gf::Graph> unfused, fused;
-  std::unique_ptr<gf::ExecutionPlan> unfused_plan, fused_plan;
+  std::unique_ptr<gf::ExecutionPlan> unfused_plan, fused_plan, native_plan;
   std::vector<gf::Tensor> in;
   gf::Tensor out;
   std::vector<gf::TensorView> in_views;
@@ -51,6 +54,7 @@ std::unique_ptr<Case> MakeCase(const gf::ElementwisePreset& p, int64_t n) {
   (void)gf::RunPipeline(*c->fused).value();
   c->unfused_plan = std::move(gf::ExecutionPlan::Compile(*c->unfused).value());
   c->fused_plan = std::move(gf::ExecutionPlan::Compile(*c->fused).value());
+  c->native_plan = std::move(gf::ExecutionPlan::Compile(*c->fused).value());
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-2.f, 2.f);
   for (const gf::Value* v : c->unfused->inputs()) {
@@ -102,12 +106,40 @@ void SetBytes(benchmark::State& state, int64_t bytes) {
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations()) * bytes);
 }
 
-void BM_Plan(benchmark::State& state, const gf::ElementwisePreset* p, int64_t n, bool fused) {
+// The code generator of the native rows (one per process; kernels cached on disk).
+gf::CpuCodegen* Codegen() {
+  static auto cg = gf::CpuCodegen::Create();
+  return cg.ok() ? cg->get() : nullptr;
+}
+
+enum class Variant { kUnfused, kFused, kNative };
+
+void BM_Plan(benchmark::State& state, const gf::ElementwisePreset* p, int64_t n, Variant v) {
   static std::map<std::pair<std::string, int64_t>, std::unique_ptr<Case>> cache;
   auto& c = cache[{p->name, n}];
   if (!c) c = MakeCase(*p, n);
-  gf::ExecutionPlan& plan = fused ? *c->fused_plan : *c->unfused_plan;
-  const gf::CpuContext ctx{&Pool()};
+  gf::ExecutionPlan& plan =
+      v == Variant::kUnfused ? *c->unfused_plan : v == Variant::kFused ? *c->fused_plan : *c->native_plan;
+  gf::CpuContext ctx{&Pool()};
+  if (v == Variant::kNative) {
+    ctx.codegen = Codegen();
+    if (!ctx.codegen) {
+      state.SkipWithError("no working compiler for the code generator");
+      return;
+    }
+    // Bit for bit the fused plan's output (the tile executor), checked before timing.
+    gf::Tensor want = gf::Tensor::Empty(c->out.dtype(), c->out.shape()).value();
+    gf::TensorView wv = want.view();
+    (void)c->fused_plan->Run(c->in_views, {&wv, 1}, gf::CpuContext{&Pool()});
+    if (auto s = plan.Run(c->in_views, {&c->out_view, 1}, ctx); !s.ok()) {
+      state.SkipWithError(s.ToString().c_str());
+      return;
+    }
+    if (std::memcmp(want.data(), c->out.data(), want.nbytes()) != 0) {
+      state.SkipWithError("native loops disagree with the tile executor");
+      return;
+    }
+  }
   if (auto s = plan.Run(c->in_views, {&c->out_view, 1}, ctx); !s.ok()) {
     state.SkipWithError(s.ToString().c_str());
     return;
@@ -149,9 +181,14 @@ int main(int argc, char** argv) {
   for (const gf::ElementwisePreset& p : gf::ElementwisePresets()) {
     const std::string name = p.name;
     for (int64_t n : kSizes) {
-      benchmark::RegisterBenchmark(("BM_Unfused/" + name + "/" + std::to_string(n)).c_str(), BM_Plan, &p, n, false)
+      benchmark::RegisterBenchmark(("BM_Unfused/" + name + "/" + std::to_string(n)).c_str(), BM_Plan, &p, n,
+                                   Variant::kUnfused)
           ->UseRealTime();
-      benchmark::RegisterBenchmark(("BM_Fused/" + name + "/" + std::to_string(n)).c_str(), BM_Plan, &p, n, true)
+      benchmark::RegisterBenchmark(("BM_Fused/" + name + "/" + std::to_string(n)).c_str(), BM_Plan, &p, n,
+                                   Variant::kFused)
+          ->UseRealTime();
+      benchmark::RegisterBenchmark(("BM_FusedNative/" + name + "/" + std::to_string(n)).c_str(), BM_Plan, &p, n,
+                                   Variant::kNative)
           ->UseRealTime();
 #ifdef __AVX512F__
       if (name != "residual")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The fusion benchmark in one run: `graphfuse bench` presets (unfused, fused and a same-run
-# STREAM triad, interleaved) at 4Ki, 64Ki, 1Mi and 16Mi elements, the Google Benchmark rows of
+# The fusion benchmark in one run: `graphfuse bench` presets (unfused, fused on the tile
+# executor, fused as native loops (--cpu-codegen) and a same-run STREAM triad, interleaved) at
+# 4Ki, 64Ki, 1Mi and 16Mi elements, the Google Benchmark rows of
 # fused plans beside hand-written fused loops, then the peers (numpy, numexpr, PyTorch eager)
 # from bench/peers/bench_py.py (a copy of the shared anchor script), and a summary table.
 #   bench/fusion_bench.sh            everything (~10 minutes on the 2-vCPU VM)
@@ -20,7 +21,7 @@ E="env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE"
 for preset in chain gelu silu residual; do
   for n in 4096 65536 1048576 16777216; do
     echo "graphfuse bench --preset $preset --elements $n" >&2
-    $E ./build/graphfuse bench --preset "$preset" --elements "$n" --repeats 21 --json "$OUT/$preset-$n.json" > /dev/null
+    $E ./build/graphfuse bench --preset "$preset" --elements "$n" --repeats 21 --cpu-codegen --json "$OUT/$preset-$n.json" > /dev/null
   done
 done
 if [ -x build/bench/bench_fusion ]; then

@@ -47,15 +47,19 @@ for preset in ["chain", "gelu", "silu", "residual"]:
         pr = peers.get((PEER_TABLE[preset], n), {}) if PEER_TABLE[preset] else {}
         torch_us, ne_us, np_us = best(pr, WANT["torch eager"]), best(pr, WANT["numexpr"]), best(pr, WANT["numpy"])
         ratio = lambda other: "-" if other is None else f"{other / fu:.2f}x"
+        na = j["latency_ms"].get("native")
+        native = (f"{fmt_us(na * 1e3)} | {un / (na * 1e3):.2f}x | {100 * g['native'] / g['triad']:.0f}%" if na
+                  else "- | - | -")
         rows.append(f"| {n} | {j['kernels_unfused']} -> {j['kernels_fused']} | {fmt_us(un)} | {fmt_us(fu)} | "
-                    f"{un / fu:.2f}x | {g['fused']:.1f} | {g['triad']:.1f} | {100 * g['fused'] / g['triad']:.0f}% | "
+                    f"{un / fu:.2f}x | {g['fused']:.1f} | {g['triad']:.1f} | {100 * g['fused'] / g['triad']:.0f}% | {native} | "
                     f"{fmt_us(torch_us)} ({ratio(torch_us)}) | {fmt_us(ne_us)} ({ratio(ne_us)}) | {fmt_us(np_us)} ({ratio(np_us)}) |")
     if not rows:
         continue
     print(f"### preset `{preset}`\n")
     print("| elements | kernels | graphfuse unfused | graphfuse fused | fused speedup | fused GB/s | triad GB/s "
-          "| % of triad | torch eager (vs fused) | numexpr (vs fused) | numpy (vs fused) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| % of triad | fused, native loops | native speedup | native % of triad "
+          "| torch eager (vs fused) | numexpr (vs fused) | numpy (vs fused) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
     print()
 

@@ -70,6 +70,18 @@ fi
 check bench-preset 0 "$GF" bench --preset chain --elements 8192 --repeats 3 --json /tmp/graphfuse_bench.json
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench.json')); assert set(j['gbps']) == {'unfused','fused','triad'} and j['kernels_fused'] == 1, j" \
   || { echo "FAIL bench --json lacks gbps or kernel counts"; fail=1; }
+# --cpu-codegen: a third row checked bit for bit against the tile executor (kernel cache of
+# this test only), and a compiler that does not run named with exit 2.
+rm -rf /tmp/graphfuse_cli_kernels
+check bench-native 0 env GF_KERNEL_CACHE=/tmp/graphfuse_cli_kernels "$GF" bench --preset chain --elements 8192 --repeats 3 \
+  --cpu-codegen --json /tmp/graphfuse_bench_native.json
+echo "$LAST" | grep -q "== native (bitwise)" || { echo "FAIL bench --cpu-codegen did not check the native row"; fail=1; }
+python3 -c "import json; j=json.load(open('/tmp/graphfuse_bench_native.json')); assert j['latency_ms']['native'] > 0, j" \
+  || { echo "FAIL bench --cpu-codegen --json lacks the native latency"; fail=1; }
+ls /tmp/graphfuse_cli_kernels/cpu/gf_cpu_add_mul_add_*.so > /dev/null 2>&1 || { echo "FAIL no cached kernel named for its ops"; fail=1; }
+rm -rf /tmp/graphfuse_cli_kernels
+check bench-native-no-compiler 2 env CXX=/nonexistent/gf-cxx "$GF" bench --preset chain --elements 8192 --cpu-codegen
+echo "$LAST" | grep -q "/nonexistent/gf-cxx" || { echo "FAIL a missing compiler is not named"; fail=1; }
 check bench-unknown-preset 2 "$GF" bench --preset nope
 check run-no-model 2 "$GF" run
 if "$GF" --help | grep -q -- "--emulate-gpu"; then

@@ -71,14 +71,15 @@ usage: graphfuse <command> [flags]
 
 commands:
   demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
-       [--backend cpu|cuda] [--json FILE]
+       [--cpu-codegen] [--backend cpu|cuda] [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
         checks they agree (|fused - unfused| <= atol + rtol*|unfused|; defaults 1e-4, 1e-3),
         and prints kernels per block, dispatch overhead, time outside the weight GEMMs, block
         latency (median of interleaved repeats), bytes moved and the fused groups; --profile
-        adds the median time of every kernel of both plans; --backend cuda also runs both plans
+        adds the median time of every kernel of both plans; --cpu-codegen runs the fused plan's
+        elementwise programs as native loops (see below); --backend cuda also runs both plans
         on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints launches,
         median device latency and the error against the CPU (exit 2 without a device)
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
@@ -86,7 +87,7 @@ commands:
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
-  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE]
+  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--cpu-codegen]
                  [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
         imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
         subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
@@ -114,13 +115,21 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
   --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
 
   bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
-                                     [--backend cpu|cuda] [fusion flags]
+                                     [--cpu-codegen] [--backend cpu|cuda] [fusion flags]
         times the unfused and the fused plan (medians of interleaved samples) after checking
         they agree; presets chain, gelu, silu, residual (f32, default 1048576 elements) also
         report GB/s beside a same-run STREAM triad and check against float64; the block
         presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table;
+        --cpu-codegen adds a third row, the fused plan with native loops, checked bit for bit;
         --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
         device-to-device copy, after checking the GPU's outputs against the CPU's
+
+--cpu-codegen: every f32 elementwise program of at most two dims (fused group, GEMM / norm
+              epilogue, single op) becomes one loop over SIMD vectors with its intermediates
+              in registers, compiled by the C++ compiler that built graphfuse ($CXX overrides)
+              on its first run (about 2 s a kernel; kept in ~/.cache/graphfuse/cpu, or
+              $GF_KERNEL_CACHE/cpu) and bit-identical to the tile executor; programs outside
+              that scope, or with no working compiler, run on the tile executor
 
 environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs;
              OPENBLAS_CORETYPE names OpenBLAS's kernels (set automatically when it falls back)

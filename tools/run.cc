@@ -10,6 +10,7 @@
 
 #include "cli_common.h"
 #include "graphfuse/cpu.h"
+#include "graphfuse/cpu_codegen.h"
 #include "fusion_report.h"
 #include "json.h"
 #include "onnx/import.h"
@@ -26,7 +27,7 @@ struct RunOptions {
   std::string model, data, json, backend = "cpu";
   double rtol = 1e-4, atol = 1e-5;
   int threads = 0;
-  bool check_fusion = false, cuda_graph = false, emulate_gpu = false;
+  bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
   FusionOptions fusion;
 };
 
@@ -56,6 +57,8 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else if (f == "--check-fusion") {
       o.check_fusion = true;
+    } else if (f == "--cpu-codegen") {
+      o.cpu_codegen = true;
     } else if (f == "--cuda-graph") {
       o.cuda_graph = true;
     } else if (f == "--emulate-gpu") {
@@ -170,7 +173,14 @@ int RunModel(Args& args) {
   }
 
   ThreadPool pool(o.threads);
-  const CpuContext ctx{&pool};
+  CpuContext ctx{&pool};
+  std::unique_ptr<CpuCodegen> codegen;
+  if (o.cpu_codegen) {
+    auto cg = CpuCodegen::Create();
+    if (!cg.ok()) return Fail(cg.status().WithContext("--cpu-codegen"));
+    codegen = std::move(*cg);
+    ctx.codegen = codegen.get();
+  }
   std::vector<TensorView> views;
   for (const Tensor& t : inputs) views.push_back(t.view());
   auto plan = ExecutionPlan::Compile(g);
