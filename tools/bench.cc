@@ -230,15 +230,11 @@ int Bench(Args& args) {
   if (p) std::printf("  %-10s %10.4f ms %10.1f   (12 B/element, same pool)\n", "triad", t.timings[2].median_s * 1e3, gb_triad);
   std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
               1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
-  if (native) {
-    const CpuCodegen::Stats cs = codegen->stats();
-    std::printf("  native is %.2fx unfused (median of per-round ratios %.2fx)%s; %d kernel(s) compiled (%.1f s), %d from the "
-                "cache, %d program(s) outside the generator's scope%s\n",
-                t_unfused / t_native, 1.0 / t.median_ratio_to_first.back(),
+  if (native)
+    std::printf("  native is %.2fx unfused (median of per-round ratios %.2fx)%s; native loops: %s\n", t_unfused / t_native,
+                1.0 / t.median_ratio_to_first.back(),
                 p ? StrCat("; ", std::lround(100 * bytes / t_native / 1e9 / gb_triad), "% of triad").c_str() : "",
-                cs.compiled, cs.compile_seconds, cs.loaded, cs.outside_scope,
-                cs.failed ? StrCat("; ", cs.failed, " failed: ", cs.last_error).c_str() : "");
-  }
+                CodegenSummary(*codegen).c_str());
   std::printf("  checks: fused == unfused%s; max rel error vs float64 at 4096 sampled elements: %.2g\n",
               native ? " == native (bitwise)" : "", max_rel_f64);
 #ifdef GF_HAVE_CUDA

@@ -299,13 +299,7 @@ int RunDemo(Args& args) {
               pool.num_threads(), per_launch_us);
   std::printf("GEMM time: MatMul kernels, and inside fused kernels the share of thread-time spent in BLAS calls\n"
               "(their epilogues, softmax and RoPE count as outside); kernel times are medians of observed runs.\n");
-  if (codegen) {
-    const CpuCodegen::Stats cs = codegen->stats();
-    std::printf("fused plan: elementwise programs as native loops: %d compiled (%.1f s), %d from the cache, %d left to "
-                "the tile executor (outside the generator's scope)%s\n",
-                cs.compiled, cs.compile_seconds, cs.loaded, cs.outside_scope,
-                cs.failed ? StrCat("; ", cs.failed, " failed to compile: ", cs.last_error).c_str() : "");
-  }
+  if (codegen) std::printf("fused plan: elementwise programs as native loops: %s\n", CodegenSummary(*codegen).c_str());
   std::printf("check: fused vs unfused max |err| %.3g, max rel err %.3g (|err| <= %.0e + %.0e*|ref|): %s\n\n", max_abs,
               max_rel, o.atol, o.rtol, ok ? "ok" : "DIFFERS");
   if (o.profile) {

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "graphfuse/cpu_codegen.h"
 #include "graphfuse/status.h"
 #include "graphfuse/thread_pool.h"
 
@@ -12,6 +13,11 @@ namespace graphfuse::cli {
 
 // Exit codes of the contract in DESIGN.md.
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
+
+// --cpu-codegen: what the code generator did, for the command's report: "2 compiled (3.4 s),
+// 1 from the cache, 0 left to the tile executor (outside the generator's scope)", and any
+// failure with its message.
+std::string CodegenSummary(const CpuCodegen& cg);
 
 // --backend cuda: Ok when GPU 0 can be used, else an error saying what is missing (no device,
 // or a build without the CUDA toolkit). Call it before any long work.

@@ -63,6 +63,14 @@ Result<double> Args::Float(const std::string& name, double lo, double hi) {
   return x;
 }
 
+std::string CodegenSummary(const CpuCodegen& cg) {
+  const CpuCodegen::Stats s = cg.stats();
+  char head[160];
+  std::snprintf(head, sizeof head, "%d compiled (%.1f s), %d from the cache, %d left to the tile executor (outside the "
+                "generator's scope)", s.compiled, s.compile_seconds, s.loaded, s.outside_scope);
+  return s.failed ? StrCat(head, "; ", s.failed, " failed to compile (the tile executor ran them): ", s.last_error) : head;
+}
+
 namespace {
 
 constexpr const char* kUsage = R"(graphfuse: operator fusion for neural-network inference

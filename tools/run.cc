@@ -272,6 +272,7 @@ int RunModel(Args& args) {
               o.model.c_str(), static_cast<long long>(fusion.kernels_before), static_cast<long long>(st.kernels_launched),
               o.fusion.enabled ? "fused" : "run (--no-fuse)", st.peak_activation_bytes / 1024.0,
               st.activation_bytes_no_reuse / 1024.0);
+  if (codegen) std::printf("native loops: %s\n", CodegenSummary(*codegen).c_str());
   if (o.check_fusion) {
     const GroupCheck* first_bad = nullptr;
     for (const GroupCheck& c : checks)
