@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -268,6 +269,30 @@ TEST(CpuCodegen, KernelsComeBackFromTheDiskCache) {
     EXPECT_EQ((*cg)->stats().compiled, round == 0 ? 1 : 0);
     EXPECT_EQ((*cg)->stats().loaded, round == 0 ? 0 : 1);
   }
+}
+
+// A runner keeps its loop's code loaded after the generator that compiled it is gone.
+TEST(CpuCodegen, RunnerOutlivesItsGenerator) {
+  std::mt19937 rng(8);
+  Tensor x = Random(DType::kF32, {2048}, rng);
+  std::vector<float> out(2048);
+  cpu::TileProgram p;
+  p.shape = cpu::TileShape({2048});
+  p.inputs = {In(x, {2048})};
+  p.instrs = {{OpKind::kNeg, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kExp, {1, 0, 0}, {}, cpu::Domain::kF32}};
+  p.outputs = {{2, DType::kF32, out.data()}};
+  std::optional<cpu::TileRunner> runner;
+  {
+    auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/shared"});
+    ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+    runner.emplace(p, cg->get());
+    ASSERT_TRUE(runner->native());
+  }
+  runner->Launch(CpuContext{});
+  std::vector<float> want(2048);
+  p.outputs[0].data = want.data();
+  cpu::RunTileProgram(p, CpuContext{});
+  EXPECT_EQ(0, std::memcmp(out.data(), want.data(), sizeof(float) * 2048));
 }
 
 // The generated source names what it fuses and keeps every intermediate in a register.

@@ -149,7 +149,7 @@ extern "C" void )", symbol,
   return s;
 }
 
-Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
+Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   CpuCodegen::Impl& im = cg.impl();
   // The name says what the loop computes; the hash, everything that went into it.
   std::string name = "gf_cpu";
@@ -166,7 +166,7 @@ Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   name += StrCat("_", hex);
 
   std::lock_guard<std::mutex> lock(im.mu);
-  if (auto it = im.kernels.find(key); it != im.kernels.end()) return it->second.second;
+  if (auto it = im.kernels.find(key); it != im.kernels.end()) return NativeCode{it->second.second, it->second.first};
   const auto t0 = std::chrono::steady_clock::now();
   bool built = false;
   auto fail = [&](const Status& s) -> Status {
@@ -188,7 +188,7 @@ Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   } else {
     ++im.stats.loaded;
   }
-  return kernel;
+  return NativeCode{kernel, *lib};
 }
 
 void CountOutsideScope(CpuCodegen& cg) {

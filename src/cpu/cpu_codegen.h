@@ -2,6 +2,7 @@
 // program must look like to become one native loop, the loop's signature, and its source.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "graphfuse/cpu_codegen.h"
@@ -30,9 +31,16 @@ using NativeKernel = void (*)(const float* const* in, float* const* out, const O
 // The C++ source of the program's loop, defining extern "C" `symbol`.
 std::string NativeSource(const NativeProgram& p, const std::string& symbol);
 
+// A compiled loop and the shared object that holds its code (kept alive by its users, so that a
+// plan outliving its CpuCodegen never calls into unloaded code).
+struct NativeCode {
+  NativeKernel kernel = nullptr;
+  std::shared_ptr<const void> keep;
+};
+
 // The compiled loop (from memory, the disk cache, or the compiler); an error when compiling
 // failed (counted in the stats; callers fall back to the tile executor).
-Result<NativeKernel> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p);
+Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p);
 // Counts a program left to the tile executor.
 void CountOutsideScope(CpuCodegen& cg);
 

@@ -230,6 +230,7 @@ struct Plan {
   bool nt_outputs = false;
   // The program compiled to one loop over vectors (cpu_codegen.h), or null: the tile executor.
   NativeKernel native = nullptr;
+  std::shared_ptr<const void> native_code;  // keeps the loop's shared object loaded
   InlineVec<int64_t, kMaxTileInputs> native_row_strides;
   int64_t native_cols = 0;
   InlineVec<OpAttrs, kMaxTileInstrs> native_attrs;
@@ -556,7 +557,8 @@ Plan BuildPlan(const TileProgram& p, CpuCodegen* codegen) {
     if (!np) {
       CountOutsideScope(*codegen);
     } else if (auto kernel = GetNativeKernel(*codegen, *np); kernel.ok()) {  // else counted; tiles run it
-      plan.native = *kernel;
+      plan.native = kernel->kernel;
+      plan.native_code = kernel->keep;
       plan.native_cols = plan.layout.shape.back();
       for (int k = 0; k < nin; ++k)
         plan.native_row_strides.push_back(plan.layout.shape.size() == 2 ? plan.layout.strides[k][0] : 0);
