@@ -13,8 +13,12 @@
 
 // Set by CMakeLists.txt: where the headers the generated code includes live, and how the
 // library itself was compiled (the loops must be compiled the same way to give its bits).
+// A build that does not set them (the fuzz build) gets a generator that Create refuses.
 #ifndef GF_SOURCE_ROOT
-#error "GF_SOURCE_ROOT must name the source tree (CMakeLists.txt sets it)"
+#define GF_SOURCE_ROOT ""
+#define GF_CODEGEN_CXX "c++"
+#define GF_CODEGEN_FLAGS ""
+#define GF_CODEGEN_LIBS ""
 #endif
 
 namespace graphfuse {
@@ -66,6 +70,7 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
   }
   if (impl->options.cache_dir.empty()) impl->options.cache_dir = DefaultCacheDir().string();
   const std::filesystem::path root = GF_SOURCE_ROOT;
+  if (root.empty()) return Unimplemented("CPU code generation: this build of graphfuse does not know its source tree");
   const std::string version = FirstLineOf(impl->options.compiler + " --version");
   if (version.empty())
     return NotFound("CPU code generation: the compiler '", impl->options.compiler,
