@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -164,6 +165,62 @@ TEST(CpuCodegen, PerRowAndStridedInputs) {
   EXPECT_TRUE(ExpectSameBits(p, CpuContext{}, "silu(ws[:, C:2C]) * c[R, 1]"));
 }
 
+// f16 and bf16 storage: loads widen, stores round to nearest even, as the tile executor's do,
+// over special values too (NaN, infinities, signed zeros, subnormals, values that overflow
+// f16, halfway cases), for outputs in place and beside f32 ones.
+TEST(CpuCodegen, HalfPrecisionStorageGivesTheTileExecutorsBits) {
+  std::mt19937 rng(9);
+  const Shape shape = {4, 1024};
+  const std::vector<double> special = {NAN, -NAN, INFINITY, -INFINITY, 0.0, -0.0, 1e-6, -6e-8, 3e-41, 65504, 65520,
+                                       70000, -1e30, 1.0009765625, 1.00048828125, 0.1, 3.0517578125e-05};
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    Tensor x = Random(dt, shape, rng), b = Random(DType::kF32, {shape.back()}, rng), s = Random(dt, {}, rng);
+    for (size_t i = 0; i < special.size(); ++i) x.SetFromDouble(static_cast<int64_t>(i * 37), special[i]);
+    // Signaling NaNs, which no arithmetic produces: stored back, they come out quiet.
+    x.data_as<uint16_t>()[1001] = dt == DType::kBF16 ? 0x7F81 : 0x7C01;
+    x.data_as<uint16_t>()[2002] = dt == DType::kBF16 ? 0xFF81 : 0xFC01;
+    for (size_t i = 0; i < special.size(); ++i) b.SetFromDouble(static_cast<int64_t>(i * 5 + 1), special[i] * 0.5);
+    cpu::TileProgram p;
+    p.shape = cpu::TileShape(shape);
+    p.inputs = {In(x, shape), In(b, shape), In(s, shape)};
+    OpAttrs round;
+    round.to = dt;
+    p.instrs = {{OpKind::kMul, {0, 2, 0}, {}, cpu::Domain::kF32},
+                {OpKind::kCast, {3, 0, 0}, round, cpu::Domain::kF32},
+                {OpKind::kAdd, {4, 1, 0}, {}, cpu::Domain::kF32},
+                {OpKind::kSilu, {5, 0, 0}, {}, cpu::Domain::kF32}};
+    // A half-precision output, an f32 output, and a half-precision copy of the input register.
+    p.outputs = {{6, dt, nullptr}, {5, DType::kF32, nullptr}, {0, dt, nullptr}};
+    std::vector<std::vector<uint8_t>> tile, native;
+    cpu::TileProgram q = p;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const size_t bytes = 4096 * DTypeSize(p.outputs[o].dtype);
+      tile.emplace_back(bytes, 0x11);
+      native.emplace_back(bytes, 0x22);
+      p.outputs[o].data = tile.back().data();
+      q.outputs[o].data = native.back().data();
+    }
+    cpu::RunTileProgram(p, CpuContext{});
+    const cpu::TileRunner r(q, &Codegen());
+    EXPECT_TRUE(r.native()) << DTypeName(dt);
+    r.Launch(CpuContext{});
+    for (size_t o = 0; o < p.outputs.size(); ++o)
+      EXPECT_EQ(tile[o], native[o]) << DTypeName(dt) << " output " << o;
+    // In place: the half-precision input overwritten by the program's result.
+    std::vector<uint8_t> a(static_cast<const uint8_t*>(x.data()), static_cast<const uint8_t*>(x.data()) + x.nbytes());
+    std::vector<uint8_t> c = a;
+    cpu::TileProgram pa = p, pc = p;
+    pa.inputs[0].data = a.data(), pc.inputs[0].data = c.data();
+    pa.outputs = {{6, dt, a.data()}};
+    pc.outputs = {{6, dt, c.data()}};
+    cpu::RunTileProgram(pa, CpuContext{});
+    const cpu::TileRunner rc(pc, &Codegen());
+    EXPECT_TRUE(rc.native()) << DTypeName(dt) << " in place";
+    rc.Launch(CpuContext{});
+    EXPECT_EQ(a, c) << DTypeName(dt) << " in place";
+  }
+}
+
 // An output written over its own input (the same buffer, element for element) is in scope;
 // one shifted against an input is not, and runs on the tile executor. Both stay exact.
 TEST(CpuCodegen, InPlaceOutputs) {
@@ -206,11 +263,11 @@ TEST(CpuCodegen, InPlaceOutputs) {
   }
 }
 
-// Outside the scope: f16 data, a 2-D space whose rows are not whole vectors. Counted, and run
-// by the tile executor.
+// Outside the scope: integer data read into f32 lanes, a 2-D space whose rows are not whole
+// vectors. Counted, and run by the tile executor.
 TEST(CpuCodegen, ProgramsOutsideTheScopeRunOnTiles) {
   std::mt19937 rng(5);
-  for (const auto& [dt, shape] : {std::pair<DType, Shape>{DType::kF16, {4096}}, {DType::kF32, {5, 100}}}) {
+  for (const auto& [dt, shape] : {std::pair<DType, Shape>{DType::kI32, {4096}}, {DType::kF32, {5, 100}}}) {
     Tensor x = Random(dt, shape, rng), b = Random(dt, {shape.back()}, rng);
     cpu::TileProgram p;
     p.shape = cpu::TileShape(shape);
@@ -299,15 +356,20 @@ TEST(CpuCodegen, RunnerOutlivesItsGenerator) {
 TEST(CpuCodegen, SourceIsOneLoopOverRegisters) {
   cpu::NativeProgram np;
   np.inputs = {cpu::NativeRead::kRow, cpu::NativeRead::kScalar, cpu::NativeRead::kPerRow};
+  np.input_dtypes = {DType::kBF16, DType::kF32, DType::kF16};
   np.instrs = {{OpKind::kMul, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kAdd, {3, 2, 0}, {}, cpu::Domain::kF32}};
-  np.outputs = {4};
+  np.outputs = {4, 3};
+  np.output_dtypes = {DType::kF32, DType::kF16};
   const std::string s = cpu::NativeSource(np, "k");
   EXPECT_NE(s.find("// graphfuse CPU kernel: Mul, Add"), std::string::npos) << s;
+  EXPECT_NE(s.find("const VF r0 = LoadBF16(in[0], b0 + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("const VF r2 = VF(static_cast<double>(ScalarF16(in[2], row * rs[2])));"), std::string::npos) << s;
   EXPECT_NE(s.find("const VF r3 = MulRow::Eval<VF, int64_t>(r0, r1, r0, a[0], i + j);"), std::string::npos) << s;
   EXPECT_NE(s.find("const VF r4 = AddRow::Eval<VF, int64_t>(r3, r2, r3, a[1], i + j);"), std::string::npos) << s;
-  EXPECT_NE(s.find("r4.Stream(o0 + j);"), std::string::npos) << s;
-  EXPECT_NE(s.find("r4.Store(o0 + j);"), std::string::npos) << s;
-  EXPECT_EQ(s.find("r3.Store"), std::string::npos) << "an intermediate reached memory:\n" << s;
+  EXPECT_NE(s.find("StreamF32(r4, out[0], i + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("StoreF32(r4, out[0], i + j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("StoreF16(r3, out[1], i + j);"), std::string::npos) << s;
+  EXPECT_EQ(s.find("StreamF16"), std::string::npos) << "f16 outputs are never streamed:\n" << s;
 }
 
 }  // namespace

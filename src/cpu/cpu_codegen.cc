@@ -106,36 +106,47 @@ const std::string& CpuCodegen::cache_dir() const { return impl_->options.cache_d
 
 namespace cpu {
 
+namespace {
+
+// "F32", "F16" or "BF16": the suffix of native_io.h's loads and stores.
+const char* IoSuffix(DType t) { return t == DType::kF16 ? "F16" : t == DType::kBF16 ? "BF16" : "F32"; }
+
+}  // namespace
+
 std::string NativeSource(const NativeProgram& p, const std::string& symbol) {
   const int nin = static_cast<int>(p.inputs.size());
   std::string ops;
   for (const TileInstr& ins : p.instrs) ops += StrCat(ops.empty() ? "" : ", ", OpName(ins.op));
   std::string s = StrCat("// graphfuse CPU kernel: ", ops, R"(
 #include <algorithm>
+#include "cpu/native_io.h"
 #include "cpu/op_rows.h"
 using namespace graphfuse;
+using namespace graphfuse::cpu::native;
 using namespace graphfuse::cpu::rows;
 using graphfuse::simd::VF;
 extern "C" void )", symbol,
-                         R"((const float* const* in, float* const* out, const OpAttrs* a, const int64_t* rs,
+                         R"((const void* const* in, void* const* out, const OpAttrs* a, const int64_t* rs,
                          int64_t cols, int64_t begin, int64_t end, int stream) {
   constexpr int64_t L = graphfuse::simd::kLanes;
 )");
   for (int k = 0; k < nin; ++k)
-    if (p.inputs[k] == NativeRead::kScalar) s += StrCat("  const VF r", k, " = VF(static_cast<double>(in[", k, "][0]));\n");
+    if (p.inputs[k] == NativeRead::kScalar)
+      s += StrCat("  const VF r", k, " = VF(static_cast<double>(Scalar", IoSuffix(p.input_dtypes[k]), "(in[", k, "], 0)));\n");
   s += R"(  int64_t row = begin / cols, col = begin - row * cols;
   for (int64_t i = begin; i < end; ++row, col = 0) {
     const int64_t n = std::min(end - i, cols - col);
 )";
   for (int k = 0; k < nin; ++k) {
-    if (p.inputs[k] == NativeRead::kRow) s += StrCat("    const float* p", k, " = in[", k, "] + row * rs[", k, "] + col;\n");
+    if (p.inputs[k] == NativeRead::kRow) s += StrCat("    const int64_t b", k, " = row * rs[", k, "] + col;\n");
     if (p.inputs[k] == NativeRead::kPerRow)
-      s += StrCat("    const VF r", k, " = VF(static_cast<double>(in[", k, "][row * rs[", k, "]]));\n");
+      s += StrCat("    const VF r", k, " = VF(static_cast<double>(Scalar", IoSuffix(p.input_dtypes[k]), "(in[", k,
+                  "], row * rs[", k, "])));\n");
   }
-  for (size_t o = 0; o < p.outputs.size(); ++o) s += StrCat("    float* o", o, " = out[", o, "] + i;\n");
   std::string body;
   for (int k = 0; k < nin; ++k)
-    if (p.inputs[k] == NativeRead::kRow) body += StrCat("        const VF r", k, " = VF::Load(p", k, " + j);\n");
+    if (p.inputs[k] == NativeRead::kRow)
+      body += StrCat("        const VF r", k, " = Load", IoSuffix(p.input_dtypes[k]), "(in[", k, "], b", k, " + j);\n");
   for (size_t i = 0; i < p.instrs.size(); ++i) {
     const TileInstr& ins = p.instrs[i];
     const int arity = GetOpInfo(ins.op).arity;
@@ -143,11 +154,14 @@ extern "C" void )", symbol,
     body += StrCat("        const VF r", nin + static_cast<int>(i), " = ", OpName(ins.op), "Row::Eval<VF, int64_t>(r", x,
                    ", r", y, ", r", z, ", a[", i, "], i + j);\n");
   }
-  // Non-temporal stores, or plain ones.
-  for (const char* store : {"Stream", "Store"}) {
-    s += StrCat(store == std::string("Stream") ? "    if (stream) {\n" : "    } else {\n",
-                "      for (int64_t j = 0; j < n; j += L) {\n", body);
-    for (size_t o = 0; o < p.outputs.size(); ++o) s += StrCat("        r", p.outputs[o], ".", store, "(o", o, " + j);\n");
+  // Non-temporal stores of the f32 outputs, or plain ones.
+  for (const bool streamed : {true, false}) {
+    s += StrCat(streamed ? "    if (stream) {\n" : "    } else {\n", "      for (int64_t j = 0; j < n; j += L) {\n", body);
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const bool f32 = p.output_dtypes[o] == DType::kF32;
+      s += StrCat("        ", streamed && f32 ? "Stream" : "Store", IoSuffix(p.output_dtypes[o]), "(r", p.outputs[o],
+                  ", out[", o, "], i + j);\n");
+    }
     s += "      }\n";
   }
   s += "    }\n    i += n;\n  }\n}\n";

@@ -17,15 +17,17 @@ enum class NativeRead : uint8_t { kRow, kPerRow, kScalar };
 
 struct NativeProgram {
   InlineVec<NativeRead, kMaxTileInputs> inputs;
-  InlineVec<TileInstr, kMaxTileInstrs> instrs;  // f32; op and args (the attrs come per call)
-  InlineVec<int, kMaxTileOutputs> outputs;      // registers, stored contiguously over the space
+  InlineVec<DType, kMaxTileInputs> input_dtypes;  // f32, f16 or bf16 storage
+  InlineVec<TileInstr, kMaxTileInstrs> instrs;    // f32; op and args (the attrs come per call)
+  InlineVec<int, kMaxTileOutputs> outputs;        // registers, stored contiguously over the space
+  InlineVec<DType, kMaxTileOutputs> output_dtypes;
 };
 
 // Elements [begin, end) of the space: begin and end are multiples of the vector width, and so
 // is cols unless the space is one row. in[k] points at input k's element (0, 0); out[o] at
-// output o's first element; attrs[i] are instruction i's attributes. stream != 0: outputs are
-// stored non-temporally (every out[o] + begin 64-byte aligned; the caller fences).
-using NativeKernel = void (*)(const float* const* in, float* const* out, const OpAttrs* attrs,
+// output o's first element; attrs[i] are instruction i's attributes. stream != 0: f32 outputs
+// are stored non-temporally (each such out[o] + begin 64-byte aligned; the caller fences).
+using NativeKernel = void (*)(const void* const* in, void* const* out, const OpAttrs* attrs,
                               const int64_t* row_strides, int64_t cols, int64_t begin, int64_t end, int stream);
 
 // The C++ source of the program's loop, defining extern "C" `symbol`.

@@ -252,13 +252,13 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
     // number of vectors) on the tile path. Each element is computed exactly once.
     const int64_t vec_end = begin + (end - begin) / VectorLanes() * VectorLanes();
     if (vec_end > begin) {
-      const float* in[kMaxTileInputs];
-      float* out[kMaxTileOutputs];
+      const void* in[kMaxTileInputs];
+      void* out[kMaxTileOutputs];
       bool nt = plan.nt_outputs;
-      for (size_t k = 0; k < p.inputs.size(); ++k) in[k] = static_cast<const float*>(p.inputs[k].data);
+      for (size_t k = 0; k < p.inputs.size(); ++k) in[k] = p.inputs[k].data;
       for (size_t o = 0; o < p.outputs.size(); ++o) {
-        out[o] = static_cast<float*>(p.outputs[o].data);
-        nt &= StreamAligned(out[o] + begin);
+        out[o] = p.outputs[o].data;
+        if (p.outputs[o].dtype == DType::kF32) nt &= StreamAligned(static_cast<float*>(out[o]) + begin);
       }
       plan.native(in, out, plan.native_attrs.data(), plan.native_row_strides.data(), plan.native_cols, begin, vec_end,
                   nt ? 1 : 0);
@@ -453,8 +453,8 @@ int64_t TileProgram::CostPerElement() const {
 
 namespace {
 
-// The program as one compiled loop, when it is within the generator's scope: f32 throughout,
-// a space of at most two dims (rows of a whole number of vectors when there are two), every
+// The program as one compiled loop, when it is within the generator's scope: f32 arithmetic
+// over f32, f16 or bf16 storage, a space of at most two dims (rows of a whole number of vectors when there are two), every
 // input contiguous along the rows or broadcast along them, and no output overlapping an input
 // other than exactly (an element is read, then written, in the same iteration).
 std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p) {
@@ -463,15 +463,19 @@ std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p)
   NativeProgram np;
   for (size_t k = 0; k < p.inputs.size(); ++k) {
     const TileInput& in = p.inputs[k];
-    if (in.dtype != DType::kF32 || in.domain != Domain::kF32) return std::nullopt;
+    if (!IsFloat(in.dtype) || in.domain != Domain::kF32) return std::nullopt;
+    np.input_dtypes.push_back(in.dtype);
     const int64_t col = l.strides[k].back(), row = l.shape.size() == 2 ? l.strides[k][0] : 0;
     if (col != 0 && col != 1) return std::nullopt;
     np.inputs.push_back(col == 1 ? NativeRead::kRow : row == 0 ? NativeRead::kScalar : NativeRead::kPerRow);
     for (const TileOutput& out : p.outputs) {
-      const bool same = in.data == out.data && plan.direct_input[k];
+      // Exactly the output's elements, read before they are written in the same iteration.
+      const bool same = in.data == out.data && in.dtype == out.dtype && col == 1 &&
+                        (l.shape.size() == 1 || l.strides[k][0] == l.shape.back());
       int64_t span = 1;  // elements the input spans
       for (size_t d = 0; d < l.shape.size(); ++d) span += (l.shape[d] - 1) * l.strides[k][d];
-      if (!same && Overlaps(in.data, static_cast<size_t>(span) * 4, out.data, static_cast<size_t>(plan.numel) * 4))
+      if (!same && Overlaps(in.data, static_cast<size_t>(span) * DTypeSize(in.dtype), out.data,
+                            static_cast<size_t>(plan.numel) * DTypeSize(out.dtype)))
         return std::nullopt;
     }
   }
@@ -480,8 +484,9 @@ std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p)
     np.instrs.push_back(ins);
   }
   for (const TileOutput& out : p.outputs) {
-    if (out.dtype != DType::kF32 || p.RegisterDomain(out.reg) != Domain::kF32) return std::nullopt;
+    if (!IsFloat(out.dtype) || p.RegisterDomain(out.reg) != Domain::kF32) return std::nullopt;
     np.outputs.push_back(out.reg);
+    np.output_dtypes.push_back(out.dtype);
   }
   return np;
 }
