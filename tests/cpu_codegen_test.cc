@@ -255,6 +255,7 @@ TEST(CpuCodegen, InPlaceOutputs) {
     const cpu::TileRunner r(program(buf, buf + 16), ctx.codegen);
     EXPECT_FALSE(r.native());
     EXPECT_EQ(Codegen().stats().outside_scope, before + 1);
+    EXPECT_EQ(Codegen().stats().outside_why["an output overlapping an input"], 1);
     std::vector<float> shifted(n);
     for (int64_t i = 0; i < n; ++i)
       shifted[i] = (x.data_as<float>()[i + 16] + y.data_as<float>()[i]) * y.data_as<float>()[i];
@@ -274,9 +275,11 @@ TEST(CpuCodegen, ProgramsOutsideTheScopeRunOnTiles) {
     p.inputs = {In(x, shape), In(b, shape)};
     p.instrs = {{OpKind::kAdd, {0, 1, 0}, {}, cpu::Domain::kF32}, {OpKind::kGelu, {2, 0, 0}, {}, cpu::Domain::kF32}};
     p.outputs = {{3, DType::kF32, nullptr}};
-    const int before = Codegen().stats().outside_scope;
+    const std::string why = dt == DType::kI32 ? "integer or bool data" : "rows that are not whole vectors";
+    const CpuCodegen::Stats before = Codegen().stats();
     EXPECT_FALSE(ExpectSameBits(p, CpuContext{}, ShapeToString(shape)));
-    EXPECT_EQ(Codegen().stats().outside_scope, before + 1);
+    EXPECT_EQ(Codegen().stats().outside_scope, before.outside_scope + 1);
+    EXPECT_EQ(Codegen().stats().outside_why[why], (before.outside_why.count(why) ? before.outside_why.at(why) : 0) + 1);
   }
 }
 

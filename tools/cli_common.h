@@ -15,7 +15,7 @@ namespace graphfuse::cli {
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
 
 // --cpu-codegen: what the code generator did, for the command's report: "2 compiled (3.4 s),
-// 1 from the cache, 0 left to the tile executor (outside the generator's scope)", and any
+// 1 from the cache, 1 left to the tile executor (1 with integer or bool data)", and any
 // failure with its message.
 std::string CodegenSummary(const CpuCodegen& cg);
 

@@ -66,9 +66,14 @@ Result<double> Args::Float(const std::string& name, double lo, double hi) {
 std::string CodegenSummary(const CpuCodegen& cg) {
   const CpuCodegen::Stats s = cg.stats();
   char head[160];
-  std::snprintf(head, sizeof head, "%d compiled (%.1f s), %d from the cache, %d left to the tile executor (outside the "
-                "generator's scope)", s.compiled, s.compile_seconds, s.loaded, s.outside_scope);
-  return s.failed ? StrCat(head, "; ", s.failed, " failed to compile (the tile executor ran them): ", s.last_error) : head;
+  std::snprintf(head, sizeof head, "%d compiled (%.1f s), %d from the cache, %d left to the tile executor", s.compiled,
+                s.compile_seconds, s.loaded, s.outside_scope);
+  std::string out = head;
+  std::string why;
+  for (const auto& [reason, count] : s.outside_why) why += StrCat(why.empty() ? "" : ", ", count, " with ", reason);
+  out += why.empty() ? "" : StrCat(" (", why, ")");
+  if (s.failed) out += StrCat("; ", s.failed, " failed to compile (the tile executor ran them): ", s.last_error);
+  return out;
 }
 
 namespace {

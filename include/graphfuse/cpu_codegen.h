@@ -18,6 +18,7 @@
 //   plan->Run(inputs, outputs, ctx);
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -38,6 +39,7 @@ class CpuCodegen {
     int compiled = 0;         // kernels compiled by this object
     int loaded = 0;           // kernels found in the disk cache
     int outside_scope = 0;    // programs left to the tile executor (dtype, layout, aliasing)
+    std::map<std::string, int> outside_why;  // ... by reason ("integer or bool data", ...)
     int failed = 0;           // compiles that failed (the tile executor ran those programs)
     double compile_seconds = 0;
     std::string last_error;   // the last failure's message, with the compiler's log

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <string>
 #include <mutex>
 #include <sstream>
 
@@ -210,9 +211,10 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   return NativeCode{kernel, *lib};
 }
 
-void CountOutsideScope(CpuCodegen& cg) {
+void CountOutsideScope(CpuCodegen& cg, const std::string& why) {
   std::lock_guard<std::mutex> lock(cg.impl().mu);
   ++cg.impl().stats.outside_scope;
+  ++cg.impl().stats.outside_why[why];
 }
 
 }  // namespace cpu

@@ -43,7 +43,7 @@ struct NativeCode {
 // The compiled loop (from memory, the disk cache, or the compiler); an error when compiling
 // failed (counted in the stats; callers fall back to the tile executor).
 Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p);
-// Counts a program left to the tile executor.
-void CountOutsideScope(CpuCodegen& cg);
+// Counts a program left to the tile executor, and why.
+void CountOutsideScope(CpuCodegen& cg, const std::string& why);
 
 }  // namespace graphfuse::cpu

@@ -453,21 +453,16 @@ int64_t TileProgram::CostPerElement() const {
 
 namespace {
 
-// The program as one compiled loop, when it is within the generator's scope: f32 arithmetic
-// over f32, f16 or bf16 storage, a space of at most two dims (rows of a whole number of vectors when there are two), every
-// input contiguous along the rows or broadcast along them, and no output overlapping an input
-// other than exactly (an element is read, then written, in the same iteration).
-std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p) {
+// Why a program stays on the tile executor (the first reason found), or nullptr.
+const char* OutsideNativeScope(const Plan& plan, const TileProgram& p) {
   const Layout& l = plan.layout;
-  if (l.shape.size() > 2 || (l.shape.size() == 2 && l.shape.back() % VectorLanes() != 0)) return std::nullopt;
-  NativeProgram np;
+  if (l.shape.size() > 2) return "more than two dims after merging";
+  if (l.shape.size() == 2 && l.shape.back() % VectorLanes() != 0) return "rows that are not whole vectors";
   for (size_t k = 0; k < p.inputs.size(); ++k) {
     const TileInput& in = p.inputs[k];
-    if (!IsFloat(in.dtype) || in.domain != Domain::kF32) return std::nullopt;
-    np.input_dtypes.push_back(in.dtype);
-    const int64_t col = l.strides[k].back(), row = l.shape.size() == 2 ? l.strides[k][0] : 0;
-    if (col != 0 && col != 1) return std::nullopt;
-    np.inputs.push_back(col == 1 ? NativeRead::kRow : row == 0 ? NativeRead::kScalar : NativeRead::kPerRow);
+    if (!IsFloat(in.dtype) || in.domain != Domain::kF32) return "integer or bool data";
+    const int64_t col = l.strides[k].back();
+    if (col != 0 && col != 1) return "an input strided along the rows";
     for (const TileOutput& out : p.outputs) {
       // Exactly the output's elements, read before they are written in the same iteration.
       const bool same = in.data == out.data && in.dtype == out.dtype && col == 1 &&
@@ -476,15 +471,29 @@ std::optional<NativeProgram> NativeScope(const Plan& plan, const TileProgram& p)
       for (size_t d = 0; d < l.shape.size(); ++d) span += (l.shape[d] - 1) * l.strides[k][d];
       if (!same && Overlaps(in.data, static_cast<size_t>(span) * DTypeSize(in.dtype), out.data,
                             static_cast<size_t>(plan.numel) * DTypeSize(out.dtype)))
-        return std::nullopt;
+        return "an output overlapping an input";
     }
   }
-  for (const TileInstr& ins : p.instrs) {
-    if (ins.domain != Domain::kF32) return std::nullopt;
-    np.instrs.push_back(ins);
+  for (const TileInstr& ins : p.instrs)
+    if (ins.domain != Domain::kF32) return "integer or bool data";
+  for (const TileOutput& out : p.outputs)
+    if (!IsFloat(out.dtype) || p.RegisterDomain(out.reg) != Domain::kF32) return "integer or bool data";
+  return nullptr;
+}
+
+// The program as one compiled loop (OutsideNativeScope said it can be): f32 arithmetic over
+// f32, f16 or bf16 storage, a space of at most two dims (rows of a whole number of vectors
+// when there are two), every input contiguous along the rows or broadcast along them.
+NativeProgram ToNative(const Plan& plan, const TileProgram& p) {
+  const Layout& l = plan.layout;
+  NativeProgram np;
+  for (size_t k = 0; k < p.inputs.size(); ++k) {
+    const int64_t col = l.strides[k].back(), row = l.shape.size() == 2 ? l.strides[k][0] : 0;
+    np.inputs.push_back(col == 1 ? NativeRead::kRow : row == 0 ? NativeRead::kScalar : NativeRead::kPerRow);
+    np.input_dtypes.push_back(p.inputs[k].dtype);
   }
+  for (const TileInstr& ins : p.instrs) np.instrs.push_back(ins);
   for (const TileOutput& out : p.outputs) {
-    if (!IsFloat(out.dtype) || p.RegisterDomain(out.reg) != Domain::kF32) return std::nullopt;
     np.outputs.push_back(out.reg);
     np.output_dtypes.push_back(out.dtype);
   }
@@ -558,10 +567,9 @@ Plan BuildPlan(const TileProgram& p, CpuCodegen* codegen) {
   plan.streaming = p.instrs.size() == 1 && p.outputs.size() == 1 && plan.direct_output[nin] == 0 &&
                    std::all_of(plan.direct_input.begin(), plan.direct_input.end(), [](bool d) { return d; });
   if (codegen) {
-    const std::optional<NativeProgram> np = NativeScope(plan, p);
-    if (!np) {
-      CountOutsideScope(*codegen);
-    } else if (auto kernel = GetNativeKernel(*codegen, *np); kernel.ok()) {  // else counted; tiles run it
+    if (const char* why = OutsideNativeScope(plan, p)) {
+      CountOutsideScope(*codegen, why);
+    } else if (auto kernel = GetNativeKernel(*codegen, ToNative(plan, p)); kernel.ok()) {  // else counted; tiles run it
       plan.native = kernel->kernel;
       plan.native_code = kernel->keep;
       plan.native_cols = plan.layout.shape.back();
