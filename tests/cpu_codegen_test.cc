@@ -82,6 +82,19 @@ cpu::TileInput In(const Tensor& t, const Shape& space) {
   return {t.dtype(), t.data(), cpu::TileStrides(t.shape(), space), cpu::Domain::kF32};
 }
 
+// out = ops[n-1](...ops[0](x)) over a 1-D x.
+cpu::TileProgram UnaryChain(const Tensor& x, float* out, std::initializer_list<OpKind> ops) {
+  cpu::TileProgram p;
+  p.shape = cpu::TileShape(x.shape());
+  p.inputs = {In(x, x.shape())};
+  for (OpKind op : ops) {
+    const int arg = static_cast<int>(p.instrs.size());
+    p.instrs.push_back({op, {arg, 0, 0}, {}, cpu::Domain::kF32});
+  }
+  p.outputs = {{static_cast<int>(ops.size()), DType::kF32, out}};
+  return p;
+}
+
 // u = (x + y) * s + b[C]: 1-D and 2-D spaces, a ragged tail, two threads, outputs large enough
 // to be stored non-temporally (64 MiB), and the same kernel each time (one compile).
 TEST(CpuCodegen, ChainGivesTheTileExecutorsBits) {
@@ -291,12 +304,7 @@ TEST(CpuCodegen, FailedCompileFallsBackToTiles) {
   std::mt19937 rng(6);
   Tensor x = Random(DType::kF32, {4096}, rng);
   std::vector<float> out(4096);
-  cpu::TileProgram p;
-  p.shape = cpu::TileShape({4096});
-  p.inputs = {In(x, {4096})};
-  p.instrs = {{OpKind::kAbs, {0, 0, 0}, {}, cpu::Domain::kF32}};
-  p.outputs = {{1, DType::kF32, out.data()}};
-  const cpu::TileRunner r(p, cg->get());
+  const cpu::TileRunner r(UnaryChain(x, out.data(), {OpKind::kAbs}), cg->get());
   EXPECT_FALSE(r.native());
   r.Launch(CpuContext{});
   for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(out[i], std::fabs(x.data_as<float>()[i]));
@@ -315,12 +323,8 @@ TEST(CpuCodegen, MissingCompilerIsReported) {
 TEST(CpuCodegen, KernelsComeBackFromTheDiskCache) {
   std::mt19937 rng(7);
   Tensor x = Random(DType::kF32, {2048}, rng);
-  cpu::TileProgram p;
-  p.shape = cpu::TileShape({2048});
-  p.inputs = {In(x, {2048})};
-  p.instrs = {{OpKind::kNeg, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kExp, {1, 0, 0}, {}, cpu::Domain::kF32}};
   std::vector<float> out(2048);
-  p.outputs = {{2, DType::kF32, out.data()}};
+  const cpu::TileProgram p = UnaryChain(x, out.data(), {OpKind::kNeg, OpKind::kExp});
   for (int round = 0; round < 2; ++round) {
     auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/shared"});
     ASSERT_TRUE(cg.ok()) << cg.status().ToString();
@@ -336,11 +340,7 @@ TEST(CpuCodegen, RunnerOutlivesItsGenerator) {
   std::mt19937 rng(8);
   Tensor x = Random(DType::kF32, {2048}, rng);
   std::vector<float> out(2048);
-  cpu::TileProgram p;
-  p.shape = cpu::TileShape({2048});
-  p.inputs = {In(x, {2048})};
-  p.instrs = {{OpKind::kNeg, {0, 0, 0}, {}, cpu::Domain::kF32}, {OpKind::kExp, {1, 0, 0}, {}, cpu::Domain::kF32}};
-  p.outputs = {{2, DType::kF32, out.data()}};
+  cpu::TileProgram p = UnaryChain(x, out.data(), {OpKind::kNeg, OpKind::kExp});
   std::optional<cpu::TileRunner> runner;
   {
     auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/shared"});

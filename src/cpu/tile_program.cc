@@ -244,6 +244,18 @@ bool Overlaps(const void* a, size_t na, const void* b, size_t nb) {
   return pa < pb + nb && pb < pa + na;
 }
 
+void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch);
+
+// The ragged tail [from, end) of a launch run by whole vectors: on the tile path, stored plainly.
+void RunTailOnTiles(const Plan& plan, int64_t from, int64_t end, void* scratch) {
+  if (from == end) return;
+  Plan tail = plan;
+  tail.native = nullptr;
+  tail.streaming = false;
+  tail.nt_outputs = false;
+  RunRange(tail, from, end, scratch);
+}
+
 // Runs elements [begin, end) of the iteration space, kTileElements at a time.
 void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
   const TileProgram& p = *plan.p;
@@ -264,11 +276,7 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
                   nt ? 1 : 0);
       if (nt) StreamFence();
     }
-    if (vec_end == end) return;
-    Plan tail = plan;
-    tail.native = nullptr;
-    tail.nt_outputs = false;
-    RunRange(tail, vec_end, end, scratch);
+    RunTailOnTiles(plan, vec_end, end, scratch);
     return;
   }
   if (plan.streaming) {
@@ -285,11 +293,7 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
       (nt ? plan.f32_stream[0] : plan.f32[0])(args, out, stream_end - begin, ins.attrs, begin);
       if (nt) StreamFence();
     }
-    if (stream_end == end) return;
-    Plan tail = plan;
-    tail.streaming = false;
-    tail.nt_outputs = false;
-    RunRange(tail, stream_end, end, scratch);
+    RunTailOnTiles(plan, stream_end, end, scratch);
     return;
   }
   const int nin = static_cast<int>(p.inputs.size());
