@@ -150,8 +150,10 @@ TEST(FusionProperty, RandomGraphsFuseToTheSameBits) {
   }
   {
     const CpuCodegen::Stats cs = (*codegen)->stats();
-    std::printf("  native loops: %d compiled, %d from the cache, %d programs outside the scope, %d failed\n", cs.compiled,
-                cs.loaded, cs.outside_scope, cs.failed);
+    std::string why;
+    for (const auto& [reason, count] : cs.outside_why) why += StrCat(" ", count, " with ", reason, ";");
+    std::printf("  native loops: %d compiled, %d from the cache, %d programs outside the scope (%s), %d failed\n",
+                cs.compiled, cs.loaded, cs.outside_scope, why.c_str(), cs.failed);
     EXPECT_GT(cs.compiled + cs.loaded, 5);
     EXPECT_EQ(cs.failed, 0) << cs.last_error;
   }

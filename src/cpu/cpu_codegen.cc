@@ -144,28 +144,38 @@ extern "C" void )", symbol,
       s += StrCat("    const VF r", k, " = VF(static_cast<double>(Scalar", IoSuffix(p.input_dtypes[k]), "(in[", k,
                   "], row * rs[", k, "])));\n");
   }
-  std::string body;
-  for (int k = 0; k < nin; ++k)
-    if (p.inputs[k] == NativeRead::kRow)
-      body += StrCat("        const VF r", k, " = Load", IoSuffix(p.input_dtypes[k]), "(in[", k, "], b", k, " + j);\n");
-  for (size_t i = 0; i < p.instrs.size(); ++i) {
-    const TileInstr& ins = p.instrs[i];
-    const int arity = GetOpInfo(ins.op).arity;
-    const int x = ins.args[0], y = arity > 1 ? ins.args[1] : x, z = arity > 2 ? ins.args[2] : x;
-    body += StrCat("        const VF r", nin + static_cast<int>(i), " = ", OpName(ins.op), "Row::Eval<VF, int64_t>(r", x,
-                   ", r", y, ", r", z, ", a[", i, "], i + j);\n");
-  }
-  // Non-temporal stores of the f32 outputs, or plain ones.
-  for (const bool streamed : {true, false}) {
-    s += StrCat(streamed ? "    if (stream) {\n" : "    } else {\n", "      for (int64_t j = 0; j < n; j += L) {\n", body);
-    for (size_t o = 0; o < p.outputs.size(); ++o) {
-      const bool f32 = p.output_dtypes[o] == DType::kF32;
-      s += StrCat("        ", streamed && f32 ? "Stream" : "Store", IoSuffix(p.output_dtypes[o]), "(r", p.outputs[o],
-                  ", out[", o, "], i + j);\n");
+  // The loop body over one vector at j; `tail`: the last n - j < L elements of the row.
+  auto body = [&](bool tail) {
+    std::string b;
+    for (int k = 0; k < nin; ++k)
+      if (p.inputs[k] == NativeRead::kRow)
+        b += StrCat("        const VF r", k, " = Load", tail ? "Tail" : "", IoSuffix(p.input_dtypes[k]), "(in[", k, "], b", k,
+                    " + j", tail ? ", n - j" : "", ");\n");
+    for (size_t i = 0; i < p.instrs.size(); ++i) {
+      const TileInstr& ins = p.instrs[i];
+      const int arity = GetOpInfo(ins.op).arity;
+      const int x = ins.args[0], y = arity > 1 ? ins.args[1] : x, z = arity > 2 ? ins.args[2] : x;
+      b += StrCat("        const VF r", nin + static_cast<int>(i), " = ", OpName(ins.op), "Row::Eval<VF, int64_t>(r", x,
+                  ", r", y, ", r", z, ", a[", i, "], i + j);\n");
     }
-    s += "      }\n";
-  }
-  s += "    }\n    i += n;\n  }\n}\n";
+    return b;
+  };
+  auto stores = [&](bool streamed, bool tail) {
+    std::string b;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      const bool nt = streamed && !tail && p.output_dtypes[o] == DType::kF32;
+      b += StrCat("        ", nt ? "Stream" : tail ? "StoreTail" : "Store", IoSuffix(p.output_dtypes[o]), "(r",
+                  p.outputs[o], ", out[", o, "], i + j", tail ? ", n - j" : "", ");\n");
+    }
+    return b;
+  };
+  // Non-temporal stores of the f32 outputs (rows of whole vectors only), or plain ones; then
+  // the row's ragged end, if any.
+  s += "    int64_t j = 0;\n";
+  for (const bool streamed : {true, false})
+    s += StrCat(streamed ? "    if (stream) {\n" : "    } else {\n", "      for (; j + L <= n; j += L) {\n", body(false),
+                stores(streamed, false), "      }\n");
+  s += StrCat("    }\n    if (j < n) {\n", body(true), stores(false, true), "    }\n    i += n;\n  }\n}\n");
   return s;
 }
 

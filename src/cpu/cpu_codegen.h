@@ -23,10 +23,11 @@ struct NativeProgram {
   InlineVec<DType, kMaxTileOutputs> output_dtypes;
 };
 
-// Elements [begin, end) of the space: begin and end are multiples of the vector width, and so
-// is cols unless the space is one row. in[k] points at input k's element (0, 0); out[o] at
-// output o's first element; attrs[i] are instruction i's attributes. stream != 0: f32 outputs
-// are stored non-temporally (each such out[o] + begin 64-byte aligned; the caller fences).
+// Elements [begin, end) of the space (any range; a row's last elements that do not fill a
+// vector go through a padded one). in[k] points at input k's element (0, 0); out[o] at output
+// o's first element; attrs[i] are instruction i's attributes. stream != 0: f32 outputs are
+// stored non-temporally (only when begin and cols are multiples of the vector width, or the
+// space is one row, and each such out[o] + begin is 64-byte aligned; the caller fences).
 using NativeKernel = void (*)(const void* const* in, void* const* out, const OpAttrs* attrs,
                               const int64_t* row_strides, int64_t cols, int64_t begin, int64_t end, int stream);
 

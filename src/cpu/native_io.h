@@ -42,6 +42,27 @@ inline void StoreBF16(VF v, void* p, int64_t i) {
              static_cast<uint16_t*>(p) + i);
 }
 
+// The last n < kLanes elements of a row: through a zero-padded buffer (the lanes past n are
+// computed and dropped, as the tile executor's padding is).
+template <class T, VF (*kLoad)(const void*, int64_t)>
+inline VF LoadTail(const void* p, int64_t i, int64_t n) {
+  alignas(64) T buf[simd::kLanes] = {};
+  std::memcpy(buf, static_cast<const T*>(p) + i, static_cast<size_t>(n) * sizeof(T));
+  return kLoad(buf, 0);
+}
+template <class T, void (*kStore)(VF, void*, int64_t)>
+inline void StoreTail(VF v, void* p, int64_t i, int64_t n) {
+  alignas(64) T buf[simd::kLanes];
+  kStore(v, buf, 0);
+  std::memcpy(static_cast<T*>(p) + i, buf, static_cast<size_t>(n) * sizeof(T));
+}
+inline VF LoadTailF32(const void* p, int64_t i, int64_t n) { return LoadTail<float, LoadF32>(p, i, n); }
+inline VF LoadTailF16(const void* p, int64_t i, int64_t n) { return LoadTail<uint16_t, LoadF16>(p, i, n); }
+inline VF LoadTailBF16(const void* p, int64_t i, int64_t n) { return LoadTail<uint16_t, LoadBF16>(p, i, n); }
+inline void StoreTailF32(VF v, void* p, int64_t i, int64_t n) { StoreTail<float, StoreF32>(v, p, i, n); }
+inline void StoreTailF16(VF v, void* p, int64_t i, int64_t n) { StoreTail<uint16_t, StoreF16>(v, p, i, n); }
+inline void StoreTailBF16(VF v, void* p, int64_t i, int64_t n) { StoreTail<uint16_t, StoreBF16>(v, p, i, n); }
+
 // One element, for inputs read once per row or once per launch.
 inline float ScalarF32(const void* p, int64_t i) { return static_cast<const float*>(p)[i]; }
 inline float ScalarF16(const void* p, int64_t i) {

@@ -250,7 +250,6 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch);
 void RunTailOnTiles(const Plan& plan, int64_t from, int64_t end, void* scratch) {
   if (from == end) return;
   Plan tail = plan;
-  tail.native = nullptr;
   tail.streaming = false;
   tail.nt_outputs = false;
   RunRange(tail, from, end, scratch);
@@ -259,24 +258,21 @@ void RunTailOnTiles(const Plan& plan, int64_t from, int64_t end, void* scratch) 
 // Runs elements [begin, end) of the iteration space, kTileElements at a time.
 void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
   const TileProgram& p = *plan.p;
-  if (plan.native && begin % VectorLanes() == 0) {
-    // Whole vectors in the compiled loop; a ragged tail (a 1-D space that is not a whole
-    // number of vectors) on the tile path. Each element is computed exactly once.
-    const int64_t vec_end = begin + (end - begin) / VectorLanes() * VectorLanes();
-    if (vec_end > begin) {
-      const void* in[kMaxTileInputs];
-      void* out[kMaxTileOutputs];
-      bool nt = plan.nt_outputs;
-      for (size_t k = 0; k < p.inputs.size(); ++k) in[k] = p.inputs[k].data;
-      for (size_t o = 0; o < p.outputs.size(); ++o) {
-        out[o] = p.outputs[o].data;
-        if (p.outputs[o].dtype == DType::kF32) nt &= StreamAligned(static_cast<float*>(out[o]) + begin);
-      }
-      plan.native(in, out, plan.native_attrs.data(), plan.native_row_strides.data(), plan.native_cols, begin, vec_end,
-                  nt ? 1 : 0);
-      if (nt) StreamFence();
+  if (plan.native) {
+    // One compiled loop over the whole range (rows' ragged ends included).
+    const void* in[kMaxTileInputs];
+    void* out[kMaxTileOutputs];
+    // Non-temporal stores need every vector aligned: rows of whole vectors from an aligned start.
+    bool nt = plan.nt_outputs && begin % VectorLanes() == 0 &&
+              (plan.layout.shape.size() == 1 || plan.native_cols % VectorLanes() == 0);
+    for (size_t k = 0; k < p.inputs.size(); ++k) in[k] = p.inputs[k].data;
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      out[o] = p.outputs[o].data;
+      if (p.outputs[o].dtype == DType::kF32) nt &= StreamAligned(static_cast<float*>(out[o]) + begin);
     }
-    RunTailOnTiles(plan, vec_end, end, scratch);
+    plan.native(in, out, plan.native_attrs.data(), plan.native_row_strides.data(), plan.native_cols, begin, end,
+                nt ? 1 : 0);
+    if (nt) StreamFence();
     return;
   }
   if (plan.streaming) {
@@ -461,7 +457,6 @@ namespace {
 const char* OutsideNativeScope(const Plan& plan, const TileProgram& p) {
   const Layout& l = plan.layout;
   if (l.shape.size() > 2) return "more than two dims after merging";
-  if (l.shape.size() == 2 && l.shape.back() % VectorLanes() != 0) return "rows that are not whole vectors";
   for (size_t k = 0; k < p.inputs.size(); ++k) {
     const TileInput& in = p.inputs[k];
     if (!IsFloat(in.dtype) || in.domain != Domain::kF32) return "integer or bool data";
@@ -486,8 +481,8 @@ const char* OutsideNativeScope(const Plan& plan, const TileProgram& p) {
 }
 
 // The program as one compiled loop (OutsideNativeScope said it can be): f32 arithmetic over
-// f32, f16 or bf16 storage, a space of at most two dims (rows of a whole number of vectors
-// when there are two), every input contiguous along the rows or broadcast along them.
+// f32, f16 or bf16 storage, a space of at most two dims, every input contiguous along the rows
+// or broadcast along them.
 NativeProgram ToNative(const Plan& plan, const TileProgram& p) {
   const Layout& l = plan.layout;
   NativeProgram np;
