@@ -382,6 +382,8 @@ TEST(CpuCodegen, SourceIsOneLoopOverRegisters) {
   EXPECT_NE(s.find("StoreF32(r4, out[0], i + j);"), std::string::npos) << s;
   EXPECT_NE(s.find("StoreF16(r3, out[1], i + j);"), std::string::npos) << s;
   EXPECT_NE(s.find("const VF r0 = LoadTailBF16(in[0], b0 + j, n - j);"), std::string::npos) << s;
+  EXPECT_NE(s.find("hwy::Prefetch(static_cast<const char*>(in[0]) + (b0 + j + 256) * 2);"), std::string::npos)
+      << "the streamed loop prefetches its row inputs:\n" << s;
   EXPECT_NE(s.find("StoreTailF16(r3, out[1], i + j, n - j);"), std::string::npos) << s;
   EXPECT_EQ(s.find("StreamF16"), std::string::npos) << "f16 outputs are never streamed:\n" << s;
 }

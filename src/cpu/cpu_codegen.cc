@@ -109,6 +109,9 @@ namespace cpu {
 
 namespace {
 
+// Elements ahead of the loop that the streamed loop prefetches its row inputs.
+constexpr int64_t kStreamPrefetch = 256;
+
 // "F32", "F16" or "BF16": the suffix of native_io.h's loads and stores.
 const char* IoSuffix(DType t) { return t == DType::kF16 ? "F16" : t == DType::kBF16 ? "BF16" : "F32"; }
 
@@ -122,6 +125,7 @@ std::string NativeSource(const NativeProgram& p, const std::string& symbol) {
 #include <algorithm>
 #include "cpu/native_io.h"
 #include "cpu/op_rows.h"
+#include <hwy/cache_control.h>
 using namespace graphfuse;
 using namespace graphfuse::cpu::native;
 using namespace graphfuse::cpu::rows;
@@ -169,12 +173,21 @@ extern "C" void )", symbol,
     }
     return b;
   };
+  // Launches stored non-temporally (far larger than the caches) read their row inputs from
+  // memory: each is prefetched kStreamPrefetch elements ahead (the 3-op chain at 16 Mi went
+  // from 2.14-2.25x to 2.31-2.59x the unfused ops, silu(g)*u from 1.44x to 1.80x; the same in
+  // the plain loop, 64 or 256 ahead, gained nothing at 4 Ki-1 Mi).
+  std::string prefetch;
+  for (int k = 0; k < nin; ++k)
+    if (p.inputs[k] == NativeRead::kRow)
+      prefetch += StrCat("        hwy::Prefetch(static_cast<const char*>(in[", k, "]) + (b", k, " + j + ", kStreamPrefetch,
+                         ") * ", DTypeSize(p.input_dtypes[k]), ");\n");
   // Non-temporal stores of the f32 outputs (rows of whole vectors only), or plain ones; then
   // the row's ragged end, if any.
   s += "    int64_t j = 0;\n";
   for (const bool streamed : {true, false})
-    s += StrCat(streamed ? "    if (stream) {\n" : "    } else {\n", "      for (; j + L <= n; j += L) {\n", body(false),
-                stores(streamed, false), "      }\n");
+    s += StrCat(streamed ? "    if (stream) {\n" : "    } else {\n", "      for (; j + L <= n; j += L) {\n",
+                streamed ? prefetch : "", body(false), stores(streamed, false), "      }\n");
   s += StrCat("    }\n    if (j < n) {\n", body(true), stores(false, true), "    }\n    i += n;\n  }\n}\n");
   return s;
 }
