@@ -344,6 +344,19 @@ TEST(CpuCodegen, KernelsComeBackFromTheDiskCache) {
   }
 }
 
+// A cache directory whose path holds spaces and quotes works (paths reach the shell quoted).
+TEST(CpuCodegen, CacheDirectoryWithSpacesAndQuotes) {
+  auto cg = CpuCodegen::Create({.cache_dir = CacheDir() + "/it's a \"dir\" with spaces"});
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  std::mt19937 rng(10);
+  Tensor x = Random(DType::kF32, {256}, rng);
+  std::vector<float> out(256);
+  const cpu::TileRunner r(UnaryChain(x, out.data(), {OpKind::kAbs, OpKind::kNeg}), cg->get());
+  EXPECT_TRUE(r.native()) << (*cg)->stats().last_error;
+  r.Launch(CpuContext{});
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(out[i], -std::fabs(x.data_as<float>()[i])) << i;
+}
+
 // A runner keeps its loop's code loaded after the generator that compiled it is gone.
 TEST(CpuCodegen, RunnerOutlivesItsGenerator) {
   std::mt19937 rng(8);

@@ -10,6 +10,12 @@
 
 namespace graphfuse {
 
+std::string ShellQuote(const std::string& path) {
+  std::string q = "'";
+  for (char c : path) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 uint64_t Fnv1a64(const std::string& s, uint64_t h) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
@@ -32,7 +38,8 @@ Result<std::filesystem::path> BuildSharedObject(const std::string& source, const
     f << source;
     if (!f) return Internal("cannot write '", cc.string(), "'");
   }
-  const std::string cmd = StrCat(compile, " -o ", tmp.string(), " ", cc.string(), " ", libs, " > ", log.string(), " 2>&1");
+  const std::string cmd = StrCat(compile, " -o ", ShellQuote(tmp.string()), " ", ShellQuote(cc.string()), " ", libs, " > ",
+                                 ShellQuote(log.string()), " 2>&1");
   if (std::system(cmd.c_str()) != 0) {
     std::stringstream text;
     text << std::ifstream(log).rdbuf();

@@ -13,6 +13,9 @@
 
 namespace graphfuse {
 
+// A path as one shell word: in single quotes, any single quote in it escaped.
+std::string ShellQuote(const std::string& path);
+
 // 64-bit FNV-1a: a hash that is the same in every process (cache keys on disk).
 uint64_t Fnv1a64(const std::string& s, uint64_t h = 14695981039346656037ull);
 

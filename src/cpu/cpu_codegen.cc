@@ -89,8 +89,8 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
     std::sort(files.begin(), files.end());
     for (const auto& f : files) headers += f.filename().string() + '\n' + ReadAll(f);
   }
-  impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", (root / "src").string(), " -I",
-                         (root / "include").string());
+  impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", ShellQuote((root / "src").string()), " -I",
+                         ShellQuote((root / "include").string()));
   impl->key_prefix = StrCat(version, '\n', impl->compile, '\n', GF_CODEGEN_LIBS, '\n', Fnv1a64(headers), '\n');
   return std::unique_ptr<CpuCodegen>(new CpuCodegen(std::move(impl)));
 }
