@@ -6,9 +6,10 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <string>
 #include <mutex>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/shared_object.h"
 
@@ -29,7 +30,8 @@ struct CpuCodegen::Impl {
   std::string compile;     // the command prefix
   std::string key_prefix;  // compiler version, flags and headers: part of every cache key
   mutable std::mutex mu;
-  std::map<uint64_t, std::pair<std::shared_ptr<SharedObject>, cpu::NativeKernel>> kernels;
+  // By the program's shape (GetNativeKernel): the loaded object and its loop.
+  std::map<std::string, std::pair<std::shared_ptr<SharedObject>, cpu::NativeKernel>> kernels;
   Stats stats;
 };
 
@@ -194,7 +196,23 @@ extern "C" void )", symbol,
 
 Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   CpuCodegen::Impl& im = cg.impl();
-  // The name says what the loop computes; the hash, everything that went into it.
+  // In memory, kernels are found by what determines their source (cheap: runners are built
+  // on every launch of a GEMM or norm epilogue); the source is generated only on a miss.
+  std::string shape;
+  for (size_t k = 0; k < p.inputs.size(); ++k)
+    shape += StrCat("i", static_cast<int>(p.inputs[k]), ":", static_cast<int>(p.input_dtypes[k]), ";");
+  for (const TileInstr& ins : p.instrs)
+    shape += StrCat("x", static_cast<int>(ins.op), ":", ins.args[0], ",", ins.args[1], ",", ins.args[2], ";");
+  for (size_t o = 0; o < p.outputs.size(); ++o)
+    shape += StrCat("o", p.outputs[o], ":", static_cast<int>(p.output_dtypes[o]), ";");
+  std::lock_guard<std::mutex> lock(im.mu);
+  if (auto it = im.kernels.find(shape); it != im.kernels.end()) return NativeCode{it->second.second, it->second.first};
+
+  // On disk, by a hash of the source (under a fixed symbol), the compiler, its flags and the
+  // headers; the name also says what the loop computes.
+  constexpr const char* kSymbol = "gf_kernel";
+  std::string source = NativeSource(p, kSymbol);
+  const uint64_t key = Fnv1a64(source, Fnv1a64(im.key_prefix));
   std::string name = "gf_cpu";
   for (size_t i = 0; i < p.instrs.size() && i < 6; ++i) {
     std::string op(OpName(p.instrs[i].op));
@@ -202,14 +220,12 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
     name += "_" + op;
   }
   if (p.instrs.size() > 6) name += StrCat("_and", p.instrs.size() - 6);
-  const std::string probe = NativeSource(p, "gf_kernel");
-  const uint64_t key = Fnv1a64(probe, Fnv1a64(im.key_prefix));
   char hex[24];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(key));
   name += StrCat("_", hex);
+  const std::string declared = StrCat("void ", kSymbol, "(");
+  source.replace(source.find(declared), declared.size(), StrCat("void ", name, "("));
 
-  std::lock_guard<std::mutex> lock(im.mu);
-  if (auto it = im.kernels.find(key); it != im.kernels.end()) return NativeCode{it->second.second, it->second.first};
   const auto t0 = std::chrono::steady_clock::now();
   bool built = false;
   auto fail = [&](const Status& s) -> Status {
@@ -217,14 +233,14 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
     im.stats.last_error = s.ToString();
     return s;
   };
-  auto so = BuildSharedObject(NativeSource(p, name), im.compile, im.options.cache_dir, name, GF_CODEGEN_LIBS, &built);
+  auto so = BuildSharedObject(source, im.compile, im.options.cache_dir, name, GF_CODEGEN_LIBS, &built);
   if (!so.ok()) return fail(so.status());
   auto lib = SharedObject::Open(*so);
   if (!lib.ok()) return fail(lib.status());
   auto sym = (*lib)->Symbol(name);
   if (!sym.ok()) return fail(sym.status());
   const auto kernel = reinterpret_cast<NativeKernel>(*sym);
-  im.kernels[key] = {*lib, kernel};
+  im.kernels[shape] = {*lib, kernel};
   if (built) {
     ++im.stats.compiled;
     im.stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
