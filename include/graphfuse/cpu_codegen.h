@@ -38,7 +38,9 @@ class CpuCodegen {
   struct Stats {
     int compiled = 0;         // kernels compiled by this object
     int loaded = 0;           // kernels found in the disk cache
-    int outside_scope = 0;    // programs left to the tile executor (dtype, layout, aliasing)
+    // Programs left to the tile executor (dtype, layout, aliasing), counted each time one is
+    // planned: a plan step when its buffers move, a GEMM or norm epilogue on every launch.
+    int outside_scope = 0;
     std::map<std::string, int> outside_why;  // ... by reason ("integer or bool data", ...)
     int failed = 0;           // compiles that failed (the tile executor ran those programs)
     double compile_seconds = 0;
