@@ -139,6 +139,24 @@ inline VF round_to(VF x, const OpAttrs& a) {
   return x;
 }
 
+// Horizontal reductions for row kernels (softmax, norms). A tree over the lanes (log2(kLanes)
+// dependent steps rather than kLanes), which matters on rows of a few vectors.
+// The largest lane, or NaN when any lane is NaN.
+inline float MaxOfLanesNaN(VF x) {
+  if (!hn::AllFalse(DF(), hn::IsNaN(x.v))) return __builtin_nanf("");
+  return hn::GetLane(hn::MaxOfLanes(DF(), x.v));
+}
+// The sum of the lanes in double, added pairwise (lane l + lane l + kLanes/2, and so on).
+inline double SumOfLanesF64(VF x) {
+  alignas(64) float lanes[kLanes];
+  x.Store(lanes);
+  double t[kLanes];
+  for (int l = 0; l < kLanes; ++l) t[l] = lanes[l];
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int l = 0; l < w; ++l) t[l] += t[l + w];
+  return t[0];
+}
+
 // Lanes idx .. idx+kLanes-1 of Dropout: kept lanes scaled by 1/(1-p), dropped lanes x*0.
 inline VF dropout(VF x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;

@@ -32,6 +32,8 @@
 #include "cpu/simd.h"
 #include "attention_layout.h"
 #include "kernel_util.h"
+#include "softmax_row.h"
+#include "rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -154,67 +156,48 @@ Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
 // (c_row: element stride between rows; the last dim is contiguous).
 void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, const float* cos, const float* sin,
                 int64_t c_row, float* dst) {
-  const int64_t half = d / 2;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* x = src + r * src_stride;
-    const float* c = cos + r * c_row;
-    const float* s = sin + r * c_row;
-    float* y = dst + r * d;
-    // Same operations, in the same order, as x*cos + concat(-x2, x1)*sin written out.
-    for (int64_t j = 0; j < half; ++j) y[j] = x[j] * c[j] + (-x[j + half]) * s[j];
-    for (int64_t j = half; j < d; ++j) y[j] = x[j] * c[j] + x[j - half] * s[j];
-  }
+  for (int64_t r = 0; r < rows; ++r) RopeRow(src + r * src_stride, cos + r * c_row, sin + r * c_row, d, dst + r * d);
 }
 
-inline VF LoadTail(const float* x, int64_t rem, float fill) {
-  alignas(64) float buf[kLanes];
-  for (int l = 0; l < kLanes; ++l) buf[l] = l < rem ? x[l] : fill;
-  return VF::Load(buf);
-}
-
-// row += mask_scale * mask (mask contiguous, or one value broadcast when mask_stride is 0);
-// then row = exp(row - max(row)); returns the sum of the exponentials.
+// row += mask_scale * mask (mask contiguous, or one value broadcast when mask_stride is 0), in
+// the same pass that finds the row's max; then row = exp(row - max(row)); returns the sum of the
+// exponentials. Vectors whose every lane lies more than 104 below the max (a causal or padding
+// mask's keys, -inf or -1e9) store zeros without calling exp: below -104, exp is +0 both in the
+// correctly rounded result (e^-104 is under half the smallest subnormal) and in SLEEF's expf,
+// which returns 0 there by construction. NaN lanes compare false and take the exp path.
 double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale) {
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
   int64_t i = 0;
-  if (mask) {
-    const bool unit = mask_scale == 1.f;
-    if (mask_stride == 0) {
-      const float m = unit ? mask[0] : mask[0] * mask_scale;
-      for (int64_t j = 0; j < n; ++j) row[j] += m;
-    } else if (unit) {
-      for (; i + kLanes <= n; i += kLanes) (VF::Load(row + i) + VF::Load(mask + i)).Store(row + i);
-      for (; i < n; ++i) row[i] += mask[i];
-    } else {
-      const VF ms(mask_scale);
-      for (; i + kLanes <= n; i += kLanes) (VF::Load(row + i) + VF::Load(mask + i) * ms).Store(row + i);
-      for (; i < n; ++i) row[i] += mask[i] * mask_scale;
+  if (mask && mask_stride == 0) {
+    const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
+    const VF vm(m);
+    for (; i + kLanes <= n; i += kLanes) {
+      const VF x = VF::Load(row + i) + vm;
+      x.Store(row + i);
+      vmax = simd::max(vmax, x);
     }
+    for (; i < n; ++i) row[i] += m;
+  } else if (mask && mask_scale == 1.f) {
+    for (; i + kLanes <= n; i += kLanes) {
+      const VF x = VF::Load(row + i) + VF::Load(mask + i);
+      x.Store(row + i);
+      vmax = simd::max(vmax, x);
+    }
+    for (; i < n; ++i) row[i] += mask[i];
+  } else if (mask) {
+    const VF ms(mask_scale);
+    for (; i + kLanes <= n; i += kLanes) {
+      const VF x = VF::Load(row + i) + VF::Load(mask + i) * ms;
+      x.Store(row + i);
+      vmax = simd::max(vmax, x);
+    }
+    for (; i < n; ++i) row[i] += mask[i] * mask_scale;
+  } else {
+    for (; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
   }
-  for (i = 0; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
   if (i < n) vmax = simd::max(vmax, LoadTail(row + i, n - i, ninf));
-  alignas(64) float lanes[kLanes];
-  vmax.Store(lanes);
-  float m = ninf;
-  for (int l = 0; l < kLanes; ++l) m = (lanes[l] != lanes[l] || m < lanes[l]) ? lanes[l] : m;
-  const VF vm(m);
-  VF acc(0.0);
-  for (i = 0; i + kLanes <= n; i += kLanes) {
-    const VF e = simd::exp(VF::Load(row + i) - vm);
-    e.Store(row + i);
-    acc = acc + e;
-  }
-  if (i < n) {
-    const VF e = simd::exp(LoadTail(row + i, n - i, ninf) - vm);
-    e.Store(lanes);
-    for (int64_t l = 0; l < n - i; ++l) row[i + l] = lanes[l];
-    acc = acc + e;  // padded lanes are exp(-inf) = 0 (NaN when the row is NaN anyway)
-  }
-  acc.Store(lanes);
-  double s = 0;
-  for (int l = 0; l < kLanes; ++l) s += lanes[l];
-  return s;
+  return ExpShiftSum(row, row, n, simd::MaxOfLanesNaN(vmax));
 }
 
 void SingleThreadedBlas() {

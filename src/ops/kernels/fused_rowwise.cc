@@ -34,6 +34,7 @@
 #include "cpu/simd.h"
 #include "cpu/tile_program.h"
 #include "kernel_util.h"
+#include "softmax_row.h"
 #include "norm_rows.h"
 #include "rowwise_layout.h"
 
@@ -268,46 +269,6 @@ Status FusedNormKernel(const KernelContext& ctx) {
 using simd::kLanes;
 using simd::VF;
 
-// Lanes [0, rem) of p, `fill` in the others.
-VF LoadPartial(const float* p, int64_t rem, float fill) {
-  alignas(64) float lanes[kLanes];
-  for (int l = 0; l < kLanes; ++l) lanes[l] = l < rem ? p[l] : fill;
-  return VF::Load(lanes);
-}
-
-void SoftmaxRowInPlace(const float* x, float* y, int64_t n) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  const int64_t full = n - n % kLanes;
-  alignas(64) float lanes[kLanes];
-  // Max (NaN-propagating, so a row holding NaN comes out NaN).
-  VF vmax(ninf);
-  for (int64_t i = 0; i < full; i += kLanes) vmax = simd::max(vmax, VF::Load(x + i));
-  if (full < n) vmax = simd::max(vmax, LoadPartial(x + full, n - full, ninf));
-  vmax.Store(lanes);
-  float m = ninf;
-  for (int l = 0; l < kLanes; ++l) m = (lanes[l] != lanes[l] || m < lanes[l]) ? lanes[l] : m;
-  // exp(x - m) stored, summed per lane in f32, the lanes then added in double.
-  const VF vm(m);
-  VF acc(0.0);
-  for (int64_t i = 0; i < full; i += kLanes) {
-    const VF e = simd::exp(VF::Load(x + i) - vm);
-    e.Store(y + i);
-    acc = acc + e;
-  }
-  if (full < n) {
-    const VF e = simd::exp(LoadPartial(x + full, n - full, ninf) - vm);  // padding lanes: exp(-inf) = 0
-    e.Store(lanes);
-    for (int64_t i = full; i < n; ++i) y[i] = lanes[i - full];
-    acc = acc + e;
-  }
-  acc.Store(lanes);
-  double sum = 0;
-  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
-  const float inv = static_cast<float>(1.0 / sum);
-  const VF vinv(inv);
-  for (int64_t i = 0; i < full; i += kLanes) (VF::Load(y + i) * vinv).Store(y + i);
-  for (int64_t i = full; i < n; ++i) y[i] *= inv;
-}
 
 Status FusedSoftmaxKernel(const KernelContext& ctx) {
   std::vector<const Value*> node_inputs(ctx.node.inputs().begin(), ctx.node.inputs().end());
@@ -343,7 +304,7 @@ Status FusedSoftmaxKernel(const KernelContext& ctx) {
   const size_t scratch = std::max(prologue ? prologue->scratch_bytes() : 0, epilogue ? epilogue->scratch_bytes() : 0);
   ForRowBlocks(ctx.cpu, rows, n, cost, scratch, [&](int64_t r0, int64_t r1, void* s) {
     if (prologue) prologue->Run(r0 * n, r1 * n, s);
-    for (int64_t r = r0; r < r1; ++r) SoftmaxRowInPlace(xs + r * n, ys + r * n, n);
+    for (int64_t r = r0; r < r1; ++r) SoftmaxRow(xs + r * n, ys + r * n, n);
     if (epilogue) epilogue->Run(r0 * n, r1 * n, s);
   });
   return Status::Ok();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernel_util.h"
+#include "rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -78,7 +79,7 @@ Status RopeKernel(const KernelContext& ctx) {
       !BroadcastsTo(S.shape, X.shape) || !IsFloat(X.dtype) || C.dtype != X.dtype || S.dtype != X.dtype)
     return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d] with d even and cos/sin of x's dtype "
                                              "broadcasting to x's shape");
-  const int64_t d = X.shape.back(), h = d / 2;
+  const int64_t d = X.shape.back();
   if (d == 0) return Status::Ok();
   const int64_t rows = Product(X.shape) / d;
   const std::vector<int64_t> cst = BroadcastStrides(C.shape, X.shape);
@@ -93,16 +94,7 @@ Status RopeKernel(const KernelContext& ctx) {
       const float* c = RowF32(C, RowOffset(r, X.shape, cst), cst.back(), d, cs);
       const float* s = RowF32(S, RowOffset(r, X.shape, sst), sst.back(), d, ss);
       float* y = direct_out ? Y.as<float>() + r * d : ys.data();
-      for (int64_t i = 0; i < h; ++i) {
-        const float a = x[i] * c[i];
-        const float b = (-x[i + h]) * s[i];
-        y[i] = a + b;
-      }
-      for (int64_t i = h; i < d; ++i) {
-        const float a = x[i] * c[i];
-        const float b = x[i - h] * s[i];
-        y[i] = a + b;
-      }
+      RopeRow(x, c, s, d, y);
       if (!direct_out) StoreF32(Y.dtype, Y.data, r * d, 1, d, y);
     }
   });

@@ -11,6 +11,7 @@
 
 #include "cpu/simd.h"
 #include "kernel_util.h"
+#include "softmax_row.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -18,64 +19,10 @@ namespace {
 using simd::kLanes;
 using simd::VF;
 
-// Loads lanes [i, i + rem) of x with `fill` in the other lanes.
-inline VF LoadTail(const float* x, int64_t rem, float fill) {
-  alignas(64) float buf[kLanes];
-  for (int l = 0; l < kLanes; ++l) buf[l] = l < rem ? x[l] : fill;
-  return VF::Load(buf);
-}
-inline void StoreTail(VF v, float* y, int64_t rem) {
-  alignas(64) float buf[kLanes];
-  v.Store(buf);
-  for (int64_t l = 0; l < rem; ++l) y[l] = buf[l];
-}
-
-float RowMax(const float* x, int64_t n) {
-  const float ninf = -std::numeric_limits<float>::infinity();
-  VF m(ninf);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) m = simd::max(m, VF::Load(x + i));
-  if (i < n) m = simd::max(m, LoadTail(x + i, n - i, ninf));
-  alignas(64) float lanes[kLanes];
-  m.Store(lanes);
-  float r = ninf;
-  for (int l = 0; l < kLanes; ++l) r = (lanes[l] != lanes[l] || r < lanes[l]) ? lanes[l] : r;
-  return r;
-}
-
-// y = exp(x - m) (not stored when y is null); returns the sum (per lane in f32, then in double).
-double ExpShiftSum(const float* x, float* y, int64_t n, float m) {
-  const VF vm(m);
-  VF acc(0.0);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    const VF e = simd::exp(VF::Load(x + i) - vm);
-    if (y) e.Store(y + i);
-    acc = acc + e;
-  }
-  if (i < n) {
-    const VF e = simd::exp(LoadTail(x + i, n - i, -std::numeric_limits<float>::infinity()) - vm);
-    if (y) StoreTail(e, y + i, n - i);
-    acc = acc + e;  // padded lanes are exp(-inf) = 0 (NaN when m is NaN, which the row is anyway)
-  }
-  alignas(64) float lanes[kLanes];
-  acc.Store(lanes);
-  double s = 0;
-  for (int l = 0; l < kLanes; ++l) s += lanes[l];
-  return s;
-}
-
-void SoftmaxRow(const float* x, float* y, int64_t n, bool log_softmax) {
+void SoftmaxOrLogRow(const float* x, float* y, int64_t n, bool log_softmax) {
   if (n == 0) return;
+  if (!log_softmax) return SoftmaxRow(x, y, n);
   const float m = RowMax(x, n);
-  if (!log_softmax) {
-    const double sum = ExpShiftSum(x, y, n, m);
-    const VF inv(static_cast<float>(1.0 / sum));
-    int64_t i = 0;
-    for (; i + kLanes <= n; i += kLanes) (VF::Load(y + i) * inv).Store(y + i);
-    for (; i < n; ++i) y[i] *= static_cast<float>(1.0 / sum);
-    return;
-  }
   // The exps are only summed, so x and y may be the same row.
   const double sum = ExpShiftSum(x, nullptr, n, m);
   const float shift = static_cast<float>(static_cast<double>(m) + std::log(sum));
@@ -177,7 +124,7 @@ Status SoftmaxImpl(const KernelContext& ctx, bool log_softmax) {
   }
   ParallelFor(ctx.cpu, rows, n * 8, [&](int64_t begin, int64_t end) {
     if (inner == 1 && X.dtype == DType::kF32) {
-      for (int64_t r = begin; r < end; ++r) SoftmaxRow(X.as<const float>() + r * n, Y.as<float>() + r * n, n, log_softmax);
+      for (int64_t r = begin; r < end; ++r) SoftmaxOrLogRow(X.as<const float>() + r * n, Y.as<float>() + r * n, n, log_softmax);
       return;
     }
     std::vector<float> row(static_cast<size_t>(n));
@@ -185,7 +132,7 @@ Status SoftmaxImpl(const KernelContext& ctx, bool log_softmax) {
       // Row r = (o, i): elements o * n * inner + k * inner + i for k in [0, n).
       const int64_t base = (r / inner) * n * inner + r % inner;
       LoadF32(X.dtype, X.data, base, inner, n, row.data());
-      SoftmaxRow(row.data(), row.data(), n, log_softmax);
+      SoftmaxOrLogRow(row.data(), row.data(), n, log_softmax);
       StoreF32(Y.dtype, Y.data, base, inner, n, row.data());
     }
   });

@@ -1,0 +1,80 @@
+// The softmax of one contiguous f32 row, in pieces shared by Softmax / LogSoftmax (softmax.cc),
+// the fused softmax of fused_rowwise.cc and FusedAttention's score rows (attention.cc), so
+// that all three agree bit for bit:
+//   m = max(x) (NaN when the row holds NaN), e = exp(x - m) per lane, sum = f32 lane sums of e
+//   added in double, softmax = e * float(1 / sum).
+// exp is SLEEF's 1-ulp expf (src/cpu/simd.h). A vector whose every lane lies more than 104 below
+// the max (a causal or padding mask's keys, -inf or -1e9) stores +0 without calling exp: below
+// -104 the correctly rounded exp is +0 (e^-104 is under half the smallest subnormal) and SLEEF's
+// expf returns 0 there by construction. NaN lanes compare false and take the exp path.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "cpu/simd.h"
+
+namespace graphfuse::kernels {
+
+// Lanes [0, rem) of x, `fill` in the others.
+inline simd::VF LoadTail(const float* x, int64_t rem, float fill) {
+  alignas(64) float buf[simd::kLanes];
+  for (int l = 0; l < simd::kLanes; ++l) buf[l] = l < rem ? x[l] : fill;
+  return simd::VF::Load(buf);
+}
+inline void StoreTail(simd::VF v, float* y, int64_t rem) {
+  alignas(64) float buf[simd::kLanes];
+  v.Store(buf);
+  for (int64_t l = 0; l < rem; ++l) y[l] = buf[l];
+}
+
+inline float RowMax(const float* x, int64_t n) {
+  using simd::kLanes;
+  using simd::VF;
+  const float ninf = -std::numeric_limits<float>::infinity();
+  VF m(ninf);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) m = simd::max(m, VF::Load(x + i));
+  if (i < n) m = simd::max(m, LoadTail(x + i, n - i, ninf));
+  return simd::MaxOfLanesNaN(m);
+}
+
+// y = exp(x - m) (not stored when y is null; y may be x); returns the sum of the exps.
+inline double ExpShiftSum(const float* x, float* y, int64_t n, float m) {
+  using simd::kLanes;
+  using simd::VF;
+  const VF vm(m), underflow(-104.0);
+  VF acc(0.0);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF d = VF::Load(x + i) - vm;
+    if (simd::hn::AllTrue(simd::DF(), simd::hn::Lt(d.v, underflow.v))) {
+      if (y) VF(0.0).Store(y + i);
+      continue;  // adding +0 to the sum would change nothing
+    }
+    const VF e = simd::exp(d);
+    if (y) e.Store(y + i);
+    acc = acc + e;
+  }
+  if (i < n) {
+    const VF e = simd::exp(LoadTail(x + i, n - i, -std::numeric_limits<float>::infinity()) - vm);
+    if (y) StoreTail(e, y + i, n - i);
+    acc = acc + e;  // padded lanes are exp(-inf) = 0 (NaN when m is NaN, which the row is anyway)
+  }
+  return simd::SumOfLanesF64(acc);
+}
+
+// y = softmax(x); x and y may be the same row.
+inline void SoftmaxRow(const float* x, float* y, int64_t n) {
+  using simd::kLanes;
+  using simd::VF;
+  if (n == 0) return;
+  const double sum = ExpShiftSum(x, y, n, RowMax(x, n));
+  const float inv = static_cast<float>(1.0 / sum);
+  const VF vinv(inv);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) (VF::Load(y + i) * vinv).Store(y + i);
+  for (; i < n; ++i) y[i] *= inv;
+}
+
+}  // namespace graphfuse::kernels
