@@ -360,6 +360,39 @@ TEST(Kernels, SoftmaxMatchesReferenceAndRowsSumToOne) {
   }
 }
 
+// Masked keys: vectors whose lanes all lie more than 104 below the row's max skip exp and store
+// +0 (softmax_row.h). Lanes 51..96 below the max must still come out positive (exp is tiny but
+// not 0 there), lanes below -104 exactly 0, and every lane as the float64 reference says.
+TEST(Kernels, SoftmaxMaskedLanesUnderflowExactly) {
+  constexpr int64_t n = 80;  // five vectors of 16 lanes (four of 8 on AVX2 targets, plus a tail)
+  Vec x(n);
+  for (int64_t j = 0; j < n; ++j) {
+    const double u = static_cast<double>(j % 16) / 16;
+    if (j < 16) x[j] = 5 - 5 * u;                                   // the max (5) and its vector
+    else if (j < 32) x[j] = 5 - 51 - 45 * u;                        // 51..96 below the max
+    else if (j < 48) x[j] = -1e9;                                   // masked
+    else if (j < 64) x[j] = j % 2 ? -1e9 : 5 - 20 * u;              // half masked
+    else x[j] = 5 - 104.5 - 15 * u;                                 // beyond -104: underflows
+  }
+  const double m = *std::max_element(x.begin(), x.end());
+  OneNode t;
+  t.Input(MakeTensor(DType::kF32, {1, n}, x));
+  auto out = t.AddRun("Softmax");
+  ASSERT_EQ(out.size(), 1u);
+  const Vec y = Values(out[0]);
+  const Vec ref = RefSoftmax(x, {1, n}, -1, false);
+  for (int64_t j = 0; j < n; ++j) {
+    const double d = x[j] - m;
+    if (d < -104) {
+      EXPECT_EQ(y[j], 0.0) << "lane " << j << ", " << d << " below the max";
+    } else if (d > -100) {
+      EXPECT_GT(y[j], 0.0) << "lane " << j << ", " << d << " below the max";
+      // Relative to the reference while normal; a few subnormal steps below FLT_MIN.
+      EXPECT_NEAR(y[j], ref[j], std::max(1e-5 * ref[j], 8 * 1.4e-45)) << "lane " << j;
+    }
+  }
+}
+
 TEST(Kernels, SoftmaxIsStableForHugeInputs) {
   OneNode t;
   t.Input(MakeTensor(DType::kF32, {1, 3}, {1000, 1001, 1002}));
