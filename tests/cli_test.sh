@@ -14,6 +14,13 @@ check() {  # check NAME WANT_EXIT CMD...
 check help 0 "$GF" --help
 echo "$LAST" | grep -q "demo" || { echo "FAIL help does not mention demo"; fail=1; }
 check no-args 2 "$GF"
+# COMMAND --help: that command's part of the text, exit 0, nothing run.
+for c in demo run explain bench ops; do
+  check "help-$c" 0 "$GF" "$c" --help
+  echo "$LAST" | grep -q "^  $c " || { echo "FAIL $c --help does not show the $c section"; fail=1; }
+  echo "$LAST" | grep -q "^  help " && { echo "FAIL $c --help prints the whole text"; fail=1; }
+done
+check help-after-flags 0 "$GF" bench --preset chain -h
 check unknown-command 2 "$GF" frobnicate
 echo "$LAST" | grep -q "frobnicate" || { echo "FAIL unknown command not named"; fail=1; }
 check ops 0 "$GF" ops

@@ -78,12 +78,16 @@ std::string CodegenSummary(const CpuCodegen& cg) {
 
 namespace {
 
-constexpr const char* kUsage = R"(graphfuse: operator fusion for neural-network inference
+// The help text: one section per command (graphfuse COMMAND --help prints that one and the
+// notes it refers to), then the notes.
+struct HelpSection {
+  const char* command;
+  const char* text;
+  bool fusion_flags, codegen, environment;
+};
 
-usage: graphfuse <command> [flags]
-
-commands:
-  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
+constexpr HelpSection kCommands[] = {
+    {"demo", R"(  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
        [--cpu-codegen] [--backend cpu|cuda] [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
@@ -100,34 +104,33 @@ commands:
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
         reference, and prints a table: time per launch, GB/s, error in ulps, beside the
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
-  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--cpu-codegen]
+)",
+     false, true, true},
+    {"run", R"(  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--cpu-codegen]
                  [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
         imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
         subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
-        GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU on DIR/input_<i>.pb (random
-        inputs without --data) and compares with DIR/output_<i>.pb when present
-        (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5). --check-fusion also
-        runs every fused kernel's original ops on the same inputs and names the first group
-        that differs. --backend cuda runs the same plan on GPU 0 (generated kernels compiled
-        with NVRTC, cuBLAS / cuBLASLt GEMMs; --cuda-graph replays it as one CUDA graph),
-        compares its outputs with the CPU's and reports the GPU's; exits 2 when there is no
-        device or the build has no CUDA toolkit. --emulate-gpu runs that same CUDA plan on the
-        host instead (generated kernels compiled as C++ by `c++`, one thread per CUDA thread;
-        slow, no GPU needed): a check of the plan and of every generated kernel
-  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
+        GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU
+        on DIR/input_<i>.pb (random inputs without --data) and compares with DIR/output_<i>.pb
+        when present (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5).
+        --check-fusion also runs every fused kernel's original ops on the same inputs and names
+        the first group that differs. --backend cuda runs the same plan on GPU 0 (generated
+        kernels compiled with NVRTC, cuBLAS / cuBLASLt GEMMs; --cuda-graph replays it as one
+        CUDA graph), compares its outputs with the CPU's and reports the GPU's; exits 2 when
+        there is no device or the build has no CUDA toolkit. --emulate-gpu runs that same CUDA
+        plan on the host instead (generated kernels compiled as C++ by `c++`, one thread per
+        CUDA thread; slow, no GPU needed): a check of the plan and of every generated kernel
+)",
+     true, true, true},
+    {"explain", R"(  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
         the fusion plan: groups, member nodes, kernel names, every refusal with its reason
         code; --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view) and writes every generated kernel's CUDA source to
         DIR (no GPU needed)
-
-fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, default 24),
-              --exclude NAME (a node, or a group "fused_<k>" of a previous plan; repeatable)
-  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
-  help  this text (also -h, --help)
-  --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
-
-  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
+)",
+     true, false, false},
+    {"bench", R"(  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
                                      [--cpu-codegen] [--backend cpu|cuda] [fusion flags]
         times the unfused and the fused plan (medians of interleaved samples) after checking
         they agree; presets chain, gelu, silu, residual (f32, default 1048576 elements) also
@@ -136,19 +139,58 @@ fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, d
         --cpu-codegen adds a third row, the fused plan with native loops, checked bit for bit;
         --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
         device-to-device copy, after checking the GPU's outputs against the CPU's
+)",
+     true, true, true},
+    {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
+)",
+     false, false, false},
+    {"help", R"(  help  this text (also -h, --help); COMMAND --help prints one command's part
+  --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
+)",
+     false, false, false},
+};
 
---cpu-codegen: every f32 elementwise program of at most two dims (fused group, GEMM / norm
+constexpr const char* kFusionFlags = R"(fusion flags: --no-fuse (every node its own kernel), --max-group-size N (1-24, default 24),
+              --exclude NAME (a node, or a group "fused_<k>" of a previous plan; repeatable)
+)";
+
+constexpr const char* kCodegen = R"(--cpu-codegen: every f32 elementwise program of at most two dims (fused group, GEMM / norm
               epilogue, single op) becomes one loop over SIMD vectors with its intermediates
               in registers, compiled by the C++ compiler that built graphfuse ($CXX overrides)
               on its first run (about 2 s a kernel; kept in ~/.cache/graphfuse/cpu, or
               $GF_KERNEL_CACHE/cpu) and bit-identical to the tile executor; programs outside
               that scope, or with no working compiler, run on the tile executor
-
-environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs;
-             OPENBLAS_CORETYPE names OpenBLAS's kernels (set automatically when it falls back)
-
-exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage
 )";
+
+constexpr const char* kEnvironment = R"(environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs, and
+             holds the native loops' cache (DIR/cpu instead of ~/.cache/graphfuse/cpu);
+             OPENBLAS_CORETYPE names OpenBLAS's kernels (set automatically when it falls back)
+)";
+
+constexpr const char* kExitCodes = "exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage\n";
+
+// The whole text, or (command != nullptr) one command's section and the notes it refers to.
+void PrintHelp(std::FILE* to, const char* command) {
+  std::fputs("graphfuse: operator fusion for neural-network inference\n\nusage: graphfuse <command> [flags]\n\n", to);
+  bool fusion = command == nullptr, codegen = command == nullptr, env = command == nullptr;
+  if (command == nullptr) std::fputs("commands:\n", to);
+  for (const HelpSection& h : kCommands) {
+    if (command && std::strcmp(command, h.command) != 0) continue;
+    std::fputs(h.text, to);
+    fusion |= h.fusion_flags, codegen |= h.codegen, env |= h.environment;
+  }
+  if (fusion) std::fprintf(to, "\n%s", kFusionFlags);
+  if (codegen) std::fprintf(to, "\n%s", kCodegen);
+  if (env) std::fprintf(to, "\n%s", kEnvironment);
+  std::fprintf(to, "\n%s", kExitCodes);
+}
+
+// Whether `command` has a section of its own.
+bool HasHelp(const std::string& command) {
+  for (const HelpSection& h : kCommands)
+    if (command == h.command) return true;
+  return false;
+}
 
 const char* ClassName(OpClass c) {
   switch (c) {
@@ -188,15 +230,21 @@ int main(int argc, char** argv) {
     execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
   }
   if (argc < 2) {
-    std::fputs(kUsage, stderr);
+    PrintHelp(stderr, nullptr);
     return kExitBadInput;
   }
   const std::string cmd = argv[1];
   Args args(cmd, std::vector<std::string>(argv + 2, argv + argc));
   if (cmd == "-h" || cmd == "--help" || cmd == "help") {
-    std::fputs(kUsage, stdout);
+    PrintHelp(stdout, nullptr);
     return kExitOk;
   }
+  // COMMAND --help (or -h) anywhere among its flags: that command's part of the text.
+  for (int i = 2; i < argc && HasHelp(cmd); ++i)
+    if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
+      PrintHelp(stdout, cmd.c_str());
+      return kExitOk;
+    }
   if (cmd == "--blas-core") {  // for scripts that run peers on the same BLAS kernels
     std::printf("%s\n", graphfuse::BlasCoreName());
     return kExitOk;
