@@ -274,6 +274,22 @@ TEST(FuseGemm, PackedWeightsGiveTheResultsOfTheUnpackedPath) {
   }
 }
 
+// The epilogue runs over chunks of whole rows after the GEMM blocks (fused_gemm.cc): row counts
+// that do not divide into the chunks, and a single row, must come out whole.
+TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {
+  for (const int64_t m : {int64_t{1}, int64_t{37}, int64_t{301}}) {
+    auto [unfused, fused] = BuildAndRun([m](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {m, kK}).value();
+      Value* r = g.AddInput("r", DType::kF32, {m, kN}).value();
+      Value* w = g.AddConstant("w", RandomTensor({kK, kN}, 71)).value();
+      Value* p = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
+      ASSERT_TRUE(g.MarkOutput(g.AddNode("Add", {p, r}, {}, "residual").value()->output()).ok());
+    });
+    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << "m=" << m;
+    ExpectClose(unfused.outputs, fused.outputs);
+  }
+}
+
 TEST(FuseGemm, ReferenceGraphReproducesTheFusedNode) {
   auto [unfused, fused] = BuildAndRun([](Graph& g) {
     Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();

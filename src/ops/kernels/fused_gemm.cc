@@ -1,6 +1,5 @@
 // FusedGemm: S projections of one input through concatenated weights, with an elementwise
-// epilogue applied to each output block while it is still in cache (src/passes/fuse_gemm.cc
-// forms these nodes).
+// epilogue, in one kernel (src/passes/fuse_gemm.cc forms these nodes).
 //
 //   inputs:  A [..., K], W [K, S*N] (projection s = columns [s*N, (s+1)*N)), extras...
 //   attrs:   splits = S
@@ -9,12 +8,19 @@
 //            epilogue = elementwise graph: inputs (projection 0..S-1 as [..., N], extras...),
 //                       outputs = the node's outputs marked -1, in order
 //
-// Execution: the output columns are cut into blocks (and the rows too, when a block would
-// not fit in L2); a block runs S single-threaded sgemms (one per projection, OpenBLAS with
-// its own threads off, as in gemm.cc), then the epilogue program over the block's rows. A
-// projection that is a node output is computed straight into that output; the others go to a
-// workspace and are read back by the epilogue while still in cache. Blocks are spread over
-// the pool, one claim per block.
+// Execution, in two phases of one launch:
+//  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
+//     L2); a block runs S single-threaded GEMMs (one per projection: oneDNN on weights packed
+//     once, else OpenBLAS with its own threads off, as in gemm.cc). A projection that is a node
+//     output is computed straight into that output; the others go to a workspace.
+//  2. the epilogue program runs over whole rows of the output, a chunk of rows per claim,
+//     reading the workspace back from L2 / L3 as long contiguous streams.
+// Running the epilogue on each block right after its GEMM (row pieces of 64-512 columns, the
+// previous design) measured slower on the llama-small block: SwiGLU 0.14 -> 0.08-0.11 ms and
+// the residual adds 0.065 -> 0.04 ms with whole rows, because the residual and the outputs come
+// from L3 or memory, and the hardware prefetchers follow long rows but not short pieces with
+// jumps between them (software prefetching of the next pieces recovered only part of it).
+// Blocks and chunks are spread over the pool, one claim each.
 #include <cblas.h>
 
 #include <algorithm>
@@ -188,21 +194,17 @@ Status RunFusedGemm(const KernelContext& ctx) {
 
   // Blocks: each sgemm call packs its rows of A again, so blocks are as wide as the threads
   // allow (one per thread: N / threads columns) while a block of all S projections stays
-  // within ~2 MiB (L2) for the epilogue to read back; never narrower than 256 columns (for
-  // large M the A repacking would cost more than the cache saves); rows are cut only when
-  // even that does not fit.
+  // within ~2 MiB (L2); never narrower than 256 columns (for large M the A repacking would
+  // cost more than the cache saves); rows are cut only when even that does not fit.
   constexpr int64_t kBlockBytes = 2 << 20;
-  // Row pieces up to this long have the next row's prefetched (llama-small, 128 and 352 columns:
-  // SwiGLU epilogue 0.15-0.22 -> 0.11-0.18 ms, down_proj + residual 0.05-0.06 -> 0.02-0.05 ms;
-  // llama7b's 1024- and 2560-column pieces measured no gain).
-  constexpr int64_t kPrefetchRowElements = 512;
+  // Epilogue chunks: about this many elements, at least two chunks per thread when M allows.
+  constexpr int64_t kEpilogueChunk = 16384;
   const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
   const int64_t nb_threads = (n + threads - 1) / threads;
   const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
   // Packed weights come in fixed column blocks of all rows; a task takes a run of `group` of
-  // them (at least two tasks per thread, within the L2 budget), so the epilogue runs over
-  // longer row pieces (one piece per row and task: 19% cheaper than 512-column pieces).
+  // them (at least two tasks per thread, within the L2 budget), balanced over the threads.
   const int64_t pb = packed ? packed->proj[0]->block_cols() : 0, pblocks = packed ? packed->proj[0]->blocks() : 0;
   const int64_t group =
       packed ? BalancedGroup(pblocks, pb, n, threads,
@@ -220,7 +222,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const size_t ws_bytes = need_ws ? static_cast<size_t>(m * ldw) * sizeof(float) : 0;
   const int nthreads = static_cast<int>(std::min<int64_t>(threads, blocks));
   // One allocation from the pool's scratch of task 0, taken before the launch: the workspace,
-  // then one register area per task (tasks must not call Scratch themselves).
+  // then one register area per thread (tasks must not call Scratch themselves).
   char* scratch = nullptr;
   std::unique_ptr<char[]> local;
   auto take = [&](size_t bytes) -> char* {
@@ -232,7 +234,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     GF_ASSIGN_OR_RETURN(cpu::TileProgram p, cpu::LowerElementwiseGroup(*epi));
     const cpu::TileRunner probe(p);  // for the register size only (data pointers unbound)
     reg_bytes = (probe.scratch_bytes() + 63) / 64 * 64;
-    scratch = take(ws_bytes + reg_bytes * static_cast<size_t>(nthreads) + 64);
+    scratch = take(ws_bytes + reg_bytes * static_cast<size_t>(threads) + 64);
     float* ws = reinterpret_cast<float*>(scratch);
     for (int64_t s = 0; s < S; ++s)
       if (!proj[s]) proj[s] = ws + s * n;
@@ -249,18 +251,9 @@ Status RunFusedGemm(const KernelContext& ctx) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
 
-  // Full [M, N] f32 operands of the epilogue besides the projections (a residual) and its
-  // outputs: prefetched a row ahead with the projections.
-  std::vector<const float*> ahead;
-  if (runner) {
-    for (size_t e = 2; e < ctx.inputs.size(); ++e)
-      if (ctx.inputs[e].dtype == DType::kF32 && ctx.inputs[e].numel() == m * n) ahead.push_back(ctx.inputs[e].as<const float>());
-    for (size_t o = 0; o < out_proj.size(); ++o)
-      if (out_proj[o] < 0 && ctx.outputs[o].dtype == DType::kF32) ahead.push_back(ctx.outputs[o].as<const float>());
-  }
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
-  auto run_block = [&](int64_t b, void* regs) {
+  auto run_block = [&](int64_t b) {
     const ScopedNs task_time(TaskCounter(ctx.cpu));
     const int64_t cb = b % col_blocks, rb = b / col_blocks;
     const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
@@ -278,24 +271,18 @@ Status RunFusedGemm(const KernelContext& ctx) {
                   static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw), 0.f,
                   proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
     }
-    if (runner)
-      for (int64_t i = i0; i < i1; ++i) {
-        // Short row pieces: the next row's are prefetched while this one runs (the GEMM has
-        // pushed part of its own output out of L2 by the time the epilogue reads it back, and
-        // the hardware prefetchers do not follow the jumps between pieces). Long pieces are
-        // left to the hardware.
-        if (i + 1 < i1 && j1 - j0 <= kPrefetchRowElements) {
-          for (const float* row : ahead) cpu::PrefetchFloats(row + (i + 1) * n + j0, j1 - j0);
-          for (int64_t s = 0; s < S; ++s) cpu::PrefetchFloats(proj[s] + (i + 1) * proj_ld[s] + j0, j1 - j0);
-        }
-        runner->Run(i * n + j0, i * n + j1, regs);
-      }
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
                             : nullptr;
-  ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int tid) {
-    run_block(b, regs_base ? regs_base + reg_bytes * static_cast<size_t>(tid) : nullptr);
-  });
+  ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) { run_block(b); });
+  if (runner) {
+    const int64_t rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
+    const int64_t chunks = (m + rows - 1) / rows;
+    ForEachClaimed(ctx.cpu, static_cast<int>(std::min<int64_t>(threads, chunks)), chunks, [&](int64_t c, int tid) {
+      const ScopedNs task_time(TaskCounter(ctx.cpu));
+      runner->Run(c * rows * n, std::min(m, (c + 1) * rows) * n, regs_base + reg_bytes * static_cast<size_t>(tid));
+    });
+  }
   return Status::Ok();
 }
 
