@@ -225,6 +225,9 @@ struct Plan {
   InlineVec<I64TileKernel, kMaxTileInstrs> i64;
   InlineVec<bool, kMaxTileInputs + kMaxTileInstrs> read_later;  // per register: an instruction reads it
   bool streaming = false;  // one f32 instruction, every input and the output in place
+  // > 0: tiles end at multiples of this (the innermost dim), so that inputs contiguous only
+  // along it (a row of a wider matrix, a [C] bias) are read in place rather than gathered.
+  int64_t row_tiles = 0;
   // f32 outputs far larger than the caches: stored non-temporally, straight from the
   // instruction that computes them when no later instruction reads them, else from L1.
   bool nt_outputs = false;
@@ -311,8 +314,9 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
       LoadRun(in.dtype, in.data, 0, 0, static_cast<int64_t*>(regs[k]), fill);
   }
 
-  for (int64_t start = begin; start < end; start += kTileElements) {
-    const int64_t n = std::min(kTileElements, end - start);
+  for (int64_t start = begin, n = 0; start < end; start += n) {
+    n = std::min(kTileElements, end - start);
+    if (plan.row_tiles > 0) n = std::min(n, plan.row_tiles - start % plan.row_tiles);
     const int64_t npad = (n + lanes - 1) / lanes * lanes;
     const bool aligned = (n == npad);  // no vector reads past the tensors' ends
 
@@ -355,7 +359,7 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
     // after the first (which reads this tile's), a piece at a time between pieces of the
     // kernels, so that DRAM reads overlap the computing and storing phases instead of
     // alternating with them tile by tile.
-    const int64_t next = start + kTileElements;
+    const int64_t next = start + n;
     const bool prefetch_next = plan.nt_outputs && aligned && next < end;
     const int ninstr = static_cast<int>(p.instrs.size());
     const int first_phase = ninstr > 1 ? 1 : 0;
@@ -537,6 +541,14 @@ Plan BuildPlan(const TileProgram& p, CpuCodegen* codegen) {
     plan.run_direct.push_back(!contiguous && in.dtype == DType::kF32 && in.domain == Domain::kF32 &&
                               plan.layout.strides[k].back() == 1);
   }
+  // Rows of at least kMinRowTile elements that tiles would otherwise straddle (a GEMM
+  // epilogue's [M, N] over a [M, S*N] workspace: 75% of 1024-element tiles gathered both
+  // projections at N = 1376). Shorter rows keep whole tiles: their per-tile work would
+  // shrink with them.
+  constexpr int64_t kMinRowTile = 256;
+  const int64_t row = plan.layout.shape.empty() ? 0 : plan.layout.shape.back();
+  if (plan.layout.shape.size() >= 2 && row >= kMinRowTile && row % kTileElements != 0)
+    for (int k = 0; k < nin; ++k) plan.row_tiles = plan.run_direct[k] ? row : plan.row_tiles;
   // Results written in place: f32 outputs, unless an input read in place overlaps the output
   // and is still read by a later instruction (it would see the new values).
   int last_use[kMaxTileInputs + kMaxTileInstrs];
