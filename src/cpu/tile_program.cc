@@ -316,7 +316,10 @@ void RunRange(const Plan& plan, int64_t begin, int64_t end, void* scratch) {
 
   for (int64_t start = begin, n = 0; start < end; start += n) {
     n = std::min(kTileElements, end - start);
-    if (plan.row_tiles > 0) n = std::min(n, plan.row_tiles - start % plan.row_tiles);
+    if (plan.row_tiles > 0) {
+      n = std::min(n, plan.row_tiles - start % plan.row_tiles);
+      if (n > lanes) n -= n % lanes;  // whole vectors in place; a row's last few elements apart
+    }
     const int64_t npad = (n + lanes - 1) / lanes * lanes;
     const bool aligned = (n == npad);  // no vector reads past the tensors' ends
 
