@@ -200,8 +200,12 @@ int RunDemo(Args& args) {
   const CpuContext ctx{&pool, pool.num_threads()};
   const double weight_mb = static_cast<double>(cfg.WeightCount()) * 4 / 1e6;
   std::fprintf(stderr, "graphfuse demo: %s block, %.0f MB of random f32 weights\n", cfg.preset.c_str(), weight_mb);
+  int shown = -1;  // the percentage last printed: each is printed once (logs read them in a row)
   auto weights = MakeBlockWeights(cfg, 7, ctx, [&](double frac) {
-    std::fprintf(stderr, "\r  generating weights: %3.0f%%", frac * 100);
+    const int pct = static_cast<int>(frac * 100 + 0.5);
+    if (pct == shown) return;
+    shown = pct;
+    std::fprintf(stderr, "\r  generating weights: %3d%%", pct);
     std::fflush(stderr);
   });
   std::fprintf(stderr, "\n");
