@@ -319,6 +319,13 @@ TEST(CpuCodegen, FailedCompileFallsBackToTiles) {
   for (int64_t i = 0; i < 4096; ++i) ASSERT_EQ(out[i], std::fabs(x.data_as<float>()[i]));
   EXPECT_EQ((*cg)->stats().failed, 1);
   EXPECT_NE((*cg)->stats().last_error.find("gf_missing.h"), std::string::npos) << (*cg)->stats().last_error;
+  // The same program again (a GEMM epilogue builds its runner on every launch): not compiled
+  // again, still on tiles.
+  for (int again = 0; again < 3; ++again) {
+    const cpu::TileRunner r2(UnaryChain(x, out.data(), {OpKind::kAbs}), cg->get());
+    EXPECT_FALSE(r2.native());
+  }
+  EXPECT_EQ((*cg)->stats().failed, 1) << "a failed program was compiled again";
 }
 
 // A compiler that does not run is reported when the generator is created.

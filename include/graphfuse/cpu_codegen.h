@@ -42,7 +42,7 @@ class CpuCodegen {
     // planned: a plan step when its buffers move, a GEMM or norm epilogue on every launch.
     int outside_scope = 0;
     std::map<std::string, int> outside_why;  // ... by reason ("integer or bool data", ...)
-    int failed = 0;           // compiles that failed (the tile executor ran those programs)
+    int failed = 0;           // programs whose compile failed, each tried once (the tile executor runs them)
     double compile_seconds = 0;
     std::string last_error;   // the last failure's message, with the compiler's log
   };

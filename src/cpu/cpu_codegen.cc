@@ -32,6 +32,9 @@ struct CpuCodegen::Impl {
   mutable std::mutex mu;
   // By the program's shape (GetNativeKernel): the loaded object and its loop.
   std::map<std::string, std::pair<std::shared_ptr<SharedObject>, cpu::NativeKernel>> kernels;
+  // Programs whose compile or load failed, with the error: not tried again (a GEMM epilogue
+  // asks on every launch, and each try costs a compile).
+  std::map<std::string, Status> failures;
   Stats stats;
 };
 
@@ -207,6 +210,7 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
     shape += StrCat("o", p.outputs[o], ":", static_cast<int>(p.output_dtypes[o]), ";");
   std::lock_guard<std::mutex> lock(im.mu);
   if (auto it = im.kernels.find(shape); it != im.kernels.end()) return NativeCode{it->second.second, it->second.first};
+  if (auto it = im.failures.find(shape); it != im.failures.end()) return it->second;
 
   // On disk, by a hash of the source (under a fixed symbol), the compiler, its flags and the
   // headers; the name also says what the loop computes.
@@ -231,6 +235,7 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   auto fail = [&](const Status& s) -> Status {
     ++im.stats.failed;
     im.stats.last_error = s.ToString();
+    im.failures.emplace(shape, s);
     return s;
   };
   auto so = BuildSharedObject(source, im.compile, im.options.cache_dir, name, GF_CODEGEN_LIBS, &built);
