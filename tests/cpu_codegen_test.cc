@@ -5,6 +5,9 @@
 #include "cpu/cpu_codegen.h"
 
 #include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
 #include <unistd.h>
 
 #include <cmath>
@@ -349,6 +352,54 @@ TEST(CpuCodegen, KernelsComeBackFromTheDiskCache) {
     EXPECT_EQ((*cg)->stats().compiled, round == 0 ? 1 : 0);
     EXPECT_EQ((*cg)->stats().loaded, round == 0 ? 0 : 1);
   }
+}
+
+// The disk cache is bounded: over cache_limit_bytes, the least recently used kernels go (down
+// to three quarters of the bound); other files stay; a kernel found in the cache counts as used.
+TEST(CpuCodegen, DiskCacheKeepsTheMostRecentlyUsedWithinItsBound) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(CacheDir()) / "bounded";
+  fs::create_directories(dir);
+  const auto now = fs::file_time_type::clock::now();
+  for (int i = 0; i < 10; ++i) {  // 10 kernels of 1000 bytes, gf_cpu_k0 the oldest
+    const fs::path f = dir / StrCat("gf_cpu_k", i, ".so");
+    std::ofstream(f) << std::string(1000, 'x');
+    fs::last_write_time(f, now - std::chrono::hours(10 - i));
+  }
+  std::ofstream(dir / "notes.txt") << std::string(5000, 'y');  // not a kernel: never removed
+  auto cg = CpuCodegen::Create({.cache_dir = dir.string(), .cache_limit_bytes = 5000});
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  EXPECT_EQ((*cg)->stats().pruned, 7);  // 10000 bytes -> 3000, within 3/4 of 5000
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(fs::exists(dir / StrCat("gf_cpu_k", i, ".so")), i >= 7) << i;
+  EXPECT_TRUE(fs::exists(dir / "notes.txt"));
+  // Under the bound: nothing goes.
+  auto again = CpuCodegen::Create({.cache_dir = dir.string(), .cache_limit_bytes = 5000});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)->stats().pruned, 0);
+
+  // A kernel loaded from the cache is marked used: it outlives older unused ones.
+  const fs::path real = dir / "real";
+  std::mt19937 rng(11);
+  Tensor x = Random(DType::kF32, {256}, rng);
+  std::vector<float> out(256);
+  const cpu::TileProgram p = UnaryChain(x, out.data(), {OpKind::kAbs, OpKind::kExp});
+  {
+    auto first = CpuCodegen::Create({.cache_dir = real.string()});
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE(cpu::TileRunner(p, first->get()).native());
+  }
+  fs::path compiled;
+  for (const auto& e : fs::directory_iterator(real))
+    if (e.path().extension() == ".so") compiled = e.path();
+  ASSERT_FALSE(compiled.empty());
+  fs::last_write_time(compiled, now - std::chrono::hours(100));  // looks old ...
+  {
+    auto second = CpuCodegen::Create({.cache_dir = real.string()});
+    ASSERT_TRUE(second.ok());
+    ASSERT_TRUE(cpu::TileRunner(p, second->get()).native());
+    EXPECT_EQ((*second)->stats().loaded, 1);
+  }
+  EXPECT_GT(fs::last_write_time(compiled), now - std::chrono::hours(1)) << "... until it is used";
 }
 
 // A cache directory whose path holds spaces and quotes works (paths reach the shell quoted).

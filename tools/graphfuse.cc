@@ -158,8 +158,9 @@ constexpr const char* kCodegen = R"(--cpu-codegen: every f32 elementwise program
               epilogue, single op) becomes one loop over SIMD vectors with its intermediates
               in registers, compiled by the C++ compiler that built graphfuse ($CXX overrides)
               on its first run (about 2 s a kernel; kept in ~/.cache/graphfuse/cpu, or
-              $GF_KERNEL_CACHE/cpu) and bit-identical to the tile executor; programs outside
-              that scope, or with no working compiler, run on the tile executor
+              $GF_KERNEL_CACHE/cpu, up to 256 MiB, least recently used removed first) and
+              bit-identical to the tile executor; programs outside that scope, or with no
+              working compiler, run on the tile executor
 )";
 
 constexpr const char* kEnvironment = R"(environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs, and

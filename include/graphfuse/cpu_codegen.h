@@ -18,6 +18,7 @@
 //   plan->Run(inputs, outputs, ctx);
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -34,6 +35,10 @@ class CpuCodegen {
     std::string cache_dir;
     // The compiler command. Empty: $CXX when set, else the compiler that built graphfuse.
     std::string compiler;
+    // The disk cache's size bound: when its kernels (gf_cpu_*.so) take more when a generator
+    // is created, the least recently used are removed down to three quarters of it. A kernel
+    // found in the cache counts as used. 0: no bound.
+    int64_t cache_limit_bytes = int64_t{256} << 20;
   };
   struct Stats {
     int compiled = 0;         // kernels compiled by this object
@@ -42,13 +47,15 @@ class CpuCodegen {
     // planned: a plan step when its buffers move, a GEMM or norm epilogue on every launch.
     int outside_scope = 0;
     std::map<std::string, int> outside_why;  // ... by reason ("integer or bool data", ...)
+    int pruned = 0;           // cached kernels removed at creation to respect cache_limit_bytes
     int failed = 0;           // programs whose compile failed, each tried once (the tile executor runs them)
     double compile_seconds = 0;
     std::string last_error;   // the last failure's message, with the compiler's log
   };
 
   // Checks that the compiler runs and the headers the generated code includes are present.
-  static Result<std::unique_ptr<CpuCodegen>> Create(const Options& options = {});
+  static Result<std::unique_ptr<CpuCodegen>> Create(const Options& options);
+  static Result<std::unique_ptr<CpuCodegen>> Create();  // default Options
   ~CpuCodegen();
   CpuCodegen(const CpuCodegen&) = delete;
   CpuCodegen& operator=(const CpuCodegen&) = delete;

@@ -40,6 +40,42 @@ struct CpuCodegen::Impl {
 
 namespace {
 
+// Removes the least recently used kernels (gf_cpu_*.so, oldest modification time first) while
+// they take more than limit * 3/4 bytes, when they take more than `limit`; returns how many.
+// Errors (a file another process removed first) are skipped: the cache is only a cache.
+int PruneCache(const std::string& dir, int64_t limit) {
+  if (limit <= 0) return 0;
+  namespace fs = std::filesystem;
+  struct Entry {
+    fs::path path;
+    fs::file_time_type time;
+    int64_t bytes;
+  };
+  std::vector<Entry> kernels;
+  int64_t total = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const fs::path& p = it->path();
+    const std::string name = p.filename().string();
+    if (name.rfind("gf_cpu_", 0) != 0 || p.extension() != ".so") continue;
+    std::error_code e1, e2;
+    const auto bytes = fs::file_size(p, e1);
+    const auto time = fs::last_write_time(p, e2);
+    if (e1 || e2) continue;
+    kernels.push_back({p, time, static_cast<int64_t>(bytes)});
+    total += static_cast<int64_t>(bytes);
+  }
+  if (total <= limit) return 0;
+  std::sort(kernels.begin(), kernels.end(), [](const Entry& a, const Entry& b) { return a.time < b.time; });
+  int removed = 0;
+  for (const Entry& e : kernels) {
+    if (total <= limit / 4 * 3) break;
+    std::error_code rm;
+    if (fs::remove(e.path, rm)) total -= e.bytes, ++removed;
+  }
+  return removed;
+}
+
 std::string ReadAll(const std::filesystem::path& p) {
   std::stringstream s;
   s << std::ifstream(p, std::ios::binary).rdbuf();
@@ -66,6 +102,8 @@ std::filesystem::path DefaultCacheDir() {
 }
 
 }  // namespace
+
+Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create() { return Create(Options{}); }
 
 Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
   auto impl = std::make_unique<Impl>();
@@ -97,6 +135,7 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
   impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", ShellQuote((root / "src").string()), " -I",
                          ShellQuote((root / "include").string()));
   impl->key_prefix = StrCat(version, '\n', impl->compile, '\n', GF_CODEGEN_LIBS, '\n', Fnv1a64(headers), '\n');
+  impl->stats.pruned = PruneCache(impl->options.cache_dir, impl->options.cache_limit_bytes);
   return std::unique_ptr<CpuCodegen>(new CpuCodegen(std::move(impl)));
 }
 
@@ -251,6 +290,8 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
     im.stats.compile_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   } else {
     ++im.stats.loaded;
+    std::error_code ec;  // used now: the cache's pruning removes the least recently used
+    std::filesystem::last_write_time(*so, std::filesystem::file_time_type::clock::now(), ec);
   }
   return NativeCode{kernel, *lib};
 }
