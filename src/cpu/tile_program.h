@@ -67,8 +67,8 @@ TileDims TileShape(const Shape& s);
 TileProgram SingleOpProgram(OpKind kind, std::span<const TensorView> in, const TensorView& out, const OpAttrs& attrs);
 
 // A program prepared once and run over parts of its iteration space by the caller's own
-// threads: the prologue / epilogue of a fused GEMM, norm or softmax runs on the rows (or
-// row pieces) the kernel has just produced, while they are still in cache. Data pointers
+// threads: the prologue / epilogue of a fused GEMM, norm or softmax runs on the rows the
+// kernel has just produced, while they are still in cache. Data pointers
 // are bound at construction. Copies share the prepared state.
 class TileRunner {
  public:

@@ -13,8 +13,8 @@
 // concatenated along N (the activation is read once; one launch). The epilogue is every
 // elementwise node (a FusedElementwise group or a single op-table op) that reads a projection
 // and iterates over exactly the projection's shape; their bodies are inlined into one graph
-// applied to each output block right after the block's GEMM, so a projection read only by the
-// epilogue never reaches memory. A member whose other operands depend on a projection through
+// that the same kernel applies after its GEMM blocks, over whole rows of its workspace, so a
+// projection read only by the epilogue is never a tensor of the plan (fused_gemm.cc). A member whose other operands depend on a projection through
 // a node outside the group would create a cycle and stays out (would-create-cycle), as does
 // one that reads another member's result (it would need that member first; kept simple).
 // Everything else that reads a projection gets it as an output of the fused node.

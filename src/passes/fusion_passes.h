@@ -24,7 +24,7 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 
 // MatMuls with constant weights: projections of the same input become one GEMM over
 // concatenated weights (horizontal) and the elementwise group that consumes the results runs
-// as the GEMM's epilogue on each output block while it is in cache. (fuse_gemm.cc)
+// as the GEMM's epilogue, in the same kernel. (fuse_gemm.cc)
 Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* report);
 
 // An elementwise group feeding RMSNorm / LayerNormalization (prologue, e.g. the residual
