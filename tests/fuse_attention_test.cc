@@ -318,6 +318,20 @@ TEST(FuseAttention, NoScaleCrossAttention) {
   FuseAndCheck(sp);
 }
 
+// Rows of keys shorter than one vector (decode's single key, a short prompt): the row's max
+// comes from its ragged tail alone.
+TEST(FuseAttention, KeyRowsShorterThanOneVector) {
+  for (const int64_t n : {int64_t{1}, int64_t{7}}) {
+    for (const MaskForm mask : {MaskForm::kCausal, MaskForm::kNone}) {
+      Spec sp;
+      sp.s = sp.sk = n;
+      sp.mask = mask;
+      sp.rope = FindSchema("Rope") != nullptr;
+      FuseAndCheck(sp);
+    }
+  }
+}
+
 TEST(FuseAttention, LongSequenceSplitsRowBlocksOverThreads) {
   Spec sp;
   sp.b = 1;

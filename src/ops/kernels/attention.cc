@@ -177,14 +177,14 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       x.Store(row + i);
       vmax = simd::max(vmax, x);
     }
-    for (; i < n; ++i) row[i] += m;
+    for (int64_t j = i; j < n; ++j) row[j] += m;
   } else if (mask && mask_scale == 1.f) {
     for (; i + kLanes <= n; i += kLanes) {
       const VF x = VF::Load(row + i) + VF::Load(mask + i);
       x.Store(row + i);
       vmax = simd::max(vmax, x);
     }
-    for (; i < n; ++i) row[i] += mask[i];
+    for (int64_t j = i; j < n; ++j) row[j] += mask[j];
   } else if (mask) {
     const VF ms(mask_scale);
     for (; i + kLanes <= n; i += kLanes) {
@@ -192,7 +192,7 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       x.Store(row + i);
       vmax = simd::max(vmax, x);
     }
-    for (; i < n; ++i) row[i] += mask[i] * mask_scale;
+    for (int64_t j = i; j < n; ++j) row[j] += mask[j] * mask_scale;
   } else {
     for (; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
   }
