@@ -6,6 +6,8 @@
 #                     node-test models (libonnx-testdata) and tests/models
 #   fuzz_onnx_graph   bytes -> a generated, well-formed ONNX graph of random registry ops,
 #                     hostile attributes and constants -> ImportOnnxBytes -> Execute
+# Both also start from fuzz/regressions/TARGET/: inputs that once failed (kept as seeds, so
+# every run replays them first).
 #
 # Usage:
 #   fuzz/run.sh                              build + run both targets, 60 s each
@@ -109,6 +111,10 @@ for t in $TARGETS; do
       [[ -f $f ]] && cp "$f" "$CORPUS/$t/$(basename "$(dirname "$f")").onnx"
     done
   fi
+  # Inputs that once failed (fuzz/regressions/TARGET/): run first, as seeds.
+  for f in "$ROOT"/fuzz/regressions/"$t"/*; do
+    [[ -f $f ]] && cp "$f" "$CORPUS/$t/"
+  done
   echo "fuzz/run.sh: $t: $(ls "$CORPUS/$t" | wc -l) seeds, ${SECONDS_TO_RUN}s"
   set +e
   "$OUT/$t" "$CORPUS/$t" -max_total_time="$SECONDS_TO_RUN" "${LIMITS[@]}" -max_len=262144 \
