@@ -169,32 +169,26 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
   int64_t i = 0;
-  if (mask && mask_stride == 0) {
-    const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
-    const VF vm(m);
+  // row += what `at` gives, the max taken over whole vectors as they are stored; the ragged
+  // tail is added lane by lane and joins the max below.
+  auto add_and_max = [&](auto vec_at, auto at) {
     for (; i + kLanes <= n; i += kLanes) {
-      const VF x = VF::Load(row + i) + vm;
+      const VF x = VF::Load(row + i) + vec_at(i);
       x.Store(row + i);
       vmax = simd::max(vmax, x);
     }
-    for (int64_t j = i; j < n; ++j) row[j] += m;
-  } else if (mask && mask_scale == 1.f) {
-    for (; i + kLanes <= n; i += kLanes) {
-      const VF x = VF::Load(row + i) + VF::Load(mask + i);
-      x.Store(row + i);
-      vmax = simd::max(vmax, x);
-    }
-    for (int64_t j = i; j < n; ++j) row[j] += mask[j];
-  } else if (mask) {
-    const VF ms(mask_scale);
-    for (; i + kLanes <= n; i += kLanes) {
-      const VF x = VF::Load(row + i) + VF::Load(mask + i) * ms;
-      x.Store(row + i);
-      vmax = simd::max(vmax, x);
-    }
-    for (int64_t j = i; j < n; ++j) row[j] += mask[j] * mask_scale;
-  } else {
+    for (int64_t j = i; j < n; ++j) row[j] += at(j);
+  };
+  if (!mask) {
     for (; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
+  } else if (mask_stride == 0) {
+    const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
+    add_and_max([&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
+  } else if (mask_scale == 1.f) {
+    add_and_max([&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
+  } else {
+    const VF ms(mask_scale);
+    add_and_max([&](int64_t k) { return VF::Load(mask + k) * ms; }, [&](int64_t k) { return mask[k] * mask_scale; });
   }
   if (i < n) vmax = simd::max(vmax, LoadTail(row + i, n - i, ninf));
   return ExpShiftSum(row, row, n, simd::MaxOfLanesNaN(vmax));
