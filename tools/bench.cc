@@ -157,10 +157,9 @@ int Bench(Args& args) {
   std::vector<Tensor> out_c;
   std::vector<TensorView> cv;
   if (native) {
-    auto cg = CpuCodegen::Create();
-    if (!cg.ok()) return Fail(cg.status().WithContext("--cpu-codegen"));
+    auto cg = AttachCodegen(native_ctx);
+    if (!cg.ok()) return Fail(cg.status());
     codegen = std::move(*cg);
-    native_ctx.codegen = codegen.get();
     auto np = ExecutionPlan::Compile(*fused);
     if (!np.ok()) return Fail(np.status());
     native_plan = std::move(*np);

@@ -230,10 +230,9 @@ int RunDemo(Args& args) {
   std::unique_ptr<CpuCodegen> codegen;
   CpuContext ctx_f = ctx;
   if (o.cpu_codegen) {
-    auto cg = CpuCodegen::Create();
-    if (!cg.ok()) return fail(cg.status().WithContext("--cpu-codegen"));
+    auto cg = AttachCodegen(ctx_f);
+    if (!cg.ok()) return fail(cg.status());
     codegen = std::move(*cg);
-    ctx_f.codegen = codegen.get();
     std::fprintf(stderr, "  native loops for the fused plan (kernel cache: %s)\n", codegen->cache_dir().c_str());
   }
 

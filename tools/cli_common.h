@@ -2,9 +2,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
 #include "graphfuse/status.h"
 #include "graphfuse/thread_pool.h"
@@ -18,6 +20,9 @@ inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
 // 1 from the cache, 1 left to the tile executor (1 with integer or bool data)", and any
 // failure with its message.
 std::string CodegenSummary(const CpuCodegen& cg);
+// --cpu-codegen: creates the code generator (an error names the flag) and points ctx at it;
+// the caller keeps the returned object alive as long as ctx runs plans.
+Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx);
 
 // --backend cuda: Ok when GPU 0 can be used, else an error saying what is missing (no device,
 // or a build without the CUDA toolkit). Call it before any long work.

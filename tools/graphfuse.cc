@@ -63,6 +63,13 @@ Result<double> Args::Float(const std::string& name, double lo, double hi) {
   return x;
 }
 
+Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx) {
+  auto cg = CpuCodegen::Create();
+  if (!cg.ok()) return cg.status().WithContext("--cpu-codegen");
+  ctx.codegen = cg->get();
+  return std::move(*cg);
+}
+
 std::string CodegenSummary(const CpuCodegen& cg) {
   const CpuCodegen::Stats s = cg.stats();
   char head[160];

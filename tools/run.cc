@@ -176,10 +176,9 @@ int RunModel(Args& args) {
   CpuContext ctx{&pool};
   std::unique_ptr<CpuCodegen> codegen;
   if (o.cpu_codegen) {
-    auto cg = CpuCodegen::Create();
-    if (!cg.ok()) return Fail(cg.status().WithContext("--cpu-codegen"));
+    auto cg = AttachCodegen(ctx);
+    if (!cg.ok()) return Fail(cg.status());
     codegen = std::move(*cg);
-    ctx.codegen = codegen.get();
   }
   std::vector<TensorView> views;
   for (const Tensor& t : inputs) views.push_back(t.view());

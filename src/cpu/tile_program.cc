@@ -550,8 +550,9 @@ Plan BuildPlan(const TileProgram& p, CpuCodegen* codegen) {
   // shrink with them.
   constexpr int64_t kMinRowTile = 256;
   const int64_t row = plan.layout.shape.empty() ? 0 : plan.layout.shape.back();
-  if (plan.layout.shape.size() >= 2 && row >= kMinRowTile && row % kTileElements != 0)
-    for (int k = 0; k < nin; ++k) plan.row_tiles = plan.run_direct[k] ? row : plan.row_tiles;
+  if (plan.layout.shape.size() >= 2 && row >= kMinRowTile && row % kTileElements != 0 &&
+      std::any_of(plan.run_direct.begin(), plan.run_direct.end(), [](bool r) { return r; }))
+    plan.row_tiles = row;
   // Results written in place: f32 outputs, unless an input read in place overlaps the output
   // and is still read by a later instruction (it would see the new values).
   int last_use[kMaxTileInputs + kMaxTileInstrs];
