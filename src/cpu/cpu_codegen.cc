@@ -40,6 +40,9 @@ struct CpuCodegen::Impl {
 
 namespace {
 
+// Every cached kernel's file name starts with this (PruneCache removes only those).
+constexpr const char* kKernelPrefix = "gf_cpu_";
+
 // Removes the least recently used kernels (gf_cpu_*.so, oldest modification time first) while
 // they take more than limit * 3/4 bytes, when they take more than `limit`; returns how many.
 // Errors (a file another process removed first) are skipped: the cache is only a cache.
@@ -57,7 +60,7 @@ int PruneCache(const std::string& dir, int64_t limit) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const fs::path& p = it->path();
     const std::string name = p.filename().string();
-    if (name.rfind("gf_cpu_", 0) != 0 || p.extension() != ".so") continue;
+    if (name.rfind(kKernelPrefix, 0) != 0 || p.extension() != ".so") continue;
     std::error_code e1, e2;
     const auto bytes = fs::file_size(p, e1);
     const auto time = fs::last_write_time(p, e2);
@@ -256,11 +259,11 @@ Result<NativeCode> GetNativeKernel(CpuCodegen& cg, const NativeProgram& p) {
   constexpr const char* kSymbol = "gf_kernel";
   std::string source = NativeSource(p, kSymbol);
   const uint64_t key = Fnv1a64(source, Fnv1a64(im.key_prefix));
-  std::string name = "gf_cpu";
+  std::string name = kKernelPrefix;  // then the ops, "_" between them
   for (size_t i = 0; i < p.instrs.size() && i < 6; ++i) {
     std::string op(OpName(p.instrs[i].op));
     std::transform(op.begin(), op.end(), op.begin(), [](unsigned char c) { return std::tolower(c); });
-    name += "_" + op;
+    name += (i ? "_" : "") + op;
   }
   if (p.instrs.size() > 6) name += StrCat("_and", p.instrs.size() - 6);
   char hex[24];
