@@ -10,6 +10,15 @@
 
 namespace graphfuse {
 
+bool ReadFile(const std::filesystem::path& p, std::string* out) {
+  std::ifstream f(p, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  *out = ss.str();
+  return static_cast<bool>(f) || f.eof();
+}
+
 std::string ShellQuote(const std::string& path) {
   std::string q = "'";
   for (char c : path) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
@@ -41,12 +50,12 @@ Result<std::filesystem::path> BuildSharedObject(const std::string& source, const
   const std::string cmd = StrCat(compile, " -o ", ShellQuote(tmp.string()), " ", ShellQuote(cc.string()), " ", libs, " > ",
                                  ShellQuote(log.string()), " 2>&1");
   if (std::system(cmd.c_str()) != 0) {
-    std::stringstream text;
-    text << std::ifstream(log).rdbuf();
+    std::string text;
+    ReadFile(log, &text);
     std::filesystem::remove(cc, ec);
     std::filesystem::remove(log, ec);
     std::filesystem::remove(tmp, ec);
-    return Internal("compiling ", stem, " failed (", compile, "):\n", text.str().substr(0, 3000));
+    return Internal("compiling ", stem, " failed (", compile, "):\n", text.substr(0, 3000));
   }
   std::filesystem::rename(tmp, so, ec);
   if (ec) return Internal("cannot rename '", tmp.string(), "' to '", so.string(), "': ", ec.message());

@@ -13,6 +13,9 @@
 
 namespace graphfuse {
 
+// The whole file, bytes as they are; false when it cannot be read.
+bool ReadFile(const std::filesystem::path& p, std::string* out);
+
 // A path as one shell word: in single quotes, any single quote in it escaped.
 std::string ShellQuote(const std::string& path);
 

@@ -4,10 +4,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -79,12 +77,6 @@ int PruneCache(const std::string& dir, int64_t limit) {
   return removed;
 }
 
-std::string ReadAll(const std::filesystem::path& p) {
-  std::stringstream s;
-  s << std::ifstream(p, std::ios::binary).rdbuf();
-  return s.str();
-}
-
 // The first line a command prints, or "" when it fails.
 std::string FirstLineOf(const std::string& cmd) {
   FILE* f = popen((cmd + " 2>/dev/null").c_str(), "r");
@@ -133,7 +125,11 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
       return NotFound("CPU code generation needs graphfuse's headers, looked for under '", (root / dir).string(),
                                 "': ", ec ? ec.message() : "none there");
     std::sort(files.begin(), files.end());
-    for (const auto& f : files) headers += f.filename().string() + '\n' + ReadAll(f);
+    for (const auto& f : files) {
+      std::string text;  // an unreadable header hashes as empty, as a missing one would
+      ReadFile(f, &text);
+      headers += f.filename().string() + '\n' + text;
+    }
   }
   impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", ShellQuote((root / "src").string()), " -I",
                          ShellQuote((root / "include").string()));

@@ -22,15 +22,6 @@ std::string ProgramLog(nvrtcProgram prog) {
   return log;
 }
 
-bool ReadFile(const std::filesystem::path& p, std::string* out) {
-  std::ifstream f(p, std::ios::binary);
-  if (!f) return false;
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return static_cast<bool>(f) || f.eof();
-}
-
 // Writes via a temporary file and a rename, so that a reader never sees half a file (other
 // processes may share the cache directory).
 void WriteFileAtomic(const std::filesystem::path& p, const std::string& data) {
