@@ -275,6 +275,9 @@ Status RunFusedGemm(const KernelContext& ctx) {
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
                             : nullptr;
   ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) { run_block(b); });
+  // The epilogue over chunks of whole rows. Not TileRunner::Launch nor fused_rowwise's
+  // ForRowBlocks: both take each thread's registers from pool->Scratch(tid), and thread 0's
+  // scratch holds the workspace; and each chunk counts as a task for the profile's split.
   if (runner) {
     const int64_t rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
     const int64_t chunks = (m + rows - 1) / rows;
