@@ -66,7 +66,7 @@ double ExpectClose(const Tensor& a, const Tensor& b, double rtol, double atol, c
 
 // Tolerances, fused vs unfused. The fused kernels do the same f32 operations in the same order
 // as the unfused ones: each elementwise op is correctly rounded in both, the norm statistics
-// are double sums with the same partial-sum order, softmax uses the same SLEEF exp, lane sums
+// are double sums with the same partial-sum order, softmax uses the same vector exp, lane sums
 // and reciprocal, and the project compiles with -ffp-contract=off (no FMA contraction that one
 // translation unit could apply and another not). So the two agree bit for bit; 2 ulp relative
 // (2^-22), with an atol of 2 ulp of 1 for results near 0 (rows are O(1) here), leaves room
