@@ -290,6 +290,50 @@ TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {
   }
 }
 
+// out = x @ W + r, the residual form: r is copied into the output and the GEMM accumulates onto
+// it (oneDNN's sum post-op on packed weights; sgemm's beta = 1 when the node runs without its
+// packed state, as RunNodeOnce runs it). Both against float64, and K = 0 (out = r).
+TEST(FuseGemm, ResidualEpilogueAccumulatesOntoTheResidual) {
+  for (const int64_t k : {kK, int64_t{0}}) {
+    auto [unfused, fused] = BuildAndRun([k](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {kM, k}).value();
+      Value* r = g.AddInput("r", DType::kF32, {kM, kN}).value();
+      Value* w = g.AddConstant("w", RandomTensor({k, kN}, 73)).value();
+      Value* p = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
+      ASSERT_TRUE(g.MarkOutput(g.AddNode("Add", {r, p}, {}, "residual").value()->output()).ok());
+    });
+    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << "k=" << k;
+    const Node* node = nullptr;
+    for (const auto& n : fused.graph->nodes())
+      if (n->op() == "FusedGemm") node = n.get();
+    ASSERT_NE(node, nullptr);
+    // float64: out[i, j] = r[i, j] + sum_k h[i, k] w[k, j].
+    const float* hv = unfused.inputs[0].data_as<float>();
+    const float* rv = unfused.inputs[1].data_as<float>();
+    const float* wv = node->input(1)->constant()->data_as<float>();
+    std::vector<double> want(static_cast<size_t>(kM * kN));
+    for (int64_t i = 0; i < kM; ++i)
+      for (int64_t j = 0; j < kN; ++j) {
+        double acc = rv[i * kN + j];
+        for (int64_t q = 0; q < k; ++q) acc += static_cast<double>(hv[i * k + q]) * wv[q * kN + j];
+        want[static_cast<size_t>(i * kN + j)] = acc;
+      }
+    // The same node run without its packed state (the sgemm path).
+    Tensor once = Tensor::Empty(DType::kF32, {kM, kN}).value();
+    std::vector<TensorView> in;
+    for (const Value* v : node->inputs())
+      in.push_back(v->constant() ? v->constant()->view() : unfused.inputs[v == fused.graph->inputs()[0] ? 0 : 1].view());
+    std::vector<TensorView> out{once.view()};
+    ThreadPool pool(2);
+    ASSERT_TRUE(RunNodeOnce(*node, in, out, CpuContext{&pool}).ok());
+    for (const Tensor* t : std::initializer_list<const Tensor*>{&fused.outputs[0], &unfused.outputs[0], &once})
+      for (int64_t i = 0; i < kM * kN; ++i) {
+        const double w = want[static_cast<size_t>(i)];
+        ASSERT_NEAR(t->GetAsDouble(i), w, 1e-5 + 1e-5 * std::fabs(w)) << "k=" << k << " element " << i;
+      }
+  }
+}
+
 TEST(FuseGemm, ReferenceGraphReproducesTheFusedNode) {
   auto [unfused, fused] = BuildAndRun([](Graph& g) {
     Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();

@@ -8,7 +8,8 @@
 //            epilogue = elementwise graph: inputs (projection 0..S-1 as [..., N], extras...),
 //                       outputs = the node's outputs marked -1, in order
 //
-// Execution, in two phases of one launch:
+// Execution, in two phases of one launch (three for the residual form, see ResidualInput:
+// phase 0 copies the residual into the output, phase 1 accumulates onto it, phase 2 is empty):
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
 //     L2); a block runs S single-threaded GEMMs (one per projection: oneDNN on weights packed
 //     once, else OpenBLAS with its own threads off, as in gemm.cc). A projection that is a node
@@ -134,8 +135,29 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
+  bool accumulate = false;  // packed for C += A @ B (a residual epilogue, see ResidualInput)
   std::vector<std::shared_ptr<const PackedGemm>> proj;
 };
+
+// The residual form of the epilogue: one projection, and the epilogue is exactly
+// out = projection + r with r an extra input of the output's shape (either operand order).
+// Then r is copied into the output and the GEMM accumulates onto it (oneDNN's sum post-op or
+// sgemm's beta = 1): the add happens where the GEMM stores its result, and neither a
+// workspace nor a second pass over the product exists. Returns r's node input index, or -1.
+int64_t ResidualInput(const Node& node, const GemmGeometry& g) {
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
+      epi->inputs().size() != 2 || epi->outputs().size() != 1)
+    return -1;
+  const Node& add = *epi->nodes().front();
+  if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
+  const Value* r = epi->inputs()[1];
+  const bool operands = (add.inputs()[0] == epi->inputs()[0] && add.inputs()[1] == r) ||
+                        (add.inputs()[1] == epi->inputs()[0] && add.inputs()[0] == r);
+  if (!operands || r->dtype() != DType::kF32 || r->shape() != g.out_shape || add.outputs()[0]->dtype() != DType::kF32)
+    return -1;
+  return 2;
+}
 
 Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const Value* a = node.input(0);
@@ -145,9 +167,11 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const std::vector<int64_t> ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
+  packed->accumulate = ResidualInput(node, g) >= 0;
   for (int64_t s = 0; s < g.splits; ++s) {
     GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                   g.splits * g.n, ld[static_cast<size_t>(s)]));
+                                                   g.splits * g.n, packed->accumulate ? g.n : ld[static_cast<size_t>(s)],
+                                                   packed->accumulate));
     packed->proj.push_back(std::move(p));
   }
   return std::shared_ptr<const void>(std::move(packed));
@@ -181,14 +205,19 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const Graph* epi = node.GetGraph("epilogue");
   const int64_t m = g.m, n = g.n, k = g.k, S = g.splits, ldw = S * n;
   if (m * n == 0) return Status::Ok();
+  const auto* packed = static_cast<const PackedProjections*>(ctx.state);
+  if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
+  // The residual form: the output takes r first, the GEMM accumulates onto it, no epilogue runs.
+  const int64_t residual = ResidualInput(node, g);
+  const bool accumulate = residual >= 0 && (!packed || packed->accumulate);
+  if (accumulate) epi = nullptr;
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
   const std::vector<int64_t> proj_ld = ProjectionLd(out_proj, S, n);
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
-  const auto* packed = static_cast<const PackedProjections*>(ctx.state);
-  if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
+  if (accumulate) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
@@ -197,7 +226,6 @@ Status RunFusedGemm(const KernelContext& ctx) {
   // within ~2 MiB (L2); never narrower than 256 columns (for large M the A repacking would
   // cost more than the cache saves); rows are cut only when even that does not fit.
   constexpr int64_t kBlockBytes = 2 << 20;
-  // Epilogue chunks: about this many elements, at least two chunks per thread when M allows.
   constexpr int64_t kEpilogueChunk = 16384;
   const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
   const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
@@ -264,26 +292,41 @@ Status RunFusedGemm(const KernelContext& ctx) {
         continue;
       }
       if (k == 0) {
-        for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
+        if (!accumulate)
+          for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
         continue;
       }
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(i1 - i0), static_cast<int>(j1 - j0),
-                  static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw), 0.f,
+                  static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw),
+                  accumulate ? 1.f : 0.f,
                   proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
     }
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
                             : nullptr;
+  // Epilogue chunks: whole rows, about kEpilogueChunk elements, at least two per thread when M
+  // allows.
+  const int64_t chunk_rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
+  const int64_t chunks = (m + chunk_rows - 1) / chunk_rows;
+  const int chunk_threads = static_cast<int>(std::min<int64_t>(threads, chunks));
+  if (accumulate) {  // phase 0: the output takes r, over whole rows (long streams, as the epilogue)
+    const float* r = ctx.inputs[static_cast<size_t>(residual)].as<const float>();
+    float* out = ctx.outputs[0].as<float>();
+    ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int) {
+      const ScopedNs task_time(TaskCounter(ctx.cpu));
+      const int64_t begin = c * chunk_rows * n, end = std::min(m, (c + 1) * chunk_rows) * n;
+      std::copy(r + begin, r + end, out + begin);
+    });
+  }
   ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) { run_block(b); });
   // The epilogue over chunks of whole rows. Not TileRunner::Launch nor fused_rowwise's
   // ForRowBlocks: both take each thread's registers from pool->Scratch(tid), and thread 0's
   // scratch holds the workspace; and each chunk counts as a task for the profile's split.
   if (runner) {
-    const int64_t rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
-    const int64_t chunks = (m + rows - 1) / rows;
-    ForEachClaimed(ctx.cpu, static_cast<int>(std::min<int64_t>(threads, chunks)), chunks, [&](int64_t c, int tid) {
+    ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int tid) {
       const ScopedNs task_time(TaskCounter(ctx.cpu));
-      runner->Run(c * rows * n, std::min(m, (c + 1) * rows) * n, regs_base + reg_bytes * static_cast<size_t>(tid));
+      runner->Run(c * chunk_rows * n, std::min(m, (c + 1) * chunk_rows) * n,
+                  regs_base + reg_bytes * static_cast<size_t>(tid));
     });
   }
   return Status::Ok();

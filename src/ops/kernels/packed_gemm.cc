@@ -41,7 +41,7 @@ int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
-                                                             int64_t ldb, int64_t ldc) {
+                                                             int64_t ldb, int64_t ldc, bool accumulate) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
@@ -53,6 +53,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     dnnl::stream stream(Engine());
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // per-call scratch: concurrent blocks
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.f);
+      attr.set_post_ops(ops);
+    }
     const int64_t widths[2] = {std::min(n, p.block_cols), n % p.block_cols};
     for (int64_t width : widths) {
       if (width == 0 || (p.pds.size() == 1 && widths[0] == width)) continue;

@@ -19,9 +19,10 @@ namespace graphfuse::kernels {
 class PackedGemm {
  public:
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
-  // A with lda = k, C written with leading dimension ldc.
+  // A with lda = k, C written with leading dimension ldc. With accumulate, C += A @ B (oneDNN's
+  // sum post-op: C is read where the product is stored, as sgemm's beta = 1).
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
-                                                          int64_t ldc);
+                                                          int64_t ldc, bool accumulate = false);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
