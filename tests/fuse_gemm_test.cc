@@ -75,10 +75,14 @@ void ExpectClose(const std::vector<Tensor>& a, const std::vector<Tensor>& b) {
   for (size_t k = 0; k < a.size(); ++k) {
     ASSERT_EQ(a[k].numel(), b[k].numel());
     double peak = 0, worst = 0;
+    int64_t nan_mismatches = 0;  // std::max would pass a NaN over: count them apart
     for (int64_t i = 0; i < a[k].numel(); ++i) {
-      peak = std::max(peak, std::fabs(a[k].GetAsDouble(i)));
-      worst = std::max(worst, std::fabs(a[k].GetAsDouble(i) - b[k].GetAsDouble(i)));
+      const double x = a[k].GetAsDouble(i), y = b[k].GetAsDouble(i);
+      if (std::isnan(x) != std::isnan(y)) ++nan_mismatches;
+      peak = std::max(peak, std::fabs(x));
+      worst = std::max(worst, std::fabs(x - y));
     }
+    EXPECT_EQ(nan_mismatches, 0) << "output " << k << ": NaN on one side only";
     EXPECT_GT(peak, 0.0) << "output " << k << " is all zeros: the test would prove nothing";
     EXPECT_LE(worst, 4 * 1.2e-7 * peak) << "output " << k;
   }
@@ -331,6 +335,57 @@ TEST(FuseGemm, ResidualEpilogueAccumulatesOntoTheResidual) {
         const double w = want[static_cast<size_t>(i)];
         ASSERT_NEAR(t->GetAsDouble(i), w, 1e-5 + 1e-5 * std::fabs(w)) << "k=" << k << " element " << i;
       }
+  }
+}
+
+// The epilogue's runner is kept between launches of a plan and reused only while the buffers it
+// was built for hold: runs alternating between two sets of buffers (the epilogue reads the graph
+// input r, and writes the graph output) must each match the unfused plan on the same inputs.
+TEST(FuseGemm, EpilogueRunnerIsReusedOnlyWhileItsBuffersHold) {
+  auto build = [](Graph& g) {
+    Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();
+    Value* r = g.AddInput("r", DType::kF32, {kM, kN}).value();
+    Value* wg = g.AddConstant("wg", RandomTensor({kK, kN}, 81)).value();
+    Value* wu = g.AddConstant("wu", RandomTensor({kK, kN}, 82)).value();
+    Value* gate = g.AddNode("MatMul", {h, wg}, {}, "gate").value()->output();
+    Value* up = g.AddNode("MatMul", {h, wu}, {}, "up").value()->output();
+    Value* y =
+        g.AddNode("Mul", {g.AddNode("Silu", {gate}, {}, "silu").value()->output(), up}, {}, "mul").value()->output();
+    ASSERT_TRUE(g.MarkOutput(g.AddNode("Add", {y, r}, {}, "add").value()->output()).ok());
+  };
+  Graph fused_graph, unfused_graph;
+  build(fused_graph);
+  build(unfused_graph);
+  FusionReport report;
+  PipelineOptions on;
+  on.fusion_report = &report;
+  ASSERT_TRUE(RunPipeline(fused_graph, on).ok());
+  ASSERT_NE(FindGroup(report, "gemm_epilogue"), nullptr);
+  PipelineOptions off;
+  off.fusion.enabled = false;
+  ASSERT_TRUE(RunPipeline(unfused_graph, off).ok());
+  auto fused = ExecutionPlan::Compile(fused_graph);
+  auto unfused = ExecutionPlan::Compile(unfused_graph);
+  ASSERT_TRUE(fused.ok() && unfused.ok());
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  std::vector<Tensor> inputs;  // h0, r0, h1, r1
+  std::vector<std::vector<Tensor>> outputs(2);  // one buffer each
+  for (uint32_t i = 0; i < 2; ++i) {
+    inputs.push_back(std::move(*RandomTensor({kM, kK}, 500 + i)));
+    inputs.push_back(std::move(*RandomTensor({kM, kN}, 600 + i)));
+    outputs[i].push_back(Tensor::Empty(DType::kF32, {kM, kN}).value());
+  }
+  for (int round = 0; round < 4; ++round) {
+    const size_t which = static_cast<size_t>(round % 2);
+    std::fill_n(outputs[which][0].data_as<float>(), kM * kN, std::nanf(""));
+    const TensorView in[] = {inputs[2 * which].view(), inputs[2 * which + 1].view()};
+    const TensorView out[] = {outputs[which][0].view()};
+    ASSERT_TRUE((*fused)->Run(in, out, ctx).ok());
+    auto want = (*unfused)->Run(in, ctx);
+    ASSERT_TRUE(want.ok());
+    ExpectClose(*want, outputs[which]);
+    if (::testing::Test::HasFailure()) FAIL() << "round " << round;
   }
 }
 
