@@ -214,6 +214,34 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
 
 // Fuses a copy of the spec's graph and checks it: one FusedAttention and nothing else that
 // launches, fused == unfused == float64, and the node's reference graph agrees.
+// The FusedAttention node of `g` run once on its own, without the state its plan prepares
+// (the mask's rows: MaskExpRow then does every key of every row).
+Tensor RunUnprepared(const Graph& g, const std::vector<Tensor>& ins, int threads) {
+  const Node* fa = FindOp(g, "FusedAttention");
+  EXPECT_NE(fa, nullptr);
+  std::vector<TensorView> in;
+  for (const Value* v : fa->inputs()) {
+    if (v->constant()) in.push_back(v->constant()->view());
+    for (size_t i = 0; i < g.inputs().size(); ++i)
+      if (g.inputs()[i] == v) in.push_back(ins[i].view());
+  }
+  Tensor out = Tensor::Empty(fa->output()->dtype(), fa->output()->shape()).value();
+  std::vector<TensorView> outs{out.view()};
+  ThreadPool pool(threads);
+  EXPECT_TRUE(RunNodeOnce(*fa, in, outs, CpuContext{&pool}).ok());
+  return out;
+}
+
+// Same values, NaN matching NaN.
+bool SameValues(const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel()) return false;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float x = a.data_as<float>()[i], y = b.data_as<float>()[i];
+    if (!(std::isnan(x) && std::isnan(y)) && std::memcmp(&x, &y, sizeof x) != 0) return false;
+  }
+  return true;
+}
+
 FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
   Built unfused = Build(sp);
   Built fused = Build(sp);
@@ -246,6 +274,10 @@ FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
     EXPECT_EQ(0, std::memcmp((*serial)[0].data(), (*b)[0].data(), (*b)[0].nbytes()));
   }
   ExpectClose((*b)[0], Float64Attention(sp, fused, ins), "fused vs float64");
+  // A plan leaves a constant mask's masked keys out where the scores allow (attention.cc's
+  // MaskExpRow): the same bits as doing every key. (With k4_output the node reads a tensor the
+  // plan computes, not a graph input.)
+  if (!sp.k4_output) EXPECT_TRUE(SameValues((*b)[0], RunUnprepared(*fused.g, ins, threads))) << "prepared vs unprepared";
 
   // The reference graph on the fused node's own inputs reproduces its output.
   const Node* fa = FindOp(*fused.g, "FusedAttention");
@@ -328,6 +360,39 @@ TEST(FuseAttention, KeyRowsShorterThanOneVector) {
       sp.mask = mask;
       sp.rope = FindSchema("Rope") != nullptr;
       FuseAndCheck(sp);
+    }
+  }
+}
+
+// Causal rows whose masked keys cannot be left out: a NaN in a future key's K (the unfused
+// plan's rows all turn NaN through max and exp) and scores too large for the mask to push 1000
+// below the max. The prepared plan must do those rows whole and give the unprepared bits.
+TEST(FuseAttention, MaskedKeysAreLeftOutOnlyWhenTheScoresAllowIt) {
+  Spec sp;
+  sp.s = sp.sk = 40;
+  sp.mask = MaskForm::kCausal2d;
+  for (const int poison : {0, 1}) {
+    SCOPED_TRACE(poison == 0 ? "NaN in a future key" : "huge scores");
+    Built built = Build(sp);
+    auto formed = FuseAttention(*built.g, FusionOptions{}, nullptr);
+    ASSERT_EQ(Formed(formed), 1);
+    std::vector<Tensor> ins = RandomInputs(*built.g, 11, 0.05, 1.5);
+    float* k = ins[1].data_as<float>();  // [B, Sk, H*d]
+    float* q = ins[0].data_as<float>();
+    const int64_t hd = sp.h * sp.d;
+    if (poison == 0) {
+      k[30 * hd + 3] = std::nanf("");  // batch 0, key 30, head 0
+    } else {
+      for (int64_t j = 0; j < hd; ++j) q[(sp.s + 5) * hd + j] *= 1e30f;  // batch 1, query 5
+    }
+    ThreadPool pool(2);
+    auto plan = Execute(*built.g, Views(ins), CpuContext{&pool});
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    const Tensor& out = (*plan)[0];  // [B, S, H*d]
+    EXPECT_TRUE(SameValues(out, RunUnprepared(*built.g, ins, 2)));
+    if (poison == 0) {  // every query row of batch 0, head 0 is NaN, the early ones included
+      for (int64_t r = 0; r < sp.s; ++r) EXPECT_TRUE(std::isnan(out.data_as<float>()[r * hd])) << "row " << r;
+      EXPECT_FALSE(std::isnan(out.data_as<float>()[sp.s * hd]));  // batch 1 untouched
     }
   }
 }

@@ -23,6 +23,7 @@
 // is split over graphfuse's pool.
 #include <cblas.h>
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <limits>
@@ -163,35 +164,100 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 // the same pass that finds the row's max; then row = exp(row - max(row)); returns the sum of the
 // exponentials. Vectors whose every lane lies more than 104 below the max (a causal or padding
 // mask's keys, -inf or -1e9) store zeros without calling exp: below -104, exp is +0 both in the
-// correctly rounded result (e^-104 is under half the smallest subnormal) and in SLEEF's expf,
-// which returns 0 there by construction. NaN lanes compare false and take the exp path.
-double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale) {
+// correctly rounded result (e^-104 is under half the smallest subnormal) and in simd::exp
+// (tests/ops_test.cc checks it). NaN lanes compare false and take the exp path.
+//
+// Keys [live, n) are known to have mask_scale * mask <= skip_bound (a causal row's future keys,
+// padding; MaskRows below). The keys before them are done first; then if the largest score after
+// them, plus skip_bound, still lies 1000 below the max so far, each of those keys would add
+// nothing and change no max: score + mask - max < -1000 gives exp = +0 (and the lane sums see
+// the same values in the same order: exp's +0 for skipped lanes of a shared vector, nothing
+// for whole skipped vectors, which added +0 before). They are set to 0 without adding the mask
+// to them or taking their max a second time. A NaN or inf among their scores fails the test,
+// and the row is done whole, as before (NaN stays NaN).
+double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale, int64_t live,
+                  float skip_bound) {
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
-  int64_t i = 0;
-  // row += what `at` gives, the max taken over whole vectors as they are stored; the ragged
-  // tail is added lane by lane and joins the max below.
-  auto add_and_max = [&](auto vec_at, auto at) {
-    for (; i + kLanes <= n; i += kLanes) {
+  // row[begin, end) += what `at` gives, the max taken over whole vectors as they are stored; the
+  // ragged tail is added lane by lane and joins the max padded with -inf.
+  auto add_and_max = [&](int64_t begin, int64_t end, auto vec_at, auto at) {
+    int64_t i = begin;
+    for (; i + kLanes <= end; i += kLanes) {
       const VF x = VF::Load(row + i) + vec_at(i);
       x.Store(row + i);
       vmax = simd::max(vmax, x);
     }
-    for (int64_t j = i; j < n; ++j) row[j] += at(j);
+    for (int64_t j = i; j < end; ++j) row[j] += at(j);
+    if (i < end) vmax = simd::max(vmax, LoadTail(row + i, end - i, ninf));
   };
-  if (!mask) {
-    for (; i + kLanes <= n; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
-  } else if (mask_stride == 0) {
-    const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
-    add_and_max([&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
-  } else if (mask_scale == 1.f) {
-    add_and_max([&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
-  } else {
-    const VF ms(mask_scale);
-    add_and_max([&](int64_t k) { return VF::Load(mask + k) * ms; }, [&](int64_t k) { return mask[k] * mask_scale; });
+  auto pass = [&](int64_t begin, int64_t end) {
+    if (!mask) {
+      int64_t i = begin;
+      for (; i + kLanes <= end; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
+      if (i < end) vmax = simd::max(vmax, LoadTail(row + i, end - i, ninf));
+    } else if (mask_stride == 0) {
+      const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
+      add_and_max(begin, end, [&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
+    } else if (mask_scale == 1.f) {
+      add_and_max(begin, end, [&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
+    } else {
+      const VF ms(mask_scale);
+      add_and_max(begin, end, [&](int64_t k) { return VF::Load(mask + k) * ms; },
+                  [&](int64_t k) { return mask[k] * mask_scale; });
+    }
+  };
+  // Whole vectors only: a ragged edge would cost three lane-by-lane tails per row, and keys
+  // done the usual way are always right.
+  live = std::min(n, (std::max<int64_t>(live, 0) + kLanes - 1) / kLanes * kLanes);
+  pass(0, live);
+  if (live < n) {
+    const float max_live = simd::MaxOfLanesNaN(vmax);
+    const float max_rest = RowMax(row + live, n - live);
+    if (static_cast<double>(max_rest) + static_cast<double>(skip_bound) < static_cast<double>(max_live) - 1000.0) {
+      std::fill(row + live, row + n, 0.f);
+      return ExpShiftSum(row, row, live, max_live);
+    }
+    pass(live, n);
   }
-  if (i < n) vmax = simd::max(vmax, LoadTail(row + i, n - i, ninf));
   return ExpShiftSum(row, row, n, simd::MaxOfLanesNaN(vmax));
+}
+
+// A constant mask's rows (over its last dim, Sk; after mask_scale), prepared once: keys from
+// live[r] on all have mask <= kSkippable, and bound[r] is the largest mask there. MaskExpRow
+// uses them to leave those keys out when the scores allow it.
+struct MaskRows {
+  static constexpr float kSkippable = -1e4f;
+  int64_t sk = 0, numel = 0;
+  std::vector<int64_t> live;
+  std::vector<float> bound;
+};
+
+Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
+  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
+  if (!d.mask || node.inputs().size() < 4 || !node.input(3) || !node.input(3)->constant()) return std::shared_ptr<const void>();
+  const Tensor& m = *node.input(3)->constant();
+  if (m.dtype() != DType::kF32 || m.shape().empty() || m.shape().back() != d.sk || d.sk == 0)
+    return std::shared_ptr<const void>();
+  const float scale = node.GetFloat("mask_scale", 1.f);
+  auto rows = std::make_shared<MaskRows>();
+  rows->sk = d.sk;
+  rows->numel = m.numel();
+  const float* p = m.data_as<float>();
+  for (int64_t r = 0; r < m.numel() / d.sk; ++r) {
+    const float* row = p + r * d.sk;
+    int64_t live = d.sk;
+    float bound = -std::numeric_limits<float>::infinity();
+    while (live > 0) {
+      const float v = scale == 1.f ? row[live - 1] : row[live - 1] * scale;
+      if (!(v <= MaskRows::kSkippable)) break;  // NaN stays live
+      bound = std::max(bound, v);
+      --live;
+    }
+    rows->live.push_back(live);
+    rows->bound.push_back(bound);
+  }
+  return std::shared_ptr<const void>(std::move(rows));
 }
 
 void SingleThreadedBlas() {
@@ -231,6 +297,10 @@ Status AttentionKernel(const KernelContext& ctx) {
     ms = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.sk});
     ++next;
   }
+  // The mask's rows as prepared (a constant mask over the keys), when they are this mask's.
+  const auto* mask_rows = static_cast<const MaskRows*>(ctx.state);
+  if (mask_rows && (!mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[3].numel()))
+    mask_rows = nullptr;
   const float *cos = nullptr, *sin = nullptr;
   std::vector<int64_t> cq, ck;  // cos/sin strides over [B,H,S,d] and [B,H,Sk,d]
   if (d.rope_q || d.rope_k) {
@@ -303,8 +373,15 @@ Status AttentionKernel(const KernelContext& ctx) {
       }
       float inv[256];
       for (int64_t r = 0; r < rows; ++r) {
-        const float* mrow = mask ? mask + b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : nullptr;
-        const double sum = MaskExpRow(scores + r * d.sk, d.sk, mrow, mask ? ms[3] : 1, mask_scale);
+        const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
+        int64_t live = d.sk;
+        float bound = 0.f;
+        if (mask_rows) {
+          live = mask_rows->live[static_cast<size_t>(moff / d.sk)];
+          bound = mask_rows->bound[static_cast<size_t>(moff / d.sk)];
+        }
+        const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
+                                      mask_scale, live, bound);
         inv[r] = static_cast<float>(1.0 / sum);
       }
       // O[rows, dv] = P V, written in place in the output layout, then normalized per row.
@@ -349,7 +426,7 @@ Status AttentionKernel(const KernelContext& ctx) {
 
 std::vector<OpSchema> AttentionSchemas() {
   return {
-      {"FusedAttention", 3, 6, 1, InferAttention, AttentionKernel},
+      {"FusedAttention", 3, 6, 1, InferAttention, AttentionKernel, false, false, PrepareAttention},
   };
 }
 

@@ -3,10 +3,10 @@
 // that all three agree bit for bit:
 //   m = max(x) (NaN when the row holds NaN), e = exp(x - m) per lane, sum = f32 lane sums of e
 //   added in double, softmax = e * float(1 / sum).
-// exp is SLEEF's 1-ulp expf (src/cpu/simd.h). A vector whose every lane lies more than 104 below
-// the max (a causal or padding mask's keys, -inf or -1e9) stores +0 without calling exp: below
-// -104 the correctly rounded exp is +0 (e^-104 is under half the smallest subnormal) and SLEEF's
-// expf returns 0 there by construction. NaN lanes compare false and take the exp path.
+// exp is simd::exp (src/cpu/simd.h). A vector whose every lane lies more than 104 below the max
+// (a causal or padding mask's keys, -inf or -1e9) stores +0 without calling exp: below -104 the
+// correctly rounded exp is +0 (e^-104 is under half the smallest subnormal), and so is
+// simd::exp's (tests/ops_test.cc checks it). NaN lanes compare false and take the exp path.
 #pragma once
 
 #include <cstdint>
