@@ -232,8 +232,13 @@ int ListOps(Args& args) {
 int main(int argc, char** argv) {
   using namespace graphfuse::cli;
   // OpenBLAS fell back to generic kernels on a CPU it does not know: start again with the
-  // right ones named (once: the child has the variable set). See SuggestedBlasCoreType.
-  if (const char* core = graphfuse::SuggestedBlasCoreType()) {
+  // right ones named (once: the child has the variable set). See SuggestedBlasCoreType. Only
+  // for the commands that run GEMMs (or report their kernels): starting costs about 0.1 s
+  // here (mapping the CUDA libraries), and help, ops and explain need no BLAS.
+  bool computes = argc >= 2 && (std::strcmp(argv[1], "demo") == 0 || std::strcmp(argv[1], "run") == 0 ||
+                                std::strcmp(argv[1], "bench") == 0 || std::strcmp(argv[1], "--blas-core") == 0);
+  for (int i = 2; i < argc; ++i) computes &= std::strcmp(argv[i], "--help") != 0 && std::strcmp(argv[i], "-h") != 0;
+  if (const char* core = computes ? graphfuse::SuggestedBlasCoreType() : nullptr) {
     setenv("OPENBLAS_CORETYPE", core, 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
   }
