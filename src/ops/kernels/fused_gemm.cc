@@ -177,8 +177,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   packed->accumulate = ResidualInput(node, g) >= 0;
   for (int64_t s = 0; s < g.splits; ++s) {
     GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                   g.splits * g.n, packed->accumulate ? g.n : ld[static_cast<size_t>(s)],
-                                                   packed->accumulate));
+                                                   g.splits * g.n, ld[static_cast<size_t>(s)], packed->accumulate));
     packed->proj.push_back(std::move(p));
   }
   return std::shared_ptr<const void>(std::move(packed));
@@ -342,7 +341,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int) {
       const ScopedNs task_time(TaskCounter(ctx.cpu));
       const int64_t begin = c * chunk_rows * n, end = std::min(m, (c + 1) * chunk_rows) * n;
-      std::copy(r + begin, r + end, out + begin);
+      if (out != r) std::copy(r + begin, r + end, out + begin);  // an output in place of r has it already
     });
   }
   ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) { run_block(b); });
