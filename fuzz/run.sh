@@ -60,7 +60,13 @@ STAMP=$(find "$ROOT/include" "$ROOT/src" "$ROOT/fuzz" \( -name '*.h' -o -name '*
 compile() {  # compile SRC OBJ
   local src=$1 obj=$2
   if [[ ! -f $obj || $src -nt $obj || $STAMP -nt $obj ]]; then
-    "$CXX" "${CXXFLAGS[@]}" "${PKG_CFLAGS[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj"
+    # The object is dated when its inputs were read, not when it was written: a source or
+    # header edited while it compiled is then newer, and the next run compiles it again.
+    local read_at
+    read_at=$(stat -c %.9Y "$src" "$STAMP" | sort -n | tail -1)
+    "$CXX" "${CXXFLAGS[@]}" "${PKG_CFLAGS[@]}" -fsanitize=fuzzer-no-link -c "$src" -o "$obj.tmp"
+    touch -d "@$read_at" "$obj.tmp"
+    mv "$obj.tmp" "$obj"
   fi
 }
 object_of() { printf '%s/obj/%s.o' "$OUT" "$(printf '%s' "${1#"$ROOT"/}" | tr '/' '_')"; }
