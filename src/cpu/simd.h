@@ -4,9 +4,9 @@
 // behaviour over the whole domain (inf, NaN, 0, denormals; Highway's math documents narrower
 // valid ranges); erf/erfc from glibc's libmvec (measured 3.6x faster than SLEEF's u10 erf on
 // the project's AMD machines).
-// exp on AVX-512 is inline (ExpAvx512 below): 0.87 ulp at worst over a sweep of every 37th f32,
-// and 1.4-1.7x faster than SLEEF's expf (1.2-1.4x faster than libmvec's, which measured 2.5 ulp)
-// in a loop over L1 data on the project's Intel machines. exp_fast names the rows whose
+// exp on AVX-512 is inline (ExpAvx512 below): within 1 ulp of the correctly rounded result on
+// every 61st f32 (tests/ops_test.cc), and faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki
+// elements, bench/RESULTS.md) and than libmvec's, which is also less accurate (2.1-2.5 ulp). exp_fast names the rows whose
 // contracts would accept a less accurate exp (Silu, Sigmoid, Softplus: 3 ulp): on AVX-512 it is
 // the same function; on AVX2 it is libmvec's expf (2.11 ulp) and exp stays SLEEF's.
 // No per-op intrinsics.
