@@ -6,9 +6,10 @@
 // the project's AMD machines).
 // exp on AVX-512 is inline (ExpAvx512 below): within 1 ulp of the correctly rounded result on
 // every 61st f32 (tests/ops_test.cc), and faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki
-// elements, bench/RESULTS.md) and than libmvec's, which is also less accurate (2.1-2.5 ulp). exp_fast names the rows whose
-// contracts would accept a less accurate exp (Silu, Sigmoid, Softplus: 3 ulp): on AVX-512 it is
-// the same function; on AVX2 it is libmvec's expf (2.11 ulp) and exp stays SLEEF's.
+// elements, bench/RESULTS.md) and than libmvec's, which is also less accurate (2.1-2.5 ulp).
+// exp_fast names the rows whose contracts would accept a less accurate exp (Silu, Sigmoid,
+// Softplus: 3 ulp): on AVX-512 it is the same function; on AVX2 it is libmvec's expf
+// (2.11 ulp) and exp stays SLEEF's.
 // No per-op intrinsics.
 #pragma once
 

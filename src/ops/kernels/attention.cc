@@ -193,9 +193,7 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
   };
   auto pass = [&](int64_t begin, int64_t end) {
     if (!mask) {
-      int64_t i = begin;
-      for (; i + kLanes <= end; i += kLanes) vmax = simd::max(vmax, VF::Load(row + i));
-      if (i < end) vmax = simd::max(vmax, LoadTail(row + i, end - i, ninf));
+      MaxInto(vmax, row + begin, end - begin);
     } else if (mask_stride == 0) {
       const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
       add_and_max(begin, end, [&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
@@ -374,12 +372,9 @@ Status AttentionKernel(const KernelContext& ctx) {
       float inv[256];
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
-        int64_t live = d.sk;
-        float bound = 0.f;
-        if (mask_rows) {
-          live = mask_rows->live[static_cast<size_t>(moff / d.sk)];
-          bound = mask_rows->bound[static_cast<size_t>(moff / d.sk)];
-        }
+        const size_t mrow = static_cast<size_t>(moff / d.sk);  // the mask's own row (prepared)
+        const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
+        const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
         const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
                                       mask_scale, live, bound);
         inv[r] = static_cast<float>(1.0 / sum);

@@ -272,9 +272,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
       cached_program = packed->program;
       cached_runner = packed->runner;
     }
-    if (!cached_program) {
+    if (!cached_program) {  // (then no runner either: the two are stored together)
       GF_ASSIGN_OR_RETURN(cached_program, cpu::LowerElementwiseGroup(*epi));
-      cached_runner.reset();
     }
     cpu::TileProgram& p = *cached_program;
     // The register size: the cached runner's, else a probe's (data pointers unbound).

@@ -28,14 +28,18 @@ inline void StoreTail(simd::VF v, float* y, int64_t rem) {
   for (int64_t l = 0; l < rem; ++l) y[l] = buf[l];
 }
 
-inline float RowMax(const float* x, int64_t n) {
+// m = the lane-wise max of m and x[0, n) (NaN-propagating; a ragged tail padded with -inf).
+inline void MaxInto(simd::VF& m, const float* x, int64_t n) {
   using simd::kLanes;
   using simd::VF;
-  const float ninf = -std::numeric_limits<float>::infinity();
-  VF m(ninf);
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) m = simd::max(m, VF::Load(x + i));
-  if (i < n) m = simd::max(m, LoadTail(x + i, n - i, ninf));
+  if (i < n) m = simd::max(m, LoadTail(x + i, n - i, -std::numeric_limits<float>::infinity()));
+}
+
+inline float RowMax(const float* x, int64_t n) {
+  simd::VF m(-std::numeric_limits<float>::infinity());
+  MaxInto(m, x, n);
   return simd::MaxOfLanesNaN(m);
 }
 
