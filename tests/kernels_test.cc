@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <climits>
+#include <limits>
+#include <cstring>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -14,6 +16,8 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/thread_pool.h"
+#include "cpu/simd.h"
+#include "ops/kernels/norm_rows.h"
 #include "ir/op_registry.h"
 #include "runtime/executor.h"
 
@@ -547,6 +551,43 @@ TEST(Kernels, RmsNormMatchesReference) {
   Vec y, mean, inv;
   RefNorm(Values(MakeTensor(DType::kBF16, {2, 3, 4}, x)), 12, Vec(12, 1), {}, 1e-2, true, y, mean, inv);
   ExpectNear(Values(out[0]), y, 1e-2, 1e-2, "bf16 RMSNorm");
+}
+
+// The row sums that norms and softmax share have a fast form (one fused multiply-add per vector;
+// vector adds for the lane tree) that must give the definitional form's bits: RowSumD over
+// v * v, and the lane tree added pairwise in double, lane l + lane l + kLanes/2 first.
+TEST(Kernels, RowSumsKeepTheDefinitionalBits) {
+  std::mt19937 rng(23);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::uniform_int_distribution<int> e(-140, 120);
+  auto value = [&] {  // spread over the whole exponent range, subnormals included
+    return std::ldexp(u(rng), e(rng));
+  };
+  for (int64_t n : {0, 1, 7, 31, 32, 33, 64, 95, 512, 4096 + 13}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = value();
+      if (trial == 1 && n > 0) x[static_cast<size_t>(n / 2)] = std::numeric_limits<float>::infinity();
+      if (trial == 2 && n > 0) x[static_cast<size_t>(n - 1)] = std::numeric_limits<float>::quiet_NaN();
+      if (trial == 3)
+        for (float& v : x) v = std::numeric_limits<float>::max() * u(rng);
+      const double fast = kernels::RowSumSquaresD(x.data(), n);
+      const double slow = kernels::RowSumD(x.data(), n, [](auto v) { return v * v; });
+      EXPECT_TRUE(std::memcmp(&fast, &slow, sizeof fast) == 0 || (std::isnan(fast) && std::isnan(slow)))
+          << "n=" << n << " trial " << trial << ": " << fast << " vs " << slow;
+    }
+  }
+  for (int trial = 0; trial < 2000; ++trial) {
+    alignas(64) float lanes[simd::kLanes];
+    for (float& v : lanes) v = value();
+    if (trial % 7 == 3) lanes[trial % simd::kLanes] = std::numeric_limits<float>::max();
+    double t[simd::kLanes];
+    for (int l = 0; l < simd::kLanes; ++l) t[l] = lanes[l];
+    for (int w = simd::kLanes / 2; w > 0; w /= 2)
+      for (int l = 0; l < w; ++l) t[l] += t[l + w];
+    const double got = simd::SumOfLanesF64(simd::VF::Load(lanes));
+    ASSERT_EQ(std::memcmp(&got, &t[0], sizeof got), 0) << "trial " << trial << ": " << got << " vs " << t[0];
+  }
 }
 
 TEST(Kernels, NormErrors) {
