@@ -295,11 +295,12 @@ TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {
   }
 }
 
-// out = x @ W + r, the residual form: r is copied into the output and the GEMM accumulates onto
-// it (oneDNN's sum post-op on packed weights; sgemm's beta = 1 when the node runs without its
-// packed state, as RunNodeOnce runs it). Both against float64, and K = 0 (out = r).
+// out = x @ W + r, the residual form: the GEMM adds r as it stores each block (oneDNN's
+// binary-add post-op on packed weights: the same bits as MatMul then Add, whose MatMul runs on
+// the same packed blocks), or accumulates onto a copy of r (sgemm's beta = 1 when the node runs
+// without its packed state, as RunNodeOnce runs it). All against float64, and K = 0 (out = r).
 TEST(FuseGemm, ResidualEpilogueAccumulatesOntoTheResidual) {
-  for (const int64_t k : {kK, int64_t{0}}) {
+  for (const int64_t k : {kK, int64_t{0}, int64_t{512}}) {  // 512: oneDNN sums K in several chunks
     auto [unfused, fused] = BuildAndRun([k](Graph& g) {
       Value* h = g.AddInput("h", DType::kF32, {kM, k}).value();
       Value* r = g.AddInput("r", DType::kF32, {kM, kN}).value();
@@ -334,8 +335,11 @@ TEST(FuseGemm, ResidualEpilogueAccumulatesOntoTheResidual) {
     for (const Tensor* t : std::initializer_list<const Tensor*>{&fused.outputs[0], &unfused.outputs[0], &once})
       for (int64_t i = 0; i < kM * kN; ++i) {
         const double w = want[static_cast<size_t>(i)];
-        ASSERT_NEAR(t->GetAsDouble(i), w, 1e-5 + 1e-5 * std::fabs(w)) << "k=" << k << " element " << i;
+        ASSERT_NEAR(t->GetAsDouble(i), w, 1e-5 * (1 + static_cast<double>(k) / kK) * (1 + std::fabs(w)))
+            << "k=" << k << " element " << i;
       }
+    EXPECT_EQ(std::memcmp(fused.outputs[0].data(), unfused.outputs[0].data(), fused.outputs[0].nbytes()), 0)
+        << "k=" << k << ": the residual GEMM does not give MatMul then Add's bits";
   }
 }
 

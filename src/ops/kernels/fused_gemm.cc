@@ -8,8 +8,8 @@
 //            epilogue = elementwise graph: inputs (projection 0..S-1 as [..., N], extras...),
 //                       outputs = the node's outputs marked -1, in order
 //
-// Execution, in two phases of one launch (three for the residual form, see ResidualInput:
-// phase 0 copies the residual into the output, phase 1 accumulates onto it, phase 2 is empty):
+// Execution, in two phases of one launch (the residual form, see ResidualInput, has none of
+// phase 2: the GEMM adds the residual as it stores each block):
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
 //     L2); a block runs S single-threaded GEMMs (one per projection: oneDNN on weights packed
 //     once, else OpenBLAS with its own threads off, as in gemm.cc). A projection that is a node
@@ -136,7 +136,7 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
-  bool accumulate = false;  // packed for C += A @ B (a residual epilogue, see ResidualInput)
+  bool residual = false;  // packed for C = A @ B + r (a residual epilogue, see ResidualInput)
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
   // while the data pointers hold (TileRunner::BoundTo), as the executor does for elementwise
@@ -148,9 +148,10 @@ struct PackedProjections {
 
 // The residual form of the epilogue: one projection, and the epilogue is exactly
 // out = projection + r with r an extra input of the output's shape (either operand order).
-// Then r is copied into the output and the GEMM accumulates onto it (oneDNN's sum post-op or
-// sgemm's beta = 1): the add happens where the GEMM stores its result, and neither a
-// workspace nor a second pass over the product exists. Returns r's node input index, or -1.
+// Then the add happens where the GEMM stores its result: oneDNN's binary-add post-op reads r
+// there (packed weights), or r is first copied into the output and sgemm accumulates onto it
+// (beta = 1); neither a workspace nor a pass over the product exists. Returns r's node input
+// index, or -1.
 int64_t ResidualInput(const Node& node, const GemmGeometry& g) {
   const Graph* epi = node.GetGraph("epilogue");
   if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
@@ -174,10 +175,10 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const std::vector<int64_t> ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
-  packed->accumulate = ResidualInput(node, g) >= 0;
+  packed->residual = ResidualInput(node, g) >= 0;
   for (int64_t s = 0; s < g.splits; ++s) {
     GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                   g.splits * g.n, ld[static_cast<size_t>(s)], packed->accumulate));
+                                                   g.splits * g.n, ld[static_cast<size_t>(s)], packed->residual));
     packed->proj.push_back(std::move(p));
   }
   return std::shared_ptr<const void>(std::move(packed));
@@ -213,17 +214,20 @@ Status RunFusedGemm(const KernelContext& ctx) {
   if (m * n == 0) return Status::Ok();
   const auto* packed = static_cast<const PackedProjections*>(ctx.state);
   if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
-  // The residual form: the output takes r first, the GEMM accumulates onto it, no epilogue runs.
+  // The residual form: the GEMM adds r as it stores (packed), or accumulates onto a copy of r
+  // (sgemm); no epilogue runs.
   const int64_t residual = ResidualInput(node, g);
-  const bool accumulate = residual >= 0 && (!packed || packed->accumulate);
-  if (accumulate) epi = nullptr;
+  const bool add_residual = residual >= 0 && (!packed || packed->residual);
+  const bool accumulate = add_residual && !packed;  // sgemm's beta = 1 onto a copy of r
+  const float* r_in = add_residual ? ctx.inputs[static_cast<size_t>(residual)].as<const float>() : nullptr;
+  if (add_residual) epi = nullptr;
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
   const std::vector<int64_t> proj_ld = ProjectionLd(out_proj, S, n);
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
-  if (accumulate) proj[0] = ctx.outputs[0].as<float>();
+  if (add_residual) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
@@ -313,7 +317,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
     for (int64_t s = 0; s < S; ++s) {
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (packed) {
-        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) packed->proj[s]->RunBlock(q, a, proj[s]);
+        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q)
+          packed->proj[s]->RunBlock(q, a, proj[s], r_in);
         continue;
       }
       if (k == 0) {
@@ -334,8 +339,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const int64_t chunk_rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
   const int64_t chunks = (m + chunk_rows - 1) / chunk_rows;
   const int chunk_threads = static_cast<int>(std::min<int64_t>(threads, chunks));
-  if (accumulate) {  // phase 0: the output takes r, over whole rows (long streams, as the epilogue)
-    const float* r = ctx.inputs[static_cast<size_t>(residual)].as<const float>();
+  if (accumulate) {  // phase 0 of sgemm's form: the output takes r, over whole rows
+    const float* r = r_in;
     float* out = ctx.outputs[0].as<float>();
     ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int) {
       const ScopedNs task_time(TaskCounter(ctx.cpu));

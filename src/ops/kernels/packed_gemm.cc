@@ -3,6 +3,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <algorithm>
+#include <unordered_map>
 #include <vector>
 
 extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime here
@@ -27,6 +28,7 @@ const dnnl::engine& Engine() {
 
 struct PackedGemm::Impl {
   int64_t m = 0, k = 0, n = 0, ldc = 0, block_cols = 0, blocks = 0;
+  bool residual = false;
   // [0]: a full block, [1]: the last one when narrower.
   std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<dnnl::matmul> prims;
@@ -39,13 +41,14 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
+bool PackedGemm::residual() const { return impl_->residual; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
-                                                             int64_t ldb, int64_t ldc, bool accumulate) {
+                                                             int64_t ldb, int64_t ldc, bool residual) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
-  p.m = m, p.k = k, p.n = n, p.ldc = ldc;
+  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.residual = residual;
   p.block_cols = BlockCols(n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
@@ -53,14 +56,15 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     dnnl::stream stream(Engine());
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // per-call scratch: concurrent blocks
-    if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.f);
-      attr.set_post_ops(ops);
-    }
     const int64_t widths[2] = {std::min(n, p.block_cols), n % p.block_cols};
     for (int64_t width : widths) {
       if (width == 0 || (p.pds.size() == 1 && widths[0] == width)) continue;
+      if (residual) {  // R read as C is written (the sum post-op would add C into the running
+                       // sum, a different rounding from MatMul then Add, and needs a copy of R)
+        dnnl::post_ops ops;
+        ops.append_binary(dnnl::algorithm::binary_add, dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
+        attr.set_post_ops(ops);
+      }
       dnnl::memory::desc src_md({m, k}, dt::f32, {k, 1});
       dnnl::memory::desc wei_md({k, width}, dt::f32, dnnl::memory::format_tag::any);
       dnnl::memory::desc dst_md({m, width}, dt::f32, {ldc, 1});
@@ -82,7 +86,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
-void PackedGemm::RunBlock(int64_t block, const float* a, float* c) const {
+void PackedGemm::RunBlock(int64_t block, const float* a, float* c, const float* r) const {
   const Impl& p = *impl_;
   const int64_t j0 = block * p.block_cols;
   const size_t which = p.Which(std::min(p.block_cols, p.n - j0));
@@ -94,10 +98,14 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c) const {
   dnnl::memory src(pd.src_desc(), Engine(), const_cast<float*>(a));
   dnnl::memory dst(pd.dst_desc(), Engine(), c + j0);
   dnnl::memory pad(pd.scratchpad_desc(), Engine(), scratch.data());
-  p.prims[which].execute(stream, {{DNNL_ARG_SRC, src},
-                                  {DNNL_ARG_WEIGHTS, p.weights[static_cast<size_t>(block)]},
-                                  {DNNL_ARG_DST, dst},
-                                  {DNNL_ARG_SCRATCHPAD, pad}});
+  std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, src},
+                                                {DNNL_ARG_WEIGHTS, p.weights[static_cast<size_t>(block)]},
+                                                {DNNL_ARG_DST, dst},
+                                                {DNNL_ARG_SCRATCHPAD, pad}};
+  if (p.residual)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
+                 dnnl::memory(pd.dst_desc(), Engine(), const_cast<float*>(r + j0)));
+  p.prims[which].execute(stream, args);
   stream.wait();
 }
 

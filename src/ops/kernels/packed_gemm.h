@@ -19,15 +19,19 @@ namespace graphfuse::kernels {
 class PackedGemm {
  public:
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
-  // A with lda = k, C written with leading dimension ldc. With accumulate, C += A @ B (oneDNN's
-  // sum post-op: C is read where the product is stored, as sgemm's beta = 1).
+  // A with lda = k, C written with leading dimension ldc. With residual, C = A @ B + R for an
+  // R[m, n] laid out as C (leading dimension ldc), given to RunBlock: oneDNN's binary-add
+  // post-op reads R where the product is stored, and the sum is the product rounded to f32 plus
+  // R, rounded once more, as MatMul then Add give it.
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
-                                                          int64_t ldc, bool accumulate = false);
+                                                          int64_t ldc, bool residual = false);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  // Columns [block * block_cols(), ...) of C.
-  void RunBlock(int64_t block, const float* a, float* c) const;
+  bool residual() const;
+  // Columns [block * block_cols(), ...) of C (and of r, which a residual GEMM needs and any
+  // other ignores; r may be C itself).
+  void RunBlock(int64_t block, const float* a, float* c, const float* r = nullptr) const;
 
  private:
   PackedGemm();
