@@ -279,6 +279,62 @@ TEST(FuseGemm, PackedWeightsGiveTheResultsOfTheUnpackedPath) {
   }
 }
 
+// The gated form out = U(p_act) * p_mul (SwiGLU, GeGLU, ...) runs per block of columns: p_act's
+// GEMM, U in place, p_mul's GEMM multiplying as it stores (fused_gemm.cc). It must give the
+// unfused plan's bits (MatMul, U, Mul one by one, on the same packed blocks) whichever
+// projection U reads, in either operand order of the Mul, with ragged rows and a last block
+// whose width is not a whole number of vectors (n = 84: blocks of 64 and 20 columns), and
+// with K long enough for oneDNN to sum it in several chunks.
+TEST(FuseGemm, GatedEpilogueGivesTheUnfusedBits) {
+  struct Case {
+    const char* op;
+    bool act_first, act_left;
+    int64_t m, n, k;
+  };
+  for (const Case& c : {Case{"Silu", true, true, kM, 84, 512}, Case{"Silu", false, false, 37, 1000, kK},
+                        Case{"Gelu", true, false, 1, 84, kK}, Case{"Tanh", false, true, kM, 84, 512}}) {
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {c.m, c.k}).value();
+      Value* wa = g.AddConstant("wa", RandomTensor({c.k, c.n}, 31)).value();
+      Value* wm = g.AddConstant("wm", RandomTensor({c.k, c.n}, 32)).value();
+      Value* pa = nullptr;
+      Value* pm = nullptr;
+      if (c.act_first) pa = g.AddNode("MatMul", {h, wa}, {}, "act_proj").value()->output();
+      pm = g.AddNode("MatMul", {h, wm}, {}, "mul_proj").value()->output();
+      if (!c.act_first) pa = g.AddNode("MatMul", {h, wa}, {}, "act_proj").value()->output();
+      Value* u = g.AddNode(c.op, {pa}, {}, "act").value()->output();
+      Value* y = g.AddNode("Mul", {c.act_left ? u : pm, c.act_left ? pm : u}, {}, "mul").value()->output();
+      ASSERT_TRUE(g.MarkOutput(y).ok());
+    });
+    const std::string what = StrCat(c.op, " m=", c.m, " n=", c.n, " k=", c.k);
+    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << what;
+    ASSERT_EQ(fused.outputs.size(), 1u);
+    ASSERT_EQ(unfused.outputs.size(), 1u);
+    EXPECT_EQ(std::memcmp(fused.outputs[0].data(), unfused.outputs[0].data(), fused.outputs[0].nbytes()), 0) << what;
+    // And against float64, loosely: the f32 dot products dominate the error.
+    const Tensor wa = std::move(*RandomTensor({c.k, c.n}, 31)), wm = std::move(*RandomTensor({c.k, c.n}, 32));
+    const Tensor& hx = unfused.inputs[0];
+    double worst = 0, peak = 0;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double a = 0, b = 0;
+        for (int64_t q = 0; q < c.k; ++q) {
+          a += hx.GetAsDouble(i * c.k + q) * wa.GetAsDouble(q * c.n + j);
+          b += hx.GetAsDouble(i * c.k + q) * wm.GetAsDouble(q * c.n + j);
+        }
+        const std::string op = c.op;
+        const double u = op == "Silu" ? a / (1 + std::exp(-a)) : op == "Gelu" ? 0.5 * a * std::erfc(-a / std::sqrt(2.0))
+                                                                             : std::tanh(a);
+        const double want = u * b;
+        const double err = std::fabs(want - fused.outputs[0].GetAsDouble(i * c.n + j)) / (1 + std::fabs(want));
+        if (!(err <= worst)) worst = err;  // a NaN sticks
+        peak = std::max(peak, std::fabs(want));
+      }
+    EXPECT_LT(worst, 2e-5 * static_cast<double>(c.k) / kK) << what;
+    EXPECT_GT(peak, 0.1) << what << ": outputs near zero would prove nothing";
+  }
+}
+
 // The epilogue runs over chunks of whole rows after the GEMM blocks (fused_gemm.cc): row counts
 // that do not divide into the chunks, and a single row, must come out whole.
 TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {

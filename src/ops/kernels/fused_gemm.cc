@@ -30,6 +30,7 @@
 #include <mutex>
 #include <optional>
 
+#include "cpu/elementwise_kernels.h"
 #include "cpu/lower_group.h"
 #include "cpu/tile_program.h"
 #include "kernel_util.h"
@@ -133,10 +134,52 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
   return ld;
 }
 
+// The gated form of the epilogue: two projections and the epilogue is exactly
+// out = U(p_act) * p_mul (either operand order of the Mul), U one unary op of the table that does
+// not depend on the element index (Silu for SwiGLU, Gelu for GeGLU, ...). With packed weights a
+// block of columns then runs as three steps on the calling thread: p_act's GEMM into the
+// workspace, U in place over that block while it is in L2, and p_mul's GEMM multiplying by it as
+// it stores into the output (PackedGemm::Store::kMul). p_mul never exists apart from the output,
+// no pass over whole rows follows the GEMMs, and the bits are those of MatMul, U and Mul run
+// one by one (the same packed blocks, the same tile kernel of U).
+struct GatedEpilogue {
+  int64_t act = 0, mul = 1;  // projection indices
+  OpKind kind{};
+  OpAttrs attrs;
+};
+
+std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) {
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi || g.splits != 2 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 2 ||
+      epi->inputs().size() != 2 || epi->outputs().size() != 1)
+    return std::nullopt;
+  const bool mul_last = epi->nodes().back()->op() == "Mul";  // the other node is then U
+  const Node& u = mul_last ? *epi->nodes().front() : *epi->nodes().back();
+  const Node& mul = mul_last ? *epi->nodes().back() : *epi->nodes().front();
+  const Result<OpKind> kind = OpFromName(u.op());
+  if (!kind.ok() || u.inputs().size() != 1 || mul.op() != "Mul" || mul.inputs().size() != 2) return std::nullopt;
+  const OpInfo& info = GetOpInfo(*kind);
+  if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
+  GatedEpilogue gate;
+  gate.kind = *kind;
+  gate.act = u.input(0) == epi->inputs()[0] ? 0 : u.input(0) == epi->inputs()[1] ? 1 : -1;
+  gate.mul = 1 - gate.act;
+  if (gate.act < 0) return std::nullopt;
+  const Value* ux = u.output();
+  const Value* other = epi->inputs()[static_cast<size_t>(gate.mul)];
+  const bool operands = (mul.input(0) == ux && mul.input(1) == other) || (mul.input(1) == ux && mul.input(0) == other);
+  for (const Value* v : std::initializer_list<const Value*>{ux, mul.output()})
+    if (v->dtype() != DType::kF32 || v->shape() != g.out_shape) return std::nullopt;
+  if (!operands || mul.output() != epi->outputs()[0]) return std::nullopt;
+  gate.attrs = ElementwiseAttrs(*kind, u.attrs());
+  return gate;
+}
+
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
   bool residual = false;  // packed for C = A @ B + r (a residual epilogue, see ResidualInput)
+  std::optional<GatedEpilogue> gate;  // packed for the gated form (GatedForm)
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
   // while the data pointers hold (TileRunner::BoundTo), as the executor does for elementwise
@@ -172,13 +215,19 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const Value* w = node.input(1);
   if (!w->constant() || a->numel() == 0 || w->numel() == 0) return std::shared_ptr<const void>();
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
-  const std::vector<int64_t> ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
   packed->residual = ResidualInput(node, g) >= 0;
+  packed->gate = GatedForm(node, g);
+  // The gated form keeps p_act alone in its workspace ([m, n]) and stores p_mul's product with
+  // it in the output: both laid out [m, n].
+  const std::vector<int64_t> ld =
+      packed->gate ? std::vector<int64_t>{g.n, g.n} : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
   for (int64_t s = 0; s < g.splits; ++s) {
+    using Store = PackedGemm::Store;
+    const Store store = packed->residual ? Store::kAdd : packed->gate && s == packed->gate->mul ? Store::kMul : Store::kPlain;
     GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                   g.splits * g.n, ld[static_cast<size_t>(s)], packed->residual));
+                                                   g.splits * g.n, ld[static_cast<size_t>(s)], store));
     packed->proj.push_back(std::move(p));
   }
   return std::shared_ptr<const void>(std::move(packed));
@@ -202,6 +251,20 @@ int64_t BalancedGroup(int64_t blocks, int64_t block_cols, int64_t n, int threads
   return best;
 }
 
+// x[0, n) = U(x) with U's tile kernel (whole vectors; a ragged tail through a padded copy).
+void ApplyUnaryInPlace(cpu::F32TileKernel kernel, const OpAttrs& attrs, float* x, int64_t n) {
+  const int64_t lanes = cpu::VectorLanes(), full = n / lanes * lanes;
+  const float* in[1] = {x};
+  if (full > 0) kernel(in, x, full, attrs, 0);
+  if (full < n) {
+    alignas(64) float tail[64] = {};
+    std::copy(x + full, x + n, tail);
+    const float* tin[1] = {tail};
+    kernel(tin, tail, lanes, attrs, 0);
+    std::copy(tail, tail + (n - full), x + full);
+  }
+}
+
 Status RunFusedGemm(const KernelContext& ctx) {
   static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
   (void)kSingleThreadedBlas;
@@ -221,6 +284,9 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const bool accumulate = add_residual && !packed;  // sgemm's beta = 1 onto a copy of r
   const float* r_in = add_residual ? ctx.inputs[static_cast<size_t>(residual)].as<const float>() : nullptr;
   if (add_residual) epi = nullptr;
+  // The gated form (packed only): U and the Mul run inside each block's task, no epilogue pass.
+  const GatedEpilogue* gate = packed && packed->gate ? &*packed->gate : nullptr;
+  if (gate) epi = nullptr;
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
@@ -228,6 +294,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
   if (add_residual) proj[0] = ctx.outputs[0].as<float>();
+  if (gate) proj[gate->mul] = ctx.outputs[0].as<float>();
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
@@ -257,7 +324,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
   // The epilogue, prepared once for this launch over the whole output space.
   std::optional<cpu::TileRunner> runner;
   size_t reg_bytes = 0;
-  const size_t ws_bytes = need_ws ? static_cast<size_t>(m * ldw) * sizeof(float) : 0;
+  const size_t ws_bytes = need_ws ? static_cast<size_t>(m * (gate ? n : ldw)) * sizeof(float) : 0;
   const int nthreads = static_cast<int>(std::min<int64_t>(threads, blocks));
   // One allocation from the pool's scratch of task 0, taken before the launch: the workspace,
   // then one register area per thread (tasks must not call Scratch themselves).
@@ -304,9 +371,12 @@ Status RunFusedGemm(const KernelContext& ctx) {
         packed->runner = runner;
       }
     }
+  } else if (gate) {
+    proj[gate->act] = reinterpret_cast<float*>(take(ws_bytes));
   } else if (need_ws) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
+  const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->kind) : nullptr;
 
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
@@ -314,6 +384,20 @@ Status RunFusedGemm(const KernelContext& ctx) {
     const ScopedNs task_time(TaskCounter(ctx.cpu));
     const int64_t cb = b % col_blocks, rb = b / col_blocks;
     const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
+    if (gate) {  // per block: p_act's GEMM, U in place while the block is in L2, p_mul's GEMM * U
+      for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
+        float* act = proj[gate->act];
+        {
+          const ScopedNs blas_time(BlasCounter(ctx.cpu));
+          packed->proj[gate->act]->RunBlock(q, a, act);
+        }
+        const int64_t c0 = q * pb, width = std::min(pb, n - c0);
+        for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->attrs, act + i * n + c0, width);
+        const ScopedNs blas_time(BlasCounter(ctx.cpu));
+        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], act);
+      }
+      return;
+    }
     for (int64_t s = 0; s < S; ++s) {
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (packed) {

@@ -28,7 +28,7 @@ const dnnl::engine& Engine() {
 
 struct PackedGemm::Impl {
   int64_t m = 0, k = 0, n = 0, ldc = 0, block_cols = 0, blocks = 0;
-  bool residual = false;
+  Store store = Store::kPlain;
   // [0]: a full block, [1]: the last one when narrower.
   std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<dnnl::matmul> prims;
@@ -41,14 +41,14 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
-bool PackedGemm::residual() const { return impl_->residual; }
+PackedGemm::Store PackedGemm::store() const { return impl_->store; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
-                                                             int64_t ldb, int64_t ldc, bool residual) {
+                                                             int64_t ldb, int64_t ldc, Store store) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
-  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.residual = residual;
+  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.store = store;
   p.block_cols = BlockCols(n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
@@ -59,10 +59,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     const int64_t widths[2] = {std::min(n, p.block_cols), n % p.block_cols};
     for (int64_t width : widths) {
       if (width == 0 || (p.pds.size() == 1 && widths[0] == width)) continue;
-      if (residual) {  // R read as C is written (the sum post-op would add C into the running
-                       // sum, a different rounding from MatMul then Add, and needs a copy of R)
+      if (store != Store::kPlain) {  // R read as C is written (for kAdd, the sum post-op would
+                                     // add C into the running sum: another rounding, and a copy of R)
         dnnl::post_ops ops;
-        ops.append_binary(dnnl::algorithm::binary_add, dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
+        ops.append_binary(store == Store::kAdd ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
+                          dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
         attr.set_post_ops(ops);
       }
       dnnl::memory::desc src_md({m, k}, dt::f32, {k, 1});
@@ -102,7 +103,7 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, const float* 
                                                 {DNNL_ARG_WEIGHTS, p.weights[static_cast<size_t>(block)]},
                                                 {DNNL_ARG_DST, dst},
                                                 {DNNL_ARG_SCRATCHPAD, pad}};
-  if (p.residual)
+  if (p.store != Store::kPlain)
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
                  dnnl::memory(pd.dst_desc(), Engine(), const_cast<float*>(r + j0)));
   p.prims[which].execute(stream, args);

@@ -18,19 +18,21 @@ namespace graphfuse::kernels {
 
 class PackedGemm {
  public:
+  // What the GEMM does with a second operand R[m, n], laid out as C (leading dimension ldc) and
+  // given to RunBlock, as it stores each block: C = A @ B + R or C = (A @ B) * R (oneDNN's
+  // binary post-ops). The product is rounded to f32 first and the result once more, so C has
+  // the bits of MatMul then Add / Mul.
+  enum class Store { kPlain, kAdd, kMul };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
-  // A with lda = k, C written with leading dimension ldc. With residual, C = A @ B + R for an
-  // R[m, n] laid out as C (leading dimension ldc), given to RunBlock: oneDNN's binary-add
-  // post-op reads R where the product is stored, and the sum is the product rounded to f32 plus
-  // R, rounded once more, as MatMul then Add give it.
+  // A with lda = k, C written with leading dimension ldc.
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
-                                                          int64_t ldc, bool residual = false);
+                                                          int64_t ldc, Store store = Store::kPlain);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  bool residual() const;
-  // Columns [block * block_cols(), ...) of C (and of r, which a residual GEMM needs and any
-  // other ignores; r may be C itself).
+  Store store() const;
+  // Columns [block * block_cols(), ...) of C (and of r, which kAdd and kMul need and kPlain
+  // ignores; r may be C itself).
   void RunBlock(int64_t block, const float* a, float* c, const float* r = nullptr) const;
 
  private:
