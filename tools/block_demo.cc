@@ -306,7 +306,8 @@ int RunDemo(Args& args) {
   std::printf("dispatch: one %d-thread pool launch costs %.2f us here (same run); the estimate is kernels x that.\n",
               pool.num_threads(), per_launch_us);
   std::printf("GEMM time: MatMul kernels, and inside fused kernels the share of thread-time spent in BLAS calls\n"
-              "(their epilogues, softmax and RoPE count as outside); kernel times are medians of observed runs.\n");
+              "(their epilogues, softmax and RoPE count as outside, except a residual add or a gate's multiply\n"
+              "that the GEMM applies as it stores); kernel times are medians of observed runs.\n");
   if (codegen) std::printf("fused plan: elementwise programs as native loops: %s\n", CodegenSummary(*codegen).c_str());
   std::printf("check: fused vs unfused max |err| %.3g, max rel err %.3g (|err| <= %.0e + %.0e*|ref|)%s: %s\n\n",
               max_abs, max_rel, o.atol, o.rtol, nonfinite.c_str(), ok ? "ok" : "DIFFERS");
