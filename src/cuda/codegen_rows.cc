@@ -412,6 +412,8 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
 Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
   GF_ASSIGN_OR_RETURN(kernels::Dims d, kernels::ReadDims(node.attrs(), where));
+  if (d.proj)
+    return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
   constexpr int64_t kMaxAttentionKeys = 8192, kMaxHeadDim = 1024;
   if (d.sk > kMaxAttentionKeys || d.d > kMaxHeadDim)
     return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",

@@ -457,4 +457,111 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
   return AttentionFuser(g, options, report).Run();
 }
 
+// ---- the QKV projection inside the attention ----------------------------------------------
+//
+// A FusedAttention whose q, k and v are the three outputs of one FusedGemm (x @ W, split in
+// three, no epilogue, constant W) that nothing else reads becomes one FusedAttention in the
+// projected form: it reads x and W, and each head's task computes that head's q, k and v
+// ([S, 3d]) into its own scratch before RoPE, the scores and P V read them there (attention.cc).
+// The QKV tensor never goes to memory: on the LLaMA-7B block it came back from DRAM (the
+// GEMM's 200 MB of weights evict it), on small blocks from the other core's cache. The
+// reference graph is the two nodes it replaces, so `run --check-fusion` checks the projected
+// kernel against them and a backend without the form (CUDA) runs them instead.
+Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report) {
+  if (!options.enabled || !options.attention_projection) return 0;
+  std::vector<Node*> attentions;
+  for (const auto& n : g.nodes())
+    if (n->op() == "FusedAttention" && n->GetInt("qkv_proj", 0) == 0) attentions.push_back(n.get());
+  int formed = 0;
+  std::vector<std::pair<Value*, std::string>> renames;
+  for (Node* a : attentions) {
+    if (a->inputs().size() < 3 || !a->input(0) || !a->input(1) || !a->input(2)) continue;
+    Node* gemm = a->input(0)->producer();
+    if (!gemm || gemm->op() != "FusedGemm" || a->input(1)->producer() != gemm || a->input(2)->producer() != gemm)
+      continue;
+    if (gemm->GetGraph("epilogue") || gemm->GetInt("splits", 1) != 3 || gemm->inputs().size() != 2 ||
+        !gemm->input(1)->constant() || gemm->outputs().size() != 3 || options.exclude.count(gemm->name()) ||
+        options.exclude.count(a->name()))
+      continue;
+    const std::vector<int64_t> out_proj = gemm->GetInts("out_proj");
+    std::vector<int64_t> split(3, -1);
+    bool private_outputs = out_proj.size() == 3;
+    for (int i = 0; i < 3 && private_outputs; ++i) {
+      const Value* v = a->input(i);
+      int o = -1;
+      for (int j = 0; j < 3; ++j)
+        if (gemm->output(j) == v) o = j;
+      private_outputs = o >= 0 && v->uses().size() == 1 && !v->is_graph_output();
+      if (private_outputs) split[i] = out_proj[o];
+    }
+    if (!private_outputs || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2}) continue;
+    if (a->GetString("q_layout", "bshd") != "bshd" || a->GetString("k_layout", "bshd") != "bshd" ||
+        a->GetString("v_layout", "bshd") != "bshd" || a->GetInt("seq_q", -1) != a->GetInt("seq_k", -2) ||
+        a->GetInt("head_dim", -1) != a->GetInt("v_head_dim", a->GetInt("head_dim", -1)))
+      continue;
+    const int64_t heads = a->GetInt("heads", 0), d = a->GetInt("head_dim", 0);
+    const Value* x = gemm->input(0);
+    const Value* w = gemm->input(1);
+    if (w->shape().size() != 2 || w->shape()[1] != 3 * heads * d || x->shape().empty() ||
+        x->numel() / std::max<int64_t>(x->shape().back(), 1) != a->GetInt("batch", 0) * a->GetInt("seq_q", 0))
+      continue;
+
+    // The reference: the two nodes, reading the new node's inputs one to one.
+    std::vector<Value*> inputs = {gemm->input(0), gemm->input(1)};
+    for (size_t i = 3; i < a->inputs().size(); ++i) inputs.push_back(a->input(i));
+    auto ref = std::make_shared<Graph>(a->name());
+    std::vector<Value*> rin;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      GF_ASSIGN_OR_RETURN(Value * ri, ref->AddInput(ref->FreshName(inputs[i]->name()), inputs[i]->dtype(),
+                                                    inputs[i]->shape()));
+      rin.push_back(ri);
+    }
+    std::vector<std::string> gemm_out_names;
+    for (const Value* o : gemm->outputs()) gemm_out_names.push_back(o->name());
+    GF_ASSIGN_OR_RETURN(Node * rg, ref->AddNode("FusedGemm", {rin[0], rin[1]}, gemm->attrs(), gemm->name(), -1,
+                                               gemm_out_names));
+    std::vector<Value*> ra_in;
+    for (int i = 0; i < 3; ++i)
+      for (int j = 0; j < 3; ++j)
+        if (gemm->output(j) == a->input(i)) ra_in.push_back(rg->output(j));
+    for (size_t i = 2; i < rin.size(); ++i) ra_in.push_back(rin[i]);
+    GF_ASSIGN_OR_RETURN(Node * ra, ref->AddNode("FusedAttention", ra_in, a->attrs(), a->name(), -1,
+                                               {a->output()->name()}));
+    GF_RETURN_IF_ERROR(ref->MarkOutput(ra->output()));
+
+    AttributeMap attrs = a->attrs();
+    attrs["qkv_proj"] = int64_t{1};
+    attrs["qkv_split"] = split;
+    attrs["kernel_name"] = StrCat("qkv_", a->GetString("kernel_name", "attention"));
+    attrs["reference"] = std::shared_ptr<const Graph>(ref);
+    const std::string name = a->name();
+    GF_ASSIGN_OR_RETURN(Node * fused, g.AddNode("FusedAttention", inputs, std::move(attrs), name));
+    if (fused->output()->shape() != a->output()->shape())
+      return Internal(name, ": the projected form gives ", fused->output()->TypeString(), " in place of ",
+                      a->output()->TypeString());
+    renames.push_back({fused->output(), a->output()->name()});
+    g.ReplaceAllUsesWith(a->output(), fused->output());
+    if (report) {  // the GEMM's group joins the attention's
+      FusedGroupInfo* att = nullptr;
+      std::vector<std::string> gemm_nodes;
+      for (FusedGroupInfo& gi : report->groups)
+        if (gi.name == gemm->name()) gemm_nodes = gi.nodes;
+      std::erase_if(report->groups, [&](const FusedGroupInfo& gi) { return gi.name == gemm->name(); });
+      for (FusedGroupInfo& gi : report->groups)
+        if (gi.name == name) att = &gi;
+      if (att) {
+        att->nodes.insert(att->nodes.begin(), gemm_nodes.begin(), gemm_nodes.end());
+        att->kernel_name = fused->GetString("kernel_name", att->kernel_name);
+      }
+    }
+    g.RemoveNode(a);
+    g.RemoveNode(gemm);
+    ++formed;
+  }
+  if (formed == 0) return 0;
+  GF_RETURN_IF_ERROR(g.TopologicalSort());
+  for (auto& [v, n] : renames) GF_RETURN_IF_ERROR(g.RenameValue(v, n));
+  return formed;
+}
+
 }  // namespace graphfuse

@@ -44,6 +44,9 @@ struct FusionOptions {
   double bandwidth_gbps = 40.0;     // memory bandwidth the byte savings are priced at
   double min_saving_us = 0.0;       // a merge must save more than this
   int recompute_max_cost = 2;       // producers this cheap are recomputed instead of stored
+  // The QKV projection inside the attention kernel (FuseAttentionProjections); off leaves the
+  // QKV GEMM and the attention as two kernels.
+  bool attention_projection = true;
 };
 
 // A candidate group as legality sees it.

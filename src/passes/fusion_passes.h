@@ -26,6 +26,9 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 // concatenated weights (horizontal) and the elementwise group that consumes the results runs
 // as the GEMM's epilogue, in the same kernel. (fuse_gemm.cc)
 Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* report);
+// A FusedAttention whose q, k, v are the three outputs of one FusedGemm (and nothing else's)
+// takes the GEMM in: it reads x and W, and projects each head in its own task.
+Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report);
 
 // An elementwise group feeding RMSNorm / LayerNormalization (prologue, e.g. the residual
 // add, optionally also emitting its result) or around a Softmax (prologue: scale, mask;

@@ -5,6 +5,7 @@
 //   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
 //   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm
+//   FuseAttentionProjections  the QKV FusedGemm that only feeds a FusedAttention moves into it
 //   FuseRowwise       prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax
 //
 // With fusion disabled only FoldConstants runs (and FuseElementwise, which then records why

@@ -27,12 +27,16 @@
 #include <climits>
 #include <cmath>
 #include <limits>
+#include <cstring>
 #include <memory>
+#include <optional>
+#include <set>
 #include <vector>
 
 #include "cpu/simd.h"
 #include "attention_layout.h"
 #include "kernel_util.h"
+#include "packed_gemm.h"
 #include "softmax_row.h"
 #include "rope_row.h"
 
@@ -72,6 +76,15 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   if ((d.rope_q || d.rope_k) && d.d % 2 != 0)
     return InvalidArgument(where, ": RoPE needs an even head_dim, got ", d.d);
   d.out_shape = AttrInts(a, "output_shape", {});
+  d.proj = AttrInt(a, "qkv_proj", 0) != 0;
+  if (d.proj) {
+    const std::vector<int64_t> split = AttrInts(a, "qkv_split", {0, 1, 2});
+    if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
+      return InvalidArgument(where, ": qkv_split must order 0, 1, 2 (which third of W is q, k, v)");
+    for (int i = 0; i < 3; ++i) d.proj_split[i] = split[static_cast<size_t>(i)];
+    if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
+      return InvalidArgument(where, ": the projected form needs bshd q, k, v, seq_q = seq_k and head_dim = v_head_dim");
+  }
   return d;
 }
 
@@ -93,7 +106,8 @@ using simd::VF;
 Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
                      const std::string& where) {
   if (static_cast<int>(shapes.size()) != d.num_inputs())
-    return InvalidArgument(where, ": expects ", d.num_inputs(), " inputs (q, k, v", d.mask ? ", mask" : "",
+    return InvalidArgument(where, ": expects ", d.num_inputs(), d.proj ? " inputs (x, W" : " inputs (q, k, v",
+                           d.mask ? ", mask" : "",
                            d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
   for (size_t i = 0; i < dtypes.size(); ++i)
     if (dtypes[i] != DType::kF32)
@@ -109,10 +123,21 @@ Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<con
                                                 : ShapeToString(want));
     return Status::Ok();
   };
-  GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
-  GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
-  GF_RETURN_IF_ERROR(check(2, "v", d.v, d.sk, d.dv));
-  size_t next = 3;
+  if (d.proj) {
+    const Shape& x = shapes[0];
+    const Shape& w = shapes[1];
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+    if (x.size() < 2 || rows != d.b * d.s || w.size() != 2 || w[0] != x.back() || w[1] != 3 * d.h * d.d)
+      return InvalidArgument(where, ": projected attention needs x [..., K] with B*S = ", d.b * d.s,
+                             " rows and W [K, 3*H*d = ", 3 * d.h * d.d, "], got x ", ShapeToString(x), " and W ",
+                             ShapeToString(w));
+  } else {
+    GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
+    GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
+    GF_RETURN_IF_ERROR(check(2, "v", d.v, d.sk, d.dv));
+  }
+  size_t next = static_cast<size_t>(d.first_extra());
   auto broadcasts = [&](const Shape& s, const Shape& to, const char* name) -> Status {
     const Shape both[2] = {s, to};
     auto r = BroadcastShapes(both);
@@ -231,16 +256,23 @@ struct MaskRows {
   std::vector<float> bound;
 };
 
-Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
-  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
-  if (!d.mask || node.inputs().size() < 4 || !node.input(3) || !node.input(3)->constant()) return std::shared_ptr<const void>();
-  const Tensor& m = *node.input(3)->constant();
-  if (m.dtype() != DType::kF32 || m.shape().empty() || m.shape().back() != d.sk || d.sk == 0)
-    return std::shared_ptr<const void>();
+// What a plan prepares once: the constant mask's rows, and for the projected form each
+// head's q, k and v columns of W gathered into one [K, 3d] matrix and packed (packed_gemm.h).
+struct AttentionState {
+  std::optional<MaskRows> mask;
+  std::vector<std::shared_ptr<const PackedGemm>> heads;  // projected form: [b*S.., K] @ [K, 3d], m = S
+  int64_t rows = 0;                                       // S, the m the heads were packed for
+};
+
+std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
+  const size_t mi = static_cast<size_t>(d.first_extra());
+  if (!d.mask || node.inputs().size() <= mi || !node.input(mi) || !node.input(mi)->constant()) return std::nullopt;
+  const Tensor& m = *node.input(mi)->constant();
+  if (m.dtype() != DType::kF32 || m.shape().empty() || m.shape().back() != d.sk || d.sk == 0) return std::nullopt;
   const float scale = node.GetFloat("mask_scale", 1.f);
-  auto rows = std::make_shared<MaskRows>();
-  rows->sk = d.sk;
-  rows->numel = m.numel();
+  MaskRows rows;
+  rows.sk = d.sk;
+  rows.numel = m.numel();
   const float* p = m.data_as<float>();
   for (int64_t r = 0; r < m.numel() / d.sk; ++r) {
     const float* row = p + r * d.sk;
@@ -252,10 +284,34 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
       bound = std::max(bound, v);
       --live;
     }
-    rows->live.push_back(live);
-    rows->bound.push_back(bound);
+    rows.live.push_back(live);
+    rows.bound.push_back(bound);
   }
-  return std::shared_ptr<const void>(std::move(rows));
+  return rows;
+}
+
+Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
+  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
+  auto state = std::make_shared<AttentionState>();
+  state->mask = PrepareMaskRows(node, d);
+  const Value* w = d.proj && node.inputs().size() > 1 ? node.input(1) : nullptr;
+  if (w && w->constant() && w->dtype() == DType::kF32 && w->shape().size() == 2 && d.s > 0 && d.d > 0 &&
+      w->shape()[0] > 0 && w->shape()[1] == 3 * d.h * d.d) {
+    const int64_t k = w->shape()[0], n = d.h * d.d, ldw = 3 * n;
+    const float* wp = w->constant()->data_as<float>();
+    std::vector<float> head(static_cast<size_t>(k * 3 * d.d));
+    for (int64_t h = 0; h < d.h; ++h) {
+      for (int64_t r = 0; r < k; ++r)
+        for (int t = 0; t < 3; ++t)
+          std::memcpy(head.data() + r * 3 * d.d + t * d.d, wp + r * ldw + d.proj_split[t] * n + h * d.d,
+                      static_cast<size_t>(d.d) * sizeof(float));
+      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, 3 * d.d, head.data(), 3 * d.d, 3 * d.d));
+      state->heads.push_back(std::move(packed));
+    }
+    state->rows = d.s;
+  }
+  if (!state->mask && state->heads.empty()) return std::shared_ptr<const void>();
+  return std::shared_ptr<const void>(std::move(state));
 }
 
 void SingleThreadedBlas() {
@@ -284,10 +340,12 @@ Status AttentionKernel(const KernelContext& ctx) {
   SingleThreadedBlas();
   const float scale = ctx.node.GetFloat("scale", 1.f);
   const float mask_scale = ctx.node.GetFloat("mask_scale", 1.f);
-  const float* q = ctx.inputs[0].as<const float>();
-  const float* k = ctx.inputs[1].as<const float>();
-  const float* v = ctx.inputs[2].as<const float>();
-  size_t next = 3;
+  // The projected form reads x and W where q, k and v would be (they are null then).
+  const float* q = d.proj ? nullptr : ctx.inputs[0].as<const float>();
+  const float* k = d.proj ? nullptr : ctx.inputs[1].as<const float>();
+  const float* v = d.proj ? nullptr : ctx.inputs[2].as<const float>();
+  size_t next = static_cast<size_t>(d.first_extra());
+  const size_t mask_index = next;
   const float* mask = nullptr;
   std::vector<int64_t> ms;  // mask strides over [B,H,S,Sk]
   if (d.mask) {
@@ -296,8 +354,10 @@ Status AttentionKernel(const KernelContext& ctx) {
     ++next;
   }
   // The mask's rows as prepared (a constant mask over the keys), when they are this mask's.
-  const auto* mask_rows = static_cast<const MaskRows*>(ctx.state);
-  if (mask_rows && (!mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[3].numel()))
+  const auto* state = static_cast<const AttentionState*>(ctx.state);
+  const MaskRows* mask_rows = state && state->mask ? &*state->mask : nullptr;
+  if (mask_rows &&
+      (!mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[mask_index].numel()))
     mask_rows = nullptr;
   const float *cos = nullptr, *sin = nullptr;
   std::vector<int64_t> cq, ck;  // cos/sin strides over [B,H,S,d] and [B,H,Sk,d]
@@ -323,90 +383,148 @@ Status AttentionKernel(const KernelContext& ctx) {
   const int64_t scores_floats = align16(rows_per_block * d.sk);
   const int64_t qg_floats = d.rope_q ? align16(rows_per_block * d.d) : 0;
   const int64_t kg_floats = d.rope_k ? align16(d.sk * d.d) : 0;
-  const size_t scratch_bytes = static_cast<size_t>(scores_floats + qg_floats + kg_floats + 16) * sizeof(float);
-  const int64_t work_per_item = rows_per_block * d.sk * (d.d + d.dv) / 4 + rows_per_block * d.sk * 8;
+  const int64_t qkv_floats = d.proj ? align16(d.s * 3 * d.d) : 0;  // the projected form's head
+  const size_t scratch_bytes =
+      static_cast<size_t>(scores_floats + qg_floats + kg_floats + qkv_floats + 16) * sizeof(float);
+  const int64_t kx = d.proj ? ctx.inputs[0].shape.back() : 0;  // the projection's K
+  const int64_t work_per_item = rows_per_block * d.sk * (d.d + d.dv) / 4 + rows_per_block * d.sk * 8 +
+                                (d.proj ? rows_per_block * 3 * d.d * kx / 4 : 0);
 
-  auto run_items = [&](int64_t begin, int64_t end, float* scratch) {
+  // One block of query rows of one head; the head's q, k and v rows start at qb, kb, vb and lie
+  // lq, lk, lv floats apart. gathered_head names the head whose roped K is in the scratch.
+  auto run_block = [&](int64_t head, int64_t blk, const float* qb, int64_t lq, const float* kb, int64_t lk,
+                       const float* vb, int64_t lv, float* scratch, int64_t& gathered_head) {
     float* scores = scratch;
     float* qg = scratch + scores_floats;
     float* kg = qg + qg_floats;
-    int64_t gathered_head = -1;  // the head whose roped K is in kg
-    for (int64_t item = begin; item < end; ++item) {
-      const ScopedNs task_time(TaskCounter(ctx.cpu));
-      const int64_t head = item / blocks, blk = item % blocks;
-      const int64_t b = head / d.h, h = head % d.h;
-      const int64_t r0 = blk * rows_per_block, rows = std::min(rows_per_block, d.s - r0);
-      const float* qh = q + b * qa.head_stride_b + h * qa.head_stride_h + r0 * qa.row_stride;
-      const float* kh = k + b * ka.head_stride_b + h * ka.head_stride_h;
-      const float* vh = v + b * va.head_stride_b + h * va.head_stride_h;
-      float* oh = out + b * oa.head_stride_b + h * oa.head_stride_h + r0 * oa.row_stride;
-      const float* a_ptr = qh;
-      int64_t lda = qa.row_stride;
-      if (d.rope_q) {
-        const int64_t off = b * cq[0] + h * cq[1] + r0 * cq[2];
-        GatherRope(qh, qa.row_stride, rows, d.d, cos + off, sin + off, cq[2], qg);
-        a_ptr = qg;
-        lda = d.d;
+    const int64_t b = head / d.h, h = head % d.h;
+    const int64_t r0 = blk * rows_per_block, rows = std::min(rows_per_block, d.s - r0);
+    const float* qh = qb + r0 * lq;
+    const float* kh = kb;
+    const float* vh = vb;
+    float* oh = out + b * oa.head_stride_b + h * oa.head_stride_h + r0 * oa.row_stride;
+    const float* a_ptr = qh;
+    int64_t lda = lq;
+    if (d.rope_q) {
+      const int64_t off = b * cq[0] + h * cq[1] + r0 * cq[2];
+      GatherRope(qh, lq, rows, d.d, cos + off, sin + off, cq[2], qg);
+      a_ptr = qg;
+      lda = d.d;
+    }
+    const float* b_ptr = kh;
+    int64_t ldb = lk;
+    if (d.rope_k) {
+      if (gathered_head != head) {
+        const int64_t off = b * ck[0] + h * ck[1];
+        GatherRope(kh, lk, d.sk, d.d, cos + off, sin + off, ck[2], kg);
+        gathered_head = head;
       }
-      const float* b_ptr = kh;
-      int64_t ldb = ka.row_stride;
-      if (d.rope_k) {
-        if (gathered_head != head) {
-          const int64_t off = b * ck[0] + h * ck[1];
-          GatherRope(kh, ka.row_stride, d.sk, d.d, cos + off, sin + off, ck[2], kg);
-          gathered_head = head;
-        }
-        b_ptr = kg;
-        ldb = d.d;
-      }
-      // scores[rows, Sk] = scale * Q K^T (K^T read as given for bhds).
-      if (d.d > 0) {
+      b_ptr = kg;
+      ldb = d.d;
+    }
+    // scores[rows, Sk] = scale * Q K^T (K^T read as given for bhds).
+    if (d.d > 0) {
+      const ScopedNs blas_time(BlasCounter(ctx.cpu));
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, d.k == Layout::kBHDS ? CblasNoTrans : CblasTrans,
+                  static_cast<int>(rows), static_cast<int>(d.sk), static_cast<int>(d.d), scale, a_ptr,
+                  static_cast<int>(std::max<int64_t>(lda, 1)), b_ptr, static_cast<int>(std::max<int64_t>(ldb, 1)),
+                  0.f, scores, static_cast<int>(d.sk));
+    } else {
+      std::fill(scores, scores + rows * d.sk, 0.f);
+    }
+    float inv[256];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
+      const size_t mrow = static_cast<size_t>(moff / d.sk);  // the mask's own row (prepared)
+      const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
+      const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
+      const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
+                                    mask_scale, live, bound);
+      inv[r] = static_cast<float>(1.0 / sum);
+    }
+    // O[rows, dv] = P V, written in place in the output layout, then normalized per row.
+    if (d.dv > 0) {
+      {
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, d.k == Layout::kBHDS ? CblasNoTrans : CblasTrans,
-                    static_cast<int>(rows), static_cast<int>(d.sk), static_cast<int>(d.d), scale, a_ptr,
-                    static_cast<int>(std::max<int64_t>(lda, 1)), b_ptr, static_cast<int>(std::max<int64_t>(ldb, 1)),
-                    0.f, scores, static_cast<int>(d.sk));
-      } else {
-        std::fill(scores, scores + rows * d.sk, 0.f);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(d.dv),
+                    static_cast<int>(d.sk), 1.f, scores, static_cast<int>(d.sk), vh,
+                    static_cast<int>(std::max<int64_t>(lv, 1)), 0.f, oh,
+                    static_cast<int>(std::max<int64_t>(oa.row_stride, 1)));
       }
-      float inv[256];
       for (int64_t r = 0; r < rows; ++r) {
-        const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
-        const size_t mrow = static_cast<size_t>(moff / d.sk);  // the mask's own row (prepared)
-        const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
-        const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
-        const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
-                                      mask_scale, live, bound);
-        inv[r] = static_cast<float>(1.0 / sum);
-      }
-      // O[rows, dv] = P V, written in place in the output layout, then normalized per row.
-      if (d.dv > 0) {
-        {
-          const ScopedNs blas_time(BlasCounter(ctx.cpu));
-          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(rows), static_cast<int>(d.dv),
-                      static_cast<int>(d.sk), 1.f, scores, static_cast<int>(d.sk), vh,
-                      static_cast<int>(std::max<int64_t>(va.row_stride, 1)), 0.f, oh,
-                      static_cast<int>(std::max<int64_t>(oa.row_stride, 1)));
-        }
-        for (int64_t r = 0; r < rows; ++r) {
-          float* o = oh + r * oa.row_stride;
-          const VF vi(inv[r]);
-          int64_t j = 0;
-          for (; j + kLanes <= d.dv; j += kLanes) (VF::Load(o + j) * vi).Store(o + j);
-          for (; j < d.dv; ++j) o[j] *= inv[r];
-        }
+        float* o = oh + r * oa.row_stride;
+        const VF vi(inv[r]);
+        int64_t j = 0;
+        for (; j + kLanes <= d.dv; j += kLanes) (VF::Load(o + j) * vi).Store(o + j);
+        for (; j < d.dv; ++j) o[j] *= inv[r];
       }
     }
   };
 
-  const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(items * work_per_item), items));
-  if (ctx.cpu.pool == nullptr) {
-    std::unique_ptr<float[]> local(new float[scratch_bytes / sizeof(float)]);
-    run_items(0, items, local.get());
+  auto run_items = [&](int64_t begin, int64_t end, float* scratch) {
+    int64_t gathered_head = -1;
+    for (int64_t item = begin; item < end; ++item) {
+      const ScopedNs task_time(TaskCounter(ctx.cpu));
+      const int64_t head = item / blocks, blk = item % blocks;
+      const int64_t b = head / d.h, h = head % d.h;
+      run_block(head, blk, q + b * qa.head_stride_b + h * qa.head_stride_h, qa.row_stride,
+                k + b * ka.head_stride_b + h * ka.head_stride_h, ka.row_stride,
+                v + b * va.head_stride_b + h * va.head_stride_h, va.row_stride, scratch, gathered_head);
+    }
+  };
+
+  // The projected form: a task is a head. Its q, k and v ([S, 3d]: x's rows of its batch times
+  // the head's columns of W) are computed into the task's scratch, where RoPE, the scores and
+  // P V then read them: they never go to memory, nor to another core.
+  const float* x = d.proj ? ctx.inputs[0].as<const float>() : nullptr;
+  const float* w = d.proj ? ctx.inputs[1].as<const float>() : nullptr;
+  const bool packed_heads = d.proj && state && static_cast<int64_t>(state->heads.size()) == d.h && state->rows == d.s;
+  auto run_projected_head = [&](int64_t head, float* scratch) {
+    const ScopedNs task_time(TaskCounter(ctx.cpu));
+    const int64_t b = head / d.h, h = head % d.h, n = d.h * d.d, w3 = 3 * d.d;
+    float* qkv = scratch + scores_floats + qg_floats + kg_floats;
+    const float* xb = x + b * d.s * kx;
+    {
+      const ScopedNs blas_time(BlasCounter(ctx.cpu));
+      if (packed_heads) {
+        const PackedGemm& g = *state->heads[static_cast<size_t>(h)];
+        for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, xb, qkv);
+      } else if (kx == 0) {
+        std::fill(qkv, qkv + d.s * w3, 0.f);
+      } else {
+        for (int t = 0; t < 3; ++t)
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(d.s), static_cast<int>(d.d),
+                      static_cast<int>(kx), 1.f, xb, static_cast<int>(kx), w + d.proj_split[t] * n + h * d.d,
+                      static_cast<int>(3 * n), 0.f, qkv + t * d.d, static_cast<int>(w3));
+      }
+    }
+    int64_t gathered_head = -1;
+    for (int64_t blk = 0; blk < blocks; ++blk)
+      run_block(head, blk, qkv, w3, qkv + d.d, w3, qkv + 2 * d.d, w3, scratch, gathered_head);
+  };
+
+  const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(items * work_per_item),
+                                                         d.proj ? d.b * d.h : items));
+  if (ctx.cpu.pool == nullptr || threads <= 1) {
+    std::unique_ptr<float[]> local;
+    float* scratch = nullptr;
+    if (ctx.cpu.pool) {
+      scratch = static_cast<float*>(ctx.cpu.pool->Scratch(0, scratch_bytes));
+    } else {
+      local.reset(new float[scratch_bytes / sizeof(float)]);
+      scratch = local.get();
+    }
+    if (d.proj) {
+      for (int64_t head = 0; head < d.b * d.h; ++head) run_projected_head(head, scratch);
+    } else {
+      run_items(0, items, scratch);
+    }
     return Status::Ok();
   }
-  if (threads <= 1) {
-    run_items(0, items, static_cast<float*>(ctx.cpu.pool->Scratch(0, scratch_bytes)));
+  if (d.proj) {  // heads claimed one at a time (a late thread takes fewer)
+    ForEachClaimed(ctx.cpu, threads, d.b * d.h, [&](int64_t head, int tid) {
+      run_projected_head(head, static_cast<float*>(ctx.cpu.pool->Scratch(tid, scratch_bytes)));
+    });
     return Status::Ok();
   }
   // Contiguous item ranges per task, so consecutive blocks of one head reuse its gathered K.

@@ -16,8 +16,14 @@ struct Dims {
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
   Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
   bool mask = false, rope_q = false, rope_k = false;
+  // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
+  // W [K, 3*H*d] in place of q, k, v; q, k and v are x @ W's column thirds proj[0], proj[1],
+  // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
+  bool proj = false;
+  int64_t proj_split[3] = {0, 1, 2};
   Shape out_shape;
-  int num_inputs() const { return 3 + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
+  int first_extra() const { return proj ? 2 : 3; }  // the index of mask (or cos)
+  int num_inputs() const { return first_extra() + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
 };
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where);
