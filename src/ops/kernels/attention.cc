@@ -305,7 +305,10 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
         for (int t = 0; t < 3; ++t)
           std::memcpy(head.data() + r * 3 * d.d + t * d.d, wp + r * ldw + d.proj_split[t] * n + h * d.d,
                       static_cast<size_t>(d.d) * sizeof(float));
-      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, 3 * d.d, head.data(), 3 * d.d, 3 * d.d));
+      // One block of all 3d columns: LLaMA-7B's heads (M = 32, K = 4096, 384 columns) took 26 ms
+      // in blocks of 64 columns against 20-21.5 ms in one (the separate QKV GEMM: 22-23 ms).
+      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, 3 * d.d, head.data(), 3 * d.d, 3 * d.d,
+                                                          PackedGemm::Store::kPlain, 3 * d.d));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

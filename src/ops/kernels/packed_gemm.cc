@@ -44,12 +44,13 @@ int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
 PackedGemm::Store PackedGemm::store() const { return impl_->store; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
-                                                             int64_t ldb, int64_t ldc, Store store) {
+                                                             int64_t ldb, int64_t ldc, Store store,
+                                                             int64_t block_cols) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
   p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.store = store;
-  p.block_cols = BlockCols(n);
+  p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
     omp_set_num_threads(1);

@@ -25,8 +25,10 @@ class PackedGemm {
   enum class Store { kPlain, kAdd, kMul };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
   // A with lda = k, C written with leading dimension ldc.
+  // block_cols > 0 sets the width of the column blocks (else at least eight blocks of 64..512).
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
-                                                          int64_t ldc, Store store = Store::kPlain);
+                                                          int64_t ldc, Store store = Store::kPlain,
+                                                          int64_t block_cols = 0);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
