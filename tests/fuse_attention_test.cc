@@ -640,9 +640,13 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     if (n->name() == "/q_proj/MatMul") q = n->output();
   ASSERT_NE(q, nullptr);
   ASSERT_TRUE(g.MarkOutput(q).ok());
-  ASSERT_TRUE(RunPipeline(g).ok());
+  FusionReport apart_report;
+  PipelineOptions with_report;
+  with_report.fusion_report = &apart_report;
+  ASSERT_TRUE(RunPipeline(g, with_report).ok());
   for (const auto& n : g.nodes())
     if (n->op() == "FusedAttention") EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << "q is a graph output";
+  EXPECT_NE(FindRefusal(apart_report, "too-many-outputs"), nullptr) << "the refusal says why";
 }
 
 }  // namespace
