@@ -3,7 +3,6 @@
 // how each node would run on a GPU and the CUDA source generated for it (no GPU needed).
 #include <cstdio>
 #include <filesystem>
-#include <functional>
 #include <fstream>
 #include <string>
 
@@ -70,33 +69,26 @@ int Explain(Args& args) {
     if (ec) return fail(InvalidArgument("--cuda-src: cannot create directory '", cuda_src, "': ", ec.message()));
     std::printf("\nCUDA plan (sources in %s):\n", cuda_src.c_str());
     int files = 0;
-    // A node without a CUDA path of its own runs its reference graph there, as the executor
-    // plans it (the projected attention: the QKV GEMM, then the attention).
-    std::function<Status(const Graph&, const std::string&)> plan_graph = [&](const Graph& graph,
-                                                                          const std::string& indent) -> Status {
-      for (const auto& n : graph.nodes()) {
-        auto plan = cuda::PlanNodeForCuda(*n);
-        if (!plan.ok()) {
-          const Graph* ref = n->GetGraph("reference");
-          std::printf("%s  %-28s %s%s\n", indent.c_str(), n->name().c_str(), plan.status().message().c_str(),
-                      ref ? "; its reference graph runs:" : "");
-          if (ref) GF_RETURN_IF_ERROR(plan_graph(*ref, indent + "  "));
-          continue;
-        }
-        std::string kernels;
-        for (const cuda::CudaKernelSource& k : plan->kernels) {
-          const std::filesystem::path file = std::filesystem::path(cuda_src) / (k.name + ".cu");
-          std::ofstream out(file);
-          out << k.source;
-          if (!out) return InvalidArgument("--cuda-src: cannot write '", file.string(), "'");
-          kernels += " " + k.name;
-          ++files;
-        }
-        std::printf("%s  %-28s %s%s\n", indent.c_str(), n->name().c_str(), plan->what.c_str(), kernels.c_str());
+    Status st = cuda::ForEachCudaPlan(**g, [&](const Node& n, Result<cuda::CudaNodePlan>& plan, int depth) -> Status {
+      const std::string indent(static_cast<size_t>(2 * depth), ' ');
+      if (!plan.ok()) {
+        std::printf("%s  %-28s %s%s\n", indent.c_str(), n.name().c_str(), plan.status().message().c_str(),
+                    n.GetGraph("reference") ? "; its reference graph runs:" : "");
+        return Status::Ok();
       }
+      std::string kernels;
+      for (const cuda::CudaKernelSource& k : plan->kernels) {
+        const std::filesystem::path file = std::filesystem::path(cuda_src) / (k.name + ".cu");
+        std::ofstream out(file);
+        out << k.source;
+        if (!out) return InvalidArgument("--cuda-src: cannot write '", file.string(), "'");
+        kernels += " " + k.name;
+        ++files;
+      }
+      std::printf("%s  %-28s %s%s\n", indent.c_str(), n.name().c_str(), plan->what.c_str(), kernels.c_str());
       return Status::Ok();
-    };
-    if (Status st = plan_graph(**g, ""); !st.ok()) return fail(st);
+    });
+    if (!st.ok()) return fail(st);
     std::printf("%d kernel source(s) written\n", files);
 #else
     return fail(Unimplemented("--cuda-src: this build has no CUDA backend (no CUDA toolkit when it was built)"));

@@ -17,6 +17,7 @@
 // then the outputs' device pointers, in body order, each dense row-major over its own shape.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -101,6 +102,14 @@ struct CudaNodePlan {
 };
 // Errors name the node and say what is missing (Unimplemented for ops with no CUDA path yet).
 Result<CudaNodePlan> PlanNodeForCuda(const Node& node);
+
+// Every node of g with its plan, in the order CudaExecutor plans them: a node without a path of
+// its own that has a reference graph (the projected attention) is seen with its failed plan,
+// then that graph's nodes one level deeper; any other failure is seen as it is. Stops at the
+// first error `visit` returns.
+Status ForEachCudaPlan(const Graph& g,
+                       const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
+                       int depth = 0);
 
 // FNV-1a 32-bit (kernel-name hashes).
 uint32_t Fnv1a32(const std::string& s);

@@ -623,4 +623,16 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
   return Unimplemented("CUDA codegen: ", node.Describe(), ": no CUDA kernel for ", op, " yet");
 }
 
+Status ForEachCudaPlan(const Graph& g,
+                       const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
+                       int depth) {
+  for (const auto& n : g.nodes()) {
+    Result<CudaNodePlan> plan = PlanNodeForCuda(*n);
+    GF_RETURN_IF_ERROR(visit(*n, plan, depth));
+    if (const Graph* ref = plan.ok() ? nullptr : n->GetGraph("reference"))
+      GF_RETURN_IF_ERROR(ForEachCudaPlan(*ref, visit, depth + 1));
+  }
+  return Status::Ok();
+}
+
 }  // namespace graphfuse::cuda

@@ -534,24 +534,19 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
     ASSERT_TRUE(run.ok()) << label << ": " << run.status().ToString();
     // A node without a CUDA path of its own runs its reference graph there (the executor's
     // PlanReference): the projected attention runs as the QKV GEMM and the attention.
-    std::function<void(const Graph&)> plan_all = [&](const Graph& graph) {
-      for (const auto& n : graph.nodes()) {
-        auto plan = PlanNodeForCuda(*n);
-        if (!plan.ok() && n->GetGraph("reference")) {
-          ++paths["reference graph"];
-          plan_all(*n->GetGraph("reference"));
-          continue;
-        }
-        if (!plan.ok()) {
-          ++unplanned[n->op()];
-          ADD_FAILURE() << label << ": " << plan.status().ToString();
-          continue;
-        }
+    const Status walked = ForEachCudaPlan(*g, [&](const Node& n, Result<CudaNodePlan>& plan, int) {
+      if (!plan.ok() && n.GetGraph("reference")) {
+        ++paths["reference graph"];
+      } else if (!plan.ok()) {
+        ++unplanned[n.op()];
+        ADD_FAILURE() << label << ": " << plan.status().ToString();
+      } else {
         ++paths[plan->what];
         for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
       }
-    };
-    plan_all(*g);
+      return Status::Ok();
+    });
+    ASSERT_TRUE(walked.ok()) << walked.ToString();
   }
   EXPECT_GE(kernels.size(), 20u);
   EXPECT_GT(paths["generated row kernel"], 0);
