@@ -335,17 +335,24 @@ TEST(FuseGemm, GatedEpilogueGivesTheUnfusedBits) {
   }
 }
 
+// h [m, k] @ W + r [m, kN] (inputs h, r; W constant from `seed`), r on the left or the right
+// of the Add.
+Builder ResidualGraph(int64_t m, int64_t k, uint32_t seed, bool r_left) {
+  return [=](Graph& g) {
+    Value* h = g.AddInput("h", DType::kF32, {m, k}).value();
+    Value* r = g.AddInput("r", DType::kF32, {m, kN}).value();
+    Value* w = g.AddConstant("w", RandomTensor({k, kN}, seed)).value();
+    Value* p = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
+    Value* sum = g.AddNode("Add", {r_left ? r : p, r_left ? p : r}, {}, "residual").value()->output();
+    ASSERT_TRUE(g.MarkOutput(sum).ok());
+  };
+}
+
 // The epilogue runs over chunks of whole rows after the GEMM blocks (fused_gemm.cc): row counts
 // that do not divide into the chunks, and a single row, must come out whole.
 TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {
   for (const int64_t m : {int64_t{1}, int64_t{37}, int64_t{301}}) {
-    auto [unfused, fused] = BuildAndRun([m](Graph& g) {
-      Value* h = g.AddInput("h", DType::kF32, {m, kK}).value();
-      Value* r = g.AddInput("r", DType::kF32, {m, kN}).value();
-      Value* w = g.AddConstant("w", RandomTensor({kK, kN}, 71)).value();
-      Value* p = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
-      ASSERT_TRUE(g.MarkOutput(g.AddNode("Add", {p, r}, {}, "residual").value()->output()).ok());
-    });
+    auto [unfused, fused] = BuildAndRun(ResidualGraph(m, kK, 71, /*r_left=*/false));
     ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << "m=" << m;
     ExpectClose(unfused.outputs, fused.outputs);
   }
@@ -357,13 +364,7 @@ TEST(FuseGemm, EpilogueChunksCoverRaggedRowCounts) {
 // without its packed state, as RunNodeOnce runs it). All against float64, and K = 0 (out = r).
 TEST(FuseGemm, ResidualEpilogueAccumulatesOntoTheResidual) {
   for (const int64_t k : {kK, int64_t{0}, int64_t{512}}) {  // 512: oneDNN sums K in several chunks
-    auto [unfused, fused] = BuildAndRun([k](Graph& g) {
-      Value* h = g.AddInput("h", DType::kF32, {kM, k}).value();
-      Value* r = g.AddInput("r", DType::kF32, {kM, kN}).value();
-      Value* w = g.AddConstant("w", RandomTensor({k, kN}, 73)).value();
-      Value* p = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
-      ASSERT_TRUE(g.MarkOutput(g.AddNode("Add", {r, p}, {}, "residual").value()->output()).ok());
-    });
+    auto [unfused, fused] = BuildAndRun(ResidualGraph(kM, k, 73, /*r_left=*/true));
     ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << "k=" << k;
     const Node* node = nullptr;
     for (const auto& n : fused.graph->nodes())
