@@ -7,6 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libsleef-dev libopenblas-dev libdnnl-dev
+  ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it
   libonnx-dev libprotobuf-dev libonnx-testdata
   clang libclang-rt-14-dev
   python3 python3-numpy
