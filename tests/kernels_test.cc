@@ -555,7 +555,8 @@ TEST(Kernels, RmsNormMatchesReference) {
 
 // The row sums that norms and softmax share have a fast form (one fused multiply-add per vector;
 // vector adds for the lane tree) that must give the definitional form's bits: RowSumD over
-// v * v, and the lane tree added pairwise in double, lane l + lane l + kLanes/2 first.
+// v * v and the 32 partial sums written out, and the lane tree added pairwise in double,
+// lane l + lane l + kLanes/2 first.
 TEST(Kernels, RowSumsKeepTheDefinitionalBits) {
   std::mt19937 rng(23);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
@@ -575,6 +576,15 @@ TEST(Kernels, RowSumsKeepTheDefinitionalBits) {
       const double slow = kernels::RowSumD(x.data(), n, [](auto v) { return v * v; });
       EXPECT_TRUE(std::memcmp(&fast, &slow, sizeof fast) == 0 || (std::isnan(fast) && std::isnan(slow)))
           << "n=" << n << " trial " << trial << ": " << fast << " vs " << slow;
+      // The definition, lane by lane: element j to partial j % 32, then the fixed tree. Both
+      // vector layouts (four 8-lane or eight 4-lane accumulators) must give its bits.
+      double part[32] = {};
+      for (int64_t j = 0; j < n; ++j) part[j % 32] += static_cast<double>(x[j]) * static_cast<double>(x[j]);
+      double p8[8];
+      for (int l = 0; l < 8; ++l) p8[l] = (part[l] + part[l + 8]) + (part[l + 16] + part[l + 24]);
+      const double def = ((p8[0] + p8[1]) + (p8[2] + p8[3])) + ((p8[4] + p8[5]) + (p8[6] + p8[7]));
+      EXPECT_TRUE(std::memcmp(&fast, &def, sizeof fast) == 0 || (std::isnan(fast) && std::isnan(def)))
+          << "n=" << n << " trial " << trial << ": " << fast << " vs definition " << def;
     }
   }
   for (int trial = 0; trial < 2000; ++trial) {

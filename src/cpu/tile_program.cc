@@ -12,14 +12,20 @@
 #include <optional>
 
 #include "cpu_codegen.h"
+#include "graphfuse/dtype.h"
 
 namespace graphfuse::cpu {
 namespace {
 
 // ---- storage <-> register conversions (plain loops; the compiler vectorizes them) ----------
 
+#if defined(__FLT16_MAX__)  // the compiler has _Float16 for this target (F16C: one instruction)
 inline float F16ToF32(uint16_t h) { return static_cast<float>(std::bit_cast<_Float16>(h)); }
 inline uint16_t F32ToF16(float f) { return std::bit_cast<uint16_t>(static_cast<_Float16>(f)); }  // RNE
+#else  // e.g. clang 14 on x86 (the fuzz build): the bitwise conversions, same results
+inline float F16ToF32(uint16_t h) { return F16BitsToF32(h); }
+inline uint16_t F32ToF16(float f) { return F32ToF16Bits(f); }
+#endif
 inline float BF16ToF32(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 inline uint16_t F32ToBF16(float f) {  // round to nearest even; NaN stays a quiet NaN
   const uint32_t x = std::bit_cast<uint32_t>(f);
