@@ -397,6 +397,52 @@ TEST(Kernels, SoftmaxMaskedLanesUnderflowExactly) {
   }
 }
 
+// What the softmax rows rely on in simd::exp_fast (their exp): +0 exactly at and below -104
+// (whole vectors there store +0 without calling it, and mixed vectors must agree), NaN stays
+// NaN, and within 3 ulp of the correctly rounded result elsewhere (every 97th f32 from -104 to
+// the overflow bound; glibc's vector expf on AVX2 is 3 away at -16.29).
+TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
+  using simd::kLanes;
+  auto exp_fast = [](float x) {
+    alignas(64) float lanes[kLanes];
+    simd::exp_fast(simd::VF(x)).Store(lanes);
+    return lanes[kLanes - 1];
+  };
+  auto ordinal = [](float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) : static_cast<int64_t>(i);
+  };
+  int64_t zeros = 0;
+  for (uint32_t bits = 0xC2D00000u; bits < 0xFF800000u; bits += 97) {  // -104 down to -FLT_MAX
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const float y = exp_fast(x);
+    uint32_t yb;
+    std::memcpy(&yb, &y, 4);
+    ASSERT_EQ(yb, 0u) << "exp_fast(" << x << ") = " << y;
+    ++zeros;
+  }
+  EXPECT_GT(zeros, 10000000);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(exp_fast(ninf), 0.f);
+  EXPECT_FALSE(std::signbit(exp_fast(ninf)));
+  EXPECT_TRUE(std::isnan(exp_fast(std::numeric_limits<float>::quiet_NaN())));
+  int64_t worst = 0;
+  float worst_at = 0;
+  auto check = [&](uint32_t bits) {
+    float x;
+    std::memcpy(&x, &bits, 4);
+    const float y = exp_fast(x), ref = static_cast<float>(std::exp(static_cast<double>(x)));
+    const int64_t d = std::abs(ordinal(y) - ordinal(ref));
+    if (d > worst) worst = d, worst_at = x;
+  };
+  for (uint32_t bits = 0xC2D00000u; bits > 0x80000000u; bits -= 97) check(bits);  // (-104, 0)
+  for (uint32_t bits = 0; bits < 0x42B17217u; bits += 97) check(bits);             // [0, 88.72)
+  EXPECT_LE(worst, 3) << "worst at " << worst_at;
+  std::printf("  exp_fast: worst %lld ulp from the correctly rounded result (at %g)\n", static_cast<long long>(worst), worst_at);
+}
+
 TEST(Kernels, SoftmaxIsStableForHugeInputs) {
   OneNode t;
   t.Input(MakeTensor(DType::kF32, {1, 3}, {1000, 1001, 1002}));
