@@ -400,7 +400,8 @@ TEST(Kernels, SoftmaxMaskedLanesUnderflowExactly) {
 // What the softmax rows rely on in simd::exp_fast (their exp): +0 exactly at and below -104
 // (whole vectors there store +0 without calling it, and mixed vectors must agree), NaN stays
 // NaN, and within 3 ulp of the correctly rounded result elsewhere (every 97th f32 from -104 to
-// the overflow bound; glibc's vector expf on AVX2 is 3 away at -16.29).
+// the overflow bound; glibc's vector expf on AVX2 is 3 away at -16.29), and each lane's result
+// independent of the other lanes.
 TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
   using simd::kLanes;
   auto exp_fast = [](float x) {
@@ -440,6 +441,19 @@ TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
   for (uint32_t bits = 0xC2D00000u; bits > 0x80000000u; bits -= 97) check(bits);  // (-104, 0)
   for (uint32_t bits = 0; bits < 0x42B17217u; bits += 97) check(bits);             // [0, 88.72)
   EXPECT_LE(worst, 3) << "worst at " << worst_at;
+  // A lane's result depends on its own value only: plans that group elements into vectors
+  // differently must get the same bits, whatever lies in the neighbouring lanes (a -1e9 mask
+  // lane, NaN, a lane beyond the fast range).
+  for (float x : {-103.f, -90.f, -87.3f, -20.5f, -1.f, 0.f, 0.37f, 30.f, 87.3f, 88.f}) {
+    for (float neighbour : {-1e9f, std::numeric_limits<float>::quiet_NaN(), 88.5f, 1.f}) {
+      alignas(64) float in[kLanes], out[kLanes];
+      std::fill(in, in + kLanes, neighbour);
+      in[kLanes - 1] = x;
+      simd::exp_fast(simd::VF::Load(in)).Store(out);
+      const float alone = exp_fast(x);
+      EXPECT_EQ(std::memcmp(&out[kLanes - 1], &alone, 4), 0) << "exp_fast(" << x << ") next to " << neighbour;
+    }
+  }
   std::printf("  exp_fast: worst %lld ulp from the correctly rounded result (at %g)\n", static_cast<long long>(worst), worst_at);
 }
 
