@@ -397,16 +397,16 @@ TEST(Kernels, SoftmaxMaskedLanesUnderflowExactly) {
   }
 }
 
-// What the softmax rows rely on in simd::exp_fast (their exp): +0 exactly at and below -104
-// (whole vectors there store +0 without calling it, and mixed vectors must agree), NaN stays
-// NaN, and within 3 ulp of the correctly rounded result elsewhere (every 97th f32 from -104 to
-// the overflow bound; glibc's vector expf on AVX2 is 3 away at -16.29), and each lane's result
+// What the softmax rows rely on in simd::exp_softmax (their exp, of x - max <= 0): +0 exactly
+// at and below -104 (whole vectors there store +0 without calling it, and mixed vectors must
+// agree), NaN stays NaN, within 3 ulp of the correctly rounded result elsewhere (every 97th f32
+// of (-104, 0]; glibc's vector expf on AVX2 is 3 away at -16.29), and each lane's result
 // independent of the other lanes.
 TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
   using simd::kLanes;
-  auto exp_fast = [](float x) {
+  auto exp_softmax = [](float x) {
     alignas(64) float lanes[kLanes];
-    simd::exp_fast(simd::VF(x)).Store(lanes);
+    simd::exp_softmax(simd::VF(x)).Store(lanes);
     return lanes[kLanes - 1];
   };
   auto ordinal = [](float f) {
@@ -418,43 +418,43 @@ TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
   for (uint32_t bits = 0xC2D00000u; bits < 0xFF800000u; bits += 97) {  // -104 down to -FLT_MAX
     float x;
     std::memcpy(&x, &bits, 4);
-    const float y = exp_fast(x);
+    const float y = exp_softmax(x);
     uint32_t yb;
     std::memcpy(&yb, &y, 4);
-    ASSERT_EQ(yb, 0u) << "exp_fast(" << x << ") = " << y;
+    ASSERT_EQ(yb, 0u) << "exp_softmax(" << x << ") = " << y;
     ++zeros;
   }
   EXPECT_GT(zeros, 10000000);
   const float ninf = -std::numeric_limits<float>::infinity();
-  EXPECT_EQ(exp_fast(ninf), 0.f);
-  EXPECT_FALSE(std::signbit(exp_fast(ninf)));
-  EXPECT_TRUE(std::isnan(exp_fast(std::numeric_limits<float>::quiet_NaN())));
+  EXPECT_EQ(exp_softmax(ninf), 0.f);
+  EXPECT_FALSE(std::signbit(exp_softmax(ninf)));
+  EXPECT_TRUE(std::isnan(exp_softmax(std::numeric_limits<float>::quiet_NaN())));
   int64_t worst = 0;
   float worst_at = 0;
   auto check = [&](uint32_t bits) {
     float x;
     std::memcpy(&x, &bits, 4);
-    const float y = exp_fast(x), ref = static_cast<float>(std::exp(static_cast<double>(x)));
+    const float y = exp_softmax(x), ref = static_cast<float>(std::exp(static_cast<double>(x)));
     const int64_t d = std::abs(ordinal(y) - ordinal(ref));
     if (d > worst) worst = d, worst_at = x;
   };
   for (uint32_t bits = 0xC2D00000u; bits > 0x80000000u; bits -= 97) check(bits);  // (-104, 0)
-  for (uint32_t bits = 0; bits < 0x42B17217u; bits += 97) check(bits);             // [0, 88.72)
+  check(0);
   EXPECT_LE(worst, 3) << "worst at " << worst_at;
   // A lane's result depends on its own value only: plans that group elements into vectors
   // differently must get the same bits, whatever lies in the neighbouring lanes (a -1e9 mask
   // lane, NaN, a lane beyond the fast range).
-  for (float x : {-103.f, -90.f, -87.3f, -20.5f, -1.f, 0.f, 0.37f, 30.f, 87.3f, 88.f}) {
+  for (float x : {-103.f, -90.f, -87.31f, -87.3f, -20.5f, -1.f, 0.f}) {
     for (float neighbour : {-1e9f, std::numeric_limits<float>::quiet_NaN(), 88.5f, 1.f}) {
       alignas(64) float in[kLanes], out[kLanes];
       std::fill(in, in + kLanes, neighbour);
       in[kLanes - 1] = x;
-      simd::exp_fast(simd::VF::Load(in)).Store(out);
-      const float alone = exp_fast(x);
-      EXPECT_EQ(std::memcmp(&out[kLanes - 1], &alone, 4), 0) << "exp_fast(" << x << ") next to " << neighbour;
+      simd::exp_softmax(simd::VF::Load(in)).Store(out);
+      const float alone = exp_softmax(x);
+      EXPECT_EQ(std::memcmp(&out[kLanes - 1], &alone, 4), 0) << "exp_softmax(" << x << ") next to " << neighbour;
     }
   }
-  std::printf("  exp_fast: worst %lld ulp from the correctly rounded result (at %g)\n", static_cast<long long>(worst), worst_at);
+  std::printf("  exp_softmax: worst %lld ulp from the correctly rounded result (at %g)\n", static_cast<long long>(worst), worst_at);
 }
 
 TEST(Kernels, SoftmaxIsStableForHugeInputs) {

@@ -67,7 +67,7 @@ void SoftmaxColumns(const float* x, float* y, int64_t n, int64_t stride, int64_t
   };
   for (int64_t k = 0; k < n; ++k) {
     for (int c = 0; c < vecs; ++c) {
-      const VF e = simd::exp_fast(load(x + k * stride, c) - m[c]);
+      const VF e = simd::exp_softmax(load(x + k * stride, c) - m[c]);
       if (!log_softmax) store(e, y + k * stride, c);
       acc[c] = acc[c] + e;
     }

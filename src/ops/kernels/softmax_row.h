@@ -3,14 +3,14 @@
 // that all three agree bit for bit:
 //   m = max(x) (NaN when the row holds NaN), e = exp(x - m) per lane, sum = f32 lane sums of e
 //   added in double, softmax = e * float(1 / sum).
-// exp is simd::exp_fast (src/cpu/simd.h): the same function as simd::exp on AVX-512; on AVX2
-// glibc's vector expf, within 3 ulp of the correctly rounded result against SLEEF's 1, at twice
-// its throughput on a Zen core, where the exps were most of a score row's time. A softmax of
-// f32 scores is checked within 1e-5 relative (tests/kernels_test.cc), far above either. A
-// vector whose every lane lies more than 104 below the max (a causal or padding mask's keys,
-// -inf or -1e9) stores +0 without calling exp: below -104 the correctly rounded exp is +0
-// (e^-104 is under half the smallest subnormal), and so is exp_fast's (tests/kernels_test.cc
-// checks it). NaN lanes compare false and take the exp path.
+// exp is simd::exp_softmax (src/cpu/simd.h): simd::exp on AVX-512; on AVX2 glibc's vector expf
+// (within 3 ulp of the correctly rounded result against SLEEF's 1, at twice its throughput on a
+// Zen core), with SLEEF's exp for lanes below -87.3. A softmax of f32 scores is checked within
+// 1e-5 relative (tests/kernels_test.cc), far above either. A vector whose every lane lies more
+// than 104 below the max (a causal or padding mask's keys, -inf or -1e9) stores +0 without
+// calling exp: below -104 the correctly rounded exp is +0 (e^-104 is under half the smallest
+// subnormal), and so is exp_softmax's (tests/kernels_test.cc checks it). NaN lanes compare
+// false and take the exp path.
 #pragma once
 
 #include <cstdint>
@@ -60,12 +60,12 @@ inline double ExpShiftSum(const float* x, float* y, int64_t n, float m) {
       if (y) VF(0.0).Store(y + i);
       continue;  // adding +0 to the sum would change nothing
     }
-    const VF e = simd::exp_fast(d);
+    const VF e = simd::exp_softmax(d);
     if (y) e.Store(y + i);
     acc = acc + e;
   }
   if (i < n) {
-    const VF e = simd::exp_fast(LoadTail(x + i, n - i, -std::numeric_limits<float>::infinity()) - vm);
+    const VF e = simd::exp_softmax(LoadTail(x + i, n - i, -std::numeric_limits<float>::infinity()) - vm);
     if (y) StoreTail(e, y + i, n - i);
     acc = acc + e;  // padded lanes are exp(-inf) = 0 (NaN when m is NaN, which the row is anyway)
   }
