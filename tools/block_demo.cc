@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "cpu/elementwise_kernels.h"
 #include "fusion_report.h"
 #include "json.h"
 #include "ir/op_registry.h"
@@ -284,10 +285,10 @@ int RunDemo(Args& args) {
   const double per_launch_us = dispatch.median_s * 1e6;
 
   std::printf("graphfuse demo: %s block (%s shapes: hidden %lld, %lld heads, ffn %lld, seq %lld, batch %lld), f32, "
-              "%d thread(s)\n",
+              "%d thread(s), %s\n",
               FamilyName(cfg).c_str(), cfg.preset.c_str(), static_cast<long long>(cfg.hidden),
               static_cast<long long>(cfg.heads), static_cast<long long>(cfg.ffn), static_cast<long long>(cfg.seq),
-              static_cast<long long>(cfg.batch), pool.num_threads());
+              static_cast<long long>(cfg.batch), pool.num_threads(), cpu::SimdTargetName());
   std::printf("\n%-34s %12s %12s %9s\n", "", "unfused", "fused", "ratio");
   auto row = [](const char* what, double a, double b, const char* fmt) {
     char sa[32], sb[32];
@@ -379,7 +380,8 @@ int RunDemo(Args& args) {
     Json j;
     j.BeginObject().Key("command").Str("demo").Key("preset").Str(cfg.preset);
     j.Key("config").BeginObject().Key("hidden").Int(cfg.hidden).Key("heads").Int(cfg.heads).Key("ffn").Int(cfg.ffn);
-    j.Key("seq").Int(cfg.seq).Key("batch").Int(cfg.batch).Key("threads").Int(pool.num_threads()).EndObject();
+    j.Key("seq").Int(cfg.seq).Key("batch").Int(cfg.batch).Key("threads").Int(pool.num_threads());
+    j.Key("simd").Str(cpu::SimdTargetName()).EndObject();
     AddFusionJson(j, report);
     j.Key("outputs").BeginArray().BeginObject().Key("name").Str("y").Key("max_abs_err").Num(max_abs);
     j.Key("max_rel_err").Num(max_rel).Key("ok").Bool(ok).EndObject().EndArray();
