@@ -190,7 +190,7 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 // exponentials. Vectors whose every lane lies more than 104 below the max (a causal or padding
 // mask's keys, -inf or -1e9) store zeros without calling exp: below -104, exp is +0 both in the
 // correctly rounded result (e^-104 is under half the smallest subnormal) and in simd::exp_softmax
-// (tests/ops_test.cc checks it). NaN lanes compare false and take the exp path.
+// (tests/kernels_test.cc checks it). NaN lanes compare false and take the exp path.
 //
 // Keys [live, n) are known to have mask_scale * mask <= skip_bound (a causal row's future keys,
 // padding; MaskRows below). The keys before them are done first; then if the largest score after
