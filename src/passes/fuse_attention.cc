@@ -33,6 +33,7 @@
 
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
+#include "../ops/kernels/attention_layout.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {
@@ -506,16 +507,17 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
                                        "QKV GEMM keeps writing them");
       continue;
     }
-    if (std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2}) continue;
-    if (a->GetString("q_layout", "bshd") != "bshd" || a->GetString("k_layout", "bshd") != "bshd" ||
-        a->GetString("v_layout", "bshd") != "bshd" || a->GetInt("seq_q", -1) != a->GetInt("seq_k", -2) ||
-        a->GetInt("head_dim", -1) != a->GetInt("v_head_dim", a->GetInt("head_dim", -1)))
-      continue;
-    const int64_t heads = a->GetInt("heads", 0), d = a->GetInt("head_dim", 0);
+    // The projected form's attributes; the kernel's own reading of them decides whether it
+    // takes this attention (layouts, S = Sk, d = dv, the split).
+    AttributeMap attrs = a->attrs();
+    attrs["qkv_proj"] = int64_t{1};
+    attrs["qkv_split"] = split;
+    const Result<kernels::Dims> dims = kernels::ReadDims(attrs, a->Describe());
+    if (!dims.ok()) continue;
     const Value* x = gemm->input(0);
     const Value* w = gemm->input(1);
-    if (w->shape().size() != 2 || w->shape()[1] != 3 * heads * d || x->shape().empty() ||
-        x->numel() / std::max<int64_t>(x->shape().back(), 1) != a->GetInt("batch", 0) * a->GetInt("seq_q", 0))
+    if (w->shape().size() != 2 || w->shape()[1] != 3 * dims->h * dims->d || x->shape().empty() ||
+        x->numel() / std::max<int64_t>(x->shape().back(), 1) != dims->b * dims->s)
       continue;
 
     // The reference: the two nodes, reading the new node's inputs one to one.
@@ -541,9 +543,6 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
                                                {a->output()->name()}));
     GF_RETURN_IF_ERROR(ref->MarkOutput(ra->output()));
 
-    AttributeMap attrs = a->attrs();
-    attrs["qkv_proj"] = int64_t{1};
-    attrs["qkv_split"] = split;
     attrs["kernel_name"] = StrCat("qkv_", a->GetString("kernel_name", "attention"));
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
     const std::string name = a->name();
