@@ -41,7 +41,6 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
-PackedGemm::Store PackedGemm::store() const { return impl_->store; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
                                                              int64_t ldb, int64_t ldc, Store store,

@@ -32,7 +32,6 @@ class PackedGemm {
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  Store store() const;
   // Columns [block * block_cols(), ...) of C (and of r, which kAdd and kMul need and kPlain
   // ignores; r may be C itself).
   void RunBlock(int64_t block, const float* a, float* c, const float* r = nullptr) const;
