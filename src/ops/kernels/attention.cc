@@ -266,11 +266,13 @@ struct AttentionState {
 };
 
 // Heads per task of the projected form. When one head's weights ([K, 3d]) are larger than
-// half of L2, they evict the RoPE tables (cos and sin, [S, d] each) on every GEMM call
+// half of L2, every GEMM call streams them through the caches and RoPE then reads cold data
 // (LLaMA-7B, 6 MB a head: RoPE of one head's Q took 3.3 us on a first pass, 1.3 us on a
-// second), so a task projects G heads in one call and ropes them back to back while the tables
-// are near. G divides H, leaves at least four tasks per batch, and keeps the task's
-// [S, 3d*G] in 256 KiB. Smaller weights keep one head per task: llama-small's (384 KB) with
+// second; on a Zen 1 machine a probe that read half of each table row ran no faster, so the
+// cold data there is the Q/K the GEMM wrote, not the cos/sin tables). A task then projects G
+// heads in one call and ropes them back to back: LLaMA-7B's time outside GEMMs went from
+// 1.78-2.29x to 2.26-2.62x on an AVX-512 machine. G divides H, leaves at least four tasks per
+// batch, and keeps the task's [S, 3d*G] in 256 KiB. Smaller weights keep one head per task: llama-small's (384 KB) with
 // two heads a task measured no better (attention's BLAS share 93.4-95.0% against 93.6-93.8%).
 int64_t HeadGroup(const Dims& d, int64_t k) {
   if (k * 3 * d.d * 4 <= (1 << 20)) return 1;
@@ -279,6 +281,10 @@ int64_t HeadGroup(const Dims& d, int64_t k) {
     if (d.h % c == 0 && d.s * 3 * d.d * c * 4 <= (256 << 10)) g = c;
   return g;
 }
+
+// The column of W where head `head`'s third t (0 q, 1 k, 2 v) begins: W is [K, 3*H*d], its
+// thirds ordered by qkv_split.
+int64_t ProjColumn(const Dims& d, int t, int64_t head) { return d.proj_split[t] * d.h * d.d + head * d.d; }
 
 std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
   const size_t mi = static_cast<size_t>(d.first_extra());
@@ -313,14 +319,14 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
   const Value* w = d.proj && node.inputs().size() > 1 ? node.input(1) : nullptr;
   if (w && w->constant() && w->dtype() == DType::kF32 && w->shape().size() == 2 && d.s > 0 && d.d > 0 &&
       w->shape()[0] > 0 && w->shape()[1] == 3 * d.h * d.d) {
-    const int64_t k = w->shape()[0], n = d.h * d.d, ldw = 3 * n, group = HeadGroup(d, k), wg = 3 * d.d * group;
+    const int64_t k = w->shape()[0], ldw = 3 * d.h * d.d, group = HeadGroup(d, k), wg = 3 * d.d * group;
     const float* wp = w->constant()->data_as<float>();
     std::vector<float> cols(static_cast<size_t>(k * wg));  // head by head: q, k, v columns
     for (int64_t h0 = 0; h0 < d.h; h0 += group) {
       for (int64_t r = 0; r < k; ++r)
         for (int64_t g = 0; g < group; ++g)
           for (int t = 0; t < 3; ++t)
-            std::memcpy(cols.data() + r * wg + g * 3 * d.d + t * d.d, wp + r * ldw + d.proj_split[t] * n + (h0 + g) * d.d,
+            std::memcpy(cols.data() + r * wg + g * 3 * d.d + t * d.d, wp + r * ldw + ProjColumn(d, t, h0 + g),
                         static_cast<size_t>(d.d) * sizeof(float));
       // One block of all the group's columns: LLaMA-7B's heads (M = 32, K = 4096, 384 columns)
       // took 26 ms in blocks of 64 columns against 20-21.5 ms in one (the separate QKV GEMM:
@@ -505,7 +511,7 @@ Status AttentionKernel(const KernelContext& ctx) {
       d.proj && state && static_cast<int64_t>(state->heads.size()) == d.h / group && state->rows == d.s;
   auto run_projected_heads = [&](int64_t task, float* scratch) {  // heads [h0, h0 + group) of batch b
     const ScopedNs task_time(TaskCounter(ctx.cpu));
-    const int64_t b = task / (d.h / group), h0 = task % (d.h / group) * group, n = d.h * d.d;
+    const int64_t b = task / (d.h / group), h0 = task % (d.h / group) * group;
     float* qkv = scratch + scores_floats + qg_floats + kg_floats;
     const float* xb = x + b * d.s * kx;
     {
@@ -519,8 +525,8 @@ Status AttentionKernel(const KernelContext& ctx) {
         for (int64_t g = 0; g < group; ++g)
           for (int t = 0; t < 3; ++t)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(d.s), static_cast<int>(d.d),
-                        static_cast<int>(kx), 1.f, xb, static_cast<int>(kx), w + d.proj_split[t] * n + (h0 + g) * d.d,
-                        static_cast<int>(3 * n), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(wg));
+                        static_cast<int>(kx), 1.f, xb, static_cast<int>(kx), w + ProjColumn(d, t, h0 + g),
+                        static_cast<int>(3 * d.h * d.d), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(wg));
       }
     }
     for (int64_t g = 0; g < group; ++g) {
