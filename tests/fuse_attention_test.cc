@@ -587,26 +587,15 @@ TEST(FuseAttention, ProjectedHeadsInGroupsMatchTheTwoNodes) {
   // Not the same bits: oneDNN may sum K in another order for another block width (a 96-column
   // group here against 64-column blocks; 1.2e-6 at a peak of 2.1 measured). A few ulp of the
   // peak; a wrong head, third or batch would be off by the values themselves.
-  double worst_packed = 0, peak_packed = 0;
-  for (int64_t i = 0; i < (*got)[0].numel(); ++i) {
-    const double err = std::fabs((*got)[0].GetAsDouble(i) - (*want)[0].GetAsDouble(i));
-    if (!(err <= worst_packed)) worst_packed = err;  // a NaN sticks
-    peak_packed = std::max(peak_packed, std::fabs((*want)[0].GetAsDouble(i)));
-  }
-  EXPECT_LT(worst_packed, 1e-6 * (1 + peak_packed)) << "packed heads in groups";
+  const double peak = MaxAbs((*want)[0]);
+  EXPECT_LT(MaxAbsDiff((*got)[0], (*want)[0]), 1e-6 * (1 + peak)) << "packed heads in groups";
   // The node without its packed heads.
   std::vector<TensorView> views{x->view()};
   for (size_t i = 1; i < att->inputs().size(); ++i) views.push_back(att->input(i)->constant()->view());
   Tensor once = Tensor::Empty(DType::kF32, att->output()->shape()).value();
   std::vector<TensorView> out{once.view()};
   ASSERT_TRUE(RunNodeOnce(*att, views, out, ctx).ok());
-  double worst = 0, peak = 0;
-  for (int64_t i = 0; i < once.numel(); ++i) {
-    const double err = std::fabs(once.GetAsDouble(i) - (*want)[0].GetAsDouble(i));
-    if (!(err <= worst)) worst = err;  // a NaN sticks
-    peak = std::max(peak, std::fabs((*want)[0].GetAsDouble(i)));
-  }
-  EXPECT_LT(worst, 1e-5 * (1 + peak)) << "the sgemm path in groups";
+  EXPECT_LT(MaxAbsDiff(once, (*want)[0]), 1e-5 * (1 + peak)) << "the sgemm path in groups";
   EXPECT_GT(peak, 0.1);
 }
 
@@ -669,21 +658,10 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     auto yp = Execute(projected, in, ctx);
     ASSERT_TRUE(yu.ok() && ya.ok() && yp.ok());
     const std::string what = StrCat("seq ", seq);
-    double worst_apart = 0;
-    for (int64_t i = 0; i < (*ya)[0].numel(); ++i) {
-      const double err = std::fabs((*ya)[0].GetAsDouble(i) - (*yp)[0].GetAsDouble(i));
-      if (!(err <= worst_apart)) worst_apart = err;  // a NaN sticks
-    }
-    double worst = 0, peak = 0;
-    for (int64_t i = 0; i < (*yu)[0].numel(); ++i) {
-      const double a = (*yu)[0].GetAsDouble(i), b = (*yp)[0].GetAsDouble(i);
-      const double err = std::fabs(a - b);
-      if (!(err <= worst)) worst = err;  // a NaN sticks
-      peak = std::max(peak, std::fabs(a));
-    }
-    EXPECT_LT(worst, 1e-4 * (1 + peak)) << what;
+    const double peak = MaxAbs((*yu)[0]);
+    EXPECT_LT(MaxAbsDiff((*yu)[0], (*yp)[0]), 1e-4 * (1 + peak)) << what;
     EXPECT_GT(peak, 0.1) << what;
-    EXPECT_LT(worst_apart, 1e-6 * (1 + peak)) << what << ": against the QKV GEMM and the attention apart";
+    EXPECT_LT(MaxAbsDiff((*ya)[0], (*yp)[0]), 1e-6 * (1 + peak)) << what << ": against the QKV GEMM and the attention apart";
 
     // The projected node alone, without its packed heads (the sgemm path), on the inputs the
     // plan gave it: the attention's output of the whole plan is not observable, so compare the
@@ -703,12 +681,7 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     ASSERT_TRUE(RunNodeOnce(*att, views, out, ctx).ok());
     auto ref = Execute(*att->GetGraph("reference"), views, ctx);
     ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-    double worst_node = 0;
-    for (int64_t i = 0; i < once.numel(); ++i) {
-      const double err = std::fabs(once.GetAsDouble(i) - (*ref)[0].GetAsDouble(i));
-      if (!(err <= worst_node)) worst_node = err;
-    }
-    EXPECT_LT(worst_node, 1e-4) << what << ": the sgemm path against the reference";
+    EXPECT_LT(MaxAbsDiff(once, (*ref)[0]), 1e-4) << what << ": the sgemm path against the reference";
   }
 
   // q also read elsewhere (a graph output): the two nodes stay apart.

@@ -1,6 +1,8 @@
 // Small lookups shared by the pass tests: ops in a graph, groups and refusals in a report.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -66,6 +68,24 @@ inline std::vector<Tensor> FloatInputs(const Graph& g, uint32_t seed) {
     if (IsFloat(v.dtype())) return std::nullopt;
     return 0.0;
   });
+}
+
+// The largest |a[i] - b[i]| over two tensors of one size; NaN when any difference is NaN
+// (std::max would pass over it).
+inline double MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  double worst = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double err = std::fabs(a.GetAsDouble(i) - b.GetAsDouble(i));
+    if (!(err <= worst)) worst = err;
+  }
+  return worst;
+}
+
+// The largest |t[i]|.
+inline double MaxAbs(const Tensor& t) {
+  double peak = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) peak = std::max(peak, std::fabs(t.GetAsDouble(i)));
+  return peak;
 }
 
 inline std::vector<TensorView> Views(const std::vector<Tensor>& ts) {
