@@ -20,6 +20,7 @@
 #include "ops/kernels/norm_rows.h"
 #include "ir/op_registry.h"
 #include "runtime/executor.h"
+#include "test_util.h"
 
 namespace graphfuse {
 namespace {
@@ -409,11 +410,6 @@ TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
     simd::exp_softmax(simd::VF(x)).Store(lanes);
     return lanes[kLanes - 1];
   };
-  auto ordinal = [](float f) {
-    int32_t i;
-    std::memcpy(&i, &f, 4);
-    return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) : static_cast<int64_t>(i);
-  };
   int64_t zeros = 0;
   for (uint32_t bits = 0xC2D00000u; bits < 0xFF800000u; bits += 97) {  // -104 down to -FLT_MAX
     float x;
@@ -435,7 +431,7 @@ TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
     float x;
     std::memcpy(&x, &bits, 4);
     const float y = exp_softmax(x), ref = static_cast<float>(std::exp(static_cast<double>(x)));
-    const int64_t d = std::abs(ordinal(y) - ordinal(ref));
+    const int64_t d = std::abs(testing::FloatOrdinal(y) - testing::FloatOrdinal(ref));
     if (d > worst) worst = d, worst_at = x;
   };
   for (uint32_t bits = 0xC2D00000u; bits > 0x80000000u; bits -= 97) check(bits);  // (-104, 0)

@@ -247,12 +247,6 @@ TEST(Accuracy, ActivationSweep) {
 // within 1 ulp; below -104 exactly +0; the specials exact. On AVX2 exp_softmax has its own
 // test (Kernels.SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate).
 TEST(Accuracy, ExpEveryFewFloatsWithinOneUlp) {
-  // Distance between two finite floats in representable steps (monotone integer mapping).
-  auto ordinal = [](float f) {
-    int32_t i;
-    std::memcpy(&i, &f, 4);
-    return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) : static_cast<int64_t>(i);
-  };
   const int64_t chunk = 1 << 22, stride = 61;
   Tensor x = Tensor::Empty(DType::kF32, {chunk}).value();
   int64_t checked = 0, worst = 0;
@@ -284,7 +278,7 @@ TEST(Accuracy, ExpEveryFewFloatsWithinOneUlp) {
         continue;
       }
       ASSERT_TRUE(std::isfinite(y)) << "exp(" << xi << ") = " << y << ", expected " << ref;
-      const int64_t d = std::abs(ordinal(y) - ordinal(ref));
+      const int64_t d = std::abs(testing::FloatOrdinal(y) - testing::FloatOrdinal(ref));
       if (d > worst) worst = d, worst_at = xi;
       ++checked;
     }
@@ -305,7 +299,7 @@ TEST(Accuracy, ExpEveryFewFloatsWithinOneUlp) {
   EXPECT_EQ(y[2], INFINITY);
   EXPECT_EQ(y[3], 0.f);
   for (int i = 4; i < 9; ++i)
-    EXPECT_LE(std::abs(ordinal(y[i]) - ordinal(static_cast<float>(std::exp(static_cast<double>(specials[i]))))), 1)
+    EXPECT_LE(std::abs(testing::FloatOrdinal(y[i]) - testing::FloatOrdinal(static_cast<float>(std::exp(static_cast<double>(specials[i]))))), 1)
         << "exp(" << specials[i] << ") = " << y[i];
 }
 

@@ -19,6 +19,14 @@
 
 namespace graphfuse::testing {
 
+// A float's place in the order of all finite floats (monotone integer mapping): the distance
+// between two of them counts the representable steps apart, their difference in ulps.
+inline int64_t FloatOrdinal(float f) {
+  int32_t i;
+  std::memcpy(&i, &f, 4);
+  return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) : static_cast<int64_t>(i);
+}
+
 // Fills a tensor with values drawn for `op` (positive where the op needs it, bools for
 // logical inputs, never all zeros).
 inline void FillRandom(Tensor& t, OpKind op, int input, std::mt19937& rng) {
