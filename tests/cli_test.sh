@@ -31,6 +31,14 @@ check demo-absurd 2 "$GF" demo --preset elementwise --elements 99999999999999
 check demo-unknown-preset 2 "$GF" demo --preset llama99
 echo "$LAST" | grep -q "llama-small" || { echo "FAIL unknown preset error does not list the presets"; fail=1; }
 check demo-bad-seq 2 "$GF" demo --seq 0
+# An output file that cannot be written is refused before any work (no weights generated).
+check demo-json-no-dir 2 "$GF" demo --preset llama-small --json /nonexistent_dir/out.json
+echo "$LAST" | grep -q "/nonexistent_dir' does not exist" || { echo "FAIL demo --json names no missing directory"; fail=1; }
+echo "$LAST" | grep -q "generating" && { echo "FAIL demo --json error came after the work"; fail=1; }
+check demo-json-is-dir 2 "$GF" demo --preset elementwise --json /tmp
+echo "$LAST" | grep -q "is a directory" || { echo "FAIL demo --json on a directory"; fail=1; }
+check bench-json-no-dir 2 "$GF" bench --preset chain --json /nonexistent_dir/b.json
+check explain-dot-no-dir 2 "$GF" explain "$(dirname "$0")/models/mlp_gelu_opset17/model.onnx" --dot /nonexistent_dir/p.dot
 check demo-block 0 "$GF" demo --preset llama-small --seq 16 --repeats 3 --json /tmp/graphfuse_block.json
 python3 -c "
 import json; j=json.load(open('/tmp/graphfuse_block.json'))

@@ -70,7 +70,7 @@ int Bench(Args& args) {
       if (!v.ok()) return Fail(v.status());
       backend = *v;
     } else if (f == "--preset" || f == "--json") {
-      auto v = args.Value(f);
+      auto v = f == "--json" ? args.OutputFile(f) : args.Value(f);
       if (!v.ok()) return Fail(v.status());
       (f == "--preset" ? preset : json) = *v;
     } else if (f == "--elements") {

@@ -60,7 +60,7 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
     } else if (f == "--atol") {
       GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
     } else if (f == "--json") {
-      GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
+      GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else if (f == "--profile") {
       o.profile = true;
     } else if (f == "--cpu-codegen") {

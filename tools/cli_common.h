@@ -51,6 +51,10 @@ class Args {
   Result<double> Float(const std::string& name, double lo, double hi);
   // A backend name: "cpu" or "cuda".
   Result<std::string> Backend(const std::string& name);
+  // A file the command will write when it ends (--json, --dot), checked now so that a long
+  // run does not end in "cannot write": its directory exists and is writable, and the path is
+  // not a directory nor an existing file without write permission. Nothing is created.
+  Result<std::string> OutputFile(const std::string& name);
   const std::string& command() const { return command_; }
 
  private:

@@ -46,7 +46,7 @@ Result<DemoOptions> ParseDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(int64_t r, args.Int(f, 1, 1001));
       o.repeats = static_cast<int>(r);
     } else if (f == "--json") {
-      GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
+      GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else {
       return InvalidArgument("demo: unknown flag '", f, "' (flags: --elements N --threads T --repeats R --json FILE)");
     }

@@ -28,7 +28,7 @@ int Explain(Args& args) {
   while (!args.Done()) {
     const std::string f = args.Next();
     if (f == "--dot" || f == "--json" || f == "--cuda-src") {
-      auto v = args.Value(f);
+      auto v = f == "--cuda-src" ? args.Value(f) : args.OutputFile(f);
       if (!v.ok()) return fail(v.status());
       (f == "--dot" ? dot : f == "--json" ? json : cuda_src) = *v;
     } else if (f == "--print-ir") {

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <unistd.h>
 #include <string>
 #include <vector>
@@ -50,6 +51,28 @@ Result<int64_t> Args::Int(const std::string& name, int64_t lo, int64_t hi) {
 Result<std::string> Args::Backend(const std::string& name) {
   GF_ASSIGN_OR_RETURN(std::string v, Value(name));
   if (v != "cpu" && v != "cuda") return InvalidArgument(command_, ": ", name, " must be cpu or cuda, got '", v, "'");
+  return v;
+}
+
+Result<std::string> Args::OutputFile(const std::string& name) {
+  GF_ASSIGN_OR_RETURN(std::string v, Value(name));
+  if (v.empty()) return InvalidArgument(command_, ": ", name, " needs a file name, got ''");
+  const std::filesystem::path path(v);
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::is_directory(st))
+    return InvalidArgument(command_, ": ", name, " '", v, "' is a directory, not a file");
+  if (std::filesystem::exists(st)) {
+    if (::access(v.c_str(), W_OK) != 0)
+      return InvalidArgument(command_, ": ", name, " '", v, "' exists and cannot be written (", std::strerror(errno), ")");
+    return v;
+  }
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : std::filesystem::path(".");
+  if (!std::filesystem::is_directory(dir, ec))
+    return InvalidArgument(command_, ": ", name, " '", v, "': directory '", dir.string(), "' does not exist");
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return InvalidArgument(command_, ": ", name, " '", v, "': directory '", dir.string(), "' is not writable (",
+                           std::strerror(errno), ")");
   return v;
 }
 

@@ -45,7 +45,7 @@ Result<RunOptions> ParseRun(Args& args) {
     if (f == "--data") {
       GF_ASSIGN_OR_RETURN(o.data, args.Value(f));
     } else if (f == "--json") {
-      GF_ASSIGN_OR_RETURN(o.json, args.Value(f));
+      GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else if (f == "--rtol") {
       GF_ASSIGN_OR_RETURN(o.rtol, args.Float(f, 0, 1e6));
     } else if (f == "--atol") {
