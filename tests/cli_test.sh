@@ -38,6 +38,11 @@ echo "$LAST" | grep -q "generating" && { echo "FAIL demo --json error came after
 check demo-json-is-dir 2 "$GF" demo --preset elementwise --json /tmp
 echo "$LAST" | grep -q "is a directory" || { echo "FAIL demo --json on a directory"; fail=1; }
 check bench-json-no-dir 2 "$GF" bench --preset chain --json /nonexistent_dir/b.json
+# Usage errors name the command once: "graphfuse run: --rtol ...", not "graphfuse run: run: ...".
+for c in "run --rtol" "bench --repeats" "explain --max-group-size"; do
+  check "${c% *}-bad-number" 2 "$GF" ${c% *} "$(dirname "$0")/models/mlp_gelu_opset17/model.onnx" ${c#* } abc
+  echo "$LAST" | grep -q "^graphfuse ${c% *}: ${c#* } " || { echo "FAIL ${c% *} usage error: $LAST"; fail=1; }
+done
 check explain-dot-no-dir 2 "$GF" explain "$(dirname "$0")/models/mlp_gelu_opset17/model.onnx" --dot /nonexistent_dir/p.dot
 check demo-block 0 "$GF" demo --preset llama-small --seq 16 --repeats 3 --json /tmp/graphfuse_block.json
 python3 -c "

@@ -30,10 +30,7 @@
 namespace graphfuse::cli {
 namespace {
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "graphfuse bench: %s\n", s.message().c_str());
-  return kExitBadInput;
-}
+int Fail(const Status& s) { return FailUsage("bench", s); }
 
 int64_t IoBytes(const Graph& g) {
   int64_t b = 0;

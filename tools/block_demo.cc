@@ -181,10 +181,7 @@ int RunDemo(Args& args) {
     return RunElementwiseDemo(ew);
   }
   auto parsed = ParseBlockDemo(args);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "graphfuse %s\n", parsed.status().message().c_str());
-    return kExitBadInput;
-  }
+  if (!parsed.ok()) return FailUsage("demo", parsed.status());
   const BlockDemoOptions o = *parsed;
   auto fail = [](const Status& s) {
     std::fprintf(stderr, "graphfuse demo: %s\n", s.ToString().c_str());

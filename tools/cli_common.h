@@ -24,6 +24,10 @@ std::string CodegenSummary(const CpuCodegen& cg);
 // the caller keeps the returned object alive as long as ctx runs plans.
 Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx);
 
+// Prints "graphfuse CMD: message" to stderr (a message that already begins with "CMD: ", as
+// Args' errors do, is not prefixed twice) and returns kExitBadInput.
+int FailUsage(const std::string& command, const Status& s);
+
 // --backend cuda: Ok when GPU 0 can be used, else an error saying what is missing (no device,
 // or a build without the CUDA toolkit). Call it before any long work.
 Status CheckCudaBackend();

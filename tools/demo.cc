@@ -65,10 +65,7 @@ void FillUniform(Tensor& t, double lo, double hi, uint32_t seed) {
 
 int RunElementwiseDemo(Args& args) {
   auto parsed = ParseDemo(args);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "graphfuse %s\n", parsed.status().message().c_str());
-    return kExitBadInput;
-  }
+  if (!parsed.ok()) return FailUsage("demo", parsed.status());
   const DemoOptions o = *parsed;
   ThreadPool pool(o.threads);
   const CpuContext ctx{&pool, pool.num_threads()};

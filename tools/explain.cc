@@ -21,10 +21,7 @@ int Explain(Args& args) {
   std::string model, dot, json, cuda_src;
   bool print_ir = false;
   FusionOptions fusion;
-  auto fail = [](const Status& s) {
-    std::fprintf(stderr, "graphfuse explain: %s\n", s.message().c_str());
-    return kExitBadInput;
-  };
+  auto fail = [](const Status& s) { return FailUsage("explain", s); };
   while (!args.Done()) {
     const std::string f = args.Next();
     if (f == "--dot" || f == "--json" || f == "--cuda-src") {

@@ -32,6 +32,13 @@ Status CheckCudaBackend() {
 #endif
 }
 
+int FailUsage(const std::string& command, const Status& s) {
+  std::string m = s.message();
+  if (m.rfind(command + ": ", 0) == 0) m.erase(0, command.size() + 2);
+  std::fprintf(stderr, "graphfuse %s: %s\n", command.c_str(), m.c_str());
+  return kExitBadInput;
+}
+
 Result<std::string> Args::Value(const std::string& name) {
   if (Done()) return InvalidArgument(command_, ": flag ", name, " needs a value");
   return Next();

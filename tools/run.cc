@@ -117,10 +117,7 @@ OutputReport Compare(const std::string& name, const Tensor& got, const Tensor& w
   return r;
 }
 
-int Fail(const Status& s) {
-  std::fprintf(stderr, "graphfuse run: %s\n", s.message().c_str());
-  return kExitBadInput;
-}
+int Fail(const Status& s) { return FailUsage("run", s); }
 
 }  // namespace
 
