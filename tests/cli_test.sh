@@ -50,6 +50,8 @@ import json; j=json.load(open('/tmp/graphfuse_block.json'))
 assert j['kernels_fused'] <= 8 < j['kernels_unfused'], j
 assert all(o['ok'] for o in j['outputs']), j['outputs']
 assert j['outside_gemm_ms']['fused'] > 0 and j['latency_ms']['unfused'] > 0, j
+rr = j['outside_gemm_round_ratio']
+assert rr['rounds'] >= 3 and 0 < rr['min'] <= rr['median'] <= rr['max'], rr
 assert {g['kind'] for g in j['groups']} >= {'attention', 'gemm_epilogue'}, j['groups']
 att = [g for g in j['groups'] if g['kind'] == 'attention']
 assert len(att) == 1 and '/q_proj/MatMul' in att[0]['nodes'], j['groups']  # the QKV GEMM inside

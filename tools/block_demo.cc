@@ -105,51 +105,62 @@ double KernelBytes(const Graph& g) {
 // and the rest. MatMul / Gemm kernels (the projections, and attention's score and context
 // products in the unfused plan) are GEMM work. A fused kernel that calls BLAS inside (a GEMM
 // with its epilogue, attention) is split by its counters: the share of its thread-time spent
-// inside the BLAS calls is GEMM work, the rest (epilogue, softmax, RoPE) is not.
-Status Profile(ExecutionPlan& plan, std::span<const TensorView> in, std::span<const TensorView> out,
-               const CpuContext& ctx, int runs, PlanFigures& f) {
-  using Clock = std::chrono::steady_clock;
-  KernelCounters counters;
-  CpuContext counted = ctx;
-  counted.counters = &counters;
-  std::vector<std::vector<double>> wall, gemm_share;
-  std::vector<std::string> names;
-  for (int r = 0; r < runs; ++r) {
+// inside the BLAS calls is GEMM work, the rest (epilogue, softmax, RoPE) is not. The demo
+// observes the two plans in alternating rounds, so that a slow spell of a shared machine falls
+// on both; each round's own outside-GEMM total is kept for the median of per-round ratios.
+class PlanProfile {
+ public:
+  Status Observe(ExecutionPlan& plan, std::span<const TensorView> in, std::span<const TensorView> out,
+                 const CpuContext& ctx) {
+    using Clock = std::chrono::steady_clock;
+    KernelCounters counters;
+    CpuContext counted = ctx;
+    counted.counters = &counters;
     size_t step = 0;
-    counters.blas_ns = 0;
-    counters.task_ns = 0;
+    double outside = 0;
     auto last = Clock::now();
     ExecutionPlan::StepObserver obs = [&](const Node& n, std::span<const TensorView>, std::span<const TensorView>) {
       const double dt = std::chrono::duration<double>(Clock::now() - last).count();
-      if (wall.size() <= step) {
-        wall.emplace_back();
-        gemm_share.emplace_back();
-        names.push_back(StrCat(n.name(), " (", n.op(), ")"));
+      if (wall_.size() <= step) {
+        wall_.emplace_back();
+        gemm_share_.emplace_back();
+        names_.push_back(StrCat(n.name(), " (", n.op(), ")"));
       }
       const int64_t blas = counters.blas_ns.exchange(0), task = counters.task_ns.exchange(0);
       const bool gemm_op = n.op() == "MatMul" || n.op() == "Gemm";
       const double share = gemm_op ? 1.0 : task > 0 ? std::min(1.0, static_cast<double>(blas) / task) : 0.0;
-      wall[step].push_back(dt);
-      gemm_share[step].push_back(share);
+      wall_[step].push_back(dt);
+      gemm_share_[step].push_back(share);
+      outside += dt * (1 - share);
       ++step;
       last = Clock::now();
       return Status::Ok();
     };
     GF_RETURN_IF_ERROR(plan.Run(in, out, counted, &obs));
+    round_outside_ms_.push_back(outside * 1e3);
+    return Status::Ok();
   }
-  f.outside_gemm_ms = f.gemm_ms = 0;
-  for (size_t s = 0; s < wall.size(); ++s) {
+  // Per kernel: the median time and the median GEMM share of its runs; the totals sum them.
+  void Finish(PlanFigures& f) const {
     auto median = [](std::vector<double> v) {
       std::sort(v.begin(), v.end());
       return v[v.size() / 2];
     };
-    const double ms = median(wall[s]) * 1e3, share = median(gemm_share[s]);
-    f.gemm_ms += ms * share;
-    f.outside_gemm_ms += ms * (1 - share);
-    f.steps.push_back({names[s], ms, share});
+    f.outside_gemm_ms = f.gemm_ms = 0;
+    for (size_t s = 0; s < wall_.size(); ++s) {
+      const double ms = median(wall_[s]) * 1e3, share = median(gemm_share_[s]);
+      f.gemm_ms += ms * share;
+      f.outside_gemm_ms += ms * (1 - share);
+      f.steps.push_back({names_[s], ms, share});
+    }
   }
-  return Status::Ok();
-}
+  const std::vector<double>& round_outside_ms() const { return round_outside_ms_; }
+
+ private:
+  std::vector<std::vector<double>> wall_, gemm_share_;
+  std::vector<std::string> names_;
+  std::vector<double> round_outside_ms_;
+};
 
 std::string FamilyName(const BlockConfig& c) {
   switch (c.family) {
@@ -276,8 +287,22 @@ int RunDemo(Args& args) {
   fu.bytes = KernelBytes(unfused);
   ff.bytes = KernelBytes(fused);
   const int profile_runs = std::max(3, o.repeats / 2);
-  if (Status st = Profile(**plan_u, in, out_u, ctx, profile_runs, fu); !st.ok()) return fail(st);
-  if (Status st = Profile(**plan_f, in, out_f, ctx_f, profile_runs, ff); !st.ok()) return fail(st);
+  PlanProfile prof_u, prof_f;
+  for (int r = 0; r < profile_runs; ++r) {  // alternating rounds, the order swapped each round
+    for (int i = 0; i < 2; ++i) {
+      const bool unfused_now = (i == 0) == (r % 2 == 0);
+      const Status st = unfused_now ? prof_u.Observe(**plan_u, in, out_u, ctx) : prof_f.Observe(**plan_f, in, out_f, ctx_f);
+      if (!st.ok()) return fail(st);
+    }
+  }
+  prof_u.Finish(fu);
+  prof_f.Finish(ff);
+  // The outside-GEMM ratio of each round (unfused over fused, observed back to back), median.
+  std::vector<double> round_ratios;
+  for (int r = 0; r < profile_runs; ++r)
+    if (prof_f.round_outside_ms()[r] > 0) round_ratios.push_back(prof_u.round_outside_ms()[r] / prof_f.round_outside_ms()[r]);
+  std::sort(round_ratios.begin(), round_ratios.end());
+  const double outside_round_ratio = round_ratios.empty() ? 0.0 : round_ratios[round_ratios.size() / 2];
   const Timing dispatch = MeasureMedian([&] { pool.Run(pool.num_threads(), [](void*, int, int) {}, nullptr); }, 21);
   const double per_launch_us = dispatch.median_s * 1e6;
 
@@ -301,6 +326,10 @@ int RunDemo(Args& args) {
   row("bytes moved by kernels, MB", fu.bytes / 1e6, ff.bytes / 1e6, "%.1f");
   std::printf("\nspeedup %.2fx (median of per-round ratios %.2fx over %d interleaved rounds)\n",
               fu.latency_ms / ff.latency_ms, 1 / t.median_ratio_to_first[1], o.repeats);
+  std::printf("time outside GEMMs: median of per-round ratios %.2fx over %d rounds that observed the two plans\n"
+              "back to back (min %.2fx, max %.2fx)\n",
+              outside_round_ratio, profile_runs, round_ratios.empty() ? 0.0 : round_ratios.front(),
+              round_ratios.empty() ? 0.0 : round_ratios.back());
   std::printf("dispatch: one %d-thread pool launch costs %.2f us here (same run); the estimate is kernels x that.\n",
               pool.num_threads(), per_launch_us);
   std::printf("GEMM time: MatMul kernels, and inside fused kernels the share of thread-time spent in BLAS calls\n"
@@ -385,6 +414,9 @@ int RunDemo(Args& args) {
     j.Key("latency_ms").BeginObject().Key("unfused").Num(fu.latency_ms).Key("fused").Num(ff.latency_ms).EndObject();
     j.Key("outside_gemm_ms").BeginObject().Key("unfused").Num(fu.outside_gemm_ms).Key("fused").Num(ff.outside_gemm_ms);
     j.EndObject();
+    j.Key("outside_gemm_round_ratio").BeginObject().Key("median").Num(outside_round_ratio);
+    j.Key("min").Num(round_ratios.empty() ? 0.0 : round_ratios.front());
+    j.Key("max").Num(round_ratios.empty() ? 0.0 : round_ratios.back()).Key("rounds").Int(profile_runs).EndObject();
     j.Key("gemm_ms").BeginObject().Key("unfused").Num(fu.gemm_ms).Key("fused").Num(ff.gemm_ms).EndObject();
     j.Key("dispatch_us_per_launch").Num(per_launch_us);
     j.Key("bytes_moved").BeginObject().Key("unfused").Num(fu.bytes).Key("fused").Num(ff.bytes).EndObject();
