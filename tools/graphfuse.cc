@@ -130,8 +130,9 @@ constexpr HelpSection kCommands[] = {
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
         checks they agree (|fused - unfused| <= atol + rtol*|unfused|; defaults 1e-4, 1e-3),
-        and prints kernels per block, dispatch overhead, time outside the weight GEMMs, block
-        latency (median of interleaved repeats), bytes moved and the fused groups; --profile
+        and prints kernels per block, dispatch overhead, time outside the weight GEMMs (and
+        its median ratio over rounds that run the two plans back to back), block latency
+        (median of interleaved repeats), bytes moved and the fused groups; --profile
         adds the median time of every kernel of both plans; --cpu-codegen runs the fused plan's
         elementwise programs as native loops (see below); --backend cuda also runs both plans
         on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints launches,
