@@ -57,6 +57,12 @@ fi
 step versions 30 sh -c "$GF --help | head -3; ldd $GF | grep -E 'not found|cuda|cublas|nvrtc'"
 
 export GF_KERNEL_CACHE=/tmp/graphfuse_kernels  # NVRTC disk cache shared by every step
+# The first Python that has PyTorch (`python3` on PATH may be a pyenv or venv shim without it).
+PY=python3
+for p in python3 /usr/bin/python3 /usr/local/bin/python3 python; do
+  if command -v "$p" > /dev/null && "$p" -c "import torch" 2> /dev/null; then PY=$p; break; fi
+done
+log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 
 # 1. What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi;
 #    the LLaMA-7B decode block (kernels, latency unfused / fused / fused + CUDA graph, error
@@ -65,8 +71,8 @@ step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 
   --json "$RAW/bench_chain_64Mi.json"
 step demo_llama7b_seq1 120 $GF demo --preset llama7b --seq 1 --threads "$(nproc)" --repeats 21 --backend cuda \
   --json "$RAW/demo_llama7b_seq1.json"
-step torch_eager_seq1_f32 60 python3 bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
-step torch_compile_seq1_f32 120 python3 bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
+step torch_eager_seq1_f32 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
+step torch_compile_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
 
 # 2. The runtime tests: demo presets and exported models, unfused / fused, stream / CUDA graph,
 #    against the CPU; codegen, NVRTC for this device, and the host emulation.
@@ -78,9 +84,9 @@ step demo_llama7b_seq512 150 $GF demo --preset llama7b --seq 512 --threads "$(np
 for seq in 1 512; do
   for dt in f32 bf16; do
     [ "$seq$dt" = "1f32" ] && continue
-    step "torch_eager_seq${seq}_$dt" 60 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
+    step "torch_eager_seq${seq}_$dt" 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
       --device cuda --dtype $dt --repeats 51
-    step "torch_compile_seq${seq}_$dt" 120 python3 bench/peers/block_torch.py --preset llama7b --seq $seq \
+    step "torch_compile_seq${seq}_$dt" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
       --device cuda --dtype $dt --repeats 51 --compile
   done
 done
