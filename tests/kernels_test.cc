@@ -446,8 +446,9 @@ TEST(Kernels, SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate) {
       std::fill(in, in + kLanes, neighbour);
       in[kLanes - 1] = x;
       simd::exp_softmax(simd::VF::Load(in)).Store(out);
-      const float alone = exp_softmax(x);
+      const float alone = exp_softmax(x), neighbour_alone = exp_softmax(neighbour);
       EXPECT_EQ(std::memcmp(&out[kLanes - 1], &alone, 4), 0) << "exp_softmax(" << x << ") next to " << neighbour;
+      EXPECT_EQ(std::memcmp(&out[0], &neighbour_alone, 4), 0) << "exp_softmax(" << neighbour << ") next to " << x;
     }
   }
   std::printf("  exp_softmax: worst %lld ulp from the correctly rounded result (at %g)\n", static_cast<long long>(worst), worst_at);

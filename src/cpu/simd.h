@@ -145,12 +145,18 @@ inline VF exp_fast(VF x) { return VecF{_ZGVdN8v_expf(x.v.raw)}; }
 // against 9 (measured on a Zen core); a masked softmax row has one on its diagonal. Such lanes
 // take SLEEF's exp instead, the others glibc's, so each lane's bits depend on its own value only
 // (fused and unfused plans group elements into vectors differently). One compare per vector
-// otherwise: a guard on every exp_fast made Silu 20% slower there.
+// otherwise: a guard on every exp_fast made Silu 20% slower there. Lanes below -104 are +0
+// (SLEEF's result there, and the correctly rounded one) without calling SLEEF: a causal row's
+// diagonal vector, whose masked lanes lie far below, then costs one compare more, not a SLEEF
+// call.
 inline VF exp_softmax(VF d) {
   const __m256 v = d.v.raw, lo = _mm256_set1_ps(-87.3f);
   const __m256 in_range = _mm256_cmp_ps(v, lo, _CMP_GE_OQ);
   if (_mm256_movemask_ps(in_range) == 0xFF) [[likely]] return VecF{_ZGVdN8v_expf(v)};
-  return VecF{_mm256_blendv_ps(Sleef_expf8_u10(v), _ZGVdN8v_expf(_mm256_max_ps(lo, v)), in_range)};
+  const __m256 fast = _ZGVdN8v_expf(_mm256_max_ps(lo, v));
+  const __m256 zero = _mm256_cmp_ps(v, _mm256_set1_ps(-104.f), _CMP_LT_OQ);  // NaN: false
+  if (_mm256_movemask_ps(_mm256_or_ps(in_range, zero)) == 0xFF) return VecF{_mm256_and_ps(fast, in_range)};
+  return VecF{_mm256_blendv_ps(Sleef_expf8_u10(v), fast, in_range)};
 }
 }  // namespace graphfuse::simd
 #else
