@@ -23,7 +23,10 @@ namespace graphfuse {
 namespace {
 
 enum class ScaleForm { kNone, kDiv, kMulRight, kMulLeft, kDivThenMul };
-enum class MaskForm { kNone, kCausal, kCausal2d, kPadding };
+// kCausalBool: a constant bool mask, Where(mask, scores, -inf) (Hugging Face GPT-2's
+// torch.where); kPaddingBool: a bool input, true on padded keys, Where(pad, lowest, scores)
+// (masked_fill) with a factor 0.5 applied after it, so the fill is scaled too.
+enum class MaskForm { kNone, kCausal, kCausal2d, kPadding, kCausalBool, kPaddingBool };
 
 struct Spec {
   int64_t b = 2, h = 4, s = 16, sk = 16, d = 32;
@@ -42,6 +45,8 @@ struct Built {
   std::unique_ptr<Graph> g;
   double scale = 1;
   std::vector<float> mask;  // causal mask values [S,Sk] (constant), empty otherwise
+  std::vector<float> keep;  // kCausalBool: 1 where the bool mask keeps the score [S,Sk]
+  double fill = 0;          // kCausalBool / kPaddingBool: a masked score's final value
   std::vector<float> cos, sin;  // [S,d]
 };
 
@@ -73,6 +78,13 @@ Built Build(const Spec& sp) {
     mask = g.AddConstant("mask", Const(sp.dtype, ms, r.mask)).value();
   } else if (sp.mask == MaskForm::kPadding) {
     mask = g.AddInput("pad", sp.dtype, {sp.b, 1, 1, sp.sk}).value();
+  } else if (sp.mask == MaskForm::kCausalBool) {
+    r.keep.assign(static_cast<size_t>(sp.s * sp.sk), 0.f);
+    for (int64_t i = 0; i < sp.s; ++i)
+      for (int64_t j = 0; j <= std::min(i, sp.sk - 1); ++j) r.keep[i * sp.sk + j] = 1.f;
+    mask = g.AddConstant("mask", Const(DType::kBool, {1, 1, sp.s, sp.sk}, r.keep)).value();
+  } else if (sp.mask == MaskForm::kPaddingBool) {
+    mask = g.AddInput("padb", DType::kBool, {sp.b, 1, 1, sp.sk}).value();
   }
   auto shape_of = [&](const std::string& name, int64_t rows) {
     return g.AddConstant(name, Const(DType::kI64, {4}, {float(sp.b), float(rows), float(sp.h), float(sp.d)})).value();
@@ -119,7 +131,16 @@ Built Build(const Spec& sp) {
       r.scale = 0.125;
       break;
   }
-  if (mask) s = Node1(g, "Add", {s, mask});
+  if (sp.mask == MaskForm::kCausalBool) {
+    r.fill = -INFINITY;
+    s = Node1(g, "Where", {mask, s, scalar("fill", r.fill)});
+  } else if (sp.mask == MaskForm::kPaddingBool) {
+    r.fill = 0.5 * double(std::numeric_limits<float>::lowest());
+    s = Node1(g, "Mul", {Node1(g, "Where", {mask, scalar("fill", std::numeric_limits<float>::lowest()), s}), scalar("half", 0.5)});
+    r.scale *= 0.5;
+  } else if (mask) {
+    s = Node1(g, "Add", {s, mask});
+  }
   Value* p = Node1(g, "Softmax", {s}, {{"axis", int64_t{-1}}});
   Value* o = Node1(g, "MatMul", {p, v4});
   if (sp.merge_heads) {
@@ -181,6 +202,7 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
   const int64_t hd = sp.h * sp.d;
   const Tensor &Q = ins[0], &K = ins[1], &V = ins[2];
   const Tensor* pad = sp.mask == MaskForm::kPadding ? &ins[3] : nullptr;
+  const Tensor* padb = sp.mask == MaskForm::kPaddingBool ? &ins[3] : nullptr;
   Tensor out = Tensor::Empty(DType::kF32, sp.merge_heads ? Shape{sp.b, sp.s, hd} : Shape{sp.b, sp.h, sp.s, sp.d}).value();
   auto rope = [&](const Tensor& x, int64_t bb, int64_t row, int64_t hh, int64_t j) {
     const double xj = x.GetAsDouble((bb * (&x == &Q ? sp.s : sp.sk) + row) * hd + hh * sp.d + j);
@@ -201,6 +223,8 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
           sc[j] = dot * b.scale;
           if (!b.mask.empty()) sc[j] += b.mask[i * sp.sk + j];
           if (pad) sc[j] += pad->GetAsDouble(bb * sp.sk + j);
+          if (!b.keep.empty() && b.keep[i * sp.sk + j] == 0) sc[j] = b.fill;
+          if (padb && padb->GetAsDouble(bb * sp.sk + j) != 0) sc[j] = b.fill;
           m = std::max(m, sc[j]);
         }
         double sum = 0;
@@ -259,9 +283,10 @@ FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
 
   const std::vector<Tensor> ins =
       RandomInputs(*unfused.g, seed, 0.05, 1.5, [](const Value& v, int64_t i, std::mt19937&) -> std::optional<double> {
-        if (v.name() != "pad") return std::nullopt;
-        const int64_t n = v.shape().back();  // -1e4 on the last 1..3 keys of each row
-        return (i % n) >= n - 1 - (i / n) % 3 ? -1e4 : 0.0;
+        if (v.name() != "pad" && v.name() != "padb") return std::nullopt;
+        const int64_t n = v.shape().back();  // -1e4 (true) on the last 1..3 keys of each row
+        const bool padded = (i % n) >= n - 1 - (i / n) % 3;
+        return v.name() == "padb" ? (padded ? 1.0 : 0.0) : padded ? -1e4 : 0.0;
       });
   ThreadPool pool(threads);
   auto a = Execute(*unfused.g, Views(ins), CpuContext{&pool});
@@ -280,7 +305,9 @@ FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
   // A plan leaves a constant mask's masked keys out where the scores allow (attention.cc's
   // MaskExpRow): the same bits as doing every key. (With k4_output the node reads a tensor the
   // plan computes, not a graph input.)
-  if (!sp.k4_output) EXPECT_TRUE(SameValues((*b)[0], RunUnprepared(*fused.g, ins, threads))) << "prepared vs unprepared";
+  if (!sp.k4_output) {
+    EXPECT_TRUE(SameValues((*b)[0], RunUnprepared(*fused.g, ins, threads))) << "prepared vs unprepared";
+  }
 
   // The reference graph on the fused node's own inputs reproduces its output.
   const Node* fa = FindOp(*fused.g, "FusedAttention");
@@ -343,6 +370,66 @@ TEST(FuseAttention, PaddingMaskInputAndTwoScaleFactors) {
   sp.scale = ScaleForm::kDivThenMul;
   sp.mask = MaskForm::kPadding;
   FuseAndCheck(sp);
+}
+
+// A bool mask applied with Where (Hugging Face GPT-2's torch.where(causal, w, mask_value)) is
+// the attention's mask too: the kernel keeps the scores it selects and puts the fill in the
+// others; 40 rows cross the kernel's vectors and row blocks unevenly.
+TEST(FuseAttention, BoolCausalMaskAppliedWithWhere) {
+  Spec sp;
+  sp.s = sp.sk = 40;
+  sp.mask = MaskForm::kCausalBool;
+  FusionReport r = FuseAndCheck(sp);
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_boolmask_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
+  Built fused = Build(sp);
+  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
+  const Node* fa = FindOp(*fused.g, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
+  EXPECT_EQ(fa->GetFloat("mask_fill", 0), -INFINITY);
+  sp.rope = true;  // LLaMA-style, with the same mask
+  FuseAndCheck(sp);
+}
+
+// masked_fill(pad, lowest) as Where(pad, lowest, scores): the scores are kept where the mask is
+// false, and a factor after the Where scales the fill as well.
+TEST(FuseAttention, BoolPaddingMaskInputKeptWhereFalseAndScaledAfter) {
+  Spec sp;
+  sp.mask = MaskForm::kPaddingBool;
+  FuseAndCheck(sp);
+  Built fused = Build(sp);
+  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
+  const Node* fa = FindOp(*fused.g, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
+  EXPECT_EQ(fa->GetFloat("mask_fill", 0), 0.5f * std::numeric_limits<float>::lowest());
+}
+
+// Where discards what it masks: a NaN score at a masked key leaves the row finite, as in the
+// unfused graph, while the row that keeps that key is NaN in both.
+TEST(FuseAttention, BoolMaskDropsANaNScoreItMasks) {
+  Spec sp;
+  sp.mask = MaskForm::kCausalBool;
+  Built unfused = Build(sp), fused = Build(sp);
+  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
+  std::vector<Tensor> ins = RandomInputs(*unfused.g, 5, 0.05, 1.5);
+  const int64_t last_key = sp.sk - 1;
+  ins[1].SetFromDouble((0 * sp.sk + last_key) * sp.h * sp.d, std::nan(""));  // batch 0, key S-1, head 0
+  ThreadPool pool(2);
+  auto a = Execute(*unfused.g, Views(ins), CpuContext{&pool});
+  auto b = Execute(*fused.g, Views(ins), CpuContext{&pool});
+  ASSERT_TRUE(a.ok() && b.ok());
+  int64_t nan_rows = 0;
+  for (int64_t i = 0; i < (*a)[0].numel(); ++i) {
+    const double x = (*a)[0].GetAsDouble(i), y = (*b)[0].GetAsDouble(i);
+    ASSERT_EQ(std::isnan(x), std::isnan(y)) << "element " << i << ": unfused " << x << ", fused " << y;
+    nan_rows += std::isnan(y);
+    if (!std::isnan(x)) {
+      EXPECT_NEAR(y, x, kAtol + kRtol * std::fabs(x)) << "element " << i;
+    }
+  }
+  EXPECT_EQ(nan_rows, sp.d);  // batch 0, head 0, query row S-1: its d outputs
 }
 
 TEST(FuseAttention, NoScaleCrossAttention) {
@@ -702,7 +789,9 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
   with_report.fusion_report = &apart_report;
   ASSERT_TRUE(RunPipeline(g, with_report).ok());
   for (const auto& n : g.nodes())
-    if (n->op() == "FusedAttention") EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << "q is a graph output";
+    if (n->op() == "FusedAttention") {
+      EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << "q is a graph output";
+    }
   EXPECT_NE(FindRefusal(apart_report, "too-many-outputs"), nullptr) << "the refusal says why";
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Exports the small end-to-end test models in tests/models/ with torch.onnx.export.
 
-Run with Debian's python3 (torch 1.13 + onnx 1.12 from Debian):
+Run with Debian's python3 (torch 1.13 + onnx 1.12 from Debian: python3-torch, python3-onnx):
 
     /usr/bin/python3 tools/export_models.py [--out tests/models]
 
@@ -210,6 +210,42 @@ class Gpt2Block(nn.Module):
         return r + self.fc_out(F.gelu(self.fc_in(self.ln_2(r)), approximate="tanh"))
 
 
+class SelfAttentionWhere(SelfAttention):
+    """SelfAttention masked as Hugging Face's GPT-2 does it: a bool causal buffer, sliced to the
+    sequence, selects the scores with torch.where; masked keys take float32's lowest value."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ):
+        super().__init__(d, heads, seq)
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq))
+
+    def forward(self, h):
+        q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
+        w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hd)
+        causal = self.bias[:, :, : self.seq, : self.seq]
+        mask_value = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype)
+        w = torch.where(causal, w, mask_value)
+        p = torch.softmax(w, dim=-1)
+        a = torch.matmul(p, v).transpose(1, 2).contiguous().view(1, self.seq, self.heads * self.hd)
+        return self.o_proj(a)
+
+
+class Gpt2WhereBlock(nn.Module):
+    """Gpt2Block with SelfAttentionWhere: the causal mask is a bool tensor applied by Where."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(d)
+        self.attn = SelfAttentionWhere(d, heads, seq)
+        self.ln_2 = nn.LayerNorm(d)
+        self.fc_in = nn.Linear(d, ffn)
+        self.fc_out = nn.Linear(ffn, d)
+        randomize_layer_norms(self)
+
+    def forward(self, x):
+        r = x + self.attn(self.ln_1(x))
+        return r + self.fc_out(F.gelu(self.fc_in(self.ln_2(r)), approximate="tanh"))
+
+
 class BertLayer(nn.Module):
     """BERT encoder layer (post-norm): h = ln_1(attn(x, mask) + x) with the padding mask given
     as the second input, then ln_2(fc_out(gelu(fc_in(h))) + h) with GELU in erf form."""
@@ -235,6 +271,7 @@ MODELS = {
     # New models go at the end: a model's seed follows its position here.
     "gpt2_block": (Gpt2Block, (1, SEQ, HIDDEN)),
     "bert_layer": (BertLayer, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
+    "gpt2_where_block": (Gpt2WhereBlock, (1, SEQ, HIDDEN)),
 }
 
 

@@ -405,7 +405,8 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
 
 // FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
 // (roped) query row goes to shared memory; each thread takes keys j = t, t + 256, ... and
-// forms scale * q.k_j (K roped on the fly) + mask_scale * mask; the row's max and sum of
+// forms scale * q.k_j (K roped on the fly) + mask_scale * mask (or, for a bool mask, keeps it
+// or takes mask_fill: mask_select); the row's max and sum of
 // exponentials are block reductions (sum in double); each thread then forms output columns as
 // sum_j p_j v_j[c] and scales them by 1/sum, written in the output layout. Scores of one row
 // live in shared memory: at most kMaxAttentionKeys keys.
@@ -419,8 +420,12 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",
                          kMaxAttentionKeys, " keys, head_dim ", kMaxHeadDim, ")");
   if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
-  for (const Value* v : node.inputs())
-    if (!v || v->dtype() != DType::kF32) return Unimplemented(where, ": f32 operands only");
+  for (size_t i = 0; i < node.inputs().size(); ++i) {
+    const Value* v = node.input(i);
+    const bool bool_mask = d.mask && d.mask_select != 0 && i == 3;  // a selecting mask (Where) is bool
+    if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
+      return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
+  }
   const kernels::HeadAccess qa = kernels::Access(d.q, d, d.s, d.d), ka = kernels::Access(d.k, d, d.sk, d.d),
                             va = kernels::Access(d.v, d, d.sk, d.dv), oa = kernels::Access(d.out, d, d.s, d.dv);
   const bool kt = d.k == kernels::Layout::kBHDS;  // K^T laid out [d, Sk] per head
@@ -444,7 +449,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
   std::string t = "(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v";
-  if (d.mask) t += ", const float* __restrict__ mask";
+  if (d.mask) t += d.mask_select != 0 ? ", const unsigned char* __restrict__ mask" : ", const float* __restrict__ mask";
   if (d.rope_q || d.rope_k) t += ", const float* __restrict__ cs, const float* __restrict__ sn";
   t += ", float* __restrict__ out) {\n";
   t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
@@ -491,8 +496,11 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += StrCat("      float sc = ", FloatLiteral(scale), " * acc;\n");
   if (d.mask) {
     const std::string moff = StrCat("b * ", ms[0], "LL + h * ", ms[1], "LL + r * ", ms[2], "LL + j * ", ms[3], "LL");
-    t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
-                           : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
+    if (d.mask_select != 0)  // Where(mask, scores, fill) / Where(mask, fill, scores)
+      t += StrCat("      sc = ", d.mask_select > 0 ? "" : "!", "mask[", moff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
+    else
+      t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
+                             : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
   }
   t += "      ps[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
   t += "    m = gf::block_max(m);\n";
@@ -506,7 +514,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "      oh[c] = o * inv;\n    }\n  }\n}\n";
   std::string base = "attention";
   if (d.rope_q || d.rope_k) base += "_rope";
-  if (d.mask) base += "_mask";
+  if (d.mask) base += d.mask_select != 0 ? "_boolmask" : "_mask";
   base += StrCat("_h", d.h, "_d", d.d);
   return Finish(head, t, base, DType::kF32, std::move(k));
 }

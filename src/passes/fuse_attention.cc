@@ -6,12 +6,14 @@
 //   %s  = MatMul(%q4, %kt)                                        ==>   %o = FusedAttention(%q, %k, %v
 //   %s1 = Div(%s, c) / Mul(%s, c) ...        (scalar constants)               [, %mask] [, %cos, %sin])
 //   %s2 = Add(%s1, %mask)                    (broadcast to [B,H,S,Sk])       {reference = graph {...}}
+//         or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1)   (c a scalar constant, e.g. -inf)
 //   %p  = Softmax(%s2, axis -1)
 //   %o4 = MatMul(%p, %v4)
 //   %o  = Reshape(Transpose(%o4, perm [0,2,1,3]), [B,S,H*d])      (optional)
 //
 // Note on the algorithm. Each Softmax over the last axis anchors a match: its input chain is
-// walked back through scalar Mul/Div and at most one mask Add to the Q K^T MatMul, and its
+// walked back through scalar Mul/Div and at most one mask (an Add, or a Where that keeps the
+// scores where a bool mask says and puts a scalar elsewhere) to the Q K^T MatMul, and its
 // output must feed the P V MatMul. That "core" (scores, scaled / masked scores, probabilities)
 // is all-or-nothing: an intermediate read outside the pattern or returned by the graph refuses
 // the fusion, since computing it a second time would cost as much as the attention itself.
@@ -89,6 +91,8 @@ struct Match {
   Operand q, k, v;
   Value* mask = nullptr;
   double scale = 1, mask_scale = 1;
+  int mask_select = 0;   // 0: mask added; +1 / -1: a bool mask keeps scores where true / false
+  double mask_fill = 0;  // the Where's scalar (before the factors after it, in mask_scale)
   Value* out = nullptr;
   std::string out_layout = "bhsd";
   std::vector<Node*> out_nodes;
@@ -179,6 +183,10 @@ class AttentionFuser {
     m->core.push_back(sm);
     Value* cur = sm->input(0);
     bool mask_seen = false;
+    auto scores_like = [](const Value* v) {
+      const Node* pr = v->producer();
+      return pr && (pr->op() == "MatMul" || pr->op() == "Mul" || pr->op() == "Div");
+    };
     for (;;) {
       Node* n = cur->producer();
       if (!n || n->op() == "MatMul") break;
@@ -191,11 +199,19 @@ class AttentionFuser {
         // Factors after the mask add (met first walking back) scale the mask too.
         m->scale *= c;
         if (!mask_seen) m->mask_scale *= c;
+      } else if (n->op() == "Where" && !mask_seen && n->input(0)->dtype() == DType::kBool) {
+        double fill = 0;
+        if (scores_like(n->input(1)) && ScalarConstant(n->input(2), &fill)) {
+          next = n->input(1), m->mask_select = 1;
+        } else if (scores_like(n->input(2)) && ScalarConstant(n->input(1), &fill)) {
+          next = n->input(2), m->mask_select = -1;
+        } else {
+          break;
+        }
+        m->mask = n->input(0);
+        m->mask_fill = fill;
+        mask_seen = true;
       } else if (n->op() == "Add" && !mask_seen) {
-        auto scores_like = [](const Value* v) {
-          const Node* pr = v->producer();
-          return pr && (pr->op() == "MatMul" || pr->op() == "Mul" || pr->op() == "Div");
-        };
         const int si = scores_like(n->input(0)) ? 0 : scores_like(n->input(1)) ? 1 : -1;
         if (si < 0) break;
         next = n->input(si);
@@ -228,7 +244,7 @@ class AttentionFuser {
     const Value* v4 = pv->input(1);
     const Value* p = m->softmax->output();
     std::vector<const Value*> all = {q4, kt, v4, p, pv->output()};
-    if (m->mask) all.push_back(m->mask);
+    if (m->mask && m->mask_select == 0) all.push_back(m->mask);  // a selecting mask is bool (MatchAt)
     for (const Value* x : all)
       if (x->dtype() != DType::kF32) {
         Refuse(qk, pv->name(), kUnsupportedDtype,
@@ -397,7 +413,7 @@ class AttentionFuser {
 
     std::string kernel = "attention";
     if (rope) kernel += "_rope";
-    if (m.mask) kernel += "_mask";
+    if (m.mask) kernel += m.mask_select != 0 ? "_boolmask" : "_mask";
     char hash[16];
     std::snprintf(hash, sizeof hash, "%08x",
                   Fnv1a(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout)));
@@ -418,6 +434,8 @@ class AttentionFuser {
         {"scale", static_cast<float>(m.scale)},
         {"mask_scale", static_cast<float>(m.mask_scale)},
         {"has_mask", int64_t{m.mask != nullptr}},
+        {"mask_select", int64_t{m.mask_select}},
+        {"mask_fill", static_cast<float>(m.mask_fill * m.mask_scale)},
         {"rope_q", int64_t{m.q.rope != nullptr}},
         {"rope_k", int64_t{m.k.rope != nullptr}},
         {"kernel_name", kernel},

@@ -266,10 +266,11 @@ void CheckEmulatedAttention(const Graph& g, const std::string& label, uint32_t s
 }
 
 // The attention kernel of each exported block (LLaMA: RoPE and a causal mask; GPT-2: causal
-// mask, q/k/v from one GEMM; BERT: padding mask) against the CPU's FusedAttention.
+// mask, q/k/v from one GEMM, and as a bool mask applied by Where; BERT: padding mask) against
+// the CPU's FusedAttention.
 TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
-  for (const char* name : {"llama_block_opset17", "gpt2_block_opset17", "bert_layer_opset13"}) {
+  for (const char* name : {"llama_block_opset17", "gpt2_block_opset17", "bert_layer_opset13", "gpt2_where_block_opset17"}) {
     auto g = ImportOnnxFile((models / name / "model.onnx").string());
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     // The CUDA backend runs the projected form (QKV GEMM inside the attention) as its reference,
@@ -307,7 +308,8 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     std::string model;
     bool fuse;
   } runs[] = {{"llama_block_opset17", true}, {"llama_block_opset13", false}, {"gpt2_block_opset17", true},
-              {"bert_layer_opset17", true},  {"mlp_gelu_opset13", true},     {"attention_layernorm_opset13", true}};
+              {"bert_layer_opset17", true},  {"mlp_gelu_opset13", true},     {"attention_layernorm_opset13", true},
+              {"gpt2_where_block_opset13", true}};
   for (const Run& r : runs) {
     SCOPED_TRACE(StrCat(r.model, r.fuse ? " fused" : " unfused"));
     auto g = ImportOnnxFile((models / r.model / "model.onnx").string());

@@ -88,7 +88,8 @@ TEST(OnnxModels, ExportedBlocksFuseIntoTheFamiliesOfTheApiBuiltBlocks) {
   };
   constexpr Block kBlocks[] = {{"llama_block", "gate_proj/MatMul", "down_proj/MatMul"},
                                {"gpt2_block", "fc_in/MatMul", "fc_out/MatMul"},
-                               {"bert_layer", "fc_in/MatMul", "fc_out/MatMul"}};
+                               {"bert_layer", "fc_in/MatMul", "fc_out/MatMul"},
+                               {"gpt2_where_block", "fc_in/MatMul", "fc_out/MatMul"}};
   for (const Block& block : kBlocks) {
     for (int opset : {13, 17}) {
       const std::string name = StrCat(block.name, "_opset", opset);
@@ -118,7 +119,9 @@ TEST(OnnxModels, ExportedBlocksFuseIntoTheFamiliesOfTheApiBuiltBlocks) {
       // no biases, so the QKV GEMM has no epilogue and moves into the attention kernel).
       EXPECT_TRUE(q->kind == "gemm_horizontal" || q->kind == "gemm_epilogue" || q->kind == "attention")
           << name << ": " << q->kind;
-      if (std::string(block.name) == "llama_block") EXPECT_EQ(q->kind, "attention") << name << groups;
+      if (std::string(block.name) == "llama_block") {
+        EXPECT_EQ(q->kind, "attention") << name << groups;
+      }
       EXPECT_EQ(GroupOf(report, "k_proj/MatMul"), q) << name << ": q and k projections apart" << groups;
       EXPECT_EQ(GroupOf(report, "v_proj/MatMul"), q) << name << ": q and v projections apart" << groups;
 

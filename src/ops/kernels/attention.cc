@@ -1,5 +1,6 @@
 // FusedAttention: softmax(scale * Q K^T + mask_scale * mask) V for every (batch, head) pair in
-// ONE launch, formed by the FuseAttention pass (src/passes/fuse_attention.cc).
+// ONE launch, formed by the FuseAttention pass (src/passes/fuse_attention.cc). A bool mask
+// selects instead (mask_select, attention_layout.h): scores where it keeps them, mask_fill elsewhere.
 //
 // Operands are read where they lie, through a per-operand layout attribute:
 //   "bshd": the pre-head-split tensor [B,S,H*d] (any shape with that row-major order); head
@@ -69,6 +70,11 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   GF_ASSIGN_OR_RETURN(d.v, ParseLayout(AttrString(a, "v_layout", "bshd"), false, where, "v_layout"));
   GF_ASSIGN_OR_RETURN(d.out, ParseLayout(AttrString(a, "out_layout", "bshd"), false, where, "out_layout"));
   d.mask = AttrInt(a, "has_mask", 0) != 0;
+  d.mask_select = static_cast<int>(AttrInt(a, "mask_select", 0));
+  if (d.mask_select < -1 || d.mask_select > 1)
+    return InvalidArgument(where, ": mask_select must be 0 (additive mask), 1 or -1 (bool mask kept where true / false)");
+  if (d.mask_select != 0 && !d.mask) return InvalidArgument(where, ": mask_select without a mask (has_mask 0)");
+  d.mask_fill = static_cast<float>(AttrFloat(a, "mask_fill", 0.f));
   d.rope_q = AttrInt(a, "rope_q", 0) != 0;
   d.rope_k = AttrInt(a, "rope_k", 0) != 0;
   if (d.rope_k && d.k == Layout::kBHDS)
@@ -109,9 +115,17 @@ Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<con
     return InvalidArgument(where, ": expects ", d.num_inputs(), d.proj ? " inputs (x, W" : " inputs (q, k, v",
                            d.mask ? ", mask" : "",
                            d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
-  for (size_t i = 0; i < dtypes.size(); ++i)
+  const size_t mask_at = d.mask ? static_cast<size_t>(d.first_extra()) : SIZE_MAX;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (i == mask_at && d.mask_select != 0) {
+      if (dtypes[i] != DType::kBool)
+        return InvalidArgument(where, ": a selecting mask (mask_select ", d.mask_select, ") is bool, not ",
+                               DTypeName(dtypes[i]));
+      continue;
+    }
     if (dtypes[i] != DType::kF32)
       return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+  }
   auto check = [&](size_t i, const char* name, Layout l, int64_t rows, int64_t cols) -> Status {
     const Shape& s = shapes[i];
     int64_t n = 1;
@@ -200,8 +214,13 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 // for whole skipped vectors, which added +0 before). They are set to 0 without adding the mask
 // to them or taking their max a second time. A NaN or inf among their scores fails the test,
 // and the row is done whole, as before (NaN stays NaN).
+//
+// A bool mask instead (bmask, select = +1 / -1): a key keeps its score where bmask is true /
+// false and takes `fill` in the others (Where(mask, scores, fill) / Where(mask, fill, scores):
+// a NaN or inf score at a masked key is replaced, not propagated). Keys [live, n) then all hold
+// fill, so they are left out when fill lies 1000 below the max so far.
 double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale, int64_t live,
-                  float skip_bound) {
+                  float skip_bound, const uint8_t* bmask = nullptr, int select = 0, float fill = 0) {
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
   // row[begin, end) += what `at` gives, the max taken over whole vectors as they are stored; the
@@ -217,7 +236,15 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
     if (i < end) vmax = simd::max(vmax, LoadTail(row + i, end - i, ninf));
   };
   auto pass = [&](int64_t begin, int64_t end) {
-    if (!mask) {
+    if (bmask) {
+      const bool keep_true = select > 0;
+      if (mask_stride == 0) {
+        if ((bmask[0] != 0) != keep_true) std::fill(row + begin, row + end, fill);
+      } else {
+        for (int64_t k = begin; k < end; ++k) row[k] = (bmask[k] != 0) == keep_true ? row[k] : fill;
+      }
+      MaxInto(vmax, row + begin, end - begin);
+    } else if (!mask) {
       MaxInto(vmax, row + begin, end - begin);
     } else if (mask_stride == 0) {
       const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
@@ -236,8 +263,9 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
   pass(0, live);
   if (live < n) {
     const float max_live = simd::MaxOfLanesNaN(vmax);
-    const float max_rest = RowMax(row + live, n - live);
-    if (static_cast<double>(max_rest) + static_cast<double>(skip_bound) < static_cast<double>(max_live) - 1000.0) {
+    const double rest = bmask ? static_cast<double>(fill)
+                              : static_cast<double>(RowMax(row + live, n - live)) + static_cast<double>(skip_bound);
+    if (rest < static_cast<double>(max_live) - 1000.0) {
       std::fill(row + live, row + n, 0.f);
       return ExpShiftSum(row, row, live, max_live);
     }
@@ -290,11 +318,23 @@ std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
   const size_t mi = static_cast<size_t>(d.first_extra());
   if (!d.mask || node.inputs().size() <= mi || !node.input(mi) || !node.input(mi)->constant()) return std::nullopt;
   const Tensor& m = *node.input(mi)->constant();
-  if (m.dtype() != DType::kF32 || m.shape().empty() || m.shape().back() != d.sk || d.sk == 0) return std::nullopt;
-  const float scale = node.GetFloat("mask_scale", 1.f);
+  if (m.shape().empty() || m.shape().back() != d.sk || d.sk == 0) return std::nullopt;
   MaskRows rows;
   rows.sk = d.sk;
   rows.numel = m.numel();
+  if (d.mask_select != 0) {  // a bool mask: trailing keys it drops take the fill
+    if (m.dtype() != DType::kBool || !(d.mask_fill <= MaskRows::kSkippable)) return std::nullopt;
+    const uint8_t* p = static_cast<const uint8_t*>(m.data());
+    for (int64_t r = 0; r < m.numel() / d.sk; ++r) {
+      int64_t live = d.sk;
+      while (live > 0 && (p[r * d.sk + live - 1] != 0) != (d.mask_select > 0)) --live;
+      rows.live.push_back(live);
+      rows.bound.push_back(d.mask_fill);
+    }
+    return rows;
+  }
+  if (m.dtype() != DType::kF32) return std::nullopt;
+  const float scale = node.GetFloat("mask_scale", 1.f);
   const float* p = m.data_as<float>();
   for (int64_t r = 0; r < m.numel() / d.sk; ++r) {
     const float* row = p + r * d.sk;
@@ -374,9 +414,11 @@ Status AttentionKernel(const KernelContext& ctx) {
   size_t next = static_cast<size_t>(d.first_extra());
   const size_t mask_index = next;
   const float* mask = nullptr;
+  const uint8_t* bmask = nullptr;  // a selecting (bool) mask
   std::vector<int64_t> ms;  // mask strides over [B,H,S,Sk]
   if (d.mask) {
-    mask = ctx.inputs[next].as<const float>();
+    if (d.mask_select != 0) bmask = static_cast<const uint8_t*>(ctx.inputs[next].data);
+    else mask = ctx.inputs[next].as<const float>();
     ms = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.sk});
     ++next;
   }
@@ -384,7 +426,7 @@ Status AttentionKernel(const KernelContext& ctx) {
   const auto* state = static_cast<const AttentionState*>(ctx.state);
   const MaskRows* mask_rows = state && state->mask ? &*state->mask : nullptr;
   if (mask_rows &&
-      (!mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[mask_index].numel()))
+      (!d.mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[mask_index].numel()))
     mask_rows = nullptr;
   const float *cos = nullptr, *sin = nullptr;
   std::vector<int64_t> cq, ck;  // cos/sin strides over [B,H,S,d] and [B,H,Sk,d]
@@ -462,12 +504,13 @@ Status AttentionKernel(const KernelContext& ctx) {
     }
     float inv[256];
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
+      const int64_t moff = d.mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
       const size_t mrow = static_cast<size_t>(moff / d.sk);  // the mask's own row (prepared)
       const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
       const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
-      const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
-                                    mask_scale, live, bound);
+      const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, d.mask ? ms[3] : 1,
+                                    mask_scale, live, bound, bmask ? bmask + moff : nullptr, d.mask_select,
+                                    d.mask_fill);
       inv[r] = static_cast<float>(1.0 / sum);
     }
     // O[rows, dv] = P V, written in place in the output layout, then normalized per row.

@@ -16,6 +16,12 @@ struct Dims {
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
   Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
   bool mask = false, rope_q = false, rope_k = false;
+  // The mask's kind: 0, an f32 mask added (times mask_scale) to the scaled scores; +1 / -1, a
+  // bool mask that keeps a score where it is true / false and puts mask_fill in the others
+  // (Where(mask, scores, fill) / Where(mask, fill, scores); mask_fill already carries the
+  // factors applied after the Where).
+  int mask_select = 0;
+  float mask_fill = 0;
   // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
   // W [K, 3*H*d] in place of q, k, v; q, k and v are x @ W's column thirds proj[0], proj[1],
   // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
