@@ -17,13 +17,15 @@ for path in sorted(glob.glob(os.path.join(d, "blocks_*.json"))):
     c = j["config"]
     lu, lf = j["latency_ms"]["unfused"], j["latency_ms"]["fused"]
     ou, of = j["outside_gemm_ms"]["unfused"], j["outside_gemm_ms"]["fused"]
+    rr = j.get("outside_gemm_round_ratio")
+    rounds = f"{rr['median']:.2f}x ({rr['min']:.2f}-{rr['max']:.2f})" if rr else "-"
     rows.append(
         f"| {j['preset']} seq {c['seq']} | {j['kernels_unfused']} -> {j['kernels_fused']} | "
-        f"{ou:.3f} -> {of:.3f} ({ou / of:.2f}x) | {j['gemm_ms']['unfused']:.2f} -> {j['gemm_ms']['fused']:.2f} | "
+        f"{ou:.3f} -> {of:.3f} ({ou / of:.2f}x) | {rounds} | {j['gemm_ms']['unfused']:.2f} -> {j['gemm_ms']['fused']:.2f} | "
         f"{lu:.2f} | {lf:.2f} | {lu / lf:.2f}x | "
         + (f"{torch:.2f} | {torch / lf:.2f}x |" if torch else "- | - |")
         + f" {j['bytes_moved']['unfused'] / 1e6:.1f} -> {j['bytes_moved']['fused'] / 1e6:.1f} | "
         f"{'ok' if all(o['ok'] for o in j['outputs']) else 'DIFFERS'} |")
-print("| block | kernels | outside GEMMs ms | in GEMMs ms | unfused ms | fused ms | speedup | torch eager ms | fused vs torch | MB moved | check |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| block | kernels | outside GEMMs ms | outside, per-round ratio (min-max) | in GEMMs ms | unfused ms | fused ms | speedup | torch eager ms | fused vs torch | MB moved | check |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 print("\n".join(rows))
