@@ -179,7 +179,7 @@ class AttentionFuser {
     for (const Use& u : p->uses())
       if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
     if (!m->pv) return false;
-    // Walk back from the softmax input: scalar scales and at most one mask add.
+    // Walk back from the softmax input: scalar scales and at most one mask (Add, or Where).
     m->core.push_back(sm);
     Value* cur = sm->input(0);
     bool mask_seen = false;
@@ -229,7 +229,7 @@ class AttentionFuser {
       Refuse(cur->producer() ? cur->producer() : sm, cur->producer() ? sm->name() : m->pv->name(), kUnsupportedPattern,
              StrCat("softmax '", sm->name(), "' feeds MatMul '", m->pv->name(), "' but its input '", cur->name(),
                     "' comes from ", cur->producer() ? cur->producer()->Describe() : std::string("outside the graph's nodes"),
-                    ", not from Q K^T through scalar scales and one mask add"));
+                    ", not from Q K^T through scalar scales and one mask (an Add, or a Where of a bool mask and a scalar)"));
       return false;
     }
     return CheckCore(m) && MatchOperands(m);
