@@ -26,7 +26,9 @@ enum class ScaleForm { kNone, kDiv, kMulRight, kMulLeft, kDivThenMul };
 // kCausalBool: a constant bool mask, Where(mask, scores, -inf) (Hugging Face GPT-2's
 // torch.where); kPaddingBool: a bool input, true on padded keys, Where(pad, lowest, scores)
 // (masked_fill) with a factor 0.5 applied after it, so the fill is scaled too.
-enum class MaskForm { kNone, kCausal, kCausal2d, kPadding, kCausalBool, kPaddingBool };
+// kKeepNotBool: a bool input, true on kept keys, written as masked_fill(~keep, lowest), which
+// exports as Where(Cast(Not(keep), bool), lowest, scores).
+enum class MaskForm { kNone, kCausal, kCausal2d, kPadding, kCausalBool, kPaddingBool, kKeepNotBool };
 
 struct Spec {
   int64_t b = 2, h = 4, s = 16, sk = 16, d = 32;
@@ -37,6 +39,7 @@ struct Spec {
   bool rope = false;           // Rope on Q and K
   bool scores_output = false;  // the raw scores are also a graph output
   bool k4_output = false;      // the head-split K is also a graph output
+  bool not_output = false;     // kKeepNotBool: Not(keep) is also a graph output
   DType dtype = DType::kF32;
 };
 
@@ -85,6 +88,8 @@ Built Build(const Spec& sp) {
     mask = g.AddConstant("mask", Const(DType::kBool, {1, 1, sp.s, sp.sk}, r.keep)).value();
   } else if (sp.mask == MaskForm::kPaddingBool) {
     mask = g.AddInput("padb", DType::kBool, {sp.b, 1, 1, sp.sk}).value();
+  } else if (sp.mask == MaskForm::kKeepNotBool) {
+    mask = g.AddInput("keepb", DType::kBool, {sp.b, 1, 1, sp.sk}).value();
   }
   auto shape_of = [&](const std::string& name, int64_t rows) {
     return g.AddConstant(name, Const(DType::kI64, {4}, {float(sp.b), float(rows), float(sp.h), float(sp.d)})).value();
@@ -138,6 +143,13 @@ Built Build(const Spec& sp) {
     r.fill = 0.5 * double(std::numeric_limits<float>::lowest());
     s = Node1(g, "Mul", {Node1(g, "Where", {mask, scalar("fill", std::numeric_limits<float>::lowest()), s}), scalar("half", 0.5)});
     r.scale *= 0.5;
+  } else if (sp.mask == MaskForm::kKeepNotBool) {
+    r.fill = double(std::numeric_limits<float>::lowest());
+    Value* dropped = Node1(g, "Cast", {Node1(g, "Not", {mask})}, {{"to", static_cast<int64_t>(DType::kBool)}});
+    if (sp.not_output) {
+      EXPECT_TRUE(g.MarkOutput(dropped->producer()->input(0)).ok());
+    }
+    s = Node1(g, "Where", {dropped, scalar("fill", r.fill), s});
   } else if (mask) {
     s = Node1(g, "Add", {s, mask});
   }
@@ -203,6 +215,7 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
   const Tensor &Q = ins[0], &K = ins[1], &V = ins[2];
   const Tensor* pad = sp.mask == MaskForm::kPadding ? &ins[3] : nullptr;
   const Tensor* padb = sp.mask == MaskForm::kPaddingBool ? &ins[3] : nullptr;
+  const Tensor* keepb = sp.mask == MaskForm::kKeepNotBool ? &ins[3] : nullptr;
   Tensor out = Tensor::Empty(DType::kF32, sp.merge_heads ? Shape{sp.b, sp.s, hd} : Shape{sp.b, sp.h, sp.s, sp.d}).value();
   auto rope = [&](const Tensor& x, int64_t bb, int64_t row, int64_t hh, int64_t j) {
     const double xj = x.GetAsDouble((bb * (&x == &Q ? sp.s : sp.sk) + row) * hd + hh * sp.d + j);
@@ -225,6 +238,7 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
           if (pad) sc[j] += pad->GetAsDouble(bb * sp.sk + j);
           if (!b.keep.empty() && b.keep[i * sp.sk + j] == 0) sc[j] = b.fill;
           if (padb && padb->GetAsDouble(bb * sp.sk + j) != 0) sc[j] = b.fill;
+          if (keepb && keepb->GetAsDouble(bb * sp.sk + j) == 0) sc[j] = b.fill;
           m = std::max(m, sc[j]);
         }
         double sum = 0;
@@ -283,9 +297,10 @@ FusionReport FuseAndCheck(const Spec& sp, int threads = 2, uint32_t seed = 7) {
 
   const std::vector<Tensor> ins =
       RandomInputs(*unfused.g, seed, 0.05, 1.5, [](const Value& v, int64_t i, std::mt19937&) -> std::optional<double> {
-        if (v.name() != "pad" && v.name() != "padb") return std::nullopt;
-        const int64_t n = v.shape().back();  // -1e4 (true) on the last 1..3 keys of each row
+        if (v.name() != "pad" && v.name() != "padb" && v.name() != "keepb") return std::nullopt;
+        const int64_t n = v.shape().back();  // -1e4 (true; keepb: false) on the last 1..3 keys of each row
         const bool padded = (i % n) >= n - 1 - (i / n) % 3;
+        if (v.name() == "keepb") return padded ? 0.0 : 1.0;
         return v.name() == "padb" ? (padded ? 1.0 : 0.0) : padded ? -1e4 : 0.0;
       });
   ThreadPool pool(threads);
@@ -404,6 +419,47 @@ TEST(FuseAttention, BoolPaddingMaskInputKeptWhereFalseAndScaledAfter) {
   ASSERT_NE(fa, nullptr);
   EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
   EXPECT_EQ(fa->GetFloat("mask_fill", 0), 0.5f * std::numeric_limits<float>::lowest());
+}
+
+// masked_fill(~keep, lowest): the Not (and the Cast of bool to bool) run inside the attention
+// as a flipped selection, so the block is one kernel; when Not's result is also a graph
+// output, the Not stays and the attention reads it.
+TEST(FuseAttention, NegatedBoolMaskFlipsTheSelection) {
+  Spec sp;
+  sp.mask = MaskForm::kKeepNotBool;
+  FusionReport r = FuseAndCheck(sp);  // one kernel in all
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(std::count_if(r.groups[0].nodes.begin(), r.groups[0].nodes.end(),
+                          [](const std::string& n) { return n.find("Not") != std::string::npos || n.find("Cast") != std::string::npos; }),
+            2);
+  Built fused = Build(sp);
+  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
+  const Node* fa = FindOp(*fused.g, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
+  EXPECT_EQ(fa->input(3)->name(), "keepb");
+
+  sp.not_output = true;
+  Built kept = Build(sp);
+  ASSERT_EQ(Formed(FuseAttention(*kept.g, FusionOptions{}, nullptr)), 1);
+  EXPECT_EQ(CountOp(*kept.g, "Not"), 1) << PrintGraph(*kept.g);
+  fa = FindOp(*kept.g, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
+  Built unfused = Build(sp);
+  const std::vector<Tensor> ins = RandomInputs(*unfused.g, 9, 0.05, 1.5, [](const Value& v, int64_t i, std::mt19937&) -> std::optional<double> {
+    if (v.name() != "keepb") return std::nullopt;
+    return (i % v.shape().back()) < 12 ? 1.0 : 0.0;
+  });
+  auto a = Execute(*unfused.g, Views(ins), CpuContext{});
+  auto b = Execute(*kept.g, Views(ins), CpuContext{});
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_EQ(kept.g->outputs().size(), 2u);
+  const size_t o = kept.g->outputs()[0]->name() == "out" ? 0 : 1;  // the other is Not(keep)
+  ExpectClose((*b)[o], (*a)[o], "fused vs unfused, Not kept");
+  const Tensor &nb = (*b)[1 - o], &na = (*a)[1 - o];
+  ASSERT_EQ(nb.dtype(), DType::kBool);
+  EXPECT_EQ(0, std::memcmp(nb.data(), na.data(), na.nbytes())) << "the Not output";
 }
 
 // Where discards what it masks: a NaN score at a masked key leaves the row finite, as in the

@@ -92,6 +92,7 @@ struct Match {
   Value* mask = nullptr;
   double scale = 1, mask_scale = 1;
   int mask_select = 0;   // 0: mask added; +1 / -1: a bool mask keeps scores where true / false
+  std::vector<Node*> mask_nodes;  // Not / Cast-to-bool between the bool mask and the Where
   double mask_fill = 0;  // the Where's scalar (before the factors after it, in mask_scale)
   Value* out = nullptr;
   std::string out_layout = "bhsd";
@@ -211,6 +212,17 @@ class AttentionFuser {
         m->mask = n->input(0);
         m->mask_fill = fill;
         mask_seen = true;
+        // masked_fill(~mask, c) exports as Where(Cast(Not(mask), bool), c, s): a Not read by
+        // nothing else flips the selection instead of running; a Cast of bool to bool is a copy.
+        for (Node* p = m->mask->producer(); p && m->mask->uses().size() == 1 && !m->mask->is_graph_output();
+             p = m->mask->producer()) {
+          const bool is_not = p->op() == "Not";
+          const bool is_copy = p->op() == "Cast" && p->output()->dtype() == DType::kBool;
+          if (!(is_not || is_copy) || p->input(0)->dtype() != DType::kBool) break;
+          if (is_not) m->mask_select = -m->mask_select;
+          m->mask_nodes.push_back(p);
+          m->mask = p->input(0);
+        }
       } else if (n->op() == "Add" && !mask_seen) {
         const int si = scores_like(n->input(0)) ? 0 : scores_like(n->input(1)) ? 1 : -1;
         if (si < 0) break;
@@ -363,6 +375,7 @@ class AttentionFuser {
     all.insert(all.end(), m.core.begin(), m.core.end());
     for (const Operand* op : {&m.q, &m.k, &m.v}) all.insert(all.end(), op->nodes.begin(), op->nodes.end());
     all.insert(all.end(), m.out_nodes.begin(), m.out_nodes.end());
+    all.insert(all.end(), m.mask_nodes.begin(), m.mask_nodes.end());
     std::sort(all.begin(), all.end(), [&](Node* a, Node* b) { return index_.at(a) < index_.at(b); });
     all.erase(std::unique(all.begin(), all.end()), all.end());
     return all;
