@@ -6,7 +6,8 @@
 //   %s  = MatMul(%q4, %kt)                                        ==>   %o = FusedAttention(%q, %k, %v
 //   %s1 = Div(%s, c) / Mul(%s, c) ...        (scalar constants)               [, %mask] [, %cos, %sin])
 //   %s2 = Add(%s1, %mask)                    (broadcast to [B,H,S,Sk])       {reference = graph {...}}
-//         or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1)   (c a scalar constant, e.g. -inf)
+//         or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1)   (c a scalar constant, e.g. -inf;
+//            Not / Cast-to-bool of the mask that nothing else reads come inside, as a flip)
 //   %p  = Softmax(%s2, axis -1)
 //   %o4 = MatMul(%p, %v4)
 //   %o  = Reshape(Transpose(%o4, perm [0,2,1,3]), [B,S,H*d])      (optional)
