@@ -195,10 +195,10 @@ class Gpt2Block(nn.Module):
     """GPT-2 decoder layer (pre-norm): x + attn(ln_1(x)) with a causal mask, then
     r + fc_out(gelu_tanh(fc_in(ln_2(r))))."""
 
-    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN, attention=None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d)
-        self.attn = SelfAttention(d, heads, seq)
+        self.attn = (attention or SelfAttention)(d, heads, seq)
         self.ln_2 = nn.LayerNorm(d)
         self.fc_in = nn.Linear(d, ffn)
         self.fc_out = nn.Linear(ffn, d)
@@ -218,7 +218,7 @@ class SelfAttentionWhere(SelfAttention):
         super().__init__(d, heads, seq)
         self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq))
 
-    def forward(self, h):
+    def forward(self, h, additive_mask=None):  # Gpt2Block passes its additive mask: not used here
         q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
         w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hd)
         causal = self.bias[:, :, : self.seq, : self.seq]
@@ -229,21 +229,11 @@ class SelfAttentionWhere(SelfAttention):
         return self.o_proj(a)
 
 
-class Gpt2WhereBlock(nn.Module):
+class Gpt2WhereBlock(Gpt2Block):
     """Gpt2Block with SelfAttentionWhere: the causal mask is a bool tensor applied by Where."""
 
-    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(d)
-        self.attn = SelfAttentionWhere(d, heads, seq)
-        self.ln_2 = nn.LayerNorm(d)
-        self.fc_in = nn.Linear(d, ffn)
-        self.fc_out = nn.Linear(ffn, d)
-        randomize_layer_norms(self)
-
-    def forward(self, x):
-        r = x + self.attn(self.ln_1(x))
-        return r + self.fc_out(F.gelu(self.fc_in(self.ln_2(r)), approximate="tanh"))
+    def __init__(self):
+        super().__init__(attention=SelfAttentionWhere)
 
 
 class BertLayer(nn.Module):
