@@ -28,7 +28,17 @@ enum class ScaleForm { kNone, kDiv, kMulRight, kMulLeft, kDivThenMul };
 // (masked_fill) with a factor 0.5 applied after it, so the fill is scaled too.
 // kKeepNotBool: a bool input, true on kept keys, written as masked_fill(~keep, lowest), which
 // exports as Where(Cast(Not(keep), bool), lowest, scores).
-enum class MaskForm { kNone, kCausal, kCausal2d, kPadding, kCausalBool, kPaddingBool, kKeepNotBool };
+// kCausalBoolThenPadding: Hugging Face's GPT-2 with an attention_mask, Where(causal, s, fill)
+// then + pad (an f32 input); kPaddingThenCausalBool: the two the other way round. The fill is
+// -5 in both, so that the order shows: a key both dropped and padded weighs e^-5 in the
+// second form and nothing in the first.
+enum class MaskForm {
+  kNone, kCausal, kCausal2d, kPadding, kCausalBool, kPaddingBool, kKeepNotBool, kCausalBoolThenPadding,
+  kPaddingThenCausalBool
+};
+bool HasCausalBool(MaskForm m) {
+  return m == MaskForm::kCausalBool || m == MaskForm::kCausalBoolThenPadding || m == MaskForm::kPaddingThenCausalBool;
+}
 
 struct Spec {
   int64_t b = 2, h = 4, s = 16, sk = 16, d = 32;
@@ -81,7 +91,11 @@ Built Build(const Spec& sp) {
     mask = g.AddConstant("mask", Const(sp.dtype, ms, r.mask)).value();
   } else if (sp.mask == MaskForm::kPadding) {
     mask = g.AddInput("pad", sp.dtype, {sp.b, 1, 1, sp.sk}).value();
-  } else if (sp.mask == MaskForm::kCausalBool) {
+  }
+  Value* pad = nullptr;  // the f32 padding input beside a bool causal mask
+  if (sp.mask == MaskForm::kCausalBoolThenPadding || sp.mask == MaskForm::kPaddingThenCausalBool)
+    pad = g.AddInput("pad", sp.dtype, {sp.b, 1, 1, sp.sk}).value();
+  if (HasCausalBool(sp.mask)) {
     r.keep.assign(static_cast<size_t>(sp.s * sp.sk), 0.f);
     for (int64_t i = 0; i < sp.s; ++i)
       for (int64_t j = 0; j <= std::min(i, sp.sk - 1); ++j) r.keep[i * sp.sk + j] = 1.f;
@@ -139,6 +153,12 @@ Built Build(const Spec& sp) {
   if (sp.mask == MaskForm::kCausalBool) {
     r.fill = -INFINITY;
     s = Node1(g, "Where", {mask, s, scalar("fill", r.fill)});
+  } else if (sp.mask == MaskForm::kCausalBoolThenPadding) {
+    r.fill = -5;  // not far below the scores: a dropped key still weighs, unless the pad then drops it
+    s = Node1(g, "Add", {Node1(g, "Where", {mask, s, scalar("fill", r.fill)}), pad});
+  } else if (sp.mask == MaskForm::kPaddingThenCausalBool) {
+    r.fill = -5;  // a dropped key weighs e^-5, padded or not
+    s = Node1(g, "Where", {mask, Node1(g, "Add", {s, pad}), scalar("fill", r.fill)});
   } else if (sp.mask == MaskForm::kPaddingBool) {
     r.fill = 0.5 * double(std::numeric_limits<float>::lowest());
     s = Node1(g, "Mul", {Node1(g, "Where", {mask, scalar("fill", std::numeric_limits<float>::lowest()), s}), scalar("half", 0.5)});
@@ -213,7 +233,9 @@ void ExpectClose(const Tensor& got, const Tensor& want, const std::string& what)
 Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor>& ins) {
   const int64_t hd = sp.h * sp.d;
   const Tensor &Q = ins[0], &K = ins[1], &V = ins[2];
-  const Tensor* pad = sp.mask == MaskForm::kPadding ? &ins[3] : nullptr;
+  const bool pad_input = sp.mask == MaskForm::kPadding || sp.mask == MaskForm::kCausalBoolThenPadding ||
+                         sp.mask == MaskForm::kPaddingThenCausalBool;
+  const Tensor* pad = pad_input ? &ins[3] : nullptr;
   const Tensor* padb = sp.mask == MaskForm::kPaddingBool ? &ins[3] : nullptr;
   const Tensor* keepb = sp.mask == MaskForm::kKeepNotBool ? &ins[3] : nullptr;
   Tensor out = Tensor::Empty(DType::kF32, sp.merge_heads ? Shape{sp.b, sp.s, hd} : Shape{sp.b, sp.h, sp.s, sp.d}).value();
@@ -235,8 +257,10 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
           for (int64_t t = 0; t < sp.d; ++t) dot += rope(Q, bb, i, hh, t) * rope(K, bb, j, hh, t);
           sc[j] = dot * b.scale;
           if (!b.mask.empty()) sc[j] += b.mask[i * sp.sk + j];
+          const bool dropped = !b.keep.empty() && b.keep[i * sp.sk + j] == 0;
+          if (dropped && sp.mask == MaskForm::kCausalBoolThenPadding) sc[j] = b.fill;  // Where, then the add
           if (pad) sc[j] += pad->GetAsDouble(bb * sp.sk + j);
-          if (!b.keep.empty() && b.keep[i * sp.sk + j] == 0) sc[j] = b.fill;
+          if (dropped && sp.mask != MaskForm::kCausalBoolThenPadding) sc[j] = b.fill;
           if (padb && padb->GetAsDouble(bb * sp.sk + j) != 0) sc[j] = b.fill;
           if (keepb && keepb->GetAsDouble(bb * sp.sk + j) == 0) sc[j] = b.fill;
           m = std::max(m, sc[j]);
@@ -419,6 +443,27 @@ TEST(FuseAttention, BoolPaddingMaskInputKeptWhereFalseAndScaledAfter) {
   ASSERT_NE(fa, nullptr);
   EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
   EXPECT_EQ(fa->GetFloat("mask_fill", 0), 0.5f * std::numeric_limits<float>::lowest());
+}
+
+// Both masks, in both orders (Hugging Face's GPT-2 with an attention_mask applies the bool
+// causal mask with Where, then adds the f32 padding mask): one kernel, and the order kept.
+TEST(FuseAttention, BoolMaskAndAddedMaskInEitherOrder) {
+  for (MaskForm form : {MaskForm::kCausalBoolThenPadding, MaskForm::kPaddingThenCausalBool}) {
+    SCOPED_TRACE(form == MaskForm::kCausalBoolThenPadding ? "Where, then Add" : "Add, then Where");
+    Spec sp;
+    sp.s = sp.sk = 24;
+    sp.mask = form;
+    FusionReport r = FuseAndCheck(sp);
+    ASSERT_EQ(r.groups.size(), 1u);
+    EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_mask_boolmask_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
+    Built fused = Build(sp);
+    ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
+    const Node* fa = FindOp(*fused.g, "FusedAttention");
+    ASSERT_NE(fa, nullptr);
+    EXPECT_EQ(fa->GetInt("has_mask", 0), 1);
+    EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
+    EXPECT_EQ(fa->GetInt("mask_select_first", -1), form == MaskForm::kCausalBoolThenPadding ? 1 : 0);
+  }
 }
 
 // masked_fill(~keep, lowest): the Not (and the Cast of bool to bool) run inside the attention

@@ -212,28 +212,34 @@ class Gpt2Block(nn.Module):
 
 class SelfAttentionWhere(SelfAttention):
     """SelfAttention masked as Hugging Face's GPT-2 does it: a bool causal buffer, sliced to the
-    sequence, selects the scores with torch.where; masked keys take float32's lowest value."""
+    sequence, selects the scores with torch.where (masked keys take float32's lowest value),
+    then the additive attention_mask (padding) is added."""
 
     def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ):
         super().__init__(d, heads, seq)
         self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq))
 
-    def forward(self, h, additive_mask=None):  # Gpt2Block passes its additive mask: not used here
+    def forward(self, h, attention_mask):
         q, k, v = self.split(self.q_proj(h)), self.split(self.k_proj(h)), self.split(self.v_proj(h))
         w = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.hd)
         causal = self.bias[:, :, : self.seq, : self.seq]
         mask_value = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype)
-        w = torch.where(causal, w, mask_value)
+        w = torch.where(causal, w, mask_value) + attention_mask
         p = torch.softmax(w, dim=-1)
         a = torch.matmul(p, v).transpose(1, 2).contiguous().view(1, self.seq, self.heads * self.hd)
         return self.o_proj(a)
 
 
 class Gpt2WhereBlock(Gpt2Block):
-    """Gpt2Block with SelfAttentionWhere: the causal mask is a bool tensor applied by Where."""
+    """Gpt2Block with SelfAttentionWhere: the causal mask is a bool tensor applied by Where, and
+    the padding mask (the second input) is added after it."""
 
     def __init__(self):
         super().__init__(attention=SelfAttentionWhere)
+
+    def forward(self, x, mask):
+        r = x + self.attn(self.ln_1(x), mask)
+        return r + self.fc_out(F.gelu(self.fc_in(self.ln_2(r)), approximate="tanh"))
 
 
 class BertLayer(nn.Module):
@@ -261,7 +267,7 @@ MODELS = {
     # New models go at the end: a model's seed follows its position here.
     "gpt2_block": (Gpt2Block, (1, SEQ, HIDDEN)),
     "bert_layer": (BertLayer, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
-    "gpt2_where_block": (Gpt2WhereBlock, (1, SEQ, HIDDEN)),
+    "gpt2_where_block": (Gpt2WhereBlock, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
 }
 
 

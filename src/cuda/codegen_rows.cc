@@ -422,7 +422,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
   for (size_t i = 0; i < node.inputs().size(); ++i) {
     const Value* v = node.input(i);
-    const bool bool_mask = d.mask && d.mask_select != 0 && i == 3;  // a selecting mask (Where) is bool
+    const bool bool_mask = d.mask_select != 0 && static_cast<int>(i) == d.bool_mask_index();  // Where's mask
     if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
       return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
   }
@@ -430,8 +430,9 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
                             va = kernels::Access(d.v, d, d.sk, d.dv), oa = kernels::Access(d.out, d, d.s, d.dv);
   const bool kt = d.k == kernels::Layout::kBHDS;  // K^T laid out [d, Sk] per head
   size_t next = 3;
-  std::vector<int64_t> ms, cq, ck;
+  std::vector<int64_t> ms, bms, cq, ck;
   if (d.mask) ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
+  if (d.mask_select != 0) bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
   if (d.rope_q || d.rope_k) {
     cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
     ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.sk, d.d});
@@ -449,7 +450,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
   std::string t = "(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v";
-  if (d.mask) t += d.mask_select != 0 ? ", const unsigned char* __restrict__ mask" : ", const float* __restrict__ mask";
+  if (d.mask) t += ", const float* __restrict__ mask";
+  if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
   if (d.rope_q || d.rope_k) t += ", const float* __restrict__ cs, const float* __restrict__ sn";
   t += ", float* __restrict__ out) {\n";
   t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
@@ -494,13 +496,17 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     t += "      for (long long c = 0; c < kD; ++c) acc += qs[c] * kr[c];\n";
   }
   t += StrCat("      float sc = ", FloatLiteral(scale), " * acc;\n");
+  std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
+  if (d.mask_select != 0) {
+    const std::string boff = StrCat("b * ", bms[0], "LL + h * ", bms[1], "LL + r * ", bms[2], "LL + j * ", bms[3], "LL");
+    select = StrCat("      sc = ", d.mask_select > 0 ? "" : "!", "bmask[", boff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
+  }
+  if (d.select_first || !d.mask) t += select;
   if (d.mask) {
     const std::string moff = StrCat("b * ", ms[0], "LL + h * ", ms[1], "LL + r * ", ms[2], "LL + j * ", ms[3], "LL");
-    if (d.mask_select != 0)  // Where(mask, scores, fill) / Where(mask, fill, scores)
-      t += StrCat("      sc = ", d.mask_select > 0 ? "" : "!", "mask[", moff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
-    else
-      t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
-                             : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
+    t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
+                           : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
+    if (!d.select_first) t += select;
   }
   t += "      ps[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
   t += "    m = gf::block_max(m);\n";
@@ -514,7 +520,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "      oh[c] = o * inv;\n    }\n  }\n}\n";
   std::string base = "attention";
   if (d.rope_q || d.rope_k) base += "_rope";
-  if (d.mask) base += d.mask_select != 0 ? "_boolmask" : "_mask";
+  if (d.mask) base += "_mask";
+  if (d.mask_select != 0) base += "_boolmask";
   base += StrCat("_h", d.h, "_d", d.d);
   return Finish(head, t, base, DType::kF32, std::move(k));
 }

@@ -6,14 +6,15 @@
 //   %s  = MatMul(%q4, %kt)                                        ==>   %o = FusedAttention(%q, %k, %v
 //   %s1 = Div(%s, c) / Mul(%s, c) ...        (scalar constants)               [, %mask] [, %cos, %sin])
 //   %s2 = Add(%s1, %mask)                    (broadcast to [B,H,S,Sk])       {reference = graph {...}}
-//         or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1)   (c a scalar constant, e.g. -inf;
-//            Not / Cast-to-bool of the mask that nothing else reads come inside, as a flip)
+//         and / or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1), in either order (c a
+//            scalar constant, e.g. -inf; Not / Cast-to-bool of the mask that nothing else reads
+//            come inside, as a flip)
 //   %p  = Softmax(%s2, axis -1)
 //   %o4 = MatMul(%p, %v4)
 //   %o  = Reshape(Transpose(%o4, perm [0,2,1,3]), [B,S,H*d])      (optional)
 //
 // Note on the algorithm. Each Softmax over the last axis anchors a match: its input chain is
-// walked back through scalar Mul/Div and at most one mask (an Add, or a Where that keeps the
+// walked back through scalar Mul/Div, at most one mask Add and at most one Where (which keeps the
 // scores where a bool mask says and puts a scalar elsewhere) to the Q K^T MatMul, and its
 // output must feed the P V MatMul. That "core" (scores, scaled / masked scores, probabilities)
 // is all-or-nothing: an intermediate read outside the pattern or returned by the graph refuses
@@ -31,6 +32,7 @@
 // pattern), so the rewrite cannot create a cycle.
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <set>
 
@@ -90,11 +92,13 @@ struct Match {
   Node* pv = nullptr;
   std::vector<Node*> core;  // scale, mask and softmax nodes between the MatMuls
   Operand q, k, v;
-  Value* mask = nullptr;
-  double scale = 1, mask_scale = 1;
-  int mask_select = 0;   // 0: mask added; +1 / -1: a bool mask keeps scores where true / false
+  Value* mask = nullptr;       // added (f32)
+  Value* bool_mask = nullptr;  // selecting (Where)
+  double scale = 1, mask_scale = 1, fill_scale = 1;  // all factors; those after the Add; after the Where
+  int mask_select = 0;   // +1 / -1: the bool mask keeps scores where true / false
+  bool select_first = false;  // both masks: the Where comes before the Add
   std::vector<Node*> mask_nodes;  // Not / Cast-to-bool between the bool mask and the Where
-  double mask_fill = 0;  // the Where's scalar (before the factors after it, in mask_scale)
+  double mask_fill = 0;  // the Where's scalar (before the factors after it, in fill_scale)
   Value* out = nullptr;
   std::string out_layout = "bhsd";
   std::vector<Node*> out_nodes;
@@ -181,13 +185,20 @@ class AttentionFuser {
     for (const Use& u : p->uses())
       if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
     if (!m->pv) return false;
-    // Walk back from the softmax input: scalar scales and at most one mask (Add, or Where).
+    // Walk back from the softmax input: scalar scales, at most one mask Add and one Where.
     m->core.push_back(sm);
     Value* cur = sm->input(0);
-    bool mask_seen = false;
-    auto scores_like = [](const Value* v) {
+    bool add_seen = false, select_seen = false;
+    // Whether v is the scores' side of a mask op: a MatMul reached back through the ops this
+    // walk takes (a few steps; the mask side is a graph input, a constant, or other ops).
+    std::function<bool(const Value*, int)> scores_like = [&](const Value* v, int depth) {
       const Node* pr = v->producer();
-      return pr && (pr->op() == "MatMul" || pr->op() == "Mul" || pr->op() == "Div");
+      if (!pr || depth > 6) return false;
+      if (pr->op() == "MatMul") return true;
+      if (pr->op() == "Mul" || pr->op() == "Div" || pr->op() == "Add")
+        return scores_like(pr->input(0), depth + 1) || scores_like(pr->input(1), depth + 1);
+      if (pr->op() == "Where") return scores_like(pr->input(1), depth + 1) || scores_like(pr->input(2), depth + 1);
+      return false;
     };
     for (;;) {
       Node* n = cur->producer();
@@ -198,38 +209,40 @@ class AttentionFuser {
       else if (n->op() == "Mul" && ScalarConstant(n->input(0), &c)) next = n->input(1);
       else if (n->op() == "Div" && ScalarConstant(n->input(1), &c) && c != 0) next = n->input(0), c = 1.0 / c;
       if (next) {
-        // Factors after the mask add (met first walking back) scale the mask too.
+        // Factors after a mask (met first walking back) scale the mask, or the Where's fill, too.
         m->scale *= c;
-        if (!mask_seen) m->mask_scale *= c;
-      } else if (n->op() == "Where" && !mask_seen && n->input(0)->dtype() == DType::kBool) {
+        if (!add_seen) m->mask_scale *= c;
+        if (!select_seen) m->fill_scale *= c;
+      } else if (n->op() == "Where" && !select_seen && n->input(0)->dtype() == DType::kBool) {
         double fill = 0;
-        if (scores_like(n->input(1)) && ScalarConstant(n->input(2), &fill)) {
+        if (scores_like(n->input(1), 0) && ScalarConstant(n->input(2), &fill)) {
           next = n->input(1), m->mask_select = 1;
-        } else if (scores_like(n->input(2)) && ScalarConstant(n->input(1), &fill)) {
+        } else if (scores_like(n->input(2), 0) && ScalarConstant(n->input(1), &fill)) {
           next = n->input(2), m->mask_select = -1;
         } else {
           break;
         }
-        m->mask = n->input(0);
+        m->bool_mask = n->input(0);
         m->mask_fill = fill;
-        mask_seen = true;
+        m->select_first = add_seen;  // an Add met first walking back comes after the Where
+        select_seen = true;
         // masked_fill(~mask, c) exports as Where(Cast(Not(mask), bool), c, s): a Not read by
         // nothing else flips the selection instead of running; a Cast of bool to bool is a copy.
-        for (Node* p = m->mask->producer(); p && m->mask->uses().size() == 1 && !m->mask->is_graph_output();
-             p = m->mask->producer()) {
+        for (Node* p = m->bool_mask->producer(); p && m->bool_mask->uses().size() == 1 && !m->bool_mask->is_graph_output();
+             p = m->bool_mask->producer()) {
           const bool is_not = p->op() == "Not";
           const bool is_copy = p->op() == "Cast" && p->output()->dtype() == DType::kBool;
           if (!(is_not || is_copy) || p->input(0)->dtype() != DType::kBool) break;
           if (is_not) m->mask_select = -m->mask_select;
           m->mask_nodes.push_back(p);
-          m->mask = p->input(0);
+          m->bool_mask = p->input(0);
         }
-      } else if (n->op() == "Add" && !mask_seen) {
-        const int si = scores_like(n->input(0)) ? 0 : scores_like(n->input(1)) ? 1 : -1;
+      } else if (n->op() == "Add" && !add_seen) {
+        const int si = scores_like(n->input(0), 0) ? 0 : scores_like(n->input(1), 0) ? 1 : -1;
         if (si < 0) break;
         next = n->input(si);
         m->mask = n->input(1 - si);
-        mask_seen = true;
+        add_seen = true;
       } else {
         break;
       }
@@ -242,7 +255,7 @@ class AttentionFuser {
       Refuse(cur->producer() ? cur->producer() : sm, cur->producer() ? sm->name() : m->pv->name(), kUnsupportedPattern,
              StrCat("softmax '", sm->name(), "' feeds MatMul '", m->pv->name(), "' but its input '", cur->name(),
                     "' comes from ", cur->producer() ? cur->producer()->Describe() : std::string("outside the graph's nodes"),
-                    ", not from Q K^T through scalar scales and one mask (an Add, or a Where of a bool mask and a scalar)"));
+                    ", not from Q K^T through scalar scales, a mask Add and a Where of a bool mask and a scalar"));
       return false;
     }
     return CheckCore(m) && MatchOperands(m);
@@ -257,7 +270,7 @@ class AttentionFuser {
     const Value* v4 = pv->input(1);
     const Value* p = m->softmax->output();
     std::vector<const Value*> all = {q4, kt, v4, p, pv->output()};
-    if (m->mask && m->mask_select == 0) all.push_back(m->mask);  // a selecting mask is bool (MatchAt)
+    if (m->mask) all.push_back(m->mask);  // (the selecting mask is bool: MatchAt checks)
     for (const Value* x : all)
       if (x->dtype() != DType::kF32) {
         Refuse(qk, pv->name(), kUnsupportedDtype,
@@ -287,11 +300,12 @@ class AttentionFuser {
                       ShapeToString(scores)));
         return false;
       }
-    if (m->mask && !BroadcastsTo(m->mask->shape(), scores)) {
-      Refuse(qk, pv->name(), kUnsupportedLayout,
-             StrCat("mask '", m->mask->name(), "' ", m->mask->TypeString(), " does not broadcast to ", ShapeToString(scores)));
-      return false;
-    }
+    for (const Value* mk : {m->mask, m->bool_mask})
+      if (mk && !BroadcastsTo(mk->shape(), scores)) {
+        Refuse(qk, pv->name(), kUnsupportedLayout,
+               StrCat("mask '", mk->name(), "' ", mk->TypeString(), " does not broadcast to ", ShapeToString(scores)));
+        return false;
+      }
     // Every value from Q K^T to the probabilities is read by the next step of the pattern only.
     std::vector<Node*> chain = {qk};
     chain.insert(chain.end(), m->core.begin(), m->core.end());
@@ -384,9 +398,10 @@ class AttentionFuser {
 
   Status Rewrite(const Match& m, const std::string& name) {
     const std::vector<Node*> members = AllNodes(m);
-    // Inputs: q, k, v, then mask, then cos and sin.
+    // Inputs: q, k, v, then the added mask, the bool mask, then cos and sin.
     std::vector<Value*> inputs = {m.q.input, m.k.input, m.v.input};
     if (m.mask) inputs.push_back(m.mask);
+    if (m.bool_mask) inputs.push_back(m.bool_mask);
     const Node* rope = m.q.rope ? m.q.rope : m.k.rope;
     if (rope) inputs.push_back(rope->input(1)), inputs.push_back(rope->input(2));
 
@@ -427,7 +442,8 @@ class AttentionFuser {
 
     std::string kernel = "attention";
     if (rope) kernel += "_rope";
-    if (m.mask) kernel += m.mask_select != 0 ? "_boolmask" : "_mask";
+    if (m.mask) kernel += "_mask";
+    if (m.bool_mask) kernel += "_boolmask";
     char hash[16];
     std::snprintf(hash, sizeof hash, "%08x",
                   Fnv1a(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout)));
@@ -449,7 +465,8 @@ class AttentionFuser {
         {"mask_scale", static_cast<float>(m.mask_scale)},
         {"has_mask", int64_t{m.mask != nullptr}},
         {"mask_select", int64_t{m.mask_select}},
-        {"mask_fill", static_cast<float>(m.mask_fill * m.mask_scale)},
+        {"mask_fill", static_cast<float>(m.mask_fill * m.fill_scale)},
+        {"mask_select_first", int64_t{m.select_first}},
         {"rope_q", int64_t{m.q.rope != nullptr}},
         {"rope_k", int64_t{m.k.rope != nullptr}},
         {"kernel_name", kernel},

@@ -299,6 +299,33 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   CheckEmulatedAttention(g, "LLaMA block at 264 positions", 13, 7);
 }
 
+// A bool mask applied with Where and an f32 mask added, in both orders, with a fill (-5) near
+// the scores so that the order shows (a key both dropped and padded weighs e^(-5+pad) or e^-5).
+TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
+  for (bool where_first : {true, false}) {
+    const std::string masked = where_first ? "  %w = Where(%bm, %s, %fill)\n  %m = Add(%w, %pad)\n"
+                                           : "  %a = Add(%s, %pad)\n  %m = Where(%bm, %a, %fill)\n";
+    auto g = ParseGraph(R"(graph @attn(%q: f32[1,2,24,16], %k: f32[1,2,24,16], %v: f32[1,2,24,16], %bm: bool[1,1,24,24], %pad: f32[1,1,1,24]) {
+  %c: f32[] = const [0.25]
+  %fill: f32[] = const [-5]
+  %kt = Transpose(%k) {perm = [0, 1, 3, 2]}
+  %qk = MatMul(%q, %kt)
+  %s = Mul(%qk, %c)
+)" + masked + R"(  %p = Softmax(%m) {axis = -1}
+  %o = MatMul(%p, %v)
+  return %o
+})");
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_TRUE(RunPipeline(**g).ok());
+    const Node* fa = nullptr;
+    for (const auto& n : (*g)->nodes())
+      if (n->op() == "FusedAttention") fa = n.get();
+    ASSERT_NE(fa, nullptr) << PrintGraph(**g);
+    EXPECT_EQ(fa->GetInt("mask_select_first", -1), where_first ? 1 : 0);
+    CheckEmulatedAttention(**g, where_first ? "Where, then Add" : "Add, then Where", 17, 5);
+  }
+}
+
 // Whole plans through the CUDA executor, emulated on the host: every node's path (generated
 // kernels, GEMMs, cuBLASLt's epilogues as kernels, views, workspaces, q/k/v batched GEMMs, the
 // reference-graph and host fallbacks) against the CPU executor on the same inputs.

@@ -73,8 +73,8 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   d.mask_select = static_cast<int>(AttrInt(a, "mask_select", 0));
   if (d.mask_select < -1 || d.mask_select > 1)
     return InvalidArgument(where, ": mask_select must be 0 (additive mask), 1 or -1 (bool mask kept where true / false)");
-  if (d.mask_select != 0 && !d.mask) return InvalidArgument(where, ": mask_select without a mask (has_mask 0)");
   d.mask_fill = static_cast<float>(AttrFloat(a, "mask_fill", 0.f));
+  d.select_first = AttrInt(a, "mask_select_first", 0) != 0;
   d.rope_q = AttrInt(a, "rope_q", 0) != 0;
   d.rope_k = AttrInt(a, "rope_k", 0) != 0;
   if (d.rope_k && d.k == Layout::kBHDS)
@@ -113,11 +113,11 @@ Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<con
                      const std::string& where) {
   if (static_cast<int>(shapes.size()) != d.num_inputs())
     return InvalidArgument(where, ": expects ", d.num_inputs(), d.proj ? " inputs (x, W" : " inputs (q, k, v",
-                           d.mask ? ", mask" : "",
+                           d.mask ? ", mask" : "", d.mask_select != 0 ? ", bool mask" : "",
                            d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
-  const size_t mask_at = d.mask ? static_cast<size_t>(d.first_extra()) : SIZE_MAX;
+  const size_t bool_at = d.mask_select != 0 ? static_cast<size_t>(d.bool_mask_index()) : SIZE_MAX;
   for (size_t i = 0; i < dtypes.size(); ++i) {
-    if (i == mask_at && d.mask_select != 0) {
+    if (i == bool_at) {
       if (dtypes[i] != DType::kBool)
         return InvalidArgument(where, ": a selecting mask (mask_select ", d.mask_select, ") is bool, not ",
                                DTypeName(dtypes[i]));
@@ -160,6 +160,7 @@ Status CheckOperands(const Dims& d, std::span<const DType> dtypes, std::span<con
     return Status::Ok();
   };
   if (d.mask) GF_RETURN_IF_ERROR(broadcasts(shapes[next++], Shape{d.b, d.h, d.s, d.sk}, "mask"));
+  if (d.mask_select != 0) GF_RETURN_IF_ERROR(broadcasts(shapes[next++], Shape{d.b, d.h, d.s, d.sk}, "bool mask"));
   if (d.rope_q || d.rope_k)
     for (const char* name : {"cos", "sin"}) {
       const Shape& s = shapes[next++];
@@ -215,12 +216,19 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 // to them or taking their max a second time. A NaN or inf among their scores fails the test,
 // and the row is done whole, as before (NaN stays NaN).
 //
-// A bool mask instead (bmask, select = +1 / -1): a key keeps its score where bmask is true /
-// false and takes `fill` in the others (Where(mask, scores, fill) / Where(mask, fill, scores):
-// a NaN or inf score at a masked key is replaced, not propagated). Keys [live, n) then all hold
-// fill, so they are left out when fill lies 1000 below the max so far.
+// A bool mask (sel): a key keeps its score where the mask is true (keep_true; false
+// otherwise) and takes `fill` in the others (Where(bm, scores, fill) / Where(bm, fill, scores):
+// a NaN or inf score at a masked key is replaced, not propagated), before the f32 mask is added
+// (first) or after. With the bool mask alone, keys [live, n) all hold fill, so they are left
+// out when fill lies 1000 below the max so far.
+struct SelectMask {
+  const uint8_t* m = nullptr;  // the row's mask values
+  int64_t stride = 1;          // 1, or 0 when one value covers the row
+  bool keep_true = true, first = false;
+  float fill = 0;
+};
 double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale, int64_t live,
-                  float skip_bound, const uint8_t* bmask = nullptr, int select = 0, float fill = 0) {
+                  float skip_bound, const SelectMask* sel = nullptr) {
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
   // row[begin, end) += what `at` gives, the max taken over whole vectors as they are stored; the
@@ -235,14 +243,24 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
     for (int64_t j = i; j < end; ++j) row[j] += at(j);
     if (i < end) vmax = simd::max(vmax, LoadTail(row + i, end - i, ninf));
   };
+  auto select = [&](int64_t begin, int64_t end) {
+    if (sel->stride == 0) {
+      if ((sel->m[0] != 0) != sel->keep_true) std::fill(row + begin, row + end, sel->fill);
+    } else {
+      for (int64_t k = begin; k < end; ++k) row[k] = (sel->m[k] != 0) == sel->keep_true ? row[k] : sel->fill;
+    }
+  };
+  auto add = [&](int64_t begin, int64_t end) {  // the f32 mask, rounded as add_and_max does
+    for (int64_t k = begin; k < end; ++k) {
+      const float mk = mask[mask_stride == 0 ? 0 : k];
+      row[k] += mask_scale == 1.f ? mk : mk * mask_scale;
+    }
+  };
   auto pass = [&](int64_t begin, int64_t end) {
-    if (bmask) {
-      const bool keep_true = select > 0;
-      if (mask_stride == 0) {
-        if ((bmask[0] != 0) != keep_true) std::fill(row + begin, row + end, fill);
-      } else {
-        for (int64_t k = begin; k < end; ++k) row[k] = (bmask[k] != 0) == keep_true ? row[k] : fill;
-      }
+    if (sel) {
+      if (sel->first || !mask) select(begin, end);
+      if (mask) add(begin, end);
+      if (!sel->first && mask) select(begin, end);
       MaxInto(vmax, row + begin, end - begin);
     } else if (!mask) {
       MaxInto(vmax, row + begin, end - begin);
@@ -263,8 +281,9 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
   pass(0, live);
   if (live < n) {
     const float max_live = simd::MaxOfLanesNaN(vmax);
-    const double rest = bmask ? static_cast<double>(fill)
-                              : static_cast<double>(RowMax(row + live, n - live)) + static_cast<double>(skip_bound);
+    // (MaskRows are prepared for one mask, the f32 or the bool one, never both.)
+    const double rest = sel ? static_cast<double>(sel->fill)
+                            : static_cast<double>(RowMax(row + live, n - live)) + static_cast<double>(skip_bound);
     if (rest < static_cast<double>(max_live) - 1000.0) {
       std::fill(row + live, row + n, 0.f);
       return ExpShiftSum(row, row, live, max_live);
@@ -315,8 +334,10 @@ int64_t HeadGroup(const Dims& d, int64_t k) {
 int64_t ProjColumn(const Dims& d, int t, int64_t head) { return d.proj_split[t] * d.h * d.d + head * d.d; }
 
 std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
-  const size_t mi = static_cast<size_t>(d.first_extra());
-  if (!d.mask || node.inputs().size() <= mi || !node.input(mi) || !node.input(mi)->constant()) return std::nullopt;
+  if (d.mask && d.mask_select != 0) return std::nullopt;  // two masks: every key is done
+  const size_t mi = static_cast<size_t>(d.mask ? d.first_extra() : d.bool_mask_index());
+  if ((!d.mask && d.mask_select == 0) || node.inputs().size() <= mi || !node.input(mi) || !node.input(mi)->constant())
+    return std::nullopt;
   const Tensor& m = *node.input(mi)->constant();
   if (m.shape().empty() || m.shape().back() != d.sk || d.sk == 0) return std::nullopt;
   MaskRows rows;
@@ -414,19 +435,25 @@ Status AttentionKernel(const KernelContext& ctx) {
   size_t next = static_cast<size_t>(d.first_extra());
   const size_t mask_index = next;
   const float* mask = nullptr;
-  const uint8_t* bmask = nullptr;  // a selecting (bool) mask
   std::vector<int64_t> ms;  // mask strides over [B,H,S,Sk]
   if (d.mask) {
-    if (d.mask_select != 0) bmask = static_cast<const uint8_t*>(ctx.inputs[next].data);
-    else mask = ctx.inputs[next].as<const float>();
+    mask = ctx.inputs[next].as<const float>();
     ms = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.sk});
+    ++next;
+  }
+  const uint8_t* bmask = nullptr;  // the bool mask that selects
+  std::vector<int64_t> bms;
+  if (d.mask_select != 0) {
+    bmask = static_cast<const uint8_t*>(ctx.inputs[next].data);
+    bms = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.sk});
     ++next;
   }
   // The mask's rows as prepared (a constant mask over the keys), when they are this mask's.
   const auto* state = static_cast<const AttentionState*>(ctx.state);
   const MaskRows* mask_rows = state && state->mask ? &*state->mask : nullptr;
-  if (mask_rows &&
-      (!d.mask || ms[3] != 1 || mask_rows->sk != d.sk || mask_rows->numel != ctx.inputs[mask_index].numel()))
+  const std::vector<int64_t>& prepared_strides = d.mask ? ms : bms;  // of the one mask (at mask_index)
+  if (mask_rows && (prepared_strides.empty() || prepared_strides[3] != 1 || mask_rows->sk != d.sk ||
+                    mask_rows->numel != ctx.inputs[mask_index].numel()))
     mask_rows = nullptr;
   const float *cos = nullptr, *sin = nullptr;
   std::vector<int64_t> cq, ck;  // cos/sin strides over [B,H,S,d] and [B,H,Sk,d]
@@ -504,13 +531,14 @@ Status AttentionKernel(const KernelContext& ctx) {
     }
     float inv[256];
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t moff = d.mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
-      const size_t mrow = static_cast<size_t>(moff / d.sk);  // the mask's own row (prepared)
+      const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
+      const int64_t boff = bmask ? b * bms[0] + h * bms[1] + (r0 + r) * bms[2] : 0;
+      const size_t mrow = static_cast<size_t>((mask ? moff : boff) / d.sk);  // the mask's own row (prepared)
       const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
       const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
-      const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, d.mask ? ms[3] : 1,
-                                    mask_scale, live, bound, bmask ? bmask + moff : nullptr, d.mask_select,
-                                    d.mask_fill);
+      const SelectMask sel{bmask + boff, bmask ? bms[3] : 1, d.mask_select > 0, d.select_first, d.mask_fill};
+      const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
+                                    mask_scale, live, bound, bmask ? &sel : nullptr);
       inv[r] = static_cast<float>(1.0 / sum);
     }
     // O[rows, dv] = P V, written in place in the output layout, then normalized per row.

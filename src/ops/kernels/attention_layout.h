@@ -15,13 +15,15 @@ enum class Layout { kBSHD, kBHSD, kBHDS };
 struct Dims {
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
   Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
+  // mask: an f32 mask added (times mask_scale) to the scaled scores (has_mask). mask_select
+  // +1 / -1: a bool mask (the input after the f32 one) keeps a score where it is true / false
+  // and puts mask_fill in the others (Where(bm, scores, fill) / Where(bm, fill, scores);
+  // mask_fill already carries the factors applied after the Where). With both, select_first
+  // says the Where comes before the add (Hugging Face's GPT-2 with an attention_mask).
   bool mask = false, rope_q = false, rope_k = false;
-  // The mask's kind: 0, an f32 mask added (times mask_scale) to the scaled scores; +1 / -1, a
-  // bool mask that keeps a score where it is true / false and puts mask_fill in the others
-  // (Where(mask, scores, fill) / Where(mask, fill, scores); mask_fill already carries the
-  // factors applied after the Where).
   int mask_select = 0;
   float mask_fill = 0;
+  bool select_first = false;
   // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
   // W [K, 3*H*d] in place of q, k, v; q, k and v are x @ W's column thirds proj[0], proj[1],
   // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
@@ -29,7 +31,8 @@ struct Dims {
   int64_t proj_split[3] = {0, 1, 2};
   Shape out_shape;
   int first_extra() const { return proj ? 2 : 3; }  // the index of mask (or cos)
-  int num_inputs() const { return first_extra() + (mask ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
+  int bool_mask_index() const { return first_extra() + (mask ? 1 : 0); }
+  int num_inputs() const { return bool_mask_index() + (mask_select != 0 ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
 };
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where);
