@@ -65,6 +65,14 @@ head -c 1000 /dev/urandom > /tmp/graphfuse_garbage.onnx
 check run-garbage 2 "$GF" run /tmp/graphfuse_garbage.onnx
 MODELS="$(dirname "$0")/models"
 head -c 3000 "$MODELS/mlp_gelu_opset17/model.onnx" > /tmp/graphfuse_truncated.onnx
+# Reference data that is empty, or that parses as a TensorProto with no element type.
+rm -rf /tmp/graphfuse_bad_data && cp -r "$MODELS/mlp_gelu_opset17/test_data_set_0" /tmp/graphfuse_bad_data
+: > /tmp/graphfuse_bad_data/output_0.pb
+check run-empty-reference 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data /tmp/graphfuse_bad_data
+echo "$LAST" | grep -q "output_0.pb: the file is empty" || { echo "FAIL empty reference: $LAST"; fail=1; }
+printf '\x08\x01' > /tmp/graphfuse_bad_data/output_0.pb  # field 1 (dims) = 1: no data_type
+check run-typeless-reference 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data /tmp/graphfuse_bad_data
+echo "$LAST" | grep -q "output_0.pb: holds no tensor" || { echo "FAIL typeless reference: $LAST"; fail=1; }
 check run-truncated 2 "$GF" run /tmp/graphfuse_truncated.onnx
 echo "$LAST" | grep -q "graphfuse_truncated.onnx" || { echo "FAIL truncated model error does not name the file"; fail=1; }
 check run-model 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" \

@@ -191,8 +191,12 @@ Result<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path) {
 Result<Tensor> ReadTensorProtoFile(const std::string& path, std::string* name) {
   std::string bytes;
   GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
+  if (bytes.empty()) return InvalidArgument(path, ": the file is empty (a TensorProto was expected)");
   onnx::TensorProto p;
   if (!p.ParseFromString(bytes)) return InvalidArgument(path, ": not a valid ONNX TensorProto (protobuf parse failed)");
+  // Bytes that parse but set no element type: a truncated file, or not a tensor at all.
+  if (p.data_type() == onnx::TensorProto::UNDEFINED)
+    return InvalidArgument(path, ": holds no tensor (no element type; ", bytes.size(), " bytes: truncated, or not a TensorProto)");
   if (name) *name = p.name();
   return onnx_import::TensorFromProto(p, StrCat(path, ": tensor '", p.name(), "'"));
 }
