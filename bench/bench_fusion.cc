@@ -71,10 +71,10 @@ std::unique_ptr<Case> MakeCase(const gf::ElementwisePreset& p, int64_t n) {
   return c;
 }
 
-int ThreadsFor(int64_t n, int64_t cost) { return gf::CpuContext{&Pool()}.ThreadsFor(n * cost); }
-
 // Hand-written fused loops, one per preset (row-wise: the [C] operands are per column).
 #ifdef __AVX512F__
+int ThreadsFor(int64_t n, int64_t cost) { return gf::CpuContext{&Pool()}.ThreadsFor(n * cost); }
+
 void HandChain(const std::vector<gf::Tensor>& in, float* u, int64_t n) {
   const float *x = in[0].data_as<float>(), *y = in[1].data_as<float>(), *b = in[2].data_as<float>();
   gf::bench::RunSplit(Pool(), n, ThreadsFor(n, 3), [&](gf::bench::Range r) {

@@ -108,7 +108,9 @@ struct RunInfo {
   long nproc = 0;
 };
 
-RunInfo CollectInfo() {
+// [[maybe_unused]] below: a helper of main's AVX-512 part only (the hand-written loops it
+// compares against need AVX-512; elsewhere main stops early and these go unused).
+[[maybe_unused]] RunInfo CollectInfo() {
   RunInfo r;
   r.cpu = CpuModel();
   r.nproc = sysconf(_SC_NPROCESSORS_ONLN);
@@ -342,7 +344,7 @@ std::string CtxName(const gf::CpuContext& c) {
   return buf;
 }
 
-OpCall MakeOp(gf::OpKind kind, Buffers& b, gf::CpuContext ctx) {
+[[maybe_unused]] OpCall MakeOp(gf::OpKind kind, Buffers& b, gf::CpuContext ctx) {
   OpCall c{kind, {}, b.out.view(), gf::DefaultAttrs(kind), ctx};
   const int64_t n = b.n;
   switch (kind) {
@@ -414,7 +416,7 @@ void Calibrate(Runner& r, double min_sample_s) {
 }
 
 // Round-robin samples: r0, r1, ..., r0, r1, ...
-void Interleave(std::vector<Runner*> rs, double min_sample_s, int samples) {
+[[maybe_unused]] void Interleave(std::vector<Runner*> rs, double min_sample_s, int samples) {
   for (Runner* r : rs) Calibrate(*r, min_sample_s);
   for (Runner* r : rs) r->t.assign(samples, 0.0);
   for (int s = 0; s < samples; ++s)
@@ -430,7 +432,7 @@ double Quantile(std::vector<double> v, double q) {
 }
 double Median(const std::vector<double>& v) { return Quantile(v, 0.5); }
 
-double MinSampleFor(int64_t n) { return n >= (int64_t{1} << 20) ? 2e-3 : 2e-4; }
+[[maybe_unused]] double MinSampleFor(int64_t n) { return n >= (int64_t{1} << 20) ? 2e-3 : 2e-4; }
 
 // ---------------------------------------------------------------------------------------------
 // Results.
@@ -466,7 +468,7 @@ struct SingleRow {
   double target_s = 0;
 };
 
-std::string SizeName(int64_t n) {
+[[maybe_unused]] std::string SizeName(int64_t n) {
   if (n >= (int64_t{1} << 20) && n % (int64_t{1} << 20) == 0) return std::to_string(n >> 20) + " Mi";
   if (n >= 1024 && n % 1024 == 0) return std::to_string(n >> 10) + " Ki";
   return std::to_string(n);
@@ -485,15 +487,15 @@ std::string Time(double s) {
   return Fmt("%.1f ns", s * 1e9);
 }
 
-std::string TimeCell(double s, double bytes) {
+[[maybe_unused]] std::string TimeCell(double s, double bytes) {
   std::string c = Time(s);
   if (bytes > 0) c += " (" + Fmt("%.2f", bytes / s / 1e9) + " GB/s)";
   return c;
 }
 
-std::string RatioText(const PairRow& r, double v) { return r.percent ? Fmt("%.1f%%", 100 * v) : Fmt("%.3f", v); }
+[[maybe_unused]] std::string RatioText(const PairRow& r, double v) { return r.percent ? Fmt("%.1f%%", 100 * v) : Fmt("%.3f", v); }
 
-std::string TargetText(const PairRow& r) {
+[[maybe_unused]] std::string TargetText(const PairRow& r) {
   if (r.goal == Goal::kNone) return "-";
   const std::string t = r.percent ? Fmt("%.0f%%", 100 * r.target) : Fmt("%.2f", r.target);
   return (r.goal == Goal::kAtLeast ? ">= " : "<= ") + t;
@@ -524,7 +526,7 @@ std::string JsonLoad(const Interference& l) {
 
 const char* GoalJson(Goal g) { return g == Goal::kAtLeast ? "\">=\"" : g == Goal::kAtMost ? "\"<=\"" : "null"; }
 
-void WriteJson(const std::string& path, const RunInfo& info, int samples, const std::vector<PairRow>& pairs,
+[[maybe_unused]] void WriteJson(const std::string& path, const RunInfo& info, int samples, const std::vector<PairRow>& pairs,
                const std::vector<SingleRow>& singles, const std::vector<double>& launch_diff, double seconds,
                const Interference& total, const QuietGuard& guard) {
   std::ofstream f(path);

@@ -32,9 +32,9 @@ class CpuCodegen {
   struct Options {
     // Where compiled kernels are kept. Empty: $GF_KERNEL_CACHE/cpu when that is set, else
     // $XDG_CACHE_HOME/graphfuse/cpu, else ~/.cache/graphfuse/cpu.
-    std::string cache_dir;
+    std::string cache_dir{};
     // The compiler command. Empty: $CXX when set, else the compiler that built graphfuse.
-    std::string compiler;
+    std::string compiler{};
     // The disk cache's size bound: when its kernels (gf_cpu_*.so) take more when a generator
     // is created, the least recently used are removed down to three quarters of it. A kernel
     // found in the cache counts as used. 0: no bound.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "graphfuse/status.h"
 #include "reference.h"
 
 namespace graphfuse {
@@ -115,7 +116,7 @@ CheckReport CheckAgainstReference(OpKind op, std::span<const TensorView> in, con
       }
       if (std::isfinite(r) && std::isfinite(got) && r != 0)
         rep.max_ulp_error = std::max(rep.max_ulp_error, std::fabs(got - r) / UlpOf(r, DType::kF32));
-      expect = "[" + Show(lo) + ", " + Show(hi) + "] +- " + std::to_string(info.max_ulp) + " ulp";
+      expect = StrCat("[", Show(lo), ", ", Show(hi), "] +- ", info.max_ulp, " ulp");
     }
     ++rep.checked;
     if (!ok) {
