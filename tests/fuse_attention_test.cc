@@ -411,6 +411,20 @@ TEST(FuseAttention, PaddingMaskInputAndTwoScaleFactors) {
   FuseAndCheck(sp);
 }
 
+// The spec's graph with only its attention fused (nothing run), and that FusedAttention node
+// (null, after a failure, when none formed): for the tests that read the node's attributes.
+struct FusedOnly {
+  Built built;
+  const Node* node = nullptr;
+};
+FusedOnly FuseOnly(const Spec& sp) {
+  FusedOnly f{Build(sp)};
+  EXPECT_EQ(Formed(FuseAttention(*f.built.g, FusionOptions{}, nullptr)), 1);
+  f.node = FindOp(*f.built.g, "FusedAttention");
+  EXPECT_NE(f.node, nullptr) << PrintGraph(*f.built.g);
+  return f;
+}
+
 // A bool mask applied with Where (Hugging Face GPT-2's torch.where(causal, w, mask_value)) is
 // the attention's mask too: the kernel keeps the scores it selects and puts the fill in the
 // others; 40 rows cross the kernel's vectors and row blocks unevenly.
@@ -421,12 +435,10 @@ TEST(FuseAttention, BoolCausalMaskAppliedWithWhere) {
   FusionReport r = FuseAndCheck(sp);
   ASSERT_EQ(r.groups.size(), 1u);
   EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_boolmask_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
-  Built fused = Build(sp);
-  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
-  const Node* fa = FindOp(*fused.g, "FusedAttention");
-  ASSERT_NE(fa, nullptr);
-  EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
-  EXPECT_EQ(fa->GetFloat("mask_fill", 0), -INFINITY);
+  const FusedOnly f = FuseOnly(sp);
+  ASSERT_NE(f.node, nullptr);
+  EXPECT_EQ(f.node->GetInt("mask_select", 0), 1);
+  EXPECT_EQ(f.node->GetFloat("mask_fill", 0), -INFINITY);
   sp.rope = true;  // LLaMA-style, with the same mask
   FuseAndCheck(sp);
 }
@@ -437,12 +449,10 @@ TEST(FuseAttention, BoolPaddingMaskInputKeptWhereFalseAndScaledAfter) {
   Spec sp;
   sp.mask = MaskForm::kPaddingBool;
   FuseAndCheck(sp);
-  Built fused = Build(sp);
-  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
-  const Node* fa = FindOp(*fused.g, "FusedAttention");
-  ASSERT_NE(fa, nullptr);
-  EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
-  EXPECT_EQ(fa->GetFloat("mask_fill", 0), 0.5f * std::numeric_limits<float>::lowest());
+  const FusedOnly f = FuseOnly(sp);
+  ASSERT_NE(f.node, nullptr);
+  EXPECT_EQ(f.node->GetInt("mask_select", 0), -1);
+  EXPECT_EQ(f.node->GetFloat("mask_fill", 0), 0.5f * std::numeric_limits<float>::lowest());
 }
 
 // Both masks, in both orders (Hugging Face's GPT-2 with an attention_mask applies the bool
@@ -456,13 +466,11 @@ TEST(FuseAttention, BoolMaskAndAddedMaskInEitherOrder) {
     FusionReport r = FuseAndCheck(sp);
     ASSERT_EQ(r.groups.size(), 1u);
     EXPECT_EQ(r.groups[0].kernel_name.rfind("attention_mask_boolmask_h4_d32_f32_", 0), 0u) << r.groups[0].kernel_name;
-    Built fused = Build(sp);
-    ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
-    const Node* fa = FindOp(*fused.g, "FusedAttention");
-    ASSERT_NE(fa, nullptr);
-    EXPECT_EQ(fa->GetInt("has_mask", 0), 1);
-    EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
-    EXPECT_EQ(fa->GetInt("mask_select_first", -1), form == MaskForm::kCausalBoolThenPadding ? 1 : 0);
+    const FusedOnly f = FuseOnly(sp);
+    ASSERT_NE(f.node, nullptr);
+    EXPECT_EQ(f.node->GetInt("has_mask", 0), 1);
+    EXPECT_EQ(f.node->GetInt("mask_select", 0), 1);
+    EXPECT_EQ(f.node->GetInt("mask_select_first", -1), form == MaskForm::kCausalBoolThenPadding ? 1 : 0);
   }
 }
 
@@ -477,30 +485,27 @@ TEST(FuseAttention, NegatedBoolMaskFlipsTheSelection) {
   EXPECT_EQ(std::count_if(r.groups[0].nodes.begin(), r.groups[0].nodes.end(),
                           [](const std::string& n) { return n.find("Not") != std::string::npos || n.find("Cast") != std::string::npos; }),
             2);
-  Built fused = Build(sp);
-  ASSERT_EQ(Formed(FuseAttention(*fused.g, FusionOptions{}, nullptr)), 1);
-  const Node* fa = FindOp(*fused.g, "FusedAttention");
-  ASSERT_NE(fa, nullptr);
-  EXPECT_EQ(fa->GetInt("mask_select", 0), 1);
-  EXPECT_EQ(fa->input(3)->name(), "keepb");
+  const FusedOnly f = FuseOnly(sp);
+  ASSERT_NE(f.node, nullptr);
+  EXPECT_EQ(f.node->GetInt("mask_select", 0), 1);
+  EXPECT_EQ(f.node->input(3)->name(), "keepb");
 
   sp.not_output = true;
-  Built kept = Build(sp);
-  ASSERT_EQ(Formed(FuseAttention(*kept.g, FusionOptions{}, nullptr)), 1);
-  EXPECT_EQ(CountOp(*kept.g, "Not"), 1) << PrintGraph(*kept.g);
-  fa = FindOp(*kept.g, "FusedAttention");
-  ASSERT_NE(fa, nullptr);
-  EXPECT_EQ(fa->GetInt("mask_select", 0), -1);
+  const FusedOnly k = FuseOnly(sp);
+  ASSERT_NE(k.node, nullptr);
+  const Graph& kept = *k.built.g;
+  EXPECT_EQ(CountOp(kept, "Not"), 1) << PrintGraph(kept);
+  EXPECT_EQ(k.node->GetInt("mask_select", 0), -1);
   Built unfused = Build(sp);
   const std::vector<Tensor> ins = RandomInputs(*unfused.g, 9, 0.05, 1.5, [](const Value& v, int64_t i, std::mt19937&) -> std::optional<double> {
     if (v.name() != "keepb") return std::nullopt;
     return (i % v.shape().back()) < 12 ? 1.0 : 0.0;
   });
   auto a = Execute(*unfused.g, Views(ins), CpuContext{});
-  auto b = Execute(*kept.g, Views(ins), CpuContext{});
+  auto b = Execute(kept, Views(ins), CpuContext{});
   ASSERT_TRUE(a.ok() && b.ok());
-  ASSERT_EQ(kept.g->outputs().size(), 2u);
-  const size_t o = kept.g->outputs()[0]->name() == "out" ? 0 : 1;  // the other is Not(keep)
+  ASSERT_EQ(kept.outputs().size(), 2u);
+  const size_t o = kept.outputs()[0]->name() == "out" ? 0 : 1;  // the other is Not(keep)
   ExpectClose((*b)[o], (*a)[o], "fused vs unfused, Not kept");
   const Tensor &nb = (*b)[1 - o], &na = (*a)[1 - o];
   ASSERT_EQ(nb.dtype(), DType::kBool);
