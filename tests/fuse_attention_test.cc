@@ -51,6 +51,8 @@ struct Spec {
   bool k4_output = false;      // the head-split K is also a graph output
   bool not_output = false;     // kKeepNotBool: Not(keep) is also a graph output
   DType dtype = DType::kF32;
+  float causal_value = std::numeric_limits<float>::lowest();  // kCausal / kCausal2d: the masked entries
+  float dual_fill = -5;  // kCausalBoolThenPadding / kPaddingThenCausalBool: the Where's fill
 };
 
 // What the test needs to compute the attention itself.
@@ -86,7 +88,7 @@ Built Build(const Spec& sp) {
     // Additive causal mask as Hugging Face writes it: 0 on and below the diagonal, float's lowest above.
     r.mask.assign(static_cast<size_t>(sp.s * sp.sk), 0.f);
     for (int64_t i = 0; i < sp.s; ++i)
-      for (int64_t j = i + 1; j < sp.sk; ++j) r.mask[i * sp.sk + j] = std::numeric_limits<float>::lowest();
+      for (int64_t j = i + 1; j < sp.sk; ++j) r.mask[i * sp.sk + j] = sp.causal_value;
     const Shape ms = sp.mask == MaskForm::kCausal ? Shape{1, 1, sp.s, sp.sk} : Shape{sp.s, sp.sk};
     mask = g.AddConstant("mask", Const(sp.dtype, ms, r.mask)).value();
   } else if (sp.mask == MaskForm::kPadding) {
@@ -154,10 +156,10 @@ Built Build(const Spec& sp) {
     r.fill = -INFINITY;
     s = Node1(g, "Where", {mask, s, scalar("fill", r.fill)});
   } else if (sp.mask == MaskForm::kCausalBoolThenPadding) {
-    r.fill = -5;  // not far below the scores: a dropped key still weighs, unless the pad then drops it
+    r.fill = sp.dual_fill;  // -5: not far below the scores; a dropped key still weighs, unless the pad drops it
     s = Node1(g, "Add", {Node1(g, "Where", {mask, s, scalar("fill", r.fill)}), pad});
   } else if (sp.mask == MaskForm::kPaddingThenCausalBool) {
-    r.fill = -5;  // a dropped key weighs e^-5, padded or not
+    r.fill = sp.dual_fill;  // -5: a dropped key weighs e^-5, padded or not
     s = Node1(g, "Where", {mask, Node1(g, "Add", {s, pad}), scalar("fill", r.fill)});
   } else if (sp.mask == MaskForm::kPaddingBool) {
     r.fill = 0.5 * double(std::numeric_limits<float>::lowest());
@@ -284,6 +286,7 @@ Tensor Float64Attention(const Spec& sp, const Built& b, const std::vector<Tensor
 Tensor RunUnprepared(const Graph& g, const std::vector<Tensor>& ins, int threads) {
   const Node* fa = FindOp(g, "FusedAttention");
   EXPECT_NE(fa, nullptr);
+  if (!fa) return Tensor::Empty(DType::kF32, {0}).value();
   std::vector<TensorView> in;
   for (const Value* v : fa->inputs()) {
     if (v->constant()) in.push_back(v->constant()->view());
@@ -597,10 +600,96 @@ TEST(FuseAttention, LongSequenceSplitsRowBlocksOverThreads) {
   Spec sp;
   sp.b = 1;
   sp.h = 3;
-  sp.s = sp.sk = 300;  // 218 query rows per block: 2 blocks per head, the last one short
+  sp.s = sp.sk = 300;  // 160 query rows per block (a constant mask): 2 blocks per head, the last one short
   sp.d = 16;
   sp.mask = MaskForm::kCausal;
   FuseAndCheck(sp, 4);
+}
+
+// Query rows in blocks (S = 300: rows 0-159, then 160-299): the first block's rows all drop
+// keys 160 on through the constant mask, and the block leaves the whole vectors of them out of
+// its Q K^T and P V products. Each mask form (beside the bool mask, an f32 padding input, with
+// Hugging Face's fill, float's lowest), with K read as K^T (bhds) and with RoPE: fused ==
+// unfused == float64, and the prepared plan's bits are those of doing every key.
+TEST(FuseAttention, RowBlocksLeaveTheKeysTheMaskDropsOutOfTheProducts) {
+  for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding,
+                              MaskForm::kPaddingThenCausalBool}) {
+    for (const int variant : {0, 1, 2}) {
+      SCOPED_TRACE(testing::Message() << "mask form " << static_cast<int>(form) << ", variant " << variant);
+      Spec sp;
+      sp.b = 1;
+      sp.h = 2;
+      sp.s = sp.sk = 300;
+      sp.d = 16;
+      sp.mask = form;
+      sp.dual_fill = std::numeric_limits<float>::lowest();
+      sp.k_direct = variant == 1;
+      sp.rope = variant == 2 && FindSchema("Rope") != nullptr;
+      FuseAndCheck(sp, 2);
+    }
+  }
+}
+
+// What must keep the dropped keys in the products (the first block's keys 160 on; key 260
+// here): a NaN or inf in their V rows (a zero weight times it is NaN, over every key, as in
+// the unfused MatMul), their scores under an f32 mask when not provably far below the row's
+// max (a NaN in K; a mask of -1e4 with scores up to 1e5 there, which the rows must then weigh),
+// and, Where before the added mask, a NaN in the added mask at a dropped key. Each gives the
+// bits of doing every key.
+TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
+  enum Poison { kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kNaNInPadding };
+  for (const Poison poison : {kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kNaNInPadding}) {
+    for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding}) {
+      if ((poison == kNaNInPadding) != (form == MaskForm::kCausalBoolThenPadding)) continue;
+      if (poison == kHugeKUnderSmallMask && form != MaskForm::kCausal) continue;
+      SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form));
+      Spec sp;
+      sp.b = 1;
+      sp.h = 2;
+      sp.s = sp.sk = 300;
+      sp.d = 16;
+      sp.mask = form;
+      sp.dual_fill = std::numeric_limits<float>::lowest();
+      if (poison == kHugeKUnderSmallMask) sp.causal_value = -1e4f;
+      Built built = Build(sp);
+      ASSERT_EQ(Formed(FuseAttention(*built.g, FusionOptions{}, nullptr)), 1);
+      std::vector<Tensor> ins = RandomInputs(*built.g, 5, 0.05, 1.5);
+      const int64_t hd = sp.h * sp.d, key = 260;
+      float* k = ins[1].data_as<float>();  // [1, Sk, H*d]; head 0's dims come first
+      float* v = ins[2].data_as<float>();
+      if (poison == kNaNInV) v[key * hd + 3] = std::nanf("");
+      if (poison == kInfInV) v[key * hd + 3] = INFINITY;
+      if (poison == kNaNInK) k[key * hd + 3] = std::nanf("");
+      if (poison == kHugeKUnderSmallMask)
+        for (int64_t t = 160; t < sp.sk; ++t)
+          for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 3e4f;
+      if (poison == kNaNInPadding) ins[3].data_as<float>()[key] = std::nanf("");
+      ThreadPool pool(2);
+      auto plan = Execute(*built.g, Views(ins), CpuContext{&pool});
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      const Tensor& out = (*plan)[0];  // [1, S, H*d]
+      EXPECT_TRUE(SameValues(out, RunUnprepared(*built.g, ins, 2)));
+      const float first = out.data_as<float>()[3];  // query 0, head 0, dim 3
+      switch (poison) {
+        case kNaNInV:
+        case kInfInV:
+          EXPECT_TRUE(std::isnan(first));  // 0 * NaN, 0 * inf
+          EXPECT_FALSE(std::isnan(out.data_as<float>()[4]));
+          break;
+        case kNaNInK:  // the f32 mask adds to the NaN score; Where replaces it
+          EXPECT_EQ(std::isnan(first), form == MaskForm::kCausal);
+          break;
+        case kHugeKUnderSmallMask: {  // query 0's keys 160.. weigh in: -1e4 is no longer far below
+          Spec full = sp;
+          ExpectClose(out, Float64Attention(full, built, ins), "fused vs float64");
+          break;
+        }
+        case kNaNInPadding:  // fill + NaN at a dropped key: every row of the batch
+          EXPECT_TRUE(std::isnan(first));
+          break;
+      }
+    }
+  }
 }
 
 TEST(FuseAttention, SharedHeadSplitKeyStaysOutsideAndIsReadInPlace) {

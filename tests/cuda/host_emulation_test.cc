@@ -302,14 +302,18 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
 // A bool mask applied with Where and an f32 mask added, in both orders, with a fill (-5) near
 // the scores so that the order shows (a key both dropped and padded weighs e^(-5+pad) or e^-5).
 TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
-  for (bool where_first : {true, false}) {
+  // The third form also ropes Q and K: seven inputs (q, k, v, the two masks, cos, sin).
+  for (int form : {0, 1, 2}) {
+    const bool where_first = form != 1, rope = form == 2;
     const std::string masked = where_first ? "  %w = Where(%bm, %s, %fill)\n  %m = Add(%w, %pad)\n"
                                            : "  %a = Add(%s, %pad)\n  %m = Where(%bm, %a, %fill)\n";
-    auto g = ParseGraph(R"(graph @attn(%q: f32[1,2,24,16], %k: f32[1,2,24,16], %v: f32[1,2,24,16], %bm: bool[1,1,24,24], %pad: f32[1,1,1,24]) {
+    const std::string roped = rope ? "  %qr = Rope(%q, %cos, %sin)\n  %kr = Rope(%k, %cos, %sin)\n"
+                                   : "  %qr = Identity(%q)\n  %kr = Identity(%k)\n";
+    auto g = ParseGraph(R"(graph @attn(%q: f32[1,2,24,16], %k: f32[1,2,24,16], %v: f32[1,2,24,16], %bm: bool[1,1,24,24], %pad: f32[1,1,1,24], %cos: f32[24,16], %sin: f32[24,16]) {
   %c: f32[] = const [0.25]
   %fill: f32[] = const [-5]
-  %kt = Transpose(%k) {perm = [0, 1, 3, 2]}
-  %qk = MatMul(%q, %kt)
+)" + roped + R"(  %kt = Transpose(%kr) {perm = [0, 1, 3, 2]}
+  %qk = MatMul(%qr, %kt)
   %s = Mul(%qk, %c)
 )" + masked + R"(  %p = Softmax(%m) {axis = -1}
   %o = MatMul(%p, %v)
@@ -322,7 +326,9 @@ TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
       if (n->op() == "FusedAttention") fa = n.get();
     ASSERT_NE(fa, nullptr) << PrintGraph(**g);
     EXPECT_EQ(fa->GetInt("mask_select_first", -1), where_first ? 1 : 0);
-    CheckEmulatedAttention(**g, where_first ? "Where, then Add" : "Add, then Where", 17, 5);
+    EXPECT_EQ(fa->inputs().size(), rope ? 7u : 5u);
+    CheckEmulatedAttention(**g, rope ? "Where, then Add, with RoPE" : where_first ? "Where, then Add" : "Add, then Where",
+                           17, 5);
   }
 }
 
