@@ -606,6 +606,19 @@ TEST(FuseAttention, LongSequenceSplitsRowBlocksOverThreads) {
   FuseAndCheck(sp, 4);
 }
 
+// One batch of two heads of 300 query rows: with a constant mask, two blocks of rows (0-159,
+// 160-299). A fill beside an f32 padding mask as Hugging Face's (float's lowest).
+Spec TwoRowBlocks(MaskForm form) {
+  Spec sp;
+  sp.b = 1;
+  sp.h = 2;
+  sp.s = sp.sk = 300;
+  sp.d = 16;
+  sp.mask = form;
+  sp.dual_fill = std::numeric_limits<float>::lowest();
+  return sp;
+}
+
 // Query rows in blocks (S = 300: rows 0-159, then 160-299): the first block's rows all drop
 // keys 160 on through the constant mask, and the block leaves the whole vectors of them out of
 // its Q K^T and P V products. Each mask form (beside the bool mask, an f32 padding input, with
@@ -616,13 +629,7 @@ TEST(FuseAttention, RowBlocksLeaveTheKeysTheMaskDropsOutOfTheProducts) {
                               MaskForm::kPaddingThenCausalBool}) {
     for (const int variant : {0, 1, 2}) {
       SCOPED_TRACE(testing::Message() << "mask form " << static_cast<int>(form) << ", variant " << variant);
-      Spec sp;
-      sp.b = 1;
-      sp.h = 2;
-      sp.s = sp.sk = 300;
-      sp.d = 16;
-      sp.mask = form;
-      sp.dual_fill = std::numeric_limits<float>::lowest();
+      Spec sp = TwoRowBlocks(form);
       sp.k_direct = variant == 1;
       sp.rope = variant == 2 && FindSchema("Rope") != nullptr;
       FuseAndCheck(sp, 2);
@@ -643,13 +650,7 @@ TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
       if ((poison == kNaNInPadding) != (form == MaskForm::kCausalBoolThenPadding)) continue;
       if (poison == kHugeKUnderSmallMask && form != MaskForm::kCausal) continue;
       SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form));
-      Spec sp;
-      sp.b = 1;
-      sp.h = 2;
-      sp.s = sp.sk = 300;
-      sp.d = 16;
-      sp.mask = form;
-      sp.dual_fill = std::numeric_limits<float>::lowest();
+      Spec sp = TwoRowBlocks(form);
       if (poison == kHugeKUnderSmallMask) sp.causal_value = -1e4f;
       Built built = Build(sp);
       ASSERT_EQ(Formed(FuseAttention(*built.g, FusionOptions{}, nullptr)), 1);
@@ -679,11 +680,9 @@ TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
         case kNaNInK:  // the f32 mask adds to the NaN score; Where replaces it
           EXPECT_EQ(std::isnan(first), form == MaskForm::kCausal);
           break;
-        case kHugeKUnderSmallMask: {  // query 0's keys 160.. weigh in: -1e4 is no longer far below
-          Spec full = sp;
-          ExpectClose(out, Float64Attention(full, built, ins), "fused vs float64");
+        case kHugeKUnderSmallMask:  // query 0's keys 160.. weigh in: -1e4 is no longer far below
+          ExpectClose(out, Float64Attention(sp, built, ins), "fused vs float64");
           break;
-        }
         case kNaNInPadding:  // fill + NaN at a dropped key: every row of the batch
           EXPECT_TRUE(std::isnan(first));
           break;
