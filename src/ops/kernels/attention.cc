@@ -258,11 +258,12 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       for (int64_t k = begin; k < end; ++k) row[k] = (sel->m[k] != 0) == sel->keep_true ? row[k] : sel->fill;
     }
   };
-  auto add = [&](int64_t begin, int64_t end) {  // the f32 mask, rounded as add_and_max does
-    for (int64_t k = begin; k < end; ++k) {
-      const float mk = mask[mask_stride == 0 ? 0 : k];
-      row[k] += mask_scale == 1.f ? mk : mk * mask_scale;
-    }
+  auto scaled_mask = [&](int64_t k) {  // the f32 mask at key k, rounded as add_and_max does
+    const float mk = mask[mask_stride == 0 ? 0 : k];
+    return mask_scale == 1.f ? mk : mk * mask_scale;
+  };
+  auto add = [&](int64_t begin, int64_t end) {
+    for (int64_t k = begin; k < end; ++k) row[k] += scaled_mask(k);
   };
   auto pass = [&](int64_t begin, int64_t end) {
     if (sel) {
@@ -297,8 +298,7 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       if (mask && sel->first) {
         float top = -std::numeric_limits<float>::infinity();
         for (int64_t k = live; k < n; ++k) {
-          const float mk = mask[mask_stride == 0 ? 0 : k];
-          const float v = mask_scale == 1.f ? mk : mk * mask_scale;
+          const float v = scaled_mask(k);
           top = v > top || v != v ? v : top;  // NaN sticks
           if (top != top) break;
         }
@@ -363,11 +363,10 @@ bool KeyTailSkippable(const Dims& d, bool rows_of_bool, float abs_scale, const f
 // A constant mask's rows (over its last dim, Sk; after mask_scale), prepared once: keys from
 // live[r] on all have mask <= kSkippable, and bound[r] is the largest mask there. MaskExpRow
 // uses them to leave those keys out when the scores allow it. With two masks they describe the
-// bool one (keys from live[r] on take the fill), when it is constant. `input` is the node input
-// they were prepared from.
+// bool one (keys from live[r] on take the fill), when it is constant (RowsMaskIndex).
 struct MaskRows {
   static constexpr float kSkippable = -1e4f;
-  int64_t sk = 0, numel = 0, input = -1;
+  int64_t sk = 0, numel = 0;
   std::vector<int64_t> live;
   std::vector<float> bound;
 };
@@ -402,8 +401,13 @@ int64_t HeadGroup(const Dims& d, int64_t k) {
 // thirds ordered by qkv_split.
 int64_t ProjColumn(const Dims& d, int t, int64_t head) { return d.proj_split[t] * d.h * d.d + head * d.d; }
 
+// The input whose rows MaskRows describe: the bool mask when there is one, else the f32 mask.
+size_t RowsMaskIndex(const Dims& d) {
+  return static_cast<size_t>(d.mask_select != 0 ? d.bool_mask_index() : d.first_extra());
+}
+
 std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
-  const size_t mi = static_cast<size_t>(d.mask_select != 0 ? d.bool_mask_index() : d.first_extra());
+  const size_t mi = RowsMaskIndex(d);
   if ((!d.mask && d.mask_select == 0) || node.inputs().size() <= mi || !node.input(mi) || !node.input(mi)->constant())
     return std::nullopt;
   const Tensor& m = *node.input(mi)->constant();
@@ -411,7 +415,6 @@ std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
   MaskRows rows;
   rows.sk = d.sk;
   rows.numel = m.numel();
-  rows.input = static_cast<int64_t>(mi);
   if (d.mask_select != 0) {  // a bool mask: trailing keys it drops take the fill
     if (m.dtype() != DType::kBool || !(d.mask_fill <= MaskRows::kSkippable)) return std::nullopt;
     const uint8_t* p = static_cast<const uint8_t*>(m.data());
@@ -502,7 +505,6 @@ Status AttentionKernel(const KernelContext& ctx) {
   const float* k = d.proj ? nullptr : ctx.inputs[1].as<const float>();
   const float* v = d.proj ? nullptr : ctx.inputs[2].as<const float>();
   size_t next = static_cast<size_t>(d.first_extra());
-  const size_t mask_index = next;
   const float* mask = nullptr;
   std::vector<int64_t> ms;  // mask strides over [B,H,S,Sk]
   if (d.mask) {
@@ -522,9 +524,8 @@ Status AttentionKernel(const KernelContext& ctx) {
   const MaskRows* mask_rows = state && state->mask ? &*state->mask : nullptr;
   const bool rows_of_bool = d.mask_select != 0;  // else of the f32 mask
   const std::vector<int64_t>& prepared_strides = rows_of_bool ? bms : ms;
-  const size_t prepared_index = rows_of_bool ? static_cast<size_t>(d.bool_mask_index()) : mask_index;
+  const size_t prepared_index = RowsMaskIndex(d);
   if (mask_rows && (prepared_strides.empty() || prepared_strides[3] != 1 || mask_rows->sk != d.sk ||
-                    mask_rows->input != static_cast<int64_t>(prepared_index) ||
                     mask_rows->numel != ctx.inputs[prepared_index].numel()))
     mask_rows = nullptr;
   const float *cos = nullptr, *sin = nullptr;
@@ -602,15 +603,16 @@ Status AttentionKernel(const KernelContext& ctx) {
     // is left out of both products when nothing there can reach the output (KeyTailSkippable);
     // a row whose live scores turn out too small for that (MaskExpRow returns -1) has the whole
     // block computed again with every key.
+    auto mask_off = [&](int64_t r) { return mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : int64_t{0}; };
+    auto bool_off = [&](int64_t r) { return bmask ? b * bms[0] + h * bms[1] + (r0 + r) * bms[2] : int64_t{0}; };
+    auto prepared_row = [&](int64_t r) {  // row r's row of MaskRows
+      return static_cast<size_t>((rows_of_bool ? bool_off(r) : mask_off(r)) / d.sk);
+    };
     int64_t kend = d.sk;
     double score_bound = 0;
     if (mask_rows) {
       int64_t top = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t off = rows_of_bool ? b * bms[0] + h * bms[1] + (r0 + r) * bms[2]
-                                         : b * ms[0] + h * ms[1] + (r0 + r) * ms[2];
-        top = std::max(top, mask_rows->live[static_cast<size_t>(off / d.sk)]);
-      }
+      for (int64_t r = 0; r < rows; ++r) top = std::max(top, mask_rows->live[prepared_row(r)]);
       top = std::min(d.sk, (top + kLanes - 1) / kLanes * kLanes);
       if (top < d.sk &&
           KeyTailSkippable(d, rows_of_bool, std::abs(scale), a_ptr, lda, rows, b_ptr, ldb, vh, lv, top, score_bound))
@@ -630,9 +632,8 @@ Status AttentionKernel(const KernelContext& ctx) {
       }
       bool whole = true;
       for (int64_t r = 0; r < rows && whole; ++r) {
-        const int64_t moff = mask ? b * ms[0] + h * ms[1] + (r0 + r) * ms[2] : 0;
-        const int64_t boff = bmask ? b * bms[0] + h * bms[1] + (r0 + r) * bms[2] : 0;
-        const size_t mrow = static_cast<size_t>((rows_of_bool ? boff : moff) / d.sk);  // the prepared row
+        const int64_t moff = mask_off(r), boff = bool_off(r);
+        const size_t mrow = prepared_row(r);
         const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
         const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
         const SelectMask sel{bmask + boff, bmask ? bms[3] : 1, d.mask_select > 0, d.select_first, d.mask_fill};
