@@ -52,6 +52,9 @@ struct Spec {
   bool not_output = false;     // kKeepNotBool: Not(keep) is also a graph output
   DType dtype = DType::kF32;
   float causal_value = std::numeric_limits<float>::lowest();  // kCausal / kCausal2d: the masked entries
+  // kCausal / kCausal2d: the kept keys of row i from i/2 on hold -0.25*(i-j) (an ALiBi-like
+  // bias), and the zeros before them alternate +0 and -0.
+  bool live_bias = false;
   float dual_fill = -5;  // kCausalBoolThenPadding / kPaddingThenCausalBool: the Where's fill
 };
 
@@ -89,6 +92,10 @@ Built Build(const Spec& sp) {
     r.mask.assign(static_cast<size_t>(sp.s * sp.sk), 0.f);
     for (int64_t i = 0; i < sp.s; ++i)
       for (int64_t j = i + 1; j < sp.sk; ++j) r.mask[i * sp.sk + j] = sp.causal_value;
+    if (sp.live_bias)
+      for (int64_t i = 0; i < sp.s; ++i)
+        for (int64_t j = 0; j <= std::min(i, sp.sk - 1); ++j)
+          r.mask[i * sp.sk + j] = j >= i / 2 ? -0.25f * static_cast<float>(i - j) : (j % 2 ? -0.f : 0.f);
     const Shape ms = sp.mask == MaskForm::kCausal ? Shape{1, 1, sp.s, sp.sk} : Shape{sp.s, sp.sk};
     mask = g.AddConstant("mask", Const(sp.dtype, ms, r.mask)).value();
   } else if (sp.mask == MaskForm::kPadding) {
@@ -634,6 +641,19 @@ TEST(FuseAttention, RowBlocksLeaveTheKeysTheMaskDropsOutOfTheProducts) {
       sp.rope = variant == 2 && FindSchema("Rope") != nullptr;
       FuseAndCheck(sp, 2);
     }
+  }
+}
+
+// The mask is left unadded only over a row's leading zeros (+0 or -0): a constant causal mask
+// whose kept keys carry a bias from the middle of each row on (and zeros of both signs before
+// it) must still weigh that bias, in both row blocks, with and without RoPE.
+TEST(FuseAttention, CausalMaskBiasOnKeptKeysIsAdded) {
+  for (const bool rope : {false, true}) {
+    SCOPED_TRACE(rope ? "rope" : "no rope");
+    Spec sp = TwoRowBlocks(MaskForm::kCausal);
+    sp.live_bias = true;
+    sp.rope = rope && FindSchema("Rope") != nullptr;
+    FuseAndCheck(sp, 2);
   }
 }
 

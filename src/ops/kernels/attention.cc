@@ -14,7 +14,8 @@
 // gathered.
 //
 // Per task: a block of query rows of one head. scores = scale * Q K^T is one sgemm into
-// per-thread scratch ([rows, Sk]; Q and K are read in place unless RoPE needs a gathered copy),
+// per-thread scratch ([rows, Sk]; Q and K are read in place unless RoPE needs a gathered copy;
+// the projected form ropes its scratch's Q and K in place),
 // the mask is added and each row exponentiated after subtracting its max (as softmax.cc does),
 // then O = P V is one sgemm reading V in place and writing O in place in the output layout;
 // O's rows are divided by their softmax sums last ([rows, dv] values rather than [rows, Sk]).
@@ -225,6 +226,12 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 // bool mask alone, or applied after the f32 one), so they are left out when fill lies 1000 below
 // the max so far; with the Where first, they hold fill + mask, and the largest of those must.
 //
+// Keys [0, zeros) are known to have mask_scale * mask == 0 (+0 or -0: a causal row's past keys),
+// so the mask is not added to their whole vectors: only their max is taken. x + 0 is x but for
+// x = -0, which gives +0, and a zero's sign changes neither the max's value nor any exp
+// (exp(-0 - m) == exp(+0 - m), and x - (+/-0) differ only in a zero's sign), so the row's
+// results keep their bits.
+//
 // Keys [computed, n) (computed >= live) may be missing from the row altogether: their scores
 // were never computed (run_block leaves a constant mask's dropped keys out of the Q K^T and P V
 // products), and score_bound bounds their magnitude. They are left out as above when the bound
@@ -235,8 +242,8 @@ struct SelectMask {
   bool keep_true = true, first = false;
   float fill = 0;
 };
-double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale, int64_t live,
-                  float skip_bound, const SelectMask* sel, int64_t computed, double score_bound) {
+double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride, float mask_scale, int64_t zeros,
+                  int64_t live, float skip_bound, const SelectMask* sel, int64_t computed, double score_bound) {
   const float ninf = -std::numeric_limits<float>::infinity();
   VF vmax(ninf);
   // row[begin, end) += what `at` gives, the max taken over whole vectors as they are stored; the
@@ -273,15 +280,19 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       MaxInto(vmax, row + begin, end - begin);
     } else if (!mask) {
       MaxInto(vmax, row + begin, end - begin);
-    } else if (mask_stride == 0) {
-      const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
-      add_and_max(begin, end, [&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
-    } else if (mask_scale == 1.f) {
-      add_and_max(begin, end, [&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
     } else {
-      const VF ms(mask_scale);
-      add_and_max(begin, end, [&](int64_t k) { return VF::Load(mask + k) * ms; },
-                  [&](int64_t k) { return mask[k] * mask_scale; });
+      const int64_t z = std::clamp(zeros / kLanes * kLanes, begin, end);  // whole vectors of zeros
+      MaxInto(vmax, row + begin, z - begin);
+      if (mask_stride == 0) {
+        const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
+        add_and_max(z, end, [&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
+      } else if (mask_scale == 1.f) {
+        add_and_max(z, end, [&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
+      } else {
+        const VF ms(mask_scale);
+        add_and_max(z, end, [&](int64_t k) { return VF::Load(mask + k) * ms; },
+                    [&](int64_t k) { return mask[k] * mask_scale; });
+      }
     }
   };
   // Whole vectors only: a ragged edge would cost three lane-by-lane tails per row, and keys
@@ -361,7 +372,8 @@ bool KeyTailSkippable(const Dims& d, bool rows_of_bool, float abs_scale, const f
 }
 
 // A constant mask's rows (over its last dim, Sk; after mask_scale), prepared once: keys from
-// live[r] on all have mask <= kSkippable, and bound[r] is the largest mask there. MaskExpRow
+// live[r] on all have mask <= kSkippable, and bound[r] is the largest mask there; an f32 mask's
+// keys before zeros[r] all have mask +0 or -0. MaskExpRow
 // uses them to leave those keys out when the scores allow it. With two masks they describe the
 // bool one (keys from live[r] on take the fill), when it is constant (RowsMaskIndex).
 struct MaskRows {
@@ -369,6 +381,7 @@ struct MaskRows {
   int64_t sk = 0, numel = 0;
   std::vector<int64_t> live;
   std::vector<float> bound;
+  std::vector<int64_t> zeros;  // f32 masks only
 };
 
 // What a plan prepares once: the constant mask's rows, and for the projected form each
@@ -441,6 +454,9 @@ std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
     }
     rows.live.push_back(live);
     rows.bound.push_back(bound);
+    int64_t zeros = 0;
+    while (zeros < live && (scale == 1.f ? row[zeros] : row[zeros] * scale) == 0.f) ++zeros;
+    rows.zeros.push_back(zeros);
   }
   return rows;
 }
@@ -557,8 +573,8 @@ Status AttentionKernel(const KernelContext& ctx) {
   const int64_t items = d.b * d.h * blocks;
   auto align16 = [](int64_t n) { return (n + 15) / 16 * 16; };
   const int64_t scores_floats = align16(rows_per_block * d.sk);
-  const int64_t qg_floats = d.rope_q ? align16(rows_per_block * d.d) : 0;
-  const int64_t kg_floats = d.rope_k ? align16(d.sk * d.d) : 0;
+  const int64_t qg_floats = d.rope_q && !d.proj ? align16(rows_per_block * d.d) : 0;  // gathered copies
+  const int64_t kg_floats = d.rope_k && !d.proj ? align16(d.sk * d.d) : 0;
   const int64_t kx = d.proj ? ctx.inputs[0].shape.back() : 0;  // the projection's K
   const int64_t group = d.proj ? HeadGroup(d, kx) : 1, wg = 3 * d.d * group;
   const int64_t qkv_floats = d.proj ? align16(d.s * wg) : 0;  // the projected form's heads
@@ -569,8 +585,9 @@ Status AttentionKernel(const KernelContext& ctx) {
 
   // One block of query rows of one head; the head's q, k and v rows start at qb, kb, vb and lie
   // lq, lk, lv floats apart. gathered_head names the head whose roped K is in the scratch.
+  // roped: q and k hold their RoPE already (the projected form ropes them in place).
   auto run_block = [&](int64_t head, int64_t blk, const float* qb, int64_t lq, const float* kb, int64_t lk,
-                       const float* vb, int64_t lv, float* scratch, int64_t& gathered_head) {
+                       const float* vb, int64_t lv, float* scratch, int64_t& gathered_head, bool roped) {
     float* scores = scratch;
     float* qg = scratch + scores_floats;
     float* kg = qg + qg_floats;
@@ -582,7 +599,7 @@ Status AttentionKernel(const KernelContext& ctx) {
     float* oh = out + b * oa.head_stride_b + h * oa.head_stride_h + r0 * oa.row_stride;
     const float* a_ptr = qh;
     int64_t lda = lq;
-    if (d.rope_q) {
+    if (d.rope_q && !roped) {
       const int64_t off = b * cq[0] + h * cq[1] + r0 * cq[2];
       GatherRope(qh, lq, rows, d.d, cos + off, sin + off, cq[2], qg);
       a_ptr = qg;
@@ -590,7 +607,7 @@ Status AttentionKernel(const KernelContext& ctx) {
     }
     const float* b_ptr = kh;
     int64_t ldb = lk;
-    if (d.rope_k) {
+    if (d.rope_k && !roped) {
       if (gathered_head != head) {
         const int64_t off = b * ck[0] + h * ck[1];
         GatherRope(kh, lk, d.sk, d.d, cos + off, sin + off, ck[2], kg);
@@ -636,9 +653,10 @@ Status AttentionKernel(const KernelContext& ctx) {
         const size_t mrow = prepared_row(r);
         const int64_t live = mask_rows ? mask_rows->live[mrow] : d.sk;
         const float bound = mask_rows ? mask_rows->bound[mrow] : 0.f;
+        const int64_t zeros = mask_rows && !rows_of_bool ? mask_rows->zeros[mrow] : 0;
         const SelectMask sel{bmask + boff, bmask ? bms[3] : 1, d.mask_select > 0, d.select_first, d.mask_fill};
         const double sum = MaskExpRow(scores + r * d.sk, d.sk, mask ? mask + moff : nullptr, mask ? ms[3] : 1,
-                                      mask_scale, live, bound, bmask ? &sel : nullptr, kend, score_bound);
+                                      mask_scale, zeros, live, bound, bmask ? &sel : nullptr, kend, score_bound);
         whole = sum != -1.0;  // (a NaN row returns NaN)
         inv[r] = static_cast<float>(1.0 / sum);
       }
@@ -672,7 +690,7 @@ Status AttentionKernel(const KernelContext& ctx) {
       const int64_t b = head / d.h, h = head % d.h;
       run_block(head, blk, q + b * qa.head_stride_b + h * qa.head_stride_h, qa.row_stride,
                 k + b * ka.head_stride_b + h * ka.head_stride_h, ka.row_stride,
-                v + b * va.head_stride_b + h * va.head_stride_h, va.row_stride, scratch, gathered_head);
+                v + b * va.head_stride_b + h * va.head_stride_h, va.row_stride, scratch, gathered_head, false);
     }
   };
 
@@ -704,11 +722,30 @@ Status AttentionKernel(const KernelContext& ctx) {
                         static_cast<int>(3 * d.h * d.d), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(wg));
       }
     }
+    // RoPE in place, row by row through the scratch (each row holds the group's q, k and v
+    // side by side): one sequential sweep over what the GEMM just wrote, rather than a strided
+    // gather per head into a copy.
+    if (d.rope_q || d.rope_k) {
+      for (int64_t r = 0; r < d.s; ++r) {
+        float* row = qkv + r * wg;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = h0 + g;
+          if (d.rope_q) {
+            const int64_t off = b * cq[0] + h * cq[1] + r * cq[2];
+            RopeRow(row + g * 3 * d.d, cos + off, sin + off, d.d, row + g * 3 * d.d);
+          }
+          if (d.rope_k) {
+            const int64_t off = b * ck[0] + h * ck[1] + r * ck[2];
+            RopeRow(row + g * 3 * d.d + d.d, cos + off, sin + off, d.d, row + g * 3 * d.d + d.d);
+          }
+        }
+      }
+    }
     for (int64_t g = 0; g < group; ++g) {
       const float* hq = qkv + g * 3 * d.d;
       int64_t gathered_head = -1;
       for (int64_t blk = 0; blk < blocks; ++blk)
-        run_block(b * d.h + h0 + g, blk, hq, wg, hq + d.d, wg, hq + 2 * d.d, wg, scratch, gathered_head);
+        run_block(b * d.h + h0 + g, blk, hq, wg, hq + d.d, wg, hq + 2 * d.d, wg, scratch, gathered_head, true);
     }
   };
 

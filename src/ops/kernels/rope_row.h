@@ -1,8 +1,9 @@
 // One row of rotate-half RoPE, y = x * c + rotate_half(x) * s over d (even) f32 values, each
 // element computed as (x * c) + ((-x2) * s) with every product rounded on its own (the library
 // builds with -ffp-contract=off): the value the decomposed Mul / Neg / Concat / Mul / Add graph
-// gives, lane for lane. y must not overlap x. Shared by Rope (rope.cc) and FusedAttention's
-// gathered Q / K rows (attention.cc), so that the two agree bit for bit.
+// gives, lane for lane. y may be x (both halves of a pair are loaded before either is stored)
+// and must not overlap it otherwise. Shared by Rope (rope.cc) and FusedAttention's Q / K rows
+// (attention.cc), so that the two agree bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -17,20 +18,18 @@ inline void RopeRow(const float* x, const float* c, const float* s, int64_t d, f
   const int64_t h = d / 2;
   int64_t i = 0;
   for (; i + kLanes <= h; i += kLanes) {
-    const VF a = VF::Load(x + i) * VF::Load(c + i);
-    const VF b = (-VF::Load(x + i + h)) * VF::Load(s + i);
+    const VF x1 = VF::Load(x + i), x2 = VF::Load(x + i + h);
+    const VF a = x1 * VF::Load(c + i);
+    const VF b = (-x2) * VF::Load(s + i);
+    const VF a2 = x2 * VF::Load(c + i + h);
+    const VF b2 = x1 * VF::Load(s + i + h);
     (a + b).Store(y + i);
-    const VF a2 = VF::Load(x + i + h) * VF::Load(c + i + h);
-    const VF b2 = VF::Load(x + i) * VF::Load(s + i + h);
     (a2 + b2).Store(y + i + h);
   }
   for (; i < h; ++i) {
-    const float a = x[i] * c[i];
-    const float b = (-x[i + h]) * s[i];
-    y[i] = a + b;
-    const float a2 = x[i + h] * c[i + h];
-    const float b2 = x[i] * s[i + h];
-    y[i + h] = a2 + b2;
+    const float x1 = x[i], x2 = x[i + h];
+    y[i] = x1 * c[i] + (-x2) * s[i];
+    y[i + h] = x2 * c[i + h] + x1 * s[i + h];
   }
 }
 
