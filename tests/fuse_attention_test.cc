@@ -216,7 +216,7 @@ bool HasRefusal(const FusionReport& r, const std::string& code) {
 // Both f32 paths use the same vector exp and OpenBLAS; what differs is rounding order: the scale
 // rides on sgemm's alpha (s*(1/c) rather than s/c), the per-head sgemm may sum the d-long dot
 // products in another order than the batched MatMul, and the softmax sum divides O's rows rather
-// than P's. A score error delta becomes a relative error delta on exp(s), and the output is a convex
+// than P's (when Sk >= dv). A score error delta becomes a relative error delta on exp(s), and the output is a convex
 // combination of V (|v| <= 1.5), so |err| <~ 2 * delta * 1.5. delta is a few ulp of the largest
 // score: |s| <= d * 1.5^2 / sqrt(d) ~ 13 scaled (delta ~ 3e-6 at 4 ulp), ~72 unscaled (~1.7e-5
 // worst case, rounding errors of a 32-term sum rarely add up). Measured: <= 6e-7 fused vs
