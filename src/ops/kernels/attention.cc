@@ -26,6 +26,7 @@
 // OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
 // is split over graphfuse's pool.
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -393,20 +394,34 @@ struct AttentionState {
   int64_t rows = 0;                                       // S, the m the heads were packed for
 };
 
+// The per-core L2 size (glibc reads it from CPUID); 2 MiB where it is not known.
+int64_t L2Bytes() {
+  static const int64_t bytes = [] {
+    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return v > 0 ? static_cast<int64_t>(v) : int64_t{2} << 20;
+  }();
+  return bytes;
+}
+
 // Heads per task of the projected form. When one head's weights ([K, 3d]) are larger than
 // half of L2, every GEMM call streams them through the caches and RoPE then reads cold data
 // (LLaMA-7B, 6 MB a head: RoPE of one head's Q took 3.3 us on a first pass, 1.3 us on a
 // second; on a Zen 1 machine a probe that read half of each table row ran no faster, so the
 // cold data there is the Q/K the GEMM wrote, not the cos/sin tables). A task then projects G
 // heads in one call and ropes them back to back: LLaMA-7B's time outside GEMMs went from
-// 1.78-2.29x to 2.26-2.62x on an AVX-512 machine. G divides H, leaves at least four tasks per
-// batch, and keeps the task's [S, 3d*G] in 256 KiB. Smaller weights keep one head per task: llama-small's (384 KB) with
-// two heads a task measured no better (attention's BLAS share 93.4-95.0% against 93.6-93.8%).
+// 1.78-2.29x to 2.26-2.62x on an AVX-512 machine (2 MiB of L2). G divides H, leaves at least
+// four tasks per batch, and keeps the task's [S, 3d*G] within an eighth of L2: 256 KiB there.
+// On a Zen 1 core (512 KiB of L2) a wide group made the GEMM itself slower: LLaMA-7B at S = 32,
+// the attention kernel took 22-25 ms with G = 1, 24-26 with 2, 29-32 with 4 and 43-44 with 8,
+// its time outside BLAS alike; there an eighth of L2 (64 KiB) gives G = 1 at S = 32, and
+// decode (S = 1, where G = 8 took 8.4-9.1 ms against 10.8-11.6 with G = 1) keeps G = 8.
+// Smaller weights keep one head per task: llama-small's (384 KB) with two heads a task
+// measured no better (attention's BLAS share 93.4-95.0% against 93.6-93.8%).
 int64_t HeadGroup(const Dims& d, int64_t k) {
   if (k * 3 * d.d * 4 <= (1 << 20)) return 1;
   int64_t g = 1;
   for (int64_t c = 2; c <= d.h / 4; ++c)
-    if (d.h % c == 0 && d.s * 3 * d.d * c * 4 <= (256 << 10)) g = c;
+    if (d.h % c == 0 && d.s * 3 * d.d * c * 4 <= L2Bytes() / 8) g = c;
   return g;
 }
 
