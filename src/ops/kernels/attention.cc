@@ -26,7 +26,6 @@
 // OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
 // is split over graphfuse's pool.
 #include <cblas.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <climits>
@@ -393,15 +392,6 @@ struct AttentionState {
                                                           // [S, K] @ [K, 3d*G], m = S
   int64_t rows = 0;                                       // S, the m the heads were packed for
 };
-
-// The per-core L2 size (glibc reads it from CPUID); 2 MiB where it is not known.
-int64_t L2Bytes() {
-  static const int64_t bytes = [] {
-    const long v = sysconf(_SC_LEVEL2_CACHE_SIZE);
-    return v > 0 ? static_cast<int64_t>(v) : int64_t{2} << 20;
-  }();
-  return bytes;
-}
 
 // Heads per task of the projected form. When one head's weights ([K, 3d]) are larger than
 // half of L2, every GEMM call streams them through the caches and RoPE then reads cold data

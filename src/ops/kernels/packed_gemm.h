@@ -25,7 +25,7 @@ class PackedGemm {
   enum class Store { kPlain, kAdd, kMul };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
   // A with lda = k, C written with leading dimension ldc.
-  // block_cols > 0 sets the width of the column blocks (else at least eight blocks of 64..512).
+  // block_cols > 0 sets the width of the column blocks (else BlockCols in packed_gemm.cc).
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
                                                           int64_t ldc, Store store = Store::kPlain,
                                                           int64_t block_cols = 0);
@@ -41,5 +41,9 @@ class PackedGemm {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The per-core L2 size in bytes (glibc reads it from CPUID); 2 MiB where it is not known. The
+// packed blocks' widths and the attention's head groups scale with it.
+int64_t L2Bytes();
 
 }  // namespace graphfuse::kernels
