@@ -24,15 +24,17 @@ namespace {
 using dt = dnnl::memory::data_type;
 
 // Columns per block: at least eight blocks (so that the blocks spread over the threads of a
-// launch and a late thread takes fewer), at most L2 / 2 KiB and never over 512 (an epilogue's
-// block stays in L2), at least 64 (each call reads all of A). Measured on the llama-small
-// block: 512-column blocks left N=512 projections on one thread (1.4x slower GEMMs than 64).
-// The cap is 512 on the 2 MiB L2 of the AVX-512 machine it was chosen on; on a Zen 1 core
-// (512 KiB of L2) 256-column blocks ran LLaMA-7B's projections 25-30% faster than 512 (M = 32:
-// q_proj 10.4-10.9 -> 7.6-8.7 ms, gate_proj 28.5-29.5 -> 20.5-20.9; M = 512: q_proj 143 ->
-// 103, gate_proj 378 -> 280).
-int64_t BlockCols(int64_t n) {
-  const int64_t cap = std::clamp<int64_t>(L2Bytes() / 2048 / 16 * 16, 64, 512);
+// launch and a late thread takes fewer), at most 512 (an epilogue's block stays in L2), at
+// least 64 (each call reads all of A). Measured on the llama-small block: 512-column blocks
+// left N=512 projections on one thread (1.4x slower GEMMs than 64).
+// From M = 16 on, also at most L2 / 2 KiB: 512 on the 2 MiB L2 of the AVX-512 machine the
+// 512 was chosen on, 256 on a Zen 1 core (512 KiB of L2), where 256-column blocks ran
+// LLaMA-7B's projections 25-30% faster than 512 (M = 32: q_proj 10.4-10.9 -> 7.6-8.7 ms,
+// gate_proj 28.5-29.5 -> 20.5-20.9; M = 512: q_proj 143 -> 103, gate_proj 378 -> 280) and
+// the block at M = 16 took 57.6 ms against 68.9. Below that the calls are memory-bound row
+// products whose number counts: the block at M = 1, 4 and 8 ran 5-15% slower with 256.
+int64_t BlockCols(int64_t m, int64_t n) {
+  const int64_t cap = m >= 16 ? std::clamp<int64_t>(L2Bytes() / 2048 / 16 * 16, 64, 512) : 512;
   return std::clamp<int64_t>((n / 8 + 15) / 16 * 16, 64, cap);
 }
 
@@ -66,7 +68,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
   p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.store = store;
-  p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(n);
+  p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
     omp_set_num_threads(1);
