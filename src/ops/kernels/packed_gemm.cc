@@ -29,7 +29,7 @@ using dt = dnnl::memory::data_type;
 // left N=512 projections on one thread (1.4x slower GEMMs than 64).
 // From M = 16 on, also at most L2 / 2 KiB: 512 on the 2 MiB L2 of the AVX-512 machine the
 // 512 was chosen on, 256 on a Zen 1 core (512 KiB of L2), where 256-column blocks ran
-// LLaMA-7B's projections 25-30% faster than 512 (M = 32: q_proj 10.4-10.9 -> 7.6-8.7 ms,
+// LLaMA-7B's projections 25-30% faster than 512 (M = 32: q_proj 10.6-10.9 -> 7.6-8.7 ms,
 // gate_proj 28.5-29.5 -> 20.5-20.9; M = 512: q_proj 143 -> 103, gate_proj 378 -> 280) and
 // the block at M = 16 took 57.6 ms against 68.9. Below that the calls are memory-bound row
 // products whose number counts: the block at M = 1, 4 and 8 ran 5-15% slower with 256.
