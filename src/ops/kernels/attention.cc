@@ -18,7 +18,8 @@
 // the projected form ropes its scratch's Q and K in place),
 // the mask is added and each row exponentiated after subtracting its max (as softmax.cc does),
 // then O = P V is one sgemm reading V in place and writing O in place in the output layout;
-// O's rows are divided by their softmax sums last ([rows, dv] values rather than [rows, Sk]).
+// O's rows are divided by their softmax sums last ([rows, dv] values rather than [rows, Sk];
+// P's rows before the product when Sk < dv).
 // No [B,H,S,Sk] tensor and no transposed copy ever exists in memory. The keys a constant mask
 // drops from every row of a block (a causal mask's future) are left out of both products when
 // nothing there can reach the output (KeyTailSkippable, MaskExpRow).
@@ -373,9 +374,9 @@ bool KeyTailSkippable(const Dims& d, bool rows_of_bool, float abs_scale, const f
 
 // A constant mask's rows (over its last dim, Sk; after mask_scale), prepared once: keys from
 // live[r] on all have mask <= kSkippable, and bound[r] is the largest mask there; an f32 mask's
-// keys before zeros[r] all have mask +0 or -0. MaskExpRow
-// uses them to leave those keys out when the scores allow it. With two masks they describe the
-// bool one (keys from live[r] on take the fill), when it is constant (RowsMaskIndex).
+// keys before zeros[r] all have mask +0 or -0. MaskExpRow uses them to leave those keys out
+// when the scores allow it, and to skip adding the zeros. With two masks they describe the bool
+// one (keys from live[r] on take the fill), when it is constant (RowsMaskIndex).
 struct MaskRows {
   static constexpr float kSkippable = -1e4f;
   int64_t sk = 0, numel = 0;
@@ -670,7 +671,7 @@ Status AttentionKernel(const KernelContext& ctx) {
     }
     // O[rows, dv] = P V, written in place in the output layout. The rows are normalized on the
     // smaller side: P's [rows, kend] before the product when Sk < dv (decode, and LLaMA-7B's
-    // 128-wide heads at S = 32: a fifth of the multiplies there), else O's [rows, dv] after it.
+    // 128-wide heads at S = 32: a quarter of the multiplies there), else O's [rows, dv] after it.
     // The choice follows from the node's shapes, so prepared and unprepared runs agree.
     auto scale_rows = [&](float* x, int64_t ld, int64_t n) {
       for (int64_t r = 0; r < rows; ++r) {
