@@ -335,6 +335,63 @@ TEST(FuseGemm, GatedEpilogueGivesTheUnfusedBits) {
   }
 }
 
+// The bias-activation form out = U(p + bias), U(p) or p + bias (GPT-2's and BERT's first MLP
+// projection) finishes each block in place right after its GEMM (fused_gemm.cc). It must give
+// the unfused plan's bits (MatMul, Add, U one by one on the same packed blocks) with the bias
+// on either side of the Add, as a [N] constant or a [1, N] input, ragged rows, a last block
+// that is not a whole number of vectors (n = 84), and K long enough for several chunks.
+TEST(FuseGemm, BiasActivationEpilogueGivesTheUnfusedBits) {
+  struct Case {
+    const char* op;  // "" : no U
+    bool bias, bias_left, bias_input;
+    int64_t m, n, k;
+  };
+  for (const Case& c : {Case{"GeluTanh", true, false, false, kM, 84, 512}, Case{"Gelu", true, true, true, 37, 1000, kK},
+                        Case{"Relu", true, false, true, 1, 84, kK}, Case{"Tanh", false, false, false, kM, 84, 512},
+                        Case{"", true, true, false, 37, 84, kK}}) {
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {c.m, c.k}).value();
+      Value* w = g.AddConstant("w", RandomTensor({c.k, c.n}, 41)).value();
+      Value* y = g.AddNode("MatMul", {h, w}, {}, "proj").value()->output();
+      if (c.bias) {
+        Value* b = c.bias_input ? g.AddInput("b", DType::kF32, {1, c.n}).value()
+                                : g.AddConstant("b", RandomTensor({c.n}, 42)).value();
+        y = g.AddNode("Add", {c.bias_left ? b : y, c.bias_left ? y : b}, {}, "bias").value()->output();
+      }
+      if (*c.op) y = g.AddNode(c.op, {y}, {}, "act").value()->output();
+      ASSERT_TRUE(g.MarkOutput(y).ok());
+    });
+    const std::string what = StrCat(*c.op ? c.op : "no U", c.bias ? " with bias" : "", " m=", c.m, " n=", c.n);
+    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << what;
+    ASSERT_EQ(fused.outputs.size(), 1u);
+    ASSERT_EQ(unfused.outputs.size(), 1u);
+    EXPECT_EQ(std::memcmp(fused.outputs[0].data(), unfused.outputs[0].data(), fused.outputs[0].nbytes()), 0) << what;
+    // Against float64, loosely: the f32 dot products dominate the error.
+    const Tensor w = std::move(*RandomTensor({c.k, c.n}, 41));
+    const Tensor& hx = unfused.inputs[0];
+    const Tensor* bias_in = c.bias && c.bias_input ? &unfused.inputs[1] : nullptr;
+    const Tensor bias_const = std::move(*RandomTensor({c.n}, 42));
+    const std::string op = c.op;
+    double worst = 0, peak = 0;
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t j = 0; j < c.n; ++j) {
+        double a = 0;
+        for (int64_t q = 0; q < c.k; ++q) a += hx.GetAsDouble(i * c.k + q) * w.GetAsDouble(q * c.n + j);
+        if (c.bias) a += bias_in ? bias_in->GetAsDouble(j) : bias_const.GetAsDouble(j);
+        const double want = op == "GeluTanh" ? 0.5 * a * (1 + std::tanh(0.7978845608028654 * (a + 0.044715 * a * a * a)))
+                            : op == "Gelu"   ? 0.5 * a * std::erfc(-a / std::sqrt(2.0))
+                            : op == "Relu"   ? std::max(a, 0.0)
+                            : op == "Tanh"   ? std::tanh(a)
+                                             : a;
+        const double err = std::fabs(want - fused.outputs[0].GetAsDouble(i * c.n + j)) / (1 + std::fabs(want));
+        if (!(err <= worst)) worst = err;  // a NaN sticks
+        peak = std::max(peak, std::fabs(want));
+      }
+    EXPECT_LT(worst, 2e-5 * static_cast<double>(c.k) / kK) << what;
+    EXPECT_GT(peak, 0.1) << what << ": outputs near zero would prove nothing";
+  }
+}
+
 // h [m, k] @ W + r [m, kN] (inputs h, r; W constant from `seed`), r on the left or the right
 // of the Add.
 Builder ResidualGraph(int64_t m, int64_t k, uint32_t seed, bool r_left) {

@@ -15,17 +15,19 @@
 //     output is computed straight into that output; the others go to a workspace.
 //  2. the epilogue program runs over whole rows of the output, a chunk of rows per claim,
 //     reading the workspace back from L2 / L3 as long contiguous streams.
-// Two epilogue forms need no phase 2 when the weights are packed: the residual form
-// (ResidualInput: the GEMM adds r as it stores each block) and the gated form (GatedForm:
-// SwiGLU's silu(gate) * up, applied block by block while the block is in L2). On the
-// llama-small block they took the time outside the GEMMs from 0.26-0.30 ms to 0.19 ms.
+// Three epilogue forms need no phase 2 when the weights are packed: the residual form
+// (ResidualInput: the GEMM adds r as it stores each block), the gated form (GatedForm:
+// SwiGLU's silu(gate) * up, applied block by block while the block is in L2) and the
+// bias-activation form (BiasActForm: U(p + bias), finished in place block by block). On the
+// llama-small block the first two took the time outside the GEMMs from 0.26-0.30 ms to 0.19 ms.
 // Running a general epilogue on each block right after its GEMM (row pieces of 64-512 columns,
 // an earlier design) measured slower there: SwiGLU 0.14 -> 0.08-0.11 ms and the residual adds
 // 0.065 -> 0.04 ms with whole rows, because the residual and the outputs come from L3 or
 // memory, and the hardware prefetchers follow long rows but not short pieces with jumps
 // between them (software prefetching of the next pieces recovered only part of it). The gated
 // form differs: its per-block pass reads and writes only the block just computed, and the
-// output is written by the GEMM's own stores.
+// output is written by the GEMM's own stores; so does the bias-activation form's, on the
+// output itself.
 // Blocks and chunks are spread over the pool, one claim each.
 #include <cblas.h>
 
@@ -180,11 +182,64 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
   return gate;
 }
 
+// The bias-activation form of the epilogue: one projection, and the epilogue is exactly
+// out = U(p + bias), U(p) or p + bias, with U one unary op of the table that does not depend on
+// the element index (GPT-2's and BERT's first MLP projection: bias, then GELU) and bias an extra
+// input of N values along the output's last dim. With packed weights the GEMM then writes the
+// node's output, and each block is finished in place right after its GEMM, row piece by row
+// piece while it is in L1 / L2: the bias added, then U's tile kernel. It reads and writes only
+// the block just computed (as the gated form), and the bits are those of MatMul, Add and U run
+// one by one.
+struct BiasActEpilogue {
+  int64_t bias_input = -1;  // the node input holding the bias, or -1
+  std::optional<OpKind> kind;
+  OpAttrs attrs;
+};
+
+std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry& g) {
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->outputs().size() != 1 ||
+      epi->num_nodes() < 1 || epi->num_nodes() > 2 || epi->inputs().empty() || epi->inputs().size() > 2)
+    return std::nullopt;
+  const Value* p = epi->inputs()[0];
+  const Node* add = nullptr;  // p + bias
+  const Node* u = nullptr;    // U
+  for (const auto& nd : epi->nodes()) (nd->op() == "Add" && !add ? add : u) = nd.get();
+  BiasActEpilogue form;
+  const Value* at = p;  // the value U must read: p, or p + bias
+  if (add) {
+    if (epi->inputs().size() != 2 || add->inputs().size() != 2) return std::nullopt;
+    const Value* b = epi->inputs()[1];
+    if (!((add->input(0) == p && add->input(1) == b) || (add->input(1) == p && add->input(0) == b)))
+      return std::nullopt;
+    if (b->dtype() != DType::kF32 || b->numel() != g.n || b->shape().empty() || b->shape().back() != g.n ||
+        b->shape().size() > g.out_shape.size())
+      return std::nullopt;
+    form.bias_input = 2;
+    at = add->output();
+  } else if (epi->inputs().size() != 1) {
+    return std::nullopt;
+  }
+  if (u) {
+    const Result<OpKind> kind = OpFromName(u->op());
+    if (!kind.ok() || u->inputs().size() != 1 || u->input(0) != at) return std::nullopt;
+    const OpInfo& info = GetOpInfo(*kind);
+    if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
+    form.kind = *kind;
+    form.attrs = ElementwiseAttrs(*kind, u->attrs());
+    at = u->output();
+  }
+  if (at != epi->outputs()[0] || at->dtype() != DType::kF32 || at->shape() != g.out_shape || p->dtype() != DType::kF32)
+    return std::nullopt;
+  return form;
+}
+
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
   bool residual = false;  // packed for C = A @ B + r (a residual epilogue, see ResidualInput)
   std::optional<GatedEpilogue> gate;  // packed for the gated form (GatedForm)
+  std::optional<BiasActEpilogue> bias_act;  // packed for the bias-activation form (BiasActForm)
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
   // while the data pointers hold (TileRunner::BoundTo), as the executor does for elementwise
@@ -224,6 +279,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   packed->m = g.m;
   packed->residual = ResidualInput(node, g) >= 0;
   packed->gate = GatedForm(node, g);
+  if (!packed->residual && !packed->gate) packed->bias_act = BiasActForm(node, g);
   // The gated form keeps p_act alone in its workspace ([m, n]) and stores p_mul's product with
   // it in the output: both laid out [m, n].
   const std::vector<int64_t> ld =
@@ -270,6 +326,11 @@ void ApplyUnaryInPlace(cpu::F32TileKernel kernel, const OpAttrs& attrs, float* x
   }
 }
 
+// x[0, n) += y[0, n), in f32 (an Add's bits).
+void AddInPlace(float* x, const float* y, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] += y[j];
+}
+
 Status RunFusedGemm(const KernelContext& ctx) {
   static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
   (void)kSingleThreadedBlas;
@@ -292,6 +353,10 @@ Status RunFusedGemm(const KernelContext& ctx) {
   // The gated form (packed only): U and the Mul run inside each block's task, no epilogue pass.
   const GatedEpilogue* gate = packed && packed->gate ? &*packed->gate : nullptr;
   if (gate) epi = nullptr;
+  // The bias-activation form (packed only): the GEMM writes the output, each block is finished
+  // in place.
+  const BiasActEpilogue* bias_act = packed && packed->bias_act ? &*packed->bias_act : nullptr;
+  if (bias_act) epi = nullptr;
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
@@ -300,6 +365,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
   if (add_residual) proj[0] = ctx.outputs[0].as<float>();
   if (gate) proj[gate->mul] = ctx.outputs[0].as<float>();
+  if (bias_act) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
 
@@ -382,6 +448,10 @@ Status RunFusedGemm(const KernelContext& ctx) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
   const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->kind) : nullptr;
+  const cpu::F32TileKernel act_kernel = bias_act && bias_act->kind ? cpu::GetF32TileKernel(*bias_act->kind) : nullptr;
+  const float* bias = bias_act && bias_act->bias_input >= 0
+                          ? ctx.inputs[static_cast<size_t>(bias_act->bias_input)].as<const float>()
+                          : nullptr;
 
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
@@ -400,6 +470,21 @@ Status RunFusedGemm(const KernelContext& ctx) {
         for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->attrs, act + i * n + c0, width);
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
         packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], act);
+      }
+      return;
+    }
+    if (bias_act) {  // per block: the GEMM into the output, then bias and U in place
+      for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
+        {
+          const ScopedNs blas_time(BlasCounter(ctx.cpu));
+          packed->proj[0]->RunBlock(q, a, proj[0]);
+        }
+        const int64_t c0 = q * pb, width = std::min(pb, n - c0);
+        for (int64_t i = 0; i < m; ++i) {
+          float* row = proj[0] + i * n + c0;
+          if (bias) AddInPlace(row, bias + c0, width);
+          if (act_kernel) ApplyUnaryInPlace(act_kernel, bias_act->attrs, row, width);
+        }
       }
       return;
     }
