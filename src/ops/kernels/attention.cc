@@ -285,7 +285,7 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
       const int64_t z = std::clamp(zeros / kLanes * kLanes, begin, end);  // whole vectors of zeros
       MaxInto(vmax, row + begin, z - begin);
       if (mask_stride == 0) {
-        const float m = mask_scale == 1.f ? mask[0] : mask[0] * mask_scale;
+        const float m = scaled_mask(0);
         add_and_max(z, end, [&](int64_t) { return VF(m); }, [&](int64_t) { return m; });
       } else if (mask_scale == 1.f) {
         add_and_max(z, end, [&](int64_t k) { return VF::Load(mask + k); }, [&](int64_t k) { return mask[k]; });
@@ -450,10 +450,11 @@ std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
   const float* p = m.data_as<float>();
   for (int64_t r = 0; r < m.numel() / d.sk; ++r) {
     const float* row = p + r * d.sk;
+    auto scaled = [&](int64_t k) { return scale == 1.f ? row[k] : row[k] * scale; };  // as the kernel rounds it
     int64_t live = d.sk;
     float bound = -std::numeric_limits<float>::infinity();
     while (live > 0) {
-      const float v = scale == 1.f ? row[live - 1] : row[live - 1] * scale;
+      const float v = scaled(live - 1);
       if (!(v <= MaskRows::kSkippable)) break;  // NaN stays live
       bound = std::max(bound, v);
       --live;
@@ -461,7 +462,7 @@ std::optional<MaskRows> PrepareMaskRows(const Node& node, const Dims& d) {
     rows.live.push_back(live);
     rows.bound.push_back(bound);
     int64_t zeros = 0;
-    while (zeros < live && (scale == 1.f ? row[zeros] : row[zeros] * scale) == 0.f) ++zeros;
+    while (zeros < live && scaled(zeros) == 0.f) ++zeros;
     rows.zeros.push_back(zeros);
   }
   return rows;

@@ -149,10 +149,24 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
 // it stores into the output (PackedGemm::Store::kMul). p_mul never exists apart from the output,
 // no pass over whole rows follows the GEMMs, and the bits are those of MatMul, U and Mul run
 // one by one (the same packed blocks, the same tile kernel of U).
-struct GatedEpilogue {
-  int64_t act = 0, mul = 1;  // projection indices
+// A unary op of the table that does not depend on the element index (Silu, Gelu, Relu, ...):
+// what the gated and bias-activation forms run in place on a block with the op's tile kernel.
+struct BlockUnary {
   OpKind kind{};
   OpAttrs attrs;
+};
+
+std::optional<BlockUnary> BlockUnaryOf(const Node& u) {
+  const Result<OpKind> kind = OpFromName(u.op());
+  if (!kind.ok() || u.inputs().size() != 1) return std::nullopt;
+  const OpInfo& info = GetOpInfo(*kind);
+  if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
+  return BlockUnary{*kind, ElementwiseAttrs(*kind, u.attrs())};
+}
+
+struct GatedEpilogue {
+  int64_t act = 0, mul = 1;  // projection indices
+  BlockUnary u;
 };
 
 std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) {
@@ -163,12 +177,10 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
   const bool mul_last = epi->nodes().back()->op() == "Mul";  // the other node is then U
   const Node& u = mul_last ? *epi->nodes().front() : *epi->nodes().back();
   const Node& mul = mul_last ? *epi->nodes().back() : *epi->nodes().front();
-  const Result<OpKind> kind = OpFromName(u.op());
-  if (!kind.ok() || u.inputs().size() != 1 || mul.op() != "Mul" || mul.inputs().size() != 2) return std::nullopt;
-  const OpInfo& info = GetOpInfo(*kind);
-  if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
+  const std::optional<BlockUnary> unary = BlockUnaryOf(u);
+  if (!unary || mul.op() != "Mul" || mul.inputs().size() != 2) return std::nullopt;
   GatedEpilogue gate;
-  gate.kind = *kind;
+  gate.u = *unary;
   gate.act = u.input(0) == epi->inputs()[0] ? 0 : u.input(0) == epi->inputs()[1] ? 1 : -1;
   gate.mul = 1 - gate.act;
   if (gate.act < 0) return std::nullopt;
@@ -178,7 +190,6 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
   for (const Value* v : std::initializer_list<const Value*>{ux, mul.output()})
     if (v->dtype() != DType::kF32 || v->shape() != g.out_shape) return std::nullopt;
   if (!operands || mul.output() != epi->outputs()[0]) return std::nullopt;
-  gate.attrs = ElementwiseAttrs(*kind, u.attrs());
   return gate;
 }
 
@@ -192,8 +203,7 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
 // one by one.
 struct BiasActEpilogue {
   int64_t bias_input = -1;  // the node input holding the bias, or -1
-  std::optional<OpKind> kind;
-  OpAttrs attrs;
+  std::optional<BlockUnary> u;
 };
 
 std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry& g) {
@@ -221,12 +231,8 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry&
     return std::nullopt;
   }
   if (u) {
-    const Result<OpKind> kind = OpFromName(u->op());
-    if (!kind.ok() || u->inputs().size() != 1 || u->input(0) != at) return std::nullopt;
-    const OpInfo& info = GetOpInfo(*kind);
-    if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
-    form.kind = *kind;
-    form.attrs = ElementwiseAttrs(*kind, u->attrs());
+    form.u = BlockUnaryOf(*u);
+    if (!form.u || u->input(0) != at) return std::nullopt;
     at = u->output();
   }
   if (at != epi->outputs()[0] || at->dtype() != DType::kF32 || at->shape() != g.out_shape || p->dtype() != DType::kF32)
@@ -447,8 +453,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
   } else if (need_ws) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
-  const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->kind) : nullptr;
-  const cpu::F32TileKernel act_kernel = bias_act && bias_act->kind ? cpu::GetF32TileKernel(*bias_act->kind) : nullptr;
+  const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->u.kind) : nullptr;
+  const cpu::F32TileKernel act_kernel = bias_act && bias_act->u ? cpu::GetF32TileKernel(bias_act->u->kind) : nullptr;
   const float* bias = bias_act && bias_act->bias_input >= 0
                           ? ctx.inputs[static_cast<size_t>(bias_act->bias_input)].as<const float>()
                           : nullptr;
@@ -467,7 +473,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
           packed->proj[gate->act]->RunBlock(q, a, act);
         }
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
-        for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->attrs, act + i * n + c0, width);
+        for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->u.attrs, act + i * n + c0, width);
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
         packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], act);
       }
@@ -483,7 +489,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
         for (int64_t i = 0; i < m; ++i) {
           float* row = proj[0] + i * n + c0;
           if (bias) AddInPlace(row, bias + c0, width);
-          if (act_kernel) ApplyUnaryInPlace(act_kernel, bias_act->attrs, row, width);
+          if (act_kernel) ApplyUnaryInPlace(act_kernel, bias_act->u->attrs, row, width);
         }
       }
       return;
