@@ -658,25 +658,33 @@ TEST(FuseAttention, CausalMaskBiasOnKeptKeysIsAdded) {
 }
 
 // What must keep the dropped keys in the products (the first block's keys 160 on; key 260
-// here): a NaN or inf in their V rows (a zero weight times it is NaN, over every key, as in
-// the unfused MatMul), their scores under an f32 mask when not provably far below the row's
-// max (a NaN in K; a mask of -1e4 with scores up to 1e5 there, which the rows must then weigh),
+// here, and the last key, 299, for a NaN in K or V): a NaN or inf in their V rows (a zero
+// weight times it is NaN, over every key, as in the unfused MatMul), their scores under an f32
+// mask when not provably far below the row's max (a NaN in K; a mask of -1e4 with scores up to
+// 1e5 there, which the rows must then weigh; the block's last query row, 159, scaled up alone,
+// with the dropped keys twice as long as the kept ones: they outweigh that row's kept keys),
 // and, Where before the added mask, a NaN in the added mask at a dropped key. Each gives the
 // bits of doing every key.
 TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
-  enum Poison { kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kNaNInPadding };
-  for (const Poison poison : {kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kNaNInPadding}) {
-    for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding}) {
+  enum Poison { kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kHugeLastQueryUnderSmallMask, kNaNInPadding };
+  for (const Poison poison :
+       {kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kHugeLastQueryUnderSmallMask, kNaNInPadding}) {
+    for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding})
+    for (const int64_t key : {int64_t{260}, int64_t{299}}) {
       if ((poison == kNaNInPadding) != (form == MaskForm::kCausalBoolThenPadding)) continue;
-      if (poison == kHugeKUnderSmallMask && form != MaskForm::kCausal) continue;
-      SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form));
+      const bool small_mask = poison == kHugeKUnderSmallMask || poison == kHugeLastQueryUnderSmallMask;
+      if (small_mask && form != MaskForm::kCausal) continue;
+      if (key == 299 && poison != kNaNInV && poison != kNaNInK) continue;
+      SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form) << ", key "
+                                      << key);
       Spec sp = TwoRowBlocks(form);
-      if (poison == kHugeKUnderSmallMask) sp.causal_value = -1e4f;
+      if (small_mask) sp.causal_value = -1e4f;
       Built built = Build(sp);
       ASSERT_EQ(Formed(FuseAttention(*built.g, FusionOptions{}, nullptr)), 1);
       std::vector<Tensor> ins = RandomInputs(*built.g, 5, 0.05, 1.5);
-      const int64_t hd = sp.h * sp.d, key = 260;
-      float* k = ins[1].data_as<float>();  // [1, Sk, H*d]; head 0's dims come first
+      const int64_t hd = sp.h * sp.d;
+      float* q = ins[0].data_as<float>();  // [1, S, H*d]; head 0's dims come first
+      float* k = ins[1].data_as<float>();
       float* v = ins[2].data_as<float>();
       if (poison == kNaNInV) v[key * hd + 3] = std::nanf("");
       if (poison == kInfInV) v[key * hd + 3] = INFINITY;
@@ -684,6 +692,11 @@ TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
       if (poison == kHugeKUnderSmallMask)
         for (int64_t t = 160; t < sp.sk; ++t)
           for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 3e4f;
+      if (poison == kHugeLastQueryUnderSmallMask) {  // and the dropped keys twice as long as the kept ones
+        for (int64_t j = 0; j < sp.d; ++j) q[159 * hd + j] *= 3e4f;
+        for (int64_t t = 160; t < sp.sk; ++t)
+          for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 2.f;
+      }
       if (poison == kNaNInPadding) ins[3].data_as<float>()[key] = std::nanf("");
       ThreadPool pool(2);
       auto plan = Execute(*built.g, Views(ins), CpuContext{&pool});
@@ -701,6 +714,7 @@ TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
           EXPECT_EQ(std::isnan(first), form == MaskForm::kCausal);
           break;
         case kHugeKUnderSmallMask:  // query 0's keys 160.. weigh in: -1e4 is no longer far below
+        case kHugeLastQueryUnderSmallMask:  // query 159's keys 160.. do
           ExpectClose(out, Float64Attention(sp, built, ins), "fused vs float64");
           break;
         case kNaNInPadding:  // fill + NaN at a dropped key: every row of the batch

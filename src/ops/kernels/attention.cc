@@ -249,8 +249,20 @@ double MaskExpRow(float* row, int64_t n, const float* mask, int64_t mask_stride,
   VF vmax(ninf);
   // row[begin, end) += what `at` gives, the max taken over whole vectors as they are stored; the
   // ragged tail is added lane by lane and joins the max padded with -inf.
+  // Two running maxima, as MaxInto keeps four (softmax_row.h).
   auto add_and_max = [&](int64_t begin, int64_t end, auto vec_at, auto at) {
     int64_t i = begin;
+    if (i + 2 * kLanes <= end) {
+      VF vmax1(ninf);
+      for (; i + 2 * kLanes <= end; i += 2 * kLanes) {
+        const VF x = VF::Load(row + i) + vec_at(i), x1 = VF::Load(row + i + kLanes) + vec_at(i + kLanes);
+        x.Store(row + i);
+        x1.Store(row + i + kLanes);
+        vmax = simd::max(vmax, x);
+        vmax1 = simd::max(vmax1, x1);
+      }
+      vmax = simd::max(vmax, vmax1);
+    }
     for (; i + kLanes <= end; i += kLanes) {
       const VF x = VF::Load(row + i) + vec_at(i);
       x.Store(row + i);
@@ -356,15 +368,24 @@ bool KeyTailSkippable(const Dims& d, bool rows_of_bool, float abs_scale, const f
     const float a = std::fabs(x);
     return a > m || a != a ? a : m;  // NaN sticks
   };
+  // m[j] = max(m[j], |x[r * ld + j]|) over rows [0, n): whole vectors of j as simd::max of
+  // simd::abs (NaN sticks there too), the rest lane by lane.
+  auto amax_rows = [&](std::vector<float>& m, const float* x, int64_t ld, int64_t n) {
+    const int64_t whole = d.d / kLanes * kLanes;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x + r * ld;
+      for (int64_t j = 0; j < whole; j += kLanes)
+        simd::max(VF::Load(m.data() + j), simd::abs(VF::Load(xr + j))).Store(m.data() + j);
+      for (int64_t j = whole; j < d.d; ++j) m[j] = amax(m[j], xr[j]);
+    }
+  };
   std::vector<float> qm(static_cast<size_t>(d.d), 0.f), km(static_cast<size_t>(d.d), 0.f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < d.d; ++j) qm[j] = amax(qm[j], q[r * lq + j]);
+  amax_rows(qm, q, lq, rows);
   if (d.k == Layout::kBHDS) {  // K^T: a row per dimension
     for (int64_t j = 0; j < d.d; ++j)
       for (int64_t key = kend; key < d.sk; ++key) km[j] = amax(km[j], k[j * lk + key]);
   } else {
-    for (int64_t key = kend; key < d.sk; ++key)
-      for (int64_t j = 0; j < d.d; ++j) km[j] = amax(km[j], k[key * lk + j]);
+    amax_rows(km, k + kend * lk, lk, d.sk - kend);
   }
   double bound = 0;
   for (int64_t j = 0; j < d.d; ++j) bound += static_cast<double>(qm[j]) * static_cast<double>(km[j]);
