@@ -392,6 +392,73 @@ TEST(FuseGemm, BiasActivationEpilogueGivesTheUnfusedBits) {
   }
 }
 
+// The store-chain form (fused_gemm.cc): each output is a projection with biases and residuals
+// added one Add after another, which the GEMM adds as it stores each block (a first bias as the
+// matmul's bias, residuals as binary post-ops), straight into the outputs. Q, K and V with their
+// own biases (one on the left of its Add, one a [1, N] input); a bias, then a residual on the
+// left; a residual, then a bias (not a chain the GEMM takes: the epilogue runs after it); K
+// long enough for several chunks. Each gives the unfused plan's bits (MatMul and the Adds one
+// by one, on the same packed blocks), and float64's values. n = 84: a last block of columns
+// that is not a whole number of vectors.
+TEST(FuseGemm, StoreChainGivesTheUnfusedBits) {
+  enum class Form { kQkvBiases, kBiasThenResidual, kResidualThenBias };
+  struct Case {
+    Form form;
+    int64_t m, n, k;
+  };
+  for (const Case& c : {Case{Form::kQkvBiases, 37, 84, kK}, Case{Form::kQkvBiases, 1, 84, 512},
+                        Case{Form::kBiasThenResidual, 37, 84, 512}, Case{Form::kResidualThenBias, kM, 84, kK}}) {
+    const int projections = c.form == Form::kQkvBiases ? 3 : 1;
+    auto [unfused, fused] = BuildAndRun([&c, projections](Graph& g) {
+      Value* h = g.AddInput("h", DType::kF32, {c.m, c.k}).value();
+      Value* r = c.form == Form::kQkvBiases ? nullptr : g.AddInput("r", DType::kF32, {c.m, c.n}).value();
+      for (int s = 0; s < projections; ++s) {
+        const std::string t = std::to_string(s);
+        Value* w = g.AddConstant("w" + t, RandomTensor({c.k, c.n}, 61 + s)).value();
+        Value* y = g.AddNode("MatMul", {h, w}, {}, "proj" + t).value()->output();
+        Value* b = s == 2 ? g.AddInput("b" + t, DType::kF32, {1, c.n}).value()
+                          : g.AddConstant("b" + t, RandomTensor({c.n}, 71 + s)).value();
+        if (c.form == Form::kResidualThenBias) {
+          y = g.AddNode("Add", {y, r}, {}, "residual").value()->output();
+          y = g.AddNode("Add", {y, b}, {}, "bias").value()->output();
+        } else {
+          y = g.AddNode("Add", {s == 1 ? b : y, s == 1 ? y : b}, {}, "bias" + t).value()->output();
+          if (r) y = g.AddNode("Add", {r, y}, {}, "residual").value()->output();
+        }
+        ASSERT_TRUE(g.MarkOutput(y).ok());
+      }
+    });
+    const std::string what = StrCat("form ", static_cast<int>(c.form), " m=", c.m, " k=", c.k);
+    const FusedGroupInfo* group = FindGroup(fused.report, "gemm_epilogue");
+    ASSERT_NE(group, nullptr) << what;
+    if (c.form == Form::kQkvBiases) EXPECT_NE(group->kernel_name.find("split3"), std::string::npos) << group->kernel_name;
+    ASSERT_EQ(fused.outputs.size(), static_cast<size_t>(projections));
+    ASSERT_EQ(unfused.outputs.size(), static_cast<size_t>(projections));
+    for (int s = 0; s < projections; ++s) {
+      EXPECT_EQ(std::memcmp(fused.outputs[s].data(), unfused.outputs[s].data(), fused.outputs[s].nbytes()), 0)
+          << what << ", output " << s;
+      // Against float64, loosely: the f32 dot products dominate the error.
+      const Tensor w = std::move(*RandomTensor({c.k, c.n}, 61 + s));
+      const Tensor b_const = std::move(*RandomTensor({c.n}, 71 + s));
+      const Tensor& hx = unfused.inputs[0];
+      const Tensor* rx = c.form == Form::kQkvBiases ? nullptr : &unfused.inputs[1];
+      const Tensor* b_in = s == 2 ? &unfused.inputs[1] : nullptr;
+      double worst = 0, peak = 0;
+      for (int64_t i = 0; i < c.m; ++i)
+        for (int64_t j = 0; j < c.n; ++j) {
+          double want = b_in ? b_in->GetAsDouble(j) : b_const.GetAsDouble(j);
+          if (rx) want += rx->GetAsDouble(i * c.n + j);
+          for (int64_t q = 0; q < c.k; ++q) want += hx.GetAsDouble(i * c.k + q) * w.GetAsDouble(q * c.n + j);
+          const double err = std::fabs(want - fused.outputs[s].GetAsDouble(i * c.n + j)) / (1 + std::fabs(want));
+          if (!(err <= worst)) worst = err;  // a NaN sticks
+          peak = std::max(peak, std::fabs(want));
+        }
+      EXPECT_LT(worst, 2e-5 * static_cast<double>(c.k) / kK) << what << ", output " << s;
+      EXPECT_GT(peak, 0.1) << what << ": outputs near zero would prove nothing";
+    }
+  }
+}
+
 // h [m, k] @ W + r [m, kN] (inputs h, r; W constant from `seed`), r on the left or the right
 // of the Add.
 Builder ResidualGraph(int64_t m, int64_t k, uint32_t seed, bool r_left) {

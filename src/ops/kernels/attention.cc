@@ -509,7 +509,7 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
       // took 26 ms in blocks of 64 columns against 20-21.5 ms in one (the separate QKV GEMM:
       // 22-23 ms).
       GF_ASSIGN_OR_RETURN(auto packed,
-                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, PackedGemm::Store::kPlain, wg));
+                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, wg));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

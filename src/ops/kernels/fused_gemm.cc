@@ -15,9 +15,10 @@
 //     output is computed straight into that output; the others go to a workspace.
 //  2. the epilogue program runs over whole rows of the output, a chunk of rows per claim,
 //     reading the workspace back from L2 / L3 as long contiguous streams.
-// Three epilogue forms need no phase 2 when the weights are packed: the residual form
-// (ResidualInput: the GEMM adds r as it stores each block), the gated form (GatedForm:
-// SwiGLU's silu(gate) * up, applied block by block while the block is in L2) and the
+// Three epilogue forms need no phase 2 when the weights are packed: the store chain
+// (StoreChainForm: residuals and biases the GEMM adds as it stores each block), the gated
+// form (GatedForm: SwiGLU's silu(gate) * up, applied block by block while the block is in L2)
+// and the
 // bias-activation form (BiasActForm: U(p + bias), finished in place block by block). On the
 // llama-small block the first two took the time outside the GEMMs from 0.26-0.30 ms to 0.19 ms.
 // Running a general epilogue on each block right after its GEMM (row pieces of 64-512 columns,
@@ -240,10 +241,69 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry&
   return form;
 }
 
+// The store-chain form of the epilogue: each output is one projection with extra inputs added
+// to it one Add after another (either operand order of each), every one a residual (the
+// output's shape) or a bias (N values along the last dim): out = ((p_s + x_1) + x_2) ...
+// GPT-2's and BERT's Q, K and V biases, their bias and residual after the attention and after
+// the MLP, LLaMA's residual adds. With packed weights the GEMM applies the adds as it stores each
+// block (PackedGemm's post-ops) straight into the outputs: no workspace and no pass over the
+// product, and the bits are those of MatMul and the Adds run one by one.
+struct StoreChain {
+  struct Link {
+    int64_t input = 0;  // the node input added
+    bool row = false;   // a bias broadcast over the rows, else of the output's shape
+  };
+  std::vector<int64_t> output;           // per projection: the node output it becomes
+  std::vector<std::vector<Link>> links;  // per projection: its adds, in order
+};
+
+std::optional<StoreChain> StoreChainForm(const Node& node, const GemmGeometry& g) {
+  constexpr size_t kMaxLinks = 4;
+  const Graph* epi = node.GetGraph("epilogue");
+  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
+  const size_t S = static_cast<size_t>(g.splits);
+  if (!epi || out_proj != std::vector<int64_t>(S, -1) || epi->outputs().size() != S || epi->inputs().size() < S)
+    return std::nullopt;
+  const auto extras = epi->inputs().begin() + static_cast<std::ptrdiff_t>(S);
+  StoreChain form;
+  size_t adds = 0;
+  for (size_t s = 0; s < S; ++s) {
+    const Value* v = epi->inputs()[s];
+    std::vector<StoreChain::Link> links;
+    for (;;) {
+      const auto out = std::find(epi->outputs().begin(), epi->outputs().end(), v);
+      if (out != epi->outputs().end()) {  // the chain's end: read by nothing else
+        if (links.empty() || !v->uses().empty()) return std::nullopt;
+        form.output.push_back(out - epi->outputs().begin());
+        break;
+      }
+      if (v->uses().size() != 1 || links.size() == kMaxLinks) return std::nullopt;
+      const Node& add = *v->uses()[0].node;
+      if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs().size() != 1) return std::nullopt;
+      const Value* x = add.input(1 - v->uses()[0].input_index);
+      const auto at = std::find(extras, epi->inputs().end(), x);
+      if (at == epi->inputs().end() || x->dtype() != DType::kF32) return std::nullopt;
+      const bool full = x->shape() == g.out_shape;
+      const bool row = x->numel() == g.n && !x->shape().empty() && x->shape().back() == g.n &&
+                       x->shape().size() <= g.out_shape.size();
+      const Value* y = add.output();
+      if ((!full && !row) || y->dtype() != DType::kF32 || y->shape() != g.out_shape) return std::nullopt;
+      links.push_back({2 + (at - extras), !full});
+      ++adds;
+      v = y;
+    }
+    form.links.push_back(std::move(links));
+  }
+  std::vector<int64_t> outs = form.output;
+  std::sort(outs.begin(), outs.end());
+  if (adds != epi->num_nodes() || std::adjacent_find(outs.begin(), outs.end()) != outs.end()) return std::nullopt;
+  return form;
+}
+
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
-  bool residual = false;  // packed for C = A @ B + r (a residual epilogue, see ResidualInput)
+  std::optional<StoreChain> chain;    // packed with the chain's adds as post-ops (StoreChainForm)
   std::optional<GatedEpilogue> gate;  // packed for the gated form (GatedForm)
   std::optional<BiasActEpilogue> bias_act;  // packed for the bias-activation form (BiasActForm)
   std::vector<std::shared_ptr<const PackedGemm>> proj;
@@ -257,10 +317,9 @@ struct PackedProjections {
 
 // The residual form of the epilogue: one projection, and the epilogue is exactly
 // out = projection + r with r an extra input of the output's shape (either operand order).
-// Then the add happens where the GEMM stores its result: oneDNN's binary-add post-op reads r
-// there (packed weights), or r is first copied into the output and sgemm accumulates onto it
-// (beta = 1); neither a workspace nor a pass over the product exists. Returns r's node input
-// index, or -1.
+// Without packed weights r is first copied into the output and sgemm accumulates onto it
+// (beta = 1); neither a workspace nor a pass over the product exists (packed, it is a store
+// chain of one add). Returns r's node input index, or -1.
 int64_t ResidualInput(const Node& node, const GemmGeometry& g) {
   const Graph* epi = node.GetGraph("epilogue");
   if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
@@ -283,19 +342,38 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
-  packed->residual = ResidualInput(node, g) >= 0;
   packed->gate = GatedForm(node, g);
-  if (!packed->residual && !packed->gate) packed->bias_act = BiasActForm(node, g);
+  if (!packed->gate) packed->chain = StoreChainForm(node, g);
+  if (!packed->gate && !packed->chain) packed->bias_act = BiasActForm(node, g);
   // The gated form keeps p_act alone in its workspace ([m, n]) and stores p_mul's product with
-  // it in the output: both laid out [m, n].
-  const std::vector<int64_t> ld =
-      packed->gate ? std::vector<int64_t>{g.n, g.n} : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
-  for (int64_t s = 0; s < g.splits; ++s) {
-    using Store = PackedGemm::Store;
-    const Store store = packed->residual ? Store::kAdd : packed->gate && s == packed->gate->mul ? Store::kMul : Store::kPlain;
-    GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                   g.splits * g.n, ld[static_cast<size_t>(s)], store));
-    packed->proj.push_back(std::move(p));
+  // it in the output, and a store chain writes each projection into its output: all laid out
+  // [m, n].
+  std::vector<int64_t> ld = packed->gate || packed->chain ? std::vector<int64_t>(static_cast<size_t>(g.splits), g.n)
+                                                                : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+  auto pack = [&]() -> Status {
+    packed->proj.clear();
+    for (int64_t s = 0; s < g.splits; ++s) {
+      using PostOp = PackedGemm::PostOp;
+      std::vector<PostOp> ops;
+      if (packed->gate && s == packed->gate->mul) ops.push_back({PostOp::Kind::kMul, false});
+      if (packed->chain)
+        for (const StoreChain::Link& l : packed->chain->links[static_cast<size_t>(s)])
+          ops.push_back({PostOp::Kind::kAdd, l.row});
+      GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
+                                                     g.splits * g.n, ld[static_cast<size_t>(s)], std::move(ops)));
+      packed->proj.push_back(std::move(p));
+    }
+    return Status::Ok();
+  };
+  if (Status st = pack(); !st.ok()) {
+    if (!packed->chain && !packed->gate) return st;
+    // Post-ops oneDNN would not build here (or only in its reference matmul): the epilogue
+    // runs after the GEMMs.
+    packed->chain.reset();
+    packed->gate.reset();
+    packed->bias_act = BiasActForm(node, g);
+    ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+    GF_RETURN_IF_ERROR(pack());
   }
   return std::shared_ptr<const void>(std::move(packed));
 }
@@ -349,13 +427,22 @@ Status RunFusedGemm(const KernelContext& ctx) {
   if (m * n == 0) return Status::Ok();
   const auto* packed = static_cast<const PackedProjections*>(ctx.state);
   if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
-  // The residual form: the GEMM adds r as it stores (packed), or accumulates onto a copy of r
-  // (sgemm); no epilogue runs.
+  // The residual form without packed weights: sgemm accumulates onto a copy of r; no epilogue
+  // runs.
   const int64_t residual = ResidualInput(node, g);
-  const bool add_residual = residual >= 0 && (!packed || packed->residual);
-  const bool accumulate = add_residual && !packed;  // sgemm's beta = 1 onto a copy of r
-  const float* r_in = add_residual ? ctx.inputs[static_cast<size_t>(residual)].as<const float>() : nullptr;
-  if (add_residual) epi = nullptr;
+  const bool accumulate = residual >= 0 && !packed;  // sgemm's beta = 1 onto a copy of r
+  const float* r_in = accumulate ? ctx.inputs[static_cast<size_t>(residual)].as<const float>() : nullptr;
+  if (accumulate) epi = nullptr;
+  // The store-chain form (packed only): the GEMM adds the chain's inputs as it stores, into the
+  // outputs; no epilogue runs.
+  const StoreChain* chain = packed && packed->chain ? &*packed->chain : nullptr;
+  std::vector<std::vector<const float*>> chain_operands(static_cast<size_t>(S));
+  if (chain) {
+    epi = nullptr;
+    for (int64_t s = 0; s < S; ++s)
+      for (const StoreChain::Link& l : chain->links[static_cast<size_t>(s)])
+        chain_operands[static_cast<size_t>(s)].push_back(ctx.inputs[static_cast<size_t>(l.input)].as<const float>());
+  }
   // The gated form (packed only): U and the Mul run inside each block's task, no epilogue pass.
   const GatedEpilogue* gate = packed && packed->gate ? &*packed->gate : nullptr;
   if (gate) epi = nullptr;
@@ -369,7 +456,9 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const std::vector<int64_t> proj_ld = ProjectionLd(out_proj, S, n);
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
-  if (add_residual) proj[0] = ctx.outputs[0].as<float>();
+  if (accumulate) proj[0] = ctx.outputs[0].as<float>();
+  if (chain)
+    for (int64_t s = 0; s < S; ++s) proj[s] = ctx.outputs[static_cast<size_t>(chain->output[static_cast<size_t>(s)])].as<float>();
   if (gate) proj[gate->mul] = ctx.outputs[0].as<float>();
   if (bias_act) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
@@ -475,7 +564,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
         for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->u.attrs, act + i * n + c0, width);
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
-        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], act);
+        const float* const mul[] = {act};
+        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], mul);
       }
       return;
     }
@@ -498,7 +588,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (packed) {
         for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q)
-          packed->proj[s]->RunBlock(q, a, proj[s], r_in);
+          packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)]);
         continue;
       }
       if (k == 0) {

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -38,6 +39,9 @@ int64_t BlockCols(int64_t m, int64_t n) {
   return std::clamp<int64_t>((n / 8 + 15) / 16 * 16, 64, cap);
 }
 
+// One row of `width` f32 values, broadcast over the rows of C (a bias).
+dnnl::memory::desc RowDesc(int64_t width) { return dnnl::memory::desc({1, width}, dt::f32, {width, 1}); }
+
 const dnnl::engine& Engine() {
   static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   return engine;
@@ -47,7 +51,8 @@ const dnnl::engine& Engine() {
 
 struct PackedGemm::Impl {
   int64_t m = 0, k = 0, n = 0, ldc = 0, block_cols = 0, blocks = 0;
-  Store store = Store::kPlain;
+  std::vector<PostOp> post_ops;
+  bool bias = false;  // post_ops[0] is the matmul's bias
   // [0]: a full block, [1]: the last one when narrower.
   std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<dnnl::matmul> prims;
@@ -62,12 +67,13 @@ int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
-                                                             int64_t ldb, int64_t ldc, Store store,
+                                                             int64_t ldb, int64_t ldc, std::vector<PostOp> post_ops,
                                                              int64_t block_cols) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
-  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.store = store;
+  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops);
+  p.bias = !p.post_ops.empty() && p.post_ops[0].row && p.post_ops[0].kind == PostOp::Kind::kAdd;
   p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
@@ -78,17 +84,27 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     const int64_t widths[2] = {std::min(n, p.block_cols), n % p.block_cols};
     for (int64_t width : widths) {
       if (width == 0 || (p.pds.size() == 1 && widths[0] == width)) continue;
-      if (store != Store::kPlain) {  // R read as C is written (for kAdd, the sum post-op would
-                                     // add C into the running sum: another rounding, and a copy of R)
-        dnnl::post_ops ops;
-        ops.append_binary(store == Store::kAdd ? dnnl::algorithm::binary_add : dnnl::algorithm::binary_mul,
+      // A row added first is the matmul's bias (added to the f32 product before any post-op, one
+      // rounding, as an Add): oneDNN 2.6 runs a broadcast binary post-op only in its reference
+      // matmul, a thousand times slower. The other operands are binary post-ops, R read as C
+      // is written (for an Add, the sum post-op would add C into the running sum: another
+      // rounding, and a copy of R).
+      dnnl::post_ops ops;
+      for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i) {
+        if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
+        ops.append_binary(p.post_ops[i].kind == PostOp::Kind::kAdd ? dnnl::algorithm::binary_add
+                                                                   : dnnl::algorithm::binary_mul,
                           dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
-        attr.set_post_ops(ops);
       }
+      if (ops.len() > 0) attr.set_post_ops(ops);
       dnnl::memory::desc src_md({m, k}, dt::f32, {k, 1});
       dnnl::memory::desc wei_md({k, width}, dt::f32, dnnl::memory::format_tag::any);
       dnnl::memory::desc dst_md({m, width}, dt::f32, {ldc, 1});
-      p.pds.emplace_back(dnnl::matmul::desc(src_md, wei_md, dst_md), attr, Engine());
+      p.pds.emplace_back(p.bias ? dnnl::matmul::desc(src_md, wei_md, RowDesc(width), dst_md)
+                                : dnnl::matmul::desc(src_md, wei_md, dst_md),
+                         attr, Engine());
+      if (!p.post_ops.empty() && std::string(p.pds.back().impl_info_str()).rfind("ref", 0) == 0)
+        return Unimplemented("packed GEMM: oneDNN has only its reference matmul for these post-ops here");
       p.prims.emplace_back(p.pds.back());
       p.scratch_bytes = std::max(p.scratch_bytes, p.pds.back().scratchpad_desc().get_size());
     }
@@ -106,10 +122,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
-void PackedGemm::RunBlock(int64_t block, const float* a, float* c, const float* r) const {
+void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands) const {
   const Impl& p = *impl_;
   const int64_t j0 = block * p.block_cols;
-  const size_t which = p.Which(std::min(p.block_cols, p.n - j0));
+  const int64_t width = std::min(p.block_cols, p.n - j0);
+  const size_t which = p.Which(width);
   omp_set_num_threads(1);  // this thread's OpenMP setting: oneDNN runs the block inline
   thread_local dnnl::stream stream(Engine());
   thread_local std::vector<char> scratch;
@@ -122,9 +139,12 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, const float* 
                                                 {DNNL_ARG_WEIGHTS, p.weights[static_cast<size_t>(block)]},
                                                 {DNNL_ARG_DST, dst},
                                                 {DNNL_ARG_SCRATCHPAD, pad}};
-  if (p.store != Store::kPlain)
-    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1,
-                 dnnl::memory(pd.dst_desc(), Engine(), const_cast<float*>(r + j0)));
+  GF_CHECK(operands.size() == p.post_ops.size(), "packed GEMM block: ", operands.size(), " operands for ",
+           p.post_ops.size(), " post-ops");
+  if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(RowDesc(width), Engine(), const_cast<float*>(operands[0] + j0)));
+  for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
+    args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i - (p.bias ? 1 : 0))) | DNNL_ARG_SRC_1,
+                 dnnl::memory(pd.dst_desc(), Engine(), const_cast<float*>(operands[i] + j0)));
   p.prims[which].execute(stream, args);
   stream.wait();
 }

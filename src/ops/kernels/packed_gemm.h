@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "graphfuse/status.h"
 
@@ -18,23 +20,28 @@ namespace graphfuse::kernels {
 
 class PackedGemm {
  public:
-  // What the GEMM does with a second operand R[m, n], laid out as C (leading dimension ldc) and
-  // given to RunBlock, as it stores each block: C = A @ B + R or C = (A @ B) * R (oneDNN's
-  // binary post-ops). The product is rounded to f32 first and the result once more, so C has
-  // the bits of MatMul then Add / Mul.
-  enum class Store { kPlain, kAdd, kMul };
+  // What the GEMM does with further operands as it stores each block, in order (oneDNN's binary
+  // post-ops): C = ((A @ B) op1 R1) op2 R2 ..., op an Add or a Mul, each R either [m, n] laid
+  // out as C (leading dimension ldc) or one row of n values broadcast over the rows (a bias).
+  // The product is rounded to f32 first and each step's result once more, so C has the bits of
+  // MatMul, then each Add / Mul run one by one.
+  struct PostOp {
+    enum class Kind { kAdd, kMul };
+    Kind kind = Kind::kAdd;
+    bool row = false;  // an [n] vector broadcast over the rows, else [m, n] laid out as C
+  };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
   // A with lda = k, C written with leading dimension ldc.
   // block_cols > 0 sets the width of the column blocks (else BlockCols in packed_gemm.cc).
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
-                                                          int64_t ldc, Store store = Store::kPlain,
+                                                          int64_t ldc, std::vector<PostOp> post_ops = {},
                                                           int64_t block_cols = 0);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  // Columns [block * block_cols(), ...) of C (and of r, which kAdd and kMul need and kPlain
-  // ignores; r may be C itself).
-  void RunBlock(int64_t block, const float* a, float* c, const float* r = nullptr) const;
+  // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
+  // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
+  void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {}) const;
 
  private:
   PackedGemm();
