@@ -198,10 +198,11 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
 // out = U(p + bias), U(p) or p + bias, with U one unary op of the table that does not depend on
 // the element index (GPT-2's and BERT's first MLP projection: bias, then GELU) and bias an extra
 // input of N values along the output's last dim. With packed weights the GEMM then writes the
-// node's output, and each block is finished in place right after its GEMM, row piece by row
-// piece while it is in L1 / L2: the bias added, then U's tile kernel. It reads and writes only
-// the block just computed (as the gated form), and the bits are those of MatMul, Add and U run
-// one by one.
+// node's output, adding the bias as it stores (the matmul's bias), and each block is finished
+// in place right after its GEMM, row piece by row piece while it is in L1 / L2, by U's tile
+// kernel (where oneDNN would not take the bias, the block adds it first). It reads and writes
+// only the block just computed (as the gated form), and the bits are those of MatMul, Add and
+// U run one by one. (p + bias alone is a store chain.)
 struct BiasActEpilogue {
   int64_t bias_input = -1;  // the node input holding the bias, or -1
   std::optional<BlockUnary> u;
@@ -306,6 +307,7 @@ struct PackedProjections {
   std::optional<StoreChain> chain;    // packed with the chain's adds as post-ops (StoreChainForm)
   std::optional<GatedEpilogue> gate;  // packed for the gated form (GatedForm)
   std::optional<BiasActEpilogue> bias_act;  // packed for the bias-activation form (BiasActForm)
+  bool bias_in_gemm = false;  // its bias is the matmul's (added as the GEMM stores), U alone runs after
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
   // while the data pointers hold (TileRunner::BoundTo), as the executor does for elementwise
@@ -345,6 +347,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   packed->gate = GatedForm(node, g);
   if (!packed->gate) packed->chain = StoreChainForm(node, g);
   if (!packed->gate && !packed->chain) packed->bias_act = BiasActForm(node, g);
+  packed->bias_in_gemm = packed->bias_act && packed->bias_act->bias_input >= 0;
   // The gated form keeps p_act alone in its workspace ([m, n]) and stores p_mul's product with
   // it in the output, and a store chain writes each projection into its output: all laid out
   // [m, n].
@@ -359,6 +362,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
       if (packed->chain)
         for (const StoreChain::Link& l : packed->chain->links[static_cast<size_t>(s)])
           ops.push_back({PostOp::Kind::kAdd, l.row});
+      if (packed->bias_in_gemm) ops.push_back({PostOp::Kind::kAdd, true});
       GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
                                                      g.splits * g.n, ld[static_cast<size_t>(s)], std::move(ops)));
       packed->proj.push_back(std::move(p));
@@ -366,12 +370,13 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
     return Status::Ok();
   };
   if (Status st = pack(); !st.ok()) {
-    if (!packed->chain && !packed->gate) return st;
-    // Post-ops oneDNN would not build here (or only in its reference matmul): the epilogue
-    // runs after the GEMMs.
+    if (!packed->chain && !packed->gate && !packed->bias_in_gemm) return st;
+    // Post-ops or a bias oneDNN would not build here (or only in its reference matmul): the
+    // epilogue runs after the GEMMs, or per block.
     packed->chain.reset();
     packed->gate.reset();
     packed->bias_act = BiasActForm(node, g);
+    packed->bias_in_gemm = false;
     ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
     GF_RETURN_IF_ERROR(pack());
   }
@@ -569,16 +574,18 @@ Status RunFusedGemm(const KernelContext& ctx) {
       }
       return;
     }
-    if (bias_act) {  // per block: the GEMM into the output, then bias and U in place
+    if (bias_act) {  // per block: the GEMM (adding the bias as it stores) into the output, then U in place
       for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
         {
           const ScopedNs blas_time(BlasCounter(ctx.cpu));
-          packed->proj[0]->RunBlock(q, a, proj[0]);
+          const float* const gemm_bias[] = {bias};
+          packed->proj[0]->RunBlock(q, a, proj[0],
+                                    std::span<const float* const>(gemm_bias, packed->bias_in_gemm ? 1 : 0));
         }
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
         for (int64_t i = 0; i < m; ++i) {
           float* row = proj[0] + i * n + c0;
-          if (bias) AddInPlace(row, bias + c0, width);
+          if (bias && !packed->bias_in_gemm) AddInPlace(row, bias + c0, width);
           if (act_kernel) ApplyUnaryInPlace(act_kernel, bias_act->u->attrs, row, width);
         }
       }
