@@ -669,57 +669,58 @@ TEST(FuseAttention, DroppedKeysStayInTheProductsWhenTheyCanReachTheOutput) {
   enum Poison { kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kHugeLastQueryUnderSmallMask, kNaNInPadding };
   for (const Poison poison :
        {kNaNInV, kInfInV, kNaNInK, kHugeKUnderSmallMask, kHugeLastQueryUnderSmallMask, kNaNInPadding}) {
-    for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding})
-    for (const int64_t key : {int64_t{260}, int64_t{299}}) {
-      if ((poison == kNaNInPadding) != (form == MaskForm::kCausalBoolThenPadding)) continue;
-      const bool small_mask = poison == kHugeKUnderSmallMask || poison == kHugeLastQueryUnderSmallMask;
-      if (small_mask && form != MaskForm::kCausal) continue;
-      if (key == 299 && poison != kNaNInV && poison != kNaNInK) continue;
-      SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form) << ", key "
-                                      << key);
-      Spec sp = TwoRowBlocks(form);
-      if (small_mask) sp.causal_value = -1e4f;
-      Built built = Build(sp);
-      ASSERT_EQ(Formed(FuseAttention(*built.g, FusionOptions{}, nullptr)), 1);
-      std::vector<Tensor> ins = RandomInputs(*built.g, 5, 0.05, 1.5);
-      const int64_t hd = sp.h * sp.d;
-      float* q = ins[0].data_as<float>();  // [1, S, H*d]; head 0's dims come first
-      float* k = ins[1].data_as<float>();
-      float* v = ins[2].data_as<float>();
-      if (poison == kNaNInV) v[key * hd + 3] = std::nanf("");
-      if (poison == kInfInV) v[key * hd + 3] = INFINITY;
-      if (poison == kNaNInK) k[key * hd + 3] = std::nanf("");
-      if (poison == kHugeKUnderSmallMask)
-        for (int64_t t = 160; t < sp.sk; ++t)
-          for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 3e4f;
-      if (poison == kHugeLastQueryUnderSmallMask) {  // and the dropped keys twice as long as the kept ones
-        for (int64_t j = 0; j < sp.d; ++j) q[159 * hd + j] *= 3e4f;
-        for (int64_t t = 160; t < sp.sk; ++t)
-          for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 2.f;
-      }
-      if (poison == kNaNInPadding) ins[3].data_as<float>()[key] = std::nanf("");
-      ThreadPool pool(2);
-      auto plan = Execute(*built.g, Views(ins), CpuContext{&pool});
-      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
-      const Tensor& out = (*plan)[0];  // [1, S, H*d]
-      EXPECT_TRUE(SameValues(out, RunUnprepared(*built.g, ins, 2)));
-      const float first = out.data_as<float>()[3];  // query 0, head 0, dim 3
-      switch (poison) {
-        case kNaNInV:
-        case kInfInV:
-          EXPECT_TRUE(std::isnan(first));  // 0 * NaN, 0 * inf
-          EXPECT_FALSE(std::isnan(out.data_as<float>()[4]));
-          break;
-        case kNaNInK:  // the f32 mask adds to the NaN score; Where replaces it
-          EXPECT_EQ(std::isnan(first), form == MaskForm::kCausal);
-          break;
-        case kHugeKUnderSmallMask:  // query 0's keys 160.. weigh in: -1e4 is no longer far below
-        case kHugeLastQueryUnderSmallMask:  // query 159's keys 160.. do
-          ExpectClose(out, Float64Attention(sp, built, ins), "fused vs float64");
-          break;
-        case kNaNInPadding:  // fill + NaN at a dropped key: every row of the batch
-          EXPECT_TRUE(std::isnan(first));
-          break;
+    for (const MaskForm form : {MaskForm::kCausal, MaskForm::kCausalBool, MaskForm::kCausalBoolThenPadding}) {
+      for (const int64_t key : {int64_t{260}, int64_t{299}}) {
+        if ((poison == kNaNInPadding) != (form == MaskForm::kCausalBoolThenPadding)) continue;
+        const bool small_mask = poison == kHugeKUnderSmallMask || poison == kHugeLastQueryUnderSmallMask;
+        if (small_mask && form != MaskForm::kCausal) continue;
+        if (key == 299 && poison != kNaNInV && poison != kNaNInK) continue;
+        SCOPED_TRACE(testing::Message() << "poison " << poison << ", mask form " << static_cast<int>(form) << ", key "
+                                        << key);
+        Spec sp = TwoRowBlocks(form);
+        if (small_mask) sp.causal_value = -1e4f;
+        Built built = Build(sp);
+        ASSERT_EQ(Formed(FuseAttention(*built.g, FusionOptions{}, nullptr)), 1);
+        std::vector<Tensor> ins = RandomInputs(*built.g, 5, 0.05, 1.5);
+        const int64_t hd = sp.h * sp.d;
+        float* q = ins[0].data_as<float>();  // [1, S, H*d]; head 0's dims come first
+        float* k = ins[1].data_as<float>();
+        float* v = ins[2].data_as<float>();
+        if (poison == kNaNInV) v[key * hd + 3] = std::nanf("");
+        if (poison == kInfInV) v[key * hd + 3] = INFINITY;
+        if (poison == kNaNInK) k[key * hd + 3] = std::nanf("");
+        if (poison == kHugeKUnderSmallMask)
+          for (int64_t t = 160; t < sp.sk; ++t)
+            for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 3e4f;
+        if (poison == kHugeLastQueryUnderSmallMask) {  // and the dropped keys twice as long as the kept ones
+          for (int64_t j = 0; j < sp.d; ++j) q[159 * hd + j] *= 3e4f;
+          for (int64_t t = 160; t < sp.sk; ++t)
+            for (int64_t j = 0; j < sp.d; ++j) k[t * hd + j] *= 2.f;
+        }
+        if (poison == kNaNInPadding) ins[3].data_as<float>()[key] = std::nanf("");
+        ThreadPool pool(2);
+        auto plan = Execute(*built.g, Views(ins), CpuContext{&pool});
+        ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+        const Tensor& out = (*plan)[0];  // [1, S, H*d]
+        EXPECT_TRUE(SameValues(out, RunUnprepared(*built.g, ins, 2)));
+        const float first = out.data_as<float>()[3];  // query 0, head 0, dim 3
+        switch (poison) {
+          case kNaNInV:
+          case kInfInV:
+            EXPECT_TRUE(std::isnan(first));  // 0 * NaN, 0 * inf
+            EXPECT_FALSE(std::isnan(out.data_as<float>()[4]));
+            break;
+          case kNaNInK:  // the f32 mask adds to the NaN score; Where replaces it
+            EXPECT_EQ(std::isnan(first), form == MaskForm::kCausal);
+            break;
+          case kHugeKUnderSmallMask:  // query 0's keys 160.. weigh in: -1e4 is no longer far below
+          case kHugeLastQueryUnderSmallMask:  // query 159's keys 160.. do
+            ExpectClose(out, Float64Attention(sp, built, ins), "fused vs float64");
+            break;
+          case kNaNInPadding:  // fill + NaN at a dropped key: every row of the batch
+            EXPECT_TRUE(std::isnan(first));
+            break;
+        }
       }
     }
   }

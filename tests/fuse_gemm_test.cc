@@ -431,7 +431,9 @@ TEST(FuseGemm, StoreChainGivesTheUnfusedBits) {
     const std::string what = StrCat("form ", static_cast<int>(c.form), " m=", c.m, " k=", c.k);
     const FusedGroupInfo* group = FindGroup(fused.report, "gemm_epilogue");
     ASSERT_NE(group, nullptr) << what;
-    if (c.form == Form::kQkvBiases) EXPECT_NE(group->kernel_name.find("split3"), std::string::npos) << group->kernel_name;
+    if (c.form == Form::kQkvBiases) {
+      EXPECT_NE(group->kernel_name.find("split3"), std::string::npos) << group->kernel_name;
+    }
     ASSERT_EQ(fused.outputs.size(), static_cast<size_t>(projections));
     ASSERT_EQ(unfused.outputs.size(), static_cast<size_t>(projections));
     for (int s = 0; s < projections; ++s) {

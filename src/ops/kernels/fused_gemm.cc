@@ -463,7 +463,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
   if (accumulate) proj[0] = ctx.outputs[0].as<float>();
   if (chain)
-    for (int64_t s = 0; s < S; ++s) proj[s] = ctx.outputs[static_cast<size_t>(chain->output[static_cast<size_t>(s)])].as<float>();
+    for (int64_t s = 0; s < S; ++s)
+      proj[s] = ctx.outputs[static_cast<size_t>(chain->output[static_cast<size_t>(s)])].as<float>();
   if (gate) proj[gate->mul] = ctx.outputs[0].as<float>();
   if (bias_act) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
