@@ -307,7 +307,14 @@ TEST(FuseGemm, GatedEpilogueGivesTheUnfusedBits) {
       ASSERT_TRUE(g.MarkOutput(y).ok());
     });
     const std::string what = StrCat(c.op, " m=", c.m, " n=", c.n, " k=", c.k);
-    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << what;
+    const FusedGroupInfo* group = FindGroup(fused.report, "gemm_epilogue");
+    ASSERT_NE(group, nullptr) << what;
+    // The projections' order in the node follows the MatMuls' order in the graph.
+    const int act = c.act_first ? 0 : 1;
+    EXPECT_EQ(group->epilogue, StrCat("per block: ", c.op, " of projection ", act,
+                                      " in place while in L2, then projection ", 1 - act,
+                                      "'s GEMM multiplies by it as it stores"))
+        << what;
     ASSERT_EQ(fused.outputs.size(), 1u);
     ASSERT_EQ(unfused.outputs.size(), 1u);
     EXPECT_EQ(std::memcmp(fused.outputs[0].data(), unfused.outputs[0].data(), fused.outputs[0].nbytes()), 0) << what;
@@ -362,7 +369,13 @@ TEST(FuseGemm, BiasActivationEpilogueGivesTheUnfusedBits) {
       ASSERT_TRUE(g.MarkOutput(y).ok());
     });
     const std::string what = StrCat(*c.op ? c.op : "no U", c.bias ? " with bias" : "", " m=", c.m, " n=", c.n);
-    ASSERT_NE(FindGroup(fused.report, "gemm_epilogue"), nullptr) << what;
+    const FusedGroupInfo* group = FindGroup(fused.report, "gemm_epilogue");
+    ASSERT_NE(group, nullptr) << what;
+    const std::string act = StrCat("per block, in place while in L2: ", c.op);
+    EXPECT_EQ(group->epilogue, !*c.op ? "as the GEMM stores: p + bias"
+                               : c.bias ? "as the GEMM stores: p + bias; then " + act
+                                        : act)
+        << what;
     ASSERT_EQ(fused.outputs.size(), 1u);
     ASSERT_EQ(unfused.outputs.size(), 1u);
     EXPECT_EQ(std::memcmp(fused.outputs[0].data(), unfused.outputs[0].data(), fused.outputs[0].nbytes()), 0) << what;
@@ -434,6 +447,13 @@ TEST(FuseGemm, StoreChainGivesTheUnfusedBits) {
     if (c.form == Form::kQkvBiases) {
       EXPECT_NE(group->kernel_name.find("split3"), std::string::npos) << group->kernel_name;
     }
+    // What `graphfuse explain` says of it. With one row, the [1, N] bias has the output's shape:
+    // an operand added as a residual is.
+    const std::string qkv = StrCat("as the GEMM stores: p0 + bias; p1 + bias; p2 + ", c.m == 1 ? "residual" : "bias");
+    EXPECT_EQ(group->epilogue, c.form == Form::kQkvBiases         ? qkv
+                               : c.form == Form::kBiasThenResidual ? "as the GEMM stores: p + bias + residual"
+                                                                   : "after the GEMMs, over whole rows")
+        << what;
     ASSERT_EQ(fused.outputs.size(), static_cast<size_t>(projections));
     ASSERT_EQ(unfused.outputs.size(), static_cast<size_t>(projections));
     for (int s = 0; s < projections; ++s) {

@@ -15,6 +15,7 @@ void PrintFusionReport(FILE* f, const FusionReport& r) {
     std::string members;
     for (const std::string& n : g.nodes) members += (members.empty() ? "" : ", ") + n;
     std::fprintf(f, "             nodes: %s\n", members.c_str());
+    if (!g.epilogue.empty()) std::fprintf(f, "             epilogue: %s\n", g.epilogue.c_str());
   }
   if (r.refusals.empty()) return;
   std::map<std::string, int> by_code;
@@ -35,6 +36,7 @@ void AddFusionJson(Json& j, const FusionReport& r) {
   j.Key("groups").BeginArray();
   for (const FusedGroupInfo& g : r.groups) {
     j.BeginObject().Key("name").Str(g.name).Key("kind").Str(g.kind).Key("kernel").Str(g.kernel_name);
+    if (!g.epilogue.empty()) j.Key("epilogue").Str(g.epilogue);
     j.Key("nodes").BeginArray();
     for (const std::string& n : g.nodes) j.Str(n);
     j.EndArray().EndObject();

@@ -25,6 +25,7 @@
 
 #include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
+#include "../ops/kernels/fused_gemm.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {
@@ -346,7 +347,10 @@ class GemmFuser {
     for (auto it = members.rbegin(); it != members.rend(); ++it) g_.RemoveNode(*it);
     for (Node* p : projections) g_.RemoveNode(p);
     for (size_t o = 0; o < names.size(); ++o) GF_RETURN_IF_ERROR(g_.RenameValue(fused->output(o), names[o]));
-    if (report_) report_->groups.push_back(std::move(info));
+    if (report_) {
+      info.epilogue = kernels::FusedGemmEpilogueForm(*fused);
+      report_->groups.push_back(std::move(info));
+    }
     return true;
   }
 

@@ -41,6 +41,7 @@
 #include "cpu/elementwise_kernels.h"
 #include "cpu/lower_group.h"
 #include "cpu/tile_program.h"
+#include "fused_gemm.h"
 #include "kernel_util.h"
 #include "packed_gemm.h"
 
@@ -244,7 +245,7 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry&
 
 // The store-chain form of the epilogue: each output is one projection with extra inputs added
 // to it one Add after another (either operand order of each), every one a residual (the
-// output's shape) or a bias (N values along the last dim): out = ((p_s + x_1) + x_2) ...
+// output's shape) or a bias (N values along the last dim, first only): out = ((p_s + x_1) + x_2) ...
 // GPT-2's and BERT's Q, K and V biases, their bias and residual after the attention and after
 // the MLP, LLaMA's residual adds. With packed weights the GEMM applies the adds as it stores each
 // block (PackedGemm's post-ops) straight into the outputs: no workspace and no pass over the
@@ -289,6 +290,7 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const GemmGeometry& g
                        x->shape().size() <= g.out_shape.size();
       const Value* y = add.output();
       if ((!full && !row) || y->dtype() != DType::kF32 || y->shape() != g.out_shape) return std::nullopt;
+      if (!full && !links.empty()) return std::nullopt;  // a bias only first: it is the matmul's
       links.push_back({2 + (at - extras), !full});
       ++adds;
       v = y;
@@ -641,6 +643,33 @@ Status RunFusedGemm(const KernelContext& ctx) {
 }
 
 }  // namespace
+
+std::string FusedGemmEpilogueForm(const Node& node) {
+  const Graph* epi = node.GetGraph("epilogue");
+  if (!epi || node.inputs().size() < 2) return "";
+  const Result<GemmGeometry> g =
+      Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
+  if (!g.ok()) return "";
+  if (!node.input(1)->constant())
+    return ResidualInput(node, *g) >= 0 ? "sgemm accumulates onto a copy of the residual"
+                                        : "after the GEMMs, over whole rows (weights not constant)";
+  if (const std::optional<GatedEpilogue> gate = GatedForm(node, *g))
+    return StrCat("per block: ", OpName(gate->u.kind), " of projection ", gate->act,
+                  " in place while in L2, then projection ", gate->mul, "'s GEMM multiplies by it as it stores");
+  if (const std::optional<StoreChain> chain = StoreChainForm(node, *g)) {
+    std::string sums;
+    for (size_t s = 0; s < chain->links.size(); ++s) {
+      sums += s ? "; " : "";
+      sums += chain->links.size() > 1 ? StrCat("p", s) : std::string("p");
+      for (const StoreChain::Link& l : chain->links[s]) sums += l.row ? " + bias" : " + residual";
+    }
+    return "as the GEMM stores: " + sums;
+  }
+  if (const std::optional<BiasActEpilogue> ba = BiasActForm(node, *g))
+    return StrCat(ba->bias_input >= 0 ? "as the GEMM stores: p + bias; then " : "",
+                  "per block, in place while in L2: ", ba->u ? OpName(ba->u->kind) : "");
+  return "after the GEMMs, over whole rows";
+}
 
 std::vector<OpSchema> FusedGemmSchemas() {
   return {{"FusedGemm", 2, INT_MAX, -1, InferFusedGemm, RunFusedGemm, false, false, PrepareFusedGemm}};
