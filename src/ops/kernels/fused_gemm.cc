@@ -354,7 +354,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   // it in the output, and a store chain writes each projection into its output: all laid out
   // [m, n].
   std::vector<int64_t> ld = packed->gate || packed->chain ? std::vector<int64_t>(static_cast<size_t>(g.splits), g.n)
-                                                                : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+                                                          : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
   auto pack = [&]() -> Status {
     packed->proj.clear();
     for (int64_t s = 0; s < g.splits; ++s) {

@@ -20,9 +20,10 @@ namespace graphfuse::kernels {
 
 class PackedGemm {
  public:
-  // What the GEMM does with further operands as it stores each block, in order (oneDNN's binary
-  // post-ops): C = ((A @ B) op1 R1) op2 R2 ..., op an Add or a Mul, each R either [m, n] laid
-  // out as C (leading dimension ldc) or one row of n values broadcast over the rows (a bias).
+  // What the GEMM does with further operands as it stores each block, in order: C = ((A @ B)
+  // op1 R1) op2 R2 ..., op an Add or a Mul, each R [m, n] laid out as C (leading dimension ldc;
+  // oneDNN's binary post-ops), except that the first may be an Add of one row of n values
+  // broadcast over the rows (a bias: oneDNN's matmul bias; Create refuses a row anywhere else).
   // The product is rounded to f32 first and each step's result once more, so C has the bits of
   // MatMul, then each Add / Mul run one by one.
   struct PostOp {
