@@ -18,8 +18,7 @@
 // Three epilogue forms need no phase 2 when the weights are packed: the store chain
 // (StoreChainForm: residuals and biases the GEMM adds as it stores each block), the gated
 // form (GatedForm: SwiGLU's silu(gate) * up, applied block by block while the block is in L2)
-// and the
-// bias-activation form (BiasActForm: U(p + bias), finished in place block by block). On the
+// and the bias-activation form (BiasActForm: U(p + bias), finished in place block by block). On the
 // llama-small block the first two took the time outside the GEMMs from 0.26-0.30 ms to 0.19 ms.
 // Running a general epilogue on each block right after its GEMM (row pieces of 64-512 columns,
 // an earlier design) measured slower there: SwiGLU 0.14 -> 0.08-0.11 ms and the residual adds
@@ -148,7 +147,7 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
 // not depend on the element index (Silu for SwiGLU, Gelu for GeGLU, ...). With packed weights a
 // block of columns then runs as three steps on the calling thread: p_act's GEMM into the
 // workspace, U in place over that block while it is in L2, and p_mul's GEMM multiplying by it as
-// it stores into the output (PackedGemm::Store::kMul). p_mul never exists apart from the output,
+// it stores into the output (a Mul post-op, PackedGemm::PostOp). p_mul never exists apart from the output,
 // no pass over whole rows follows the GEMMs, and the bits are those of MatMul, U and Mul run
 // one by one (the same packed blocks, the same tile kernel of U).
 // A unary op of the table that does not depend on the element index (Silu, Gelu, Relu, ...):
@@ -195,6 +194,13 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) 
   return gate;
 }
 
+// Whether b is a bias of the GEMM's output: N f32 values along its last dim, broadcast over
+// the rows.
+bool IsRowBias(const Value* b, const GemmGeometry& g) {
+  return b->dtype() == DType::kF32 && b->numel() == g.n && !b->shape().empty() && b->shape().back() == g.n &&
+         b->shape().size() <= g.out_shape.size();
+}
+
 // The bias-activation form of the epilogue: one projection, and the epilogue is exactly
 // out = U(p + bias), U(p) or p + bias, with U one unary op of the table that does not depend on
 // the element index (GPT-2's and BERT's first MLP projection: bias, then GELU) and bias an extra
@@ -225,9 +231,7 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry&
     const Value* b = epi->inputs()[1];
     if (!((add->input(0) == p && add->input(1) == b) || (add->input(1) == p && add->input(0) == b)))
       return std::nullopt;
-    if (b->dtype() != DType::kF32 || b->numel() != g.n || b->shape().empty() || b->shape().back() != g.n ||
-        b->shape().size() > g.out_shape.size())
-      return std::nullopt;
+    if (!IsRowBias(b, g)) return std::nullopt;
     form.bias_input = 2;
     at = add->output();
   } else if (epi->inputs().size() != 1) {
@@ -286,10 +290,8 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const GemmGeometry& g
       const auto at = std::find(extras, epi->inputs().end(), x);
       if (at == epi->inputs().end() || x->dtype() != DType::kF32) return std::nullopt;
       const bool full = x->shape() == g.out_shape;
-      const bool row = x->numel() == g.n && !x->shape().empty() && x->shape().back() == g.n &&
-                       x->shape().size() <= g.out_shape.size();
       const Value* y = add.output();
-      if ((!full && !row) || y->dtype() != DType::kF32 || y->shape() != g.out_shape) return std::nullopt;
+      if ((!full && !IsRowBias(x, g)) || y->dtype() != DType::kF32 || y->shape() != g.out_shape) return std::nullopt;
       if (!full && !links.empty()) return std::nullopt;  // a bias only first: it is the matmul's
       links.push_back({2 + (at - extras), !full});
       ++adds;
@@ -301,6 +303,23 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const GemmGeometry& g
   std::sort(outs.begin(), outs.end());
   if (adds != epi->num_nodes() || std::adjacent_find(outs.begin(), outs.end()) != outs.end()) return std::nullopt;
   return form;
+}
+
+// The form a node's epilogue takes with packed weights, at most one of the three: the gated
+// form, else a store chain, else the bias-activation form (PrepareFusedGemm packs for it, and
+// FusedGemmEpilogueForm names it).
+struct PackedForm {
+  std::optional<GatedEpilogue> gate;
+  std::optional<StoreChain> chain;
+  std::optional<BiasActEpilogue> bias_act;
+};
+
+PackedForm PackedFormOf(const Node& node, const GemmGeometry& g) {
+  PackedForm f;
+  f.gate = GatedForm(node, g);
+  if (!f.gate) f.chain = StoreChainForm(node, g);
+  if (!f.gate && !f.chain) f.bias_act = BiasActForm(node, g);
+  return f;
 }
 
 // The weights of every projection, packed once (packed_gemm.h).
@@ -346,9 +365,10 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
-  packed->gate = GatedForm(node, g);
-  if (!packed->gate) packed->chain = StoreChainForm(node, g);
-  if (!packed->gate && !packed->chain) packed->bias_act = BiasActForm(node, g);
+  PackedForm form = PackedFormOf(node, g);
+  packed->gate = std::move(form.gate);
+  packed->chain = std::move(form.chain);
+  packed->bias_act = std::move(form.bias_act);
   packed->bias_in_gemm = packed->bias_act && packed->bias_act->bias_input >= 0;
   // The gated form keeps p_act alone in its workspace ([m, n]) and stores p_mul's product with
   // it in the output, and a store chain writes each projection into its output: all laid out
@@ -653,10 +673,11 @@ std::string FusedGemmEpilogueForm(const Node& node) {
   if (!node.input(1)->constant())
     return ResidualInput(node, *g) >= 0 ? "sgemm accumulates onto a copy of the residual"
                                         : "after the GEMMs, over whole rows (weights not constant)";
-  if (const std::optional<GatedEpilogue> gate = GatedForm(node, *g))
+  const PackedForm form = PackedFormOf(node, *g);
+  if (const auto& gate = form.gate)
     return StrCat("per block: ", OpName(gate->u.kind), " of projection ", gate->act,
                   " in place while in L2, then projection ", gate->mul, "'s GEMM multiplies by it as it stores");
-  if (const std::optional<StoreChain> chain = StoreChainForm(node, *g)) {
+  if (const auto& chain = form.chain) {
     std::string sums;
     for (size_t s = 0; s < chain->links.size(); ++s) {
       sums += s ? "; " : "";
@@ -665,7 +686,7 @@ std::string FusedGemmEpilogueForm(const Node& node) {
     }
     return "as the GEMM stores: " + sums;
   }
-  if (const std::optional<BiasActEpilogue> ba = BiasActForm(node, *g))
+  if (const auto& ba = form.bias_act)
     return StrCat(ba->bias_input >= 0 ? "as the GEMM stores: p + bias; then " : "",
                   "per block, in place while in L2: ", ba->u ? OpName(ba->u->kind) : "");
   return "after the GEMMs, over whole rows";
