@@ -12,6 +12,7 @@
 #include <random>
 
 #include "graphfuse/thread_pool.h"
+#include "ops/kernels/fused_gemm.h"
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
@@ -631,6 +632,265 @@ TEST(FuseGemm, ReferenceGraphReproducesTheFusedNode) {
   node_order.push_back(std::move((*want)[0]));
   ExpectClose(node_order, fused.outputs);
   ExpectClose(unfused.outputs, fused.outputs);
+}
+
+// FoldNormIntoGemm (src/passes/fold_norm.cc): h = a Wo + x (a store chain), y = RMSNorm(h, gamma),
+// then GEMMs reading y. The norm runs inside the two GEMMs: the first writes each row's 1/rms,
+// the second's weights take gamma and its projections the row's 1/rms. Checked against the
+// unfused plan and against float64 (h, s = 1/sqrt(mean(h^2) + eps) and the outputs written out
+// here), for the gated form (SwiGLU), for a reader whose epilogue runs after the GEMMs, for
+// three projections of y, and for a producer whose epilogue is a pass over whole rows (its
+// row sums then come from a pass of their own). eps = 0.5 in one case: a wrong epsilon shows.
+struct FoldCase {
+  const char* reader;  // "swiglu", "bias_tanh", "qkv"
+  bool chain;          // the producer is a store chain (else Relu(a Wo + x): a pass)
+  int64_t m, k, f;     // rows, hidden (the norm's width), the readers' width
+  float eps;
+};
+
+void BuildFoldGraph(Graph& g, const FoldCase& c, bool gamma_constant = true) {
+  Value* a = g.AddInput("a", DType::kF32, {c.m, c.k}).value();
+  Value* x = g.AddInput("x", DType::kF32, {c.m, c.k}).value();
+  Value* wo = g.AddConstant("wo", RandomTensor({c.k, c.k}, 71, 0.2)).value();
+  Value* p = g.AddNode("MatMul", {a, wo}, {}, "o_proj").value()->output();
+  Value* h = g.AddNode("Add", {p, x}, {}, "residual").value()->output();
+  if (!c.chain) h = g.AddNode("Relu", {h}, {}, "relu").value()->output();
+  Value* gamma = gamma_constant ? g.AddConstant("gamma", RandomTensor({c.k}, 72, 2.0)).value()
+                                : g.AddInput("gamma", DType::kF32, {c.k}).value();
+  Value* y = g.AddNode("RMSNorm", {h, gamma}, {{"epsilon", c.eps}}, "norm").value()->output();
+  const std::string reader = c.reader;
+  std::vector<Value*> outs;
+  auto proj = [&](const char* name, uint32_t seed) {
+    Value* w = g.AddConstant(std::string("w_") + name, RandomTensor({c.k, c.f}, seed)).value();
+    return g.AddNode("MatMul", {y, w}, {}, name).value()->output();
+  };
+  if (reader == "swiglu") {
+    Value* gt = proj("gate", 73);
+    Value* up = proj("up", 74);
+    outs.push_back(g.AddNode("Mul", {g.AddNode("Silu", {gt}, {}, "silu").value()->output(), up}, {}, "mul")
+                       .value()
+                       ->output());
+  } else if (reader == "bias_tanh") {
+    Value* b = g.AddConstant("b", RandomTensor({c.f}, 75)).value();
+    Value* t = g.AddNode("Add", {proj("fc", 76), b}, {}, "bias").value()->output();
+    outs.push_back(g.AddNode("Tanh", {t}, {}, "tanh").value()->output());
+  } else {
+    for (const char* n : {"q", "k", "v"}) outs.push_back(proj(n, static_cast<uint32_t>(77 + n[0])));
+  }
+  outs.push_back(h);  // the residual stream goes on
+  for (Value* o : outs) ASSERT_TRUE(g.MarkOutput(o).ok());
+}
+
+// The float64 outputs of BuildFoldGraph's graph on inputs (a, x), and each row's 1/rms.
+std::vector<std::vector<double>> FoldReference(const FoldCase& c, const Tensor& a, const Tensor& x,
+                                               std::vector<double>* inv_rms) {
+  const Tensor wo = std::move(*RandomTensor({c.k, c.k}, 71, 0.2)), gamma = std::move(*RandomTensor({c.k}, 72, 2.0));
+  auto mat = [&](const std::vector<double>& lhs, const Tensor& w, int64_t n) {
+    std::vector<double> out(static_cast<size_t>(c.m * n), 0.0);
+    for (int64_t i = 0; i < c.m; ++i)
+      for (int64_t q = 0; q < c.k; ++q)
+        for (int64_t j = 0; j < n; ++j) out[i * n + j] += lhs[i * c.k + q] * w.GetAsDouble(q * n + j);
+    return out;
+  };
+  std::vector<double> av(static_cast<size_t>(c.m * c.k)), h;
+  for (int64_t i = 0; i < c.m * c.k; ++i) av[i] = a.GetAsDouble(i);
+  h = mat(av, wo, c.k);
+  for (int64_t i = 0; i < c.m * c.k; ++i) {
+    h[i] += x.GetAsDouble(i);
+    if (!c.chain) h[i] = std::max(h[i], 0.0);
+  }
+  std::vector<double> y(h.size());
+  inv_rms->assign(static_cast<size_t>(c.m), 0.0);
+  for (int64_t i = 0; i < c.m; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < c.k; ++j) ss += h[i * c.k + j] * h[i * c.k + j];
+    (*inv_rms)[i] = 1 / std::sqrt(ss / c.k + c.eps);
+    for (int64_t j = 0; j < c.k; ++j) y[i * c.k + j] = h[i * c.k + j] * (*inv_rms)[i] * gamma.GetAsDouble(j);
+  }
+  auto w = [&](uint32_t seed) { return std::move(*RandomTensor({c.k, c.f}, seed)); };
+  std::vector<std::vector<double>> outs;
+  const std::string reader = c.reader;
+  if (reader == "swiglu") {
+    std::vector<double> gt = mat(y, w(73), c.f), up = mat(y, w(74), c.f);
+    for (size_t i = 0; i < gt.size(); ++i) gt[i] = gt[i] / (1 + std::exp(-gt[i])) * up[i];
+    outs.push_back(gt);
+  } else if (reader == "bias_tanh") {
+    const Tensor b = std::move(*RandomTensor({c.f}, 75));
+    std::vector<double> t = mat(y, w(76), c.f);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = std::tanh(t[i] + b.GetAsDouble(static_cast<int64_t>(i) % c.f));
+    outs.push_back(t);
+  } else {
+    for (const char* n : {"q", "k", "v"}) outs.push_back(mat(y, w(static_cast<uint32_t>(77 + n[0])), c.f));
+  }
+  outs.push_back(h);
+  return outs;
+}
+
+TEST(FoldNormIntoGemm, NormRunsInsideTheGemmsAndMatchesFloat64) {
+  for (const FoldCase& c : {FoldCase{"swiglu", true, 37, 512, 84, 1e-5f}, FoldCase{"swiglu", true, 1, 48, 84, 0.5f},
+                            FoldCase{"bias_tanh", true, 12, 320, 80, 1e-5f}, FoldCase{"qkv", true, 8, 96, 64, 0.5f},
+                            FoldCase{"swiglu", false, 20, 272, 84, 0.5f}}) {
+    const std::string what = StrCat(c.reader, c.chain ? " after a store chain" : " after a pass", " m=", c.m,
+                                    " k=", c.k, " eps=", c.eps);
+    FusionOptions options;
+    options.norm_into_gemm = true;
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); }, options);
+    EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 0) << what;
+    EXPECT_EQ(CountOp(*fused.graph, "FusedGemm"), 2) << what;
+    const Node* producer = nullptr;
+    const Node* reader = nullptr;
+    for (const auto& n : fused.graph->nodes()) {
+      if (n->attrs().count("rms_epsilon")) producer = n.get();
+      if (n->GetInt("row_scale", -1) >= 0) reader = n.get();
+    }
+    ASSERT_NE(producer, nullptr) << what;
+    ASSERT_NE(reader, nullptr) << what;
+    EXPECT_EQ(reader->input(reader->GetInt("row_scale", -1)), producer->outputs().back()) << what;
+    const FusedGroupInfo* group = nullptr;
+    for (const FusedGroupInfo& gi : fused.report.groups)
+      if (gi.name == reader->name()) group = &gi;
+    ASSERT_NE(group, nullptr) << what;
+    EXPECT_EQ(group->nodes.front(), "norm") << what;
+    EXPECT_NE(kernels::FusedGemmEpilogueForm(*producer)
+                  .find(c.chain ? "1/rms of the output for the next GEMM (a folded RMSNorm), per block while in L2"
+                                : "1/rms of the output for the next GEMM (a folded RMSNorm), after the GEMMs"),
+              std::string::npos)
+        << what << ": " << kernels::FusedGemmEpilogueForm(*producer);
+    if (std::string(c.reader) == "swiglu") {
+      EXPECT_EQ(group->epilogue, "each projection times its row's 1/rms (a folded RMSNorm); per block: Silu of "
+                                 "projection 0 in place while in L2, then projection 1's GEMM multiplies by it as "
+                                 "it stores")
+          << what;
+    }
+    ASSERT_EQ(fused.outputs.size(), unfused.outputs.size()) << what;
+    // Against the unfused plan: the products are rounded in another order (gamma into W).
+    for (size_t o = 0; o < fused.outputs.size(); ++o) {
+      const double peak = MaxAbs(unfused.outputs[o]);
+      EXPECT_GT(peak, 0.1) << what << ": output " << o << " near zero would prove nothing";
+      EXPECT_LE(MaxAbsDiff(fused.outputs[o], unfused.outputs[o]), 2e-6 * peak * std::sqrt(c.k / 48.0))
+          << what << ": output " << o;
+    }
+    // Against float64.
+    std::vector<double> inv_rms;
+    const auto want = FoldReference(c, unfused.inputs[0], unfused.inputs[1], &inv_rms);
+    ASSERT_EQ(want.size(), fused.outputs.size()) << what;
+    for (size_t o = 0; o < want.size(); ++o) {
+      double worst = 0;
+      for (size_t i = 0; i < want[o].size(); ++i) {
+        const double err = std::fabs(want[o][i] - fused.outputs[o].GetAsDouble(static_cast<int64_t>(i))) /
+                           (1 + std::fabs(want[o][i]));
+        if (!(err <= worst)) worst = err;  // a NaN sticks
+      }
+      EXPECT_LT(worst, 2e-5 * static_cast<double>(c.k) / kK) << what << ": output " << o;  // as the gated test
+    }
+    // The producer's 1/rms itself, as a graph output: within an ulp of float64's on the fused h.
+    Value* s = const_cast<Value*>(producer->outputs().back());
+    ASSERT_TRUE(fused.graph->MarkOutput(s).ok());
+    ThreadPool pool(2);
+    auto got = Execute(*fused.graph, Views(unfused.inputs), CpuContext{&pool});
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const Tensor& hs = (*got)[got->size() - 2];
+    const Tensor& ss = got->back();
+    ASSERT_EQ(ss.numel(), c.m) << what;
+    for (int64_t i = 0; i < c.m; ++i) {
+      double sum = 0;
+      for (int64_t j = 0; j < c.k; ++j) sum += hs.GetAsDouble(i * c.k + j) * hs.GetAsDouble(i * c.k + j);
+      const double want_s = 1 / std::sqrt(sum / c.k + c.eps);
+      EXPECT_LE(std::fabs(ss.GetAsDouble(i) - want_s), 1.2e-7 * want_s) << what << ": row " << i;
+    }
+  }
+}
+
+TEST(FoldNormIntoGemm, NormStaysAKernelWhereItCannotFold) {
+  const FoldCase c{"swiglu", true, 12, 48, 80, 1e-5f};
+  FusionOptions options;
+  options.norm_into_gemm = true;
+  {  // the scale is an input, not a constant: refused with its code
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c, false); }, options);
+    EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
+    const FusionRefusal* r = FindRefusal(fused.report, "norm-not-foldable");
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->producer, "norm");
+    ExpectClose(unfused.outputs, fused.outputs);
+  }
+  {  // the norm's output is also a graph output
+    auto [unfused, fused] = BuildAndRun(
+        [&c](Graph& g) {
+          BuildFoldGraph(g, c);
+          for (const auto& n : g.nodes())
+            if (n->op() == "RMSNorm") {
+              ASSERT_TRUE(g.MarkOutput(n->output()).ok());
+            }
+        },
+        options);
+    EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
+    ExpectClose(unfused.outputs, fused.outputs);
+  }
+  {  // the option off (the default: the CUDA backend runs no folded form)
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); });
+    EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
+    for (const auto& n : fused.graph->nodes()) {
+      EXPECT_EQ(n->attrs().count("rms_epsilon"), 0u);
+      EXPECT_EQ(n->GetInt("row_scale", -1), -1);
+    }
+  }
+  {  // excluded
+    FusionOptions ex = options;
+    ex.exclude.insert("norm");
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); }, ex);
+    EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
+    EXPECT_NE(FindRefusal(fused.report, "excluded"), nullptr);
+  }
+}
+
+// Each folded node's reference graph (what --check-fusion runs) gives its outputs.
+TEST(FoldNormIntoGemm, ReferenceGraphsReproduceTheFoldedNodes) {
+  const FoldCase c{"swiglu", true, 12, 48, 80, 1e-5f};
+  FusionOptions options;
+  options.norm_into_gemm = true;
+  auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); }, options);
+  // Every value of the fused plan, by running it with each node's outputs marked.
+  Graph& g = *fused.graph;
+  std::vector<const Value*> all;
+  for (const auto& n : g.nodes())
+    for (const Value* o : n->outputs())
+      if (!o->is_graph_output()) {
+        ASSERT_TRUE(g.MarkOutput(const_cast<Value*>(o)).ok());
+      }
+  for (const Value* o : g.outputs()) all.push_back(o);
+  ThreadPool pool(2);
+  auto vals = Execute(g, Views(unfused.inputs), CpuContext{&pool});
+  ASSERT_TRUE(vals.ok()) << vals.status().ToString();
+  auto value_of = [&](const Value* v) -> TensorView {
+    if (v->constant()) return v->constant()->view();
+    for (size_t i = 0; i < g.inputs().size(); ++i)
+      if (g.inputs()[i] == v) return unfused.inputs[i].view();
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == v) return (*vals)[i].view();
+    ADD_FAILURE() << "no value for " << v->name();
+    return {};
+  };
+  int checked = 0;
+  for (const auto& n : g.nodes()) {
+    if (!n->attrs().count("rms_epsilon") && n->GetInt("row_scale", -1) < 0) continue;
+    const Graph* ref = n->GetGraph("reference");
+    ASSERT_NE(ref, nullptr) << n->name();
+    std::vector<TensorView> in;
+    for (const Value* v : n->inputs()) in.push_back(value_of(v));
+    auto want = Execute(*ref, in, CpuContext{&pool});
+    ASSERT_TRUE(want.ok()) << n->name() << ": " << want.status().ToString();
+    ASSERT_EQ(want->size(), n->outputs().size()) << n->name();
+    for (size_t o = 0; o < want->size(); ++o) {
+      Tensor got = Tensor::Empty(DType::kF32, n->output(o)->shape()).value();
+      const TensorView v = value_of(n->output(o));
+      std::memcpy(got.data(), v.data, got.nbytes());
+      const double peak = MaxAbs((*want)[o]);
+      EXPECT_GT(peak, 0.0) << n->name() << " output " << o;
+      EXPECT_LE(MaxAbsDiff((*want)[o], got), 2e-6 * peak) << n->name() << " output " << o;
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 2);
 }
 
 }  // namespace

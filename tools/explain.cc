@@ -48,6 +48,7 @@ int Explain(Args& args) {
   FusionReport report;
   PipelineOptions pipeline;
   pipeline.fusion = fusion;
+  pipeline.fusion.norm_into_gemm = cuda_src.empty();  // a CPU form: the CUDA plan keeps its norms
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
   auto passes = RunPipeline(**g, pipeline);

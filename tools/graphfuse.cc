@@ -162,12 +162,12 @@ constexpr HelpSection kCommands[] = {
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
         the fusion plan: groups, member nodes, kernel names, how each GEMM's epilogue runs on
-        the CPU (added as the GEMM stores, per block while in L2, or a pass over whole rows),
-        every refusal with its reason code; --dot writes Graphviz with groups as clusters;
-        --print-ir prints the IR after
+        the CPU (added as the GEMM stores, per block while in L2, or a pass over whole rows;
+        an RMSNorm between two GEMMs folded into them), every refusal with its reason code;
+        --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
-        cuBLAS, cuBLASLt epilogue, view) and writes every generated kernel's CUDA source to
-        DIR (no GPU needed)
+        cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
+        writes every generated kernel's CUDA source to DIR (no GPU needed)
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]

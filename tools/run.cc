@@ -134,6 +134,7 @@ int RunModel(Args& args) {
   FusionReport fusion;
   PipelineOptions pipeline;
   pipeline.fusion = o.fusion;
+  pipeline.fusion.norm_into_gemm = o.backend != "cuda";  // a CPU form: the CUDA plan keeps its norms
   pipeline.fusion_report = &fusion;
   auto passes = RunPipeline(g, pipeline);
   if (!passes.ok()) return Fail(passes.status().WithContext(o.model));

@@ -23,6 +23,7 @@ inline constexpr const char* kTooManyOutputs = "too-many-outputs";   // over max
 inline constexpr const char* kExcluded = "excluded";                 // named in FusionOptions::exclude
 inline constexpr const char* kDisabled = "fusion-disabled";          // FusionOptions::enabled == false
 inline constexpr const char* kNotProfitable = "not-profitable";      // the cost policy says no
+inline constexpr const char* kNormNotFoldable = "norm-not-foldable";  // an RMSNorm's scale cannot go into W
 }  // namespace refusal
 
 struct FusionDecision {
@@ -47,6 +48,10 @@ struct FusionOptions {
   // The QKV projection inside the attention kernel (FuseAttentionProjections); off leaves the
   // QKV GEMM and the attention as two kernels.
   bool attention_projection = true;
+  // An RMSNorm between two GEMMs folds into them (FoldNormIntoGemm): the producer writes each
+  // row's 1/rms, the consumer's weights take the norm's scale. A CPU form (the CUDA backend
+  // would run the nodes' reference graphs), so off by default; the CLI sets it for CPU runs.
+  bool norm_into_gemm = false;
 };
 
 // A candidate group as legality sees it.

@@ -30,6 +30,12 @@ Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* repor
 // takes the GEMM in: it reads x and W, and projects each head in its own task.
 Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report);
 
+// An RMSNorm between two FusedGemms (the first writes its input, the second reads its output as
+// A) runs inside them: the first also writes each row's 1/rms, the second's weights take the
+// norm's scale and its projections are scaled per row. Only with options.norm_into_gemm.
+// (fold_norm.cc)
+Result<int> FoldNormIntoGemm(Graph& g, const FusionOptions& options, FusionReport* report);
+
 // An elementwise group feeding RMSNorm / LayerNormalization (prologue, e.g. the residual
 // add, optionally also emitting its result) or around a Softmax (prologue: scale, mask;
 // epilogue: dropout mask) runs inside the row kernel. (fuse_rowwise.cc)

@@ -42,6 +42,7 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& opt
   if (options.fusion.enabled) {
     GF_RETURN_IF_ERROR(after("FuseGemm", FuseGemm(g, options.fusion, &report)));
     GF_RETURN_IF_ERROR(after("FuseAttentionProjections", FuseAttentionProjections(g, options.fusion, &report)));
+    GF_RETURN_IF_ERROR(after("FoldNormIntoGemm", FoldNormIntoGemm(g, options.fusion, &report)));
     GF_RETURN_IF_ERROR(after("FuseRowwise", FuseRowwise(g, options.fusion, &report)));
   }
   // A refusal that a later pass overcame (a GEMM and the add it now runs as its epilogue)

@@ -7,6 +7,11 @@
 //                       output of the epilogue
 //            epilogue = elementwise graph: inputs (projection 0..S-1 as [..., N], extras...),
 //                       outputs = the node's outputs marked -1, in order
+//            row_scale = the index of the last input, s [..., 1]: every projection is
+//                       s[row] * (A @ W_s) before anything reads it (a folded RMSNorm's
+//                       1/rms; FoldNormIntoGemm, src/passes/fold_norm.cc)
+//            rms_epsilon = a last output [..., 1]: each row's 1/sqrt(mean(y^2) + epsilon) of
+//                       output 0 (y), for the next GEMM's row_scale
 //
 // Execution, in two phases of one launch:
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
@@ -42,6 +47,7 @@
 #include "cpu/tile_program.h"
 #include "fused_gemm.h"
 #include "kernel_util.h"
+#include "norm_rows.h"
 #include "packed_gemm.h"
 
 namespace graphfuse::kernels {
@@ -84,7 +90,18 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
   const Graph* epi = nullptr;
   if (auto it = ctx.attrs.find("epilogue"); it != ctx.attrs.end())
     if (const auto* p = std::get_if<std::shared_ptr<const Graph>>(&it->second)) epi = p->get();
-  const size_t extras = ctx.inputs.size() - 2;
+  const int64_t row_scale = ctx.GetInt("row_scale", -1);
+  Shape row_shape(g.out_shape.begin(), g.out_shape.end() - 1);  // [..., 1]: one value per row
+  row_shape.push_back(1);
+  if (row_scale >= 0) {
+    if (row_scale != static_cast<int64_t>(ctx.inputs.size()) - 1 || row_scale < 2)
+      return InvalidArgument(ctx.Describe(), ": row_scale must name the last input, after A and W");
+    const Value* rs = ctx.inputs[static_cast<size_t>(row_scale)];
+    if (rs->dtype() != DType::kF32 || rs->shape() != row_shape)
+      return InvalidArgument(ctx.Describe(), ": row_scale input must be ", TypeStr(DType::kF32, row_shape), ", got ",
+                             TypeStr(rs->dtype(), rs->shape()));
+  }
+  const size_t extras = ctx.inputs.size() - 2 - (row_scale >= 0 ? 1 : 0);
   if (epi) {
     if (epi->inputs().size() != static_cast<size_t>(g.splits) + extras)
       return InvalidArgument(ctx.Describe(), ": the epilogue takes ", epi->inputs().size(), " inputs, the node gives ",
@@ -116,6 +133,11 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
   if (epi && next_epi != epi->outputs().size())
     return InvalidArgument(ctx.Describe(), ": the epilogue has ", epi->outputs().size(), " outputs, out_proj uses ",
                            next_epi);
+  if (ctx.HasAttr("rms_epsilon")) {
+    if (out[0].dtype != DType::kF32 || out[0].shape != g.out_shape)
+      return InvalidArgument(ctx.Describe(), ": rms_epsilon needs output 0 to be ", TypeStr(DType::kF32, g.out_shape));
+    out.push_back({DType::kF32, row_shape});
+  }
   return out;
 }
 
@@ -314,9 +336,12 @@ struct PackedForm {
   std::optional<BiasActEpilogue> bias_act;
 };
 
+// With a row_scale only the gated form: the others add to the product as it is stored, before
+// it could be scaled.
 PackedForm PackedFormOf(const Node& node, const GemmGeometry& g) {
   PackedForm f;
   f.gate = GatedForm(node, g);
+  if (node.GetInt("row_scale", -1) >= 0) return f;
   if (!f.gate) f.chain = StoreChainForm(node, g);
   if (!f.gate && !f.chain) f.bias_act = BiasActForm(node, g);
   return f;
@@ -346,7 +371,7 @@ struct PackedProjections {
 int64_t ResidualInput(const Node& node, const GemmGeometry& g) {
   const Graph* epi = node.GetGraph("epilogue");
   if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
-      epi->inputs().size() != 2 || epi->outputs().size() != 1)
+      epi->inputs().size() != 2 || epi->outputs().size() != 1 || node.GetInt("row_scale", -1) >= 0)
     return -1;
   const Node& add = *epi->nodes().front();
   if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
@@ -442,6 +467,18 @@ void AddInPlace(float* x, const float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] += y[j];
 }
 
+// x[0, n) *= c.
+void ScaleInPlace(float* x, float c, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) x[j] *= c;
+}
+
+// The rms_epsilon output's sums: a row's squares in double over chunks of columns
+// (RowSumSquaresD each), the chunks then added in column order. A store chain sums each packed
+// block's chunk in the block's task while it is in L2; otherwise a pass after the GEMMs sums
+// chunks of kRmsChunk columns. Either way the chunks are fixed for a plan, so the bits do not
+// depend on which thread ran which block.
+constexpr int64_t kRmsChunk = 256;
+
 Status RunFusedGemm(const KernelContext& ctx) {
   static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
   (void)kSingleThreadedBlas;
@@ -477,6 +514,11 @@ Status RunFusedGemm(const KernelContext& ctx) {
   // in place.
   const BiasActEpilogue* bias_act = packed && packed->bias_act ? &*packed->bias_act : nullptr;
   if (bias_act) epi = nullptr;
+  // A folded RMSNorm: rs, each row's scale of every projection (the gated form folds it into
+  // its pass: s * U(s * p_act) times p_mul); rms_out, each row's 1/rms of output 0.
+  const int64_t row_scale = node.GetInt("row_scale", -1);
+  const float* rs = row_scale >= 0 ? ctx.inputs[static_cast<size_t>(row_scale)].as<const float>() : nullptr;
+  const bool rms_out = node.attrs().count("rms_epsilon") != 0;
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
@@ -576,6 +618,16 @@ Status RunFusedGemm(const KernelContext& ctx) {
                           ? ctx.inputs[static_cast<size_t>(bias_act->bias_input)].as<const float>()
                           : nullptr;
 
+  // The row sums per block (a store chain's), else in a pass after the GEMMs.
+  const bool rms_per_block = rms_out && chain;
+  const int64_t rms_width = rms_per_block ? pb : kRmsChunk, rms_chunks = (n + rms_width - 1) / rms_width;
+  std::vector<double> chunk_ss(rms_out ? static_cast<size_t>(m * rms_chunks) : 0);
+  auto sum_chunks = [&](const float* row, int64_t i, int64_t c0, int64_t c1) {  // chunks [c0, c1) of row i
+    for (int64_t c = c0; c < c1; ++c)
+      chunk_ss[static_cast<size_t>(i * rms_chunks + c)] =
+          RowSumSquaresD(row + c * rms_width, std::min(rms_width, n - c * rms_width));
+  };
+
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
   auto run_block = [&](int64_t b) {
@@ -590,7 +642,12 @@ Status RunFusedGemm(const KernelContext& ctx) {
           packed->proj[gate->act]->RunBlock(q, a, act);
         }
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
-        for (int64_t i = 0; i < m; ++i) ApplyUnaryInPlace(gate_kernel, gate->u.attrs, act + i * n + c0, width);
+        for (int64_t i = 0; i < m; ++i) {
+          float* x = act + i * n + c0;
+          if (rs) ScaleInPlace(x, rs[i], width);
+          ApplyUnaryInPlace(gate_kernel, gate->u.attrs, x, width);
+          if (rs) ScaleInPlace(x, rs[i], width);
+        }
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
         const float* const mul[] = {act};
         packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], mul);
@@ -615,12 +672,23 @@ Status RunFusedGemm(const KernelContext& ctx) {
       return;
     }
     for (int64_t s = 0; s < S; ++s) {
-      const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (packed) {
-        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q)
-          packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)]);
+        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
+          {
+            const ScopedNs blas_time(BlasCounter(ctx.cpu));
+            packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)]);
+          }
+          const int64_t c0 = q * pb, width = std::min(pb, n - c0);
+          if (rs)
+            for (int64_t i = 0; i < m; ++i) ScaleInPlace(proj[s] + i * proj_ld[s] + c0, rs[i], width);
+          // A store chain's output 0, final once stored: its row sums while the block is in L2.
+          if (rms_per_block && chain->output[static_cast<size_t>(s)] == 0)
+            for (int64_t i = 0; i < m; ++i)
+              sum_chunks(proj[s] + i * n, i, q, q + 1);
+        }
         continue;
       }
+      const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (k == 0) {
         if (!accumulate)
           for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
@@ -630,6 +698,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
                   static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw),
                   accumulate ? 1.f : 0.f,
                   proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
+      if (rs)
+        for (int64_t i = i0; i < i1; ++i) ScaleInPlace(proj[s] + i * proj_ld[s] + j0, rs[i], j1 - j0);
     }
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
@@ -659,12 +729,29 @@ Status RunFusedGemm(const KernelContext& ctx) {
                   regs_base + reg_bytes * static_cast<size_t>(tid));
     });
   }
+  if (rms_out) {  // each row's 1/rms of output 0, as RMSNorm computes it (norm_rows.h)
+    const float* y = ctx.outputs[0].as<const float>();
+    if (!rms_per_block)
+      ForEachClaimed(ctx.cpu, std::min<int>(threads, static_cast<int>(std::min<int64_t>(m, INT_MAX))), m,
+                     [&](int64_t i, int) {
+                       const ScopedNs task_time(TaskCounter(ctx.cpu));
+                       sum_chunks(y + i * n, i, 0, rms_chunks);
+                     });
+    const double eps = node.GetFloat("rms_epsilon", 1e-6f);
+    float* inv = ctx.outputs.back().as<float>();
+    for (int64_t i = 0; i < m; ++i) {
+      double ss = 0;
+      for (int64_t c = 0; c < rms_chunks; ++c) ss += chunk_ss[static_cast<size_t>(i * rms_chunks + c)];
+      inv[i] = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+    }
+  }
   return Status::Ok();
 }
 
 }  // namespace
 
-std::string FusedGemmEpilogueForm(const Node& node) {
+namespace {
+std::string EpilogueFormOf(const Node& node) {
   const Graph* epi = node.GetGraph("epilogue");
   if (!epi || node.inputs().size() < 2) return "";
   const Result<GemmGeometry> g =
@@ -690,6 +777,21 @@ std::string FusedGemmEpilogueForm(const Node& node) {
     return StrCat(ba->bias_input >= 0 ? "as the GEMM stores: p + bias; then " : "",
                   "per block, in place while in L2: ", ba->u ? OpName(ba->u->kind) : "");
   return "after the GEMMs, over whole rows";
+}
+}  // namespace
+
+std::string FusedGemmEpilogueForm(const Node& node) {
+  std::string form = EpilogueFormOf(node);
+  if (node.GetInt("row_scale", -1) >= 0)
+    form = StrCat("each projection times its row's 1/rms (a folded RMSNorm)", form.empty() ? "" : "; ", form);
+  if (node.attrs().count("rms_epsilon")) {
+    const Result<GemmGeometry> g =
+        Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
+    const bool chain = g.ok() && node.input(1)->constant() && PackedFormOf(node, *g).chain.has_value();
+    form += StrCat(form.empty() ? "" : "; ", "each row's 1/rms of the output for the next GEMM (a folded RMSNorm), ",
+                   chain ? "per block while in L2" : "after the GEMMs");
+  }
+  return form;
 }
 
 std::vector<OpSchema> FusedGemmSchemas() {

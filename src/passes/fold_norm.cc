@@ -1,0 +1,245 @@
+// FoldNormIntoGemm: an RMSNorm between two GEMMs runs inside them, not as a kernel of its own.
+//
+//   %h = FusedGemm(%a, %W1, ...)                     %h, %s = FusedGemm(%a, %W1, ...) {rms_epsilon = eps}
+//   %y = RMSNorm(%h, %gamma) {epsilon = eps}   ==>
+//   %z = FusedGemm(%y, %W2, ...)                     %z = FusedGemm(%h, %W2g, ..., %s) {row_scale}
+//
+// y W2 = diag(s) h diag(gamma) W2 with s = 1 / sqrt(mean(h^2) + eps) per row, so:
+//  - the producer also writes s ([..., 1]): a store chain (LLaMA's o_proj + residual) sums each
+//    row's squares block by block while the block it just stored is in L2, and the h that
+//    RMSNorm read back from memory or from the other core's cache is not read again;
+//  - the consumer's weights take gamma (W2g = diag(gamma) W2, a constant made here, packed
+//    once) and each of its projections is scaled by its row's s before anything reads it (the
+//    gated form folds that into its per-block pass: s * U(s * p_act) times p_mul);
+//  - y never exists: neither its write nor its read, nor the launch.
+// The bits differ from the unfused plan's by the products' rounding (h * (gamma * w) against
+// (h * s * gamma) * w, then * s): a few ulps of each projection, as for any reassociated GEMM.
+//
+// Conditions: the norm is over the last dim; gamma is absent or a constant of one value per
+// column (or one value); y is not a graph output and every reader of y is a FusedGemm taking it
+// as A with constant weights; h is output 0 of a FusedGemm. Other norms stay kernels (the
+// FuseRowwise pass may still take them). The nodes keep their names; each carries a reference
+// graph of what it replaced (the producer: its old node and s in primitive ops; a consumer:
+// Mul(h, s) and its old node), which `run --check-fusion` runs and a backend without the form
+// (CUDA) would run instead. Off unless FusionOptions::norm_into_gemm is set (CPU plans).
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../ops/kernels/fused_gemm.h"
+#include "fusion_passes.h"
+
+namespace graphfuse {
+namespace {
+
+Result<std::shared_ptr<Tensor>> ScalarF32(float v) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, {1}));
+  t.data_as<float>()[0] = v;
+  return std::make_shared<Tensor>(std::move(t));
+}
+
+// A graph's inputs for each of `node`'s inputs, in order.
+Result<std::vector<Value*>> ReferenceInputs(Graph& ref, const Node& node) {
+  std::vector<Value*> in;
+  for (const Value* v : node.inputs()) {
+    GF_ASSIGN_OR_RETURN(Value * r, ref.AddInput(ref.FreshName(v->name()), v->dtype(), v->shape()));
+    in.push_back(r);
+  }
+  return in;
+}
+
+std::vector<std::string> OutputNames(const Node& n) {
+  std::vector<std::string> names;
+  for (const Value* o : n.outputs()) names.push_back(o->name());
+  return names;
+}
+
+// The RMSNorm's scale when it can go into W's rows: empty for none (1), else K values.
+std::optional<std::vector<float>> FoldableScale(const Node& norm, int64_t k) {
+  if (norm.inputs().size() < 2 || !norm.input(1)) return std::vector<float>{};
+  const Value* g = norm.input(1);
+  if (!g->constant() || g->dtype() != DType::kF32 || (g->numel() != k && g->numel() != 1)) return std::nullopt;
+  const float* p = g->constant()->data_as<float>();
+  std::vector<float> s(static_cast<size_t>(k));
+  for (int64_t i = 0; i < k; ++i) s[static_cast<size_t>(i)] = p[g->numel() == 1 ? 0 : i];
+  return s;
+}
+
+class NormFolder {
+ public:
+  NormFolder(Graph& g, const FusionOptions& o, FusionReport* r) : g_(g), options_(o), report_(r) {}
+
+  Result<int> Run() {
+    std::vector<Node*> norms;
+    for (const auto& n : g_.nodes())
+      if (n->op() == "RMSNorm") norms.push_back(n.get());
+    int folded = 0;
+    for (Node* r : norms) {
+      GF_ASSIGN_OR_RETURN(bool done, TryFold(r));
+      folded += done;
+    }
+    if (folded == 0) return 0;
+    GF_RETURN_IF_ERROR(g_.TopologicalSort());
+    for (auto& [v, name] : renames_) GF_RETURN_IF_ERROR(g_.RenameValue(v, name));
+    return folded;
+  }
+
+ private:
+  void Refuse(const Node& p, const Node& c, const char* code, const std::string& why) {
+    if (report_) report_->refusals.push_back({p.name(), c.name(), code, why});
+  }
+
+  Result<bool> TryFold(Node* norm) {
+    Value* h = norm->input(0);
+    Value* y = norm->output();
+    if (!h || h->dtype() != DType::kF32 || h->shape().size() < 2 || y->is_graph_output() || y->uses().empty())
+      return false;
+    const int64_t rank = static_cast<int64_t>(h->shape().size()), axis = norm->GetInt("axis", -1);
+    if (axis != -1 && axis != rank - 1) return false;
+    Node* p = h->producer();
+    if (!p || p->op() != "FusedGemm" || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
+    const int64_t k = h->shape().back();
+    std::vector<Node*> consumers;
+    for (const Use& u : y->uses()) {
+      Node* c = u.node;
+      if (c->op() != "FusedGemm" || u.input_index != 0 || !c->input(1)->constant() ||
+          c->input(1)->shape().size() != 2 || c->input(1)->shape()[0] != k || c->GetInt("row_scale", -1) >= 0 ||
+          std::count(c->inputs().begin(), c->inputs().end(), y) != 1)
+        return false;
+      if (std::find(consumers.begin(), consumers.end(), c) == consumers.end()) consumers.push_back(c);
+    }
+    for (const Node* n : {p, norm})
+      if (options_.exclude.count(n->name())) {
+        Refuse(*p, *norm, refusal::kExcluded, "the RMSNorm stays a kernel: it or the GEMM before it is excluded");
+        return false;
+      }
+    for (const Node* c : consumers)
+      if (options_.exclude.count(c->name())) {
+        Refuse(*norm, *c, refusal::kExcluded, "the RMSNorm stays a kernel: a GEMM reading it is excluded");
+        return false;
+      }
+    const std::optional<std::vector<float>> gamma = FoldableScale(*norm, k);
+    if (!gamma) {
+      Refuse(*norm, *consumers.front(), refusal::kNormNotFoldable,
+             "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
+      return false;
+    }
+    const float eps = norm->GetFloat("epsilon", 1e-6f);
+
+    // The producer: its node as it was, plus s, in its reference.
+    GF_ASSIGN_OR_RETURN(Node * np, NewProducer(*p, eps));
+    Value* s = np->outputs().back();
+    for (size_t o = 0; o < p->outputs().size(); ++o) g_.ReplaceAllUsesWith(p->output(o), np->output(o));
+    for (size_t o = 0; o < p->outputs().size(); ++o) renames_.push_back({np->output(o), p->output(o)->name()});
+    // h is now np's output 0: the consumers read it (and s) in place of y.
+    Value* hn = np->output(0);
+    for (Node* c : consumers) {
+      GF_ASSIGN_OR_RETURN(Node * nc, NewConsumer(*c, hn, s, *gamma, *norm));
+      for (size_t o = 0; o < c->outputs().size(); ++o) {
+        g_.ReplaceAllUsesWith(c->output(o), nc->output(o));
+        renames_.push_back({nc->output(o), c->output(o)->name()});
+      }
+      g_.RemoveNode(c);
+    }
+    g_.RemoveNode(norm);
+    g_.RemoveNode(p);
+    g_.RemoveDeadNodes();
+    return true;
+  }
+
+  Result<Node*> NewProducer(const Node& p, float eps) {
+    auto ref = std::make_shared<Graph>(p.name());
+    GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, p));
+    GF_ASSIGN_OR_RETURN(Node * old, ref->AddNode("FusedGemm", in, p.attrs(), p.name(), -1, OutputNames(p)));
+    Value* h = old->output(0);
+    GF_ASSIGN_OR_RETURN(Node * sq, ref->AddNode("Mul", {h, h}, {}, p.name() + "/rms/square"));
+    GF_ASSIGN_OR_RETURN(
+        Node * mean, ref->AddNode("ReduceMean", {sq->output()},
+                                  {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}}, p.name() + "/rms/mean"));
+    GF_ASSIGN_OR_RETURN(auto eps_t, ScalarF32(eps));
+    GF_ASSIGN_OR_RETURN(Value * eps_v, ref->AddConstant(ref->FreshName("epsilon"), eps_t));
+    GF_ASSIGN_OR_RETURN(Node * add, ref->AddNode("Add", {mean->output(), eps_v}, {}, p.name() + "/rms/add"));
+    GF_ASSIGN_OR_RETURN(Node * root, ref->AddNode("Sqrt", {add->output()}, {}, p.name() + "/rms/sqrt"));
+    GF_ASSIGN_OR_RETURN(Node * inv, ref->AddNode("Reciprocal", {root->output()}, {}, p.name() + "/rms/inv"));
+    for (const Value* o : old->outputs()) GF_RETURN_IF_ERROR(ref->MarkOutput(const_cast<Value*>(o)));
+    GF_RETURN_IF_ERROR(ref->MarkOutput(inv->output()));
+
+    AttributeMap attrs = p.attrs();
+    attrs["rms_epsilon"] = eps;
+    attrs["kernel_name"] = StrCat(p.GetString("kernel_name", "gemm"), "_rms");
+    attrs["reference"] = std::shared_ptr<const Graph>(ref);
+    std::vector<std::string> names = OutputNames(p);
+    for (std::string& nm : names) nm = g_.FreshName(nm);
+    names.push_back(g_.FreshName(p.output(0)->name() + "_inv_rms"));
+    GF_ASSIGN_OR_RETURN(Node * np, g_.AddNode("FusedGemm", p.inputs(), std::move(attrs), p.name(), -1, names));
+    if (report_)
+      for (FusedGroupInfo& gi : report_->groups)
+        if (gi.name == p.name()) {
+          gi.kernel_name = np->GetString("kernel_name", gi.kernel_name);
+          gi.epilogue = kernels::FusedGemmEpilogueForm(*np);
+        }
+    return np;
+  }
+
+  Result<Node*> NewConsumer(const Node& c, Value* h, Value* s, const std::vector<float>& gamma, const Node& norm) {
+    Value* w = c.input(1);
+    if (!gamma.empty()) {  // W's row i times gamma[i]
+      const Tensor& src = *w->constant();
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, src.shape()));
+      const int64_t rows = src.shape()[0], cols = src.shape()[1];
+      const float* a = src.data_as<float>();
+      float* b = t.data_as<float>();
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) b[i * cols + j] = a[i * cols + j] * gamma[static_cast<size_t>(i)];
+      GF_ASSIGN_OR_RETURN(w, g_.AddConstant(g_.FreshName(w->name() + "_times_" + norm.name()),
+                                            std::make_shared<const Tensor>(std::move(t))));
+    }
+    std::vector<Value*> inputs = {h, w};
+    for (size_t i = 2; i < c.inputs().size(); ++i) inputs.push_back(c.input(i));
+    inputs.push_back(s);
+
+    auto ref = std::make_shared<Graph>(c.name());
+    std::vector<Value*> in;
+    for (const Value* v : inputs) {
+      GF_ASSIGN_OR_RETURN(Value * r, ref->AddInput(ref->FreshName(v->name()), v->dtype(), v->shape()));
+      in.push_back(r);
+    }
+    GF_ASSIGN_OR_RETURN(Node * scaled, ref->AddNode("Mul", {in[0], in.back()}, {}, norm.name() + "/folded"));
+    std::vector<Value*> old_in = {scaled->output(), in[1]};
+    old_in.insert(old_in.end(), in.begin() + 2, in.end() - 1);
+    GF_ASSIGN_OR_RETURN(Node * old, ref->AddNode("FusedGemm", old_in, c.attrs(), c.name(), -1, OutputNames(c)));
+    for (const Value* o : old->outputs()) GF_RETURN_IF_ERROR(ref->MarkOutput(const_cast<Value*>(o)));
+
+    AttributeMap attrs = c.attrs();
+    attrs["row_scale"] = static_cast<int64_t>(inputs.size() - 1);
+    attrs["kernel_name"] = StrCat(c.GetString("kernel_name", "gemm"), "_rmsnorm");
+    attrs["reference"] = std::shared_ptr<const Graph>(ref);
+    std::vector<std::string> names = OutputNames(c);
+    for (std::string& nm : names) nm = g_.FreshName(nm);
+    GF_ASSIGN_OR_RETURN(Node * nc, g_.AddNode("FusedGemm", inputs, std::move(attrs), c.name(), -1, names));
+    if (report_)
+      for (FusedGroupInfo& gi : report_->groups)
+        if (gi.name == c.name()) {
+          gi.nodes.insert(gi.nodes.begin(), norm.name());
+          gi.kernel_name = nc->GetString("kernel_name", gi.kernel_name);
+          gi.epilogue = kernels::FusedGemmEpilogueForm(*nc);
+        }
+    return nc;
+  }
+
+  Graph& g_;
+  FusionOptions options_;
+  FusionReport* report_;
+  std::vector<std::pair<Value*, std::string>> renames_;
+};
+
+}  // namespace
+
+Result<int> FoldNormIntoGemm(Graph& g, const FusionOptions& options, FusionReport* report) {
+  if (!options.enabled || !options.norm_into_gemm) return 0;
+  return NormFolder(g, options, report).Run();
+}
+
+}  // namespace graphfuse
