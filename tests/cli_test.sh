@@ -86,10 +86,13 @@ python3 -c "
 import json; j=json.load(open('/tmp/graphfuse_llama.json'))
 kinds = sorted(g['kind'] for g in j['groups'])
 assert kinds == ['attention', 'gemm_epilogue', 'gemm_epilogue', 'gemm_epilogue'], kinds
-assert j['kernels_fused'] == 5 and all(o['ok'] for o in j['outputs']), j
-# the post-attention RMSNorm folded into the GEMMs around it (FoldNormIntoGemm)
+assert j['kernels_fused'] == 4 and all(o['ok'] for o in j['outputs']), j
+# both RMSNorms folded (FoldNormIntoGemm): the post-attention one into the GEMMs around it,
+# the input one into the projected attention
 folded = [g for g in j['groups'] if '/post_norm/RMSNorm' in g['nodes']]
 assert len(folded) == 1 and 'folded RMSNorm' in folded[0]['epilogue'] and 'Silu' in folded[0]['epilogue'], folded
+att = [g for g in j['groups'] if g['kind'] == 'attention']
+assert len(att) == 1 and att[0]['nodes'][0] == '/input_norm/RMSNorm', att
 " || { echo "FAIL run --json on the llama block: group kinds, kernel count or outputs"; fail=1; }
 check run-mismatch 1 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --rtol 0 --atol 0
 check explain 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dot /tmp/graphfuse_plan.dot --json /tmp/graphfuse_plan.json

@@ -922,6 +922,86 @@ TEST(FuseAttention, ProjectedHeadsInGroupsMatchTheTwoNodes) {
 // differently for another column-block width), match the unfused plan, and the node run without
 // its packed heads (the sgemm path) must agree with its reference. A q that something else also
 // reads keeps the two nodes apart.
+// FoldNormIntoGemm on the whole LLaMA block: the input RMSNorm folds into the projected
+// attention (x itself, W times the norm's scale, each row's 1/rms taken before the heads and
+// applied to q, k and v), the post-attention one into o_proj and gate/up (fuse_gemm_test.cc
+// checks that form against float64): 4 kernels. Against the unfused plan and the plan without
+// the fold; the attention node alone (its sgemm path, unprepared) against its reference graph.
+TEST(FoldNormIntoGemm, LlamaBlockRunsInFourKernels) {
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  auto random_tensor = [](const Shape& shape, uint32_t seed, float lo = -1.f) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(lo, 1.f);
+    Tensor t = Tensor::Empty(DType::kF32, shape).value();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
+    return t;
+  };
+  auto cfg = BlockPreset("llama-small");
+  ASSERT_TRUE(cfg.ok());
+  cfg->seq = 40, cfg->batch = 2, cfg->hidden = 128, cfg->heads = 4, cfg->ffn = 160;
+  cfg->eps = 0.05f;  // large enough that a wrong epsilon shows
+  auto w = MakeBlockWeights(*cfg, 5, ctx);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  Graph unfused("u"), plain("p"), folded("f");
+  for (Graph* g : {&unfused, &plain, &folded}) ASSERT_TRUE(BuildBlock(*g, *cfg, *w).ok());
+  PipelineOptions off, on_plain, on;
+  off.fusion.enabled = false;
+  on.fusion.norm_into_gemm = true;
+  FusionReport report;
+  on.fusion_report = &report;
+  ASSERT_TRUE(RunPipeline(unfused, off).ok());
+  ASSERT_TRUE(RunPipeline(plain, on_plain).ok());
+  ASSERT_TRUE(RunPipeline(folded, on).ok());
+  EXPECT_EQ(CountKernels(plain), 6);
+  EXPECT_EQ(CountKernels(folded), 4);
+  EXPECT_EQ(CountOp(folded, "RMSNorm"), 0);
+  const Node* att = FindOp(folded, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->attrs().count("rms_epsilon"), 1u);
+  const FusedGroupInfo* group = nullptr;
+  for (const FusedGroupInfo& gi : report.groups)
+    if (gi.name == att->name()) group = &gi;
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->nodes.front(), "/input_norm/RMSNorm");
+
+  Tensor x = random_tensor({cfg->batch, cfg->seq, cfg->hidden}, 77);
+  const TensorView in[] = {x.view()};
+  auto yu = Execute(unfused, in, ctx);
+  auto yp = Execute(plain, in, ctx);
+  auto yf = Execute(folded, in, ctx);
+  ASSERT_TRUE(yu.ok() && yp.ok() && yf.ok());
+  const double peak = MaxAbs((*yu)[0]);
+  EXPECT_GT(peak, 0.1);
+  EXPECT_LT(MaxAbsDiff((*yu)[0], (*yf)[0]), 1e-4 * (1 + peak));
+  EXPECT_LT(MaxAbsDiff((*yp)[0], (*yf)[0]), 1e-5 * (1 + peak)) << "against the plan without the fold";
+
+  // The attention node alone on fresh inputs (unprepared: the sgemm path), rows of x far from
+  // unit RMS (0.1 to 4), against its reference graph (x * 1/rms, then the attention as it was).
+  std::vector<Tensor> node_in;
+  std::vector<TensorView> views;
+  for (const Value* v : att->inputs()) {
+    if (v->constant()) {
+      views.push_back(v->constant()->view());
+      continue;
+    }
+    node_in.push_back(random_tensor(v->shape(), 90 + static_cast<uint32_t>(views.size())));
+    Tensor& t = node_in.back();
+    const int64_t k = v->shape().back();
+    for (int64_t r = 0; r < t.numel() / k; ++r)
+      for (int64_t j = 0; j < k; ++j) t.data_as<float>()[r * k + j] *= 0.1f + 3.9f * static_cast<float>(r % 7) / 6.f;
+    views.push_back(t.view());
+  }
+  Tensor once = Tensor::Empty(DType::kF32, att->output()->shape()).value();
+  std::vector<TensorView> out{once.view()};
+  ASSERT_TRUE(RunNodeOnce(*att, views, out, ctx).ok());
+  auto ref = Execute(*att->GetGraph("reference"), views, ctx);
+  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+  const double ref_peak = MaxAbs((*ref)[0]);
+  EXPECT_GT(ref_peak, 0.1);
+  EXPECT_LT(MaxAbsDiff(once, (*ref)[0]), 1e-5 * (1 + ref_peak)) << "the folded attention against its reference";
+}
+
 TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
   ThreadPool pool(2);
   const CpuContext ctx{&pool};

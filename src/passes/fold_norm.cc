@@ -15,9 +15,15 @@
 // The bits differ from the unfused plan's by the products' rounding (h * (gamma * w) against
 // (h * s * gamma) * w, then * s): a few ulps of each projection, as for any reassociated GEMM.
 //
+// The same norm before a projected attention (LLaMA's input norm: FuseAttentionProjections'
+// form, reading x and W itself) folds into the attention alone: it takes the norm's input x
+// and W with the norm's scale (rms_epsilon), computes each row's 1/rms before its heads and
+// scales each row of q, k and v by it (attention.cc).
+//
 // Conditions: the norm is over the last dim; gamma is absent or a constant of one value per
 // column (or one value); y is not a graph output and every reader of y is a FusedGemm taking it
-// as A with constant weights; h is output 0 of a FusedGemm. Other norms stay kernels (the
+// as A with constant weights, h then being output 0 of a FusedGemm; or y's one reader is a
+// projected attention taking it as x with constant W. Other norms stay kernels (the
 // FuseRowwise pass may still take them). The nodes keep their names; each carries a reference
 // graph of what it replaced (the producer: its old node and s in primitive ops; a consumer:
 // Mul(h, s) and its old node), which `run --check-fusion` runs and a backend without the form
@@ -98,6 +104,7 @@ class NormFolder {
       return false;
     const int64_t rank = static_cast<int64_t>(h->shape().size()), axis = norm->GetInt("axis", -1);
     if (axis != -1 && axis != rank - 1) return false;
+    if (y->uses().size() == 1 && y->uses()[0].node->op() == "FusedAttention") return TryFoldIntoAttention(norm);
     Node* p = h->producer();
     if (!p || p->op() != "FusedGemm" || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
     const int64_t k = h->shape().back();
@@ -149,22 +156,98 @@ class NormFolder {
     return true;
   }
 
+  // The norm before a projected attention (LLaMA's input norm): the attention takes x itself,
+  // W with the norm's scale, and each row's 1/rms, which it computes before its heads.
+  Result<bool> TryFoldIntoAttention(Node* norm) {
+    Value* h = norm->input(0);
+    Node* a = norm->output()->uses()[0].node;
+    const int64_t k = h->shape().back();
+    if (norm->output()->uses()[0].input_index != 0 || a->GetInt("qkv_proj", 0) == 0 || a->attrs().count("rms_epsilon") ||
+        !a->input(1)->constant() || a->input(1)->shape().size() != 2 || a->input(1)->shape()[0] != k)
+      return false;
+    if (options_.exclude.count(norm->name()) || options_.exclude.count(a->name())) {
+      Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
+      return false;
+    }
+    const std::optional<std::vector<float>> gamma = FoldableScale(*norm, k);
+    if (!gamma) {
+      Refuse(*norm, *a, refusal::kNormNotFoldable,
+             "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
+      return false;
+    }
+    const float eps = norm->GetFloat("epsilon", 1e-6f);
+    GF_ASSIGN_OR_RETURN(Value * w, ScaledWeights(a->input(1), *gamma, *norm));
+    std::vector<Value*> inputs = {h, w};
+    for (size_t i = 2; i < a->inputs().size(); ++i) inputs.push_back(a->input(i));
+
+    // The reference: the 1/rms in primitive ops, x times it, then the attention as it was.
+    auto ref = std::make_shared<Graph>(a->name());
+    std::vector<Value*> in;
+    for (const Value* v : inputs) {
+      GF_ASSIGN_OR_RETURN(Value * r, ref->AddInput(ref->FreshName(v->name()), v->dtype(), v->shape()));
+      in.push_back(r);
+    }
+    GF_ASSIGN_OR_RETURN(Value * inv, InvRms(*ref, in[0], eps, norm->name()));
+    GF_ASSIGN_OR_RETURN(Node * scaled, ref->AddNode("Mul", {in[0], inv}, {}, norm->name() + "/folded"));
+    std::vector<Value*> old_in = in;
+    old_in[0] = scaled->output();
+    GF_ASSIGN_OR_RETURN(Node * old, ref->AddNode("FusedAttention", old_in, a->attrs(), a->name(), -1, OutputNames(*a)));
+    GF_RETURN_IF_ERROR(ref->MarkOutput(old->output()));
+
+    AttributeMap attrs = a->attrs();
+    attrs["rms_epsilon"] = eps;
+    attrs["kernel_name"] = StrCat("rmsnorm_", a->GetString("kernel_name", "attention"));
+    attrs["reference"] = std::shared_ptr<const Graph>(ref);
+    GF_ASSIGN_OR_RETURN(Node * na, g_.AddNode("FusedAttention", inputs, std::move(attrs), a->name(), -1,
+                                             {g_.FreshName(a->output()->name())}));
+    g_.ReplaceAllUsesWith(a->output(), na->output());
+    renames_.push_back({na->output(), a->output()->name()});
+    if (report_)
+      for (FusedGroupInfo& gi : report_->groups)
+        if (gi.name == a->name()) {
+          gi.nodes.insert(gi.nodes.begin(), norm->name());
+          gi.kernel_name = na->GetString("kernel_name", gi.kernel_name);
+        }
+    g_.RemoveNode(a);
+    g_.RemoveNode(norm);
+    g_.RemoveDeadNodes();
+    return true;
+  }
+
+  // 1 / sqrt(mean(x^2, last dim) + eps) in primitive ops, [..., 1].
+  static Result<Value*> InvRms(Graph& ref, Value* x, float eps, const std::string& scope) {
+    GF_ASSIGN_OR_RETURN(Node * sq, ref.AddNode("Mul", {x, x}, {}, scope + "/rms/square"));
+    GF_ASSIGN_OR_RETURN(
+        Node * mean, ref.AddNode("ReduceMean", {sq->output()},
+                                 {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}}, scope + "/rms/mean"));
+    GF_ASSIGN_OR_RETURN(auto eps_t, ScalarF32(eps));
+    GF_ASSIGN_OR_RETURN(Value * eps_v, ref.AddConstant(ref.FreshName("epsilon"), eps_t));
+    GF_ASSIGN_OR_RETURN(Node * add, ref.AddNode("Add", {mean->output(), eps_v}, {}, scope + "/rms/add"));
+    GF_ASSIGN_OR_RETURN(Node * root, ref.AddNode("Sqrt", {add->output()}, {}, scope + "/rms/sqrt"));
+    GF_ASSIGN_OR_RETURN(Node * inv, ref.AddNode("Reciprocal", {root->output()}, {}, scope + "/rms/inv"));
+    return inv->output();
+  }
+
+  // W's row i times gamma[i] (W itself when gamma is empty), a new constant.
+  Result<Value*> ScaledWeights(Value* w, const std::vector<float>& gamma, const Node& norm) {
+    if (gamma.empty()) return w;
+    const Tensor& src = *w->constant();
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, src.shape()));
+    const int64_t rows = src.shape()[0], cols = src.shape()[1];
+    const float* a = src.data_as<float>();
+    float* b = t.data_as<float>();
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j) b[i * cols + j] = a[i * cols + j] * gamma[static_cast<size_t>(i)];
+    return g_.AddConstant(g_.FreshName(w->name() + "_times_" + norm.name()), std::make_shared<const Tensor>(std::move(t)));
+  }
+
   Result<Node*> NewProducer(const Node& p, float eps) {
     auto ref = std::make_shared<Graph>(p.name());
     GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, p));
     GF_ASSIGN_OR_RETURN(Node * old, ref->AddNode("FusedGemm", in, p.attrs(), p.name(), -1, OutputNames(p)));
-    Value* h = old->output(0);
-    GF_ASSIGN_OR_RETURN(Node * sq, ref->AddNode("Mul", {h, h}, {}, p.name() + "/rms/square"));
-    GF_ASSIGN_OR_RETURN(
-        Node * mean, ref->AddNode("ReduceMean", {sq->output()},
-                                  {{"axes", std::vector<int64_t>{-1}}, {"keepdims", int64_t{1}}}, p.name() + "/rms/mean"));
-    GF_ASSIGN_OR_RETURN(auto eps_t, ScalarF32(eps));
-    GF_ASSIGN_OR_RETURN(Value * eps_v, ref->AddConstant(ref->FreshName("epsilon"), eps_t));
-    GF_ASSIGN_OR_RETURN(Node * add, ref->AddNode("Add", {mean->output(), eps_v}, {}, p.name() + "/rms/add"));
-    GF_ASSIGN_OR_RETURN(Node * root, ref->AddNode("Sqrt", {add->output()}, {}, p.name() + "/rms/sqrt"));
-    GF_ASSIGN_OR_RETURN(Node * inv, ref->AddNode("Reciprocal", {root->output()}, {}, p.name() + "/rms/inv"));
+    GF_ASSIGN_OR_RETURN(Value * inv, InvRms(*ref, old->output(0), eps, p.name()));
     for (const Value* o : old->outputs()) GF_RETURN_IF_ERROR(ref->MarkOutput(const_cast<Value*>(o)));
-    GF_RETURN_IF_ERROR(ref->MarkOutput(inv->output()));
+    GF_RETURN_IF_ERROR(ref->MarkOutput(inv));
 
     AttributeMap attrs = p.attrs();
     attrs["rms_epsilon"] = eps;
@@ -184,18 +267,7 @@ class NormFolder {
   }
 
   Result<Node*> NewConsumer(const Node& c, Value* h, Value* s, const std::vector<float>& gamma, const Node& norm) {
-    Value* w = c.input(1);
-    if (!gamma.empty()) {  // W's row i times gamma[i]
-      const Tensor& src = *w->constant();
-      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, src.shape()));
-      const int64_t rows = src.shape()[0], cols = src.shape()[1];
-      const float* a = src.data_as<float>();
-      float* b = t.data_as<float>();
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) b[i * cols + j] = a[i * cols + j] * gamma[static_cast<size_t>(i)];
-      GF_ASSIGN_OR_RETURN(w, g_.AddConstant(g_.FreshName(w->name() + "_times_" + norm.name()),
-                                            std::make_shared<const Tensor>(std::move(t))));
-    }
+    GF_ASSIGN_OR_RETURN(Value * w, ScaledWeights(c.input(1), gamma, norm));
     std::vector<Value*> inputs = {h, w};
     for (size_t i = 2; i < c.inputs().size(); ++i) inputs.push_back(c.input(i));
     inputs.push_back(s);

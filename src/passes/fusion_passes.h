@@ -32,7 +32,8 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
 
 // An RMSNorm between two FusedGemms (the first writes its input, the second reads its output as
 // A) runs inside them: the first also writes each row's 1/rms, the second's weights take the
-// norm's scale and its projections are scaled per row. Only with options.norm_into_gemm.
+// norm's scale and its projections are scaled per row; one read only by a projected attention
+// runs inside the attention. Only with options.norm_into_gemm.
 // (fold_norm.cc)
 Result<int> FoldNormIntoGemm(Graph& g, const FusionOptions& options, FusionReport* report);
 

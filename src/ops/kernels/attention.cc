@@ -41,6 +41,7 @@
 #include "cpu/simd.h"
 #include "attention_layout.h"
 #include "kernel_util.h"
+#include "norm_rows.h"
 #include "packed_gemm.h"
 #include "softmax_row.h"
 #include "rope_row.h"
@@ -87,11 +88,16 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
     return InvalidArgument(where, ": RoPE needs an even head_dim, got ", d.d);
   d.out_shape = AttrInts(a, "output_shape", {});
   d.proj = AttrInt(a, "qkv_proj", 0) != 0;
+  if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
   if (d.proj) {
     const std::vector<int64_t> split = AttrInts(a, "qkv_split", {0, 1, 2});
     if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
       return InvalidArgument(where, ": qkv_split must order 0, 1, 2 (which third of W is q, k, v)");
     for (int i = 0; i < 3; ++i) d.proj_split[i] = split[static_cast<size_t>(i)];
+    if (a.count("rms_epsilon")) {
+      d.rms_eps = AttrFloat(a, "rms_epsilon", 0.f);
+      if (!(d.rms_eps >= 0)) return InvalidArgument(where, ": rms_epsilon must be >= 0");
+    }
     if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
       return InvalidArgument(where, ": the projected form needs bshd q, k, v, seq_q = seq_k and head_dim = v_head_dim");
   }
@@ -734,6 +740,8 @@ Status AttentionKernel(const KernelContext& ctx) {
   // x's rows of its batch times the heads' columns of W) are computed into the task's scratch,
   // where RoPE, the scores and P V then read them: they never go to memory, nor to another core.
   const float* x = d.proj ? ctx.inputs[0].as<const float>() : nullptr;
+  std::vector<float> inv_rms_store;
+  const float* inv_rms = nullptr;  // set below, before any task runs
   const float* w = d.proj ? ctx.inputs[1].as<const float>() : nullptr;
   const int64_t tasks = d.b * d.h / group;
   const bool packed_heads =
@@ -756,6 +764,16 @@ Status AttentionKernel(const KernelContext& ctx) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(d.s), static_cast<int>(d.d),
                         static_cast<int>(kx), 1.f, xb, static_cast<int>(kx), w + ProjColumn(d, t, h0 + g),
                         static_cast<int>(3 * d.h * d.d), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(wg));
+      }
+    }
+    // A folded RMSNorm: each row of q, k and v times its row's 1/rms (x W' = rms(x) * y W).
+    if (inv_rms) {
+      for (int64_t r = 0; r < d.s; ++r) {
+        float* row = qkv + r * wg;
+        const VF c(inv_rms[b * d.s + r]);
+        int64_t j = 0;
+        for (; j + kLanes <= wg; j += kLanes) (VF::Load(row + j) * c).Store(row + j);
+        for (; j < wg; ++j) row[j] *= inv_rms[b * d.s + r];
       }
     }
     // RoPE in place, row by row through the scratch (each row holds the group's q, k and v
@@ -787,6 +805,24 @@ Status AttentionKernel(const KernelContext& ctx) {
 
   const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(items * work_per_item),
                                                          d.proj ? tasks : items));
+  // A folded RMSNorm's 1/rms per row of x, as RMSNorm computes it (norm_rows.h), before the
+  // heads (every task reads every row).
+  if (d.proj && d.rms_eps >= 0) {
+    inv_rms_store.resize(static_cast<size_t>(d.b * d.s));
+    auto row_inv = [&](int64_t r) {
+      const double ms = RowSumSquaresD(x + r * kx, kx) / static_cast<double>(std::max<int64_t>(kx, 1));
+      inv_rms_store[static_cast<size_t>(r)] = static_cast<float>(1.0 / std::sqrt(ms + d.rms_eps));
+    };
+    if (ctx.cpu.pool == nullptr || threads <= 1) {
+      for (int64_t r = 0; r < d.b * d.s; ++r) row_inv(r);
+    } else {
+      ForEachClaimed(ctx.cpu, threads, d.b * d.s, [&](int64_t r, int) {
+        const ScopedNs task_time(TaskCounter(ctx.cpu));
+        row_inv(r);
+      });
+    }
+    inv_rms = inv_rms_store.data();
+  }
   if (ctx.cpu.pool == nullptr || threads <= 1) {
     std::unique_ptr<float[]> local;
     float* scratch = nullptr;

@@ -29,6 +29,10 @@ struct Dims {
   // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
   bool proj = false;
   int64_t proj_split[3] = {0, 1, 2};
+  // The projected form with a folded RMSNorm (attribute rms_epsilon, FoldNormIntoGemm): x is
+  // the norm's input and W carries its scale; each row's 1/sqrt(mean(x^2) + epsilon) is taken
+  // before the heads, and scales the row's q, k and v. Negative: none.
+  double rms_eps = -1;
   Shape out_shape;
   int first_extra() const { return proj ? 2 : 3; }  // the index of mask (or cos)
   int bool_mask_index() const { return first_extra() + (mask ? 1 : 0); }
