@@ -16,6 +16,7 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/thread_pool.h"
+#include "cpu/elementwise_kernels.h"
 #include "cpu/simd.h"
 #include "ops/kernels/norm_rows.h"
 #include "ir/op_registry.h"
@@ -1135,6 +1136,44 @@ TEST(Kernels, EveryScheduledOpIsRegistered) {
     EXPECT_NE(s->infer, nullptr) << op;
     EXPECT_TRUE(s->view ? s->kernel == nullptr : s->kernel != nullptr) << op;
   }
+}
+
+}  // namespace
+}  // namespace graphfuse
+
+namespace graphfuse {
+namespace {
+
+// The scaled tile kernels (c * U(c * x) in one pass, the FusedGemm gated form under a folded
+// RMSNorm) give the bits of Mul, U and Mul run one by one, for every unary f32 op of the table;
+// ops of other arities have none.
+TEST(ScaledTileKernel, EqualsMulOpMulForEveryUnaryOp) {
+  const int64_t n = 8 * cpu::VectorLanes();
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-6.f, 6.f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& v : x) v = u(rng);
+  int checked = 0;
+  for (const OpInfo& op : AllOps()) {
+    const cpu::F32ScaledTileKernel scaled = cpu::GetF32ScaledTileKernel(op.kind);
+    if (op.arity != 1 || op.cls == OpClass::kLogical) {
+      EXPECT_TRUE(op.arity == 1 || scaled == nullptr) << op.name;
+      continue;
+    }
+    ASSERT_NE(scaled, nullptr) << op.name;
+    const OpAttrs attrs = DefaultAttrs(op.kind);
+    for (const float c : {0.37f, 3.f}) {
+      std::vector<float> want(x.size()), got(x.size());
+      for (size_t i = 0; i < x.size(); ++i) want[i] = x[i] * c;
+      const float* in[1] = {want.data()};
+      cpu::GetF32TileKernel(op.kind)(in, want.data(), n, attrs, 0);
+      for (float& v : want) v *= c;
+      scaled(x.data(), got.data(), n, attrs, 0, c);
+      EXPECT_EQ(std::memcmp(want.data(), got.data(), x.size() * sizeof(float)), 0) << op.name << " c=" << c;
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 20);
 }
 
 }  // namespace

@@ -38,6 +38,22 @@ void F32Kernel(const float* const* in, float* out, int64_t n, const OpAttrs& a, 
   }
 }
 
+template <class Row>
+void F32ScaledKernel(const float* in, float* out, int64_t n, const OpAttrs& a, int64_t base, float c) {
+  using simd::VF;
+  const VF vc(c);
+  for (int64_t i = 0; i < n; i += simd::kLanes) {
+    const VF vx = VF::Load(in + i) * vc;
+    (Row::template Eval<VF, int64_t>(vx, vx, vx, a, base + i) * vc).Store(out + i);
+  }
+}
+
+template <class Row>
+constexpr F32ScaledTileKernel ScaledOrNull() {
+  if constexpr (Row::kArity == 1) return &F32ScaledKernel<Row>;
+  return nullptr;
+}
+
 // Integer data: plain loops over int64 that the compiler vectorizes where it can.
 template <class Row>
 void I64Kernel(const int64_t* const* in, int64_t* out, int64_t n, const OpAttrs& a, int64_t base) {
@@ -68,6 +84,11 @@ constexpr F32TileKernel kF32PrefetchKernels[] = {
 #include "../ops/ops.def"
 #undef OP
 };
+constexpr F32ScaledTileKernel kF32ScaledKernels[] = {
+#define OP(name, ...) ScaledOrNull<name##Row>(),
+#include "../ops/ops.def"
+#undef OP
+};
 constexpr I64TileKernel kI64Kernels[] = {
 #define OP(name, ...) I64KernelOrNull<name##Row>(),
 #include "../ops/ops.def"
@@ -79,6 +100,7 @@ constexpr I64TileKernel kI64Kernels[] = {
 F32TileKernel GetF32TileKernel(OpKind kind) { return kF32Kernels[static_cast<size_t>(kind)]; }
 F32TileKernel GetF32StreamKernel(OpKind kind) { return kF32StreamKernels[static_cast<size_t>(kind)]; }
 F32TileKernel GetF32PrefetchKernel(OpKind kind) { return kF32PrefetchKernels[static_cast<size_t>(kind)]; }
+F32ScaledTileKernel GetF32ScaledTileKernel(OpKind kind) { return kF32ScaledKernels[static_cast<size_t>(kind)]; }
 I64TileKernel GetI64TileKernel(OpKind kind) { return kI64Kernels[static_cast<size_t>(kind)]; }
 int VectorLanes() { return simd::kLanes; }
 const char* SimdTargetName() { return hwy::TargetName(HWY_TARGET); }

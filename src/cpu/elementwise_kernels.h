@@ -26,6 +26,12 @@ F32TileKernel GetF32TileKernel(OpKind kind);
 F32TileKernel GetF32StreamKernel(OpKind kind);
 // The same kernel prefetching its operands ahead: for arrays outside the tile's L1 registers.
 F32TileKernel GetF32PrefetchKernel(OpKind kind);
+// out[i] = c * op(c * in[0][i]), each product rounded (what Mul, op, Mul give), in one pass:
+// a unary op between two scalings by c (a folded RMSNorm's 1/rms around a GEMM's gate, the
+// FusedGemm gated form). Unary ops only (arity 1); n a multiple of VectorLanes().
+using F32ScaledTileKernel = void (*)(const float* in, float* out, int64_t n, const OpAttrs& a, int64_t base,
+                                     float c);
+F32ScaledTileKernel GetF32ScaledTileKernel(OpKind kind);
 // nullptr when the op has no integer form.
 I64TileKernel GetI64TileKernel(OpKind kind);
 

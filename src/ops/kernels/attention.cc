@@ -766,32 +766,33 @@ Status AttentionKernel(const KernelContext& ctx) {
                         static_cast<int>(3 * d.h * d.d), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(wg));
       }
     }
-    // A folded RMSNorm: each row of q, k and v times its row's 1/rms (x W' = rms(x) * y W).
-    if (inv_rms) {
-      for (int64_t r = 0; r < d.s; ++r) {
-        float* row = qkv + r * wg;
-        const VF c(inv_rms[b * d.s + r]);
-        int64_t j = 0;
-        for (; j + kLanes <= wg; j += kLanes) (VF::Load(row + j) * c).Store(row + j);
-        for (; j < wg; ++j) row[j] *= inv_rms[b * d.s + r];
-      }
-    }
     // RoPE in place, row by row through the scratch (each row holds the group's q, k and v
     // side by side): one sequential sweep over what the GEMM just wrote, rather than a strided
-    // gather per head into a copy.
-    if (d.rope_q || d.rope_k) {
+    // gather per head into a copy. A folded RMSNorm scales each row of q, k and v by its row's
+    // 1/rms in the same sweep (x W' = y W / (1/rms)), q and k inside RoPE.
+    auto scale = [](float* x, int64_t n, float c) {
+      const VF vc(c);
+      int64_t j = 0;
+      for (; j + kLanes <= n; j += kLanes) (VF::Load(x + j) * vc).Store(x + j);
+      for (; j < n; ++j) x[j] *= c;
+    };
+    if (d.rope_q || d.rope_k || inv_rms) {
       for (int64_t r = 0; r < d.s; ++r) {
         float* row = qkv + r * wg;
+        const float c = inv_rms ? inv_rms[b * d.s + r] : 1.f;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t h = h0 + g;
-          if (d.rope_q) {
-            const int64_t off = b * cq[0] + h * cq[1] + r * cq[2];
-            RopeRow(row + g * 3 * d.d, cos + off, sin + off, d.d, row + g * 3 * d.d);
+          float* qr = row + g * 3 * d.d;
+          for (int t = 0; t < 2; ++t) {  // q, then k
+            float* x = qr + t * d.d;
+            const bool rope = t == 0 ? d.rope_q : d.rope_k;
+            const std::vector<int64_t>& cs = t == 0 ? cq : ck;
+            const int64_t off = rope ? b * cs[0] + h * cs[1] + r * cs[2] : 0;
+            if (rope && inv_rms) RopeRowScaled(x, cos + off, sin + off, d.d, x, c);
+            else if (rope) RopeRow(x, cos + off, sin + off, d.d, x);
+            else if (inv_rms) scale(x, d.d, c);
           }
-          if (d.rope_k) {
-            const int64_t off = b * ck[0] + h * ck[1] + r * ck[2];
-            RopeRow(row + g * 3 * d.d + d.d, cos + off, sin + off, d.d, row + g * 3 * d.d + d.d);
-          }
+          if (inv_rms) scale(qr + 2 * d.d, d.d, c);  // v
         }
       }
     }
@@ -813,12 +814,14 @@ Status AttentionKernel(const KernelContext& ctx) {
       const double ms = RowSumSquaresD(x + r * kx, kx) / static_cast<double>(std::max<int64_t>(kx, 1));
       inv_rms_store[static_cast<size_t>(r)] = static_cast<float>(1.0 / std::sqrt(ms + d.rms_eps));
     };
+    const int64_t rows = d.b * d.s;
     if (ctx.cpu.pool == nullptr || threads <= 1) {
-      for (int64_t r = 0; r < d.b * d.s; ++r) row_inv(r);
-    } else {
-      ForEachClaimed(ctx.cpu, threads, d.b * d.s, [&](int64_t r, int) {
+      for (int64_t r = 0; r < rows; ++r) row_inv(r);
+    } else {  // a few claims per thread: a claim per row cost more than the row's sum
+      const int64_t per = std::max<int64_t>(1, rows / (4 * threads)), claims = (rows + per - 1) / per;
+      ForEachClaimed(ctx.cpu, threads, claims, [&](int64_t c, int) {
         const ScopedNs task_time(TaskCounter(ctx.cpu));
-        row_inv(r);
+        for (int64_t r = c * per; r < std::min(rows, (c + 1) * per); ++r) row_inv(r);
       });
     }
     inv_rms = inv_rms_store.data();

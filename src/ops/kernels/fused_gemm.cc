@@ -462,6 +462,18 @@ void ApplyUnaryInPlace(cpu::F32TileKernel kernel, const OpAttrs& attrs, float* x
   }
 }
 
+// x[0, n) = c * U(c * x) with U's scaled tile kernel (the same padded tail).
+void ApplyScaledUnaryInPlace(cpu::F32ScaledTileKernel kernel, const OpAttrs& attrs, float* x, int64_t n, float c) {
+  const int64_t lanes = cpu::VectorLanes(), full = n / lanes * lanes;
+  if (full > 0) kernel(x, x, full, attrs, 0, c);
+  if (full < n) {
+    alignas(64) float tail[64] = {};
+    std::copy(x + full, x + n, tail);
+    kernel(tail, tail, lanes, attrs, 0, c);
+    std::copy(tail, tail + (n - full), x + full);
+  }
+}
+
 // x[0, n) += y[0, n), in f32 (an Add's bits).
 void AddInPlace(float* x, const float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] += y[j];
@@ -613,6 +625,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
   const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->u.kind) : nullptr;
+  const cpu::F32ScaledTileKernel scaled_gate_kernel = gate ? cpu::GetF32ScaledTileKernel(gate->u.kind) : nullptr;
   const cpu::F32TileKernel act_kernel = bias_act && bias_act->u ? cpu::GetF32TileKernel(bias_act->u->kind) : nullptr;
   const float* bias = bias_act && bias_act->bias_input >= 0
                           ? ctx.inputs[static_cast<size_t>(bias_act->bias_input)].as<const float>()
@@ -644,9 +657,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
         for (int64_t i = 0; i < m; ++i) {
           float* x = act + i * n + c0;
-          if (rs) ScaleInPlace(x, rs[i], width);
-          ApplyUnaryInPlace(gate_kernel, gate->u.attrs, x, width);
-          if (rs) ScaleInPlace(x, rs[i], width);
+          if (rs) ApplyScaledUnaryInPlace(scaled_gate_kernel, gate->u.attrs, x, width, rs[i]);  // s * U(s * x)
+          else ApplyUnaryInPlace(gate_kernel, gate->u.attrs, x, width);
         }
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
         const float* const mul[] = {act};

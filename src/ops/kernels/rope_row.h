@@ -12,13 +12,18 @@
 
 namespace graphfuse::kernels {
 
-inline void RopeRow(const float* x, const float* c, const float* s, int64_t d, float* y) {
+// RopeRowScaled: the same on x * pre (each element rounded), in the same pass: what scaling
+// the row first and then RopeRow give, bit for bit (FusedAttention's folded RMSNorm).
+template <bool kPre>
+inline void RopeRowImpl(const float* x, const float* c, const float* s, int64_t d, float* y, float pre) {
   using simd::kLanes;
   using simd::VF;
   const int64_t h = d / 2;
+  const VF vpre(pre);
   int64_t i = 0;
   for (; i + kLanes <= h; i += kLanes) {
-    const VF x1 = VF::Load(x + i), x2 = VF::Load(x + i + h);
+    VF x1 = VF::Load(x + i), x2 = VF::Load(x + i + h);
+    if constexpr (kPre) x1 = x1 * vpre, x2 = x2 * vpre;
     const VF a = x1 * VF::Load(c + i);
     const VF b = (-x2) * VF::Load(s + i);
     const VF a2 = x2 * VF::Load(c + i + h);
@@ -27,10 +32,17 @@ inline void RopeRow(const float* x, const float* c, const float* s, int64_t d, f
     (a2 + b2).Store(y + i + h);
   }
   for (; i < h; ++i) {
-    const float x1 = x[i], x2 = x[i + h];
+    const float x1 = kPre ? x[i] * pre : x[i], x2 = kPre ? x[i + h] * pre : x[i + h];
     y[i] = x1 * c[i] + (-x2) * s[i];
     y[i + h] = x2 * c[i + h] + x1 * s[i + h];
   }
+}
+
+inline void RopeRow(const float* x, const float* c, const float* s, int64_t d, float* y) {
+  RopeRowImpl<false>(x, c, s, d, y, 1.f);
+}
+inline void RopeRowScaled(const float* x, const float* c, const float* s, int64_t d, float* y, float pre) {
+  RopeRowImpl<true>(x, c, s, d, y, pre);
 }
 
 }  // namespace graphfuse::kernels
