@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <random>
 
@@ -922,6 +923,64 @@ TEST(FuseAttention, ProjectedHeadsInGroupsMatchTheTwoNodes) {
 // differently for another column-block width), match the unfused plan, and the node run without
 // its packed heads (the sgemm path) must agree with its reference. A q that something else also
 // reads keeps the two nodes apart.
+Tensor UniformTensor(const Shape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  Tensor t = Tensor::Empty(DType::kF32, shape).value();
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
+  return t;
+}
+
+// A small LLaMA block (llama-small's family), built once per pipeline option set, after
+// running each pipeline; `eps` is the norms' epsilon (the preset's when negative).
+std::vector<std::unique_ptr<Graph>> SmallBlocks(const CpuContext& ctx, int64_t seq, float eps,
+                                                std::vector<PipelineOptions> options, BlockConfig* cfg_out) {
+  std::vector<std::unique_ptr<Graph>> graphs;
+  auto cfg = BlockPreset("llama-small");
+  EXPECT_TRUE(cfg.ok());
+  cfg->seq = seq, cfg->batch = 2, cfg->hidden = 128, cfg->heads = 4, cfg->ffn = 160;
+  if (eps >= 0) cfg->eps = eps;
+  auto w = MakeBlockWeights(*cfg, 5, ctx);
+  EXPECT_TRUE(w.ok()) << w.status().ToString();
+  for (const PipelineOptions& o : options) {
+    graphs.push_back(std::make_unique<Graph>());
+    EXPECT_TRUE(BuildBlock(*graphs.back(), *cfg, *w).ok());
+    EXPECT_TRUE(RunPipeline(*graphs.back(), o).ok());
+  }
+  *cfg_out = *cfg;
+  return graphs;
+}
+
+// Runs `node` once on fresh random inputs (constants as they are; `rows` rescales row r of each
+// other input by rows(r)), unprepared, and its reference graph on the same inputs; returns
+// (max |difference|, the reference's peak).
+std::pair<double, double> NodeAgainstReference(const Node& node, const CpuContext& ctx,
+                                               const std::function<float(int64_t)>& rows = nullptr) {
+  std::vector<Tensor> node_in;
+  node_in.reserve(node.inputs().size());
+  std::vector<TensorView> views;
+  for (const Value* v : node.inputs()) {
+    if (v->constant()) {
+      views.push_back(v->constant()->view());
+      continue;
+    }
+    node_in.push_back(UniformTensor(v->shape(), 90 + static_cast<uint32_t>(views.size())));
+    Tensor& t = node_in.back();
+    const int64_t k = v->shape().back();
+    if (rows)
+      for (int64_t r = 0; r < t.numel() / k; ++r)
+        for (int64_t j = 0; j < k; ++j) t.data_as<float>()[r * k + j] *= rows(r);
+    views.push_back(t.view());
+  }
+  Tensor once = Tensor::Empty(DType::kF32, node.output()->shape()).value();
+  std::vector<TensorView> out{once.view()};
+  EXPECT_TRUE(RunNodeOnce(node, views, out, ctx).ok());
+  auto ref = Execute(*node.GetGraph("reference"), views, ctx);
+  EXPECT_TRUE(ref.ok()) << ref.status().ToString();
+  if (!ref.ok()) return {INFINITY, 0};
+  return {MaxAbsDiff(once, (*ref)[0]), MaxAbs((*ref)[0])};
+}
+
 // FoldNormIntoGemm on the whole LLaMA block: the input RMSNorm folds into the projected
 // attention (x itself, W times the norm's scale, each row's 1/rms taken before the heads and
 // applied to q, k and v), the post-attention one into o_proj and gate/up (fuse_gemm_test.cc
@@ -930,29 +989,15 @@ TEST(FuseAttention, ProjectedHeadsInGroupsMatchTheTwoNodes) {
 TEST(FoldNormIntoGemm, LlamaBlockRunsInFourKernels) {
   ThreadPool pool(2);
   const CpuContext ctx{&pool};
-  auto random_tensor = [](const Shape& shape, uint32_t seed, float lo = -1.f) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(lo, 1.f);
-    Tensor t = Tensor::Empty(DType::kF32, shape).value();
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
-    return t;
-  };
-  auto cfg = BlockPreset("llama-small");
-  ASSERT_TRUE(cfg.ok());
-  cfg->seq = 40, cfg->batch = 2, cfg->hidden = 128, cfg->heads = 4, cfg->ffn = 160;
-  cfg->eps = 0.05f;  // large enough that a wrong epsilon shows
-  auto w = MakeBlockWeights(*cfg, 5, ctx);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  Graph unfused("u"), plain("p"), folded("f");
-  for (Graph* g : {&unfused, &plain, &folded}) ASSERT_TRUE(BuildBlock(*g, *cfg, *w).ok());
   PipelineOptions off, on_plain, on;
   off.fusion.enabled = false;
   on.fusion.norm_into_gemm = true;
   FusionReport report;
   on.fusion_report = &report;
-  ASSERT_TRUE(RunPipeline(unfused, off).ok());
-  ASSERT_TRUE(RunPipeline(plain, on_plain).ok());
-  ASSERT_TRUE(RunPipeline(folded, on).ok());
+  BlockConfig cfg;
+  auto graphs = SmallBlocks(ctx, 40, 0.05f /* large enough that a wrong epsilon shows */, {off, on_plain, on}, &cfg);
+  ASSERT_EQ(graphs.size(), 3u);
+  const Graph &unfused = *graphs[0], &plain = *graphs[1], &folded = *graphs[2];
   EXPECT_EQ(CountKernels(plain), 6);
   EXPECT_EQ(CountKernels(folded), 4);
   EXPECT_EQ(CountOp(folded, "RMSNorm"), 0);
@@ -965,7 +1010,7 @@ TEST(FoldNormIntoGemm, LlamaBlockRunsInFourKernels) {
   ASSERT_NE(group, nullptr);
   EXPECT_EQ(group->nodes.front(), "/input_norm/RMSNorm");
 
-  Tensor x = random_tensor({cfg->batch, cfg->seq, cfg->hidden}, 77);
+  Tensor x = UniformTensor({cfg.batch, cfg.seq, cfg.hidden}, 77);
   const TensorView in[] = {x.view()};
   auto yu = Execute(unfused, in, ctx);
   auto yp = Execute(plain, in, ctx);
@@ -976,62 +1021,26 @@ TEST(FoldNormIntoGemm, LlamaBlockRunsInFourKernels) {
   EXPECT_LT(MaxAbsDiff((*yu)[0], (*yf)[0]), 1e-4 * (1 + peak));
   EXPECT_LT(MaxAbsDiff((*yp)[0], (*yf)[0]), 1e-5 * (1 + peak)) << "against the plan without the fold";
 
-  // The attention node alone on fresh inputs (unprepared: the sgemm path), rows of x far from
-  // unit RMS (0.1 to 4), against its reference graph (x * 1/rms, then the attention as it was).
-  std::vector<Tensor> node_in;
-  std::vector<TensorView> views;
-  for (const Value* v : att->inputs()) {
-    if (v->constant()) {
-      views.push_back(v->constant()->view());
-      continue;
-    }
-    node_in.push_back(random_tensor(v->shape(), 90 + static_cast<uint32_t>(views.size())));
-    Tensor& t = node_in.back();
-    const int64_t k = v->shape().back();
-    for (int64_t r = 0; r < t.numel() / k; ++r)
-      for (int64_t j = 0; j < k; ++j) t.data_as<float>()[r * k + j] *= 0.1f + 3.9f * static_cast<float>(r % 7) / 6.f;
-    views.push_back(t.view());
-  }
-  Tensor once = Tensor::Empty(DType::kF32, att->output()->shape()).value();
-  std::vector<TensorView> out{once.view()};
-  ASSERT_TRUE(RunNodeOnce(*att, views, out, ctx).ok());
-  auto ref = Execute(*att->GetGraph("reference"), views, ctx);
-  ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-  const double ref_peak = MaxAbs((*ref)[0]);
+  // The attention node alone (its sgemm path), rows of x far from unit RMS (0.1 to 4).
+  const auto [diff, ref_peak] =
+      NodeAgainstReference(*att, ctx, [](int64_t r) { return 0.1f + 3.9f * static_cast<float>(r % 7) / 6.f; });
   EXPECT_GT(ref_peak, 0.1);
-  EXPECT_LT(MaxAbsDiff(once, (*ref)[0]), 1e-5 * (1 + ref_peak)) << "the folded attention against its reference";
+  EXPECT_LT(diff, 1e-5 * (1 + ref_peak)) << "the folded attention against its reference";
 }
 
 TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
   ThreadPool pool(2);
   const CpuContext ctx{&pool};
-  auto random_tensor = [](const Shape& shape, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    Tensor t = Tensor::Empty(DType::kF32, shape).value();
-    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
-    return t;
-  };
   for (const int64_t seq : {int64_t{40}, int64_t{300}}) {
-    auto cfg = BlockPreset("llama-small");
-    ASSERT_TRUE(cfg.ok());
-    cfg->seq = seq;
-    cfg->batch = 2;
-    cfg->hidden = 128;
-    cfg->heads = 4;
-    cfg->ffn = 160;
-    auto w = MakeBlockWeights(*cfg, 5, ctx);
-    ASSERT_TRUE(w.ok()) << w.status().ToString();
-    Graph unfused("u"), apart("a"), projected("p");
-    for (Graph* g : {&unfused, &apart, &projected}) ASSERT_TRUE(BuildBlock(*g, *cfg, *w).ok());
     PipelineOptions off, no_proj, on;
     off.fusion.enabled = false;
     no_proj.fusion.attention_projection = false;
     FusionReport report;
     on.fusion_report = &report;
-    ASSERT_TRUE(RunPipeline(unfused, off).ok());
-    ASSERT_TRUE(RunPipeline(apart, no_proj).ok());
-    ASSERT_TRUE(RunPipeline(projected, on).ok());
+    BlockConfig cfg;
+    auto graphs = SmallBlocks(ctx, seq, -1, {off, no_proj, on}, &cfg);
+    ASSERT_EQ(graphs.size(), 3u);
+    const Graph &unfused = *graphs[0], &apart = *graphs[1], &projected = *graphs[2];
     const Node* att = nullptr;
     for (const auto& n : projected.nodes())
       if (n->op() == "FusedAttention") att = n.get();
@@ -1047,7 +1056,7 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     ASSERT_NE(att->GetGraph("reference"), nullptr);
     EXPECT_EQ(att->GetGraph("reference")->num_nodes(), 2u) << "the reference is the QKV GEMM and the attention";
 
-    Tensor x = random_tensor({cfg->batch, seq, cfg->hidden}, 77);
+    Tensor x = UniformTensor({cfg.batch, seq, cfg.hidden}, 77);
     const TensorView in[] = {x.view()};
     auto yu = Execute(unfused, in, ctx);
     auto ya = Execute(apart, in, ctx);
@@ -1059,25 +1068,10 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     EXPECT_GT(peak, 0.1) << what;
     EXPECT_LT(MaxAbsDiff((*ya)[0], (*yp)[0]), 1e-6 * (1 + peak)) << what << ": against the QKV GEMM and the attention apart";
 
-    // The projected node alone, without its packed heads (the sgemm path), on the inputs the
-    // plan gave it: the attention's output of the whole plan is not observable, so compare the
-    // node against its reference graph run the same way.
-    std::vector<Tensor> node_in;
-    std::vector<TensorView> views;
-    for (const Value* v : att->inputs()) {
-      if (v->constant()) {
-        views.push_back(v->constant()->view());
-        continue;
-      }
-      node_in.push_back(random_tensor(v->shape(), 90 + static_cast<uint32_t>(views.size())));
-      views.push_back(node_in.back().view());
-    }
-    Tensor once = Tensor::Empty(DType::kF32, att->output()->shape()).value();
-    std::vector<TensorView> out{once.view()};
-    ASSERT_TRUE(RunNodeOnce(*att, views, out, ctx).ok());
-    auto ref = Execute(*att->GetGraph("reference"), views, ctx);
-    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-    EXPECT_LT(MaxAbsDiff(once, (*ref)[0]), 1e-4) << what << ": the sgemm path against the reference";
+    // The projected node alone, without its packed heads (the sgemm path), on fresh inputs:
+    // the attention's output of the whole plan is not observable, so compare the node against
+    // its reference graph run the same way.
+    EXPECT_LT(NodeAgainstReference(*att, ctx).first, 1e-4) << what << ": the sgemm path against the reference";
   }
 
   // q also read elsewhere (a graph output): the two nodes stay apart.
