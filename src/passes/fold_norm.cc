@@ -100,7 +100,8 @@ class NormFolder {
   Result<bool> TryFold(Node* norm) {
     Value* h = norm->input(0);
     Value* y = norm->output();
-    if (!h || h->dtype() != DType::kF32 || h->shape().size() < 2 || y->is_graph_output() || y->uses().empty())
+    if (!h || h->dtype() != DType::kF32 || h->shape().size() < 2 || h->shape().back() == 0 || y->is_graph_output() ||
+        y->uses().empty())
       return false;
     const int64_t rank = static_cast<int64_t>(h->shape().size()), axis = norm->GetInt("axis", -1);
     if (axis != -1 && axis != rank - 1) return false;

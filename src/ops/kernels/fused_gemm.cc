@@ -38,6 +38,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -500,7 +501,11 @@ Status RunFusedGemm(const KernelContext& ctx) {
   const std::vector<int64_t> out_proj = node.GetInts("out_proj");
   const Graph* epi = node.GetGraph("epilogue");
   const int64_t m = g.m, n = g.n, k = g.k, S = g.splits, ldw = S * n;
-  if (m * n == 0) return Status::Ok();
+  if (m * n == 0) {  // an empty row's 1/rms is NaN, as RMSNorm's (0 / 0 mean)
+    if (node.attrs().count("rms_epsilon"))
+      std::fill_n(ctx.outputs.back().as<float>(), m, std::numeric_limits<float>::quiet_NaN());
+    return Status::Ok();
+  }
   const auto* packed = static_cast<const PackedProjections*>(ctx.state);
   if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
   // The residual form without packed weights: sgemm accumulates onto a copy of r; no epilogue
