@@ -235,6 +235,14 @@ inline double SumOfLanesF64(VF x) {
 #endif
 }
 
+// x[0, n) *= c, vectors then the tail lane by lane (the bits of a Mul by c).
+inline void ScaleRow(float* x, int64_t n, float c) {
+  const VF vc(c);
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) (VF::Load(x + i) * vc).Store(x + i);
+  for (; i < n; ++i) x[i] *= c;
+}
+
 // Lanes idx .. idx+kLanes-1 of Dropout: kept lanes scaled by 1/(1-p), dropped lanes x*0.
 inline VF dropout(VF x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;

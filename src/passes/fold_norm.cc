@@ -46,10 +46,10 @@ Result<std::shared_ptr<Tensor>> ScalarF32(float v) {
   return std::make_shared<Tensor>(std::move(t));
 }
 
-// A graph's inputs for each of `node`'s inputs, in order.
-Result<std::vector<Value*>> ReferenceInputs(Graph& ref, const Node& node) {
+// A reference graph's inputs, one for each of `values` (a node's inputs), in order.
+Result<std::vector<Value*>> ReferenceInputs(Graph& ref, const std::vector<Value*>& values) {
   std::vector<Value*> in;
-  for (const Value* v : node.inputs()) {
+  for (const Value* v : values) {
     GF_ASSIGN_OR_RETURN(Value * r, ref.AddInput(ref.FreshName(v->name()), v->dtype(), v->shape()));
     in.push_back(r);
   }
@@ -97,6 +97,38 @@ class NormFolder {
     if (report_) report_->refusals.push_back({p.name(), c.name(), code, why});
   }
 
+  // The norm's scale for W's rows (FoldableScale), else a refusal naming `reader`.
+  std::optional<std::vector<float>> ScaleOrRefuse(const Node& norm, int64_t k, const Node& reader) {
+    std::optional<std::vector<float>> gamma = FoldableScale(norm, k);
+    if (!gamma)
+      Refuse(norm, reader, refusal::kNormNotFoldable,
+             "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
+    return gamma;
+  }
+
+  // The report's group of the node named `name`, or null.
+  FusedGroupInfo* Group(const std::string& name) {
+    if (report_)
+      for (FusedGroupInfo& gi : report_->groups)
+        if (gi.name == name) return &gi;
+    return nullptr;
+  }
+
+  // Fresh names for a replacement of `n`'s outputs (n's own, given back by Run's renames).
+  std::vector<std::string> FreshOutputNames(const Node& n) {
+    std::vector<std::string> names = OutputNames(n);
+    for (std::string& nm : names) nm = g_.FreshName(nm);
+    return names;
+  }
+
+  // `now` takes the place of `old` for every reader of old's outputs (and, after Run, their names).
+  void TakeOver(const Node& old, Node& now) {
+    for (size_t o = 0; o < old.outputs().size(); ++o) {
+      g_.ReplaceAllUsesWith(old.output(o), now.output(o));
+      renames_.push_back({now.output(o), old.output(o)->name()});
+    }
+  }
+
   Result<bool> TryFold(Node* norm) {
     Value* h = norm->input(0);
     Value* y = norm->output();
@@ -128,27 +160,19 @@ class NormFolder {
         Refuse(*norm, *c, refusal::kExcluded, "the RMSNorm stays a kernel: a GEMM reading it is excluded");
         return false;
       }
-    const std::optional<std::vector<float>> gamma = FoldableScale(*norm, k);
-    if (!gamma) {
-      Refuse(*norm, *consumers.front(), refusal::kNormNotFoldable,
-             "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
-      return false;
-    }
+    const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *consumers.front());
+    if (!gamma) return false;
     const float eps = norm->GetFloat("epsilon", 1e-6f);
 
     // The producer: its node as it was, plus s, in its reference.
     GF_ASSIGN_OR_RETURN(Node * np, NewProducer(*p, eps));
     Value* s = np->outputs().back();
-    for (size_t o = 0; o < p->outputs().size(); ++o) g_.ReplaceAllUsesWith(p->output(o), np->output(o));
-    for (size_t o = 0; o < p->outputs().size(); ++o) renames_.push_back({np->output(o), p->output(o)->name()});
+    TakeOver(*p, *np);
     // h is now np's output 0: the consumers read it (and s) in place of y.
     Value* hn = np->output(0);
     for (Node* c : consumers) {
       GF_ASSIGN_OR_RETURN(Node * nc, NewConsumer(*c, hn, s, *gamma, *norm));
-      for (size_t o = 0; o < c->outputs().size(); ++o) {
-        g_.ReplaceAllUsesWith(c->output(o), nc->output(o));
-        renames_.push_back({nc->output(o), c->output(o)->name()});
-      }
+      TakeOver(*c, *nc);
       g_.RemoveNode(c);
     }
     g_.RemoveNode(norm);
@@ -170,12 +194,8 @@ class NormFolder {
       Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
       return false;
     }
-    const std::optional<std::vector<float>> gamma = FoldableScale(*norm, k);
-    if (!gamma) {
-      Refuse(*norm, *a, refusal::kNormNotFoldable,
-             "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
-      return false;
-    }
+    const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *a);
+    if (!gamma) return false;
     const float eps = norm->GetFloat("epsilon", 1e-6f);
     GF_ASSIGN_OR_RETURN(Value * w, ScaledWeights(a->input(1), *gamma, *norm));
     std::vector<Value*> inputs = {h, w};
@@ -183,11 +203,7 @@ class NormFolder {
 
     // The reference: the 1/rms in primitive ops, x times it, then the attention as it was.
     auto ref = std::make_shared<Graph>(a->name());
-    std::vector<Value*> in;
-    for (const Value* v : inputs) {
-      GF_ASSIGN_OR_RETURN(Value * r, ref->AddInput(ref->FreshName(v->name()), v->dtype(), v->shape()));
-      in.push_back(r);
-    }
+    GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, inputs));
     GF_ASSIGN_OR_RETURN(Value * inv, InvRms(*ref, in[0], eps, norm->name()));
     GF_ASSIGN_OR_RETURN(Node * scaled, ref->AddNode("Mul", {in[0], inv}, {}, norm->name() + "/folded"));
     std::vector<Value*> old_in = in;
@@ -200,15 +216,12 @@ class NormFolder {
     attrs["kernel_name"] = StrCat("rmsnorm_", a->GetString("kernel_name", "attention"));
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
     GF_ASSIGN_OR_RETURN(Node * na, g_.AddNode("FusedAttention", inputs, std::move(attrs), a->name(), -1,
-                                             {g_.FreshName(a->output()->name())}));
-    g_.ReplaceAllUsesWith(a->output(), na->output());
-    renames_.push_back({na->output(), a->output()->name()});
-    if (report_)
-      for (FusedGroupInfo& gi : report_->groups)
-        if (gi.name == a->name()) {
-          gi.nodes.insert(gi.nodes.begin(), norm->name());
-          gi.kernel_name = na->GetString("kernel_name", gi.kernel_name);
-        }
+                                             FreshOutputNames(*a)));
+    TakeOver(*a, *na);
+    if (FusedGroupInfo* gi = Group(a->name())) {
+      gi->nodes.insert(gi->nodes.begin(), norm->name());
+      gi->kernel_name = na->GetString("kernel_name", gi->kernel_name);
+    }
     g_.RemoveNode(a);
     g_.RemoveNode(norm);
     g_.RemoveDeadNodes();
@@ -244,7 +257,7 @@ class NormFolder {
 
   Result<Node*> NewProducer(const Node& p, float eps) {
     auto ref = std::make_shared<Graph>(p.name());
-    GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, p));
+    GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, p.inputs()));
     GF_ASSIGN_OR_RETURN(Node * old, ref->AddNode("FusedGemm", in, p.attrs(), p.name(), -1, OutputNames(p)));
     GF_ASSIGN_OR_RETURN(Value * inv, InvRms(*ref, old->output(0), eps, p.name()));
     for (const Value* o : old->outputs()) GF_RETURN_IF_ERROR(ref->MarkOutput(const_cast<Value*>(o)));
@@ -254,16 +267,13 @@ class NormFolder {
     attrs["rms_epsilon"] = eps;
     attrs["kernel_name"] = StrCat(p.GetString("kernel_name", "gemm"), "_rms");
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
-    std::vector<std::string> names = OutputNames(p);
-    for (std::string& nm : names) nm = g_.FreshName(nm);
+    std::vector<std::string> names = FreshOutputNames(p);
     names.push_back(g_.FreshName(p.output(0)->name() + "_inv_rms"));
     GF_ASSIGN_OR_RETURN(Node * np, g_.AddNode("FusedGemm", p.inputs(), std::move(attrs), p.name(), -1, names));
-    if (report_)
-      for (FusedGroupInfo& gi : report_->groups)
-        if (gi.name == p.name()) {
-          gi.kernel_name = np->GetString("kernel_name", gi.kernel_name);
-          gi.epilogue = kernels::FusedGemmEpilogueForm(*np);
-        }
+    if (FusedGroupInfo* gi = Group(p.name())) {
+      gi->kernel_name = np->GetString("kernel_name", gi->kernel_name);
+      gi->epilogue = kernels::FusedGemmEpilogueForm(*np);
+    }
     return np;
   }
 
@@ -274,11 +284,7 @@ class NormFolder {
     inputs.push_back(s);
 
     auto ref = std::make_shared<Graph>(c.name());
-    std::vector<Value*> in;
-    for (const Value* v : inputs) {
-      GF_ASSIGN_OR_RETURN(Value * r, ref->AddInput(ref->FreshName(v->name()), v->dtype(), v->shape()));
-      in.push_back(r);
-    }
+    GF_ASSIGN_OR_RETURN(std::vector<Value*> in, ReferenceInputs(*ref, inputs));
     GF_ASSIGN_OR_RETURN(Node * scaled, ref->AddNode("Mul", {in[0], in.back()}, {}, norm.name() + "/folded"));
     std::vector<Value*> old_in = {scaled->output(), in[1]};
     old_in.insert(old_in.end(), in.begin() + 2, in.end() - 1);
@@ -289,16 +295,13 @@ class NormFolder {
     attrs["row_scale"] = static_cast<int64_t>(inputs.size() - 1);
     attrs["kernel_name"] = StrCat(c.GetString("kernel_name", "gemm"), "_rmsnorm");
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
-    std::vector<std::string> names = OutputNames(c);
-    for (std::string& nm : names) nm = g_.FreshName(nm);
-    GF_ASSIGN_OR_RETURN(Node * nc, g_.AddNode("FusedGemm", inputs, std::move(attrs), c.name(), -1, names));
-    if (report_)
-      for (FusedGroupInfo& gi : report_->groups)
-        if (gi.name == c.name()) {
-          gi.nodes.insert(gi.nodes.begin(), norm.name());
-          gi.kernel_name = nc->GetString("kernel_name", gi.kernel_name);
-          gi.epilogue = kernels::FusedGemmEpilogueForm(*nc);
-        }
+    GF_ASSIGN_OR_RETURN(Node * nc,
+                        g_.AddNode("FusedGemm", inputs, std::move(attrs), c.name(), -1, FreshOutputNames(c)));
+    if (FusedGroupInfo* gi = Group(c.name())) {
+      gi->nodes.insert(gi->nodes.begin(), norm.name());
+      gi->kernel_name = nc->GetString("kernel_name", gi->kernel_name);
+      gi->epilogue = kernels::FusedGemmEpilogueForm(*nc);
+    }
     return nc;
   }
 

@@ -702,13 +702,7 @@ Status AttentionKernel(const KernelContext& ctx) {
     // 128-wide heads at S = 32: a quarter of the multiplies there), else O's [rows, dv] after it.
     // The choice follows from the node's shapes, so prepared and unprepared runs agree.
     auto scale_rows = [&](float* x, int64_t ld, int64_t n) {
-      for (int64_t r = 0; r < rows; ++r) {
-        float* o = x + r * ld;
-        const VF vi(inv[r]);
-        int64_t j = 0;
-        for (; j + kLanes <= n; j += kLanes) (VF::Load(o + j) * vi).Store(o + j);
-        for (; j < n; ++j) o[j] *= inv[r];
-      }
+      for (int64_t r = 0; r < rows; ++r) simd::ScaleRow(x + r * ld, n, inv[r]);
     };
     const bool normalize_p = d.sk < d.dv;
     if (normalize_p) scale_rows(scores, d.sk, kend);
@@ -770,12 +764,6 @@ Status AttentionKernel(const KernelContext& ctx) {
     // side by side): one sequential sweep over what the GEMM just wrote, rather than a strided
     // gather per head into a copy. A folded RMSNorm scales each row of q, k and v by its row's
     // 1/rms in the same sweep (x W' = y W / (1/rms)), q and k inside RoPE.
-    auto scale = [](float* x, int64_t n, float c) {
-      const VF vc(c);
-      int64_t j = 0;
-      for (; j + kLanes <= n; j += kLanes) (VF::Load(x + j) * vc).Store(x + j);
-      for (; j < n; ++j) x[j] *= c;
-    };
     if (d.rope_q || d.rope_k || inv_rms) {
       for (int64_t r = 0; r < d.s; ++r) {
         float* row = qkv + r * wg;
@@ -790,9 +778,9 @@ Status AttentionKernel(const KernelContext& ctx) {
             const int64_t off = rope ? b * cs[0] + h * cs[1] + r * cs[2] : 0;
             if (rope && inv_rms) RopeRowScaled(x, cos + off, sin + off, d.d, x, c);
             else if (rope) RopeRow(x, cos + off, sin + off, d.d, x);
-            else if (inv_rms) scale(x, d.d, c);
+            else if (inv_rms) simd::ScaleRow(x, d.d, c);
           }
-          if (inv_rms) scale(qr + 2 * d.d, d.d, c);  // v
+          if (inv_rms) simd::ScaleRow(qr + 2 * d.d, d.d, c);  // v
         }
       }
     }
@@ -811,8 +799,7 @@ Status AttentionKernel(const KernelContext& ctx) {
   if (d.proj && d.rms_eps >= 0) {
     inv_rms_store.resize(static_cast<size_t>(d.b * d.s));
     auto row_inv = [&](int64_t r) {
-      const double ms = RowSumSquaresD(x + r * kx, kx) / static_cast<double>(std::max<int64_t>(kx, 1));
-      inv_rms_store[static_cast<size_t>(r)] = static_cast<float>(1.0 / std::sqrt(ms + d.rms_eps));
+      inv_rms_store[static_cast<size_t>(r)] = InvRms(RowSumSquaresD(x + r * kx, kx), std::max<int64_t>(kx, 1), d.rms_eps);
     };
     const int64_t rows = d.b * d.s;
     if (ctx.cpu.pool == nullptr || threads <= 1) {

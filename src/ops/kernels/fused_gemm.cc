@@ -45,6 +45,7 @@
 
 #include "cpu/elementwise_kernels.h"
 #include "cpu/lower_group.h"
+#include "cpu/simd.h"
 #include "cpu/tile_program.h"
 #include "fused_gemm.h"
 #include "kernel_util.h"
@@ -449,40 +450,36 @@ int64_t BalancedGroup(int64_t blocks, int64_t block_cols, int64_t n, int threads
   return best;
 }
 
-// x[0, n) = U(x) with U's tile kernel (whole vectors; a ragged tail through a padded copy).
-void ApplyUnaryInPlace(cpu::F32TileKernel kernel, const OpAttrs& attrs, float* x, int64_t n) {
+// x[0, n) = f(x) in place, with run(p, len) applying f to len floats at p (whole vectors): the
+// whole vectors of x, then a ragged tail through a padded copy.
+template <class Run>
+void InPlaceWithPaddedTail(float* x, int64_t n, Run run) {
   const int64_t lanes = cpu::VectorLanes(), full = n / lanes * lanes;
-  const float* in[1] = {x};
-  if (full > 0) kernel(in, x, full, attrs, 0);
+  if (full > 0) run(x, full);
   if (full < n) {
     alignas(64) float tail[64] = {};
     std::copy(x + full, x + n, tail);
-    const float* tin[1] = {tail};
-    kernel(tin, tail, lanes, attrs, 0);
+    run(tail, lanes);
     std::copy(tail, tail + (n - full), x + full);
   }
 }
 
-// x[0, n) = c * U(c * x) with U's scaled tile kernel (the same padded tail).
+// x[0, n) = U(x) with U's tile kernel.
+void ApplyUnaryInPlace(cpu::F32TileKernel kernel, const OpAttrs& attrs, float* x, int64_t n) {
+  InPlaceWithPaddedTail(x, n, [&](float* p, int64_t len) {
+    const float* in[1] = {p};
+    kernel(in, p, len, attrs, 0);
+  });
+}
+
+// x[0, n) = c * U(c * x) with U's scaled tile kernel.
 void ApplyScaledUnaryInPlace(cpu::F32ScaledTileKernel kernel, const OpAttrs& attrs, float* x, int64_t n, float c) {
-  const int64_t lanes = cpu::VectorLanes(), full = n / lanes * lanes;
-  if (full > 0) kernel(x, x, full, attrs, 0, c);
-  if (full < n) {
-    alignas(64) float tail[64] = {};
-    std::copy(x + full, x + n, tail);
-    kernel(tail, tail, lanes, attrs, 0, c);
-    std::copy(tail, tail + (n - full), x + full);
-  }
+  InPlaceWithPaddedTail(x, n, [&](float* p, int64_t len) { kernel(p, p, len, attrs, 0, c); });
 }
 
 // x[0, n) += y[0, n), in f32 (an Add's bits).
 void AddInPlace(float* x, const float* y, int64_t n) {
   for (int64_t j = 0; j < n; ++j) x[j] += y[j];
-}
-
-// x[0, n) *= c.
-void ScaleInPlace(float* x, float c, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) x[j] *= c;
 }
 
 // The rms_epsilon output's sums: a row's squares in double over chunks of columns
@@ -697,7 +694,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
           }
           const int64_t c0 = q * pb, width = std::min(pb, n - c0);
           if (rs)
-            for (int64_t i = 0; i < m; ++i) ScaleInPlace(proj[s] + i * proj_ld[s] + c0, rs[i], width);
+            for (int64_t i = 0; i < m; ++i) simd::ScaleRow(proj[s] + i * proj_ld[s] + c0, width, rs[i]);
           // A store chain's output 0, final once stored: its row sums while the block is in L2.
           if (rms_per_block && chain->output[static_cast<size_t>(s)] == 0)
             for (int64_t i = 0; i < m; ++i)
@@ -716,7 +713,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
                   accumulate ? 1.f : 0.f,
                   proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
       if (rs)
-        for (int64_t i = i0; i < i1; ++i) ScaleInPlace(proj[s] + i * proj_ld[s] + j0, rs[i], j1 - j0);
+        for (int64_t i = i0; i < i1; ++i) simd::ScaleRow(proj[s] + i * proj_ld[s] + j0, j1 - j0, rs[i]);
     }
   };
   char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
@@ -759,7 +756,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
     for (int64_t i = 0; i < m; ++i) {
       double ss = 0;
       for (int64_t c = 0; c < rms_chunks; ++c) ss += chunk_ss[static_cast<size_t>(i * rms_chunks + c)];
-      inv[i] = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps));
+      inv[i] = InvRms(ss, n, eps);
     }
   }
   return Status::Ok();

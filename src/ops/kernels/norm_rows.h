@@ -124,10 +124,15 @@ inline double RowSumSquaresD(const float* x, int64_t n) {
 #endif
 }
 
+// A row's 1 / sqrt(mean(x^2) + eps) from its sum of squares over d values: RMSNorm's factor,
+// also what a folded RMSNorm computes (FusedGemm's rms_epsilon output, FusedAttention's rows).
+inline float InvRms(double sum_squares, int64_t d, double eps) {
+  return static_cast<float>(1.0 / std::sqrt(sum_squares / static_cast<double>(d) + eps));
+}
+
 // y = x / sqrt(mean(x^2) + eps) * scale (scale may be null: 1).
 inline void RmsNormRow(const float* x, float* y, int64_t d, const float* scale, double eps) {
-  const double ms = RowSumSquaresD(x, d) / static_cast<double>(d);
-  const float inv = static_cast<float>(1.0 / std::sqrt(ms + eps));
+  const float inv = InvRms(RowSumSquaresD(x, d), d, eps);
   if (scale) {
     for (int64_t j = 0; j < d; ++j) y[j] = x[j] * inv * scale[j];
   } else {

@@ -89,15 +89,9 @@ inline double ExpShiftSum(const float* x, float* y, int64_t n, float m) {
 
 // y = softmax(x); x and y may be the same row.
 inline void SoftmaxRow(const float* x, float* y, int64_t n) {
-  using simd::kLanes;
-  using simd::VF;
   if (n == 0) return;
   const double sum = ExpShiftSum(x, y, n, RowMax(x, n));
-  const float inv = static_cast<float>(1.0 / sum);
-  const VF vinv(inv);
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) (VF::Load(y + i) * vinv).Store(y + i);
-  for (; i < n; ++i) y[i] *= inv;
+  simd::ScaleRow(y, n, static_cast<float>(1.0 / sum));
 }
 
 }  // namespace graphfuse::kernels
