@@ -5,7 +5,7 @@
 # Raw outputs go to bench/results/blocks_*.{txt,json}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GF=./build/graphfuse
+GF=${GF:-./build/graphfuse}  # GF=./build-avx2/graphfuse: another build
 OUT=bench/results
 mkdir -p "$OUT"
 REPEATS=${REPEATS:-11}

@@ -648,6 +648,13 @@ struct FoldCase {
   float eps;
 };
 
+// The readers' weights: uniform with variance 1/k, as a trained layer's, so that their outputs
+// stay of the order of y's and a Tanh reader does not saturate (a saturated Tanh would hide an
+// error, and the checks below scale with the outputs' peak, not with the sums under them).
+std::shared_ptr<Tensor> ReaderWeight(const FoldCase& c, uint32_t seed) {
+  return RandomTensor({c.k, c.f}, seed, std::sqrt(3.0 / static_cast<double>(c.k)));
+}
+
 void BuildFoldGraph(Graph& g, const FoldCase& c, bool gamma_constant = true) {
   Value* a = g.AddInput("a", DType::kF32, {c.m, c.k}).value();
   Value* x = g.AddInput("x", DType::kF32, {c.m, c.k}).value();
@@ -661,7 +668,7 @@ void BuildFoldGraph(Graph& g, const FoldCase& c, bool gamma_constant = true) {
   const std::string reader = c.reader;
   std::vector<Value*> outs;
   auto proj = [&](const char* name, uint32_t seed) {
-    Value* w = g.AddConstant(std::string("w_") + name, RandomTensor({c.k, c.f}, seed)).value();
+    Value* w = g.AddConstant(std::string("w_") + name, ReaderWeight(c, seed)).value();
     return g.AddNode("MatMul", {y, w}, {}, name).value()->output();
   };
   if (reader == "swiglu") {
@@ -707,7 +714,7 @@ std::vector<std::vector<double>> FoldReference(const FoldCase& c, const Tensor& 
     (*inv_rms)[i] = 1 / std::sqrt(ss / c.k + c.eps);
     for (int64_t j = 0; j < c.k; ++j) y[i * c.k + j] = h[i * c.k + j] * (*inv_rms)[i] * gamma.GetAsDouble(j);
   }
-  auto w = [&](uint32_t seed) { return std::move(*RandomTensor({c.k, c.f}, seed)); };
+  auto w = [&](uint32_t seed) { return std::move(*ReaderWeight(c, seed)); };
   std::vector<std::vector<double>> outs;
   const std::string reader = c.reader;
   if (reader == "swiglu") {
@@ -888,6 +895,14 @@ TEST(FoldNormIntoGemm, ReferenceGraphsReproduceTheFoldedNodes) {
       EXPECT_GT(peak, 0.0) << n->name() << " output " << o;
       EXPECT_LE(MaxAbsDiff((*want)[o], got), 2e-6 * peak) << n->name() << " output " << o;
     }
+    // The node run once, without the packed weights its plan prepares: the sgemm path.
+    std::vector<Tensor> once;
+    std::vector<TensorView> once_views;
+    for (const Value* o : n->outputs()) once.push_back(Tensor::Empty(DType::kF32, o->shape()).value());
+    for (Tensor& t : once) once_views.push_back(t.view());
+    ASSERT_TRUE(RunNodeOnce(*n, in, once_views, CpuContext{&pool}).ok()) << n->name();
+    for (size_t o = 0; o < want->size(); ++o)
+      EXPECT_LE(MaxAbsDiff((*want)[o], once[o]), 2e-6 * MaxAbs((*want)[o])) << n->name() << " output " << o << ", once";
     ++checked;
   }
   EXPECT_EQ(checked, 2);

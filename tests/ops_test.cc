@@ -241,11 +241,11 @@ TEST(Accuracy, ActivationSweep) {
   }
 }
 
-// The vector exp (the Exp row; on AVX-512 also exp_fast and exp_softmax: Silu, Sigmoid,
-// Softplus, softmax, attention) against the correctly rounded result, with no input slack:
-// every 61st f32 bit pattern (70 M inputs over the whole range, subnormal results included)
-// within 1 ulp; below -104 exactly +0; the specials exact. On AVX2 exp_softmax has its own
-// test (Kernels.SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate).
+// The vector exp (the Exp row; on AVX-512 and AVX2 also exp_fast and exp_softmax: Silu,
+// Sigmoid, Softplus, softmax, attention) against the correctly rounded result, with no input
+// slack: every 61st f32 bit pattern (70 M inputs over the whole range, subnormal results
+// included) within 1 ulp; below -104 exactly +0; the specials exact. exp_softmax has its own
+// test too (Kernels.SoftmaxExpUnderflowsToPlusZeroAndStaysAccurate).
 TEST(Accuracy, ExpEveryFewFloatsWithinOneUlp) {
   const int64_t chunk = 1 << 22, stride = 61;
   Tensor x = Tensor::Empty(DType::kF32, {chunk}).value();

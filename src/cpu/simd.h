@@ -4,13 +4,13 @@
 // behaviour over the whole domain (inf, NaN, 0, denormals; Highway's math documents narrower
 // valid ranges); erf/erfc from glibc's libmvec (measured 3.6x faster than SLEEF's u10 erf on
 // the project's AMD machines).
-// exp on AVX-512 is inline (ExpAvx512 below): within 1 ulp of the correctly rounded result on
-// every 61st f32 (tests/ops_test.cc), and faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki
-// elements, bench/RESULTS.md) and than libmvec's, which is also less accurate (2.1-2.5 ulp).
+// exp is inline (ExpAvx512 and ExpAvx2 below, one polynomial, the same bits on both targets):
+// within 1 ulp of the correctly rounded result on every 61st f32 (tests/ops_test.cc), and
+// faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki elements, bench/RESULTS.md) and than
+// libmvec's, which is also less accurate (2.1-2.5 ulp).
 // exp_fast names the rows whose contracts would accept a less accurate exp (Silu, Sigmoid,
-// Softplus: 3 ulp): on AVX-512 it is the same function; on AVX2 it is libmvec's expf
-// (2.53 ulp at x = -16.29, found by tests/kernels_test.cc) and exp stays SLEEF's.
-// exp_softmax is the exp of softmax rows (softmax_row.h): exp_fast's accuracy, for d <= 0.
+// Softplus: 3 ulp), and exp_softmax the exp of softmax rows (softmax_row.h, d <= 0); on both
+// x86 targets they are that same exp.
 // No per-op intrinsics.
 #pragma once
 
@@ -73,28 +73,41 @@ inline VF sqrt(VF x) { return hn::Sqrt(x.v); }
 
 }  // namespace graphfuse::simd
 
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
-extern "C" __m512 _ZGVeN16v_erff(__m512);
-extern "C" __m512 _ZGVeN16v_erfcf(__m512);
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
 namespace graphfuse::simd {
 // e^x = 2^n * p(r), n = round(x / ln 2), r = x - n ln 2 in two steps (ln 2's high part has 9
 // significant bits, so n * hi is exact for |n| < 2^15), |r| <= ln 2 / 2. p is a degree-6
 // polynomial with p(0) = p'(0) = 1 and the rest fitted to e^r over that interval by iterated
-// weighted least squares on relative error (0.05 f32 half-ulps of truncation error). vscalefps
-// multiplies by 2^n with one rounding. x must lie in [-104, 89].
+// weighted least squares on relative error (0.05 f32 half-ulps of truncation error). Returns p
+// and n; the caller multiplies by 2^n (vscalefps on AVX-512, the exponent field on AVX2: one
+// rounding either way, so both targets give the same bits).
+inline VecF ExpPolynomial(VecF x, VecF* n_out) {
+  const DF d;
+  const VecF n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  VecF r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
+  VecF p = hn::Set(d, 1.381461276e-03f);
+  p = hn::MulAdd(p, r, hn::Set(d, 8.368710056e-03f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.166838899e-02f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.666652113e-01f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.999999404e-01f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.f));
+  *n_out = n;
+  return p;
+}
+}  // namespace graphfuse::simd
+#endif
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+extern "C" __m512 _ZGVeN16v_erff(__m512);
+extern "C" __m512 _ZGVeN16v_erfcf(__m512);
+namespace graphfuse::simd {
+// x must lie in [-104, 89].
 inline __m512 ExpAvx512Core(__m512 x) {
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.381461276e-03f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.368710056e-03f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.166838899e-02f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.666652113e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.999999404e-01f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.f));
-  return _mm512_scalef_ps(p, n);
+  VecF n;
+  const VecF p = ExpPolynomial(VecF{x}, &n);
+  return _mm512_scalef_ps(p.raw, n.raw);
 }
 // A result that underflows (subnormal or 0) costs a microcode assist on Intel cores, about 16x
 // the whole function (measured: 5.9 against 0.36 ns per element when every lane is -1e9, a
@@ -129,35 +142,46 @@ inline VF tanh(VF x) { return VecF{Sleef_tanhf16_u10(x.v.raw)}; }
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 extern "C" __m256 _ZGVdN8v_erff(__m256);
 extern "C" __m256 _ZGVdN8v_erfcf(__m256);
-extern "C" __m256 _ZGVdN8v_expf(__m256);
 namespace graphfuse::simd {
+// p * 2^n by adding n to p's exponent field (p in [0.7, 1.42]): exact while the result is a
+// normal float.
+inline __m256 TimesPowerOfTwo(VecF p, VecF n) {
+  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p.raw), _mm256_slli_epi32(_mm256_cvttps_epi32(n.raw), 23)));
+}
+// ExpAvx512 on 8 lanes, with its bits: x clamped to [-87.3, 88.7228317] (the largest float whose
+// e^x rounds to a finite float), where the result is normal and the exponent-field add exact.
+// Lanes outside take one compare and a rare second pass: +inf above, +0 at and below -104, and
+// in (-104, -87.3) (subnormal results) 2^(n + 64) then a multiply by 2^-64, one rounding as
+// vscalefps. A NaN passes the clamps (max/min return their second operand, x, when it is NaN),
+// its n converts to INT_MIN, whose shift is 0, and its compares are false.
+inline VF ExpAvx2(VF v) {
+  const __m256 x = v.v.raw, lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7228317f);
+  VecF n;
+  const VecF p = ExpPolynomial(VecF{_mm256_min_ps(hi, _mm256_max_ps(lo, x))}, &n);
+  __m256 y = TimesPowerOfTwo(p, n);
+  const __m256 below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), above = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
+  if (_mm256_movemask_ps(_mm256_or_ps(below, above)) != 0) [[unlikely]] {
+    y = _mm256_andnot_ps(below, _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), above));
+    const __m256 subnormal = _mm256_and_ps(below, _mm256_cmp_ps(x, _mm256_set1_ps(-104.f), _CMP_GT_OQ));
+    if (_mm256_movemask_ps(subnormal) != 0) {
+      VecF m;
+      const VecF q = ExpPolynomial(VecF{_mm256_max_ps(_mm256_set1_ps(-104.f), x)}, &m);
+      const __m256 tiny = _mm256_mul_ps(TimesPowerOfTwo(q, hn::Add(m, hn::Set(DF(), 64.f))), _mm256_set1_ps(0x1p-64f));
+      y = _mm256_blendv_ps(y, tiny, subnormal);
+    }
+  }
+  return VecF{y};
+}
+inline VF exp(VF x) { return ExpAvx2(x); }
+inline VF exp_fast(VF x) { return ExpAvx2(x); }
+inline VF exp_softmax(VF x) { return ExpAvx2(x); }
 inline VF erf(VF x) { return VecF{_ZGVdN8v_erff(x.v.raw)}; }
 inline VF erfc(VF x) { return VecF{_ZGVdN8v_erfcf(x.v.raw)}; }
 inline VF pow(VF x, VF y) { return VecF{Sleef_powf8_u10(x.v.raw, y.v.raw)}; }
-inline VF exp(VF x) { return VecF{Sleef_expf8_u10(x.v.raw)}; }
 inline VF expm1(VF x) { return VecF{Sleef_expm1f8_u10(x.v.raw)}; }
 inline VF log(VF x) { return VecF{Sleef_logf8_u10(x.v.raw)}; }
 inline VF log1p(VF x) { return VecF{Sleef_log1pf8_u10(x.v.raw)}; }
 inline VF tanh(VF x) { return VecF{Sleef_tanhf8_u10(x.v.raw)}; }
-inline VF exp_fast(VF x) { return VecF{_ZGVdN8v_expf(x.v.raw)}; }
-// exp(d) for d <= 0 or NaN (a softmax row's x - max): glibc's vector expf hands every lane below
-// about -87.3 (and NaN) to scalar expf one by one, and a vector with one such lane took 40-80 ns
-// against 9 (measured on a Zen core); a masked softmax row has one on its diagonal. Such lanes
-// take SLEEF's exp instead, the others glibc's, so each lane's bits depend on its own value only
-// (fused and unfused plans group elements into vectors differently). One compare per vector
-// otherwise: a guard on every exp_fast made Silu 20% slower there. Lanes below -104 are +0
-// (SLEEF's result there, and the correctly rounded one) without calling SLEEF: a causal row's
-// diagonal vector, whose masked lanes lie far below, then costs one compare more, not a SLEEF
-// call.
-inline VF exp_softmax(VF d) {
-  const __m256 v = d.v.raw, lo = _mm256_set1_ps(-87.3f);
-  const __m256 in_range = _mm256_cmp_ps(v, lo, _CMP_GE_OQ);
-  if (_mm256_movemask_ps(in_range) == 0xFF) [[likely]] return VecF{_ZGVdN8v_expf(v)};
-  const __m256 fast = _ZGVdN8v_expf(_mm256_max_ps(lo, v));
-  const __m256 zero = _mm256_cmp_ps(v, _mm256_set1_ps(-104.f), _CMP_LT_OQ);  // NaN: false
-  if (_mm256_movemask_ps(_mm256_or_ps(in_range, zero)) == 0xFF) return VecF{_mm256_and_ps(fast, in_range)};
-  return VecF{_mm256_blendv_ps(Sleef_expf8_u10(v), fast, in_range)};
-}
 }  // namespace graphfuse::simd
 #else
 #include <cmath>

@@ -3,14 +3,12 @@
 // that all three agree bit for bit:
 //   m = max(x) (NaN when the row holds NaN), e = exp(x - m) per lane, sum = f32 lane sums of e
 //   added in double, softmax = e * float(1 / sum).
-// exp is simd::exp_softmax (src/cpu/simd.h): simd::exp on AVX-512; on AVX2 glibc's vector expf
-// (within 3 ulp of the correctly rounded result against SLEEF's 1, at twice its throughput on a
-// Zen core), with SLEEF's exp for lanes below -87.3. A softmax of f32 scores is checked within
-// 1e-5 relative (tests/kernels_test.cc), far above either. A vector whose every lane lies more
-// than 104 below the max (a causal or padding mask's keys, -inf or -1e9) stores +0 without
-// calling exp: below -104 the correctly rounded exp is +0 (e^-104 is under half the smallest
-// subnormal), and so is exp_softmax's (tests/kernels_test.cc checks it). NaN lanes compare
-// false and take the exp path.
+// exp is simd::exp_softmax (src/cpu/simd.h): simd::exp on AVX-512 and AVX2, within 1 ulp of
+// the correctly rounded result. A softmax of f32 scores is checked within 1e-5 relative
+// (tests/kernels_test.cc). A vector whose every lane lies more than 104 below the max (a causal
+// or padding mask's keys, -inf or -1e9) stores +0 without calling exp: below -104 the correctly
+// rounded exp is +0 (e^-104 is under half the smallest subnormal), and so is exp_softmax's
+// (tests/kernels_test.cc checks it). NaN lanes compare false and take the exp path.
 #pragma once
 
 #include <cstdint>
