@@ -55,10 +55,12 @@ using F32v = float __attribute__((vector_size(4 * kRowSumLanes)));
 using F64v = double __attribute__((vector_size(8 * kRowSumLanes)));
 
 // kRowSumLanes floats widened to double. The intrinsics matter: GCC 12 lowers the generic
-// conversion of four floats to two 2-lane converts joined through the stack.
+// conversion of four floats to two 2-lane converts joined through the stack. On AVX-512 the
+// zero-masked form with every lane set (the same vcvtps2pd): GCC 12's _mm512_cvtps_pd passes
+// an undefined vector that -Wmaybe-uninitialized flags once inlined here.
 inline F64v LoadAsF64v(const float* x) {
 #if defined(__AVX512F__)
-  return reinterpret_cast<F64v>(_mm512_cvtps_pd(_mm256_loadu_ps(x)));
+  return reinterpret_cast<F64v>(_mm512_maskz_cvtps_pd(static_cast<__mmask8>(0xFF), _mm256_loadu_ps(x)));
 #elif defined(__AVX__)
   return reinterpret_cast<F64v>(_mm256_cvtps_pd(_mm_loadu_ps(x)));
 #else
