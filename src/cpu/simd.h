@@ -4,7 +4,7 @@
 // behaviour over the whole domain (inf, NaN, 0, denormals; Highway's math documents narrower
 // valid ranges); erf/erfc from glibc's libmvec (measured 3.6x faster than SLEEF's u10 erf on
 // the project's AMD machines).
-// exp is inline (ExpAvx512 and ExpAvx2 below, one polynomial, the same bits on both targets):
+// exp is inline (ExpInline below, one function for AVX-512 and AVX2, the same bits on both):
 // within 1 ulp of the correctly rounded result on every 61st f32 (tests/ops_test.cc), and
 // faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki elements, bench/RESULTS.md) and than
 // libmvec's, which is also less accurate (2.1-2.5 ulp).
@@ -79,8 +79,7 @@ namespace graphfuse::simd {
 // significant bits, so n * hi is exact for |n| < 2^15), |r| <= ln 2 / 2. p is a degree-6
 // polynomial with p(0) = p'(0) = 1 and the rest fitted to e^r over that interval by iterated
 // weighted least squares on relative error (0.05 f32 half-ulps of truncation error). Returns p
-// and n; the caller multiplies by 2^n (vscalefps on AVX-512, the exponent field on AVX2: one
-// rounding either way, so both targets give the same bits).
+// and n; ScaleByPowerOfTwo multiplies by 2^n.
 inline VecF ExpPolynomial(VecF x, VecF* n_out) {
   const DF d;
   const VecF n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
@@ -96,6 +95,59 @@ inline VecF ExpPolynomial(VecF x, VecF* n_out) {
   *n_out = n;
   return p;
 }
+
+#if HWY_TARGET <= HWY_AVX3
+// p * 2^n with one rounding (vscalefps), +inf past FLT_MAX: x is clamped to 89 (e^89 overflows).
+inline VecF ScaleByPowerOfTwo(VecF p, VecF n) { return VecF{_mm512_scalef_ps(p.raw, n.raw)}; }
+inline constexpr float kExpHigh = 89.f;
+inline constexpr bool kExpSetsInf = false;
+#else
+// p * 2^n by adding n to p's exponent field (p in [0.7, 1.42]): exact while the result is
+// normal, so x is clamped to 88.7228317 (the largest float whose e^x rounds to a finite float)
+// and lanes above it are set to +inf.
+inline VecF ScaleByPowerOfTwo(VecF p, VecF n) {
+  return VecF{_mm256_castsi256_ps(
+      _mm256_add_epi32(_mm256_castps_si256(p.raw), _mm256_slli_epi32(_mm256_cvttps_epi32(n.raw), 23)))};
+}
+inline constexpr float kExpHigh = 88.7228317f;
+inline constexpr bool kExpSetsInf = true;
+#endif
+
+// One exp for AVX-512 and AVX2, the same bits on both. The main path clamps x to
+// [-87.3, kExpHigh] (normal results). Lanes outside take one compare and a rare second pass:
+// +0 at and below -104 (e^x is under half the smallest subnormal there, so +0 is the correctly
+// rounded result; softmax_row.h relies on it), +inf above kExpHigh where the scaling does not
+// give it, and in (-104, -87.3) (subnormal results) 2^(n + 64) then a multiply by 2^-64, one
+// rounding. A subnormal or zero result costs a microcode assist on Intel cores, about 16x the
+// whole function (measured: 5.9 against 0.36 ns per element when every lane is -1e9, a masked
+// softmax key), hence the separate pass. A NaN passes the clamps (max/min return their second
+// operand, x, when it is NaN) and propagates (on AVX2 its n converts to INT_MIN, whose shift is
+// 0); its compares are false.
+inline VF ExpInline(VF v) {
+  const DF d;
+  const VecF x = v.v, lo = hn::Set(d, -87.3f), hi = hn::Set(d, kExpHigh), zero_below = hn::Set(d, -104.f);
+  VecF n;
+  const VecF p = ExpPolynomial(hn::Min(hi, hn::Max(lo, x)), &n);
+  VecF y = ScaleByPowerOfTwo(p, n);
+  const auto below = hn::Lt(x, lo);
+  auto outside = below;
+  if constexpr (kExpSetsInf) outside = hn::Or(below, hn::Gt(x, hi));
+  if (!hn::AllFalse(d, outside)) [[unlikely]] {
+    y = hn::IfThenZeroElse(below, y);
+    if constexpr (kExpSetsInf) y = hn::IfThenElse(hn::Gt(x, hi), hn::Inf(d), y);
+    const auto subnormal = hn::And(below, hn::Gt(x, zero_below));
+    if (!hn::AllFalse(d, subnormal)) {
+      VecF m;
+      const VecF q = ExpPolynomial(hn::Max(zero_below, x), &m);
+      const VecF tiny = hn::Mul(ScaleByPowerOfTwo(q, hn::Add(m, hn::Set(d, 64.f))), hn::Set(d, 0x1p-64f));
+      y = hn::IfThenElse(subnormal, tiny, y);
+    }
+  }
+  return y;
+}
+inline VF exp(VF x) { return ExpInline(x); }
+inline VF exp_fast(VF x) { return ExpInline(x); }
+inline VF exp_softmax(VF x) { return ExpInline(x); }
 }  // namespace graphfuse::simd
 #endif
 
@@ -103,34 +155,6 @@ inline VecF ExpPolynomial(VecF x, VecF* n_out) {
 extern "C" __m512 _ZGVeN16v_erff(__m512);
 extern "C" __m512 _ZGVeN16v_erfcf(__m512);
 namespace graphfuse::simd {
-// x must lie in [-104, 89].
-inline __m512 ExpAvx512Core(__m512 x) {
-  VecF n;
-  const VecF p = ExpPolynomial(VecF{x}, &n);
-  return _mm512_scalef_ps(p.raw, n.raw);
-}
-// A result that underflows (subnormal or 0) costs a microcode assist on Intel cores, about 16x
-// the whole function (measured: 5.9 against 0.36 ns per element when every lane is -1e9, a
-// masked softmax key). So the main path clamps x to [-87.3, 89] (normal results; e^89
-// overflows to +inf), lanes below -87.3 are set to +0, and only lanes in (-104, -87.3), whose
-// results are subnormal, take a second, assisted pass. Below -104, e^x is under half the
-// smallest subnormal and +0 is the correctly rounded result (softmax_row.h relies on it). A
-// NaN passes the clamps (max/min return their second operand, x, when it is NaN) and
-// propagates; its compares are false.
-inline VF ExpAvx512(VF v) {
-  const __m512 x = v.v.raw;
-  __m512 y = ExpAvx512Core(_mm512_min_ps(_mm512_set1_ps(89.f), _mm512_max_ps(_mm512_set1_ps(-87.3f), x)));
-  const __mmask16 low = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3f), _CMP_LT_OQ);
-  if (low) [[unlikely]] {
-    y = _mm512_mask_mov_ps(y, low, _mm512_setzero_ps());
-    const __mmask16 subnormal = low & _mm512_cmp_ps_mask(x, _mm512_set1_ps(-104.f), _CMP_GT_OQ);
-    if (subnormal) y = _mm512_mask_mov_ps(y, subnormal, ExpAvx512Core(_mm512_max_ps(_mm512_set1_ps(-104.f), x)));
-  }
-  return VecF{y};
-}
-inline VF exp(VF x) { return ExpAvx512(x); }
-inline VF exp_fast(VF x) { return ExpAvx512(x); }
-inline VF exp_softmax(VF x) { return ExpAvx512(x); }
 inline VF erf(VF x) { return VecF{_ZGVeN16v_erff(x.v.raw)}; }
 inline VF erfc(VF x) { return VecF{_ZGVeN16v_erfcf(x.v.raw)}; }
 inline VF pow(VF x, VF y) { return VecF{Sleef_powf16_u10(x.v.raw, y.v.raw)}; }
@@ -143,38 +167,6 @@ inline VF tanh(VF x) { return VecF{Sleef_tanhf16_u10(x.v.raw)}; }
 extern "C" __m256 _ZGVdN8v_erff(__m256);
 extern "C" __m256 _ZGVdN8v_erfcf(__m256);
 namespace graphfuse::simd {
-// p * 2^n by adding n to p's exponent field (p in [0.7, 1.42]): exact while the result is a
-// normal float.
-inline __m256 TimesPowerOfTwo(VecF p, VecF n) {
-  return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p.raw), _mm256_slli_epi32(_mm256_cvttps_epi32(n.raw), 23)));
-}
-// ExpAvx512 on 8 lanes, with its bits: x clamped to [-87.3, 88.7228317] (the largest float whose
-// e^x rounds to a finite float), where the result is normal and the exponent-field add exact.
-// Lanes outside take one compare and a rare second pass: +inf above, +0 at and below -104, and
-// in (-104, -87.3) (subnormal results) 2^(n + 64) then a multiply by 2^-64, one rounding as
-// vscalefps. A NaN passes the clamps (max/min return their second operand, x, when it is NaN),
-// its n converts to INT_MIN, whose shift is 0, and its compares are false.
-inline VF ExpAvx2(VF v) {
-  const __m256 x = v.v.raw, lo = _mm256_set1_ps(-87.3f), hi = _mm256_set1_ps(88.7228317f);
-  VecF n;
-  const VecF p = ExpPolynomial(VecF{_mm256_min_ps(hi, _mm256_max_ps(lo, x))}, &n);
-  __m256 y = TimesPowerOfTwo(p, n);
-  const __m256 below = _mm256_cmp_ps(x, lo, _CMP_LT_OQ), above = _mm256_cmp_ps(x, hi, _CMP_GT_OQ);
-  if (_mm256_movemask_ps(_mm256_or_ps(below, above)) != 0) [[unlikely]] {
-    y = _mm256_andnot_ps(below, _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), above));
-    const __m256 subnormal = _mm256_and_ps(below, _mm256_cmp_ps(x, _mm256_set1_ps(-104.f), _CMP_GT_OQ));
-    if (_mm256_movemask_ps(subnormal) != 0) {
-      VecF m;
-      const VecF q = ExpPolynomial(VecF{_mm256_max_ps(_mm256_set1_ps(-104.f), x)}, &m);
-      const __m256 tiny = _mm256_mul_ps(TimesPowerOfTwo(q, hn::Add(m, hn::Set(DF(), 64.f))), _mm256_set1_ps(0x1p-64f));
-      y = _mm256_blendv_ps(y, tiny, subnormal);
-    }
-  }
-  return VecF{y};
-}
-inline VF exp(VF x) { return ExpAvx2(x); }
-inline VF exp_fast(VF x) { return ExpAvx2(x); }
-inline VF exp_softmax(VF x) { return ExpAvx2(x); }
 inline VF erf(VF x) { return VecF{_ZGVdN8v_erff(x.v.raw)}; }
 inline VF erfc(VF x) { return VecF{_ZGVdN8v_erfcf(x.v.raw)}; }
 inline VF pow(VF x, VF y) { return VecF{Sleef_powf8_u10(x.v.raw, y.v.raw)}; }
