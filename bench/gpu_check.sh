@@ -5,6 +5,7 @@
 # beside PyTorch eager and torch.compile on the same shapes (f32 and bf16).
 #
 #   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu: summary.txt and raw.tar.gz
+#   GF_GPU_PART=1|2|all GF_GPU_BUDGET=SECONDS bench/gpu_check.sh OUT_DIR   # a part, a time budget
 #
 # Each step is time-boxed and its failure is reported without stopping the others, so that one
 # run brings back as much as it can. The GPU machine's image has CUDA, CMake and PyTorch but not
@@ -50,6 +51,12 @@ if [ -f gpu_bundle.tar.xz ]; then
   GF=/tmp/gpu_bundle/bin/graphfuse
   TESTS=/tmp/gpu_bundle/bin/graphfuse_cuda_tests
   log "using gpu_bundle.tar.xz: $(head -1 /tmp/gpu_bundle/README)"
+  # CUDA's own libraries come from the machine: where a soname is not found on the path, look
+  # for it in the toolkit's and the Python packages' folders.
+  for lib in $(ldd "$GF" "$TESTS" | awk '/not found/ {print $1}' | sort -u); do
+    hit=$(find /usr/local /usr/lib /opt -name "$lib" 2> /dev/null | head -1)
+    if [ -n "$hit" ]; then export LD_LIBRARY_PATH=$(dirname "$hit"):$LD_LIBRARY_PATH; log "found $hit"; else log "missing: $lib"; fi
+  done
 elif [ ! -x build/graphfuse ] || [ ! -x build/tests/graphfuse_cuda_tests ]; then
   step configure 300 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release || { log "configure failed"; exit 1; }
   step build 900 cmake --build build -j "$(nproc)" --target graphfuse_cli graphfuse_cuda_tests || { log "build failed"; exit 1; }
@@ -64,42 +71,52 @@ for p in python3 /usr/bin/python3 /usr/local/bin/python3 python; do
 done
 log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 
-# 1. What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi;
-#    the LLaMA-7B decode block (kernels, latency unfused / fused / fused + CUDA graph, error
-#    against the CPU); PyTorch eager and torch.compile on the same block.
-step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
-  --json "$RAW/bench_chain_64Mi.json"
-step demo_llama7b_seq1 120 $GF demo --preset llama7b --seq 1 --threads "$(nproc)" --repeats 21 --backend cuda \
-  --json "$RAW/demo_llama7b_seq1.json"
-step torch_eager_seq1_f32 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
-step torch_compile_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
+# GF_GPU_PART picks the steps: 1 (what "done" asks for, the runtime tests, prefill), 2 (the
+# rest: bf16 and prefill peers, the other presets, every exported model) or all (default: 1 then 2).
+PART=${GF_GPU_PART:-all}
+part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 
-# 2. The runtime tests: demo presets and exported models, unfused / fused, stream / CUDA graph,
-#    against the CPU; codegen, NVRTC for this device, and the host emulation.
-step cuda_tests 200 "$TESTS"
+if part 1; then
+  # What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi; the
+  # LLaMA-7B decode block (kernels, latency unfused / fused / fused + CUDA graph, error against
+  # the CPU, the fused plan step by step); PyTorch eager and torch.compile on the same block.
+  step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
+    --json "$RAW/bench_chain_64Mi.json"
+  step demo_llama7b_seq1 120 $GF demo --preset llama7b --seq 1 --threads "$(nproc)" --repeats 21 --backend cuda \
+    --profile --json "$RAW/demo_llama7b_seq1.json"
+  step torch_eager_seq1_f32 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
+  step torch_compile_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
+  # The runtime tests: demo presets and exported models, unfused / fused, stream / CUDA graph,
+  # against the CPU (the codegen and NVRTC tests run in CI; part 2 runs them here too).
+  step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'
+  step demo_llama7b_seq512 150 $GF demo --preset llama7b --seq 512 --threads "$(nproc)" --repeats 11 --backend cuda \
+    --profile --json "$RAW/demo_llama7b_seq512.json"
+  step torch_compile_ro_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda \
+    --repeats 51 --compile --mode reduce-overhead
+fi
 
-# 3. Prefill, and bf16 for PyTorch (graphfuse's GPU GEMMs are f32 only).
-step demo_llama7b_seq512 150 $GF demo --preset llama7b --seq 512 --threads "$(nproc)" --repeats 11 --backend cuda \
-  --json "$RAW/demo_llama7b_seq512.json"
-for seq in 1 512; do
-  for dt in f32 bf16; do
-    [ "$seq$dt" = "1f32" ] && continue
-    step "torch_eager_seq${seq}_$dt" 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
-      --device cuda --dtype $dt --repeats 51
-    step "torch_compile_seq${seq}_$dt" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
-      --device cuda --dtype $dt --repeats 51 --compile
+if part 2; then
+  step cuda_tests 200 "$TESTS" --gtest_filter='-CudaRuntime.*'
+  # Prefill, and bf16 for PyTorch (graphfuse's GPU GEMMs are f32 only).
+  for seq in 1 512; do
+    for dt in f32 bf16; do
+      [ "$seq$dt" = "1f32" ] && continue
+      step "torch_eager_seq${seq}_$dt" 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
+        --device cuda --dtype $dt --repeats 51
+      step "torch_compile_seq${seq}_$dt" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
+        --device cuda --dtype $dt --repeats 51 --compile
+    done
   done
-done
-
-# 4. The other elementwise presets, and every exported model with its reference outputs on the
-#    GPU (launched, and as a CUDA graph).
-for preset in gelu silu residual; do
-  step "bench_${preset}_64Mi" 60 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
-    --json "$RAW/bench_${preset}_64Mi.json"
-done
-for m in tests/models/*/; do
-  name=$(basename "$m")
-  step "run_$name" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda
-  step "run_${name}_graph" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
-done
+  # The other elementwise presets, and every exported model with its reference outputs on the
+  # GPU (launched, and as a CUDA graph).
+  for preset in gelu silu residual; do
+    step "bench_${preset}_64Mi" 60 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
+      --json "$RAW/bench_${preset}_64Mi.json"
+  done
+  for m in tests/models/*/; do
+    name=$(basename "$m")
+    step "run_$name" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda
+    step "run_${name}_graph" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
+  done
+fi
 log "done; every output in $OUT/raw.tar.gz"

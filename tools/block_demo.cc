@@ -353,7 +353,7 @@ int RunDemo(Args& args) {
   struct GpuRow {
     std::string plan;
     int64_t launches = 0, generated = 0, cublas = 0, host = 0;
-    double ms = 0, max_abs = 0;
+    double ms = 0, wall_ms = 0, max_abs = 0;
     bool ok = false;
   };
   std::vector<GpuRow> gpu_rows;
@@ -377,22 +377,36 @@ int RunDemo(Args& args) {
           bad_gpu += !(err <= o.atol + o.rtol * std::fabs(b));
         }
         r.ok = bad_gpu == 0;
-        auto median_ms = (*ex)->MedianReplayMs(std::max(3, o.repeats));
+        auto median_ms = (*ex)->MedianReplayMs(std::max(3, o.repeats), &r.wall_ms);
         if (!median_ms.ok()) return fail(median_ms.status());
         r.ms = *median_ms;
+        if (!use_graph) {
+          std::printf("GPU 0, %s plan, step by step%s:\n", label, o.profile ? " (median device ms over the replays)" : "");
+          std::vector<std::pair<std::string, double>> prof;
+          if (o.profile) {
+            auto p = (*ex)->ProfileSteps(std::max(3, o.repeats));
+            if (!p.ok()) return fail(p.status());
+            prof = std::move(*p);
+          }
+          // describe() has a line per planned node; the profile, a time per step.
+          for (const std::string& line : (*ex)->describe()) std::printf("  %s\n", line.c_str());
+          for (const auto& [step, ms] : prof) std::printf("  %9.4f  %s\n", ms, step.c_str());
+        }
         const cuda::CudaExecStats& cs = (*ex)->stats();
         r.launches = cs.launches, r.generated = cs.generated, r.cublas = cs.cublas, r.host = cs.host_fallbacks;
         gpu_rows.push_back(r);
       }
     }
-    std::printf("GPU 0: %-22s %9s %10s %7s %5s %12s %14s\n", "plan", "launches", "generated", "cuBLAS", "host",
-                "latency ms", "max|err| vs CPU");
+    std::printf("GPU 0: %-22s %9s %10s %7s %5s %11s %11s %14s\n", "plan", "launches", "generated", "cuBLAS", "host",
+                "device ms", "wall ms", "max|err| vs CPU");
     for (const GpuRow& r : gpu_rows)
-      std::printf("       %-22s %9lld %10lld %7lld %5lld %12.4f %14.3g %s\n", r.plan.c_str(),
+      std::printf("       %-22s %9lld %10lld %7lld %5lld %11.4f %11.4f %14.3g %s\n", r.plan.c_str(),
                   static_cast<long long>(r.launches), static_cast<long long>(r.generated),
-                  static_cast<long long>(r.cublas), static_cast<long long>(r.host), r.ms, r.max_abs,
+                  static_cast<long long>(r.cublas), static_cast<long long>(r.host), r.ms, r.wall_ms, r.max_abs,
                   r.ok ? "ok" : "DIFFERS");
-    std::printf("(latency: median device time of %d replays, CUDA events; launches include cuBLAS calls)\n\n",
+    std::printf("(medians of %d replays: device ms between CUDA events around the launches; wall ms on the host\n"
+                " from the first launch to the end of the wait, as a framework's call-then-synchronize timing\n"
+                " sees it; launches include cuBLAS calls)\n\n",
                 std::max(3, o.repeats));
   }
 #endif
@@ -426,7 +440,7 @@ int RunDemo(Args& args) {
       j.Key("cuda").BeginArray();
       for (const GpuRow& r : gpu_rows)
         j.BeginObject().Key("plan").Str(r.plan).Key("launches").Int(r.launches).Key("generated").Int(r.generated)
-            .Key("cublas").Int(r.cublas).Key("host").Int(r.host).Key("latency_ms").Num(r.ms)
+            .Key("cublas").Int(r.cublas).Key("host").Int(r.host).Key("latency_ms").Num(r.ms).Key("wall_ms").Num(r.wall_ms)
             .Key("max_abs_err_vs_cpu").Num(r.max_abs).Key("ok").Bool(r.ok).EndObject();
       j.EndArray();
     }

@@ -3,10 +3,11 @@
 shapes, op sequence and thread count; random weights; f32; inference mode).
 
 usage: /usr/bin/python3 bench/peers/block_torch.py --preset llama7b [--seq N] [--threads T] [--repeats R]
-                                                   [--device cpu|cuda] [--dtype f32|bf16] [--compile]
+                                                   [--device cpu|cuda] [--dtype f32|bf16] [--compile [--mode M]]
 prints one JSON object: {"preset", "seq", "threads", "device", "dtype", "compiled", "latency_ms"
 (median), "min_ms", "repeats"}. On cuda every timed call is bracketed by synchronizations;
---compile times torch.compile's graph of the same block (after its warm-up compilations).
+--compile times torch.compile's graph of the same block (after its warm-up compilations); --mode
+passes torch.compile's mode (reduce-overhead replays CUDA graphs).
 """
 import argparse
 import json
@@ -113,6 +114,7 @@ def main():
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--mode", default=None, help="torch.compile's mode (e.g. reduce-overhead: CUDA graphs)")
     a = ap.parse_args()
     dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
     c = dict(PRESETS[a.preset])
@@ -121,11 +123,11 @@ def main():
     torch.set_num_threads(a.threads)
     block = make_block(c, a.device, dtype)
     if a.compile:
-        block = torch.compile(block)
+        block = torch.compile(block, mode=a.mode)
     x = (torch.rand(1, c["seq"], c["hidden"]) * 2 - 1).to(device=a.device, dtype=dtype)
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     with torch.inference_mode():
-        for _ in range(3 if a.compile else 2):
+        for _ in range(5 if a.compile else 2):  # reduce-overhead records its CUDA graph in these
             block(x)
         sync()
         times = []
@@ -136,7 +138,7 @@ def main():
             times.append(time.perf_counter() - t0)
     times.sort()
     print(json.dumps(dict(preset=a.preset, seq=c["seq"], threads=a.threads, repeats=a.repeats, device=a.device,
-                          dtype=a.dtype, compiled=a.compile,
+                          dtype=a.dtype, compiled=a.compile, mode=a.mode,
                           latency_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
                           torch=torch.__version__)))
 

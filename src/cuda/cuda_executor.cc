@@ -662,31 +662,76 @@ Result<std::vector<Tensor>> CudaExecutor::Run(std::span<const TensorView> inputs
   return out;
 }
 
-Result<double> CudaExecutor::MedianReplayMs(int repeats) {
-  std::vector<double> ms;
+Result<double> CudaExecutor::MedianReplayMs(int repeats, double* median_wall_ms) {
+  std::vector<double> ms, wall;
   for (int r = 0; r < std::max(1, repeats); ++r) {
-    GF_ASSIGN_OR_RETURN(double t, Replay());
+    double w = 0;
+    GF_ASSIGN_OR_RETURN(double t, Replay(&w));
     ms.push_back(t);
+    wall.push_back(w);
   }
   std::sort(ms.begin(), ms.end());
+  std::sort(wall.begin(), wall.end());
+  if (median_wall_ms) *median_wall_ms = wall[wall.size() / 2];
   return ms[ms.size() / 2];
 }
 
-Result<double> CudaExecutor::Replay() {
+Result<std::vector<std::pair<std::string, double>>> CudaExecutor::ProfileSteps(int repeats) {
+  Impl& x = *impl_;
+  if (!x.ran) return InvalidArgument("ProfileSteps before a first Run");
+  if (x.emu) return Unimplemented("per-step device times of an emulated plan");
+  const size_t n = x.steps.size();
+  std::vector<cudaEvent_t> ev(n + 1, nullptr);
+  Status st = Status::Ok();
+  for (cudaEvent_t& e : ev)
+    if (st.ok()) st = CudaStatus(cudaEventCreate(&e), "cudaEventCreate");
+  std::vector<std::vector<double>> ms(n);
+  for (int r = 0; r < std::max(1, repeats) && st.ok(); ++r) {
+    cudaEventRecord(ev[0], x.stream);
+    for (size_t i = 0; i < n && st.ok(); ++i) {
+      st = x.steps[i].run(x.stream).WithContext(x.steps[i].label);
+      cudaEventRecord(ev[i + 1], x.stream);
+    }
+    if (st.ok()) st = CudaStatus(cudaEventSynchronize(ev[n]), "profiling the plan");
+    for (size_t i = 0; i < n && st.ok(); ++i) {
+      float t = 0;
+      cudaEventElapsedTime(&t, ev[i], ev[i + 1]);
+      ms[i].push_back(t);
+    }
+  }
+  for (cudaEvent_t e : ev)
+    if (e) cudaEventDestroy(e);
+  GF_RETURN_IF_ERROR(st);
+  std::vector<std::pair<std::string, double>> out;
+  for (size_t i = 0; i < n; ++i) {
+    std::sort(ms[i].begin(), ms[i].end());
+    out.push_back({x.steps[i].label, ms[i][ms[i].size() / 2]});
+  }
+  return out;
+}
+
+Result<double> CudaExecutor::Replay(double* wall_ms) {
   Impl& x = *impl_;
   if (!x.ran) return InvalidArgument("Replay before a first Run");
+  auto ms_since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  };
   if (x.emu) {  // host time of the emulated plan
     const auto t0 = std::chrono::steady_clock::now();
     GF_RETURN_IF_ERROR(x.Enqueue());
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = ms_since(t0);
+    if (wall_ms) *wall_ms = ms;
+    return ms;
   }
   cudaEvent_t start = nullptr, stop = nullptr;
   GF_CUDA(cudaEventCreate(&start), "cudaEventCreate");
   GF_CUDA(cudaEventCreate(&stop), "cudaEventCreate");
+  const auto t1 = std::chrono::steady_clock::now();
   cudaEventRecord(start, x.stream);
   Status st = x.Enqueue();
   cudaEventRecord(stop, x.stream);
   const cudaError_t sync = cudaEventSynchronize(stop);
+  if (wall_ms) *wall_ms = ms_since(t1);
   float ms = 0;
   cudaEventElapsedTime(&ms, start, stop);
   cudaEventDestroy(start);

@@ -62,10 +62,16 @@ class CudaExecutor {
   // One run: one input per graph input (types as declared); returns the graph's outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs);
   // The device work of one run again, on the inputs of the last Run (for timing: no copies);
-  // waits for it and returns the elapsed device time in milliseconds (CUDA events).
-  Result<double> Replay();
-  // The median of `repeats` (at least 1) Replay() times.
-  Result<double> MedianReplayMs(int repeats);
+  // waits for it and returns the elapsed device time in milliseconds (CUDA events). With
+  // `wall_ms`, also the host's time from the first launch to the end of the wait (what a
+  // framework timed as "call, then synchronize" sees; launch costs included).
+  Result<double> Replay(double* wall_ms = nullptr);
+  // The median of `repeats` (at least 1) Replay() times; `median_wall_ms`, the median wall time.
+  Result<double> MedianReplayMs(int repeats, double* median_wall_ms = nullptr);
+  // Per step (a launch, a cuBLAS call, a copy), in plan order: its label and the median over
+  // `repeats` replays of the device time between events recorded around it. Launched one by one
+  // (a plan captured as a CUDA graph is timed as the plan it was captured from).
+  Result<std::vector<std::pair<std::string, double>>> ProfileSteps(int repeats);
 
   const CudaExecStats& stats() const;
   // One line per step: what runs and how ("fused_gemm_3: cuBLAS GEMM, then the generated
