@@ -68,6 +68,23 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node);
 // FusedAttention (f32): one block per query row; parameters q, k, v, [mask], [cos, sin], out
 // as the node's inputs and output. Rows of at most 8192 keys.
 Result<CudaKernelSource> GenerateAttentionKernel(const Node& node);
+// FusedAttention as GEMMs, for many query rows per head (prefill), where the one-kernel form
+// would read each head's K and V once per query row:
+//   prep     (q, k, v, [cos, sin], qd, kd, vd): dense per-head scratch, bh = b * H + h:
+//            qd [BH, S, d] (q roped), kd [BH, d, Sk] (k roped, transposed), vd [BH, Sk, dv];
+//   cuBLAS   scores [BH, S, Sk] = qd kd, strided-batched over bh;
+//   softmax  ([mask], [bool mask], scores): in place, row by row: scale, masks, softmax (the
+//            one-kernel form's arithmetic; sum in double);
+//   cuBLAS   out = scores vd, each head's rows stored into the output's layout.
+struct AttentionGemmKernels {
+  CudaKernelSource prep, softmax;
+  int64_t b = 0, h = 0, heads = 0, s = 0, sk = 0, d = 0, dv = 0;
+  int64_t qd_elements = 0, kd_elements = 0, vd_elements = 0, scores_elements = 0;
+  // Where head (b, h) of the output starts, and its row stride (columns are contiguous).
+  int64_t out_head_stride_b = 0, out_head_stride_h = 0, out_row_stride = 0;
+  std::vector<int> mask_inputs, rope_inputs;  // node input indices: the softmax's, the prep's cos / sin
+};
+Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node);
 // Transpose (any dtype): parameters x, y.
 Result<CudaKernelSource> GenerateTransposeKernel(const Node& node);
 // Rope (rotate-half): parameters x, cos, sin, y.
@@ -93,15 +110,22 @@ enum class CudaPath {
   kCublas,           // MatMul / Gemm / FusedGemm covered by cuBLAS(Lt) alone
   kCublasThenKernel, // FusedGemm: cuBLAS GEMM, then its generated epilogue kernel
   kKernel,           // one generated kernel
+  kAttentionGemms,   // FusedAttention with many query rows: 2 generated kernels around 2 cuBLAS calls
 };
 struct CudaNodePlan {
   CudaPath path = CudaPath::kKernel;
   std::string what;  // for reports: "generated row kernel", "cuBLASLt GEMM with its epilogue", ...
   CublasLtEpilogue cublas_epilogue;
   std::vector<CudaKernelSource> kernels;
+  AttentionGemmKernels attention;  // kAttentionGemms: the kernels (also in `kernels`) and operands
+};
+struct CudaPlanOptions {
+  // A FusedAttention with at most this many query rows per head (decode: 1) runs as one
+  // generated kernel; with more, as GEMMs (GenerateAttentionGemmKernels).
+  int64_t attention_rows_one_kernel = 16;
 };
 // Errors name the node and say what is missing (Unimplemented for ops with no CUDA path yet).
-Result<CudaNodePlan> PlanNodeForCuda(const Node& node);
+Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options = {});
 
 // Every node of g with its plan, in the order CudaExecutor plans them: a node without a path of
 // its own that has a reference graph (the projected attention) is seen with its failed plan,
@@ -109,7 +133,7 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node);
 // first error `visit` returns.
 Status ForEachCudaPlan(const Graph& g,
                        const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
-                       int depth = 0);
+                       const CudaPlanOptions& options = {}, int depth = 0);
 
 // FNV-1a 32-bit (kernel-name hashes).
 uint32_t Fnv1a32(const std::string& s);

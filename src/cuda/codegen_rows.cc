@@ -403,6 +403,76 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
   return Finish(head, t, "transpose", x->dtype(), std::move(k));
 }
 
+namespace {
+
+// What both attention forms read off a FusedAttention node: its dimensions and layouts, each
+// operand's head access, and the broadcast strides of its masks and RoPE tables.
+struct AttentionParts {
+  kernels::Dims d;
+  kernels::HeadAccess qa{}, ka{}, va{}, oa{};
+  bool kt = false;  // K^T laid out [d, Sk] per head
+  std::vector<int64_t> ms, bms, cq, ck;
+  float scale = 1.f, mask_scale = 1.f;
+};
+
+Result<AttentionParts> ReadAttention(const Node& node, const std::string& where) {
+  AttentionParts a;
+  kernels::Dims& d = a.d;
+  GF_ASSIGN_OR_RETURN(d, kernels::ReadDims(node.attrs(), where));
+  if (d.proj)
+    return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
+  if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
+  for (size_t i = 0; i < node.inputs().size(); ++i) {
+    const Value* v = node.input(i);
+    const bool bool_mask = d.mask_select != 0 && static_cast<int>(i) == d.bool_mask_index();  // Where's mask
+    if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
+      return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
+  }
+  a.qa = kernels::Access(d.q, d, d.s, d.d), a.ka = kernels::Access(d.k, d, d.sk, d.d);
+  a.va = kernels::Access(d.v, d, d.sk, d.dv), a.oa = kernels::Access(d.out, d, d.s, d.dv);
+  a.kt = d.k == kernels::Layout::kBHDS;
+  size_t next = 3;
+  if (d.mask) a.ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
+  if (d.mask_select != 0) a.bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
+  if (d.rope_q || d.rope_k) {
+    a.cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
+    a.ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.sk, d.d});
+  }
+  a.scale = node.GetFloat("scale", 1.f), a.mask_scale = node.GetFloat("mask_scale", 1.f);
+  return a;
+}
+
+// Lines that take `sc` (the scaled score of query row r and key j of head (b, h)) through the
+// masks, in the node's order: the f32 mask added (times mask_scale), the bool mask selecting.
+std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent) {
+  const kernels::Dims& d = a.d;
+  std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
+  if (d.mask_select != 0) {
+    const std::string boff = StrCat("b * ", a.bms[0], "LL + h * ", a.bms[1], "LL + r * ", a.bms[2], "LL + j * ", a.bms[3], "LL");
+    select = StrCat(indent, "sc = ", d.mask_select > 0 ? "" : "!", "bmask[", boff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
+  }
+  std::string t;
+  if (d.select_first || !d.mask) t += select;
+  if (d.mask) {
+    const std::string moff = StrCat("b * ", a.ms[0], "LL + h * ", a.ms[1], "LL + r * ", a.ms[2], "LL + j * ", a.ms[3], "LL");
+    t += a.mask_scale == 1.f ? StrCat(indent, "sc = sc + mask[", moff, "];\n")
+                             : StrCat(indent, "sc = sc + mask[", moff, "] * ", FloatLiteral(a.mask_scale), ";\n");
+    if (!d.select_first) t += select;
+  }
+  return t;
+}
+
+// "attention_rope_mask_h32_d128"-like: what the node's attention computes.
+std::string AttentionBaseName(const kernels::Dims& d, const std::string& stem) {
+  std::string base = stem;
+  if (d.rope_q || d.rope_k) base += "_rope";
+  if (d.mask) base += "_mask";
+  if (d.mask_select != 0) base += "_boolmask";
+  return base + StrCat("_h", d.h, "_d", d.d);
+}
+
+}  // namespace
+
 // FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
 // (roped) query row goes to shared memory; each thread takes keys j = t, t + 256, ... and
 // forms scale * q.k_j (K roped on the fly) + mask_scale * mask (or, for a bool mask, keeps it
@@ -412,32 +482,15 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
 // live in shared memory: at most kMaxAttentionKeys keys.
 Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
-  GF_ASSIGN_OR_RETURN(kernels::Dims d, kernels::ReadDims(node.attrs(), where));
-  if (d.proj)
-    return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
+  GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
+  const kernels::Dims& d = a.d;
   constexpr int64_t kMaxAttentionKeys = 8192, kMaxHeadDim = 1024;
   if (d.sk > kMaxAttentionKeys || d.d > kMaxHeadDim)
     return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",
                          kMaxAttentionKeys, " keys, head_dim ", kMaxHeadDim, ")");
-  if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
-  for (size_t i = 0; i < node.inputs().size(); ++i) {
-    const Value* v = node.input(i);
-    const bool bool_mask = d.mask_select != 0 && static_cast<int>(i) == d.bool_mask_index();  // Where's mask
-    if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
-      return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
-  }
-  const kernels::HeadAccess qa = kernels::Access(d.q, d, d.s, d.d), ka = kernels::Access(d.k, d, d.sk, d.d),
-                            va = kernels::Access(d.v, d, d.sk, d.dv), oa = kernels::Access(d.out, d, d.s, d.dv);
-  const bool kt = d.k == kernels::Layout::kBHDS;  // K^T laid out [d, Sk] per head
-  size_t next = 3;
-  std::vector<int64_t> ms, bms, cq, ck;
-  if (d.mask) ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
-  if (d.mask_select != 0) bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
-  if (d.rope_q || d.rope_k) {
-    cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
-    ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.sk, d.d});
-  }
-  const float scale = node.GetFloat("scale", 1.f), mask_scale = node.GetFloat("mask_scale", 1.f);
+  const kernels::HeadAccess &qa = a.qa, &ka = a.ka, &va = a.va, &oa = a.oa;
+  const bool kt = a.kt;
+  const std::vector<int64_t> &cq = a.cq, &ck = a.ck;
   CudaKernelSource k;
   k.num_elements = d.b * d.h * d.s * d.dv;
   k.row_kernel = true;
@@ -495,19 +548,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     t += StrCat("      const float* kr = kh + j * ", ka.row_stride, "LL;\n");
     t += "      for (long long c = 0; c < kD; ++c) acc += qs[c] * kr[c];\n";
   }
-  t += StrCat("      float sc = ", FloatLiteral(scale), " * acc;\n");
-  std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
-  if (d.mask_select != 0) {
-    const std::string boff = StrCat("b * ", bms[0], "LL + h * ", bms[1], "LL + r * ", bms[2], "LL + j * ", bms[3], "LL");
-    select = StrCat("      sc = ", d.mask_select > 0 ? "" : "!", "bmask[", boff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
-  }
-  if (d.select_first || !d.mask) t += select;
-  if (d.mask) {
-    const std::string moff = StrCat("b * ", ms[0], "LL + h * ", ms[1], "LL + r * ", ms[2], "LL + j * ", ms[3], "LL");
-    t += mask_scale == 1.f ? StrCat("      sc = sc + mask[", moff, "];\n")
-                           : StrCat("      sc = sc + mask[", moff, "] * ", FloatLiteral(mask_scale), ";\n");
-    if (!d.select_first) t += select;
-  }
+  t += StrCat("      float sc = ", FloatLiteral(a.scale), " * acc;\n");
+  t += AttentionMaskLines(a, "      ");
   t += "      ps[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
   t += "    m = gf::block_max(m);\n";
   t += "    double sum = 0;\n";
@@ -518,12 +560,120 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "      float o = 0.f;\n";
   t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ps[j] * vh[j * ", va.row_stride, "LL + c];\n");
   t += "      oh[c] = o * inv;\n    }\n  }\n}\n";
-  std::string base = "attention";
-  if (d.rope_q || d.rope_k) base += "_rope";
-  if (d.mask) base += "_mask";
-  if (d.mask_select != 0) base += "_boolmask";
-  base += StrCat("_h", d.h, "_d", d.d);
-  return Finish(head, t, base, DType::kF32, std::move(k));
+  return Finish(head, t, AttentionBaseName(d, "attention"), DType::kF32, std::move(k));
+}
+
+// The GEMM form's two kernels (see codegen.h). The prep kernel is three grid-stride loops in
+// the scratch's order (coalesced stores): q roped as in GenerateAttentionKernel, k roped and
+// stored transposed, v copied. The softmax kernel is the one-kernel form's score pass on rows
+// that cuBLAS filled with q.k: scale, masks, max, exponentials summed in double, then p = e / sum.
+Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
+  const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
+  const kernels::Dims& d = a.d;
+  if (d.out == kernels::Layout::kBHDS)
+    return Unimplemented(where, ": the GEMM form stores rows of the output; it is laid out transposed");
+  const bool rope = d.rope_q || d.rope_k;
+  AttentionGemmKernels out;
+  out.heads = d.b * d.h;
+  out.qd_elements = out.heads * d.s * d.d, out.kd_elements = out.heads * d.d * d.sk, out.vd_elements = out.heads * d.sk * d.dv;
+  out.scores_elements = out.heads * d.s * d.sk;
+
+  CudaKernelSource& prep = out.prep;
+  prep.num_elements = std::max({out.qd_elements, out.kd_elements, out.vd_elements});
+  prep.scalar_work_items = prep.num_elements;
+  prep.input_dtypes.assign(rope ? 5 : 3, DType::kF32);
+  prep.output_dtypes.assign(3, DType::kF32);
+  std::string head = kDevicePrelude;
+  head += "\n}  // namespace gf\n\n";
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  std::string t = "(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v";
+  if (rope) t += ", const float* __restrict__ cs, const float* __restrict__ sn";
+  t += ", float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {\n";
+  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
+              "LL, kHalf = ", d.d / 2, "LL;\n");
+  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+  // q: qd[bh][r][c].
+  t += StrCat("  for (long long i = first; i < ", out.qd_elements, "LL; i += step) {\n");
+  t += "    const long long c = i % kD, r = i / kD % kS, bh = i / (kD * kS), h = bh % kH, b = bh / kH;\n";
+  t += StrCat("    const float* qh = q + b * ", a.qa.head_stride_b, "LL + h * ", a.qa.head_stride_h, "LL + r * ", a.qa.row_stride,
+              "LL;\n");
+  if (d.rope_q) {
+    t += StrCat("    const long long co = b * ", a.cq[0], "LL + h * ", a.cq[1], "LL + r * ", a.cq[2], "LL + c * ", a.cq[3], "LL;\n");
+    t += "    const float x2 = c < kHalf ? -qh[c + kHalf] : qh[c - kHalf];\n";
+    t += "    const float x = qh[c] * cs[co];\n    const float y = x2 * sn[co];\n    qd[i] = x + y;\n";
+  } else {
+    t += "    qd[i] = qh[c];\n";
+  }
+  t += "  }\n";
+  // k: kd[bh][c][j] = k_j[c] (roped).
+  t += StrCat("  for (long long i = first; i < ", out.kd_elements, "LL; i += step) {\n");
+  t += "    const long long j = i % kSk, c = i / kSk % kD, bh = i / (kSk * kD), h = bh % kH, b = bh / kH;\n";
+  t += StrCat("    const float* kh = k + b * ", a.ka.head_stride_b, "LL + h * ", a.ka.head_stride_h, "LL;\n");
+  auto kat = [&](const std::string& col) {
+    return a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]") : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]");
+  };
+  if (d.rope_k) {
+    t += StrCat("    const long long co = b * ", a.ck[0], "LL + h * ", a.ck[1], "LL + j * ", a.ck[2], "LL + c * ", a.ck[3], "LL;\n");
+    t += StrCat("    const float x2 = c < kHalf ? -", kat("c + kHalf"), " : ", kat("c - kHalf"), ";\n");
+    t += StrCat("    const float x = ", kat("c"), " * cs[co];\n    const float y = x2 * sn[co];\n    kd[i] = x + y;\n");
+  } else {
+    t += StrCat("    kd[i] = ", kat("c"), ";\n");
+  }
+  t += "  }\n";
+  // v: vd[bh][j][c].
+  t += StrCat("  for (long long i = first; i < ", out.vd_elements, "LL; i += step) {\n");
+  t += "    const long long c = i % kDv, j = i / kDv % kSk, bh = i / (kDv * kSk), h = bh % kH, b = bh / kH;\n";
+  t += StrCat("    vd[i] = v[b * ", a.va.head_stride_b, "LL + h * ", a.va.head_stride_h, "LL + j * ", a.va.row_stride,
+              "LL + c];\n  }\n}\n");
+  prep = Finish(head, t, AttentionBaseName(d, "attention_prep"), DType::kF32, std::move(prep));
+
+  CudaKernelSource& soft = out.softmax;
+  soft.num_elements = out.scores_elements;
+  soft.row_kernel = true;
+  soft.scalar_work_items = out.heads * d.s;  // one block per score row
+  if (d.mask) soft.input_dtypes.push_back(DType::kF32);
+  if (d.mask_select != 0) soft.input_dtypes.push_back(DType::kBool);
+  soft.output_dtypes = {DType::kF32};
+  head = kDevicePrelude;
+  head += kRowPrelude;
+  head += "\n}  // namespace gf\n\n";
+  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
+  t = "(";
+  if (d.mask) t += "const float* __restrict__ mask, ";
+  if (d.mask_select != 0) t += "const unsigned char* __restrict__ bmask, ";
+  t += "float* __restrict__ p) {\n";
+  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL;\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", out.heads * d.s, "LL; item += gridDim.x) {\n");
+  t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
+  t += "    (void)r, (void)h, (void)b;\n";
+  t += "    float* row = p + item * kSk;\n";
+  t += "    float m = -__int_as_float(0x7f800000);\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
+  t += StrCat("      float sc = ", FloatLiteral(a.scale), " * row[j];\n");
+  t += AttentionMaskLines(a, "      ");
+  t += "      row[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
+  t += "    m = gf::block_max(m);\n";
+  t += "    double sum = 0;\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
+  t += "      const float e = expf(row[j] - m);\n      row[j] = e;\n      sum += e;\n    }\n";
+  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = row[j] * inv;\n");
+  t += "  }\n}\n";
+  std::string sbase = "attention_softmax";
+  if (d.mask) sbase += "_mask";
+  if (d.mask_select != 0) sbase += "_boolmask";
+  soft = Finish(head, t, StrCat(sbase, "_h", d.h), DType::kF32, std::move(soft));
+
+  // cuBLAS's operands, per head bh = b * H + h (see codegen.h).
+  out.s = d.s, out.sk = d.sk, out.d = d.d, out.dv = d.dv, out.b = d.b, out.h = d.h;
+  out.out_head_stride_b = a.oa.head_stride_b, out.out_head_stride_h = a.oa.head_stride_h;
+  out.out_row_stride = a.oa.row_stride;
+  out.mask_inputs.clear();
+  for (int i = 0; i < (d.mask ? 1 : 0) + (d.mask_select != 0 ? 1 : 0); ++i) out.mask_inputs.push_back(d.first_extra() + i);
+  if (rope) out.rope_inputs = {d.num_inputs() - 2, d.num_inputs() - 1};
+  return out;
 }
 
 namespace {
@@ -581,7 +731,7 @@ CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   return none;
 }
 
-Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
+Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options) {
   CudaNodePlan p;
   const std::string& op = node.op();
   static const char* kViews[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
@@ -596,6 +746,21 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
     return p;
   }
   if (op == "FusedAttention") {
+    // Many query rows per head: the one-kernel form would read each head's K and V once per
+    // row, so the scores go through cuBLAS instead.
+    auto dims = kernels::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
+    if (dims.ok() && !dims->proj && dims->s > options.attention_rows_one_kernel) {
+      auto gemm_form = GenerateAttentionGemmKernels(node);
+      if (gemm_form.ok()) {
+        p.path = CudaPath::kAttentionGemms;
+        p.what = StrCat("attention as GEMMs (", dims->s, " query rows per head > ", options.attention_rows_one_kernel,
+                        "): the generated prep kernel, cuBLAS q k^T, the generated softmax, cuBLAS p v;");
+        p.kernels = {gemm_form->prep, gemm_form->softmax};
+        p.attention = std::move(*gemm_form);
+        return p;
+      }
+      if (gemm_form.status().code() != StatusCode::kUnimplemented) return gemm_form.status();
+    }
     GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateAttentionKernel(node));
     p.path = CudaPath::kKernel;
     p.what = "generated attention kernel";
@@ -640,12 +805,12 @@ Result<CudaNodePlan> PlanNodeForCuda(const Node& node) {
 
 Status ForEachCudaPlan(const Graph& g,
                        const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
-                       int depth) {
+                       const CudaPlanOptions& options, int depth) {
   for (const auto& n : g.nodes()) {
-    Result<CudaNodePlan> plan = PlanNodeForCuda(*n);
+    Result<CudaNodePlan> plan = PlanNodeForCuda(*n, options);
     GF_RETURN_IF_ERROR(visit(*n, plan, depth));
     if (const Graph* ref = plan.ok() ? nullptr : n->GetGraph("reference"))
-      GF_RETURN_IF_ERROR(ForEachCudaPlan(*ref, visit, depth + 1));
+      GF_RETURN_IF_ERROR(ForEachCudaPlan(*ref, visit, options, depth + 1));
   }
   return Status::Ok();
 }

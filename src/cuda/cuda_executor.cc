@@ -278,7 +278,7 @@ struct CudaExecutor::Impl {
   }
 
   Status PlanNode(const Node& n) {
-    auto plan = PlanNodeForCuda(n);
+    auto plan = PlanNodeForCuda(n, opts.plan);
     if (!plan.ok()) {
       if (const Graph* ref = n.GetGraph("reference")) return PlanReference(n, *ref);
       return PlanHostFallback(n, plan.status());
@@ -306,8 +306,73 @@ struct CudaExecutor::Impl {
       case CudaPath::kCublas:
       case CudaPath::kCublasThenKernel:
         return PlanGemm(n, *plan);
+      case CudaPath::kAttentionGemms:
+        return PlanAttentionGemms(n, *plan);
     }
     return Internal("unknown CUDA path");
+  }
+
+  // FusedAttention as GEMMs (codegen.h, GenerateAttentionGemmKernels): prep, q k^T, softmax, p v.
+  Status PlanAttentionGemms(const Node& n, const CudaNodePlan& plan) {
+    const AttentionGemmKernels& a = plan.attention;
+    GF_ASSIGN_OR_RETURN(std::vector<void*> bufs, NodeBuffers(n));  // the node's inputs, then its output
+    void* out = bufs.back();
+    auto scratch = [&](int64_t elements, const char* what) -> Result<float*> {
+      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(elements) * 4, StrCat(n.name(), " ", what)));
+      return static_cast<float*>(p);
+    };
+    GF_ASSIGN_OR_RETURN(float* qd, scratch(a.qd_elements, "attention q scratch"));
+    GF_ASSIGN_OR_RETURN(float* kd, scratch(a.kd_elements, "attention k^T scratch"));
+    GF_ASSIGN_OR_RETURN(float* vd, scratch(a.vd_elements, "attention v scratch"));
+    GF_ASSIGN_OR_RETURN(float* sc, scratch(a.scores_elements, "attention scores"));
+    std::vector<void*> prep_args = {bufs[0], bufs[1], bufs[2]};
+    for (int i : a.rope_inputs) prep_args.push_back(bufs[static_cast<size_t>(i)]);
+    prep_args.insert(prep_args.end(), {qd, kd, vd});
+    GF_RETURN_IF_ERROR(AddKernelStep(n.name(), a.prep, std::move(prep_args)));
+    const std::string where = StrCat(n.name(), " (attention, ", a.heads, " heads of ", a.s, "x", a.sk, ")");
+    if (a.scores_elements > 0 && a.d > 0) {
+      steps.push_back({n.name(), [=, this](cudaStream_t) {
+                         return Gemm(a.s, a.sk, a.d, qd, a.d, a.s * a.d, kd, a.sk, a.d * a.sk, sc, a.sk, a.s * a.sk,
+                                     a.heads, where + ": q k^T");
+                       }});
+      ++stats.launches, ++stats.cublas;
+    } else if (a.scores_elements > 0) {  // d = 0: every score is 0
+      steps.push_back({n.name(), [=, this](cudaStream_t s) {
+                         if (emu) return (std::memset(sc, 0, static_cast<size_t>(a.scores_elements) * 4), Status::Ok());
+                         return CudaStatus(cudaMemsetAsync(sc, 0, static_cast<size_t>(a.scores_elements) * 4, s), where);
+                       }});
+    }
+    std::vector<void*> soft_args;
+    for (int i : a.mask_inputs) soft_args.push_back(bufs[static_cast<size_t>(i)]);
+    soft_args.push_back(sc);
+    GF_RETURN_IF_ERROR(AddKernelStep(n.name(), a.softmax, std::move(soft_args)));
+    if (a.s * a.dv > 0) {
+      float* o = static_cast<float*>(out);
+      if (a.sk == 0) {
+        const size_t bytes = Bytes(n.output());
+        steps.push_back({n.name(), [=, this](cudaStream_t s) {
+                           if (emu) return (std::memset(o, 0, bytes), Status::Ok());
+                           return CudaStatus(cudaMemsetAsync(o, 0, bytes, s), where);
+                         }});
+      } else if (a.b == 1 || a.out_head_stride_b == a.h * a.out_head_stride_h) {  // one call over every head
+        steps.push_back({n.name(), [=, this](cudaStream_t) {
+                           return Gemm(a.s, a.dv, a.sk, sc, a.sk, a.s * a.sk, vd, a.dv, a.sk * a.dv, o, a.out_row_stride,
+                                       a.out_head_stride_h, a.heads, where + ": p v");
+                         }});
+        ++stats.launches, ++stats.cublas;
+      } else {  // heads of one batch entry are evenly spaced; batch entries are not
+        for (int64_t b = 0; b < a.b; ++b) {
+          steps.push_back({n.name(), [=, this](cudaStream_t) {
+                             return Gemm(a.s, a.dv, a.sk, sc + b * a.h * a.s * a.sk, a.sk, a.s * a.sk,
+                                         vd + b * a.h * a.sk * a.dv, a.dv, a.sk * a.dv, o + b * a.out_head_stride_b,
+                                         a.out_row_stride, a.out_head_stride_h, a.h, where + ": p v");
+                           }});
+          ++stats.launches, ++stats.cublas;
+        }
+      }
+    }
+    lines.push_back(StrCat(n.name(), ": ", plan.what, " ", a.prep.name, ", ", a.softmax.name));
+    return Status::Ok();
   }
 
   Status PlanReference(const Node& n, const Graph& ref) {

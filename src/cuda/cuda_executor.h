@@ -7,7 +7,8 @@
 // its bias / ReLU / GELU-tanh epilogue where that enum computes the group exactly; a FusedGemm
 // epilogue it does not cover runs as one generated kernel right after the GEMM. A fused node
 // whose kernel cannot be generated (say, attention over more keys than the generated kernel
-// holds) runs its "reference" graph, each op by its own path; an op with no CUDA path at all
+// holds) runs its "reference" graph; attention with many query rows per head runs as two
+// generated kernels around two strided-batched cuBLAS GEMMs (GenerateAttentionGemmKernels), each op by its own path; an op with no CUDA path at all
 // runs on the host between copies (reported, and refused under CUDA-graph capture). Every value gets one device buffer (views share their
 // input's); constants are uploaded once.
 //
@@ -20,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/tensor.h"
 
@@ -37,6 +39,7 @@ struct CudaExecOptions {
   int device = 0;
   bool cuda_graph = false;       // capture the launches once, replay them as one CUDA graph
   std::string kernel_cache_dir;  // NVRTC disk cache; empty: $GF_KERNEL_CACHE if set, else memory only
+  CudaPlanOptions plan;          // which path a node takes where it has two (attention)
   // Run the plan on the host instead (no GPU needed, slow): host memory, the generated kernels
   // compiled as C++ and run by host threads (host_emulation.h), GEMMs in double on the host,
   // cuBLASLt's epilogues as generated kernels. Checks the plan and every kernel it launches.

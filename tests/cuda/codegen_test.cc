@@ -533,25 +533,35 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
     auto run = RunPipeline(*g);
     ASSERT_TRUE(run.ok()) << label << ": " << run.status().ToString();
     // A node without a CUDA path of its own runs its reference graph there (the executor's
-    // PlanReference): the projected attention runs as the QKV GEMM and the attention.
-    const Status walked = ForEachCudaPlan(*g, [&](const Node& n, Result<CudaNodePlan>& plan, int) {
-      if (!plan.ok() && n.GetGraph("reference")) {
-        ++paths["reference graph"];
-      } else if (!plan.ok()) {
-        ++unplanned[n.op()];
-        ADD_FAILURE() << label << ": " << plan.status().ToString();
-      } else {
-        ++paths[plan->what];
-        for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
-      }
-      return Status::Ok();
-    });
-    ASSERT_TRUE(walked.ok()) << walked.ToString();
+    // PlanReference): the projected attention runs as the QKV GEMM and the attention. Walked
+    // twice: as planned at these sizes (attention in one kernel), and with every attention
+    // in its GEMM form (as at prefill sizes).
+    for (int64_t rows_one_kernel : {int64_t{16}, int64_t{0}}) {
+      CudaPlanOptions po;
+      po.attention_rows_one_kernel = rows_one_kernel;
+      const Status walked = ForEachCudaPlan(
+          *g,
+          [&](const Node& n, Result<CudaNodePlan>& plan, int) {
+            if (!plan.ok() && n.GetGraph("reference")) {
+              ++paths["reference graph"];
+            } else if (!plan.ok()) {
+              ++unplanned[n.op()];
+              ADD_FAILURE() << label << ": " << plan.status().ToString();
+            } else {
+              ++paths[plan->path == CudaPath::kAttentionGemms ? "attention as GEMMs" : plan->what];
+              for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
+            }
+            return Status::Ok();
+          },
+          po);
+      ASSERT_TRUE(walked.ok()) << walked.ToString();
+    }
   }
   EXPECT_GE(kernels.size(), 20u);
   EXPECT_GT(paths["generated row kernel"], 0);
   EXPECT_GT(paths["cuBLAS GEMM, then the generated epilogue"], 0);
   EXPECT_GT(paths["generated attention kernel"], 0);
+  EXPECT_GT(paths["attention as GEMMs"], 0);
   NvrtcCompiler compiler;
   double seconds = 0;
   for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
@@ -614,6 +624,10 @@ TEST(CudaCodegen, GoldenSources) {
     auto ak = GenerateKernelForNode(*Only(**lg, "FusedAttention"));
     ASSERT_TRUE(ak.ok()) << ak.status().ToString();
     check("llama_attention", *ak);
+    auto gk = GenerateAttentionGemmKernels(*Only(**lg, "FusedAttention"));  // its GEMM form's kernels
+    ASSERT_TRUE(gk.ok()) << gk.status().ToString();
+    check("llama_attention_prep", gk->prep);
+    check("llama_attention_softmax", gk->softmax);
   }
   auto g = GemmGraph("", false, true);  // MatMul + residual Add: a generated epilogue
   ASSERT_TRUE(g.ok()) << g.status().ToString();
@@ -660,7 +674,10 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
     sources.push_back({entry.path().filename().string(), [path]() { return ImportOnnxFile(path); }});
   }
   for (const auto& [label, make] : sources) {
-    for (bool fuse : {false, true}) {
+    // Fused plans also with every attention in its GEMM form (rows_one_kernel 0).
+    for (int variant : {0, 1, 2}) {
+      const bool fuse = variant > 0;
+      const int64_t rows_one_kernel = variant == 2 ? 0 : 16;
       for (bool graph : {false, true}) {
         auto g = make();
         ASSERT_TRUE(g.ok()) << label << ": " << g.status().ToString();
@@ -673,6 +690,7 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
         ASSERT_TRUE(want.ok()) << label << ": " << want.status().ToString();
         CudaExecOptions o;
         o.cuda_graph = graph;
+        o.plan.attention_rows_one_kernel = rows_one_kernel;
         o.kernel_cache_dir = (std::filesystem::temp_directory_path() / "graphfuse_test_kernels").string();
         auto ex = CudaExecutor::Create(**g, o);
         if (!ex.ok() && graph && ex.status().message().find("runs on the host") != std::string::npos) continue;
@@ -687,11 +705,11 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
             const double err = std::fabs(a - b) / (1e-4 + 1e-3 * std::fabs(b));
             worst = std::max(worst, std::isnan(err) ? 1e9 : err);
           }
-          EXPECT_LE(worst, 1.0) << label << (fuse ? " fused" : " unfused") << (graph ? " (CUDA graph)" : "")
-                                << ": output " << k << " differs from the CPU's";
+          EXPECT_LE(worst, 1.0) << label << (fuse ? " fused" : " unfused") << (variant == 2 ? ", attention as GEMMs" : "")
+                                << (graph ? " (CUDA graph)" : "") << ": output " << k << " differs from the CPU's";
         }
-        std::printf("[ cuda     ] %s %s%s: %lld launches (%lld generated, %lld cuBLAS, %lld host)\n", label.c_str(),
-                    fuse ? "fused" : "unfused", graph ? " + CUDA graph" : "",
+        std::printf("[ cuda     ] %s %s%s%s: %lld launches (%lld generated, %lld cuBLAS, %lld host)\n", label.c_str(),
+                    fuse ? "fused" : "unfused", variant == 2 ? ", attention as GEMMs" : "", graph ? " + CUDA graph" : "",
                     static_cast<long long>((*ex)->stats().launches), static_cast<long long>((*ex)->stats().generated),
                     static_cast<long long>((*ex)->stats().cublas), static_cast<long long>((*ex)->stats().host_fallbacks));
       }

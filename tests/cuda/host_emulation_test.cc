@@ -10,6 +10,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -299,36 +300,104 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   CheckEmulatedAttention(g, "LLaMA block at 264 positions", 13, 7);
 }
 
-// A bool mask applied with Where and an f32 mask added, in both orders, with a fill (-5) near
-// the scores so that the order shows (a key both dropped and padded weighs e^(-5+pad) or e^-5).
-TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
-  // The third form also ropes Q and K: seven inputs (q, k, v, the two masks, cos, sin).
-  for (int form : {0, 1, 2}) {
-    const bool where_first = form != 1, rope = form == 2;
-    const std::string masked = where_first ? "  %w = Where(%bm, %s, %fill)\n  %m = Add(%w, %pad)\n"
-                                           : "  %a = Add(%s, %pad)\n  %m = Where(%bm, %a, %fill)\n";
-    const std::string roped = rope ? "  %qr = Rope(%q, %cos, %sin)\n  %kr = Rope(%k, %cos, %sin)\n"
-                                   : "  %qr = Identity(%q)\n  %kr = Identity(%k)\n";
-    auto g = ParseGraph(R"(graph @attn(%q: f32[1,2,24,16], %k: f32[1,2,24,16], %v: f32[1,2,24,16], %bm: bool[1,1,24,24], %pad: f32[1,1,1,24], %cos: f32[24,16], %sin: f32[24,16]) {
+// Attention over a bool mask applied with Where and an f32 mask added, in either order, with
+// a fill (-5) near the scores so that the order shows (a key both dropped and padded weighs
+// e^(-5+pad) or e^-5). Form 0: Where first; 1: Add first; 2: Where first, and Q and K roped
+// (seven inputs: q, k, v, the two masks, cos, sin). `batch` entries of 2 heads of 24 rows;
+// out_bshd: the output transposed to [B, S, H, d] (as a block's context before its o_proj).
+std::string MaskedAttentionText(int form, int batch, bool out_bshd) {
+  const bool where_first = form != 1, rope = form == 2;
+  const std::string masked = where_first ? "  %w = Where(%bm, %s, %fill)\n  %m = Add(%w, %pad)\n"
+                                         : "  %a = Add(%s, %pad)\n  %m = Where(%bm, %a, %fill)\n";
+  const std::string roped = rope ? "  %qr = Rope(%q, %cos, %sin)\n  %kr = Rope(%k, %cos, %sin)\n"
+                                 : "  %qr = Identity(%q)\n  %kr = Identity(%k)\n";
+  const std::string head = StrCat("f32[", batch, ",2,24,16]");
+  return StrCat("graph @attn(%q: ", head, ", %k: ", head, ", %v: ", head,
+                R"(, %bm: bool[1,1,24,24], %pad: f32[1,1,1,24], %cos: f32[24,16], %sin: f32[24,16]) {
   %c: f32[] = const [0.25]
   %fill: f32[] = const [-5]
-)" + roped + R"(  %kt = Transpose(%kr) {perm = [0, 1, 3, 2]}
+)",
+                roped, R"(  %kt = Transpose(%kr) {perm = [0, 1, 3, 2]}
   %qk = MatMul(%qr, %kt)
   %s = Mul(%qk, %c)
-)" + masked + R"(  %p = Softmax(%m) {axis = -1}
-  %o = MatMul(%p, %v)
-  return %o
-})");
+)",
+                masked, "  %p = Softmax(%m) {axis = -1}\n  %o = MatMul(%p, %v)\n",
+                out_bshd ? "  %ob = Transpose(%o) {perm = [0, 2, 1, 3]}\n  return %ob\n}" : "  return %o\n}");
+}
+
+// Fresh random inputs: floats as FloatInputs; a bool input (a mask) true at 3 of 4 places, so
+// that the scores it keeps decide the result.
+std::vector<Tensor> MaskedInputs(const Graph& g, uint32_t seed) {
+  return RandomInputs(g, seed, 0.05, 1.0, [](const Value& v, int64_t, std::mt19937& rng) -> std::optional<double> {
+    if (IsFloat(v.dtype())) return std::nullopt;
+    return v.dtype() == DType::kBool ? double(rng() % 4 != 0) : 0.0;
+  });
+}
+
+const Node* FindFusedAttention(const Graph& g) {
+  for (const auto& n : g.nodes())
+    if (n->op() == "FusedAttention") return n.get();
+  return nullptr;
+}
+
+TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
+  for (int form : {0, 1, 2}) {
+    const bool where_first = form != 1, rope = form == 2;
+    auto g = ParseGraph(MaskedAttentionText(form, 1, false));
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     ASSERT_TRUE(RunPipeline(**g).ok());
-    const Node* fa = nullptr;
-    for (const auto& n : (*g)->nodes())
-      if (n->op() == "FusedAttention") fa = n.get();
+    const Node* fa = FindFusedAttention(**g);
     ASSERT_NE(fa, nullptr) << PrintGraph(**g);
     EXPECT_EQ(fa->GetInt("mask_select_first", -1), where_first ? 1 : 0);
     EXPECT_EQ(fa->inputs().size(), rope ? 7u : 5u);
     CheckEmulatedAttention(**g, rope ? "Where, then Add, with RoPE" : where_first ? "Where, then Add" : "Add, then Where",
                            17, 5);
+  }
+}
+
+// The GEMM form of attention (more query rows per head than attention_rows_one_kernel): the
+// prep kernel, q k^T, the softmax kernel and p v through the emulated executor, against the
+// CPU's FusedAttention: the masks in either order, RoPE, and two batch entries whose output
+// rows are [B, S, H, d] (one p v call per batch entry); and with a threshold of 24, the
+// same 24 rows in one kernel.
+TEST(CudaHostEmulation, AttentionAsGemmsMatchesTheCpu) {
+  struct Case {
+    int form, batch;
+    bool out_bshd;
+    int64_t cublas;  // q k^T, then p v once (or once per batch entry)
+  } cases[] = {{0, 1, false, 2}, {1, 1, false, 2}, {2, 1, true, 2}, {2, 2, true, 3}, {1, 2, false, 2}};
+  for (const Case& c : cases) {
+    const std::string label = StrCat("form ", c.form, ", batch ", c.batch, c.out_bshd ? ", output [B, S, H, d]" : "");
+    SCOPED_TRACE(label);
+    auto g = ParseGraph(MaskedAttentionText(c.form, c.batch, c.out_bshd));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_TRUE(RunPipeline(**g).ok());
+    const Node* fa = FindFusedAttention(**g);
+    ASSERT_NE(fa, nullptr) << PrintGraph(**g);
+    EXPECT_EQ(fa->GetString("out_layout", ""), c.out_bshd ? "bshd" : "bhsd") << "the output transpose is inside";
+    const std::vector<Tensor> ins = MaskedInputs(**g, 29);
+    const std::vector<TensorView> views = Views(ins);
+    auto want = Execute(**g, views, CpuContext{});
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    for (int64_t rows_one_kernel : {int64_t{0}, int64_t{24}}) {
+      CudaExecOptions o;
+      o.emulate = true;
+      o.plan.attention_rows_one_kernel = rows_one_kernel;
+      auto ex = CudaExecutor::Create(**g, o);
+      ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+      auto got = (*ex)->Run(views);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      const double worst = ExpectClose((*got)[0], (*want)[0], 1e-4, 1e-5, label);
+      const CudaExecStats& st = (*ex)->stats();
+      const bool gemms = rows_one_kernel < 24;
+      EXPECT_EQ(st.generated, gemms ? 2 : 1);
+      EXPECT_EQ(st.cublas, gemms ? c.cublas : 0);
+      const std::vector<std::string>& lines = (*ex)->describe();
+      EXPECT_EQ(std::any_of(lines.begin(), lines.end(),
+                            [](const std::string& l) { return l.find("attention as GEMMs") != std::string::npos; }),
+                gemms);
+      std::printf("[ emulated ] %s, %s: max |err| vs CPU %.2g\n", label.c_str(), gemms ? "as GEMMs" : "one kernel", worst);
+    }
   }
 }
 
@@ -340,22 +409,25 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
   struct Run {
     std::string model;
     bool fuse;
+    int64_t attention_rows_one_kernel = 16;  // 0: attention as GEMMs
   } runs[] = {{"llama_block_opset17", true}, {"llama_block_opset13", false}, {"gpt2_block_opset17", true},
               {"bert_layer_opset17", true},  {"mlp_gelu_opset13", true},     {"attention_layernorm_opset13", true},
-              {"gpt2_where_block_opset13", true}};
+              {"gpt2_where_block_opset13", true}, {"llama_block_opset17", true, 0}, {"gpt2_where_block_opset13", true, 0},
+              {"bert_layer_opset17", true, 0}};
   for (const Run& r : runs) {
-    SCOPED_TRACE(StrCat(r.model, r.fuse ? " fused" : " unfused"));
+    SCOPED_TRACE(StrCat(r.model, r.fuse ? " fused" : " unfused", r.attention_rows_one_kernel ? "" : ", attention as GEMMs"));
     auto g = ImportOnnxFile((models / r.model / "model.onnx").string());
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     PipelineOptions po;
     po.fusion.enabled = r.fuse;
     ASSERT_TRUE(RunPipeline(**g, po).ok());
-    const std::vector<Tensor> ins = FloatInputs(**g, 21);
+    const std::vector<Tensor> ins = MaskedInputs(**g, 21);
     const std::vector<TensorView> views = Views(ins);
     auto want = Execute(**g, views, CpuContext{});
     ASSERT_TRUE(want.ok()) << want.status().ToString();
     CudaExecOptions o;
     o.emulate = true;
+    o.plan.attention_rows_one_kernel = r.attention_rows_one_kernel;
     auto ex = CudaExecutor::Create(**g, o);
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     auto got = (*ex)->Run(views);
@@ -363,12 +435,18 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     ASSERT_EQ(got->size(), want->size());
     for (size_t k = 0; k < got->size(); ++k) ExpectClose((*got)[k], (*want)[k], 1e-4, 1e-5, StrCat("output ", k));
     const CudaExecStats& st = (*ex)->stats();
+    if (r.attention_rows_one_kernel == 0) {
+      const auto& lines = (*ex)->describe();
+      EXPECT_TRUE(std::any_of(lines.begin(), lines.end(), [](const std::string& l) {
+        return l.find("attention as GEMMs") != std::string::npos;
+      })) << "the attention takes its GEMM form";
+    }
     // Fused plans have a GPU path for every node; the unfused exported graph keeps ReduceMean,
     // Slice and Concat, which run on the host between copies (and must still agree).
     if (r.fuse) EXPECT_EQ(st.host_fallbacks, 0) << "every node of a fused plan has a GPU path";
     else EXPECT_GT(st.host_fallbacks, 0);
-    std::printf("[ emulated ] %s %s: %lld launches (%lld generated, %lld GEMM, %lld on the host)\n", r.model.c_str(),
-                r.fuse ? "fused" : "unfused", static_cast<long long>(st.launches), static_cast<long long>(st.generated),
+    std::printf("[ emulated ] %s %s%s: %lld launches (%lld generated, %lld GEMM, %lld on the host)\n", r.model.c_str(),
+                r.fuse ? "fused" : "unfused", r.attention_rows_one_kernel ? "" : ", attention as GEMMs", static_cast<long long>(st.launches), static_cast<long long>(st.generated),
                 static_cast<long long>(st.cublas), static_cast<long long>(st.host_fallbacks));
   }
 }
