@@ -72,9 +72,23 @@ done
 log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 
 # GF_GPU_PART picks the steps: 1 (what "done" asks for, the runtime tests, prefill), 2 (the
-# rest: bf16 and prefill peers, the other presets, every exported model) or all (default: 1 then 2).
+# rest: bf16 and prefill peers, the other presets, every exported model), all (default: 1 then
+# 2), or quick (a re-check after a change, about 2 minutes: the done-when figures, prefill,
+# torch.compile at both sizes, the runtime tests).
 PART=${GF_GPU_PART:-all}
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
+
+if part quick; then
+  step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
+    --json "$RAW/bench_chain_64Mi.json"
+  for seq in 1 512; do
+    step "demo_llama7b_seq$seq" 120 $GF demo --preset llama7b --seq $seq --threads "$(nproc)" --repeats 21 --backend cuda \
+      --profile --json "$RAW/demo_llama7b_seq$seq.json"
+    step "torch_compile_seq${seq}_f32" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq --device cuda \
+      --repeats 51 --compile
+  done
+  step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'
+fi
 
 if part 1; then
   # What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi; the

@@ -71,8 +71,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node);
 // FusedAttention as GEMMs, for many query rows per head (prefill), where the one-kernel form
 // would read each head's K and V once per query row:
 //   prep     (q, k, v, [cos, sin], qd, kd, vd): dense per-head scratch, bh = b * H + h:
-//            qd [BH, S, d] (q roped), kd [BH, d, Sk] (k roped, transposed), vd [BH, Sk, dv];
-//   cuBLAS   scores [BH, S, Sk] = qd kd, strided-batched over bh;
+//            qd [BH, S, d] (q roped), kd [BH, Sk, d] (k roped), vd [BH, Sk, dv];
+//   cuBLAS   scores [BH, S, Sk] = qd kd^T, strided-batched over bh;
 //   softmax  ([mask], [bool mask], scores): in place, row by row: scale, masks, softmax (the
 //            one-kernel form's arithmetic; sum in double);
 //   cuBLAS   out = scores vd, each head's rows stored into the output's layout.

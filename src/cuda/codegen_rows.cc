@@ -564,8 +564,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
 }
 
 // The GEMM form's two kernels (see codegen.h). The prep kernel is three grid-stride loops in
-// the scratch's order (coalesced stores): q roped as in GenerateAttentionKernel, k roped and
-// stored transposed, v copied. The softmax kernel is the one-kernel form's score pass on rows
+// the scratch's order (coalesced stores): q and k roped as in GenerateAttentionKernel, v copied. The softmax kernel is the one-kernel form's score pass on rows
 // that cuBLAS filled with q.k: scale, masks, max, exponentials summed in double, then p = e / sum.
 Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
@@ -607,9 +606,9 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
     t += "    qd[i] = qh[c];\n";
   }
   t += "  }\n";
-  // k: kd[bh][c][j] = k_j[c] (roped).
+  // k: kd[bh][j][c] = k_j[c] (roped).
   t += StrCat("  for (long long i = first; i < ", out.kd_elements, "LL; i += step) {\n");
-  t += "    const long long j = i % kSk, c = i / kSk % kD, bh = i / (kSk * kD), h = bh % kH, b = bh / kH;\n";
+  t += "    const long long c = i % kD, j = i / kD % kSk, bh = i / (kD * kSk), h = bh % kH, b = bh / kH;\n";
   t += StrCat("    const float* kh = k + b * ", a.ka.head_stride_b, "LL + h * ", a.ka.head_stride_h, "LL;\n");
   auto kat = [&](const std::string& col) {
     return a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]") : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]");
