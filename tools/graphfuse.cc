@@ -135,8 +135,10 @@ constexpr HelpSection kCommands[] = {
         (median of interleaved repeats), bytes moved and the fused groups; --profile
         adds the median time of every kernel of both plans; --cpu-codegen runs the fused plan's
         elementwise programs as native loops (see below); --backend cuda also runs both plans
-        on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints launches,
-        median device latency and the error against the CPU (exit 2 without a device)
+        on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints each plan's
+        steps, launches, median device latency, median wall latency (first launch to the
+        end of the wait) and the error against the CPU; with --profile, every step's median
+        device time (exit 2 without a device)
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
