@@ -471,6 +471,20 @@ std::string AttentionBaseName(const kernels::Dims& d, const std::string& stem) {
   return base + StrCat("_h", d.h, "_d", d.d);
 }
 
+// The end of a score loop over keys j and the pass after it, shared by both attention forms:
+// sc = scale * `score` through the masks, stored to `row`[j] and folded into the running max
+// m; the block's max; then each score replaced by its exponential, summed in double (sum).
+std::string ScoresToExponentials(const AttentionParts& a, const std::string& row, const std::string& score) {
+  std::string t = StrCat("      float sc = ", FloatLiteral(a.scale), " * ", score, ";\n");
+  t += AttentionMaskLines(a, "      ");
+  t += StrCat("      ", row, "[j] = sc;\n      m = gf::max(m, sc);\n    }\n");
+  t += "    m = gf::block_max(m);\n";
+  t += "    double sum = 0;\n";
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
+  t += StrCat("      const float e = expf(", row, "[j] - m);\n      ", row, "[j] = e;\n      sum += e;\n    }\n");
+  return t;
+}
+
 }  // namespace
 
 // FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
@@ -548,13 +562,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     t += StrCat("      const float* kr = kh + j * ", ka.row_stride, "LL;\n");
     t += "      for (long long c = 0; c < kD; ++c) acc += qs[c] * kr[c];\n";
   }
-  t += StrCat("      float sc = ", FloatLiteral(a.scale), " * acc;\n");
-  t += AttentionMaskLines(a, "      ");
-  t += "      ps[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
-  t += "    m = gf::block_max(m);\n";
-  t += "    double sum = 0;\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += "      const float e = expf(ps[j] - m);\n      ps[j] = e;\n      sum += e;\n    }\n";
+  t += ScoresToExponentials(a, "ps", "acc");
   t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));  // also orders ps's writes before the reads\n";
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
   t += "      float o = 0.f;\n";
@@ -650,13 +658,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   t += "    float* row = p + item * kSk;\n";
   t += "    float m = -__int_as_float(0x7f800000);\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += StrCat("      float sc = ", FloatLiteral(a.scale), " * row[j];\n");
-  t += AttentionMaskLines(a, "      ");
-  t += "      row[j] = sc;\n      m = gf::max(m, sc);\n    }\n";
-  t += "    m = gf::block_max(m);\n";
-  t += "    double sum = 0;\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += "      const float e = expf(row[j] - m);\n      row[j] = e;\n      sum += e;\n    }\n";
+  t += ScoresToExponentials(a, "row", "row[j]");
   t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = row[j] * inv;\n");
   t += "  }\n}\n";
