@@ -352,7 +352,7 @@ int RunDemo(Args& args) {
   // outputs checked against the CPU's unfused result; latency = median device time (events).
   struct GpuRow {
     std::string plan;
-    int64_t launches = 0, generated = 0, cublas = 0, host = 0;
+    int64_t launches = 0, generated = 0, cublas = 0, host = 0, device_bytes = 0, act_bytes = 0, act_no_reuse = 0;
     double ms = 0, wall_ms = 0, max_abs = 0;
     bool ok = false;
   };
@@ -394,6 +394,7 @@ int RunDemo(Args& args) {
         }
         const cuda::CudaExecStats& cs = (*ex)->stats();
         r.launches = cs.launches, r.generated = cs.generated, r.cublas = cs.cublas, r.host = cs.host_fallbacks;
+        r.device_bytes = cs.device_bytes, r.act_bytes = cs.activation_bytes, r.act_no_reuse = cs.activation_bytes_no_reuse;
         gpu_rows.push_back(r);
       }
     }
@@ -404,6 +405,10 @@ int RunDemo(Args& args) {
                   static_cast<long long>(r.launches), static_cast<long long>(r.generated),
                   static_cast<long long>(r.cublas), static_cast<long long>(r.host), r.ms, r.wall_ms, r.max_abs,
                   r.ok ? "ok" : "DIFFERS");
+    for (const GpuRow& r : gpu_rows)
+      if (r.plan.find("graph") == std::string::npos)
+        std::printf("       %-22s device memory %.1f MB, of which activations and scratch %.1f MB (%.1f MB without reuse)\n",
+                    r.plan.c_str(), r.device_bytes / 1e6, r.act_bytes / 1e6, r.act_no_reuse / 1e6);
     std::printf("(medians of %d replays: device ms between CUDA events around the launches; wall ms on the host\n"
                 " from the first launch to the end of the wait, as a framework's call-then-synchronize timing\n"
                 " sees it; launches include cuBLAS calls)\n\n",
@@ -441,6 +446,8 @@ int RunDemo(Args& args) {
       for (const GpuRow& r : gpu_rows)
         j.BeginObject().Key("plan").Str(r.plan).Key("launches").Int(r.launches).Key("generated").Int(r.generated)
             .Key("cublas").Int(r.cublas).Key("host").Int(r.host).Key("latency_ms").Num(r.ms).Key("wall_ms").Num(r.wall_ms)
+            .Key("device_bytes").Int(r.device_bytes).Key("activation_bytes").Int(r.act_bytes)
+            .Key("activation_bytes_no_reuse").Int(r.act_no_reuse)
             .Key("max_abs_err_vs_cpu").Num(r.max_abs).Key("ok").Bool(r.ok).EndObject();
       j.EndArray();
     }

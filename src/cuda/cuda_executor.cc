@@ -9,7 +9,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
+#include <set>
 
 #include "../runtime/executor.h"
 #include "codegen.h"
@@ -146,6 +148,66 @@ struct CudaExecutor::Impl {
   bool emu = false;  // CudaExecOptions::emulate: host memory, host-compiled kernels, host GEMMs
   std::map<std::string, std::shared_ptr<HostKernel>> host_kernels;
 
+  // Device memory planning. Values that live between nodes of the plan (not the graph's inputs,
+  // outputs or constants) and per-node scratch take pooled blocks by liveness: every step runs
+  // in plan order on one stream (or in the CUDA graph captured from it), so a block whose last
+  // reader is top-level node i can be handed to any value first written after node i.
+  struct Block {
+    void* p = nullptr;
+    size_t bytes = 0;
+    int end = 0;  // the last top-level node that uses it
+    bool free = false;
+  };
+  std::vector<Block> blocks;
+  std::map<const Value*, int> block_of;  // pooled value (or a view of one) -> its block
+  std::map<const Value*, int> last_use;  // top-level values -> the last node reading them
+  std::set<const Value*> pinned;         // graph outputs: never pooled
+  bool pooling = false;                  // while planning the top-level graph
+  int current = 0;                       // the top-level node being planned
+
+  int LastUse(const Value* v) const {
+    if (pinned.count(v)) return std::numeric_limits<int>::max();
+    auto it = last_use.find(v);
+    return it == last_use.end() ? current : std::max(current, it->second);
+  }
+  // A pooled block of at least `bytes` in use until node `end`: the smallest free one that
+  // fits, else a new allocation.
+  Result<int> Pooled(size_t bytes, int end, const std::string& what) {
+    int best = -1;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (blocks[b].free && blocks[b].bytes >= bytes && (best < 0 || blocks[b].bytes < blocks[static_cast<size_t>(best)].bytes))
+        best = static_cast<int>(b);
+    if (best < 0) {
+      GF_ASSIGN_OR_RETURN(void* p, Alloc(bytes, what));
+      blocks.push_back({p, bytes, end, false});
+      stats.activation_bytes += static_cast<int64_t>(bytes);
+      best = static_cast<int>(blocks.size() - 1);
+    }
+    Block& blk = blocks[static_cast<size_t>(best)];
+    blk.free = false;
+    blk.end = end;
+    stats.activation_bytes_no_reuse += static_cast<int64_t>(bytes);
+    return best;
+  }
+  // Scratch for the node being planned (workspaces, attention's per-head copies and scores).
+  Result<void*> Scratch(size_t bytes, const std::string& what) {
+    if (!pooling) return Alloc(bytes, what);
+    GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, current, what));
+    return blocks[static_cast<size_t>(b)].p;
+  }
+  // `view` aliases `of`'s buffer: `of`'s block (if pooled) lives as long as either.
+  void Alias(const Value* view, const Value* of) {
+    auto it = block_of.find(of);
+    if (it == block_of.end()) return;
+    block_of[view] = it->second;
+    Block& blk = blocks[static_cast<size_t>(it->second)];
+    blk.end = std::max(blk.end, LastUse(view));
+  }
+  void ReleaseAfter(int node) {
+    for (Block& b : blocks)
+      if (!b.free && b.end <= node) b.free = true;
+  }
+
   ~Impl() {
     if (stream) cudaStreamSynchronize(stream);
     if (graph_exec) cudaGraphExecDestroy(graph_exec);
@@ -171,10 +233,17 @@ struct CudaExecutor::Impl {
     return p;
   }
 
-  // The device buffer of a value (allocated on first use; constants uploaded then).
+  // The device buffer of a value (allocated on first use; constants uploaded then; values
+  // between nodes pooled, above).
   Result<void*> Buffer(const Value* v) {
     if (auto it = dev.find(v); it != dev.end()) return it->second;
-    GF_ASSIGN_OR_RETURN(void* p, Alloc(Bytes(v), StrCat("value '", v->name(), "' ", v->TypeString())));
+    const std::string what = StrCat("value '", v->name(), "' ", v->TypeString());
+    if (pooling && !v->constant() && !pinned.count(v)) {
+      GF_ASSIGN_OR_RETURN(int b, Pooled(Bytes(v), LastUse(v), what));
+      block_of[v] = b;
+      return dev[v] = blocks[static_cast<size_t>(b)].p;
+    }
+    GF_ASSIGN_OR_RETURN(void* p, Alloc(Bytes(v), what));
     if (v->constant()) {
       GF_RETURN_IF_ERROR(Copy(p, v->constant()->data(), Bytes(v), cudaMemcpyHostToDevice, stream)
                              .WithContext(StrCat("uploading constant '", v->name(), "'")));
@@ -267,6 +336,27 @@ struct CudaExecutor::Impl {
     return Status::Ok();
   }
 
+  // The whole plan: inputs first, every node with pooled buffers, then any output no node wrote.
+  Status PlanTop(const Graph& g) {
+    for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(Buffer(v).status());
+    for (const Value* v : g.outputs()) pinned.insert(v);
+    int i = 0;
+    for (const auto& n : g.nodes()) {
+      for (const Value* in : n->inputs())
+        if (in) last_use[in] = i;
+      ++i;
+    }
+    pooling = true;
+    current = 0;
+    for (const auto& n : g.nodes()) {
+      GF_RETURN_IF_ERROR(PlanNode(*n).WithContext(n->Describe()));
+      ReleaseAfter(current++);
+    }
+    pooling = false;
+    for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(Buffer(v).status());
+    return Status::Ok();
+  }
+
   Result<std::vector<void*>> NodeBuffers(const Node& n) {
     std::vector<void*> out;
     for (const Value* v : n.inputs()) {
@@ -298,6 +388,7 @@ struct CudaExecutor::Impl {
                            }});
         } else {
           dev[n.output()] = p;
+          Alias(n.output(), n.input(0));
         }
         lines.push_back(StrCat(n.name(), ": ", plan->what));
         return Status::Ok();
@@ -322,7 +413,7 @@ struct CudaExecutor::Impl {
     GF_ASSIGN_OR_RETURN(std::vector<void*> bufs, NodeBuffers(n));  // the node's inputs, then its output
     void* out = bufs.back();
     auto scratch = [&](int64_t elements, const char* what) -> Result<float*> {
-      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(elements) * 4, StrCat(n.name(), " ", what)));
+      GF_ASSIGN_OR_RETURN(void* p, Scratch(static_cast<size_t>(elements) * 4, StrCat(n.name(), " ", what)));
       return static_cast<float*>(p);
     };
     GF_ASSIGN_OR_RETURN(float* qd, scratch(a.qd_elements, "attention q scratch"));
@@ -489,7 +580,22 @@ struct CudaExecutor::Impl {
     for (size_t o = 0; o < out_proj.size() && batched; ++o)
       batched = out_proj[o] == static_cast<int64_t>(o) && !dev.count(n.output(o));
     if (batched) {
-      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(splits * m * nn) * 4, StrCat(n.name(), " outputs")));
+      // One block for the S outputs (pooled while the last of them is read).
+      const size_t bytes = static_cast<size_t>(splits * m * nn) * 4;
+      void* p = nullptr;
+      bool pool = pooling;
+      int end = current;
+      for (int64_t s = 0; s < splits; ++s) {
+        pool = pool && !pinned.count(n.output(static_cast<size_t>(s)));
+        end = std::max(end, LastUse(n.output(static_cast<size_t>(s))));
+      }
+      if (pool) {
+        GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, end, StrCat(n.name(), " outputs")));
+        p = blocks[static_cast<size_t>(b)].p;
+        for (int64_t s = 0; s < splits; ++s) block_of[n.output(static_cast<size_t>(s))] = b;
+      } else {
+        GF_ASSIGN_OR_RETURN(p, Alloc(bytes, StrCat(n.name(), " outputs")));
+      }
       for (int64_t s = 0; s < splits; ++s) dev[n.output(static_cast<size_t>(s))] = static_cast<float*>(p) + s * m * nn;
       float* c = static_cast<float*>(p);
       if (m * nn > 0) {
@@ -511,7 +617,7 @@ struct CudaExecutor::Impl {
     float* ws = nullptr;
     const bool all_in_ws = std::all_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; });
     if (std::any_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; })) {
-      GF_ASSIGN_OR_RETURN(void* p, Alloc(static_cast<size_t>(m * splits * nn) * 4, StrCat(n.name(), " workspace")));
+      GF_ASSIGN_OR_RETURN(void* p, Scratch(static_cast<size_t>(m * splits * nn) * 4, StrCat(n.name(), " workspace")));
       ws = static_cast<float*>(p);
       for (int64_t s = 0; s < splits; ++s)
         if (!dst[static_cast<size_t>(s)]) dst[static_cast<size_t>(s)] = ws + s * nn;
@@ -672,9 +778,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   if (options.emulate) {
     if (options.cuda_graph) return InvalidArgument("a CUDA graph cannot be emulated on the host");
     x.emu = true;
-    for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
-    GF_RETURN_IF_ERROR(x.PlanGraph(g));
-    for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+    GF_RETURN_IF_ERROR(x.PlanTop(g));
     return std::unique_ptr<CudaExecutor>(new CudaExecutor(std::move(impl)));
   }
   std::string why;
@@ -695,9 +799,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   GF_ASSIGN_OR_RETURN(x.blas_workspace, x.Alloc(x.blas_workspace_bytes, "the cuBLAS workspace"));
   GF_BLAS(cublasSetWorkspace(x.blas, x.blas_workspace, x.blas_workspace_bytes), "cublasSetWorkspace");
 
-  for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
-  GF_RETURN_IF_ERROR(x.PlanGraph(g));
-  for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(x.Buffer(v).status());
+  GF_RETURN_IF_ERROR(x.PlanTop(g));
 
   if (options.cuda_graph) {
     for (const Step& s : x.steps)

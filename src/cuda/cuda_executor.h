@@ -9,8 +9,9 @@
 // whose kernel cannot be generated (say, attention over more keys than the generated kernel
 // holds) runs its "reference" graph; attention with many query rows per head runs as two
 // generated kernels around two strided-batched cuBLAS GEMMs (GenerateAttentionGemmKernels), each op by its own path; an op with no CUDA path at all
-// runs on the host between copies (reported, and refused under CUDA-graph capture). Every value gets one device buffer (views share their
-// input's); constants are uploaded once.
+// runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
+// outputs and constants get device buffers of their own (constants uploaded once); views share
+// their input's; values between nodes and per-node scratch share pooled blocks by liveness.
 //
 // Run(): inputs host -> device, the launches on one stream (or the whole plan replayed as one
 // CUDA graph), outputs device -> host.
@@ -53,6 +54,9 @@ struct CudaExecStats {
   int64_t host_fallbacks = 0;    // nodes run on the host between copies
   int64_t reference_graphs = 0;  // fused nodes run through their reference graph
   int64_t device_bytes = 0;      // device memory held (buffers, constants, workspaces)
+  // Values between nodes and per-node scratch share blocks by liveness: the blocks' bytes, and
+  // what every such buffer would add up to without reuse.
+  int64_t activation_bytes = 0, activation_bytes_no_reuse = 0;
   double compile_seconds = 0;    // NVRTC time at Create (0 when every kernel came from a cache)
 };
 

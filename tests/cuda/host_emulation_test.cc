@@ -484,9 +484,16 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     // Slice and Concat, which run on the host between copies (and must still agree).
     if (r.fuse) EXPECT_EQ(st.host_fallbacks, 0) << "every node of a fused plan has a GPU path";
     else EXPECT_GT(st.host_fallbacks, 0);
-    std::printf("[ emulated ] %s %s%s: %lld launches (%lld generated, %lld GEMM, %lld on the host)\n", r.model.c_str(),
-                r.fuse ? "fused" : "unfused", r.attention_rows_one_kernel ? "" : ", attention as GEMMs", static_cast<long long>(st.launches), static_cast<long long>(st.generated),
-                static_cast<long long>(st.cublas), static_cast<long long>(st.host_fallbacks));
+    // Buffers between nodes share blocks by liveness (the outputs above were computed so).
+    EXPECT_GT(st.activation_bytes, 0);
+    if (!r.fuse) {
+      EXPECT_LT(st.activation_bytes, st.activation_bytes_no_reuse);
+    }
+    std::printf("[ emulated ] %s %s%s: %lld launches (%lld generated, %lld GEMM, %lld on the host); activations %lld"
+                " bytes (%lld without reuse)\n",
+                r.model.c_str(), r.fuse ? "fused" : "unfused", r.attention_rows_one_kernel ? "" : ", attention as GEMMs", static_cast<long long>(st.launches), static_cast<long long>(st.generated),
+                static_cast<long long>(st.cublas), static_cast<long long>(st.host_fallbacks),
+                static_cast<long long>(st.activation_bytes), static_cast<long long>(st.activation_bytes_no_reuse));
   }
 }
 
