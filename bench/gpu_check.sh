@@ -5,7 +5,7 @@
 # beside PyTorch eager and torch.compile on the same shapes (f32 and bf16).
 #
 #   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu: summary.txt and raw.tar.gz
-#   GF_GPU_PART=1|2|all GF_GPU_BUDGET=SECONDS bench/gpu_check.sh OUT_DIR   # a part, a time budget
+#   GF_GPU_PART=1|2|quick|all GF_GPU_BUDGET=SECONDS bench/gpu_check.sh OUT_DIR   # a part, a time budget
 #
 # Each step is time-boxed and its failure is reported without stopping the others, so that one
 # run brings back as much as it can. The GPU machine's image has CUDA, CMake and PyTorch but not
@@ -78,35 +78,45 @@ log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "c
 PART=${GF_GPU_PART:-all}
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 
+# The steps parts share. bench_preset P: P at 64 Mi elements beside a same-run device copy.
+# demo_block SEQ REPEATS: the LLaMA-7B block, unfused / fused / fused + CUDA graph, against the
+# CPU, every step's device time. torch_block NAME SECONDS ARGS...: PyTorch on the same block.
+bench_preset() {
+  step "bench_$1_64Mi" 90 $GF bench --preset "$1" --elements 67108864 --repeats 21 --backend cuda \
+    --json "$RAW/bench_$1_64Mi.json"
+}
+demo_block() {
+  step "demo_llama7b_seq$1" 150 $GF demo --preset llama7b --seq "$1" --threads "$(nproc)" --repeats "$2" \
+    --backend cuda --profile --json "$RAW/demo_llama7b_seq$1.json"
+}
+torch_block() {
+  local name=$1 secs=$2
+  shift 2
+  step "$name" "$secs" "$PY" bench/peers/block_torch.py --preset llama7b --device cuda --repeats 51 "$@"
+}
+runtime_tests() { step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'; }
+
 if part quick; then
-  step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
-    --json "$RAW/bench_chain_64Mi.json"
+  bench_preset chain
   for seq in 1 512; do
-    step "demo_llama7b_seq$seq" 120 $GF demo --preset llama7b --seq $seq --threads "$(nproc)" --repeats 21 --backend cuda \
-      --profile --json "$RAW/demo_llama7b_seq$seq.json"
-    step "torch_compile_seq${seq}_f32" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq --device cuda \
-      --repeats 51 --compile
+    demo_block $seq 21
+    torch_block "torch_compile_seq${seq}_f32" 120 --seq $seq --compile
   done
-  step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'
+  runtime_tests
 fi
 
 if part 1; then
   # What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi; the
-  # LLaMA-7B decode block (kernels, latency unfused / fused / fused + CUDA graph, error against
-  # the CPU, the fused plan step by step); PyTorch eager and torch.compile on the same block.
-  step bench_chain_64Mi 90 $GF bench --preset chain --elements 67108864 --repeats 21 --backend cuda \
-    --json "$RAW/bench_chain_64Mi.json"
-  step demo_llama7b_seq1 120 $GF demo --preset llama7b --seq 1 --threads "$(nproc)" --repeats 21 --backend cuda \
-    --profile --json "$RAW/demo_llama7b_seq1.json"
-  step torch_eager_seq1_f32 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51
-  step torch_compile_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda --repeats 51 --compile
-  # The runtime tests: demo presets and exported models, unfused / fused, stream / CUDA graph,
-  # against the CPU (the codegen and NVRTC tests run in CI; part 2 runs them here too).
-  step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'
-  step demo_llama7b_seq512 150 $GF demo --preset llama7b --seq 512 --threads "$(nproc)" --repeats 11 --backend cuda \
-    --profile --json "$RAW/demo_llama7b_seq512.json"
-  step torch_compile_ro_seq1_f32 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq 1 --device cuda \
-    --repeats 51 --compile --mode reduce-overhead
+  # LLaMA-7B decode block; PyTorch eager and torch.compile on the same block. Then the runtime
+  # tests (demo presets and exported models, unfused / fused, stream / CUDA graph, against the
+  # CPU; the codegen and NVRTC tests run in CI, and in part 2 here), and prefill.
+  bench_preset chain
+  demo_block 1 21
+  torch_block torch_eager_seq1_f32 60 --seq 1
+  torch_block torch_compile_seq1_f32 120 --seq 1 --compile
+  runtime_tests
+  demo_block 512 11
+  torch_block torch_compile_ro_seq1_f32 120 --seq 1 --compile --mode reduce-overhead
 fi
 
 if part 2; then
@@ -115,18 +125,13 @@ if part 2; then
   for seq in 1 512; do
     for dt in f32 bf16; do
       [ "$seq$dt" = "1f32" ] && continue
-      step "torch_eager_seq${seq}_$dt" 60 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
-        --device cuda --dtype $dt --repeats 51
-      step "torch_compile_seq${seq}_$dt" 120 "$PY" bench/peers/block_torch.py --preset llama7b --seq $seq \
-        --device cuda --dtype $dt --repeats 51 --compile
+      torch_block "torch_eager_seq${seq}_$dt" 60 --seq $seq --dtype $dt
+      torch_block "torch_compile_seq${seq}_$dt" 120 --seq $seq --dtype $dt --compile
     done
   done
   # The other elementwise presets, and every exported model with its reference outputs on the
   # GPU (launched, and as a CUDA graph).
-  for preset in gelu silu residual; do
-    step "bench_${preset}_64Mi" 60 $GF bench --preset $preset --elements 67108864 --repeats 21 --backend cuda \
-      --json "$RAW/bench_${preset}_64Mi.json"
-  done
+  for preset in gelu silu residual; do bench_preset $preset; done
   for m in tests/models/*/; do
     name=$(basename "$m")
     step "run_$name" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda

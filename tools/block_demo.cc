@@ -352,6 +352,7 @@ int RunDemo(Args& args) {
   // outputs checked against the CPU's unfused result; latency = median device time (events).
   struct GpuRow {
     std::string plan;
+    bool graph = false;
     int64_t launches = 0, generated = 0, cublas = 0, host = 0, device_bytes = 0, act_bytes = 0, act_no_reuse = 0;
     double ms = 0, wall_ms = 0, max_abs = 0;
     bool ok = false;
@@ -369,6 +370,7 @@ int RunDemo(Args& args) {
         if (!y.ok()) return fail(y.status().WithContext(StrCat("--backend cuda, ", label, " plan")));
         GpuRow r;
         r.plan = StrCat(label, use_graph ? " + CUDA graph" : "");
+        r.graph = use_graph;
         int64_t bad_gpu = 0;
         for (int64_t i = 0; i < yu.numel(); ++i) {
           const double a = (*y)[0].data_as<float>()[i], b = yu.data_as<float>()[i];
@@ -406,7 +408,7 @@ int RunDemo(Args& args) {
                   static_cast<long long>(r.cublas), static_cast<long long>(r.host), r.ms, r.wall_ms, r.max_abs,
                   r.ok ? "ok" : "DIFFERS");
     for (const GpuRow& r : gpu_rows)
-      if (r.plan.find("graph") == std::string::npos)
+      if (!r.graph)  // the same buffers as the launched plan
         std::printf("       %-22s device memory %.1f MB, of which activations and scratch %.1f MB (%.1f MB without reuse)\n",
                     r.plan.c_str(), r.device_bytes / 1e6, r.act_bytes / 1e6, r.act_no_reuse / 1e6);
     std::printf("(medians of %d replays: device ms between CUDA events around the launches; wall ms on the host\n"

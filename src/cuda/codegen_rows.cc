@@ -10,6 +10,7 @@
 // launch is deterministic. Rows longer than kMaxRowPerThread * kCudaBlockSize are refused.
 #include <algorithm>
 #include <cctype>
+#include <functional>
 
 #include "../ops/kernels/attention_layout.h"
 #include "../ops/kernels/rowwise_layout.h"
@@ -462,14 +463,30 @@ std::string AttentionMaskLines(const AttentionParts& a, const std::string& inden
   return t;
 }
 
+// "_mask_boolmask"-like: the masks the node's attention applies.
+std::string MaskSuffix(const kernels::Dims& d) {
+  return StrCat(d.mask ? "_mask" : "", d.mask_select != 0 ? "_boolmask" : "");
+}
+
 // "attention_rope_mask_h32_d128"-like: what the node's attention computes.
 std::string AttentionBaseName(const kernels::Dims& d, const std::string& stem) {
-  std::string base = stem;
-  if (d.rope_q || d.rope_k) base += "_rope";
-  if (d.mask) base += "_mask";
-  if (d.mask_select != 0) base += "_boolmask";
-  return base + StrCat("_h", d.h, "_d", d.d);
+  return StrCat(stem, d.rope_q || d.rope_k ? "_rope" : "", MaskSuffix(d), "_h", d.h, "_d", d.d);
 }
+
+// Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
+// product rounded, then the add. at(col) reads column `col` of the row; the row's index is
+// named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`.
+std::string RopedStore(const std::function<std::string(const std::string&)>& at, const std::vector<int64_t>& cs,
+                       const std::string& row, const std::string& dst, const std::string& indent) {
+  std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + h * ", cs[1], "LL + ", row, " * ", cs[2],
+                         "LL + c * ", cs[3], "LL;\n");
+  t += StrCat(indent, "const float x2 = c < kHalf ? -", at("c + kHalf"), " : ", at("c - kHalf"), ";\n");
+  t += StrCat(indent, "const float a = ", at("c"), " * cs[co];\n");
+  t += StrCat(indent, "const float s = x2 * sn[co];\n");
+  return t + StrCat(indent, dst, " = a + s;\n");
+}
+
+std::string ReadQ(const std::string& col) { return StrCat("qh[", col, "]"); }
 
 // The end of a score loop over keys j and the pass after it, shared by both attention forms:
 // sc = scale * `score` through the masks, stored to `row`[j] and folded into the running max
@@ -537,9 +554,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "    __syncthreads();  // the previous row's readers are done with qs and ps\n";
   t += StrCat("    for (long long c = threadIdx.x; c < kD; c += ", kCudaBlockSize, ") {\n");
   if (d.rope_q) {
-    t += StrCat("      const long long co = b * ", cq[0], "LL + h * ", cq[1], "LL + r * ", cq[2], "LL + c * ", cq[3], "LL;\n");
-    t += "      const float x2 = c < kHalf ? -qh[c + kHalf] : qh[c - kHalf];\n";
-    t += "      const float a = qh[c] * cs[co];\n      const float s = x2 * sn[co];\n      qs[c] = a + s;\n";
+    t += RopedStore(ReadQ, cq, "r", "qs[c]", "      ");
   } else {
     t += "      qs[c] = qh[c];\n";
   }
@@ -572,8 +587,9 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
 }
 
 // The GEMM form's two kernels (see codegen.h). The prep kernel is three grid-stride loops in
-// the scratch's order (coalesced stores): q and k roped as in GenerateAttentionKernel, v copied. The softmax kernel is the one-kernel form's score pass on rows
-// that cuBLAS filled with q.k: scale, masks, max, exponentials summed in double, then p = e / sum.
+// the scratch's order (coalesced stores): q and k roped as in GenerateAttentionKernel, v
+// copied. The softmax kernel is the one-kernel form's score pass on rows that cuBLAS filled
+// with q.k: scale, masks, max, exponentials summed in double, then p = e / sum.
 Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
   GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
@@ -607,9 +623,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   t += StrCat("    const float* qh = q + b * ", a.qa.head_stride_b, "LL + h * ", a.qa.head_stride_h, "LL + r * ", a.qa.row_stride,
               "LL;\n");
   if (d.rope_q) {
-    t += StrCat("    const long long co = b * ", a.cq[0], "LL + h * ", a.cq[1], "LL + r * ", a.cq[2], "LL + c * ", a.cq[3], "LL;\n");
-    t += "    const float x2 = c < kHalf ? -qh[c + kHalf] : qh[c - kHalf];\n";
-    t += "    const float x = qh[c] * cs[co];\n    const float y = x2 * sn[co];\n    qd[i] = x + y;\n";
+    t += RopedStore(ReadQ, a.cq, "r", "qd[i]", "    ");
   } else {
     t += "    qd[i] = qh[c];\n";
   }
@@ -622,9 +636,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
     return a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]") : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]");
   };
   if (d.rope_k) {
-    t += StrCat("    const long long co = b * ", a.ck[0], "LL + h * ", a.ck[1], "LL + j * ", a.ck[2], "LL + c * ", a.ck[3], "LL;\n");
-    t += StrCat("    const float x2 = c < kHalf ? -", kat("c + kHalf"), " : ", kat("c - kHalf"), ";\n");
-    t += StrCat("    const float x = ", kat("c"), " * cs[co];\n    const float y = x2 * sn[co];\n    kd[i] = x + y;\n");
+    t += RopedStore(kat, a.ck, "j", "kd[i]", "    ");
   } else {
     t += StrCat("    kd[i] = ", kat("c"), ";\n");
   }
@@ -662,16 +674,12 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = row[j] * inv;\n");
   t += "  }\n}\n";
-  std::string sbase = "attention_softmax";
-  if (d.mask) sbase += "_mask";
-  if (d.mask_select != 0) sbase += "_boolmask";
-  soft = Finish(head, t, StrCat(sbase, "_h", d.h), DType::kF32, std::move(soft));
+  soft = Finish(head, t, StrCat("attention_softmax", MaskSuffix(d), "_h", d.h), DType::kF32, std::move(soft));
 
   // cuBLAS's operands, per head bh = b * H + h (see codegen.h).
   out.s = d.s, out.sk = d.sk, out.d = d.d, out.dv = d.dv, out.b = d.b, out.h = d.h;
   out.out_head_stride_b = a.oa.head_stride_b, out.out_head_stride_h = a.oa.head_stride_h;
   out.out_row_stride = a.oa.row_stride;
-  out.mask_inputs.clear();
   for (int i = 0; i < (d.mask ? 1 : 0) + (d.mask_select != 0 ? 1 : 0); ++i) out.mask_inputs.push_back(d.first_extra() + i);
   if (rope) out.rope_inputs = {d.num_inputs() - 2, d.num_inputs() - 1};
   return out;

@@ -12,6 +12,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <span>
 
 #include "../runtime/executor.h"
 #include "codegen.h"
@@ -189,6 +190,20 @@ struct CudaExecutor::Impl {
     stats.activation_bytes_no_reuse += static_cast<int64_t>(bytes);
     return best;
   }
+  // One buffer of `bytes` for `values` (a node's outputs laid out in it): pooled until the last
+  // of them is read, unless one is a graph output or planning is not pooling.
+  Result<void*> SharedBuffer(std::span<const Value* const> values, size_t bytes, const std::string& what) {
+    bool pool = pooling;
+    int end = current;
+    for (const Value* v : values) {
+      pool = pool && !v->constant() && !pinned.count(v);
+      end = std::max(end, LastUse(v));
+    }
+    if (!pool) return Alloc(bytes, what);
+    GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, end, what));
+    for (const Value* v : values) block_of[v] = b;
+    return blocks[static_cast<size_t>(b)].p;
+  }
   // Scratch for the node being planned (workspaces, attention's per-head copies and scores).
   Result<void*> Scratch(size_t bytes, const std::string& what) {
     if (!pooling) return Alloc(bytes, what);
@@ -237,13 +252,7 @@ struct CudaExecutor::Impl {
   // between nodes pooled, above).
   Result<void*> Buffer(const Value* v) {
     if (auto it = dev.find(v); it != dev.end()) return it->second;
-    const std::string what = StrCat("value '", v->name(), "' ", v->TypeString());
-    if (pooling && !v->constant() && !pinned.count(v)) {
-      GF_ASSIGN_OR_RETURN(int b, Pooled(Bytes(v), LastUse(v), what));
-      block_of[v] = b;
-      return dev[v] = blocks[static_cast<size_t>(b)].p;
-    }
-    GF_ASSIGN_OR_RETURN(void* p, Alloc(Bytes(v), what));
+    GF_ASSIGN_OR_RETURN(void* p, SharedBuffer({&v, 1}, Bytes(v), StrCat("value '", v->name(), "' ", v->TypeString())));
     if (v->constant()) {
       GF_RETURN_IF_ERROR(Copy(p, v->constant()->data(), Bytes(v), cudaMemcpyHostToDevice, stream)
                              .WithContext(StrCat("uploading constant '", v->name(), "'")));
@@ -260,6 +269,11 @@ struct CudaExecutor::Impl {
       return Status::Ok();
     }
     return CudaStatus(cudaMemcpyAsync(dst, src, bytes, kind, s), "cudaMemcpyAsync");
+  }
+  // Stream-ordered zero fill (a plain memset when emulating).
+  Status Zero(void* dst, size_t bytes, cudaStream_t s, const std::string& where) const {
+    if (emu) return (std::memset(dst, 0, bytes), Status::Ok());
+    return CudaStatus(cudaMemsetAsync(dst, 0, bytes, s), where);
   }
   Status Sync(cudaStream_t s) const { return emu ? Status::Ok() : CudaStatus(cudaStreamSynchronize(s), "synchronizing"); }
   Status Gemm(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, int64_t stride_a, const float* b, int64_t ldb,
@@ -433,8 +447,7 @@ struct CudaExecutor::Impl {
       ++stats.launches, ++stats.cublas;
     } else if (a.scores_elements > 0) {  // d = 0: every score is 0
       steps.push_back({n.name(), [=, this](cudaStream_t s) {
-                         if (emu) return (std::memset(sc, 0, static_cast<size_t>(a.scores_elements) * 4), Status::Ok());
-                         return CudaStatus(cudaMemsetAsync(sc, 0, static_cast<size_t>(a.scores_elements) * 4, s), where);
+                         return Zero(sc, static_cast<size_t>(a.scores_elements) * 4, s, where);
                        }});
     }
     std::vector<void*> soft_args;
@@ -445,22 +458,17 @@ struct CudaExecutor::Impl {
       float* o = static_cast<float*>(out);
       if (a.sk == 0) {
         const size_t bytes = Bytes(n.output());
-        steps.push_back({n.name(), [=, this](cudaStream_t s) {
-                           if (emu) return (std::memset(o, 0, bytes), Status::Ok());
-                           return CudaStatus(cudaMemsetAsync(o, 0, bytes, s), where);
-                         }});
-      } else if (a.b == 1 || a.out_head_stride_b == a.h * a.out_head_stride_h) {  // one call over every head
-        steps.push_back({n.name(), [=, this](cudaStream_t) {
-                           return Gemm(a.s, a.dv, a.sk, sc, a.sk, a.s * a.sk, vd, a.dv, a.sk * a.dv, o, a.out_row_stride,
-                                       a.out_head_stride_h, a.heads, where + ": p v");
-                         }});
-        ++stats.launches, ++stats.cublas;
-      } else {  // heads of one batch entry are evenly spaced; batch entries are not
-        for (int64_t b = 0; b < a.b; ++b) {
+        steps.push_back({n.name(), [=, this](cudaStream_t s) { return Zero(o, bytes, s, where); }});
+      } else {
+        // One call over every head where the output's heads are evenly spaced across batch
+        // entries too; else one call per batch entry (its heads are).
+        const bool even = a.b == 1 || a.out_head_stride_b == a.h * a.out_head_stride_h;
+        const int64_t calls = even ? 1 : a.b, heads_per_call = even ? a.heads : a.h;
+        for (int64_t b = 0; b < calls; ++b) {
           steps.push_back({n.name(), [=, this](cudaStream_t) {
                              return Gemm(a.s, a.dv, a.sk, sc + b * a.h * a.s * a.sk, a.sk, a.s * a.sk,
                                          vd + b * a.h * a.sk * a.dv, a.dv, a.sk * a.dv, o + b * a.out_head_stride_b,
-                                         a.out_row_stride, a.out_head_stride_h, a.h, where + ": p v");
+                                         a.out_row_stride, a.out_head_stride_h, heads_per_call, where + ": p v");
                            }});
           ++stats.launches, ++stats.cublas;
         }
@@ -580,22 +588,8 @@ struct CudaExecutor::Impl {
     for (size_t o = 0; o < out_proj.size() && batched; ++o)
       batched = out_proj[o] == static_cast<int64_t>(o) && !dev.count(n.output(o));
     if (batched) {
-      // One block for the S outputs (pooled while the last of them is read).
-      const size_t bytes = static_cast<size_t>(splits * m * nn) * 4;
-      void* p = nullptr;
-      bool pool = pooling;
-      int end = current;
-      for (int64_t s = 0; s < splits; ++s) {
-        pool = pool && !pinned.count(n.output(static_cast<size_t>(s)));
-        end = std::max(end, LastUse(n.output(static_cast<size_t>(s))));
-      }
-      if (pool) {
-        GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, end, StrCat(n.name(), " outputs")));
-        p = blocks[static_cast<size_t>(b)].p;
-        for (int64_t s = 0; s < splits; ++s) block_of[n.output(static_cast<size_t>(s))] = b;
-      } else {
-        GF_ASSIGN_OR_RETURN(p, Alloc(bytes, StrCat(n.name(), " outputs")));
-      }
+      GF_ASSIGN_OR_RETURN(void* p, SharedBuffer(n.outputs(), static_cast<size_t>(splits * m * nn) * 4,
+                                                StrCat(n.name(), " outputs")));
       for (int64_t s = 0; s < splits; ++s) dev[n.output(static_cast<size_t>(s))] = static_cast<float*>(p) + s * m * nn;
       float* c = static_cast<float*>(p);
       if (m * nn > 0) {
@@ -744,10 +738,7 @@ struct CudaExecutor::Impl {
     auto* Y = static_cast<float*>(yp);
     if (k == 0) {
       const size_t bytes = Bytes(y);
-      steps.push_back({n.name(), [=, this](cudaStream_t s) {
-                         if (emu) return (std::memset(Y, 0, bytes), Status::Ok());
-                         return CudaStatus(cudaMemsetAsync(Y, 0, bytes, s), where);
-                       }});
+      steps.push_back({n.name(), [=, this](cudaStream_t s) { return Zero(Y, bytes, s, where); }});
     } else {
       steps.push_back({n.name(), [=, this](cudaStream_t) {
                          return Gemm(rows, nn, k, A, k, stride_a, B, nn, stride_b, Y, nn, rows * nn, batch, where);

@@ -7,9 +7,9 @@
 // its bias / ReLU / GELU-tanh epilogue where that enum computes the group exactly; a FusedGemm
 // epilogue it does not cover runs as one generated kernel right after the GEMM. A fused node
 // whose kernel cannot be generated (say, attention over more keys than the generated kernel
-// holds) runs its "reference" graph; attention with many query rows per head runs as two
-// generated kernels around two strided-batched cuBLAS GEMMs (GenerateAttentionGemmKernels), each op by its own path; an op with no CUDA path at all
-// runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
+// holds) runs its "reference" graph, each op by its own path; attention with many query rows
+// per head runs as two generated kernels around two strided-batched cuBLAS GEMMs
+// (GenerateAttentionGemmKernels); an op with no CUDA path at all runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
 // outputs and constants get device buffers of their own (constants uploaded once); views share
 // their input's; values between nodes and per-node scratch share pooled blocks by liveness.
 //

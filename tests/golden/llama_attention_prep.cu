@@ -150,7 +150,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_prep_rope_mask_h4_d16_f32_0f3236f0(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {
+extern "C" __global__ void __launch_bounds__(256) attention_prep_rope_mask_h4_d16_f32_85ed0eee(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -159,18 +159,18 @@ extern "C" __global__ void __launch_bounds__(256) attention_prep_rope_mask_h4_d1
     const float* qh = q + b * 1024LL + h * 16LL + r * 64LL;
     const long long co = b * 256LL + h * 0LL + r * 16LL + c * 1LL;
     const float x2 = c < kHalf ? -qh[c + kHalf] : qh[c - kHalf];
-    const float x = qh[c] * cs[co];
-    const float y = x2 * sn[co];
-    qd[i] = x + y;
+    const float a = qh[c] * cs[co];
+    const float s = x2 * sn[co];
+    qd[i] = a + s;
   }
   for (long long i = first; i < 1024LL; i += step) {
     const long long c = i % kD, j = i / kD % kSk, bh = i / (kD * kSk), h = bh % kH, b = bh / kH;
     const float* kh = k + b * 1024LL + h * 16LL;
     const long long co = b * 256LL + h * 0LL + j * 16LL + c * 1LL;
     const float x2 = c < kHalf ? -kh[j * 64LL + (c + kHalf)] : kh[j * 64LL + (c - kHalf)];
-    const float x = kh[j * 64LL + (c)] * cs[co];
-    const float y = x2 * sn[co];
-    kd[i] = x + y;
+    const float a = kh[j * 64LL + (c)] * cs[co];
+    const float s = x2 * sn[co];
+    kd[i] = a + s;
   }
   for (long long i = first; i < 1024LL; i += step) {
     const long long c = i % kDv, j = i / kDv % kSk, bh = i / (kDv * kSk), h = bh % kH, b = bh / kH;
