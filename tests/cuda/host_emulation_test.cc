@@ -243,6 +243,18 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
   for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
 }
 
+// A LLaMA block from the demo's builder (llama-small's structure) at a small size: the
+// emulation runs one host thread per CUDA thread, so sizes stay small.
+Result<std::unique_ptr<Graph>> SmallLlamaBlock(int64_t seq, int64_t hidden, int64_t heads, int64_t ffn, uint32_t seed) {
+  ThreadPool pool(2);
+  GF_ASSIGN_OR_RETURN(BlockConfig cfg, BlockPreset("llama-small"));
+  cfg.seq = seq, cfg.hidden = hidden, cfg.heads = heads, cfg.ffn = ffn;
+  GF_ASSIGN_OR_RETURN(BlockWeights w, MakeBlockWeights(cfg, seed, CpuContext{&pool}));
+  auto g = std::make_unique<Graph>("llama-small");
+  GF_RETURN_IF_ERROR(BuildBlock(*g, cfg, w));  // the graph holds the weights (shared)
+  return g;
+}
+
 // The generated attention kernel of g's FusedAttention node, run on the host, against the CPU's
 // FusedAttention on the same inputs.
 void CheckEmulatedAttention(const Graph& g, const std::string& label, uint32_t seed, unsigned grid) {
@@ -283,21 +295,12 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   }
   // A LLaMA block (the demo's builder) at 264 positions: more keys than threads per block; 2
   // heads of 64 keep the one-thread-per-CUDA-thread emulation short.
-  ThreadPool pool(2);
-  auto cfg = BlockPreset("llama-small");
-  ASSERT_TRUE(cfg.ok());
-  cfg->seq = 264;
-  cfg->hidden = 128;
-  cfg->heads = 2;
-  cfg->ffn = 344;
-  auto w = MakeBlockWeights(*cfg, 3, CpuContext{&pool});
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  Graph g("llama-small");
-  ASSERT_TRUE(BuildBlock(g, *cfg, *w).ok());
+  auto g = SmallLlamaBlock(264, 128, 2, 344, 3);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
   PipelineOptions two_nodes;
   two_nodes.fusion.attention_projection = false;
-  ASSERT_TRUE(RunPipeline(g, two_nodes).ok());
-  CheckEmulatedAttention(g, "LLaMA block at 264 positions", 13, 7);
+  ASSERT_TRUE(RunPipeline(**g, two_nodes).ok());
+  CheckEmulatedAttention(**g, "LLaMA block at 264 positions", 13, 7);
 }
 
 // Attention over a bool mask applied with Where and an f32 mask added, in either order, with
@@ -404,17 +407,10 @@ TEST(CudaHostEmulation, AttentionAsGemmsMatchesTheCpu) {
 // A LLaMA block at a prefill-like size, as the demo plans it for the GPU (norms not folded):
 // 72 rows, so q, k and v take one cuBLAS call each and the attention its GEMM form.
 TEST(CudaHostEmulation, PrefillSizedLlamaBlockMatchesTheCpu) {
+  auto block = SmallLlamaBlock(72, 64, 2, 172, 5);
+  ASSERT_TRUE(block.ok()) << block.status().ToString();
+  Graph& g = **block;
   ThreadPool pool(2);
-  auto cfg = BlockPreset("llama-small");
-  ASSERT_TRUE(cfg.ok());
-  cfg->seq = 72;
-  cfg->hidden = 64;
-  cfg->heads = 2;
-  cfg->ffn = 172;
-  auto w = MakeBlockWeights(*cfg, 5, CpuContext{&pool});
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  Graph g("llama-small");
-  ASSERT_TRUE(BuildBlock(g, *cfg, *w).ok());
   PipelineOptions po;
   po.fusion.norm_into_gemm = false;
   ASSERT_TRUE(RunPipeline(g, po).ok());
