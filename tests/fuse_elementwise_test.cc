@@ -126,6 +126,64 @@ TEST(FuseElementwise, RefusesCycleThroughOutsideNode) {
   EXPECT_TRUE(HasRefusal(r, refusal::kWouldCreateCycle));
 }
 
+// Cut down from an exported model: two groups that no node path joins can still form a cycle
+// once merged, through a third group. Here the float group holding Max/Where/Add(sel, mu) and
+// the one holding Div/Add(u1)/Pow/Min are each reachable from the other only through the bool
+// group (Greater, Cast): merging a node of one into the other must see the path
+// (group -> other group -> group), not only paths through single nodes outside both.
+constexpr const char* kCycleThroughAThirdGroup = R"(graph @repro(%a: f32[2,16,64], %b: f32[2,16,64],
+    %c: f32[2,16,64], %s: f32[2,16,64], %t: f32[2,16,64], %l: f32[2,16,64], %y: f32[2,16,64], %w: f32[64],
+    %k1: f32[], %k2: f32[], %k3: f32[], %k4: f32[], %k5: f32[]) {
+  %d = Add(%a, %b)
+  %u = Div(%c, %w)
+  %u1 = Add(%u, %k1)
+  %s1 = Add(%s, %k2)
+  %p1 = Pow(%u1, %k3)
+  %p2 = Pow(%t, %k4)
+  %pw = Add(%p1, %p2)
+  %mx = Max(%d, %l)
+  %mn = Min(%pw, %s1)
+  %cond = Greater(%y, %k5)
+  %sel = Where(%cond, %mx, %mn)
+  %m = Cast(%cond) {to = 0}
+  %mu = Mul(%m, %u)
+  %z = Add(%sel, %mu)
+  %mean = ReduceMean(%z) {axes = [-1], keepdims = 1}
+  return %mean
+})";
+
+TEST(FuseElementwise, NoCycleThroughAThirdGroup) {
+  // Every order of the groups' growth the caps allow: small groups leave other merges open.
+  for (int cap : {2, 3, 4, 5, 8, 24}) {
+    FusionOptions o;
+    o.max_group_size = cap;
+    auto r = FuseAndCompare(kCycleThroughAThirdGroup, o);
+    EXPECT_GE(r.groups.size(), 1u) << "max_group_size " << cap;
+    EXPECT_LT(r.kernels_after, r.kernels_before) << "max_group_size " << cap;
+  }
+}
+
+// A path may enter a group at a member late in node order and leave it from an early one, so
+// node order cannot bound the search: a and d (siblings reading %x) would close
+// a -> r1 -> s -> {t, e} -> r2 -> d, where t comes after d and e before it.
+TEST(FuseElementwise, NoCycleThroughALateMemberOfAGroup) {
+  FusionOptions o;
+  o.exclude = {"Mul_5"};  // s stays alone
+  auto r = FuseAndCompare(R"(graph @late(%x: f32[8,64], %y: f32[8,64], %z: f32[8,64]) {
+  %a = Neg(%x)
+  %e = Exp(%y)
+  %r2 = ReduceMean(%e) {axes = [-1], keepdims = 1}
+  %d = Add(%x, %r2)
+  %r1 = ReduceSum(%a) {axes = [-1], keepdims = 1}
+  %s = Mul(%r1, %z)
+  %t = Add(%s, %e)
+  return %d, %t
+})", o);
+  EXPECT_TRUE(HasRefusal(r, refusal::kWouldCreateCycle));
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(r.groups[0].nodes, (std::vector<std::string>{"Exp_1", "Add_6"}));
+}
+
 TEST(FuseElementwise, RefusesDifferentSpacesAndDomains) {
   auto r = FuseAndCompare(R"(graph @s(%x: f32[4,8], %v: f32[8], %i: i32[4,8], %j: i32[4,8]) {
   %a = Exp(%v)
@@ -177,6 +235,51 @@ TEST(FuseElementwise, HalfPrecisionIntermediatesRoundAsUnfused) {
   %2 = Sub(%1, %x)
   return %2
 })");
+}
+
+// Integer groups compute in int64 registers; an i32 result must wrap as its store would, and a
+// Cast to bool must give 0 / 1, before another op of the group reads it (found by the property
+// test: an i32 product past 2^31 compared unwrapped inside the group).
+TEST(FuseElementwise, IntegerIntermediatesHoldWhatTheirStoresKeep) {
+  const std::string text = R"(graph @i(%x: i32[4,64], %y: i32[4,64]) {
+  %sq = Mul(%x, %x)
+  %gt = Greater(%sq, %y)
+  %b = Cast(%x) {to = 5}
+  %bi = Cast(%b) {to = 3}
+  %s = Add(%bi, %sq)
+  return %gt, %s
+})";
+  auto unfused = Parse(text);
+  auto fused = Parse(text);
+  auto rep = FuseElementwise(*fused);
+  ASSERT_TRUE(rep.ok()) << rep.status().ToString();
+  ASSERT_EQ(rep->groups.size(), 1u) << PrintGraph(*fused);
+  // |x| in [46341, 70000]: x * x is past 2^31 and wraps, to a negative value for some.
+  std::mt19937 rng(5);
+  std::vector<Tensor> ins;
+  for (const Value* v : unfused->inputs()) {
+    Tensor t = Tensor::Empty(v->dtype(), v->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i)
+      t.SetFromDouble(i, v->name() == "x" ? double((46341 + rng() % 23660) * (i % 2 ? 1 : -1)) : double(rng() % 201) - 100);
+    ins.push_back(std::move(t));
+  }
+  std::vector<TensorView> views;
+  for (const Tensor& t : ins) views.push_back(t.view());
+  ThreadPool pool(2);
+  auto a = Execute(*unfused, views, CpuContext{&pool});
+  auto b = Execute(*fused, views, CpuContext{&pool});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+  int64_t wrapped_negative = 0;
+  for (int64_t i = 0; i < ins[0].numel(); ++i) {
+    const int64_t x = static_cast<int64_t>(ins[0].GetAsDouble(i));
+    const int32_t sq = static_cast<int32_t>(x * x);
+    wrapped_negative += sq < 0;
+    EXPECT_EQ((*a)[0].GetAsDouble(i), sq > ins[1].GetAsDouble(i) ? 1.0 : 0.0) << i;
+    EXPECT_EQ((*a)[1].GetAsDouble(i), static_cast<double>(static_cast<int32_t>(int64_t{sq} + 1))) << i;
+  }
+  EXPECT_GT(wrapped_negative, 0);  // the data reaches the case
+  for (size_t k = 0; k < a->size(); ++k)
+    EXPECT_EQ(0, std::memcmp((*a)[k].data(), (*b)[k].data(), (*a)[k].nbytes())) << "output " << k;
 }
 
 TEST(FuseElementwise, RecomputesCheapProducerInsteadOfStoringIt) {

@@ -54,8 +54,8 @@ Result<TileProgram> LowerElementwiseGroup(const Graph& body) {
     for (size_t a = 0; a < n->inputs().size(); ++a) ins.args[a] = reg.at(n->input(a));
     GF_ASSIGN_OR_RETURN(int r, emit(ins));
     const DType dt = n->output()->dtype();
-    if (dt == DType::kF16 || dt == DType::kBF16) {
-      // The unfused op stores dt: round the register the same way before anyone reads it.
+    if (NeedsRoundingStep(*kind, dt, domain == Domain::kI64)) {
+      // The unfused op stores dt: round (or wrap) the register the same way before anyone reads it.
       OpAttrs round;
       round.to = dt;
       GF_ASSIGN_OR_RETURN(r, emit(TileInstr{OpKind::kCast, {r, 0, 0}, round, domain}));

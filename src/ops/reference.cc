@@ -58,6 +58,11 @@ bool ComputesInIntegers(OpKind kind, std::span<const DType> inputs) {
   return !IsFloat(data);
 }
 
+bool NeedsRoundingStep(OpKind kind, DType out, bool integer_domain) {
+  if (!integer_domain) return out == DType::kF16 || out == DType::kBF16;
+  return out == DType::kI32 && GetOpInfo(kind).cls == OpClass::kArith;
+}
+
 Result<std::vector<double>> ReferenceOp(OpKind kind, std::span<const TensorView> in, const OpAttrs& a) {
   std::vector<Shape> shapes;
   std::vector<DType> dtypes;

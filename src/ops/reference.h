@@ -18,6 +18,11 @@ int64_t ReferenceScalarInt(OpKind kind, int64_t x, int64_t y, int64_t z, const O
 // Whether `kind` on these input dtypes computes in the integer domain.
 bool ComputesInIntegers(OpKind kind, std::span<const DType> inputs);
 
+// Whether a fused group must round an op's result in its registers to hold what the unfused op
+// stores: f16 / bf16 results (registers are f32), and i32 results of integer arithmetic
+// (registers are int64: a sum or product past 2^31 wraps when stored). A Cast rounds itself.
+bool NeedsRoundingStep(OpKind kind, DType out, bool integer_domain);
+
 // The whole op over broadcast inputs; the values are exact results before rounding to the
 // output dtype (integer results are exact up to 2^53).
 Result<std::vector<double>> ReferenceOp(OpKind kind, std::span<const TensorView> inputs, const OpAttrs& a);

@@ -59,7 +59,13 @@ inline double round_to(double x, const OpAttrs& a) {
   if (a.to != DType::kF16 && a.to != DType::kBF16) return x;
   return RoundToDType(static_cast<float>(x), a.to);
 }
-inline int64_t round_to(int64_t x, const OpAttrs&) { return x; }
+// Integer data computes in int64; a value of a narrower type is what its store would keep:
+// i32 wraps (as C and numpy narrow), bool is x != 0.
+inline int64_t round_to(int64_t x, const OpAttrs& a) {
+  if (a.to == DType::kI32) return static_cast<int32_t>(x);
+  if (a.to == DType::kBool) return x != 0;
+  return x;
+}
 
 inline double dropout(double x, const OpAttrs& a, int64_t idx) {
   if (!a.training) return x;

@@ -112,8 +112,7 @@ class Planner {
     for (int i : members) {
       const Node* n = order_[i];
       ++s.size;
-      const DType dt = n->output()->dtype();
-      if (dt == DType::kF16 || dt == DType::kBF16) ++s.size;  // the rounding step
+      if (NeedsRoundingStep(*OpFromName(n->op()), n->output()->dtype(), s.integer_domain)) ++s.size;  // its rounding step
       for (const Value* in : n->inputs())
         if (in && !(in->producer() && in_group.count(in->producer()))) s.reads.insert(in);
       for (const Value* out : n->outputs()) {
@@ -125,17 +124,33 @@ class Planner {
     return s;
   }
 
-  // Is there a path from a member of `from` to a member of `to` through a node in neither?
-  bool PathThroughOutside(const std::vector<int>& from, const std::vector<int>& to) {
-    std::set<int> in_from(from.begin(), from.end()), in_to(to.begin(), to.end());
-    const int limit = *std::max_element(to.begin(), to.end());
-    std::vector<int> stack;
-    std::set<int> seen;
+  // Nodes of the group whose root is `root`: its members, or the node alone (a node that is
+  // not elementwise, or an elementwise one that has not joined a group yet).
+  std::vector<int> GroupNodes(int root) const {
+    auto it = members_.find(root);
+    return it == members_.end() ? std::vector<int>{root} : it->second;
+  }
+
+  // Would merging the groups `from` and `to` create a cycle? It does exactly when a path leaves
+  // one and enters the other through anything else: a node outside both, or another group
+  // (the groups are fused nodes-to-be, so a path entering a group at one member may leave it
+  // from any other). Searched over the graph of groups, which the merges keep acyclic, in the
+  // direction from -> to; callers ask both directions. Node order prunes nothing here: a path
+  // may enter a group at a late member and leave it from an early one.
+  bool PathThroughOtherGroups(const std::vector<int>& from, const std::vector<int>& to) {
+    const std::set<int> in_from(from.begin(), from.end()), in_to(to.begin(), to.end());
+    std::set<int> seen_roots = {Find(from.front()), Find(to.front())};
+    std::vector<int> stack;  // nodes whose readers are still to visit
+    auto enter = [&](int j) {  // j reads a value of the path: stack its whole group
+      const int r = Find(j);
+      if (!seen_roots.insert(r).second) return;
+      for (int m : GroupNodes(r)) stack.push_back(m);
+    };
     for (int i : from)
       for (const Value* o : order_[i]->outputs())
         for (const Use& u : o->uses()) {
           const int j = index_.at(u.node);
-          if (!in_from.count(j) && !in_to.count(j) && j < limit && seen.insert(j).second) stack.push_back(j);
+          if (!in_from.count(j) && !in_to.count(j)) enter(j);
         }
     while (!stack.empty()) {
       const int j = stack.back();
@@ -144,7 +159,7 @@ class Planner {
         for (const Use& u : o->uses()) {
           const int k = index_.at(u.node);
           if (in_to.count(k)) return true;
-          if (k < limit && seen.insert(k).second) stack.push_back(k);
+          enter(k);
         }
     }
     return false;
@@ -176,10 +191,10 @@ class Planner {
     std::sort(mm.begin(), mm.end());
     const GroupSummary A = Summarize(ma), B = Summarize(mb), M = Summarize(mm);
     FusionDecision d = CheckMerge(A, B, M, o_);
-    if (d.allowed && (PathThroughOutside(ma, mb) || PathThroughOutside(mb, ma)))
+    if (d.allowed && (PathThroughOtherGroups(ma, mb) || PathThroughOtherGroups(mb, ma)))
       d = FusionDecision::Refuse(refusal::kWouldCreateCycle,
                                  StrCat("a path from '", order_[a]->name(), "' to '", order_[b]->name(),
-                                        "' (or back) runs through a node outside both groups"));
+                                        "' (or back) runs through a node or group outside both"));
     if (d.allowed) d = PolicyAllowsMerge(A, B, M, o_);
     if (!d.allowed) {
       Refuse(a, b, d.code, StrCat(relation, ": ", d.message));
@@ -209,13 +224,20 @@ class Planner {
   }
 
   void Horizontal() {
-    // Readers of each tensor, in order.
+    // Readers of each tensor, in order; tensors in the order of their first reader (not of
+    // their addresses: the plan must not change from one run to the next).
     std::map<const Value*, std::vector<int>> readers;
+    std::vector<const Value*> read;
     for (int i = 0; i < static_cast<int>(order_.size()); ++i)
       if (elementwise_[i])
         for (const Value* in : order_[i]->inputs())
-          if (in) readers[in].push_back(i);
-    for (auto& [v, rs] : readers) {
+          if (in) {
+            std::vector<int>& rs = readers[in];
+            if (rs.empty()) read.push_back(in);
+            rs.push_back(i);
+          }
+    for (const Value* v : read) {
+      const std::vector<int>& rs = readers.at(v);
       if (v->numel() <= 1) continue;  // a shared scalar is no reason to merge
       for (size_t x = 1; x < rs.size(); ++x)
         TryMerge(rs[0], rs[x], StrCat("'", order_[rs[0]]->name(), "' and '", order_[rs[x]]->name(),
@@ -253,7 +275,13 @@ class Planner {
   // value, and the value may no longer need writing at all).
   void PlanRecompute(const std::vector<int>& members, int k) {
     GroupSummary g = Summarize(members);
-    for (const Value* v : std::vector<const Value*>(g.reads.begin(), g.reads.end())) {
+    // Candidates in node order (each decision changes the next one's byte count).
+    std::vector<const Value*> candidates(g.reads.begin(), g.reads.end());
+    auto position = [&](const Value* v) { return v->producer() ? index_.at(v->producer()) : -1; };
+    std::sort(candidates.begin(), candidates.end(), [&](const Value* a, const Value* b) {
+      return position(a) != position(b) ? position(a) < position(b) : a->name() < b->name();
+    });
+    for (const Value* v : candidates) {
       const Node* p = v->producer();
       if (!p) continue;
       const int pi = index_.at(p);

@@ -10,11 +10,17 @@
 // read as group inputs), then siblings that read the same tensor are merged (horizontal).
 // Every merge passes legality (fusion_legality.h: same iteration space, same compute domain,
 // caps), a cycle check, and the cost policy. The cycle check refuses a merge of A and B when
-// a path leaves A, goes through a node outside both, and enters B (or back):
+// a path leaves A, goes through anything outside both -- a node, or another group -- and enters
+// B (or back):
 //
 //        A:  a ----------> b  :B         fusing a and b would put c both after and
 //             \           ^              before the fused node: refused
 //              --> c -----/              (would-create-cycle)
+//
+// A group is one node-to-be, so the path may enter a third group C at one member and leave it
+// from another with no edge between the two: A -> c1, c2 -> B with c1, c2 in C is a path. The
+// check runs on the graph of groups before each merge (which keeps that graph acyclic), so the
+// rewrite never meets a cycle.
 //
 // A value computed in a group is written to memory only when a node outside the group or
 // the graph's outputs read it (then the group has several outputs). A cheap producer

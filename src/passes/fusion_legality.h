@@ -36,7 +36,7 @@ struct FusionDecision {
 
 struct FusionOptions {
   bool enabled = true;
-  int max_group_size = 24;  // nodes per group (each may add a rounding step for f16/bf16)
+  int max_group_size = 24;  // nodes per group (each may add a rounding step: f16/bf16, i32 arithmetic)
   int max_inputs = 12;      // tensors a group reads
   int max_outputs = 6;      // tensors a group writes
   std::set<std::string> exclude;  // node names, or group names from a previous plan ("fused_3")

@@ -69,7 +69,10 @@ __forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
 __forceinline__ float round_to(float x, const Attrs& a) {
   return a.to == kF16 ? round_f16(x) : a.to == kBF16 ? round_bf16(x) : x;
 }
-__forceinline__ long long round_to(long long x, const Attrs&) { return x; }
+// Integer data computes in 64 bits; i32 wraps and bool is x != 0, as their stores keep them.
+__forceinline__ long long round_to(long long x, const Attrs& a) {
+  return a.to == kI32 ? static_cast<long long>(static_cast<int>(x)) : a.to == kBool ? (x != 0) : x;
+}
 
 // Philox4x32-10, word (index % 4) of the block for counter index / 4 (src/ops/philox.h).
 __forceinline__ unsigned int philox_bits(unsigned long long seed, unsigned long long index) {
@@ -190,7 +193,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_d9910afe(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_69ae7db8(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

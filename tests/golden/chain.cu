@@ -69,7 +69,10 @@ __forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
 __forceinline__ float round_to(float x, const Attrs& a) {
   return a.to == kF16 ? round_f16(x) : a.to == kBF16 ? round_bf16(x) : x;
 }
-__forceinline__ long long round_to(long long x, const Attrs&) { return x; }
+// Integer data computes in 64 bits; i32 wraps and bool is x != 0, as their stores keep them.
+__forceinline__ long long round_to(long long x, const Attrs& a) {
+  return a.to == kI32 ? static_cast<long long>(static_cast<int>(x)) : a.to == kBool ? (x != 0) : x;
+}
 
 // Philox4x32-10, word (index % 4) of the block for counter index / 4 (src/ops/philox.h).
 __forceinline__ unsigned int philox_bits(unsigned long long seed, unsigned long long index) {

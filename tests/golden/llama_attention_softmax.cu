@@ -69,7 +69,10 @@ __forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
 __forceinline__ float round_to(float x, const Attrs& a) {
   return a.to == kF16 ? round_f16(x) : a.to == kBF16 ? round_bf16(x) : x;
 }
-__forceinline__ long long round_to(long long x, const Attrs&) { return x; }
+// Integer data computes in 64 bits; i32 wraps and bool is x != 0, as their stores keep them.
+__forceinline__ long long round_to(long long x, const Attrs& a) {
+  return a.to == kI32 ? static_cast<long long>(static_cast<int>(x)) : a.to == kBool ? (x != 0) : x;
+}
 
 // Philox4x32-10, word (index % 4) of the block for counter index / 4 (src/ops/philox.h).
 __forceinline__ unsigned int philox_bits(unsigned long long seed, unsigned long long index) {
@@ -181,7 +184,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_d22b26e1(const float* __restrict__ mask, float* __restrict__ p) {
+extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_7bdc6bdb(const float* __restrict__ mask, float* __restrict__ p) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL;
   for (long long item = blockIdx.x; item < 64LL; item += gridDim.x) {
     const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;

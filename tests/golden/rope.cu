@@ -69,7 +69,10 @@ __forceinline__ float round_bf16(float x) { return bf16_value(bf16_bits(x)); }
 __forceinline__ float round_to(float x, const Attrs& a) {
   return a.to == kF16 ? round_f16(x) : a.to == kBF16 ? round_bf16(x) : x;
 }
-__forceinline__ long long round_to(long long x, const Attrs&) { return x; }
+// Integer data computes in 64 bits; i32 wraps and bool is x != 0, as their stores keep them.
+__forceinline__ long long round_to(long long x, const Attrs& a) {
+  return a.to == kI32 ? static_cast<long long>(static_cast<int>(x)) : a.to == kBool ? (x != 0) : x;
+}
 
 // Philox4x32-10, word (index % 4) of the block for counter index / 4 (src/ops/philox.h).
 __forceinline__ unsigned int philox_bits(unsigned long long seed, unsigned long long index) {
@@ -150,7 +153,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_51ce1a2e(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_5d4277f0(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
