@@ -479,6 +479,28 @@ TEST(Kernels, SoftmaxAndLogSoftmaxOverAMiddleAxis) {
   ExpectNear(Values(out[0]), RefSoftmax(x, s, -1, true), 1e-5, 1e-6, "logsoftmax axis -1");
 }
 
+// LogSoftmax of rows far from zero (ONNX's test_logsoftmax_large_number): the result is small,
+// so it must not carry the rounding of max + log(sum) at the magnitude of the inputs (5e-4 at
+// 1e4). Rows and columns (a middle axis), vector bodies and tails, against float64.
+TEST(Kernels, LogSoftmaxKeepsPrecisionAtLargeOffsets) {
+  for (double offset : {1e4, -1e4, 3.3e5, 1e7}) {
+    for (int64_t n : {4, 37}) {
+      Vec x = RandomVec(3 * n * 2, 21, -4, 4);
+      for (double& v : x) v = static_cast<float>(v + offset);  // the f32 inputs, exactly
+      for (int64_t axis : {-1, 1}) {
+        const Shape s = axis == -1 ? Shape{6, n} : Shape{3, n, 2};
+        OneNode t;
+        t.Input(MakeTensor(DType::kF32, s, x));
+        auto out = t.AddRun("LogSoftmax", {{"axis", axis}});
+        ASSERT_EQ(out.size(), 1u);
+        // Results lie in [-12, 0]: a few f32 ulps of that, nothing of the offset's ulp.
+        ExpectNear(Values(out[0]), RefSoftmax(x, s, axis, true), 1e-6, 2e-6,
+                   StrCat("logsoftmax offset ", offset, " n ", n, " axis ", axis));
+      }
+    }
+  }
+}
+
 TEST(Kernels, SoftmaxOverLongColumnsInBlocks) {
   // Non-innermost axis with inner = 130 (column blocks of 64, 64, 2) and 150 rows per column.
   Threaded th;

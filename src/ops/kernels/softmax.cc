@@ -2,7 +2,9 @@
 // the flattened tail of opset 11). Numerically stable: each row subtracts its max before exp,
 // so exp never overflows; a row holding NaN gives NaN, as numpy does.
 //   softmax(x)_i    = exp(x_i - m) / sum_j exp(x_j - m)
-//   logsoftmax(x)_i = x_i - m - log(sum_j exp(x_j - m))
+//   logsoftmax(x)_i = (x_i - m) - log(sum_j exp(x_j - m))
+// LogSoftmax subtracts in that order: x_i - m is exact wherever it matters, and log(sum) lies in
+// [0, log n]; m + log(sum) would be rounded to the ulp of m first (about 5e-4 at m = 1e4).
 // exp/log are SLEEF's 1-ulp vector functions through src/cpu/simd.h (the same vocabulary the
 // elementwise kernels use). Rows along a non-innermost axis are gathered into f32 scratch.
 #include <cmath>
@@ -25,11 +27,11 @@ void SoftmaxOrLogRow(const float* x, float* y, int64_t n, bool log_softmax) {
   const float m = RowMax(x, n);
   // The exps are only summed, so x and y may be the same row.
   const double sum = ExpShiftSum(x, nullptr, n, m);
-  const float shift = static_cast<float>(static_cast<double>(m) + std::log(sum));
-  const VF vs(shift);
+  const float log_sum = static_cast<float>(std::log(sum));
+  const VF vm(m), vl(log_sum);
   int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) (VF::Load(x + i) - vs).Store(y + i);
-  for (; i < n; ++i) y[i] = x[i] - shift;
+  for (; i + kLanes <= n; i += kLanes) ((VF::Load(x + i) - vm) - vl).Store(y + i);
+  for (; i < n; ++i) y[i] = (x[i] - m) - log_sum;
 }
 
 // Softmax over a non-innermost axis of f32 data: a block of kCols adjacent columns is
@@ -74,19 +76,14 @@ void SoftmaxColumns(const float* x, float* y, int64_t n, int64_t stride, int64_t
     if ((k & 63) == 63) flush();
   }
   flush();
+  // Per column: log(sum) for LogSoftmax (subtracted after the max), 1 / sum for Softmax.
   alignas(64) float f[kCols];
   VF fv[kVecs];
-  if (log_softmax) {
-    alignas(64) float mx[kCols];
-    for (int c = 0; c < vecs; ++c) m[c].Store(mx + c * kLanes);
-    for (int64_t i = 0; i < w; ++i) f[i] = static_cast<float>(static_cast<double>(mx[i]) + std::log(sum[i]));
-  } else {
-    for (int64_t i = 0; i < w; ++i) f[i] = static_cast<float>(1.0 / sum[i]);
-  }
+  for (int64_t i = 0; i < w; ++i) f[i] = static_cast<float>(log_softmax ? std::log(sum[i]) : 1.0 / sum[i]);
   for (int c = 0; c < vecs; ++c) fv[c] = VF::Load(f + c * kLanes);
   for (int64_t k = 0; k < n; ++k)
     for (int c = 0; c < vecs; ++c) {
-      if (log_softmax) store(load(x + k * stride, c) - fv[c], y + k * stride, c);
+      if (log_softmax) store((load(x + k * stride, c) - m[c]) - fv[c], y + k * stride, c);
       else store(load(y + k * stride, c) * fv[c], y + k * stride, c);
     }
 }
