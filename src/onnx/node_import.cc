@@ -5,7 +5,9 @@
 // the ops whose ONNX form differs and how each becomes IR:
 //
 //   Constant                  -> a graph constant (value, value_float(s), value_int(s))
-//   Clip(x, min?, max?)       -> Clip(x){alpha=min, beta=max}; bounds must be constant
+//   Clip(x, min?, max?)       -> Clip(x){alpha=min, beta=max} for float data and constant bounds;
+//                                else (bounds given at run time, integer data, a NaN bound)
+//                                Min(Max(x, min), max): Clip's definition, min > max included
 //   Cast{to=<ONNX enum>}      -> Cast(x){to=DType};  CastLike(x, y) -> Cast(x){to=dtype(y)}
 //   Dropout(x, ratio?, mode?) -> Dropout(x){training=0} (inference identity); mode must be a
 //                                constant false; the mask output is not supported
@@ -17,7 +19,8 @@
 //   Xor(a, b)                 -> Not(Equal(a, b))
 //   PRelu(x, slope)           -> Where(Less(x, 0), Mul(x, slope), x)
 //   HardSwish(x)              -> Mul(x, HardSigmoid(x){alpha=1/6, beta=0.5})
-//   Pow(x, y) with y's dtype != x's -> Pow(x, Cast(y){to=dtype(x)})
+//   Pow(x, y) with y's dtype != x's -> Pow(x, Cast(y){to=dtype(x)}); for an integer x and a
+//                                float y: Cast(Pow(Cast(x){to=f32}, y'){to=dtype(x)}, y' = y in f32
 //   Gelu{approximate}         -> Gelu, or GeluTanh for approximate="tanh" (ONNX opset 20 form)
 //   Split(x) without 'split'  -> Split(x){num_outputs=<number of node outputs>} (opset 18 form)
 #include "onnx/node_import.h"
@@ -51,7 +54,7 @@ Status CheckOutputs(const NodeImport& n, int supported) {
 }
 
 // Elementwise table ops defined on floats only are refused (as unsupported, not malformed) on
-// integer inputs: ONNX defines some of them on integers (Clip, Pow), graphfuse does not.
+// integer inputs (Clip on integers is imported as Max / Min, above).
 Status CheckFloatOnly(const std::string& op, const std::vector<Value*>& ins) {
   auto kind = OpFromName(op);
   if (!kind.ok() || GetOpInfo(*kind).int_ok) return Status::Ok();
@@ -144,17 +147,42 @@ Status ImportConstant(NodeImport& n) {
   return n.g.AddConstant(out, std::move(data)).status();
 }
 
+// A Clip bound given as input i: of x's dtype, one value, of rank no larger than x's.
+Result<Value*> ClipBound(const NodeImport& n, size_t i, const char* what) {
+  Value* v = i < n.inputs.size() ? n.inputs[i] : nullptr;
+  if (!v) return v;
+  const Value* x = n.inputs[0];
+  if (v->dtype() != x->dtype())
+    return InvalidArgument(what, " ('", v->name(), "') is ", v->TypeString(), ", the input '", x->name(), "' is ",
+                           x->TypeString(), ": they must have one type");
+  if (v->numel() != 1 || v->shape().size() > x->shape().size())
+    return InvalidArgument(what, " ('", v->name(), "') must hold one value, it is ", v->TypeString(), " (input '",
+                           x->name(), "' is ", x->TypeString(), ")");
+  return v;
+}
+
 Status ImportClip(NodeImport& n) {
   GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
   GF_RETURN_IF_ERROR(RequireInputs(n, 1, 3));
-  double lo = -INFINITY, hi = INFINITY;
-  if (n.inputs.size() > 1 && n.inputs[1]) { GF_ASSIGN_OR_RETURN(lo, ConstantScalar(n, 1, "min")); }
-  if (n.inputs.size() > 2 && n.inputs[2]) { GF_ASSIGN_OR_RETURN(hi, ConstantScalar(n, 2, "max")); }
-  if (std::isnan(lo) || std::isnan(hi)) return Unimplemented("Clip with a NaN bound is not supported");
-  // ONNX: when min > max every output is max, which is what min(max(x, max), max) gives.
-  if (lo > hi) lo = hi;
-  AttributeMap a{{"alpha", static_cast<float>(lo)}, {"beta", static_cast<float>(hi)}};
-  return Emit(n, "Clip", {n.inputs[0]}, std::move(a), true).status();
+  Value* x = n.inputs[0];
+  GF_ASSIGN_OR_RETURN(Value * lo_v, ClipBound(n, 1, "min"));
+  GF_ASSIGN_OR_RETURN(Value * hi_v, ClipBound(n, 2, "max"));
+  if (IsFloat(x->dtype()) && (!lo_v || lo_v->constant()) && (!hi_v || hi_v->constant())) {
+    const double lo = lo_v ? lo_v->constant()->GetAsDouble(0) : -INFINITY;
+    const double hi = hi_v ? hi_v->constant()->GetAsDouble(0) : INFINITY;
+    if (!std::isnan(lo) && !std::isnan(hi)) {
+      // ONNX: when min > max every output is max, which is what min(max(x, max), max) gives.
+      AttributeMap a{{"alpha", static_cast<float>(std::min(lo, hi))}, {"beta", static_cast<float>(hi)}};
+      return Emit(n, "Clip", {x}, std::move(a), true).status();
+    }
+  }
+  // Bounds that arrive at run time (scalar operands: the two ops fuse with their neighbours),
+  // integer data, or a NaN bound (which Max / Min propagate, as numpy.clip does).
+  if (!lo_v && !hi_v) return Emit(n, "Identity", {x}, {}, true).status();
+  Value* y = x;
+  if (lo_v) { GF_ASSIGN_OR_RETURN(y, Emit(n, "Max", {y, lo_v}, {}, !hi_v)); }
+  if (hi_v) { GF_ASSIGN_OR_RETURN(y, Emit(n, "Min", {y, hi_v}, {}, true)); }
+  return Status::Ok();
 }
 
 Status EmitCast(NodeImport& n, DType to) {
@@ -280,7 +308,16 @@ Status ImportPow(NodeImport& n) {
   GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
   Value* x = n.inputs[0];
   Value* y = n.inputs[1];
-  GF_RETURN_IF_ERROR(CheckFloatOnly("Pow", {x}));
+  if (!IsFloat(x->dtype()) && IsFloat(y->dtype())) {
+    // An integer base with a float exponent: the power of reals, truncated to x's type.
+    GF_ASSIGN_OR_RETURN(Value * xf, Emit(n, "Cast", {x}, {{"to", static_cast<int64_t>(DType::kF32)}}, false));
+    Value* yf = y;
+    if (y->dtype() != DType::kF32) {
+      GF_ASSIGN_OR_RETURN(yf, Emit(n, "Cast", {y}, {{"to", static_cast<int64_t>(DType::kF32)}}, false));
+    }
+    GF_ASSIGN_OR_RETURN(Value * p, Emit(n, "Pow", {xf, yf}, {}, false));
+    return Emit(n, "Cast", {p}, {{"to", static_cast<int64_t>(x->dtype())}}, true).status();
+  }
   if (y->dtype() != x->dtype()) {
     GF_ASSIGN_OR_RETURN(y, Emit(n, "Cast", {y}, {{"to", static_cast<int64_t>(x->dtype())}}, false));
   }

@@ -42,6 +42,19 @@ inline int64_t div(int64_t x, int64_t y) {
   return x / y;
 }
 
+// Integer power by squaring: wraps as repeated multiplication does (numpy's integer power). A
+// negative exponent gives the real result truncated toward zero: 1 or -1 for x = 1 or -1, else 0
+// (0 for x = 0 too, where numpy refuses and C would divide by zero).
+inline int64_t pow(int64_t x, int64_t y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, b = static_cast<uint64_t>(x);
+  for (uint64_t e = static_cast<uint64_t>(y); e != 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return static_cast<int64_t>(r);
+}
+
 using std::erf;
 using std::erfc;
 using std::exp;

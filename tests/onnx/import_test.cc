@@ -277,12 +277,160 @@ TEST(OnnxImport, ClipBoundsBecomeAttributes) {
   EXPECT_TRUE(std::isinf(OnlyNode(**g2)->GetFloat("alpha", 0)));
   EXPECT_EQ(RunF32(**g2, {-3, 3}), (std::vector<float>{-3, 0}));
 
-  ModelBuilder dyn;  // a bound computed at run time is not supported
-  dyn.Input("x", {2});
-  dyn.Input("lo", {});
-  dyn.Node("Clip", {"x", "lo"}, {"y"}, "c");
-  dyn.Output("y");
-  EXPECT_ERROR(dyn.Import(), StatusCode::kUnimplemented, "node 'c' (Clip)", "min ('lo') must be a constant");
+}
+
+// Runs g on the given inputs (as doubles, in the inputs' dtypes); returns output 0 as doubles.
+std::vector<double> RunAll(const Graph& g, const std::vector<std::vector<double>>& ins) {
+  std::vector<Tensor> ts;
+  for (size_t k = 0; k < ins.size(); ++k) {
+    Tensor t = Tensor::Empty(g.inputs()[k]->dtype(), g.inputs()[k]->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, ins[k][static_cast<size_t>(i)]);
+    ts.push_back(std::move(t));
+  }
+  std::vector<TensorView> views;
+  for (const Tensor& t : ts) views.push_back(t.view());
+  auto out = Execute(g, views, CpuContext{});
+  EXPECT_TRUE(out.ok()) << out.status().ToString();
+  std::vector<double> r;
+  if (out.ok())
+    for (int64_t i = 0; i < (*out)[0].numel(); ++i) r.push_back((*out)[0].GetAsDouble(i));
+  return r;
+}
+
+std::vector<std::string> Ops(const Graph& g) {
+  std::vector<std::string> ops;
+  for (const auto& n : g.nodes()) ops.push_back(n->op());
+  return ops;
+}
+
+TEST(OnnxImport, ClipWithBoundsAtRunTimeOrOnIntegers) {
+  {  // bounds as graph inputs: Max then Min, the last named as the ONNX node
+    ModelBuilder b(13);
+    b.Input("x", {5});
+    b.Input("lo", {});
+    b.Input("hi", {});
+    b.Node("Clip", {"x", "lo", "hi"}, {"y"}, "c");
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(Ops(**g), (std::vector<std::string>{"Max", "Min"}));
+    EXPECT_EQ((*g)->nodes().back()->name(), "c");
+    const double nan = std::nan("");
+    EXPECT_EQ(RunAll(**g, {{-5, 0.5, 3, 1, -1}, {-1}, {2}}), (std::vector<double>{-1, 0.5, 2, 1, -1}));
+    // min > max: every output is max (ONNX); NaN in x stays NaN.
+    const auto r = RunAll(**g, {{-5, 0.5, 3, nan, 7}, {4}, {2}});
+    EXPECT_EQ(r[0], 2);
+    EXPECT_EQ(r[1], 2);
+    EXPECT_EQ(r[2], 2);
+    EXPECT_TRUE(std::isnan(r[3]));
+    EXPECT_EQ(r[4], 2);
+  }
+  {  // only max, at run time
+    ModelBuilder b(13);
+    b.Input("x", {3});
+    b.Input("hi", {});
+    b.Node("Clip", {"x", "", "hi"}, {"y"});
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(Ops(**g), (std::vector<std::string>{"Min"}));
+    EXPECT_EQ(RunAll(**g, {{-3, 0, 3}, {1}}), (std::vector<double>{-3, 0, 1}));
+  }
+  {  // int64 data with constant bounds
+    ModelBuilder b(13);
+    b.Input("x", {4}, onnx::TensorProto::INT64);
+    for (auto [name, v] : {std::pair{"lo", int64_t{-2}}, std::pair{"hi", int64_t{3}}}) {
+      auto* t = b.g().add_initializer();
+      t->set_name(name);
+      t->set_data_type(onnx::TensorProto::INT64);
+      t->add_int64_data(v);
+    }
+    b.Node("Clip", {"x", "lo", "hi"}, {"y"});
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(RunAll(**g, {{-9, -2, 2, 9}}), (std::vector<double>{-2, -2, 2, 3}));
+  }
+  {  // a NaN bound propagates (numpy.clip), where the attribute form would not
+    ModelBuilder b(13);
+    b.Input("x", {2});
+    b.FloatInit("lo", {}, {std::nanf("")});
+    b.Node("Clip", {"x", "lo"}, {"y"});
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    for (double v : RunAll(**g, {{-1, 1}})) EXPECT_TRUE(std::isnan(v));
+  }
+  {  // a bound of another type, or of several values, is malformed
+    ModelBuilder b(13);
+    b.Input("x", {2});
+    b.Input("lo", {}, onnx::TensorProto::INT64);
+    b.Node("Clip", {"x", "lo"}, {"y"}, "c");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'c' (Clip)", "min ('lo') is i64[]", "'x' is f32[2]");
+    ModelBuilder w(13);
+    w.Input("x", {2});
+    w.Input("hi", {2});
+    w.Node("Clip", {"x", "", "hi"}, {"y"}, "c");
+    w.Output("y");
+    EXPECT_ERROR(w.Import(), StatusCode::kInvalidArgument, "node 'c' (Clip)", "max ('hi') must hold one value",
+                 "f32[2]");
+  }
+}
+
+// A scalar operand that arrives at run time does not stop fusion: Add, then Clip's Max and Min
+// with bounds from graph inputs, run as one kernel with the unfused results.
+TEST(OnnxImport, ClipWithRunTimeBoundsFuses) {
+  ModelBuilder b(13);
+  b.Input("x", {4, 64});
+  b.Input("r", {4, 64});
+  b.Input("lo", {});
+  b.Input("hi", {});
+  b.Node("Add", {"x", "r"}, {"s"});
+  b.Node("Clip", {"s", "lo", "hi"}, {"y"});
+  b.Output("y");
+  auto unfused = b.Import();
+  auto fused = b.Import();
+  ASSERT_TRUE(unfused.ok() && fused.ok());
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  FusionReport rep;
+  on.fusion_report = &rep;
+  ASSERT_TRUE(RunPipeline(**unfused, off).ok());
+  ASSERT_TRUE(RunPipeline(**fused, on).ok());
+  EXPECT_EQ(rep.kernels_before, 3);
+  EXPECT_EQ(rep.kernels_after, 1);
+  std::vector<double> x(256), r(256);
+  for (int i = 0; i < 256; ++i) x[i] = std::sin(i) * 3, r[i] = std::cos(i * 0.7);
+  const auto a = RunAll(**unfused, {x, r, {-0.5}, {1.25}});
+  EXPECT_EQ(a, RunAll(**fused, {x, r, {-0.5}, {1.25}}));
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_EQ(a[i], std::min(std::max(double(float(x[i]) + float(r[i])), -0.5), 1.25)) << i;
+}
+
+TEST(OnnxImport, PowOnIntegers) {
+  {  // i64 ** i32: the exponent cast to i64, exact integer powers
+    ModelBuilder b(13);
+    b.Input("x", {4}, onnx::TensorProto::INT64);
+    b.Input("y", {4}, onnx::TensorProto::INT32);
+    b.Node("Pow", {"x", "y"}, {"z"}, "p");
+    b.Output("z");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(Ops(**g), (std::vector<std::string>{"Cast", "Pow"}));
+    EXPECT_EQ(RunAll(**g, {{3, -2, 7, 2}, {4, 3, 0, 40}}), (std::vector<double>{81, -8, 1, 1099511627776.0}));
+  }
+  {  // i32 ** f32: the power of reals, truncated toward zero to i32
+    ModelBuilder b(13);
+    b.Input("x", {3}, onnx::TensorProto::INT32);
+    b.Input("y", {3});
+    b.Node("Pow", {"x", "y"}, {"z"}, "p");
+    b.Output("z");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->dtype(), DType::kI32);
+    EXPECT_EQ(RunAll(**g, {{4, 10, -8}, {0.5, 1.5, 1.0 / 3}}), (std::vector<double>{2, 31, 0}));
+  }
 }
 
 TEST(OnnxImport, CastMapsTheOnnxEnum) {
