@@ -2,7 +2,9 @@
 // fused plan (tile executor), the fused plan as native loops (graphfuse/cpu_codegen.h), and a
 // hand-written fused AVX-512 loop (libmvec erf/exp, bench/hand_loops.h) at
 // 4Ki, 64Ki, 1Mi and 16Mi f32 elements, on the same 2-thread pool. Every variant's output is
-// checked before timing. Run with --benchmark_repetitions=N --benchmark_report_aggregates_only.
+// checked before timing. BM_PlanElementwise times the planner alone (FuseElementwise) on a
+// chain of model-like blocks, 8 nodes each. Run with --benchmark_repetitions=N
+// --benchmark_report_aggregates_only.
 #include <benchmark/benchmark.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include "graphfuse/cpu_codegen.h"
 #include "hand_loops.h"
 #include "ir/text.h"
+#include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
 #include "runtime/executor.h"
 #include "runtime/presets.h"
@@ -175,9 +178,38 @@ void BM_Hand(benchmark::State& state, const gf::ElementwisePreset* p, int64_t n)
 }
 #endif
 
+// `blocks` blocks of MatMul -> bias, GELU, product, residual, sigmoid -> row mean -> centring:
+// each block leaves one fused group beside a MatMul and a reduction.
+std::string BlockChainText(int blocks) {
+  std::string s = "graph @blocks(%x: f32[16,64], %w: f32[64,64], %b: f32[64]) {\n", cur = "x";
+  for (int k = 0; k < blocks; ++k) {
+    const std::string i = std::to_string(k);
+    s += "  %m" + i + " = MatMul(%" + cur + ", %w)\n  %a" + i + " = Add(%m" + i + ", %b)\n  %g" + i + " = Gelu(%a" + i +
+         ")\n  %c" + i + " = Mul(%g" + i + ", %a" + i + ")\n  %d" + i + " = Add(%c" + i + ", %" + cur + ")\n  %e" + i +
+         " = Sigmoid(%d" + i + ")\n  %r" + i + " = ReduceMean(%e" + i + ") {axes = [-1], keepdims = 1}\n  %f" + i +
+         " = Sub(%d" + i + ", %r" + i + ")\n";
+    cur = "f" + i;
+  }
+  return s + "  return %" + cur + "\n}\n";
+}
+
+void BM_PlanElementwise(benchmark::State& state) {
+  const std::string text = BlockChainText(static_cast<int>(state.range(0)));
+  for (auto _ : state) {
+    state.PauseTiming();
+    auto g = gf::ParseGraph(text).value();
+    state.ResumeTiming();
+    auto r = gf::FuseElementwise(*g);
+    if (!r.ok() || static_cast<int64_t>(r->groups.size()) != state.range(0)) state.SkipWithError("unexpected plan");
+  }
+  state.counters["nodes"] = static_cast<double>(8 * state.range(0));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmark::RegisterBenchmark("BM_PlanElementwise", BM_PlanElementwise)->Arg(125)->Arg(250)->Arg(500)->Arg(1000)
+      ->Unit(benchmark::kMillisecond);
   for (const gf::ElementwisePreset& p : gf::ElementwisePresets()) {
     const std::string name = p.name;
     for (int64_t n : kSizes) {

@@ -11,6 +11,7 @@ PACKAGES=(
   libonnx-dev libprotobuf-dev libonnx-testdata
   clang libclang-rt-14-dev
   python3 python3-numpy
+  python3-onnx  # tests/onnx/make_cli_models.py writes the command-line test's models
 )
 
 missing=()

@@ -121,6 +121,39 @@ rm -rf /tmp/graphfuse_cli_kernels
 check bench-native-no-compiler 2 env CXX=/nonexistent/gf-cxx "$GF" bench --preset chain --elements 8192 --cpu-codegen
 echo "$LAST" | grep -q "/nonexistent/gf-cxx" || { echo "FAIL a missing compiler is not named"; fail=1; }
 check bench-unknown-preset 2 "$GF" bench --preset nope
+# bench checks fused against unfused as run checks (--rtol / --atol, run's defaults), prints
+# the error, and times every model of the corpus.
+for m in "$MODELS"/*/model.onnx; do
+  name=$(basename "$(dirname "$m")")
+  check "bench-$name" 0 "$GF" bench "$m" --repeats 3
+  echo "$LAST" | grep -q "checks: fused vs unfused max |err| .*, max rel " || { echo "FAIL bench $name prints no error"; fail=1; }
+  echo "$LAST" | grep -q "^  fused .* ms" || { echo "FAIL bench $name timed nothing"; fail=1; }
+done
+# Models written by tests/onnx/make_cli_models.py (Debian's python3-onnx; not the pyenv python).
+CLI_MODELS=/tmp/graphfuse_cli_models
+rm -rf "$CLI_MODELS"
+if /usr/bin/python3 "$(dirname "$0")/onnx/make_cli_models.py" "$CLI_MODELS"; then
+  # The graph on which elementwise fusion made a cycle: it runs fused, every group checked.
+  check run-fusion-cycle 0 "$GF" run "$CLI_MODELS/fusion_cycle.onnx" --check-fusion --json /tmp/graphfuse_cycle.json
+  echo "$LAST" | grep -q "all agree" || { echo "FAIL fusion_cycle: check-fusion does not agree"; fail=1; }
+  python3 -c "import json; j=json.load(open('/tmp/graphfuse_cycle.json')); assert j['kernels_fused'] < j['kernels_unfused'] == 15, j" \
+    || { echo "FAIL fusion_cycle: not fused"; fail=1; }
+  # Fused GEMMs differ from the unfused plan by rounding (norm scale folded into the weights,
+  # another summation order): within run's tolerance, timed, exit 0; beyond the bound bench
+  # once hard-coded (1e-5 relative + 1e-6 absolute), which refused it with exit 1.
+  check bench-norm-gemm 0 "$GF" bench "$CLI_MODELS/norm_gemm.onnx" --repeats 3 --json /tmp/graphfuse_bench_ng.json
+  python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_bench_ng.json'))
+c = j['check']
+assert c['rtol'] == 1e-4 and c['atol'] == 1e-5 and c['outputs'][0]['ok'], c
+assert c['outputs'][0]['max_abs_err'] > 1e-6 and j['latency_ms']['fused'] > 0, j
+" || { echo "FAIL bench --json on norm_gemm: check or latency"; fail=1; }
+  # Results that really disagree with the tolerance asked for: exit 1, each output's error named.
+  check bench-mismatch 1 "$GF" bench "$CLI_MODELS/norm_gemm.onnx" --rtol 0 --atol 0
+  echo "$LAST" | grep -q "y .*max |err| .*DIFFERS" || { echo "FAIL bench-mismatch names no output: $LAST"; fail=1; }
+else
+  echo "FAIL make_cli_models.py (python3-onnx missing? scripts/setup.sh installs it)"; fail=1
+fi
 check run-no-model 2 "$GF" run
 if "$GF" --help | grep -q -- "--emulate-gpu"; then
   check run-emulated-gpu 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda --emulate-gpu

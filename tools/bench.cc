@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "compare.h"
 #include "fusion_report.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
@@ -56,6 +57,7 @@ int Bench(Args& args) {
   std::string model, preset, json, backend = "cpu";
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
+  double rtol = kDefaultRtol, atol = kDefaultAtol;
   bool native = false;
   FusionOptions fusion;
   while (!args.Done()) {
@@ -74,6 +76,10 @@ int Bench(Args& args) {
       auto v = args.Int(f, 1, int64_t{1} << 30);
       if (!v.ok()) return Fail(v.status());
       elements = *v;
+    } else if (f == "--rtol" || f == "--atol") {
+      auto v = args.Float(f, 0, 1e6);
+      if (!v.ok()) return Fail(v.status());
+      (f == "--rtol" ? rtol : atol) = *v;
     } else if (f == "--threads" || f == "--repeats") {
       auto v = args.Int(f, 1, f == "--threads" ? 256 : 1001);
       if (!v.ok()) return Fail(v.status());
@@ -172,13 +178,16 @@ int Bench(Args& args) {
       }
   }
 
-  // Checks: fused against unfused on the same inputs, and (presets) against float64 at samples.
+  // Checks: fused against unfused on the same inputs, as `run` checks against a reference
+  // (--rtol / --atol), and (presets) against float64 at samples.
+  std::vector<OutputReport> checks;
   bool same = true;
-  for (size_t k = 0; k < out_a.size(); ++k)
-    for (int64_t i = 0; i < out_a[k].numel() && same; ++i) {
-      const double a = out_a[k].GetAsDouble(i), b = out_b[k].GetAsDouble(i);
-      same = (a == b) || (std::isnan(a) && std::isnan(b)) || std::fabs(a - b) <= 1e-5 * std::fabs(a) + 1e-6;
-    }
+  for (size_t k = 0; k < out_a.size(); ++k) {
+    checks.push_back(Compare(base->outputs()[k]->name(), out_b[k], out_a[k], rtol, atol));
+    same &= checks.back().ok;
+  }
+  double check_abs = 0, check_rel = 0;
+  for (const OutputReport& c : checks) check_abs = std::max(check_abs, c.max_abs), check_rel = std::max(check_rel, c.max_rel);
   double max_rel_f64 = 0;
   if (p) {
     const int64_t n = out_b[0].numel();
@@ -191,7 +200,11 @@ int Bench(Args& args) {
     }
   }
   if (!same) {
-    std::fprintf(stderr, "graphfuse bench: fused and unfused results differ\n");
+    std::fprintf(stderr, "graphfuse bench: fused and unfused results differ (|fused - unfused| <= %g + %g * |unfused|):\n",
+                 atol, rtol);
+    for (const OutputReport& c : checks)
+      std::fprintf(stderr, "  %-24s max |err| %.3g  max rel %.3g  %lld mismatches  %s\n", c.name.c_str(), c.max_abs,
+                   c.max_rel, static_cast<long long>(c.mismatches), c.ok ? "ok" : "DIFFERS");
     return kExitMismatch;
   }
 
@@ -220,10 +233,15 @@ int Bench(Args& args) {
               p ? "preset " : "", p ? p->name : model.c_str(), static_cast<long long>(report.kernels_before),
               static_cast<long long>(report.kernels_after), pool.num_threads(), repeats);
   if (p) std::printf("  %s, %lld f32 elements\n", p->what, static_cast<long long>(elements));
+  // GB/s only for the presets, whose bytes are all input and output.
+  auto row = [&](const char* name, double s, const char* note) {
+    if (p) std::printf("  %-10s %10.4f ms %10.1f%s\n", name, s * 1e3, bytes / s / 1e9, note);
+    else std::printf("  %-10s %10.4f ms%s\n", name, s * 1e3, note);
+  };
   std::printf("  %-10s %12s %10s\n", "", "latency", p ? "GB/s" : "");
-  std::printf("  %-10s %10.4f ms %10.1f\n", "unfused", t_unfused * 1e3, p ? gb_unfused : 0.0);
-  std::printf("  %-10s %10.4f ms %10.1f\n", "fused", t_fused * 1e3, p ? gb_fused : 0.0);
-  if (native) std::printf("  %-10s %10.4f ms %10.1f   (fused, groups as native loops)\n", "native", t_native * 1e3, p ? bytes / t_native / 1e9 : 0.0);
+  row("unfused", t_unfused, "");
+  row("fused", t_fused, "");
+  if (native) row("native", t_native, "   (fused, groups as native loops)");
   if (p) std::printf("  %-10s %10.4f ms %10.1f   (12 B/element, same pool)\n", "triad", t.timings[2].median_s * 1e3, gb_triad);
   std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
               1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
@@ -232,8 +250,10 @@ int Bench(Args& args) {
                 1.0 / t.median_ratio_to_first.back(),
                 p ? StrCat("; ", std::lround(100 * bytes / t_native / 1e9 / gb_triad), "% of triad").c_str() : "",
                 CodegenSummary(*codegen).c_str());
-  std::printf("  checks: fused == unfused%s; max rel error vs float64 at 4096 sampled elements: %.2g\n",
-              native ? " == native (bitwise)" : "", max_rel_f64);
+  std::printf("  checks: fused vs unfused max |err| %.3g, max rel %.3g (within %g + %g * |unfused|)%s", check_abs,
+              check_rel, atol, rtol, native ? "; fused == native (bitwise)" : "");
+  if (p) std::printf("; max rel error vs float64 at 4096 sampled elements: %.2g", max_rel_f64);
+  std::printf("\n");
 #ifdef GF_HAVE_CUDA
   // --backend cuda: both plans on GPU 0 (checked against the CPU's outputs), median device
   // time of `repeats` replays each, beside a same-run device-to-device copy of one tensor.
@@ -247,15 +267,14 @@ int Bench(Args& args) {
       if (!ex.ok()) return Fail(ex.status().WithContext("--backend cuda"));
       auto got = (*ex)->Run(iv);
       if (!got.ok()) return Fail(got.status().WithContext("--backend cuda"));
-      for (size_t o = 0; o < got->size(); ++o)
-        for (int64_t i = 0; i < (*got)[o].numel(); ++i) {
-          const double a = (*got)[o].GetAsDouble(i), b = (*want[k])[o].GetAsDouble(i);
-          if (!(std::fabs(a - b) <= 1e-5 + 1e-4 * std::fabs(b)) && !(std::isnan(a) && std::isnan(b))) {
-            std::fprintf(stderr, "graphfuse bench: the GPU's output %zu differs from the CPU's at %lld: %g vs %g\n", o,
-                         static_cast<long long>(i), a, b);
-            return kExitMismatch;
-          }
+      for (size_t o = 0; o < got->size(); ++o) {
+        const OutputReport c = Compare(base->outputs()[o]->name(), (*got)[o], (*want[k])[o], rtol, atol);
+        if (!c.ok) {
+          std::fprintf(stderr, "graphfuse bench: the GPU's output '%s' differs from the CPU's: max |err| %.3g, max rel %.3g, %lld mismatches\n",
+                       c.name.c_str(), c.max_abs, c.max_rel, static_cast<long long>(c.mismatches));
+          return kExitMismatch;
         }
+      }
       auto median_ms = (*ex)->MedianReplayMs(repeats);
       if (!median_ms.ok()) return Fail(median_ms.status());
       ms[k] = *median_ms;
@@ -276,6 +295,11 @@ int Bench(Args& args) {
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
     j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
     AddFusionJson(j, report);
+    j.Key("check").BeginObject().Key("rtol").Num(rtol).Key("atol").Num(atol).Key("outputs").BeginArray();
+    for (const OutputReport& c : checks)
+      j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)
+          .Key("ok").Bool(c.ok).EndObject();
+    j.EndArray().EndObject();
     j.Key("latency_ms").BeginObject().Key("unfused").Num(t_unfused * 1e3).Key("fused").Num(t_fused * 1e3);
     if (native) j.Key("native").Num(t_native * 1e3);
     j.EndObject();

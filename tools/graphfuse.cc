@@ -172,10 +172,12 @@ constexpr HelpSection kCommands[] = {
         writes every generated kernel's CUDA source to DIR (no GPU needed)
 )",
      true, false, false},
-    {"bench", R"(  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--json FILE]
-                                     [--cpu-codegen] [--backend cpu|cuda] [fusion flags]
+    {"bench", R"(  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--rtol R] [--atol A]
+                                     [--json FILE] [--cpu-codegen] [--backend cpu|cuda] [fusion flags]
         times the unfused and the fused plan (medians of interleaved samples) after checking
-        they agree; presets chain, gelu, silu, residual (f32, default 1048576 elements) also
+        they agree as `run` checks (|fused - unfused| <= atol + rtol*|unfused|; defaults rtol
+        1e-4, atol 1e-5; the largest errors are printed; exit 1 when they differ, with nothing
+        timed); presets chain, gelu, silu, residual (f32, default 1048576 elements) also
         report GB/s beside a same-run STREAM triad and check against float64; the block
         presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table;
         --cpu-codegen adds a third row, the fused plan with native loops, checked bit for bit;

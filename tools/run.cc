@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cli_common.h"
+#include "compare.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
 #include "fusion_report.h"
@@ -25,17 +26,10 @@ namespace {
 
 struct RunOptions {
   std::string model, data, json, backend = "cpu";
-  double rtol = 1e-4, atol = 1e-5;
+  double rtol = kDefaultRtol, atol = kDefaultAtol;
   int threads = 0;
   bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
   FusionOptions fusion;
-};
-
-struct OutputReport {
-  std::string name;
-  double max_abs = 0, max_rel = 0;
-  int64_t mismatches = 0;
-  bool compared = false, ok = true;
 };
 
 Result<RunOptions> ParseRun(Args& args) {
@@ -98,24 +92,6 @@ struct GroupCheck {
   bool ok;
   double max_abs, max_rel;
 };
-
-OutputReport Compare(const std::string& name, const Tensor& got, const Tensor& want, double rtol, double atol) {
-  OutputReport r;
-  r.name = name;
-  r.compared = true;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double g = got.GetAsDouble(i), w = want.GetAsDouble(i);
-    if (std::isnan(g) && std::isnan(w)) continue;
-    const double abs_err = std::fabs(g - w);
-    if (!(abs_err <= atol + rtol * std::fabs(w)) && !(g == w)) ++r.mismatches;
-    if (std::isfinite(abs_err)) {
-      r.max_abs = std::max(r.max_abs, abs_err);
-      if (w != 0) r.max_rel = std::max(r.max_rel, abs_err / std::fabs(w));
-    }
-  }
-  r.ok = r.mismatches == 0;
-  return r;
-}
 
 int Fail(const Status& s) { return FailUsage("run", s); }
 

@@ -49,6 +49,7 @@ class Planner {
     const int n = static_cast<int>(order_.size());
     parent_.resize(n);
     std::iota(parent_.begin(), parent_.end(), 0);
+    seen_.assign(n, 0);
     elementwise_.resize(n);
     for (int i = 0; i < n; ++i) {
       const OpSchema* s = FindSchema(order_[i]->op());
@@ -126,39 +127,46 @@ class Planner {
 
   // Nodes of the group whose root is `root`: its members, or the node alone (a node that is
   // not elementwise, or an elementwise one that has not joined a group yet).
-  std::vector<int> GroupNodes(int root) const {
+  const std::vector<int>& GroupNodes(int root) {
     auto it = members_.find(root);
-    return it == members_.end() ? std::vector<int>{root} : it->second;
+    if (it != members_.end()) return it->second;
+    single_ = {root};
+    return single_;
   }
 
   // Would merging the groups `from` and `to` create a cycle? It does exactly when a path leaves
   // one and enters the other through anything else: a node outside both, or another group
   // (the groups are fused nodes-to-be, so a path entering a group at one member may leave it
-  // from any other). Searched over the graph of groups, which the merges keep acyclic, in the
-  // direction from -> to; callers ask both directions. Node order prunes nothing here: a path
-  // may enter a group at a late member and leave it from an early one.
+  // from any other, earlier in node order than where it entered). Searched over the graph of
+  // groups, which the merges keep acyclic, in the direction from -> to; callers ask both
+  // directions. One bound holds: a node after every member of every group so far (and of
+  // `to`) is a group of its own whose readers all come after it, so no path through it
+  // comes back to `to`. Merges along producer -> consumer edges in node order keep that bound
+  // near the node being visited.
   bool PathThroughOtherGroups(const std::vector<int>& from, const std::vector<int>& to) {
-    const std::set<int> in_from(from.begin(), from.end()), in_to(to.begin(), to.end());
-    std::set<int> seen_roots = {Find(from.front()), Find(to.front())};
-    std::vector<int> stack;  // nodes whose readers are still to visit
+    const int limit = std::max(last_grouped_, *std::max_element(to.begin(), to.end()));
+    ++stamp_;
+    const int from_root = Find(from.front()), to_root = Find(to.front());
+    seen_[from_root] = seen_[to_root] = stamp_;
+    std::vector<int>& stack = stack_;  // nodes whose readers are still to visit
+    stack.clear();
     auto enter = [&](int j) {  // j reads a value of the path: stack its whole group
+      if (j > limit) return;
       const int r = Find(j);
-      if (!seen_roots.insert(r).second) return;
+      if (seen_[r] == stamp_) return;
+      seen_[r] = stamp_;
       for (int m : GroupNodes(r)) stack.push_back(m);
     };
     for (int i : from)
       for (const Value* o : order_[i]->outputs())
-        for (const Use& u : o->uses()) {
-          const int j = index_.at(u.node);
-          if (!in_from.count(j) && !in_to.count(j)) enter(j);
-        }
+        for (const Use& u : o->uses()) enter(index_.at(u.node));
     while (!stack.empty()) {
       const int j = stack.back();
       stack.pop_back();
       for (const Value* o : order_[j]->outputs())
         for (const Use& u : o->uses()) {
           const int k = index_.at(u.node);
-          if (in_to.count(k)) return true;
+          if (Find(k) == to_root) return true;
           enter(k);
         }
     }
@@ -201,6 +209,7 @@ class Planner {
       return false;
     }
     parent_[rb] = ra;
+    last_grouped_ = std::max(last_grouped_, mm.back());
     members_[ra] = std::move(mm);
     members_.erase(rb);
     return true;
@@ -376,6 +385,10 @@ class Planner {
   std::map<const Node*, int> index_;
   std::vector<int> parent_;
   std::vector<bool> elementwise_;
+  int last_grouped_ = -1;               // the last node in node order that belongs to a group of two or more
+  std::vector<int> seen_;               // PathThroughOtherGroups: group roots visited, by stamp
+  int stamp_ = 0;
+  std::vector<int> stack_, single_;     // its scratch
   std::map<int, std::vector<int>> members_;  // group root -> its nodes, in order
   std::vector<Pending> pending_;
   std::vector<std::pair<Value*, std::string>> renames_;
@@ -387,6 +400,7 @@ class Planner {
 
 Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options) {
   g.RemoveDeadNodes();  // a group must have something to write
+  GF_RETURN_IF_ERROR(g.TopologicalSort());  // the planner's cycle check relies on node order
   return Planner(g, options).Run();
 }
 
