@@ -52,6 +52,16 @@ __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
+// Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
+__forceinline__ long long pow(long long x, long long y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
+  unsigned long long r = 1, b = static_cast<unsigned long long>(x);
+  for (unsigned long long e = static_cast<unsigned long long>(y); e != 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return static_cast<long long>(r);
+}
 
 // f16 / bf16 storage and conversions, by the PTX cvt instructions that cuda_fp16.h's
 // __float2half_rn / __float2bfloat16_rn use (round to nearest even): NVRTC 13 does not bundle
@@ -193,7 +203,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_69ae7db8(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_32149eef(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

@@ -52,6 +52,16 @@ __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
+// Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
+__forceinline__ long long pow(long long x, long long y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
+  unsigned long long r = 1, b = static_cast<unsigned long long>(x);
+  for (unsigned long long e = static_cast<unsigned long long>(y); e != 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return static_cast<long long>(r);
+}
 
 // f16 / bf16 storage and conversions, by the PTX cvt instructions that cuda_fp16.h's
 // __float2half_rn / __float2bfloat16_rn use (round to nearest even): NVRTC 13 does not bundle
@@ -184,7 +194,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_454066ef(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_7123ae8a(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   __shared__ float qs[16];
   __shared__ float ps[16];

@@ -52,6 +52,16 @@ __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
+// Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
+__forceinline__ long long pow(long long x, long long y) {
+  if (y < 0) return x == 1 ? 1 : x == -1 ? ((y & 1) ? -1 : 1) : 0;
+  unsigned long long r = 1, b = static_cast<unsigned long long>(x);
+  for (unsigned long long e = static_cast<unsigned long long>(y); e != 0; e >>= 1) {
+    if (e & 1) r *= b;
+    b *= b;
+  }
+  return static_cast<long long>(r);
+}
 
 // f16 / bf16 storage and conversions, by the PTX cvt instructions that cuda_fp16.h's
 // __float2half_rn / __float2bfloat16_rn use (round to nearest even): NVRTC 13 does not bundle
@@ -153,7 +163,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_5d4277f0(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_818c1bbd(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
