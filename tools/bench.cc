@@ -182,12 +182,12 @@ int Bench(Args& args) {
   // (--rtol / --atol), and (presets) against float64 at samples.
   std::vector<OutputReport> checks;
   bool same = true;
+  double check_abs = 0, check_rel = 0;  // the largest over all outputs
   for (size_t k = 0; k < out_a.size(); ++k) {
-    checks.push_back(Compare(base->outputs()[k]->name(), out_b[k], out_a[k], rtol, atol));
-    same &= checks.back().ok;
+    const OutputReport& c = checks.emplace_back(Compare(base->outputs()[k]->name(), out_b[k], out_a[k], rtol, atol));
+    same &= c.ok;
+    check_abs = std::max(check_abs, c.max_abs), check_rel = std::max(check_rel, c.max_rel);
   }
-  double check_abs = 0, check_rel = 0;
-  for (const OutputReport& c : checks) check_abs = std::max(check_abs, c.max_abs), check_rel = std::max(check_rel, c.max_rel);
   double max_rel_f64 = 0;
   if (p) {
     const int64_t n = out_b[0].numel();

@@ -202,11 +202,10 @@ Result<BodyFunction> EmitBodyFunction(const Graph& body, const std::string& fn, 
     src += StrCat("  ", T, " r", r, " = gf::op_", OpName(kind), "<", T, ">(", args, "a", r, ", idx);  // ",
                   CommentSafe(n->name()), "\n");
     const DType dt = n->output()->dtype();
-    if (!ints && NeedsRoundingStep(kind, dt, false))
-      src += StrCat("  r", r, " = gf::round_", DTypeName(dt), "(r", r, ");  // the unfused op stores ", DTypeName(dt),
-                    "\n");
-    if (ints && NeedsRoundingStep(kind, dt, true))
-      src += StrCat("  r", r, " = static_cast<int>(r", r, ");  // the unfused op stores i32: wraps\n");
+    if (NeedsRoundingStep(kind, dt, ints))
+      src += ints ? StrCat("  r", r, " = static_cast<int>(r", r, ");  // the unfused op stores i32: wraps\n")
+                  : StrCat("  r", r, " = gf::round_", DTypeName(dt), "(r", r, ");  // the unfused op stores ",
+                           DTypeName(dt), "\n");
     reg[n->output()] = r;
   }
   for (size_t k = 0; k < body.outputs().size(); ++k) src += StrCat("  o", k, " = r", reg.at(body.outputs()[k]), ";\n");
