@@ -21,7 +21,7 @@
 #include "ir/text.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #include "runtime/presets.h"
 
 namespace gf = graphfuse;

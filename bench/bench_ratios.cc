@@ -283,7 +283,7 @@ void CheckAll(const std::string& what, const Buffers& b, Ref ref) {
   }
 }
 
-// The float64 formula of each op timed here (as written in src/ops/ops.def).
+// The float64 formula of each op timed here (as written in include/graphfuse/ops.def).
 std::function<double(int64_t)> Reference(gf::OpKind kind, const Buffers& b) {
   const float* x = b.x.data_as<float>();
   const float* y = b.y.data_as<float>();

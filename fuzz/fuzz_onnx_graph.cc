@@ -18,7 +18,7 @@
 #include "ir/op_registry.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace {
 

@@ -19,7 +19,7 @@
 #include "ir/text.h"
 #include "onnx/import.h"
 #include "passes/fold_constants.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

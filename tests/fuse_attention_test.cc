@@ -17,7 +17,7 @@
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #include "graphfuse/thread_pool.h"
 
 namespace graphfuse {
@@ -828,7 +828,7 @@ TEST(FuseAttention, PipelineReportsTheGroupAndKernelCounts) {
 }
 
 TEST(FuseAttention, WithRope) {
-  if (FindSchema("Rope") == nullptr) GTEST_SKIP() << "the Rope op is not in the registry yet (src/ops/kernels/rope.cc)";
+  if (FindSchema("Rope") == nullptr) GTEST_SKIP() << "the Rope op is not in the registry yet (src/cpu/kernels/rope.cc)";
   Spec sp;
   sp.rope = true;
   sp.mask = MaskForm::kCausal;

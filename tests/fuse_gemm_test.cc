@@ -12,10 +12,10 @@
 #include <random>
 
 #include "graphfuse/thread_pool.h"
-#include "ops/kernels/fused_gemm.h"
+#include "cpu/kernels/fused_gemm.h"
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

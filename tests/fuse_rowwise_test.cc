@@ -14,7 +14,7 @@
 #include "ir/text.h"
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

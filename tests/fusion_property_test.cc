@@ -17,7 +17,7 @@
 #include "graphfuse/cpu_codegen.h"
 #include "ir/text.h"
 #include "passes/fuse_elementwise.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

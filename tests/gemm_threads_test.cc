@@ -5,7 +5,7 @@
 #include <random>
 
 #include "ir/text.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

@@ -8,7 +8,7 @@
 #include "ir/op_registry.h"
 #include "ir/text.h"
 #include "passes/fold_constants.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

@@ -1,4 +1,4 @@
-// The non-elementwise kernels (src/ops/kernels/): every op against a float64 reference written
+// The non-elementwise kernels (src/cpu/kernels/): every op against a float64 reference written
 // here, ONNX edge semantics (negative axes / steps / indices, clamping, keepdims, defaults), the
 // threaded paths, and the errors inference gives for malformed nodes.
 #include <gtest/gtest.h>
@@ -18,9 +18,9 @@
 #include "graphfuse/thread_pool.h"
 #include "cpu/elementwise_kernels.h"
 #include "cpu/simd.h"
-#include "ops/kernels/norm_rows.h"
+#include "cpu/kernels/norm_rows.h"
 #include "ir/op_registry.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #include "test_util.h"
 
 namespace graphfuse {

@@ -18,7 +18,7 @@
 #include "json.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #include "runtime/blocks.h"
 #include "runtime/presets.h"
 #include "runtime/reference_eval.h"

@@ -18,7 +18,7 @@
 #include "passes/pipeline.h"
 #include "graphfuse/cpu_codegen.h"
 #include "runtime/blocks.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #include "runtime/timer.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"

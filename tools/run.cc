@@ -16,7 +16,7 @@
 #include "json.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"
 #endif

@@ -1,5 +1,5 @@
 // The elementwise operator library: op kinds, their static description, type and shape rules.
-// Every op is one row of src/ops/ops.def; this header only exposes what the rows say.
+// Every op is one row of include/graphfuse/ops.def; this header only exposes what the rows say.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@ namespace graphfuse {
 
 enum class OpKind : uint16_t {
 #define OP(name, ...) k##name,
-#include "../../src/ops/ops.def"
+#include "../../include/graphfuse/ops.def"
 #undef OP
 };
 

@@ -25,11 +25,6 @@ std::string ShellQuote(const std::string& path) {
   return q + "'";
 }
 
-uint64_t Fnv1a64(const std::string& s, uint64_t h) {
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
-
 Result<std::filesystem::path> BuildSharedObject(const std::string& source, const std::string& compile,
                                                 const std::filesystem::path& dir, const std::string& stem, const std::string& libs,
                                                 bool* built) {

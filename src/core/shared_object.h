@@ -19,9 +19,6 @@ bool ReadFile(const std::filesystem::path& p, std::string* out);
 // A path as one shell word: in single quotes, any single quote in it escaped.
 std::string ShellQuote(const std::string& path);
 
-// 64-bit FNV-1a: a hash that is the same in every process (cache keys on disk).
-uint64_t Fnv1a64(const std::string& s, uint64_t h = 14695981039346656037ull);
-
 // Builds dir/stem.so from `source` with `compile` (a shell command prefix that ends before the
 // output and input files, e.g. "c++ -O2 -fPIC -shared") followed by `libs` (e.g. "-lm"),
 // unless that file exists already.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hash.h"
 #include "core/shared_object.h"
 
 // Set by CMakeLists.txt: where the headers the generated code includes live, and how the

@@ -71,27 +71,27 @@ constexpr I64TileKernel I64KernelOrNull() {
 
 constexpr F32TileKernel kF32Kernels[] = {
 #define OP(name, ...) &F32Kernel<name##Row, Mode::kPlain>,
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 constexpr F32TileKernel kF32StreamKernels[] = {
 #define OP(name, ...) &F32Kernel<name##Row, Mode::kStream>,
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 constexpr F32TileKernel kF32PrefetchKernels[] = {
 #define OP(name, ...) &F32Kernel<name##Row, Mode::kPrefetch>,
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 constexpr F32ScaledTileKernel kF32ScaledKernels[] = {
 #define OP(name, ...) ScaledOrNull<name##Row>(),
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 constexpr I64TileKernel kI64Kernels[] = {
 #define OP(name, ...) I64KernelOrNull<name##Row>(),
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 

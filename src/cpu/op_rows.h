@@ -23,7 +23,7 @@ inline constexpr bool kIntOk = true, kFloatOnly = false;
       return expr;                                                                              \
     }                                                                                           \
   };
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 
 }  // namespace graphfuse::cpu::rows

@@ -6,6 +6,7 @@
 // of its row's device function, followed by a rounding to f16/bf16 when the unfused op
 // would store that type. (4) The kernel wraps the body in a float4 loop (when every operand
 // allows it) and a scalar grid-stride loop.
+#include "core/hash.h"
 #include "codegen.h"
 
 #include <algorithm>
@@ -33,7 +34,7 @@ struct RowSource {
 };
 constexpr RowSource kRowSources[] = {
 #define OP(name, arity, cls, ints, cost, ulp, alpha, beta, expr) {#name, arity, #expr},
-#include "../ops/ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 
@@ -131,7 +132,7 @@ std::string OpsPart(const Graph& body) {
 }
 
 std::string RowFunctions(const std::vector<bool>& used) {
-  std::string src = "// The op-table rows this kernel uses (src/ops/ops.def, stringized).\n";
+  std::string src = "// The op-table rows this kernel uses (graphfuse/ops.def, stringized).\n";
   for (size_t k = 0; k < used.size(); ++k)
     if (used[k]) src += RowFunction(static_cast<OpKind>(k));
   return src;
@@ -222,12 +223,6 @@ enum class VecRead { kFloat4, kBroadcast };
 }  // namespace internal
 
 using namespace internal;
-
-uint32_t Fnv1a32(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
-}
 
 Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name,
                                                    const std::vector<int64_t>& row_strides) {
@@ -344,8 +339,7 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
   if (!kernel_name.empty() && !ident)
     return InvalidArgument(where, ": kernel name '", CommentSafe(kernel_name), "' is not a C identifier");
   if (out.name.empty()) {
-    char hash[16];
-    std::snprintf(hash, sizeof hash, "%08x", Fnv1a32(head + tail));
+    const std::string hash = Hash8(head + tail);
     out.name = StrCat(body.num_nodes() > 1 ? "fused_" : "", OpsPart(body), "_", DTypeName(out.output_dtypes.front()), "_",
                       hash);
   }

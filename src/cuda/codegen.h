@@ -3,7 +3,7 @@
 // The body of a FusedElementwise node (a graph of op-table nodes over one iteration space)
 // becomes ONE kernel: the device prelude (device_prelude.h: the vocabulary, written once),
 // one __device__ function per op-table row the body uses -- the row's expression stringized
-// by an X-macro over src/ops/ops.def, so the generator has no per-op code -- and
+// by an X-macro over include/graphfuse/ops.def, so the generator has no per-op code -- and
 //
 //   __device__ void gf_body(idx, r0, r1, ..., &o0, ...)   // one line per node, f16/bf16
 //                                                          // intermediates rounded as on the CPU
@@ -135,7 +135,5 @@ Status ForEachCudaPlan(const Graph& g,
                        const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
                        const CudaPlanOptions& options = {}, int depth = 0);
 
-// FNV-1a 32-bit (kernel-name hashes).
-uint32_t Fnv1a32(const std::string& s);
 
 }  // namespace graphfuse::cuda

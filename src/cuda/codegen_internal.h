@@ -12,7 +12,7 @@
 namespace graphfuse::cuda::internal {
 
 // `template <class T> T op_<Name>(T x, T y, T z, const Attrs& a, long long idx)`: one op-table
-// row's expression, stringized from src/ops/ops.def.
+// row's expression, stringized from include/graphfuse/ops.def.
 std::string RowFunction(OpKind kind);
 // The rows marked in `used` (indexed by OpKind), in table order, with a heading comment.
 std::string RowFunctions(const std::vector<bool>& used);

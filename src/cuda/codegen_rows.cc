@@ -5,15 +5,16 @@
 // Row kernels: one thread block of kCudaBlockSize threads per row (grid-stride over rows). A
 // row's values stay in registers (kPer per thread), so a prologue is computed once, its extra
 // outputs stored on the way, and the statistics follow the CPU kernels' recipes
-// (src/ops/kernels/norm_rows.h, softmax.cc): sums in double, reduced per warp by shuffles, then
+// (src/cpu/kernels/norm_rows.h, softmax.cc): sums in double, reduced per warp by shuffles, then
 // the warps' partials added in a fixed order, so every thread holds the same value and a
 // launch is deterministic. Rows longer than kMaxRowPerThread * kCudaBlockSize are refused.
 #include <algorithm>
 #include <cctype>
 #include <functional>
 
-#include "../ops/kernels/attention_layout.h"
-#include "../ops/kernels/rowwise_layout.h"
+#include "core/hash.h"
+#include "../cpu/kernels/attention_layout.h"
+#include "../cpu/kernels/rowwise_layout.h"
 #include "codegen.h"
 #include "codegen_internal.h"
 #include "device_prelude.h"
@@ -62,8 +63,7 @@ __noinline__ float block_max(float v) {
 // Names the kernel "<base>_<dtype>_<hash8>", the hash over the source without the name.
 CudaKernelSource Finish(const std::string& head, const std::string& tail, const std::string& base, DType dt,
                         CudaKernelSource k) {
-  char hash[16];
-  std::snprintf(hash, sizeof hash, "%08x", Fnv1a32(head + tail));
+  const std::string hash = Hash8(head + tail);
   k.name = StrCat(base, "_", DTypeName(dt), "_", hash);
   k.source = head + k.name + tail;
   return k;
@@ -330,7 +330,7 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
   return Finish(head, t, base, node.output()->dtype(), std::move(k));
 }
 
-// Rope: y = x * cos + rotate_half(x) * sin over the last dim (src/ops/kernels/rope.cc), each
+// Rope: y = x * cos + rotate_half(x) * sin over the last dim (src/cpu/kernels/rope.cc), each
 // product rounded, then the add (--fmad=false), as on the CPU.
 Result<CudaKernelSource> GenerateRopeKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
@@ -688,7 +688,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
 namespace {
 
 // Where a FusedGemm's projection s is read by its epilogue: the node output that IS it (rows
-// of N), else the GEMM workspace (rows of S*N), as in src/ops/kernels/fused_gemm.cc.
+// of N), else the GEMM workspace (rows of S*N), as in src/cpu/kernels/fused_gemm.cc.
 std::vector<int64_t> EpilogueRowStrides(const Node& node, int64_t splits, int64_t n) {
   std::vector<int64_t> ld(static_cast<size_t>(splits), splits * n);
   for (int64_t s : node.GetInts("out_proj"))

@@ -14,7 +14,7 @@
 #include <set>
 #include <span>
 
-#include "../runtime/executor.h"
+#include "../cpu/executor.h"
 #include "codegen.h"
 #include "host_emulation.h"
 #include "nvrtc_compile.h"

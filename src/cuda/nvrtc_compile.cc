@@ -1,3 +1,4 @@
+#include "core/hash.h"
 #include "nvrtc_compile.h"
 
 #include <nvrtc.h>

@@ -1,6 +1,6 @@
 // The op registry: for every op the IR knows, its arity, type/shape inference and CPU kernel.
-// Elementwise ops come from the op table (src/ops/ops.def); the others (GEMM, norms, softmax,
-// reductions, data movement, shape ops) are registered by src/ops/kernels/*.cc.
+// Elementwise ops come from the op table (include/graphfuse/ops.def); the others (GEMM, norms, softmax,
+// reductions, data movement, shape ops) are registered by src/cpu/kernels/*.cc.
 //
 // The registry is an immutable table built once; nothing registers at run time.
 #pragma once
@@ -66,9 +66,9 @@ struct OpSchema {
 const OpSchema* FindSchema(const std::string& op);
 std::vector<const OpSchema*> AllSchemas();
 
-// Schemas contributed by each family (one file each under src/ops/kernels/ and src/ir/).
+// Schemas contributed by each family (one file each under src/cpu/kernels/ and src/ir/).
 std::vector<OpSchema> ElementwiseSchemas();   // src/ir/elementwise_schema.cc
-std::vector<OpSchema> NonElementwiseSchemas();  // src/ops/kernels/registry_list.cc
+std::vector<OpSchema> NonElementwiseSchemas();  // src/cpu/kernels/registry_list.cc
 std::vector<OpSchema> FusedSchemas();           // src/ir/fused_schema.cc
 
 // OpAttrs of an elementwise node from its attribute map (alpha, beta, to, seed, training).

@@ -13,7 +13,7 @@ using enum OpClass;
 constexpr OpInfo kOps[] = {
 #define OP(name, arity, cls, ints, cost, ulp, alpha, beta, expr) \
   {OpKind::k##name, #name, arity, cls, ints, cost, ulp, alpha, beta, #expr},
-#include "ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 };
 

@@ -14,7 +14,7 @@ using namespace scalar;  // the table's vocabulary for T = double / int64_t
       return expr;                                                                              \
     }                                                                                           \
   };
-#include "ops.def"
+#include "graphfuse/ops.def"
 #undef OP
 
 constexpr bool kIntOk = true, kFloatOnly = false;
@@ -36,7 +36,7 @@ double ReferenceScalar(OpKind kind, double x, double y, double z, const OpAttrs&
   switch (kind) {
 #define OP(name, ...) \
   case OpKind::k##name: return name##Row::Eval<double>(x, y, z, a, idx);
-#include "ops.def"
+#include "graphfuse/ops.def"
 #undef OP
   }
   return 0;
@@ -46,7 +46,7 @@ int64_t ReferenceScalarInt(OpKind kind, int64_t x, int64_t y, int64_t z, const O
   switch (kind) {
 #define OP(name, arity, cls, ints, ...) \
   case OpKind::k##name: return EvalIntRow<name##Row, ints>(x, y, z, a, idx);
-#include "ops.def"
+#include "graphfuse/ops.def"
 #undef OP
   }
   return 0;

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "../ir/op_registry.h"
-#include "../runtime/executor.h"
+#include "../cpu/executor.h"
 
 namespace graphfuse {
 

@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "../ops/kernels/fused_gemm.h"
+#include "../cpu/kernels/fused_gemm.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {

@@ -1,5 +1,5 @@
 // FuseAttention: scaled dot-product attention as exporters and the API-built blocks write it,
-// rewritten into one FusedAttention node (kernel: src/ops/kernels/attention.cc).
+// rewritten into one FusedAttention node (kernel: src/cpu/kernels/attention.cc).
 //
 //   %q4 = Transpose(Reshape(%q, [B,S,H,d]), perm [0,2,1,3])      (k4, v4 alike; q4/k4 maybe Rope'd)
 //   %kt = Transpose(%k4, perm [0,1,3,2])                          (or Transpose(Reshape(k), [0,2,3,1]))
@@ -36,9 +36,10 @@
 #include <map>
 #include <set>
 
+#include "core/hash.h"
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
-#include "../ops/kernels/attention_layout.h"
+#include "../cpu/kernels/attention_layout.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {
@@ -49,12 +50,6 @@ constexpr const char* kIntermediateEscapes = "attention-intermediate-escapes";  
 constexpr const char* kUnsupportedLayout = "attention-unsupported-layout";      // ranks, broadcast batches, axis
 constexpr const char* kUnsupportedDtype = "attention-unsupported-dtype";        // not f32
 constexpr const char* kUnsupportedPattern = "attention-unsupported-pattern";    // an op between QK^T and softmax
-
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
-}
 
 // Read by exactly one node and not a graph output.
 bool Private(const Value* v) { return !v->is_graph_output() && v->uses().size() == 1; }
@@ -444,9 +439,7 @@ class AttentionFuser {
     if (rope) kernel += "_rope";
     if (m.mask) kernel += "_mask";
     if (m.bool_mask) kernel += "_boolmask";
-    char hash[16];
-    std::snprintf(hash, sizeof hash, "%08x",
-                  Fnv1a(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout)));
+    const std::string hash = Hash8(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout));
     kernel += StrCat("_h", m.h, "_d", m.d, "_f32_", hash);
 
     AttributeMap attrs{

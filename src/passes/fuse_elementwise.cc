@@ -1,3 +1,4 @@
+#include "core/hash.h"
 #include "fuse_elementwise.h"
 
 #include <algorithm>
@@ -22,13 +23,7 @@ int64_t CountKernels(const Graph& g) {
   return k;
 }
 
-std::string KernelHash(const Graph& body) {
-  uint32_t h = 2166136261u;  // FNV-1a over the printed body
-  for (unsigned char c : PrintGraph(body)) h = (h ^ c) * 16777619u;
-  char hex[16];
-  std::snprintf(hex, sizeof hex, "%08x", h);
-  return hex;
-}
+std::string KernelHash(const Graph& body) { return Hash8(PrintGraph(body)); }
 
 namespace {
 

@@ -25,7 +25,7 @@
 
 #include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
-#include "../ops/kernels/fused_gemm.h"
+#include "../cpu/kernels/fused_gemm.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {

@@ -1,5 +1,5 @@
 // Row-op fusion: the elementwise work around RMSNorm / LayerNormalization / Softmax runs inside
-// the row kernel (src/ops/kernels/fused_rowwise.cc), so the tensor it feeds the row op never
+// the row kernel (src/cpu/kernels/fused_rowwise.cc), so the tensor it feeds the row op never
 // makes a separate round trip through memory.
 //
 //   %h = FusedElementwise(%x, %r) {x + r}           %y, %h = FusedNorm(%x, %r, %w) {
@@ -35,6 +35,7 @@
 #include <optional>
 #include <set>
 
+#include "core/hash.h"
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
 #include "fusion_passes.h"
@@ -48,12 +49,6 @@ constexpr const char* kBroadcastExpansion = "rowwise-broadcast-expansion";  // t
 constexpr const char* kDtypeUnsupported = "rowwise-dtype-unsupported";  // fused row kernels run f32 only
 constexpr const char* kStatisticsUsed = "rowwise-norm-statistics-used";  // LayerNorm's Mean / InvStdDev are read
 constexpr const char* kOutputShared = "rowwise-softmax-output-shared";   // the probabilities have other readers
-
-uint32_t Fnv1a(const std::string& s) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : s) h = (h ^ c) * 16777619u;
-  return h;
-}
 
 std::string Lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -347,8 +342,7 @@ class RowwiseFuser {
     GF_ASSIGN_OR_RETURN(auto reference, Reference(name, node_ins, take, {{p->body.get(), p->ins, p->outs}}, r));
 
     const float eps = r->GetFloat("epsilon", r->op() == "RMSNorm" ? 1e-6f : 1e-5f);
-    char hash[16];
-    std::snprintf(hash, sizeof hash, "%08x", Fnv1a(StrCat(PrintGraph(*body), r->op(), eps, params.size())));
+    const std::string hash = Hash8(StrCat(PrintGraph(*body), r->op(), eps, params.size()));
     FusedGroupInfo info;
     info.name = name;
     info.kind = "norm";
@@ -497,9 +491,8 @@ class RowwiseFuser {
     if (e) after = BodyUse{e->body.get(), e->ins, e->outs};
     GF_ASSIGN_OR_RETURN(auto reference, Reference(name, node_ins, take, bodies, s, after));
 
-    char hash[16];
-    std::snprintf(hash, sizeof hash, "%08x",
-                  Fnv1a(StrCat(prologue ? PrintGraph(*prologue) : "", "|", epilogue ? PrintGraph(*epilogue) : "")));
+    const std::string hash =
+        Hash8(StrCat(prologue ? PrintGraph(*prologue) : "", "|", epilogue ? PrintGraph(*epilogue) : ""));
     FusedGroupInfo info;
     info.name = name;
     info.kind = "softmax";

@@ -35,7 +35,7 @@
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse::cuda {
 namespace {

@@ -27,7 +27,7 @@
 #include "onnx/import.h"
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse::cuda {
 namespace {

@@ -160,7 +160,7 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
-// The op-table rows this kernel uses (src/ops/ops.def, stringized).
+// The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 
 // Block reductions for row kernels (blockDim.x == 256: eight warps). Warp partials by
@@ -203,7 +203,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_32149eef(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_5212e953(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

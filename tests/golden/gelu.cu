@@ -160,7 +160,7 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
-// The op-table rows this kernel uses (src/ops/ops.def, stringized).
+// The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
 template <class T> __forceinline__ T op_Gelu(T x, T y, T z, const Attrs& a, long long idx) { return T(0.5) * x * erfc(x * T(-0.70710678118654752440)); }

@@ -160,7 +160,7 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
-// The op-table rows this kernel uses (src/ops/ops.def, stringized).
+// The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
 
@@ -213,7 +213,7 @@ __forceinline__ void gf_epilogue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_6100951c(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_8822fd20(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
   const long long kRows = 256LL, kD = 32LL;
   constexpr int kPer = 1;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

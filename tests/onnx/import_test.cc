@@ -10,7 +10,7 @@
 #include "graphfuse/cpu.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {

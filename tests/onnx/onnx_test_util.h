@@ -12,7 +12,7 @@
 #include "graphfuse/tensor.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
-#include "runtime/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse::testing {
 

@@ -1,6 +1,6 @@
-// Helpers shared by the non-elementwise kernels (src/ops/kernels/*.cc): axis normalization,
+// Helpers shared by the non-elementwise kernels (src/cpu/kernels/*.cc): axis normalization,
 // reading shape-like inputs, f32 row load/store for the float storage types, and splitting a
-// launch over the thread pool. Internal to src/ops/kernels/.
+// launch over the thread pool. Internal to src/cpu/kernels/.
 #pragma once
 
 #include <algorithm>
