@@ -1,10 +1,10 @@
 // A fixed pool of worker threads for one-launch-per-kernel CPU execution.
 //
-// Why not OpenMP's runtime: measured on this project's 2-vCPU VMs, a 2-thread parallel region
-// costs ~1.9-3 us with libgomp (and up to milliseconds after its workers went to sleep) and
-// ~2.5 us with LLVM's libomp through g++, while a pool whose workers spin on one atomic
-// generation counter dispatches in ~1 us. Workers spin for `spin_us` after each job, then
-// sleep on a futex (std::atomic::wait), so an idle pool does not burn a core for long.
+// Why not OpenMP's runtime: a 2-thread parallel region of libgomp or of LLVM's libomp costs
+// two to three times a dispatch of a pool whose workers spin on one atomic generation counter,
+// and libgomp's up to milliseconds after its workers went to sleep (bench/RESULTS.md, "The op
+// library": BM_DispatchEmpty against BM_OmpEmptyRegion). Workers spin for `spin_us` after each
+// job, then sleep on a futex (std::atomic::wait), so an idle pool does not burn a core for long.
 #pragma once
 
 #include <atomic>

@@ -218,9 +218,8 @@ extern "C" void )", symbol,
     return b;
   };
   // Launches stored non-temporally (far larger than the caches) read their row inputs from
-  // memory: each is prefetched kStreamPrefetch elements ahead (the 3-op chain at 16 Mi went
-  // from 2.14-2.25x to 2.31-2.59x the unfused ops, silu(g)*u from 1.44x to 1.80x; the same in
-  // the plain loop, 64 or 256 ahead, gained nothing at 4 Ki-1 Mi).
+  // memory: each is prefetched kStreamPrefetch elements ahead. The plain loop has no prefetch:
+  // its inputs are in cache, and prefetching there gained nothing.
   std::string prefetch;
   for (int k = 0; k < nin; ++k)
     if (p.inputs[k] == NativeRead::kRow)

@@ -2,12 +2,11 @@
 // Highway target (AVX-512 on the project's machines). Arithmetic and compares come from
 // Highway; expm1/log/log1p/tanh/pow from SLEEF's 1-ulp vector functions, which keep IEEE
 // behaviour over the whole domain (inf, NaN, 0, denormals; Highway's math documents narrower
-// valid ranges); erf/erfc from glibc's libmvec (measured 3.6x faster than SLEEF's u10 erf on
-// the project's AMD machines).
+// valid ranges); erf/erfc from glibc's libmvec (several times faster than SLEEF's u10 erf).
 // exp is inline (ExpInline below, one function for AVX-512 and AVX2, the same bits on both):
 // within 1 ulp of the correctly rounded result on every 61st f32 (tests/ops_test.cc), and
-// faster than SLEEF's expf (Exp: 1.5-1.9x at 4 Ki elements, bench/RESULTS.md) and than
-// libmvec's, which is also less accurate (2.1-2.5 ulp).
+// faster than SLEEF's expf (bench/RESULTS.md, "The op library") and than libmvec's, which is
+// also less accurate (2.1-2.5 ulp).
 // exp_fast names the rows whose contracts would accept a less accurate exp (Silu, Sigmoid,
 // Softplus: 3 ulp), and exp_softmax the exp of softmax rows (softmax_row.h, d <= 0); on both
 // x86 targets they are that same exp.
@@ -118,9 +117,9 @@ inline constexpr bool kExpSetsInf = true;
 // +0 at and below -104 (e^x is under half the smallest subnormal there, so +0 is the correctly
 // rounded result; softmax_row.h relies on it), +inf above kExpHigh where the scaling does not
 // give it, and in (-104, -87.3) (subnormal results) 2^(n + 64) then a multiply by 2^-64, one
-// rounding. A subnormal or zero result costs a microcode assist on Intel cores, about 16x the
-// whole function (measured: 5.9 against 0.36 ns per element when every lane is -1e9, a masked
-// softmax key), hence the separate pass. A NaN passes the clamps (max/min return their second
+// rounding. A subnormal or zero result costs a microcode assist on Intel cores, many times the
+// whole function, and every lane of a masked softmax key (-1e9) would pay it: hence the
+// separate pass. A NaN passes the clamps (max/min return their second
 // operand, x, when it is NaN) and propagates (on AVX2 its n converts to INT_MIN, whose shift is
 // 0); its compares are false.
 inline VF ExpInline(VF v) {
@@ -225,8 +224,8 @@ inline float MaxOfLanesNaN(VF x) {
 }
 // The sum of the lanes in double, added pairwise (lane l + lane l + kLanes/2, and so on).
 // On AVX-512 and AVX2 the same tree runs as vector adds (16 -> 8 -> 4 -> 2 -> 1 doubles, or
-// 8 -> 4 -> 2 -> 1; same pairs, same order, so the same bits): the scalar form cost about 6 ns
-// per softmax row.
+// 8 -> 4 -> 2 -> 1; same pairs, same order, so the same bits) rather than lane by lane: every
+// softmax row takes one.
 inline double SumOfLanesF64(VF x) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const __m512 f = x.v.raw;

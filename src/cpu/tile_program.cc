@@ -199,14 +199,15 @@ void LoadTile(const TileInput& in, const TileDims& shape, const TileDims& stride
 }
 
 // A launch that writes at least this much f32 output stores it non-temporally (no read for
-// ownership, no eviction of the inputs): measured on the 3-op chain at 16 Mi elements (64 MiB
-// out), fused 11.9 -> 8.1-9.5 ms and unfused 25 -> 17-19 ms; at 1 Mi (4 MiB, still in cache
-// for the next kernel) non-temporal stores made the unfused chain 1.6x slower.
+// ownership, no eviction of the inputs). A smaller output may still be in cache when the next
+// kernel reads it, and non-temporal stores would send it to memory (at 4 MiB they made an
+// unfused chain slower).
 constexpr int64_t kNonTemporalBytes = int64_t{32} << 20;
 bool StoresNonTemporally(int64_t f32_out_bytes) { return f32_out_bytes >= kNonTemporalBytes; }
-// Elements computed between two rounds of prefetches of the next tile (a probe of a tiled
-// 3-op chain at 16 Mi: 108-112% of triad without them, 121-124% with them spread over the
-// phases after the first; one burst per tile, or a spread over every phase, gained nothing).
+// Elements computed between two rounds of prefetches of the next tile, spread over the phases
+// after the first (which reads the inputs itself), so that the tile does not alternate between
+// a read phase and a store phase. One burst per tile, or a spread over every phase, gained
+// nothing.
 constexpr int64_t kPrefetchPiece = 256;
 
 // Non-temporal stores of n floats (dst 64-byte aligned, n a multiple of the vector width).

@@ -579,9 +579,9 @@ struct CudaExecutor::Impl {
     // so that one strided-batched GEMM writes all of them.
     std::vector<float*> dst(static_cast<size_t>(splits), nullptr);
     std::vector<int64_t> ld(static_cast<size_t>(splits), splits * nn);
-    // With many rows, one call per projection instead: each fills the GPU alone, and on an H200
-    // three 512x4096x4096 calls took 1.15 ms where the batched call took 1.25 ms (at 1 row the
-    // batched call was faster, 0.053 against 0.065 ms).
+    // With many rows, one call per projection instead: each fills the GPU alone, and three
+    // calls then beat the batched one; with few rows the one batched launch is the faster
+    // (bench/RESULTS.md, "CUDA backend").
     constexpr int64_t kRowsForOneCallPerProjection = 64;
     bool batched = plan.path == CudaPath::kCublas && splits > 1 && static_cast<int64_t>(out_proj.size()) == splits &&
                    m < kRowsForOneCallPerProjection;

@@ -506,9 +506,8 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 // three, no epilogue, constant W) that nothing else reads becomes one FusedAttention in the
 // projected form: it reads x and W, and each head's task computes that head's q, k and v
 // ([S, 3d]) into its own scratch before RoPE, the scores and P V read them there (attention.cc).
-// The QKV tensor never goes to memory nor to the other core's cache (llama-small block:
-// attention's time outside its GEMMs 0.106 -> 0.064 ms; at LLaMA-7B that time is RoPE and
-// softmax work and did not change, bench/RESULTS.md). The reference graph is the two nodes it
+// The QKV tensor never goes to memory nor to the other core's cache: that saves the reads of
+// q, k and v, not the work of RoPE and softmax on them. The reference graph is the two nodes it
 // replaces, so `run --check-fusion` checks the projected kernel against them and a backend
 // without the form (CUDA) runs them instead.
 Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report) {

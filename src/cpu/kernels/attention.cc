@@ -422,19 +422,15 @@ struct AttentionState {
 };
 
 // Heads per task of the projected form. When one head's weights ([K, 3d]) are larger than
-// half of L2, every GEMM call streams them through the caches and RoPE then reads cold data
-// (LLaMA-7B, 6 MB a head: RoPE of one head's Q took 3.3 us on a first pass, 1.3 us on a
-// second; on a Zen 1 machine a probe that read half of each table row ran no faster, so the
-// cold data there is the Q/K the GEMM wrote, not the cos/sin tables). A task then projects G
-// heads in one call and ropes them back to back: LLaMA-7B's time outside GEMMs went from
-// 1.78-2.29x to 2.26-2.62x on an AVX-512 machine (2 MiB of L2). G divides H, leaves at least
-// four tasks per batch, and keeps the task's [S, 3d*G] within an eighth of L2: 256 KiB there.
-// On a Zen 1 core (512 KiB of L2) a wide group made the GEMM itself slower: LLaMA-7B at S = 32,
-// the attention kernel took 22-25 ms with G = 1, 24-26 with 2, 29-32 with 4 and 43-44 with 8,
-// its time outside BLAS alike; there an eighth of L2 (64 KiB) gives G = 1 at S = 32, and
-// decode (S = 1, where G = 8 took 8.4-9.1 ms against 10.8-11.6 with G = 1) keeps G = 8.
-// Smaller weights keep one head per task: llama-small's (384 KB) with two heads a task
-// measured no better (attention's BLAS share 93.4-95.0% against 93.6-93.8%).
+// half of L2, every GEMM call streams them through the caches, and RoPE then reads data the
+// weights have pushed out (the Q/K the GEMM just wrote, the cos/sin tables). A task then
+// projects G heads in one call and ropes them back to back, while that data is still near.
+// G divides H, leaves at least four tasks per batch, and keeps the task's [S, 3d*G] within an
+// eighth of L2 (256 KiB of a 2 MiB L2, 64 KiB of 512 KiB): a wider group outgrows a small L2
+// and slows the GEMM itself: with 512 KiB, LLaMA-7B's heads go one a task at S = 32 and eight
+// at decode (S = 1). Smaller weights keep one head per task: two heads a task were no better.
+// (The timings behind these choices: bench/history/2026-12.md, "Notes moved out of code
+// comments".)
 int64_t HeadGroup(const Dims& d, int64_t k) {
   if (k * 3 * d.d * 4 <= (1 << 20)) return 1;
   int64_t g = 1;
@@ -511,9 +507,8 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
           for (int t = 0; t < 3; ++t)
             std::memcpy(cols.data() + r * wg + g * 3 * d.d + t * d.d, wp + r * ldw + ProjColumn(d, t, h0 + g),
                         static_cast<size_t>(d.d) * sizeof(float));
-      // One block of all the group's columns: LLaMA-7B's heads (M = 32, K = 4096, 384 columns)
-      // took 26 ms in blocks of 64 columns against 20-21.5 ms in one (the separate QKV GEMM:
-      // 22-23 ms).
+      // One block of all the group's columns, so that a task projects its heads in one GEMM
+      // call: the same columns cut into 64-column blocks ran slower.
       GF_ASSIGN_OR_RETURN(auto packed,
                           PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, wg));
       state->heads.push_back(std::move(packed));
@@ -593,12 +588,11 @@ Status AttentionKernel(const KernelContext& ctx) {
                    oa = Access(d.out, d, d.s, d.dv);
 
   // Query rows per task: a [rows, Sk] score block of about 256 KiB (L2-resident), 16..256 rows.
-  // Measured at H=32, S=Sk=512, d=128 on one core: 154 ms with 256 KiB blocks, 203 ms with
-  // 64 KiB (sgemm with M=32 runs well below its M=128 rate).
+  // Not smaller: the rows are the sgemm's M, and sgemm with M=32 runs well below its M=128 rate.
   // With a constant mask (MaskRows can describe it) that fits in one such block, two blocks:
-  // the first leaves out the keys its rows all drop (a causal mask's later half). llama-small
-  // (S = 128): attention 3.72-3.74 ms -> 3.53 ms, the fused block 12.5 -> 12.3 ms. The blocks
-  // follow from the node alone, prepared or not: the same blocks give the same bits.
+  // the first leaves out the keys its rows all drop (a causal mask's later half), which takes
+  // that work out of both products. The blocks follow from the node alone, prepared or not:
+  // the same blocks give the same bits.
   const Value* prepared_input = ctx.node.inputs().size() > prepared_index ? ctx.node.input(prepared_index) : nullptr;
   const bool constant_mask = (d.mask || d.mask_select != 0) && prepared_input && prepared_input->constant();
   const int64_t base_rows = std::min<int64_t>(d.s, std::clamp<int64_t>(65536 / std::max<int64_t>(d.sk, 1), 16, 256));

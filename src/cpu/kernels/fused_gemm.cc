@@ -23,13 +23,12 @@
 // Three epilogue forms need no phase 2 when the weights are packed: the store chain
 // (StoreChainForm: residuals and biases the GEMM adds as it stores each block), the gated
 // form (GatedForm: SwiGLU's silu(gate) * up, applied block by block while the block is in L2)
-// and the bias-activation form (BiasActForm: U(p + bias), finished in place block by block). On the
-// llama-small block the first two took the time outside the GEMMs from 0.26-0.30 ms to 0.19 ms.
-// Running a general epilogue on each block right after its GEMM (row pieces of 64-512 columns,
-// an earlier design) measured slower there: SwiGLU 0.14 -> 0.08-0.11 ms and the residual adds
-// 0.065 -> 0.04 ms with whole rows, because the residual and the outputs come from L3 or
-// memory, and the hardware prefetchers follow long rows but not short pieces with jumps
-// between them (software prefetching of the next pieces recovered only part of it). The gated
+// and the bias-activation form (BiasActForm: U(p + bias), finished in place block by block):
+// they save phase 2's pass over the workspace.
+// A general epilogue runs over whole rows rather than on each block right after its GEMM (row
+// pieces of 64-512 columns), because the residual and the outputs come from L3 or memory,
+// and the hardware prefetchers follow long rows but not short pieces with jumps between them
+// (software prefetching of the next pieces recovered only part of it). The gated
 // form differs: its per-block pass reads and writes only the block just computed, and the
 // output is written by the GEMM's own stores; so does the bias-activation form's, on the
 // output itself.
@@ -359,7 +358,7 @@ struct PackedProjections {
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
   // while the data pointers hold (TileRunner::BoundTo), as the executor does for elementwise
-  // steps. Lowering and planning it again measured 8.8 us per launch for llama-small's SwiGLU.
+  // steps, instead of lowering and planning it again on every launch.
   mutable std::mutex mu;
   mutable std::optional<cpu::TileProgram> program;
   mutable std::optional<cpu::TileRunner> runner;

@@ -71,7 +71,7 @@ Status RequireF32(const KernelContext& ctx) {
 //
 // One thread pool: OpenBLAS runs single-threaded and the columns of C are split over
 // graphfuse's pool. Two pools on the same cores (OpenBLAS's pthreads spinning beside ours)
-// were measured 1.8-3.8x slower at M=1..32 on these machines.
+// compete for them: at M=1..32 that made the GEMMs 1.8-3.8x slower.
 void Sgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);

@@ -2,9 +2,8 @@
 // and the fused ones (fused_rowwise.cc) so that both give the same bits.
 //
 // Statistics accumulate in double: element j goes to partial sum j % 32 (32 running sums in
-// four or eight vectors: one running sum would wait on every add's latency; measured 2.6
-// elements per cycle with one vector, about 4x that with four), the partials are then added as
-// a balanced tree. Two passes for the variance. The normalization runs in f32.
+// four or eight vectors: one running sum would wait on every add's latency), the partials are
+// then added as a balanced tree. Two passes for the variance. The normalization runs in f32.
 #pragma once
 
 #include <cmath>
@@ -44,7 +43,7 @@ inline std::vector<float> ParamRow(const TensorView& p, const Shape& norm) {
 
 // The partial sums live in vectors of the target's width: four 512-bit vectors on AVX-512, eight
 // 256-bit ones elsewhere (a 512-bit vector type without AVX-512 is passed through memory at
-// every call: 0.7 ns an element on an AVX2 machine, against 0.1 with 256-bit vectors). Either
+// every call, several times slower than 256-bit vectors in registers). Either
 // way element j goes to partial j % 32 and the partials meet in the same tree: the same bits.
 #if defined(__AVX512F__)
 inline constexpr int kRowSumLanes = 8;
@@ -108,7 +107,7 @@ double RowSumD(const float* x, int64_t n, F f) {
 
 // sum_j x[j]^2 in double, with RowSumD's bits: the square of an f32 value is exact in double
 // (48 significant bits), so acc + v * v == fma(v, v, acc), and one fused multiply-add per
-// vector replaces the multiply and the add (15% faster on a 128 x 512 block on AVX-512).
+// vector replaces the multiply and the add.
 inline double RowSumSquaresD(const float* x, int64_t n) {
   auto square = [](auto v) { return v * v; };
 #if defined(__AVX512F__)

@@ -25,15 +25,13 @@ namespace {
 using dt = dnnl::memory::data_type;
 
 // Columns per block: at least eight blocks (so that the blocks spread over the threads of a
-// launch and a late thread takes fewer), at most 512 (an epilogue's block stays in L2), at
-// least 64 (each call reads all of A). Measured on the llama-small block: 512-column blocks
-// left N=512 projections on one thread (1.4x slower GEMMs than 64).
-// From M = 16 on, also at most L2 / 2 KiB: 512 on the 2 MiB L2 of the AVX-512 machine the
-// 512 was chosen on, 256 on a Zen 1 core (512 KiB of L2), where 256-column blocks ran
-// LLaMA-7B's projections 25-30% faster than 512 (M = 32: q_proj 10.6-10.9 -> 7.6-8.7 ms,
-// gate_proj 28.5-29.5 -> 20.5-20.9; M = 512: q_proj 143 -> 103, gate_proj 378 -> 280) and
-// the block at M = 16 took 57.6 ms against 68.9. Below that the calls are memory-bound row
-// products whose number counts: the block at M = 1, 4 and 8 ran 5-15% slower with 256.
+// launch and a late thread takes fewer: 512-column blocks would leave an N=512 projection on
+// one thread), at most 512 (an epilogue's block stays in L2), at least 64 (each call reads all
+// of A).
+// From M = 16 on, also at most L2 / 2 KiB (512 with 2 MiB of L2, 256 with 512 KiB): the width
+// follows the L2, as 512-column blocks ran slower on a 512 KiB L2. Below M = 16 the calls are
+// memory-bound row products whose number counts, and 512 stays. (The timings behind these
+// widths: bench/history/2026-12.md, "Notes moved out of code comments".)
 int64_t BlockCols(int64_t m, int64_t n) {
   const int64_t cap = m >= 16 ? std::clamp<int64_t>(L2Bytes() / 2048 / 16 * 16, 64, 512) : 512;
   return std::clamp<int64_t>((n / 8 + 15) / 16 * 16, 64, cap);

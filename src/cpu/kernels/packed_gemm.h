@@ -1,8 +1,8 @@
 // GEMMs against constant weights packed once (oneDNN's matmul with weights in the layout it
 // prefers, reordered when the plan is compiled), so no call repacks the weights: OpenBLAS
 // spends about half of a LLaMA-7B block at M=32 packing them on every call (perf), and
-// oneDNN with packed weights measured 3.1x faster than OpenBLAS at M=1 and 1.1-1.2x at
-// M=32..512 on these machines (bench/RESULTS.md).
+// packing once gains most at decode (M=1): bench/history/2026-12.md, "Notes moved out of
+// code comments".
 //
 // The columns are cut into fixed blocks; RunBlock computes one block on the calling thread
 // (oneDNN's own OpenMP threading is held to one thread there), so the caller spreads blocks

@@ -32,7 +32,7 @@ inline void StoreTail(simd::VF v, float* y, int64_t rem) {
 
 // m = the lane-wise max of m and x[0, n) (NaN-propagating; a ragged tail padded with -inf).
 // Four running maxima over consecutive vectors, met at the end: one would wait on each max's
-// compare-and-blend latency (a masked attention row's pass took about 10 cycles a vector).
+// compare-and-blend latency.
 // The max's value does not depend on the order; only the sign of a zero max may, and no user
 // can tell: exp(x - (+0)) and exp(x - (-0)) are equal, and so is m + log(sum) for m = +/-0.
 inline void MaxInto(simd::VF& m, const float* x, int64_t n) {
