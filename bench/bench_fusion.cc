@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
 #include "hand_loops.h"
@@ -53,8 +54,8 @@ std::unique_ptr<Case> MakeCase(const gf::ElementwisePreset& p, int64_t n) {
   c->fused = std::move(gf::ParseGraph(text).value());
   gf::PipelineOptions off;
   off.fusion.enabled = false;
-  (void)gf::RunPipeline(*c->unfused, off).value();
-  (void)gf::RunPipeline(*c->fused).value();
+  (void)gf::RunPipeline(*c->unfused, gf::cpu::DefaultCpuTarget(), off).value();
+  (void)gf::RunPipeline(*c->fused, gf::cpu::DefaultCpuTarget()).value();
   c->unfused_plan = std::move(gf::ExecutionPlan::Compile(*c->unfused).value());
   c->fused_plan = std::move(gf::ExecutionPlan::Compile(*c->fused).value());
   c->native_plan = std::move(gf::ExecutionPlan::Compile(*c->fused).value());

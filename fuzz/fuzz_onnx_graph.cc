@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/cpu.h"
 #include "ir/op_registry.h"
 #include "onnx/import.h"
@@ -204,7 +205,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // The same graph through every fusion pass, then run fused: a pass may refuse or fail with
   // a message, never crash, and a graph that ran unfused must still run.
   graphfuse::PipelineOptions fuse_all;
-  auto passes = graphfuse::RunPipeline(**g, fuse_all);
+  auto passes = graphfuse::RunPipeline(**g, graphfuse::cpu::DefaultCpuTarget(), fuse_all);
   if (!passes.ok()) {
     if (passes.status().message().empty()) __builtin_trap();
     return 0;

@@ -3,6 +3,7 @@
 // into single ops; near misses stay as they are. Every rewrite is run against the original graph
 // on the same random inputs. Also: the Rope kernel against a float64 loop, and the exported
 // models under tests/models.
+#include "cpu/cpu_target.h"
 #include "passes/fusion_passes.h"
 
 #include <gtest/gtest.h>
@@ -756,7 +757,7 @@ TEST(Canonicalize, ExportedModels) {
     auto after = ImportOnnxFile(path);
     ASSERT_TRUE(before.ok() && after.ok()) << before.status().ToString();
     Graph& g = **after;
-    ASSERT_TRUE(FoldConstants(g).ok());
+    ASSERT_TRUE(FoldConstants(g, FoldOptions{&cpu::DefaultCpuTarget()}).ok());
     auto n = Canonicalize(g);
     ASSERT_TRUE(n.ok()) << n.status().ToString();
     EXPECT_EQ(*n, m.rewrites) << PrintGraph(g);
@@ -777,7 +778,7 @@ TEST(Canonicalize, ExportedModelNodeNamesAndProvenance) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "missing " << path;
   auto g = ImportOnnxFile(path);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  ASSERT_TRUE(FoldConstants(**g).ok());
+  ASSERT_TRUE(FoldConstants(**g, FoldOptions{&cpu::DefaultCpuTarget()}).ok());
   ASSERT_TRUE(Canonicalize(**g).ok());
   std::map<std::string, const Node*> by_name;
   for (const auto& n : (*g)->nodes()) by_name[n->name()] = n.get();

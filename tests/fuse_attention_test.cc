@@ -3,6 +3,7 @@
 // graph, against a float64 attention computed here, and against its own "reference" graph.
 #include <gtest/gtest.h>
 
+#include "cpu/cpu_target.h"
 #include "graph_test_util.h"
 
 #include <algorithm>
@@ -817,7 +818,7 @@ TEST(FuseAttention, PipelineReportsTheGroupAndKernelCounts) {
     po.fusion.enabled = enabled;
     FusionReport rep;
     po.fusion_report = &rep;
-    auto rec = RunPipeline(*b.g, po);
+    auto rec = RunPipeline(*b.g, cpu::DefaultCpuTarget(), po);
     ASSERT_TRUE(rec.ok()) << rec.status().ToString();
     EXPECT_EQ(rep.kernels_before, 10);
     EXPECT_EQ(rep.kernels_after, enabled ? 1 : 10);
@@ -945,7 +946,7 @@ std::vector<std::unique_ptr<Graph>> SmallBlocks(const CpuContext& ctx, int64_t s
   for (const PipelineOptions& o : options) {
     graphs.push_back(std::make_unique<Graph>());
     EXPECT_TRUE(BuildBlock(*graphs.back(), *cfg, *w).ok());
-    EXPECT_TRUE(RunPipeline(*graphs.back(), o).ok());
+    EXPECT_TRUE(RunPipeline(*graphs.back(), cpu::DefaultCpuTarget(), o).ok());
   }
   *cfg_out = *cfg;
   return graphs;
@@ -991,7 +992,7 @@ TEST(FoldNormIntoGemm, LlamaBlockRunsInFourKernels) {
   const CpuContext ctx{&pool};
   PipelineOptions off, on_plain, on;
   off.fusion.enabled = false;
-  on.fusion.norm_into_gemm = true;
+  on_plain.fusion.norm_into_gemm = false;  // the CPU target's plan without the fold
   FusionReport report;
   on.fusion_report = &report;
   BlockConfig cfg;
@@ -1035,6 +1036,8 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
     PipelineOptions off, no_proj, on;
     off.fusion.enabled = false;
     no_proj.fusion.attention_projection = false;
+    // The projection alone: neither plan folds the norms, so the two differ only by it.
+    no_proj.fusion.norm_into_gemm = on.fusion.norm_into_gemm = false;
     FusionReport report;
     on.fusion_report = &report;
     BlockConfig cfg;
@@ -1090,7 +1093,7 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
   FusionReport apart_report;
   PipelineOptions with_report;
   with_report.fusion_report = &apart_report;
-  ASSERT_TRUE(RunPipeline(g, with_report).ok());
+  ASSERT_TRUE(RunPipeline(g, cpu::DefaultCpuTarget(), with_report).ok());
   for (const auto& n : g.nodes())
     if (n->op() == "FusedAttention") {
       EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << "q is a graph output";

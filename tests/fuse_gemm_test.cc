@@ -3,6 +3,7 @@
 // inputs, and one case against a float64 computation written out here.
 #include <gtest/gtest.h>
 
+#include "cpu/cpu_target.h"
 #include "graph_test_util.h"
 
 #include <cmath>
@@ -47,11 +48,11 @@ std::pair<PlanRun, PlanRun> BuildAndRun(const Builder& build, FusionOptions opti
   PipelineOptions off;
   off.fusion.enabled = false;
   off.fusion_report = &unfused.report;
-  EXPECT_TRUE(RunPipeline(*unfused.graph, off).ok());
+  EXPECT_TRUE(RunPipeline(*unfused.graph, cpu::DefaultCpuTarget(), off).ok());
   PipelineOptions on;
   on.fusion = options;
   on.fusion_report = &fused.report;
-  auto passes = RunPipeline(*fused.graph, on);
+  auto passes = RunPipeline(*fused.graph, cpu::DefaultCpuTarget(), on);
   EXPECT_TRUE(passes.ok()) << passes.status().ToString();
   uint32_t seed = 100;
   for (const Value* v : unfused.graph->inputs()) {
@@ -568,11 +569,11 @@ TEST(FuseGemm, EpilogueRunnerIsReusedOnlyWhileItsBuffersHold) {
   FusionReport report;
   PipelineOptions on;
   on.fusion_report = &report;
-  ASSERT_TRUE(RunPipeline(fused_graph, on).ok());
+  ASSERT_TRUE(RunPipeline(fused_graph, cpu::DefaultCpuTarget(), on).ok());
   ASSERT_NE(FindGroup(report, "gemm_epilogue"), nullptr);
   PipelineOptions off;
   off.fusion.enabled = false;
-  ASSERT_TRUE(RunPipeline(unfused_graph, off).ok());
+  ASSERT_TRUE(RunPipeline(unfused_graph, cpu::DefaultCpuTarget(), off).ok());
   auto fused = ExecutionPlan::Compile(fused_graph);
   auto unfused = ExecutionPlan::Compile(unfused_graph);
   ASSERT_TRUE(fused.ok() && unfused.ok());
@@ -833,8 +834,10 @@ TEST(FoldNormIntoGemm, NormStaysAKernelWhereItCannotFold) {
     EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
     ExpectClose(unfused.outputs, fused.outputs);
   }
-  {  // the option off (the default: the CUDA backend runs no folded form)
-    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); });
+  {  // the option off (as RunPipeline sets it for a target without the form: CUDA)
+    FusionOptions off = options;
+    off.norm_into_gemm = false;
+    auto [unfused, fused] = BuildAndRun([&c](Graph& g) { BuildFoldGraph(g, c); }, off);
     EXPECT_EQ(CountOp(*fused.graph, "RMSNorm"), 1);
     for (const auto& n : fused.graph->nodes()) {
       EXPECT_EQ(n->attrs().count("rms_epsilon"), 0u);

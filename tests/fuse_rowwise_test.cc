@@ -4,6 +4,7 @@
 // (what `graphfuse run --check-fusion` executes).
 #include <gtest/gtest.h>
 
+#include "cpu/cpu_target.h"
 #include "graph_test_util.h"
 
 #include <algorithm>
@@ -81,11 +82,11 @@ FusionReport CompareFusedUnfused(const std::string& text, std::unique_ptr<Graph>
   auto unfused = Parse(text), fused = Parse(text);
   PipelineOptions off;
   off.fusion.enabled = false;
-  EXPECT_TRUE(RunPipeline(*unfused, off).ok());
+  EXPECT_TRUE(RunPipeline(*unfused, cpu::DefaultCpuTarget(), off).ok());
   FusionReport report;
   PipelineOptions on;
   on.fusion_report = &report;
-  auto rec = RunPipeline(*fused, on);
+  auto rec = RunPipeline(*fused, cpu::DefaultCpuTarget(), on);
   EXPECT_TRUE(rec.ok()) << rec.status().ToString();
   std::vector<Tensor> ins = RowwiseInputs(*unfused, 11);
   ThreadPool pool(4);
@@ -423,7 +424,7 @@ TEST(FuseRowwiseNumerics, ReferenceGraphsReproduceTheFusedNodes) {
   return %o
 })");
   PipelineOptions on;
-  ASSERT_TRUE(RunPipeline(*g, on).ok());
+  ASSERT_TRUE(RunPipeline(*g, cpu::DefaultCpuTarget(), on).ok());
   ASSERT_EQ(CountOp(*g, "FusedNorm"), 1) << PrintGraph(*g);
   ASSERT_EQ(CountOp(*g, "FusedSoftmax"), 1) << PrintGraph(*g);
   auto plan = ExecutionPlan::Compile(*g);

@@ -4,6 +4,7 @@
 
 #include <random>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/graph.h"
 #include "ir/op_registry.h"
 #include "ir/text.h"
@@ -170,7 +171,7 @@ TEST(FoldConstants, FoldsConstantSubgraphs) {
   return %2
 }
 )").value());
-  auto folded = FoldConstants(*g);
+  auto folded = FoldConstants(*g, FoldOptions{&cpu::DefaultCpuTarget()});
   ASSERT_TRUE(folded.ok());
   EXPECT_EQ(*folded, 2);
   EXPECT_EQ(g->num_nodes(), 1u);

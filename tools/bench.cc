@@ -122,10 +122,11 @@ int Bench(Args& args) {
   PipelineOptions off, on;
   off.fusion.enabled = false;
   on.fusion = fusion;
-  on.fusion.norm_into_gemm = backend != "cuda";  // a CPU form: the CUDA plan keeps its norms
   on.fusion_report = &report;
-  if (auto r = RunPipeline(*base, off); !r.ok()) return Fail(r.status());
-  if (auto r = RunPipeline(*fused, on); !r.ok()) return Fail(r.status());
+  auto target = MakeTarget(backend);
+  if (!target.ok()) return Fail(target.status());
+  if (auto r = RunPipeline(*base, **target, off); !r.ok()) return Fail(r.status());
+  if (auto r = RunPipeline(*fused, **target, on); !r.ok()) return Fail(r.status());
   auto base_plan = ExecutionPlan::Compile(*base);
   auto fused_plan = ExecutionPlan::Compile(*fused);
   if (!base_plan.ok()) return Fail(base_plan.status());

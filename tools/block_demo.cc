@@ -227,10 +227,11 @@ int RunDemo(Args& args) {
   PipelineOptions off, on;
   off.fusion.enabled = false;
   on.fusion_report = &report;
-  on.fusion.norm_into_gemm = o.backend != "cuda";  // a CPU form: the CUDA plan keeps its norms
+  auto target = MakeTarget(o.backend);
+  if (!target.ok()) return fail(target.status());
   std::fprintf(stderr, "  planning (fusion passes)...\n");
-  if (auto r = RunPipeline(unfused, off); !r.ok()) return fail(r.status());
-  if (auto r = RunPipeline(fused, on); !r.ok()) return fail(r.status());
+  if (auto r = RunPipeline(unfused, **target, off); !r.ok()) return fail(r.status());
+  if (auto r = RunPipeline(fused, **target, on); !r.ok()) return fail(r.status());
   auto plan_u = ExecutionPlan::Compile(unfused);
   if (!plan_u.ok()) return fail(plan_u.status());
   auto plan_f = ExecutionPlan::Compile(fused);

@@ -48,10 +48,12 @@ int Explain(Args& args) {
   FusionReport report;
   PipelineOptions pipeline;
   pipeline.fusion = fusion;
-  pipeline.fusion.norm_into_gemm = cuda_src.empty();  // a CPU form: the CUDA plan keeps its norms
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
-  auto passes = RunPipeline(**g, pipeline);
+  // With --cuda-src the plan explained is the CUDA backend's.
+  auto target = MakeTarget(cuda_src.empty() ? "cpu" : "cuda");
+  if (!target.ok()) return fail(target.status());
+  auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
   std::printf("model %s\n", model.c_str());
   PrintFusionReport(stdout, report);

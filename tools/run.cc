@@ -110,9 +110,10 @@ int RunModel(Args& args) {
   FusionReport fusion;
   PipelineOptions pipeline;
   pipeline.fusion = o.fusion;
-  pipeline.fusion.norm_into_gemm = o.backend != "cuda";  // a CPU form: the CUDA plan keeps its norms
   pipeline.fusion_report = &fusion;
-  auto passes = RunPipeline(g, pipeline);
+  auto target = MakeTarget(o.backend);
+  if (!target.ok()) return Fail(target.status());
+  auto passes = RunPipeline(g, **target, pipeline);
   if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
 
   // Inputs: from DIR, else random (seeded) so that a model can be smoke-run without data.

@@ -33,10 +33,18 @@
 #include "graphfuse/ops.h"
 #include "ir/op_registry.h"
 #include "onnx/tensor_proto.h"
+#include "cpu/cpu_target.h"
 #include "passes/fold_constants.h"
 
 namespace graphfuse::onnx_import {
 namespace {
+
+// Import folds shape-only subgraphs as it builds, on the CPU (whatever the model is compiled for).
+FoldOptions ImportFold() {
+  FoldOptions o;
+  o.target = &cpu::DefaultCpuTarget();
+  return o;
+}
 
 using ConvertFn = Status (*)(NodeImport& n);
 
@@ -73,7 +81,7 @@ Result<Value*> Emit(NodeImport& n, const std::string& op, const std::vector<Valu
   if (out.empty()) out = n.g.FreshName(n.name + "/" + op);
   const std::string node_name = final ? n.name : n.g.FreshName(n.name + "/" + op);
   GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(op, ins, std::move(attrs), node_name, 1, {out}));
-  GF_RETURN_IF_ERROR(FoldNodeIfConstant(n.g, node).status().WithContext(node->Describe()));
+  GF_RETURN_IF_ERROR(FoldNodeIfConstant(n.g, node, ImportFold()).status().WithContext(node->Describe()));
   return node->output(0);
 }
 
@@ -385,7 +393,7 @@ Status ImportDirect(NodeImport& n, const OpSchema& s) {
   // Fold as we build: shape-only subgraphs (Shape -> Gather -> Concat -> Reshape) become
   // constants before the ops that need constant shape inputs are added.
   GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(n.op(), ins, n.attrs, n.name, count, names));
-  return FoldNodeIfConstant(n.g, node).status().WithContext(node->Describe());
+  return FoldNodeIfConstant(n.g, node, ImportFold()).status().WithContext(node->Describe());
 }
 
 }  // namespace

@@ -4,13 +4,13 @@
 #include <vector>
 
 #include "../ir/op_registry.h"
-#include "../cpu/executor.h"
 
 namespace graphfuse {
 
 Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options) {
   const OpSchema* s = FindSchema(n->op());
   if (!s) return false;
+  if (!options.target) return InvalidArgument("constant folding needs a Target to evaluate ", n->Describe());
   // Shape reads only the (static) shape of its input: its kernel runs on a view without data.
   if (n->op() != "Shape")
     for (const Value* in : n->inputs())
@@ -34,7 +34,7 @@ Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options) {
     if (!n->input(0) || !n->input(0)->constant()) return false;
     std::memcpy(outs[0]->data(), n->input(0)->constant()->data(), outs[0]->nbytes());
   } else {
-    GF_RETURN_IF_ERROR(RunNodeOnce(*n, in, out_views, CpuContext{}).WithContext("constant folding"));
+    GF_RETURN_IF_ERROR(options.target->EvaluateOnHost(*n, in, out_views).WithContext("constant folding"));
   }
   for (size_t k = 0; k < outs.size(); ++k) g.ReplaceWithConstant(n->output(k), outs[k]);
   return true;

@@ -27,7 +27,7 @@
 // FuseRowwise pass may still take them). The nodes keep their names; each carries a reference
 // graph of what it replaced (the producer: its old node and s in primitive ops; a consumer:
 // Mul(h, s) and its old node), which `run --check-fusion` runs and a backend without the form
-// (CUDA) would run instead. Off unless FusionOptions::norm_into_gemm is set (CPU plans).
+// would run instead. Runs where the Target asks for it (TargetForms::norm_into_gemm: the CPU).
 #include <algorithm>
 #include <map>
 #include <optional>

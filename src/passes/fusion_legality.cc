@@ -40,7 +40,8 @@ FusionDecision PolicyAllowsMerge(const GroupSummary& a, const GroupSummary& b, c
   // Traffic before: each group reads and writes its own tensors; after: the merged group's.
   const int64_t before = Bytes(a.reads) + Bytes(a.writes) + Bytes(b.reads) + Bytes(b.writes);
   const int64_t after = Bytes(merged.reads) + Bytes(merged.writes);
-  const double saved = o.launch_overhead_us + static_cast<double>(before - after) / (o.bandwidth_gbps * 1e3);
+  const double saved =
+      o.costs.launch_overhead_us + static_cast<double>(before - after) / (o.costs.bandwidth_gbps * 1e3);
   if (saving_us) *saving_us = saved;
   if (saved <= o.min_saving_us)
     return FusionDecision::Refuse(refusal::kNotProfitable,

@@ -9,7 +9,18 @@
 
 namespace graphfuse {
 
-Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& options) {
+FusionOptions FusionOptionsFor(const Target& target, const FusionOptions& options) {
+  FusionOptions o = options;
+  o.costs = target.costs();
+  const TargetForms forms = target.forms();
+  o.attention_projection = options.attention_projection && forms.attention_projection;
+  o.norm_into_gemm = options.norm_into_gemm && forms.norm_into_gemm;
+  return o;
+}
+
+Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, const PipelineOptions& pipeline) {
+  PipelineOptions options = pipeline;
+  options.fusion = FusionOptionsFor(target, pipeline.fusion);
   std::vector<PassRecord> records;
   GF_RETURN_IF_ERROR(g.Verify().WithContext("verifier, before any pass"));
   auto after = [&](const char* pass, Result<int> changes) -> Status {
@@ -20,7 +31,9 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& opt
       std::fprintf(options.print_after_each, "// after %s (%d changes)\n%s\n", pass, *changes, PrintGraph(g).c_str());
     return Status::Ok();
   };
-  GF_RETURN_IF_ERROR(after("FoldConstants", FoldConstants(g)));
+  FoldOptions fold;
+  fold.target = &target;
+  GF_RETURN_IF_ERROR(after("FoldConstants", FoldConstants(g, fold)));
   const int64_t kernels_before = CountKernels(g);
   FusionReport report;
   if (options.fusion.enabled) {

@@ -8,6 +8,10 @@
 //   FuseAttentionProjections  the QKV FusedGemm that only feeds a FusedAttention moves into it
 //   FuseRowwise       prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax
 //
+// The Target decides what the passes may assume: its cost parameters price every merge, the
+// forms only it runs (FuseAttentionProjections, FoldNormIntoGemm) run only for it, and
+// FoldConstants evaluates nodes with it.
+//
 // With fusion disabled only FoldConstants runs (and FuseElementwise, which then records why
 // nothing fused): the unfused baseline is the graph as written. Passes: fusion_passes.h.
 //
@@ -20,12 +24,15 @@
 
 #include "fuse_elementwise.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/target.h"
 
 namespace graphfuse {
 
 struct PipelineOptions {
   FILE* print_after_each = nullptr;  // nullptr: print nothing
-  FusionOptions fusion;              // fusion.enabled = false gives the unfused baseline
+  // fusion.enabled = false gives the unfused baseline. Its costs are replaced by the Target's,
+  // and a target-specific form runs only where the Target asks for it and this leaves it on.
+  FusionOptions fusion;
   FusionReport* fusion_report = nullptr;  // filled when not null
 };
 
@@ -35,6 +42,10 @@ struct PassRecord {
 };
 
 // Runs every pass; an error names the pass (a verifier failure after a pass is a bug in it).
-Result<std::vector<PassRecord>> RunPipeline(Graph& g, const PipelineOptions& options = {});
+Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, const PipelineOptions& options = {});
+
+// The fusion options the passes see for `target`: options' own, with the target's costs and
+// forms applied.
+FusionOptions FusionOptionsFor(const Target& target, const FusionOptions& options);
 
 }  // namespace graphfuse

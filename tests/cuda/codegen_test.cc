@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "cuda/cuda_target.h"
 #include "cuda/codegen.h"
 #include "../graph_test_util.h"
 #include "cuda/cuda_executor.h"
@@ -338,7 +339,7 @@ TEST(Nvrtc, CachesInMemoryAndOnDisk) {
 // The graph of `ir` after the whole fusion pipeline.
 Result<std::unique_ptr<Graph>> Pipelined(const std::string& ir) {
   GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ParseGraph(ir));
-  GF_RETURN_IF_ERROR(RunPipeline(*g).status());
+  GF_RETURN_IF_ERROR(RunPipeline(*g, cuda::DefaultCudaTarget()).status());
   return g;
 }
 
@@ -467,7 +468,7 @@ Result<std::unique_ptr<Graph>> GemmGraph(const std::string& act, bool bias_first
     out = a->output();
   }
   GF_RETURN_IF_ERROR(g->MarkOutput(out));
-  GF_RETURN_IF_ERROR(RunPipeline(*g).status());
+  GF_RETURN_IF_ERROR(RunPipeline(*g, cuda::DefaultCudaTarget()).status());
   return g;
 }
 
@@ -530,7 +531,7 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
   std::vector<CudaKernelSource> kernels;
   std::map<std::string, int> paths, unplanned;
   for (auto& [label, g] : graphs) {
-    auto run = RunPipeline(*g);
+    auto run = RunPipeline(*g, cuda::DefaultCudaTarget());
     ASSERT_TRUE(run.ok()) << label << ": " << run.status().ToString();
     // A node without a CUDA path of its own runs its reference graph there (the executor's
     // PlanReference): the projected attention runs as the QKV GEMM and the attention. Walked
@@ -620,7 +621,7 @@ TEST(CudaCodegen, GoldenSources) {
     ASSERT_TRUE(lg.ok()) << lg.status().ToString();
     PipelineOptions two_nodes;  // the CUDA backend runs the projected form as these two nodes
     two_nodes.fusion.attention_projection = false;
-    ASSERT_TRUE(RunPipeline(**lg, two_nodes).ok());
+    ASSERT_TRUE(RunPipeline(**lg, cuda::DefaultCudaTarget(), two_nodes).ok());
     auto ak = GenerateKernelForNode(*Only(**lg, "FusedAttention"));
     ASSERT_TRUE(ak.ok()) << ak.status().ToString();
     check("llama_attention", *ak);
@@ -683,7 +684,7 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
         ASSERT_TRUE(g.ok()) << label << ": " << g.status().ToString();
         PipelineOptions po;
         po.fusion.enabled = fuse;
-        ASSERT_TRUE(RunPipeline(**g, po).ok()) << label;
+        ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget(), po).ok()) << label;
         const std::vector<Tensor> ins = FloatInputs(**g, 3);
         const std::vector<TensorView> views = Views(ins);
         auto want = Execute(**g, views, ctx);

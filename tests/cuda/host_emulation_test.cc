@@ -18,6 +18,7 @@
 #include <random>
 #include <sstream>
 
+#include "cuda/cuda_target.h"
 #include "cuda/codegen.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/host_emulation.h"
@@ -157,7 +158,7 @@ TEST(CudaHostEmulation, GeneratedKernelsComputeWhatTheCpuComputes) {
     auto g = ParseGraph(c.ir);
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     PipelineOptions po;
-    ASSERT_TRUE(RunPipeline(**g, po).ok());
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget(), po).ok());
     const Node* node = nullptr;
     for (const auto& n : (*g)->nodes())
       if (n->op() == c.op) node = n.get();
@@ -208,7 +209,7 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
   Value* p = g.AddNode("Mul", {s, up}, {}, "mul").value()->output();
   Value* y = g.AddNode("Add", {p, r}, {}, "res").value()->output();
   ASSERT_TRUE(g.MarkOutput(y).ok());
-  ASSERT_TRUE(RunPipeline(g).ok());
+  ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
   const Node* fg = nullptr;
   for (const auto& nd : g.nodes())
     if (nd->op() == "FusedGemm") fg = nd.get();
@@ -290,7 +291,7 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
     // the QKV GEMM and this FusedAttention: keep them apart here to reach the attention node.
     PipelineOptions two_nodes;
     two_nodes.fusion.attention_projection = false;
-    ASSERT_TRUE(RunPipeline(**g, two_nodes).ok());
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget(), two_nodes).ok());
     CheckEmulatedAttention(**g, name, 12, 5);
   }
   // A LLaMA block (the demo's builder) at 264 positions: more keys than threads per block; 2
@@ -299,7 +300,7 @@ TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   PipelineOptions two_nodes;
   two_nodes.fusion.attention_projection = false;
-  ASSERT_TRUE(RunPipeline(**g, two_nodes).ok());
+  ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget(), two_nodes).ok());
   CheckEmulatedAttention(**g, "LLaMA block at 264 positions", 13, 7);
 }
 
@@ -348,7 +349,7 @@ TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
     const bool where_first = form != 1, rope = form == 2;
     auto g = ParseGraph(MaskedAttentionText(form, 1, false));
     ASSERT_TRUE(g.ok()) << g.status().ToString();
-    ASSERT_TRUE(RunPipeline(**g).ok());
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok());
     const Node* fa = FindFusedAttention(**g);
     ASSERT_NE(fa, nullptr) << PrintGraph(**g);
     EXPECT_EQ(fa->GetInt("mask_select_first", -1), where_first ? 1 : 0);
@@ -374,7 +375,7 @@ TEST(CudaHostEmulation, AttentionAsGemmsMatchesTheCpu) {
     SCOPED_TRACE(label);
     auto g = ParseGraph(MaskedAttentionText(c.form, c.batch, c.out_bshd));
     ASSERT_TRUE(g.ok()) << g.status().ToString();
-    ASSERT_TRUE(RunPipeline(**g).ok());
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok());
     const Node* fa = FindFusedAttention(**g);
     ASSERT_NE(fa, nullptr) << PrintGraph(**g);
     EXPECT_EQ(fa->GetString("out_layout", ""), c.out_bshd ? "bshd" : "bhsd") << "the output transpose is inside";
@@ -413,7 +414,7 @@ TEST(CudaHostEmulation, PrefillSizedLlamaBlockMatchesTheCpu) {
   ThreadPool pool(2);
   PipelineOptions po;
   po.fusion.norm_into_gemm = false;
-  ASSERT_TRUE(RunPipeline(g, po).ok());
+  ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget(), po).ok());
   const std::vector<Tensor> ins = MaskedInputs(g, 31);
   const std::vector<TensorView> views = Views(ins);
   auto want = Execute(g, views, CpuContext{&pool});
@@ -455,7 +456,7 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     PipelineOptions po;
     po.fusion.enabled = r.fuse;
-    ASSERT_TRUE(RunPipeline(**g, po).ok());
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget(), po).ok());
     const std::vector<Tensor> ins = MaskedInputs(**g, 21);
     const std::vector<TensorView> views = Views(ins);
     auto want = Execute(**g, views, CpuContext{});

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/cpu.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
@@ -396,8 +397,8 @@ TEST(OnnxImport, ClipWithRunTimeBoundsFuses) {
   off.fusion.enabled = false;
   FusionReport rep;
   on.fusion_report = &rep;
-  ASSERT_TRUE(RunPipeline(**unfused, off).ok());
-  ASSERT_TRUE(RunPipeline(**fused, on).ok());
+  ASSERT_TRUE(RunPipeline(**unfused, cpu::DefaultCpuTarget(), off).ok());
+  ASSERT_TRUE(RunPipeline(**fused, cpu::DefaultCpuTarget(), on).ok());
   EXPECT_EQ(rep.kernels_before, 3);
   EXPECT_EQ(rep.kernels_after, 1);
   std::vector<double> x(256), r(256);
@@ -550,7 +551,7 @@ TEST(OnnxImport, ShapeSubgraphsFoldAtLoadTime) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   ASSERT_TRUE((*g)->FindValue("target")->constant());
   EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 12}));
-  ASSERT_TRUE(RunPipeline(**g).ok());
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget()).ok());
   EXPECT_EQ((*g)->num_nodes(), 2u);  // the Reshape view and the Relu
   ExecStats st;
   Tensor x = Tensor::Empty(DType::kF32, {2, 3, 4}).value();

@@ -11,6 +11,7 @@
 #include <iostream>
 #include <map>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/thread_pool.h"
 #include "onnx_test_util.h"
 
@@ -100,7 +101,7 @@ TEST(OnnxModels, ExportedBlocksFuseIntoTheFamiliesOfTheApiBuiltBlocks) {
       FusionReport report;
       PipelineOptions options;
       options.fusion_report = &report;
-      auto p = RunPipeline(**g, options);
+      auto p = RunPipeline(**g, cpu::DefaultCpuTarget(), options);
       ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
       std::map<std::string, int> kinds;
       for (const FusedGroupInfo& gi : report.groups) ++kinds[gi.kind];

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/cpu_target.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/tensor.h"
 #include "onnx/import.h"
@@ -115,8 +116,8 @@ DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor t
   unfused_options.fusion.enabled = false;
   FusionReport fusion;
   fused_options.fusion_report = &fusion;
-  if (auto p = RunPipeline(**g, unfused_options); !p.ok()) return skip_or_fail(p.status(), "unfused pipeline");
-  if (auto p = RunPipeline(**gf, fused_options); !p.ok()) return skip_or_fail(p.status(), "fused pipeline");
+  if (auto p = RunPipeline(**g, cpu::DefaultCpuTarget(), unfused_options); !p.ok()) return skip_or_fail(p.status(), "unfused pipeline");
+  if (auto p = RunPipeline(**gf, cpu::DefaultCpuTarget(), fused_options); !p.ok()) return skip_or_fail(p.status(), "fused pipeline");
   r.kernels_unfused = fusion.kernels_before;
   r.kernels_fused = fusion.kernels_after;
   const Graph& graph = **g;

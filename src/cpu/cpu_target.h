@@ -1,0 +1,25 @@
+// The CPU backend as a Target: its kernel registry (the op schemas' CPU kernels, views free),
+// the cost of a launch on the thread pool and of memory traffic, and the fused forms only its
+// kernels run (an RMSNorm folded into the GEMMs around it, the QKV projection inside the
+// attention kernel).
+#pragma once
+
+#include "graphfuse/target.h"
+
+namespace graphfuse::cpu {
+
+class CpuTarget final : public Target {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  // A launch on the thread pool costs about 1 us; fused traffic is priced at 40 GB/s.
+  TargetCosts costs() const override { return {1.0, 40.0}; }
+  TargetForms forms() const override { return {.norm_into_gemm = true, .attention_projection = true}; }
+  bool HasKernel(const Node& node) const override;
+  Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
+                        std::span<const TensorView> out) const override;
+};
+
+// A CPU target with its defaults (immutable; lives for the process).
+const Target& DefaultCpuTarget();
+
+}  // namespace graphfuse::cpu

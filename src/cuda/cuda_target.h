@@ -1,0 +1,27 @@
+// The CUDA backend as a Target: its kernel registry is PlanNodeForCuda (generated kernels,
+// cuBLAS / cuBLASLt GEMMs); fusion is priced at an H200's launch cost and bandwidth; it asks
+// for no CPU-only form (a norm folded into GEMMs, the QKV projection inside attention), so its
+// plans keep those as separate nodes with CUDA paths. Host evaluation (constant folding) runs
+// the CPU kernels.
+#pragma once
+
+#include "graphfuse/target.h"
+
+namespace graphfuse::cuda {
+
+class CudaTarget final : public Target {
+ public:
+  std::string_view name() const override { return "cuda"; }
+  // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
+  // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
+  TargetCosts costs() const override { return {1.2, 4000.0}; }
+  TargetForms forms() const override { return {}; }
+  bool HasKernel(const Node& node) const override;
+  Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
+                        std::span<const TensorView> out) const override;
+};
+
+// A CUDA target with its defaults (immutable; lives for the process).
+const Target& DefaultCudaTarget();
+
+}  // namespace graphfuse::cuda

@@ -1,0 +1,28 @@
+// The backends of this build, by name: the one place that knows which were compiled in.
+#include "cpu/cpu_target.h"
+#include "graphfuse/target.h"
+#ifdef GF_HAVE_CUDA
+#include "cuda/cuda_target.h"
+#endif
+
+namespace graphfuse {
+
+std::vector<std::string> TargetNames() {
+#ifdef GF_HAVE_CUDA
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
+
+Result<std::unique_ptr<Target>> MakeTarget(std::string_view name) {
+  if (name == "cpu") return std::unique_ptr<Target>(new cpu::CpuTarget());
+#ifdef GF_HAVE_CUDA
+  if (name == "cuda") return std::unique_ptr<Target>(new cuda::CudaTarget());
+#endif
+  std::string names;
+  for (const std::string& n : TargetNames()) names += (names.empty() ? "" : ", ") + n;
+  return NotFound("no target '", std::string(name), "' in this build (targets: ", names, ")");
+}
+
+}  // namespace graphfuse

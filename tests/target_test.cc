@@ -1,0 +1,128 @@
+// The pipeline takes its target-specific decisions from the Target it is given: a backend
+// written here, outside the library, gets no CPU-only form, its own cost policy, and its own
+// host evaluation for constant folding.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+
+#include "cpu/cpu_target.h"
+#include "cpu/executor.h"
+#include "graphfuse/thread_pool.h"
+#include "ir/text.h"
+#include "passes/fuse_elementwise.h"
+#include "passes/pipeline.h"
+#include "runtime/blocks.h"
+
+namespace graphfuse {
+namespace {
+
+// A backend with no fused form of its own, configurable costs, and a count of the nodes it
+// evaluated for constant folding (it evaluates them with the CPU's kernels).
+class TestTarget final : public Target {
+ public:
+  explicit TestTarget(TargetCosts costs) : costs_(costs) {}
+  std::string_view name() const override { return "test"; }
+  TargetCosts costs() const override { return costs_; }
+  TargetForms forms() const override { return {}; }
+  bool HasKernel(const Node& node) const override { return cpu::DefaultCpuTarget().HasKernel(node); }
+  Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
+                        std::span<const TensorView> out) const override {
+    ++evaluated;
+    return cpu::DefaultCpuTarget().EvaluateOnHost(node, in, out);
+  }
+  mutable std::atomic<int> evaluated{0};
+
+ private:
+  TargetCosts costs_;
+};
+
+int CountOp(const Graph& g, const std::string& op) {
+  int k = 0;
+  for (const auto& n : g.nodes()) k += n->op() == op ? 1 : 0;
+  return k;
+}
+
+// A small LLaMA block: the CPU target folds its RMSNorms into the GEMMs and moves the QKV
+// projection inside the attention; a target without those forms keeps both apart.
+TEST(Target, FormsComeFromTheTarget) {
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  auto cfg = BlockPreset("llama-small");
+  ASSERT_TRUE(cfg.ok());
+  cfg->seq = 8, cfg->batch = 1, cfg->hidden = 64, cfg->heads = 4, cfg->ffn = 96;
+  auto w = MakeBlockWeights(*cfg, 3, ctx);
+  ASSERT_TRUE(w.ok());
+  Graph on_cpu, on_test;
+  ASSERT_TRUE(BuildBlock(on_cpu, *cfg, *w).ok());
+  ASSERT_TRUE(BuildBlock(on_test, *cfg, *w).ok());
+  const TestTarget test({1.0, 40.0});
+  ASSERT_TRUE(RunPipeline(on_cpu, cpu::DefaultCpuTarget()).ok());
+  ASSERT_TRUE(RunPipeline(on_test, test).ok());
+
+  EXPECT_EQ(CountOp(on_cpu, "RMSNorm"), 0) << "the CPU folds its norms into the GEMMs";
+  EXPECT_GT(CountOp(on_test, "RMSNorm") + CountOp(on_test, "FusedNorm"), 0) << "a target without the form keeps them";
+  for (const auto& n : on_test.nodes()) {
+    EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << n->Describe() << ": no projected attention without the form";
+    EXPECT_EQ(n->attrs().count("rms_epsilon"), 0u) << n->Describe();
+  }
+  int projected = 0;
+  for (const auto& n : on_cpu.nodes()) projected += n->GetInt("qkv_proj", 0) == 1 ? 1 : 0;
+  EXPECT_EQ(projected, 1);
+}
+
+// The cost policy prices merges with the target's costs: a launch that saves nothing and a
+// bandwidth so low that the merged group's extra read costs more than the launch refuses a
+// horizontal merge the CPU's costs allow.
+TEST(Target, CostsComeFromTheTarget) {
+  // Two readers of x, each with its own larger operand: merging them saves a launch and one read
+  // of x, and the merged group reads nothing more, so any positive launch cost allows it; a
+  // zero launch cost with min_saving_us above what the bytes save refuses it.
+  const char* text = R"(
+    graph @g(%x: f32[64,64], %a: f32[64,64], %b: f32[64,64]) {
+      %p = Add(%x, %a)
+      %q = Mul(%x, %b)
+      return %p, %q
+    }
+  )";
+  auto cpu_graph = ParseGraph(text);
+  auto test_graph = ParseGraph(text);
+  ASSERT_TRUE(cpu_graph.ok() && test_graph.ok());
+  PipelineOptions options;
+  options.fusion.min_saving_us = 0.5;
+  const TestTarget slow_launchless({0.0, 1000.0});
+  ASSERT_TRUE(RunPipeline(**cpu_graph, cpu::DefaultCpuTarget(), options).ok());
+  ASSERT_TRUE(RunPipeline(**test_graph, slow_launchless, options).ok());
+  EXPECT_EQ(CountKernels(**cpu_graph), 1) << "1 us per launch saved: the siblings merge";
+  EXPECT_EQ(CountKernels(**test_graph), 2) << "16 KiB saved at 1000 GB/s is 0.016 us: not worth it";
+}
+
+// Constant folding evaluates with the target.
+TEST(Target, ConstantFoldingEvaluatesOnTheTarget) {
+  auto g = ParseGraph(R"(
+    graph @g(%x: f32[4]) {
+      %c: f32[4] = const [1, 2, 3, 4]
+      %d = Mul(%c, %c)
+      %y = Add(%x, %d)
+      return %y
+    }
+  )");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const TestTarget test({1.0, 40.0});
+  ASSERT_TRUE(RunPipeline(**g, test).ok());
+  EXPECT_EQ(test.evaluated.load(), 1);
+  EXPECT_EQ(CountOp(**g, "Mul"), 0);
+}
+
+TEST(Target, MakeTargetNamesWhatThisBuildHas) {
+  auto cpu = MakeTarget("cpu");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ((*cpu)->name(), "cpu");
+  auto none = MakeTarget("tpu");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("targets: cpu"), std::string::npos) << none.status().ToString();
+}
+
+}  // namespace
+}  // namespace graphfuse
