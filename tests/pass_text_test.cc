@@ -1,0 +1,706 @@
+// Each pass as text in, text out: the IR before the pass is parsed, the ONE pass runs, and the
+// printed IR after it is matched against CHECK lines (filecheck.h). The numeric tests of each
+// pass (its own *_test.cc) run the same rewrites against the unfused graph; these pin the
+// rewrite itself: which nodes become what, their inputs, outputs and attributes.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include "cpu/cpu_target.h"
+#include "filecheck.h"
+#include "ir/text.h"
+#include "passes/fold_constants.h"
+#include "passes/fusion_passes.h"
+
+namespace graphfuse {
+namespace {
+
+using Pass = std::function<Status(Graph&)>;
+
+// Parses `ir`, runs `pass` on it, verifies the result and prints it; "" after a failure.
+std::string RunPassOnText(const Pass& pass, const std::string& ir) {
+  auto g = ParseGraph(ir);
+  if (!g.ok()) {
+    ADD_FAILURE() << "the IR before the pass does not parse: " << g.status().ToString();
+    return "";
+  }
+  if (Status s = pass(**g); !s.ok()) {
+    ADD_FAILURE() << "the pass failed: " << s.ToString();
+    return "";
+  }
+  if (Status v = (*g)->Verify(); !v.ok()) {
+    ADD_FAILURE() << "the graph after the pass does not verify: " << v.ToString() << "\n" << PrintGraph(**g);
+    return "";
+  }
+  return PrintGraph(**g);
+}
+
+// The passes, each alone, with default options.
+Status RunFoldConstants(Graph& g) { return FoldConstants(g, FoldOptions{&cpu::DefaultCpuTarget()}).status(); }
+Status RunCanonicalize(Graph& g) { return Canonicalize(g).status(); }
+Status RunFuseAttention(Graph& g) { return FuseAttention(g, {}, nullptr).status(); }
+Status RunFuseElementwise(Graph& g) { return FuseElementwise(g).status(); }
+Status RunFuseGemm(Graph& g) { return FuseGemm(g, {}, nullptr).status(); }
+Status RunFuseAttentionProjections(Graph& g) { return FuseAttentionProjections(g, {}, nullptr).status(); }
+Status RunFoldNormIntoGemm(Graph& g) { return FoldNormIntoGemm(g, {}, nullptr).status(); }
+Status RunFuseRowwise(Graph& g) { return FuseRowwise(g, {}, nullptr).status(); }
+
+// Runs `pass` on `ir` and matches the printed result against `checks`.
+void ExpectPassOutput(const Pass& pass, const std::string& ir, const std::string& checks) {
+  const std::string out = RunPassOnText(pass, ir);
+  if (out.empty()) return;  // the failure is reported
+  const Status s = testing::FileCheck(out, checks);
+  EXPECT_TRUE(s.ok()) << s.message();
+}
+
+// ---- FoldConstants ----
+
+TEST(PassTextFoldConstants, ConstantSubgraphBecomesAConstant) {
+  ExpectPassOutput(RunFoldConstants, R"(graph @fold(%x: f32[3]) {
+  %a: f32[3] = const [1.0, 2.0, 3.0]
+  %b: f32[3] = const [0.5, 0.5, 0.5]
+  %0 = Mul(%a, %b)
+  %1 = Exp(%0)
+  %2 = Add(%x, %1)
+  return %2
+})",
+                   R"(
+CHECK: graph @fold(%x: f32[3]) {
+CHECK-NEXT: %1: f32[3] = const [1.64872{{[0-9]*}}, 2.71828{{[0-9]*}}, 4.48168{{[0-9]*}}]
+CHECK-NEXT: %2: f32[3] = Add(%x, %1)
+CHECK-NEXT: return %2
+)");
+}
+
+TEST(PassTextFoldConstants, ShapeOfAStaticValueFolds) {
+  // Shape reads no data: with x's shape known, the Shape and what computes from it fold.
+  ExpectPassOutput(RunFoldConstants, R"(graph @shape(%x: f32[2,3,4], %v: f32[3]) {
+  %s = Shape(%x)
+  %f = Cast(%s) {to = 0}
+  %o = Add(%v, %f)
+  return %o
+})",
+                   R"(
+CHECK: graph @shape(%x: f32[2,3,4], %v: f32[3]) {
+CHECK-NEXT: %f: f32[3] = const [2.0, 3.0, 4.0]
+CHECK-NEXT: %o: f32[3] = Add(%v, %f)
+CHECK-NEXT: return %o
+)");
+}
+
+TEST(PassTextFoldConstants, NodeReadingAnInputStays) {
+  ExpectPassOutput(RunFoldConstants, R"(graph @keep(%x: f32[3]) {
+  %a: f32[3] = const [1.0, 2.0, 3.0]
+  %0 = Mul(%x, %a)
+  return %0
+})",
+                   R"(
+CHECK: %a: f32[3] = const [1.0, 2.0, 3.0]
+CHECK-NEXT: %0: f32[3] = Mul(%x, %a)
+CHECK-NEXT: return %0
+)");
+}
+
+// ---- Canonicalize ----
+
+TEST(PassTextCanonicalize, RmsNormAsExported) {
+  ExpectPassOutput(RunCanonicalize, R"(graph @rms(%x: f32[2,64], %w: f32[64]) {
+  %two: f32[] = const [2.0]
+  %eps: f32[] = const [1e-6]
+  %one: f32[] = const [1.0]
+  %sq = Pow(%x, %two)
+  %mean = ReduceMean(%sq) {axes = [-1], keepdims = 1}
+  %s = Add(%mean, %eps)
+  %rms = Sqrt(%s)
+  %inv = Div(%one, %rms)
+  %xn = Mul(%x, %inv)
+  %y = Mul(%xn, %w)
+  return %y
+})",
+                   R"(
+CHECK: graph @rms(%x: f32[2,64], %w: f32[64]) {
+CHECK-NEXT: %y: f32[2,64] = RMSNorm(%x, %w) {axis = -1,
+CHECK-SAME: canonicalized_from = "Pow_0, ReduceMean_1, Add_2, Sqrt_3, Div_4, Mul_5, Mul_6"
+CHECK-SAME: epsilon = 9.99999997e-07
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, GeluErfAndSilu) {
+  ExpectPassOutput(RunCanonicalize, R"(graph @act(%x: f32[4,16], %z: f32[4,16]) {
+  %sqrt2: f32[] = const [1.4142135381698608]
+  %one: f32[] = const [1.0]
+  %half: f32[] = const [0.5]
+  %d = Div(%x, %sqrt2)
+  %e = Erf(%d)
+  %a = Add(%e, %one)
+  %m = Mul(%x, %a)
+  %g = Mul(%m, %half)
+  %s = Sigmoid(%z)
+  %t = Mul(%z, %s)
+  %y = Mul(%g, %t)
+  return %y
+})",
+                   // Rewritten nodes are appended and the graph re-sorted: the Silu comes first.
+                   R"(
+CHECK: graph @act(%x: f32[4,16], %z: f32[4,16]) {
+CHECK-NEXT: %t: f32[4,16] = Silu(%z) {canonicalized_from = "Sigmoid_5, Mul_6"}
+CHECK-NEXT: %g: f32[4,16] = Gelu(%x) {canonicalized_from = "Div_0, Erf_1, Add_2, Mul_3, Mul_4"}
+CHECK-NEXT: %y: f32[4,16] = Mul(%g, %t)
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, SoftmaxWrittenOut) {
+  ExpectPassOutput(RunCanonicalize, R"(graph @sm(%x: f32[2,16]) {
+  %m = ReduceMax(%x) {axes = [-1], keepdims = 1}
+  %d = Sub(%x, %m)
+  %e = Exp(%d)
+  %s = ReduceSum(%e) {axes = [-1], keepdims = 1}
+  %y = Div(%e, %s)
+  return %y
+})",
+                   R"(
+CHECK: graph @sm(%x: f32[2,16]) {
+CHECK-NEXT: %y: f32[2,16] = Softmax(%x) {
+CHECK-SAME: axis = -1
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, LinearGemmBecomesMatMulAndBiasAdd) {
+  ExpectPassOutput(RunCanonicalize, R"(graph @linear(%x: f32[2,3]) {
+  %w: f32[2,3] = const [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+  %b: f32[2] = const [0.5, -0.5]
+  %y = Gemm(%x, %w, %b) {transB = 1}
+  return %y
+})",
+                   R"(
+CHECK-NOT: Gemm(
+CHECK: %b: f32[2] = const [0.5, -0.5]
+CHECK-NEXT: %w_kn{{[_0-9]*}}: f32[3,2] = const [1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+CHECK-NEXT: %{{[^:]*}}: f32[2,2] = MatMul(%x, %w_kn{{[_0-9]*}})
+CHECK-NEXT: %y: f32[2,2] = Add(%{{[^,]*}}, %b)
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, NearMissesStay) {
+  // The sigmoid is also returned: rewriting x * sigmoid(x) would drop it. GELU with 0.5001.
+  ExpectPassOutput(RunCanonicalize, R"(graph @keep(%x: f32[4,16]) {
+  %sqrt2: f32[] = const [1.4142135]
+  %one: f32[] = const [1.0]
+  %half: f32[] = const [0.5001]
+  %s = Sigmoid(%x)
+  %t = Mul(%x, %s)
+  %d = Div(%t, %sqrt2)
+  %e = Erf(%d)
+  %a = Add(%e, %one)
+  %m = Mul(%t, %a)
+  %g = Mul(%m, %half)
+  return %g, %s
+})",
+                   R"(
+CHECK-NOT: Silu(
+CHECK-NOT: Gelu(
+CHECK: %s: f32[4,16] = Sigmoid(%x)
+CHECK-NEXT: %t: f32[4,16] = Mul(%x, %s)
+CHECK-NEXT: %d: f32[4,16] = Div(%t, %sqrt2)
+CHECK-NEXT: %e: f32[4,16] = Erf(%d)
+CHECK-NEXT: %a: f32[4,16] = Add(%e, %one)
+CHECK-NEXT: %m: f32[4,16] = Mul(%t, %a)
+CHECK-NEXT: %g: f32[4,16] = Mul(%m, %half)
+CHECK-NEXT: return %g, %s
+CHECK-NOT: Silu(
+CHECK-NOT: Gelu(
+)");
+}
+
+// ---- FuseAttention ----
+
+// Two heads of width 4 over 4 positions, as exporters write the head split and merge.
+std::string AttentionText(const std::string& scores_to_probs, const std::string& extra_const = "",
+                          const std::string& returns = "%out") {
+  return R"(graph @attn(%q: f32[1,4,8], %k: f32[1,4,8], %v: f32[1,4,8]) {
+  %shape: i64[4] = const [1, 4, 2, 4]
+  %oshape: i64[3] = const [1, 4, 8]
+  %c: f32[] = const [2.0]
+)" + extra_const +
+         R"(  %qr = Reshape(%q, %shape)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %kr = Reshape(%k, %shape)
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %kt = Transpose(%k4) {perm = [0, 1, 3, 2]}
+  %vr = Reshape(%v, %shape)
+  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}
+  %s = MatMul(%q4, %kt)
+)" + scores_to_probs +
+         R"(  %o4 = MatMul(%p, %v4)
+  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %oshape)
+  return )" + returns + R"(
+})";
+}
+
+TEST(PassTextFuseAttention, ScaledHeadsBecomeOneNode) {
+  // The node reads q, k, v before their head split; its reference graph is the ops it replaced.
+  ExpectPassOutput(RunFuseAttention, AttentionText(R"(  %s1 = Div(%s, %c)
+  %p = Softmax(%s1) {axis = -1}
+)"),
+                   R"(
+CHECK: graph @attn(
+CHECK-NEXT: %out: f32[1,4,8] = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 4, heads = 2,
+CHECK-SAME: kernel_name = "attention_h2_d4_f32_{{[0-9a-f]{8}}}"
+CHECK-SAME: reference = graph @fused_attention_0(%q: f32[1,4,8], %k: f32[1,4,8], %v: f32[1,4,8]) {
+CHECK: %s: f32[1,2,4,4] = MatMul(%q4, %kt)
+CHECK-NEXT: %s1: f32[1,2,4,4] = Div(%s, %c)
+CHECK-NEXT: %p: f32[1,2,4,4] = Softmax(%s1) {axis = -1}
+CHECK-NEXT: %o4: f32[1,2,4,4] = MatMul(%p, %v4)
+CHECK: return %out
+CHECK-NEXT: }, rope_k = 0, rope_q = 0, scale = 0.5, seq_k = 4, seq_q = 4, v_head_dim = 4
+CHECK-NEXT: return %out
+CHECK-NEXT: }
+)");
+}
+
+TEST(PassTextFuseAttention, CausalMaskIsAnInput) {
+  ExpectPassOutput(RunFuseAttention,
+                   AttentionText(R"(  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+)",
+                                 "  %mask: f32[1,1,4,4] = const [0, -1e9, -1e9, -1e9, 0, 0, -1e9, -1e9, 0, 0, 0, "
+                                 "-1e9, 0, 0, 0, 0]\n"),
+                   R"(
+CHECK: %mask: f32[1,1,4,4] = const
+CHECK-NEXT: %out: f32[1,4,8] = FusedAttention(%q, %k, %v, %mask) {
+CHECK-SAME: has_mask = 1
+CHECK-SAME: kernel_name = "attention_mask_h2_d4_f32_{{[0-9a-f]{8}}}"
+CHECK-SAME: mask_scale = 1.0
+CHECK: %s1: f32[1,2,4,4] = Mul(%s, %c)
+CHECK-NEXT: %s2: f32[1,2,4,4] = Add(%s1, %mask)
+CHECK: }, rope_k = 0, rope_q = 0, scale = 2.0, seq_k = 4, seq_q = 4,
+CHECK-NEXT: return %out
+)");
+}
+
+TEST(PassTextFuseAttention, ScoresReadOutsideAreNotFused) {
+  // The scaled scores are also returned: the pattern's intermediates must stay private.
+  ExpectPassOutput(RunFuseAttention, AttentionText(R"(  %s1 = Div(%s, %c)
+  %p = Softmax(%s1) {axis = -1}
+)",
+                                                   "", "%out, %s1"),
+                   R"(
+CHECK-NOT: FusedAttention
+CHECK: %s: f32[1,2,4,4] = MatMul(%q4, %kt)
+CHECK-NEXT: %s1: f32[1,2,4,4] = Div(%s, %c)
+CHECK-NEXT: %p: f32[1,2,4,4] = Softmax(%s1) {axis = -1}
+CHECK-NEXT: %o4: f32[1,2,4,4] = MatMul(%p, %v4)
+CHECK: return %out, %s1
+CHECK-NOT: FusedAttention
+)");
+}
+
+TEST(PassTextFuseAttention, SoftmaxOverAnotherAxisIsNotAttention) {
+  ExpectPassOutput(RunFuseAttention, AttentionText(R"(  %s1 = Div(%s, %c)
+  %p = Softmax(%s1) {axis = 2}
+)"),
+                   R"(
+CHECK-NOT: FusedAttention
+CHECK: %s: f32[1,2,4,4] = MatMul(%q4, %kt)
+CHECK-NEXT: %s1: f32[1,2,4,4] = Div(%s, %c)
+CHECK-NEXT: %p: f32[1,2,4,4] = Softmax(%s1) {axis = 2}
+CHECK-NEXT: %o4: f32[1,2,4,4] = MatMul(%p, %v4)
+CHECK-NOT: FusedAttention
+)");
+}
+
+// ---- FuseElementwise ----
+
+TEST(PassTextFuseElementwise, ChainWithBroadcastOperandsIsOneGroup) {
+  ExpectPassOutput(RunFuseElementwise, R"(graph @chain(%x: f32[4,8], %y: f32[4,8], %b: f32[8]) {
+  %s: f32[] = const [0.125]
+  %0 = Add(%x, %y)
+  %1 = Mul(%0, %s)
+  %u = Add(%1, %b)
+  return %u
+})",
+                   R"(
+CHECK: %s: f32[] = const [0.125]
+CHECK-NEXT: %u: f32[4,8] = FusedElementwise(%x, %y, %s, %b) {body = graph @fused_0(%in0: f32[4,8], %in1: f32[4,8], %in2: f32[], %in3: f32[8]) {
+CHECK-NEXT: %0: f32[4,8] = Add(%in0, %in1)
+CHECK-NEXT: %1: f32[4,8] = Mul(%0, %in2)
+CHECK-NEXT: %u: f32[4,8] = Add(%1, %in3)
+CHECK-NEXT: return %u
+CHECK-NEXT: }, kernel_name = "fused_add_mul_add_f32_{{[0-9a-f]{8}}}"}
+CHECK-NEXT: return %u
+)");
+}
+
+TEST(PassTextFuseElementwise, ValueReadOutsideTheGroupIsASecondOutput) {
+  ExpectPassOutput(RunFuseElementwise, R"(graph @m(%x: f32[4,4], %y: f32[4,4], %w: f32[4,4]) {
+  %t = Add(%x, %y)
+  %r = Relu(%t)
+  %m = MatMul(%t, %w)
+  return %r, %m
+})",
+                   R"(
+CHECK: graph @m(
+CHECK-NEXT: %t: f32[4,4], %r: f32[4,4] = FusedElementwise(%x, %y) {body = graph @fused_0(
+CHECK-NEXT: %t: f32[4,4] = Add(%in0, %in1)
+CHECK-NEXT: %r: f32[4,4] = Relu(%t)
+CHECK-NEXT: return %t, %r
+CHECK-NEXT: }, kernel_name = "fused_add_relu_f32_{{[0-9a-f]{8}}}"
+CHECK-NEXT: %m: f32[4,4] = MatMul(%t, %w)
+CHECK-NEXT: return %r, %m
+)");
+}
+
+TEST(PassTextFuseElementwise, SiblingsReadingOneInputMerge) {
+  ExpectPassOutput(RunFuseElementwise, R"(graph @h(%x: f32[2,8], %bq: f32[8], %bk: f32[8], %bv: f32[8]) {
+  %q = Add(%x, %bq)
+  %k = Add(%x, %bk)
+  %v = Add(%x, %bv)
+  return %q, %k, %v
+})",
+                   R"(
+CHECK: graph @h(
+CHECK-NEXT: %q: f32[2,8], %k: f32[2,8], %v: f32[2,8] = FusedElementwise(%x, %bq, %bk, %bv) {body = graph @fused_0(
+CHECK-NEXT: %q: f32[2,8] = Add(%in0, %in1)
+CHECK-NEXT: %k: f32[2,8] = Add(%in0, %in2)
+CHECK-NEXT: %v: f32[2,8] = Add(%in0, %in3)
+CHECK-NEXT: return %q, %k, %v
+CHECK-NEXT: }, kernel_name = "fused_add_add_add_f32_{{[0-9a-f]{8}}}"}
+CHECK-NEXT: return %q, %k, %v
+)");
+}
+
+TEST(PassTextFuseElementwise, CycleThroughAnOutsideNodeIsRefused) {
+  // Neg and Add in one kernel would run both before and after the MatMul between them.
+  ExpectPassOutput(RunFuseElementwise, R"(graph @c(%x: f32[4,4], %w: f32[4,4]) {
+  %a = Neg(%x)
+  %c = MatMul(%a, %w)
+  %b = Add(%a, %c)
+  return %b
+})",
+                   R"(
+CHECK-NOT: FusedElementwise
+CHECK: %a: f32[4,4] = Neg(%x)
+CHECK-NEXT: %c: f32[4,4] = MatMul(%a, %w)
+CHECK-NEXT: %b: f32[4,4] = Add(%a, %c)
+CHECK-NOT: FusedElementwise
+)");
+}
+
+TEST(PassTextFuseElementwise, OtherSpacesAndDomainsStayApart) {
+  // Exp over [8] and the Add over [4,8]: different spaces; the integer Add: another domain.
+  ExpectPassOutput(RunFuseElementwise, R"(graph @s(%x: f32[4,8], %v: f32[8], %i: i32[4,8], %j: i32[4,8]) {
+  %a = Exp(%v)
+  %b = Add(%x, %a)
+  %c = Add(%i, %j)
+  %d = Cast(%c) {to = 0}
+  %e = Mul(%b, %d)
+  return %e
+})",
+                   R"(
+CHECK: %a: f32[8] = Exp(%v)
+CHECK-NEXT: %d: f32[4,8] = FusedElementwise(%i, %j) {body = graph @fused_1(%in0: i32[4,8], %in1: i32[4,8]) {
+CHECK-NEXT: %c: i32[4,8] = Add(%in0, %in1)
+CHECK-NEXT: %d: f32[4,8] = Cast(%c) {to = 0}
+CHECK-NEXT: return %d
+CHECK-NEXT: }, kernel_name = "fused_add_cast_f32_{{[0-9a-f]{8}}}"}
+CHECK-NEXT: %e: f32[4,8] = FusedElementwise(%x, %a, %d) {body = graph @fused_0(
+CHECK-NEXT: %b: f32[4,8] = Add(%in0, %in1)
+CHECK-NEXT: %e: f32[4,8] = Mul(%b, %in2)
+CHECK-NEXT: return %e
+CHECK-NEXT: }, kernel_name = "fused_add_mul_f32_{{[0-9a-f]{8}}}"}
+CHECK-NEXT: return %e
+)");
+}
+
+// ---- FuseGemm ----
+
+// Projections of one input with the same width: one GEMM over the weights side by side.
+TEST(PassTextFuseGemm, ProjectionsOfOneInputBecomeOneGemm) {
+  ExpectPassOutput(RunFuseGemm, R"(graph @qkv(%x: f32[2,4]) {
+  %wq: f32[4,2] = const [1, 2, 3, 4, 5, 6, 7, 8]
+  %wk: f32[4,2] = const [10, 20, 30, 40, 50, 60, 70, 80]
+  %wv: f32[4,2] = const [-1, -2, -3, -4, -5, -6, -7, -8]
+  %q = MatMul(%x, %wq)
+  %k = MatMul(%x, %wk)
+  %v = MatMul(%x, %wv)
+  return %q, %k, %v
+})",
+                   R"(
+CHECK-NOT: MatMul(%x
+CHECK: %MatMul_0_weights_x3{{[_0-9]*}}: f32[4,6] = const [1.0, 2.0, 10.0, 20.0, -1.0, -2.0, 3.0, 4.0, 30.0, 40.0, -3.0, -4.0,
+CHECK-NEXT: %q: f32[2,2], %k: f32[2,2], %v: f32[2,2] = FusedGemm(%x, %MatMul_0_weights_x3{{[_0-9]*}}) {
+CHECK-SAME: kernel_name = "gemm_2x6x4_split3_f32_{{[0-9a-f]{8}}}", out_proj = [0, 1, 2]
+CHECK-SAME: reference = graph @reference(%a: f32[2,4], %w: f32[4,6]) {
+CHECK: = Slice(%w, {{.*}}
+CHECK-NEXT: = MatMul(%a, {{.*}}
+CHECK-NEXT: = Slice(%w, {{.*}}
+CHECK-NEXT: = MatMul(%a, {{.*}}
+CHECK-NEXT: = Slice(%w, {{.*}}
+CHECK-NEXT: = MatMul(%a, {{.*}}
+CHECK: }, splits = 3}
+CHECK-NEXT: return %q, %k, %v
+)");
+}
+
+TEST(PassTextFuseGemm, BiasAddRunsAsTheEpilogue) {
+  // The Add reads the projection: it runs in the GEMM. The Relu reads the Add, not the GEMM:
+  // it stays.
+  ExpectPassOutput(RunFuseGemm, R"(graph @linear(%x: f32[2,4]) {
+  %w: f32[4,2] = const [1, 2, 3, 4, 5, 6, 7, 8]
+  %b: f32[2] = const [0.5, -0.5]
+  %p = MatMul(%x, %w)
+  %y = Add(%p, %b)
+  %z = Relu(%y)
+  return %z
+})",
+                   R"(
+CHECK: %y: f32[2,2] = FusedGemm(%x, %w, %b) {epilogue = graph @epilogue(%p0: f32[2,2], %in0: f32[2]) {
+CHECK-NEXT: = Add(%p0, %in0)
+CHECK-NEXT: return
+CHECK-NEXT: }, kernel_name = "gemm_2x2x4_add_f32_{{[0-9a-f]{8}}}", out_proj = [-1], reference = graph @reference(
+CHECK-NEXT: = MatMul(%a, %w)
+CHECK-NEXT: = Add({{%[^,]*}}, %in0)
+CHECK: }, splits = 1}
+CHECK-NEXT: %z: f32[2,2] = Relu(%y)
+)");
+}
+
+TEST(PassTextFuseGemm, GatedReaderOfTheEpilogueStaysOutside) {
+  // Silu(gate) runs as the epilogue of the gate/up GEMM; the Mul reads the Silu's result (another
+  // member's), so alone this pass leaves it outside, reading both results.
+  ExpectPassOutput(RunFuseGemm, R"(graph @swiglu(%h: f32[2,4]) {
+  %wg: f32[4,2] = const [1, 2, 3, 4, 5, 6, 7, 8]
+  %wu: f32[4,2] = const [8, 7, 6, 5, 4, 3, 2, 1]
+  %gate = MatMul(%h, %wg)
+  %up = MatMul(%h, %wu)
+  %act = Silu(%gate)
+  %y = Mul(%act, %up)
+  return %y
+})",
+                   R"(
+CHECK: %up: f32[2,2], %act: f32[2,2] = FusedGemm(%h, {{%[^,]*}}) {epilogue = graph @epilogue(%p0: f32[2,2], %p1: f32[2,2]) {
+CHECK-NEXT: = Silu(%p0)
+CHECK-NOT: Mul(
+CHECK: kernel_name = "gemm_2x4x4_split2_silu_f32_{{[0-9a-f]{8}}}", out_proj = [1, -1]
+CHECK: %y: f32[2,2] = Mul(%act, %up)
+)");
+}
+
+TEST(PassTextFuseGemm, LoneGemmAndNonConstantWeightsAreLeftAlone) {
+  ExpectPassOutput(RunFuseGemm, R"(graph @g(%x: f32[2,4], %wdyn: f32[4,2]) {
+  %w: f32[4,2] = const [1, 2, 3, 4, 5, 6, 7, 8]
+  %p = MatMul(%x, %w)
+  %d = MatMul(%x, %wdyn)
+  %e = Tanh(%d)
+  return %p, %e
+})",
+                   R"(
+CHECK-NOT: FusedGemm
+CHECK: %p: f32[2,2] = MatMul(%x, %w)
+CHECK-NEXT: %d: f32[2,2] = MatMul(%x, %wdyn)
+CHECK-NEXT: %e: f32[2,2] = Tanh(%d)
+CHECK-NOT: FusedGemm
+)");
+}
+
+// ---- FuseAttentionProjections ----
+
+// A QKV FusedGemm whose three outputs only the attention reads (one head of width 2 over 2
+// positions), as FuseGemm and FuseAttention leave it.
+std::string QkvAttentionText(const std::string& returns) {
+  return R"(graph @qkv_attn(%x: f32[1,2,2]) {
+  %w: f32[2,6] = const [1, 0, 0, 1, 1, 0, 0, 1, 0, 1, 0, 1]
+  %mask: f32[2,2] = const [0, -1e9, 0, 0]
+  %q, %k, %v = FusedGemm(%x, %w) {out_proj = [0, 1, 2], splits = 3}
+  %o = FusedAttention(%q, %k, %v, %mask) {batch = 1, has_mask = 1, head_dim = 2, heads = 1,
+      kernel_name = "attention_mask_h1_d2_f32_0badcafe", output_shape = [1, 2, 2], rope_k = 0, rope_q = 0,
+      scale = 0.5, seq_k = 2, seq_q = 2, v_head_dim = 2}
+  return )" + returns + R"(
+})";
+}
+
+TEST(PassTextFuseAttentionProjections, QkvGemmMovesIntoTheAttention) {
+  ExpectPassOutput(RunFuseAttentionProjections, QkvAttentionText("%o"),
+                   R"(
+CHECK: %mask: f32[2,2] = const [0.0, -1e+09, 0.0, 0.0]
+CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%x, %w, %mask) {
+CHECK-SAME: kernel_name = "qkv_attention_mask_h1_d2_f32_0badcafe"
+CHECK-SAME: qkv_proj = 1, qkv_split = [0, 1, 2], reference = graph
+CHECK-NEXT: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(
+CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%q, %k, %v,
+CHECK-NEXT: return %o
+CHECK-NEXT: }, rope_k = 0, rope_q = 0, scale = 0.5,
+CHECK-NEXT: return %o
+)");
+}
+
+TEST(PassTextFuseAttentionProjections, QReadElsewhereKeepsTheTwoNodes) {
+  ExpectPassOutput(RunFuseAttentionProjections, QkvAttentionText("%o, %q"),
+                   R"(
+CHECK: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(%x, %w)
+CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%q, %k, %v, %mask)
+CHECK-NOT: qkv_proj
+CHECK: return %o, %q
+)");
+}
+
+// ---- FoldNormIntoGemm ----
+
+// h = a W1 (a FusedGemm), y = RMSNorm(h, gamma), z = y W2 (a FusedGemm); h goes on.
+std::string NormBetweenGemmsText(const std::string& gamma) {
+  return R"(graph @fold(%a: f32[2,4]) {
+  %w1: f32[4,4] = const [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+  %w2: f32[4,2] = const [1, 1, 1, 1, 1, 1, 1, 1]
+)" + gamma + R"(  %h = FusedGemm(%a, %w1) {out_proj = [0], splits = 1}
+  %y = RMSNorm(%h, %gamma) {epsilon = 0.5}
+  %z = FusedGemm(%y, %w2) {out_proj = [0], splits = 1}
+  return %z, %h
+})";
+}
+
+TEST(PassTextFoldNormIntoGemm, NormRunsInsideTheTwoGemms) {
+  ExpectPassOutput(RunFoldNormIntoGemm, NormBetweenGemmsText("  %gamma: f32[4] = const [1, 2, 3, 4]\n"),
+                   R"(
+CHECK-NOT: RMSNorm(
+CHECK: %w2_times_{{[^:]*}}: f32[4,2] = const [1.0, 1.0, 2.0, 2.0, 3.0, 3.0, 4.0, 4.0]
+CHECK-NEXT: %h: f32[2,4], %h_inv_rms{{[_0-9]*}}: f32[2,1] = FusedGemm(%a, %w1) {kernel_name = "gemm_rms", out_proj = [0], reference = graph
+CHECK-NEXT: %epsilon{{[_0-9]*}}: f32[1] = const [0.5]
+CHECK-NEXT: %h: f32[2,4] = FusedGemm(
+CHECK-NEXT: = Mul(%h, %h)
+CHECK-NEXT: = ReduceMean(
+CHECK: }, rms_epsilon = 0.5, splits = 1}
+CHECK-NEXT: %z: f32[2,2] = FusedGemm(%h, %w2_times_{{[^,]*}}, %h_inv_rms{{[_0-9]*}}) {kernel_name = "gemm_rmsnorm", out_proj = [0], reference = graph
+CHECK-NEXT: = Mul(
+CHECK-NEXT: %z: f32[2,2] = FusedGemm(
+CHECK: }, row_scale = 2, splits = 1}
+CHECK-NEXT: return %z, %h
+)");
+}
+
+TEST(PassTextFoldNormIntoGemm, ScaleThatIsNotAConstantStays) {
+  ExpectPassOutput(RunFoldNormIntoGemm,
+                   R"(graph @fold(%a: f32[2,4], %gamma: f32[4]) {
+  %w1: f32[4,4] = const [1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0, 0, 1]
+  %w2: f32[4,2] = const [1, 1, 1, 1, 1, 1, 1, 1]
+  %h = FusedGemm(%a, %w1) {out_proj = [0], splits = 1}
+  %y = RMSNorm(%h, %gamma) {epsilon = 0.5}
+  %z = FusedGemm(%y, %w2) {out_proj = [0], splits = 1}
+  return %z, %h
+})",
+                   R"(
+CHECK-NOT: rms_epsilon
+CHECK: %h: f32[2,4] = FusedGemm(%a, %w1) {out_proj = [0], splits = 1}
+CHECK-NEXT: %y: f32[2,4] = RMSNorm(%h, %gamma) {epsilon = 0.5}
+CHECK-NEXT: %z: f32[2,2] = FusedGemm(%y, %w2) {out_proj = [0], splits = 1}
+CHECK-NOT: row_scale
+)");
+}
+
+// Off, as RunPipeline sets it for a target without the form (CUDA).
+TEST(PassTextFoldNormIntoGemm, OffWhenTheFormIsOff) {
+  const Pass form_off = [](Graph& g) {
+    FusionOptions o;
+    o.norm_into_gemm = false;
+    return FoldNormIntoGemm(g, o, nullptr).status();
+  };
+  ExpectPassOutput(form_off, NormBetweenGemmsText("  %gamma: f32[4] = const [1, 2, 3, 4]\n"),
+                   R"(
+CHECK-NOT: rms_epsilon
+CHECK: %h: f32[2,4] = FusedGemm(%a, %w1) {out_proj = [0], splits = 1}
+CHECK-NEXT: %y: f32[2,4] = RMSNorm(%h, %gamma) {epsilon = 0.5}
+CHECK-NEXT: %z: f32[2,2] = FusedGemm(%y, %w2) {out_proj = [0], splits = 1}
+CHECK-NOT: row_scale
+)");
+}
+
+// ---- FuseRowwise ----
+
+TEST(PassTextFuseRowwise, ResidualAddRmsNormAlsoEmitsTheSum) {
+  // h = x + r is normalized and read again after the MatMul: a second output of the row kernel.
+  ExpectPassOutput(RunFuseRowwise, R"(graph @block(%x: f32[4,8], %r: f32[4,8], %w: f32[8], %wm: f32[8,8]) {
+  %h = Add(%x, %r)
+  %y = RMSNorm(%h, %w) {epsilon = 0.00001}
+  %m = MatMul(%y, %wm)
+  %out = Add(%m, %h)
+  return %out
+})",
+                   R"(
+CHECK: graph @block(
+CHECK-NEXT: %y: f32[4,8], %h: f32[4,8] = FusedNorm(%x, %r, %w) {body = graph @fused_norm_0(%x: f32[4,8], %r: f32[4,8]) {
+CHECK-NEXT: %h: f32[4,8] = Add(%x, %r)
+CHECK-NEXT: return %h
+CHECK-NEXT: }, epsilon = 9.99999975e-06, kernel_name = "rmsnorm_prologue_add_f32_{{[0-9a-f]{8}}}", norm = "RMSNorm",
+CHECK-SAME: prologue_outputs = 1, reference = graph
+CHECK-NEXT: %h: f32[4,8] = Add(%x, %r)
+CHECK-NEXT: %y: f32[4,8] = RMSNorm(%h, %w)
+CHECK-NEXT: return %y, %h
+CHECK: %m: f32[4,8] = MatMul(%y, %wm)
+CHECK-NEXT: %out: f32[4,8] = Add(%m, %h)
+)");
+}
+
+TEST(PassTextFuseRowwise, LayerNormWithBiasPrologue) {
+  ExpectPassOutput(RunFuseRowwise, R"(graph @ln(%a: f32[2,3,8], %b: f32[8], %g: f32[8], %beta: f32[8]) {
+  %h = Add(%a, %b)
+  %y = LayerNormalization(%h, %g, %beta) {axis = -1, epsilon = 0.00001}
+  return %y
+})",
+                   R"(
+CHECK: graph @ln(
+CHECK-NEXT: %y: f32[2,3,8] = FusedNorm(%a, %b, %g, %beta) {body = graph @fused_norm_0(%a: f32[2,3,8], %b: f32[8]) {
+CHECK-NEXT: %h: f32[2,3,8] = Add(%a, %b)
+CHECK: kernel_name = "layernorm_prologue_add_f32_{{[0-9a-f]{8}}}", norm = "LayerNormalization"
+CHECK-SAME: prologue_outputs = 0, reference = graph
+CHECK-NEXT: %h: f32[2,3,8] = Add(%a, %b)
+CHECK-NEXT: %y: f32[2,3,8] = LayerNormalization(%h, %g, %beta)
+CHECK: }}
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextFuseRowwise, SoftmaxWithMaskPrologueAndDropoutEpilogue) {
+  ExpectPassOutput(RunFuseRowwise, R"(graph @s(%x: f32[2,4,4], %mask: f32[1,4,4], %keep: f32[2,4,4]) {
+  %0 = Add(%x, %mask)
+  %a = Softmax(%0) {axis = -1}
+  %p = Mul(%a, %keep)
+  return %p
+})",
+                   R"(
+CHECK: graph @s(
+CHECK-NEXT: %p: f32[2,4,4] = FusedSoftmax(%x, %mask, %keep) {epilogue = graph @fused_softmax_0_epilogue(%a: f32[2,4,4], %keep: f32[2,4,4]) {
+CHECK-NEXT: %p: f32[2,4,4] = Mul(%a, %keep)
+CHECK: kernel_name = "softmax_prologue_add_epilogue_mul_f32_{{[0-9a-f]{8}}}", prologue = graph @fused_softmax_0_prologue(%x: f32[2,4,4], %mask: f32[1,4,4]) {
+CHECK-NEXT: %0: f32[2,4,4] = Add(%x, %mask)
+CHECK: reference = graph
+CHECK: }, softmax_input = 0}
+CHECK-NEXT: return %p
+)");
+}
+
+TEST(PassTextFuseRowwise, RowOpsOverAnotherAxisOrDtypeStay) {
+  ExpectPassOutput(RunFuseRowwise, R"(graph @s(%x: f32[8,16], %b: f32[16], %y: f16[4,8], %r: f16[4,8], %w: f16[8]) {
+  %0 = Add(%x, %b)
+  %a = Softmax(%0) {axis = 0}
+  %h = Add(%y, %r)
+  %n = RMSNorm(%h, %w)
+  return %a, %n
+})",
+                   R"(
+CHECK-NOT: Fused
+CHECK: %0: f32[8,16] = Add(%x, %b)
+CHECK-NEXT: %a: f32[8,16] = Softmax(%0) {axis = 0}
+CHECK-NEXT: %h: f16[4,8] = Add(%y, %r)
+CHECK-NEXT: %n: f16[4,8] = RMSNorm(%h, %w)
+CHECK-NOT: Fused
+)");
+}
+
+}  // namespace
+}  // namespace graphfuse
