@@ -31,6 +31,9 @@ class TestTarget final : public Target {
     ++evaluated;
     return cpu::DefaultCpuTarget().EvaluateOnHost(node, in, out);
   }
+  Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override {
+    return cpu::DefaultCpuTarget().Compile(std::move(graph));
+  }
   mutable std::atomic<int> evaluated{0};
 
  private:

@@ -14,7 +14,7 @@ namespace graphfuse {
 
 enum class OpKind : uint16_t {
 #define OP(name, ...) k##name,
-#include "../../include/graphfuse/ops.def"
+#include "ops.def"
 #undef OP
 };
 

@@ -1,9 +1,10 @@
-// A Target is a backend as the compiler sees it: what it runs, what fusion costs on it, which
-// fused forms it wants, and how it evaluates a node on the host. The pass pipeline takes one
-// (RunPipeline in src/passes/pipeline.h), so nothing above it switches on a backend's name.
+// A Target is a backend: what it runs, what fusion costs on it, which fused forms it wants, how
+// it evaluates a node on the host, and how it compiles a planned graph into something that
+// runs. The pass pipeline takes one (RunPipeline in src/passes/pipeline.h), so nothing above it
+// switches on a backend's name; CompiledModel (graphfuse/model.h) compiles for one.
 //
 // A backend implements this interface (src/cpu/cpu_target.h, src/cuda/cuda_target.h) and
-// registers in MakeTarget (src/runtime/targets.cc).
+// is named in MakeTarget (src/runtime/targets.cc).
 #pragma once
 
 #include <memory>
@@ -17,6 +18,7 @@
 
 namespace graphfuse {
 
+class Graph;
 class Node;
 
 // What the fusion cost policy prices a merge at on this device: one launch saved, plus the
@@ -33,6 +35,33 @@ struct TargetForms {
   bool norm_into_gemm = false;
   // The QKV projection GEMM moved inside the attention kernel (FuseAttentionProjections).
   bool attention_projection = false;
+};
+
+// A graph compiled for a target: runs it on host tensors.
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  // One input per graph input and one output per graph output, each with the declared type
+  // (outputs preallocated by the caller). Errors name the input or node at fault and leave the
+  // executable usable. Safe to call from several threads at once.
+  virtual Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) = 0;
+  // Kernel launches (and library calls) one run makes.
+  virtual int64_t launches_per_run() const = 0;
+};
+
+// How a target runs what it compiles. Each target reads the fields that concern it.
+struct TargetOptions {
+  // CPU: threads of the pool each compiled model runs on (the calling thread counts); 0: the
+  // hardware's.
+  int threads = 0;
+  // CPU: fused elementwise loops compiled to native code by the host compiler at run time
+  // (graphfuse/cpu_codegen.h); off: the tile executor interprets them.
+  bool cpu_codegen = false;
+  // CUDA: the device, and whether each run replays its launches as one CUDA graph.
+  int device = 0;
+  bool cuda_graph = false;
+  // CUDA: run the plan on the host instead of a GPU (slow; checks plans without a GPU).
+  bool emulate = false;
 };
 
 class Target {
@@ -52,12 +81,16 @@ class Target {
   // node's output types): constant folding evaluates nodes with it.
   virtual Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                                 std::span<const TensorView> out) const = 0;
+
+  // Compiles a graph the pipeline planned for this target. The executable shares ownership of
+  // the graph and does not refer to the target afterwards.
+  virtual Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const = 0;
 };
 
 // The targets this build has: "cpu", and "cuda" when built with the CUDA toolkit.
 std::vector<std::string> TargetNames();
 
-// The target named `name` with its defaults; NotFound naming the targets of this build.
-Result<std::unique_ptr<Target>> MakeTarget(std::string_view name);
+// The target named `name`; NotFound naming the targets of this build.
+Result<std::unique_ptr<Target>> MakeTarget(std::string_view name, const TargetOptions& options = {});
 
 }  // namespace graphfuse

@@ -1,5 +1,7 @@
 #include "cpu_codegen.h"
 
+#include <dlfcn.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -12,11 +14,16 @@
 #include "core/hash.h"
 #include "core/shared_object.h"
 
-// Set by CMakeLists.txt: where the headers the generated code includes live, and how the
-// library itself was compiled (the loops must be compiled the same way to give its bits).
-// A build that does not set them (the fuzz build) gets a generator that Create refuses.
+// Set by CMakeLists.txt: the headers the generated code includes (paths relative to a root that
+// holds include/ and src/), where they live (the source tree; the installed copy, under the
+// install prefix's GF_CODEGEN_DATADIR), and how the library itself was compiled (the loops must
+// be compiled the same way to give its bits). A build that does not set them (the fuzz build)
+// gets a generator that Create refuses.
 #ifndef GF_SOURCE_ROOT
 #define GF_SOURCE_ROOT ""
+#define GF_CODEGEN_HEADERS ""
+#define GF_CODEGEN_DATADIR ""
+#define GF_INSTALL_PREFIX ""
 #define GF_CODEGEN_CXX "c++"
 #define GF_CODEGEN_FLAGS ""
 #define GF_CODEGEN_LIBS ""
@@ -97,6 +104,45 @@ std::filesystem::path DefaultCacheDir() {
   return std::filesystem::temp_directory_path() / "graphfuse" / "cpu";
 }
 
+std::vector<std::string> CodegenHeaders() {
+  std::vector<std::string> out;
+  std::string list = GF_CODEGEN_HEADERS;
+  for (size_t start = 0; start < list.size();) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    if (end > start) out.push_back(list.substr(start, end - start));
+    start = end + 1;
+  }
+  return out;
+}
+
+bool HasHeaders(const std::filesystem::path& root, const std::vector<std::string>& headers) {
+  std::error_code ec;
+  for (const std::string& h : headers)
+    if (!std::filesystem::is_regular_file(root / h, ec)) return false;
+  return !headers.empty();
+}
+
+// Where the generated loops find their headers: $GF_CODEGEN_ROOT when set; else the installed
+// copy beside the binary this code was loaded from (<prefix>/lib/libgraphfuse.so or
+// <prefix>/bin/graphfuse: <prefix>/GF_CODEGEN_DATADIR), so an installation works wherever it
+// was moved; else the source tree this library was built from; else the installed copy under
+// the prefix it was configured with. Empty when none holds them all.
+std::filesystem::path CodegenRoot(const std::vector<std::string>& headers) {
+  if (const char* env = std::getenv("GF_CODEGEN_ROOT"); env && *env) return env;
+  std::vector<std::filesystem::path> candidates;
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&CodegenRoot), &info) != 0 && info.dli_fname != nullptr) {
+    std::error_code ec;
+    const std::filesystem::path self = std::filesystem::canonical(info.dli_fname, ec);
+    if (!ec) candidates.push_back(self.parent_path().parent_path() / GF_CODEGEN_DATADIR);
+  }
+  candidates.push_back(GF_SOURCE_ROOT);
+  candidates.push_back(std::filesystem::path(GF_INSTALL_PREFIX) / GF_CODEGEN_DATADIR);
+  for (const auto& c : candidates)
+    if (!c.empty() && HasHeaders(c, headers)) return c;
+  return {};
+}
+
 }  // namespace
 
 Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create() { return Create(Options{}); }
@@ -109,28 +155,23 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
     impl->options.compiler = cxx && *cxx ? cxx : GF_CODEGEN_CXX;
   }
   if (impl->options.cache_dir.empty()) impl->options.cache_dir = DefaultCacheDir().string();
-  const std::filesystem::path root = GF_SOURCE_ROOT;
-  if (root.empty()) return Unimplemented("CPU code generation: this build of graphfuse does not know its source tree");
+  const std::vector<std::string> header_names = CodegenHeaders();
+  if (header_names.empty()) return Unimplemented("CPU code generation: this build of graphfuse does not list its headers");
+  const std::filesystem::path root = CodegenRoot(header_names);
+  if (root.empty())
+    return NotFound("CPU code generation needs graphfuse's headers (", header_names.front(),
+                    ", ...): not found in an installed copy (", GF_CODEGEN_DATADIR, ") nor in the source tree '",
+                    GF_SOURCE_ROOT, "'; set GF_CODEGEN_ROOT to a directory that holds them");
   const std::string version = FirstLineOf(impl->options.compiler + " --version");
   if (version.empty())
     return NotFound("CPU code generation: the compiler '", impl->options.compiler,
                               "' does not run (set CXX, or CpuCodegen::Options::compiler)");
   // The headers the loops include, and everything they include from the project.
   std::string headers;
-  for (const char* dir : {"include/graphfuse", "src/cpu", "src/ops"}) {
-    std::vector<std::filesystem::path> files;
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(root / dir, ec))
-      if (e.path().extension() == ".h" || e.path().extension() == ".def") files.push_back(e.path());
-    if (ec || files.empty())
-      return NotFound("CPU code generation needs graphfuse's headers, looked for under '", (root / dir).string(),
-                                "': ", ec ? ec.message() : "none there");
-    std::sort(files.begin(), files.end());
-    for (const auto& f : files) {
-      std::string text;  // an unreadable header hashes as empty, as a missing one would
-      ReadFile(f, &text);
-      headers += f.filename().string() + '\n' + text;
-    }
+  for (const std::string& h : header_names) {
+    std::string text;
+    if (!ReadFile(root / h, &text)) return NotFound("CPU code generation: cannot read '", (root / h).string(), "'");
+    headers += h + '\n' + text;
   }
   impl->compile = StrCat(impl->options.compiler, " ", GF_CODEGEN_FLAGS, " -I", ShellQuote((root / "src").string()), " -I",
                          ShellQuote((root / "include").string()));

@@ -1,10 +1,40 @@
 #include "cpu_target.h"
 
+#include <mutex>
+
 #include "../ir/op_registry.h"
 #include "executor.h"
+#include "graphfuse/cpu_codegen.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/thread_pool.h"
 
 namespace graphfuse::cpu {
+namespace {
+
+class CpuExecutable final : public Executable {
+ public:
+  CpuExecutable(std::shared_ptr<const Graph> graph, std::unique_ptr<ThreadPool> pool,
+                std::unique_ptr<CpuCodegen> codegen, std::unique_ptr<ExecutionPlan> plan)
+      : graph_(std::move(graph)), pool_(std::move(pool)), codegen_(std::move(codegen)), plan_(std::move(plan)) {}
+
+  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) override {
+    // The plan's activations are one arena: one run at a time.
+    std::lock_guard<std::mutex> lock(mu_);
+    CpuContext ctx{pool_.get()};
+    ctx.codegen = codegen_.get();
+    return plan_->Run(inputs, outputs, ctx);
+  }
+  int64_t launches_per_run() const override { return plan_->stats().kernels_launched; }
+
+ private:
+  std::shared_ptr<const Graph> graph_;  // the plan points into it
+  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<CpuCodegen> codegen_;
+  std::unique_ptr<ExecutionPlan> plan_;
+  std::mutex mu_;
+};
+
+}  // namespace
 
 bool CpuTarget::HasKernel(const Node& node) const {
   const OpSchema* s = FindSchema(node.op());
@@ -14,6 +44,18 @@ bool CpuTarget::HasKernel(const Node& node) const {
 Status CpuTarget::EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                                  std::span<const TensorView> out) const {
   return RunNodeOnce(node, in, out, CpuContext{});
+}
+
+Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Graph> graph) const {
+  if (options_.threads < 0) return InvalidArgument("CPU target: threads must be >= 0 (0: the hardware's), got ", options_.threads);
+  std::unique_ptr<CpuCodegen> codegen;
+  if (options_.cpu_codegen) {
+    GF_ASSIGN_OR_RETURN(codegen, CpuCodegen::Create());
+  }
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan, ExecutionPlan::Compile(*graph));
+  auto pool = std::make_unique<ThreadPool>(options_.threads);
+  return std::unique_ptr<Executable>(
+      new CpuExecutable(std::move(graph), std::move(pool), std::move(codegen), std::move(plan)));
 }
 
 const Target& DefaultCpuTarget() {

@@ -10,6 +10,8 @@ namespace graphfuse::cpu {
 
 class CpuTarget final : public Target {
  public:
+  // Reads options.threads and options.cpu_codegen.
+  explicit CpuTarget(const TargetOptions& options = {}) : options_(options) {}
   std::string_view name() const override { return "cpu"; }
   // A launch on the thread pool costs about 1 us; fused traffic is priced at 40 GB/s.
   TargetCosts costs() const override { return {1.0, 40.0}; }
@@ -17,6 +19,12 @@ class CpuTarget final : public Target {
   bool HasKernel(const Node& node) const override;
   Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                         std::span<const TensorView> out) const override;
+  // An ExecutionPlan on a thread pool of its own; calls from several threads take turns (each
+  // run already uses every thread of the pool).
+  Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
+
+ private:
+  TargetOptions options_;
 };
 
 // A CPU target with its defaults (immutable; lives for the process).

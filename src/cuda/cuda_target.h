@@ -11,6 +11,8 @@ namespace graphfuse::cuda {
 
 class CudaTarget final : public Target {
  public:
+  // Reads options.device, options.cuda_graph and options.emulate.
+  explicit CudaTarget(const TargetOptions& options = {}) : options_(options) {}
   std::string_view name() const override { return "cuda"; }
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
   // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
@@ -19,6 +21,11 @@ class CudaTarget final : public Target {
   bool HasKernel(const Node& node) const override;
   Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                         std::span<const TensorView> out) const override;
+  // A CudaExecutor (inputs copied to the device, outputs back); calls take turns.
+  Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
+
+ private:
+  TargetOptions options_;
 };
 
 // A CUDA target with its defaults (immutable; lives for the process).

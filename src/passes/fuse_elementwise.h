@@ -36,27 +36,6 @@
 
 namespace graphfuse {
 
-struct FusedGroupInfo {
-  std::string name;         // the FusedElementwise node: "fused_<k>"
-  std::string kind = "elementwise";
-  std::string kernel_name;  // "fused_add_mul_add_f32_<hash8>": readable in a profiler, stable
-  std::vector<std::string> nodes;       // member node names, in order
-  std::vector<std::string> recomputed;  // producers recomputed here (they also run elsewhere)
-  std::string epilogue;  // GEMM groups: how the epilogue runs (kernels::FusedGemmEpilogueForm)
-};
-
-struct FusionRefusal {
-  std::string producer, consumer;  // the two nodes (for siblings: the two readers)
-  std::string code;                // a refusal:: code
-  std::string message;
-};
-
-struct FusionReport {
-  std::vector<FusedGroupInfo> groups;
-  std::vector<FusionRefusal> refusals;
-  int64_t kernels_before = 0;
-  int64_t kernels_after = 0;
-};
 
 Result<FusionReport> FuseElementwise(Graph& g, const FusionOptions& options = {});
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "graphfuse/graph.h"
-#include "graphfuse/target.h"
+#include "graphfuse/fusion.h"
 
 namespace graphfuse {
 
@@ -35,24 +35,6 @@ struct FusionDecision {
   static FusionDecision Refuse(const char* code, std::string message) { return {false, code, std::move(message)}; }
 };
 
-struct FusionOptions {
-  bool enabled = true;
-  int max_group_size = 24;  // nodes per group (each may add a rounding step: f16/bf16, i32 arithmetic)
-  int max_inputs = 12;      // tensors a group reads
-  int max_outputs = 6;      // tensors a group writes
-  std::set<std::string> exclude;  // node names, or group names from a previous plan ("fused_3")
-  // Cost policy. RunPipeline takes the costs from its Target (the defaults are the CPU's).
-  TargetCosts costs;
-  double min_saving_us = 0.0;  // a merge must save more than this
-  int recompute_max_cost = 2;  // producers this cheap are recomputed instead of stored
-  // Target-specific forms (TargetForms): RunPipeline runs each only where the Target asks for
-  // it and it is left on here. The QKV projection inside the attention kernel
-  // (FuseAttentionProjections); off leaves the QKV GEMM and the attention as two kernels.
-  bool attention_projection = true;
-  // An RMSNorm between two GEMMs folds into them (FoldNormIntoGemm): the producer writes each
-  // row's 1/rms, the consumer's weights take the norm's scale.
-  bool norm_into_gemm = true;
-};
 
 // A candidate group as legality sees it.
 struct GroupSummary {

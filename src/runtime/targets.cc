@@ -15,10 +15,10 @@ std::vector<std::string> TargetNames() {
 #endif
 }
 
-Result<std::unique_ptr<Target>> MakeTarget(std::string_view name) {
-  if (name == "cpu") return std::unique_ptr<Target>(new cpu::CpuTarget());
+Result<std::unique_ptr<Target>> MakeTarget(std::string_view name, const TargetOptions& options) {
+  if (name == "cpu") return std::unique_ptr<Target>(new cpu::CpuTarget(options));
 #ifdef GF_HAVE_CUDA
-  if (name == "cuda") return std::unique_ptr<Target>(new cuda::CudaTarget());
+  if (name == "cuda") return std::unique_ptr<Target>(new cuda::CudaTarget(options));
 #endif
   std::string names;
   for (const std::string& n : TargetNames()) names += (names.empty() ? "" : ", ") + n;

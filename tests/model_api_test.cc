@@ -1,0 +1,154 @@
+// The embeddable API (graphfuse/model.h): compile for a target, run from several threads at
+// once, recover from a failing call.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <thread>
+
+#include "graphfuse/model.h"
+#include "graphfuse/thread_pool.h"
+#include "runtime/blocks.h"
+#include "test_util.h"
+
+namespace graphfuse {
+namespace {
+
+// A small LLaMA block as a Model (built with the graph API).
+Model SmallLlama(const BlockWeights& w, const BlockConfig& cfg) {
+  auto g = std::make_unique<Graph>("llama");
+  EXPECT_TRUE(BuildBlock(*g, cfg, w).ok());
+  auto m = Model::FromGraph(std::move(g));
+  EXPECT_TRUE(m.ok()) << m.status().ToString();
+  return std::move(*m);
+}
+
+struct Fixture {
+  BlockConfig cfg;
+  BlockWeights weights;
+};
+
+Fixture MakeFixture() {
+  ThreadPool pool(2);
+  auto cfg = BlockPreset("llama-small");
+  EXPECT_TRUE(cfg.ok());
+  cfg->seq = 12, cfg->batch = 1, cfg->hidden = 64, cfg->heads = 4, cfg->ffn = 96;
+  auto w = MakeBlockWeights(*cfg, 9, CpuContext{&pool});
+  EXPECT_TRUE(w.ok());
+  return {*cfg, std::move(*w)};
+}
+
+Tensor Input(const BlockConfig& cfg, uint32_t seed) {
+  Tensor t = Tensor::Empty(DType::kF32, {cfg.batch, cfg.seq, cfg.hidden}).value();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, u(rng));
+  return t;
+}
+
+TEST(ModelApi, CompilesFusedAndUnfusedAndTheyAgree) {
+  const Fixture f = MakeFixture();
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok());
+  CompileOptions unfused_options;
+  unfused_options.fusion.enabled = false;
+  auto fused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  auto unfused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target, unfused_options);
+  ASSERT_TRUE(fused.ok()) << fused.status().ToString();
+  ASSERT_TRUE(unfused.ok()) << unfused.status().ToString();
+  EXPECT_LT((*fused)->launches_per_run(), (*unfused)->launches_per_run());
+  EXPECT_EQ((*fused)->report().kernels_after, (*fused)->launches_per_run());
+  EXPECT_FALSE((*fused)->report().groups.empty());
+  ASSERT_EQ((*fused)->inputs().size(), 1u);
+  EXPECT_EQ((*fused)->inputs()[0].name, "x");
+  EXPECT_EQ((*fused)->outputs()[0].shape, (Shape{1, 12, 64}));
+
+  const Tensor x = Input(f.cfg, 1);
+  const TensorView in[] = {x.view()};
+  auto yf = (*fused)->Run(in);
+  auto yu = (*unfused)->Run(in);
+  ASSERT_TRUE(yf.ok() && yu.ok());
+  double peak = 0, err = 0;
+  for (int64_t i = 0; i < yu->at(0).numel(); ++i) {
+    peak = std::max(peak, std::fabs(yu->at(0).GetAsDouble(i)));
+    err = std::max(err, std::fabs(yu->at(0).GetAsDouble(i) - yf->at(0).GetAsDouble(i)));
+  }
+  EXPECT_GT(peak, 0.1);
+  EXPECT_LT(err, 1e-4 * (1 + peak));
+}
+
+// 8 threads run one compiled model at once, each on its own inputs, many times: every result is
+// the one a single-threaded run gives for those inputs, bit for bit.
+TEST(ModelApi, EightThreadsRunOneModel) {
+  const Fixture f = MakeFixture();
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok());
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const CompiledModel& m = **model;
+
+  constexpr int kThreads = 8, kRuns = 12;
+  std::vector<Tensor> inputs, expected;
+  for (int t = 0; t < kThreads; ++t) {
+    inputs.push_back(Input(f.cfg, 100 + t));
+    const TensorView in[] = {inputs.back().view()};
+    auto y = m.Run(in);
+    ASSERT_TRUE(y.ok());
+    expected.push_back(std::move(y->at(0)));
+  }
+  std::vector<int> mismatches(kThreads, 0), failures(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      Tensor out = Tensor::Empty(DType::kF32, m.outputs()[0].shape).value();
+      for (int r = 0; r < kRuns; ++r) {
+        std::memset(out.data(), 0xff, out.nbytes());  // NaNs: a run that writes nothing shows
+        const TensorView in[] = {inputs[t].view()};
+        const TensorView o[] = {out.view()};
+        if (!m.Run(in, o).ok()) {
+          ++failures[t];
+          continue;
+        }
+        if (std::memcmp(out.data(), expected[t].data(), out.nbytes()) != 0) ++mismatches[t];
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(failures[t], 0) << "thread " << t;
+    EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+  }
+}
+
+// A call with wrong inputs fails with InvalidArgument naming the input; the next call works.
+TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
+  const Fixture f = MakeFixture();
+  auto target = MakeTarget("cpu");
+  ASSERT_TRUE(target.ok());
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  ASSERT_TRUE(model.ok());
+  const Tensor x = Input(f.cfg, 7);
+  const TensorView good[] = {x.view()};
+  auto want = (*model)->Run(good);
+  ASSERT_TRUE(want.ok());
+
+  const Tensor wrong = Tensor::Empty(DType::kF32, {1, 5, 64}).value();
+  const TensorView bad[] = {wrong.view()};
+  auto r = (*model)->Run(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("'x'"), std::string::npos) << r.status().ToString();
+  EXPECT_FALSE((*model)->Run(std::span<const TensorView>{}).ok()) << "no inputs";
+
+  auto again = (*model)->Run(good);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(std::memcmp(again->at(0).data(), want->at(0).data(), want->at(0).nbytes()), 0);
+}
+
+TEST(ModelApi, FromGraphVerifiesAndFromOnnxBytesRejectsGarbage) {
+  EXPECT_FALSE(Model::FromGraph(nullptr).ok());
+  auto bad = Model::FromOnnxBytes("not a model", "garbage.onnx");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().ToString().find("garbage.onnx"), std::string::npos) << bad.status().ToString();
+}
+
+}  // namespace
+}  // namespace graphfuse
