@@ -1,6 +1,7 @@
 // The embeddable API (graphfuse/model.h): compile for a target, run from several threads at
 // once, recover from a failing call.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cstring>
 #include <thread>
@@ -141,6 +142,26 @@ TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
   auto again = (*model)->Run(good);
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ(std::memcmp(again->at(0).data(), want->at(0).data(), want->at(0).nbytes()), 0);
+}
+
+// Compiling and running a model with GEMMs (OpenBLAS, oneDNN's packed weights) and attention
+// leaves the process's settings as the program set them.
+TEST(ModelApi, LeavesProcessSettingsAlone) {
+  ASSERT_TRUE(ApplyProcessSettings({.blas_threads = 2}).ok());
+  omp_set_num_threads(3);
+  const Fixture f = MakeFixture();
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok());
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  ASSERT_TRUE(model.ok());
+  const Tensor x = Input(f.cfg, 3);
+  const TensorView in[] = {x.view()};
+  ASSERT_TRUE((*model)->Run(in).ok());
+  EXPECT_EQ(BlasThreads(), 2);
+  EXPECT_EQ(omp_get_max_threads(), 3);
+  EXPECT_FALSE(ApplyProcessSettings({.blas_threads = -1}).ok());
+  ASSERT_TRUE(ApplyProcessSettings({.blas_threads = 1}).ok());
+  EXPECT_EQ(BlasThreads(), 1);
 }
 
 TEST(ModelApi, FromGraphVerifiesAndFromOnnxBytesRejectsGarbage) {

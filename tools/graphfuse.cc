@@ -279,6 +279,8 @@ int main(int argc, char** argv) {
     setenv("OPENBLAS_CORETYPE", core, 1);
     execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
   }
+  // graphfuse's kernels split GEMMs over their own pool: OpenBLAS runs one thread per call.
+  if (computes) (void)graphfuse::ApplyProcessSettings({.blas_threads = 1});
   if (argc < 2) {
     PrintHelp(stderr, nullptr);
     return kExitBadInput;

@@ -25,6 +25,19 @@ const char* SuggestedBlasCoreType();
 // The kernels OpenBLAS runs in this process ("SkylakeX", "Prescott", ...).
 const char* BlasCoreName();
 
+// Settings that belong to the whole process. The library never changes them on its own (an
+// embedding program may depend on them); a program applies them once, before any work, as the
+// graphfuse command does with blas_threads = 1.
+struct ProcessSettings {
+  // OpenBLAS's own threads (openblas_set_num_threads). graphfuse splits every GEMM over its
+  // thread pool, each task one sgemm: OpenBLAS threads on top of that compete with the pool for
+  // the cores, so 1 is what graphfuse's kernels expect. 0: leave OpenBLAS as it is.
+  int blas_threads = 0;
+};
+Status ApplyProcessSettings(const ProcessSettings& settings);
+// OpenBLAS's thread count now.
+int BlasThreads();
+
 // Profiling counters of kernels that run BLAS inside a larger kernel (a GEMM with its
 // epilogue, attention): thread-time spent inside the BLAS calls and in the kernel's tasks in
 // all. A profiler reads blas_ns / task_ns after a kernel to split its time into GEMM work and

@@ -519,11 +519,6 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
   return std::shared_ptr<const void>(std::move(state));
 }
 
-void SingleThreadedBlas() {
-  static const bool once = (openblas_set_num_threads(1), true);
-  (void)once;
-}
-
 Status AttentionKernel(const KernelContext& ctx) {
   const std::string where = KernelWhere(ctx);
   GF_ASSIGN_OR_RETURN(Dims d, ReadDims(ctx.node.attrs(), where));
@@ -542,7 +537,6 @@ Status AttentionKernel(const KernelContext& ctx) {
     std::fill(out, out + d.b * d.h * d.s * d.dv, 0.f);
     return Status::Ok();
   }
-  SingleThreadedBlas();
   const float scale = ctx.node.GetFloat("scale", 1.f);
   const float mask_scale = ctx.node.GetFloat("mask_scale", 1.f);
   // The projected form reads x and W where q, k and v would be (they are null then).

@@ -489,8 +489,6 @@ void AddInPlace(float* x, const float* y, int64_t n) {
 constexpr int64_t kRmsChunk = 256;
 
 Status RunFusedGemm(const KernelContext& ctx) {
-  static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
-  (void)kSingleThreadedBlas;
   const Node& node = ctx.node;
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(KernelWhere(ctx), ctx.inputs[0].shape, ctx.inputs[1].shape,
                                                node.GetInt("splits", 1)));

@@ -69,13 +69,11 @@ Status RequireF32(const KernelContext& ctx) {
 
 // C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS.
 //
-// One thread pool: OpenBLAS runs single-threaded and the columns of C are split over
-// graphfuse's pool. Two pools on the same cores (OpenBLAS's pthreads spinning beside ours)
-// compete for them: at M=1..32 that made the GEMMs 1.8-3.8x slower.
+// The columns of C are split over graphfuse's pool, each task one sgemm. OpenBLAS's own
+// threads on top of that compete with the pool for the cores; the program decides whether it
+// has them (ProcessSettings::blas_threads, graphfuse/cpu.h: the graphfuse command sets 1).
 void Sgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  static const bool kSingleThreadedBlas = (openblas_set_num_threads(1), true);
-  (void)kSingleThreadedBlas;
   auto run = [&](int64_t j0, int64_t j1) {
     if (j1 <= j0) return;
     const float* bj = b + (tb ? j0 * ldb : j0);
@@ -252,6 +250,15 @@ std::vector<OpSchema> GemmSchemas() {
 }  // namespace graphfuse::kernels
 
 namespace graphfuse {
+
+Status ApplyProcessSettings(const ProcessSettings& settings) {
+  if (settings.blas_threads < 0)
+    return InvalidArgument("ProcessSettings: blas_threads must be >= 0 (0: leave as is), got ", settings.blas_threads);
+  if (settings.blas_threads > 0) openblas_set_num_threads(settings.blas_threads);
+  return Status::Ok();
+}
+
+int BlasThreads() { return openblas_get_num_threads(); }
 
 const char* BlasCoreName() {
   const char* core = openblas_get_corename();

@@ -9,8 +9,26 @@
 #include <vector>
 
 extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime here
+extern "C" int omp_get_max_threads(void);
 
 namespace graphfuse::kernels {
+namespace {
+
+// oneDNN runs a block inline on the calling thread when that thread's OpenMP setting is one
+// thread (the pool already spreads the blocks). The setting is the thread's, and the calling
+// thread may be the program's: it is put back as it was.
+class OneOmpThread {
+ public:
+  OneOmpThread() : previous_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~OneOmpThread() { omp_set_num_threads(previous_); }
+  OneOmpThread(const OneOmpThread&) = delete;
+  OneOmpThread& operator=(const OneOmpThread&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace
 
 int64_t L2Bytes() {
   static const int64_t bytes = [] {
@@ -75,7 +93,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   try {
-    omp_set_num_threads(1);
+    const OneOmpThread one_thread;
     dnnl::stream stream(Engine());
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);  // per-call scratch: concurrent blocks
@@ -125,7 +143,7 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   const int64_t j0 = block * p.block_cols;
   const int64_t width = std::min(p.block_cols, p.n - j0);
   const size_t which = p.Which(width);
-  omp_set_num_threads(1);  // this thread's OpenMP setting: oneDNN runs the block inline
+  const OneOmpThread one_thread;
   thread_local dnnl::stream stream(Engine());
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
