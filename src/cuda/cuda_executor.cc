@@ -9,12 +9,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 #include <map>
+#include <optional>
 #include <set>
 #include <span>
 
 #include "../cpu/executor.h"
+#include "../target/memory_plan.h"
 #include "codegen.h"
 #include "host_emulation.h"
 #include "nvrtc_compile.h"
@@ -149,78 +150,39 @@ struct CudaExecutor::Impl {
   bool emu = false;  // CudaExecOptions::emulate: host memory, host-compiled kernels, host GEMMs
   std::map<std::string, std::shared_ptr<HostKernel>> host_kernels;
 
-  // Device memory planning. Values that live between nodes of the plan (not the graph's inputs,
-  // outputs or constants) and per-node scratch take pooled blocks by liveness: every step runs
-  // in plan order on one stream (or in the CUDA graph captured from it), so a block whose last
-  // reader is top-level node i can be handed to any value first written after node i.
-  struct Block {
-    void* p = nullptr;
-    size_t bytes = 0;
-    int end = 0;  // the last top-level node that uses it
-    bool free = false;
-  };
-  std::vector<Block> blocks;
-  std::map<const Value*, int> block_of;  // pooled value (or a view of one) -> its block
-  std::map<const Value*, int> last_use;  // top-level values -> the last node reading them
-  std::set<const Value*> pinned;         // graph outputs: never pooled
-  bool pooling = false;                  // while planning the top-level graph
-  int current = 0;                       // the top-level node being planned
+  // Device memory planning (src/target/memory_plan.h). Values that live between nodes of the plan
+  // (not the graph's inputs, outputs or constants) and per-node scratch take pooled blocks by
+  // liveness: every step runs in plan order on one stream (or in the CUDA graph captured from
+  // it), so a block whose last reader is top-level node i can be handed to any value first
+  // written after node i. Each block is allocated when the planner creates it.
+  std::optional<MemoryPlanner> memory;  // while planning the top-level graph
+  std::vector<void*> blocks;            // device memory of each planned block
+  std::set<const Value*> pinned;        // graph outputs: never pooled
 
-  int LastUse(const Value* v) const {
-    if (pinned.count(v)) return std::numeric_limits<int>::max();
-    auto it = last_use.find(v);
-    return it == last_use.end() ? current : std::max(current, it->second);
-  }
-  // A pooled block of at least `bytes` in use until node `end`: the smallest free one that
-  // fits, else a new allocation.
-  Result<int> Pooled(size_t bytes, int end, const std::string& what) {
-    int best = -1;
-    for (size_t b = 0; b < blocks.size(); ++b)
-      if (blocks[b].free && blocks[b].bytes >= bytes && (best < 0 || blocks[b].bytes < blocks[static_cast<size_t>(best)].bytes))
-        best = static_cast<int>(b);
-    if (best < 0) {
-      GF_ASSIGN_OR_RETURN(void* p, Alloc(bytes, what));
-      blocks.push_back({p, bytes, end, false});
-      stats.activation_bytes += static_cast<int64_t>(bytes);
-      best = static_cast<int>(blocks.size() - 1);
+  // The device memory of a pooled placement (allocated for a new block).
+  Result<void*> BlockMemory(const MemoryPlacement& p, const std::string& what) {
+    if (p.new_block) {
+      GF_ASSIGN_OR_RETURN(void* ptr, Alloc(static_cast<size_t>(p.bytes), what));
+      blocks.push_back(ptr);
     }
-    Block& blk = blocks[static_cast<size_t>(best)];
-    blk.free = false;
-    blk.end = end;
-    stats.activation_bytes_no_reuse += static_cast<int64_t>(bytes);
-    return best;
+    return blocks[static_cast<size_t>(p.block)];
   }
   // One buffer of `bytes` for `values` (a node's outputs laid out in it): pooled until the last
   // of them is read, unless one is a graph output or planning is not pooling.
   Result<void*> SharedBuffer(std::span<const Value* const> values, size_t bytes, const std::string& what) {
-    bool pool = pooling;
-    int end = current;
-    for (const Value* v : values) {
-      pool = pool && !v->constant() && !pinned.count(v);
-      end = std::max(end, LastUse(v));
-    }
+    bool pool = memory.has_value();
+    for (const Value* v : values) pool = pool && !v->constant() && !pinned.count(v);
     if (!pool) return Alloc(bytes, what);
-    GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, end, what));
-    for (const Value* v : values) block_of[v] = b;
-    return blocks[static_cast<size_t>(b)].p;
+    return BlockMemory(memory->PlaceTogether(values, static_cast<int64_t>(bytes)), what);
   }
   // Scratch for the node being planned (workspaces, attention's per-head copies and scores).
   Result<void*> Scratch(size_t bytes, const std::string& what) {
-    if (!pooling) return Alloc(bytes, what);
-    GF_ASSIGN_OR_RETURN(int b, Pooled(bytes, current, what));
-    return blocks[static_cast<size_t>(b)].p;
+    if (!memory) return Alloc(bytes, what);
+    return BlockMemory(memory->Scratch(static_cast<int64_t>(bytes)), what);
   }
   // `view` aliases `of`'s buffer: `of`'s block (if pooled) lives as long as either.
   void Alias(const Value* view, const Value* of) {
-    auto it = block_of.find(of);
-    if (it == block_of.end()) return;
-    block_of[view] = it->second;
-    Block& blk = blocks[static_cast<size_t>(it->second)];
-    blk.end = std::max(blk.end, LastUse(view));
-  }
-  void ReleaseAfter(int node) {
-    for (Block& b : blocks)
-      if (!b.free && b.end <= node) b.free = true;
+    if (memory) memory->Alias(view, of);
   }
 
   ~Impl() {
@@ -354,19 +316,14 @@ struct CudaExecutor::Impl {
   Status PlanTop(const Graph& g) {
     for (const Value* v : g.inputs()) GF_RETURN_IF_ERROR(Buffer(v).status());
     for (const Value* v : g.outputs()) pinned.insert(v);
-    int i = 0;
-    for (const auto& n : g.nodes()) {
-      for (const Value* in : n->inputs())
-        if (in) last_use[in] = i;
-      ++i;
-    }
-    pooling = true;
-    current = 0;
+    memory.emplace(g);
     for (const auto& n : g.nodes()) {
       GF_RETURN_IF_ERROR(PlanNode(*n).WithContext(n->Describe()));
-      ReleaseAfter(current++);
+      memory->NextNode();
     }
-    pooling = false;
+    stats.activation_bytes = memory->plan().peak_bytes;
+    stats.activation_bytes_no_reuse = memory->plan().no_reuse_bytes;
+    memory.reset();
     for (const Value* v : g.outputs()) GF_RETURN_IF_ERROR(Buffer(v).status());
     return Status::Ok();
   }
