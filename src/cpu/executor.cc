@@ -1,10 +1,9 @@
 // Compiling a graph into steps and buffers, and running them.
 //
-// Planning walks the nodes once: every intermediate value gets a slot; a view op (Reshape,
-// Squeeze, ...) shares its input's memory; a slot returns to a free list after the last node
-// that reads any value in it, and later values take the smallest free slot that fits. Graph
-// outputs are written straight into the caller's buffers unless they alias an input, a
-// constant or another output, in which case they are copied at the end.
+// Intermediate values share one arena planned by liveness (src/target/memory_plan.h): a view op
+// (Reshape, Squeeze, ...) shares its input's memory, a block is reused once nothing later reads
+// it. Graph outputs are written straight into the caller's buffers unless they alias an input,
+// a constant or another output, in which case they live in the arena and are copied at the end.
 #include "executor.h"
 
 #include <algorithm>
@@ -14,12 +13,14 @@
 
 #include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
+#include "../target/memory_plan.h"
 
 namespace graphfuse {
 
 struct ExecutionPlan::Ref {
-  enum Kind { kNone, kInput, kOutput, kConst, kSlot } kind = kNone;
-  int index = 0;
+  enum Kind { kNone, kInput, kOutput, kConst, kArena } kind = kNone;
+  int index = 0;               // kInput, kOutput: which graph input / output
+  int64_t offset = 0;          // kArena
   const void* data = nullptr;  // kConst
 };
 
@@ -55,12 +56,7 @@ Status RunKernel(const Node& n, const OpSchema& s, std::span<const TensorView> i
 Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
   std::unique_ptr<ExecutionPlan> plan(new ExecutionPlan());
   plan->graph_ = &g;
-  std::vector<const Node*> nodes;
-  for (const auto& n : g.nodes()) nodes.push_back(n.get());
 
-  std::map<const Value*, Ref> ref_of;
-  for (size_t i = 0; i < g.inputs().size(); ++i) ref_of[g.inputs()[i]] = {Ref::kInput, static_cast<int>(i), nullptr};
-  for (const Value* c : g.constants()) ref_of[c] = {Ref::kConst, 0, c->constant()->data()};
   // A graph output computed by a node (listed once) is written into the caller's buffer.
   std::map<const Value*, int> direct_output;
   for (size_t i = 0; i < g.outputs().size(); ++i) {
@@ -69,68 +65,22 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
         !FindSchema(o->producer()->op())->view)
       direct_output[o] = static_cast<int>(i);
   }
-  std::map<const Value*, int> last_use;
-  for (size_t i = 0; i < nodes.size(); ++i)
-    for (const Value* in : nodes[i]->inputs())
-      if (in) last_use[in] = static_cast<int>(i);
-  for (const Value* o : g.outputs()) last_use[o] = static_cast<int>(nodes.size());
 
-  struct Slot {
-    int64_t bytes;
-    int last_use;
-  };
-  std::vector<Slot> slots;
-  std::vector<int> free_slots;
-  int64_t no_reuse = 0;
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    const Node& n = *nodes[i];
+  // Steps, in node order; errors name the first node at fault.
+  for (const auto& node : g.nodes()) {
+    const Node& n = *node;
     const OpSchema* s = FindSchema(n.op());
     if (!s) return Unimplemented(n.Describe(), ": op not supported");
-    for (size_t k = 0; k < n.outputs().size(); ++k) {
-      const Value* o = n.output(k);
-      const int lu = last_use.count(o) ? last_use.at(o) : static_cast<int>(i);
-      if (s->view && k == 0) {
-        if (!n.input(0)) return InvalidArgument(n.Describe(), ": missing input");
-        const Ref r = ref_of.at(n.input(0));
-        ref_of[o] = r;
-        if (r.kind == Ref::kSlot) slots[r.index].last_use = std::max(slots[r.index].last_use, lu);
-        continue;
-      }
-      const int64_t bytes = o->numel() * static_cast<int64_t>(DTypeSize(o->dtype()));
-      no_reuse += bytes;
-      if (direct_output.count(o)) {
-        ref_of[o] = {Ref::kOutput, direct_output.at(o), nullptr};
-        continue;
-      }
-      int best = -1;
-      for (int f : free_slots)
-        if (slots[f].bytes >= bytes && (best < 0 || slots[f].bytes < slots[best].bytes)) best = f;
-      if (best < 0) {
-        best = static_cast<int>(slots.size());
-        slots.push_back({bytes, lu});
-      } else {
-        free_slots.erase(std::find(free_slots.begin(), free_slots.end(), best));
-        slots[best].last_use = lu;
-      }
-      ref_of[o] = {Ref::kSlot, best, nullptr};
+    if (s->view) {
+      if (!n.input(0)) return InvalidArgument(n.Describe(), ": missing input");
+      continue;
     }
-    for (size_t si = 0; si < slots.size(); ++si)
-      if (slots[si].last_use == static_cast<int>(i) &&
-          std::find(free_slots.begin(), free_slots.end(), static_cast<int>(si)) == free_slots.end())
-        free_slots.push_back(static_cast<int>(si));
-
-    if (s->view) continue;
     Step step;
     step.node = &n;
     step.schema = s;
-    for (const Value* in : n.inputs()) {
-      step.in_refs.push_back(in ? ref_of.at(in) : Ref{});
+    for (const Value* in : n.inputs())
       step.in_views.push_back(in ? TensorView{in->dtype(), in->shape(), nullptr} : TensorView{DType::kF32, {}, nullptr});
-    }
-    for (const Value* o : n.outputs()) {
-      step.out_refs.push_back(ref_of.at(o));
-      step.out_views.push_back(TensorView{o->dtype(), o->shape(), nullptr});
-    }
+    for (const Value* o : n.outputs()) step.out_views.push_back(TensorView{o->dtype(), o->shape(), nullptr});
     if (s->elementwise) {
       const OpKind kind = *OpFromName(n.op());
       step.program = cpu::SingleOpProgram(kind, step.in_views, step.out_views[0], ElementwiseAttrs(kind, n.attrs()));
@@ -150,21 +100,45 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
     }
     plan->steps_.push_back(std::move(step));
   }
+
+  // Intermediate values (and outputs that need a copy) share one arena by liveness.
+  MemoryPlanOptions mo;
+  mo.alignment = static_cast<int64_t>(kTensorAlignment);
+  mo.in_arena = [&](const Value& v) { return !direct_output.count(&v); };
+  GF_ASSIGN_OR_RETURN(MemoryPlan memory, PlanMemory(g, mo));
+
+  // Where each value is, in node order (a view is wherever its input is).
+  std::map<const Value*, Ref> ref_of;
+  for (size_t i = 0; i < g.inputs().size(); ++i) ref_of[g.inputs()[i]] = {Ref::kInput, static_cast<int>(i)};
+  for (const Value* c : g.constants()) ref_of[c] = {Ref::kConst, 0, 0, c->constant()->data()};
+  for (const auto& n : g.nodes()) {
+    const bool view = FindSchema(n->op())->view;
+    for (size_t k = 0; k < n->outputs().size(); ++k) {
+      const Value* o = n->output(k);
+      if (view && k == 0) {
+        ref_of[o] = ref_of.at(n->input(0));
+      } else if (auto d = direct_output.find(o); d != direct_output.end()) {
+        ref_of[o] = {Ref::kOutput, d->second};
+      } else {
+        ref_of[o] = {Ref::kArena, 0, memory.Find(o).offset};
+      }
+    }
+  }
+  for (Step& step : plan->steps_) {
+    for (const Value* in : step.node->inputs()) step.in_refs.push_back(in ? ref_of.at(in) : Ref{});
+    for (const Value* o : step.node->outputs()) step.out_refs.push_back(ref_of.at(o));
+  }
   for (size_t i = 0; i < g.outputs().size(); ++i) {
     const Value* o = g.outputs()[i];
     plan->output_refs_.push_back(ref_of.at(o));
     if (!direct_output.count(o)) plan->output_copies_.push_back({static_cast<int>(i), static_cast<int>(i)});
   }
-  int64_t peak = 0;
-  for (const Slot& s : slots) {
-    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kBool, {std::max<int64_t>(s.bytes, 1)}));
-    std::memset(t.data(), 0, t.nbytes());  // touch every page now, not during the first run
-    peak += s.bytes;
-    plan->arena_.push_back(std::move(t));
-  }
+  GF_ASSIGN_OR_RETURN(plan->arena_, Tensor::Empty(DType::kBool, {std::max<int64_t>(memory.arena_bytes, 1)}));
+  std::memset(plan->arena_.data(), 0, plan->arena_.nbytes());  // touch every page now, not during the first run
   plan->stats_.kernels_launched = static_cast<int64_t>(plan->steps_.size());
-  plan->stats_.peak_activation_bytes = peak;
-  plan->stats_.activation_bytes_no_reuse = no_reuse;
+  plan->stats_.peak_activation_bytes = memory.peak_bytes;
+  // Without reuse, every value a node writes would have a buffer of its own, outputs included.
+  plan->stats_.activation_bytes_no_reuse = memory.no_reuse_bytes + memory.external_bytes;
   return plan;
 }
 
@@ -175,7 +149,7 @@ void* ExecutionPlan::Resolve(const Ref& r, std::span<const TensorView> inputs,
     case Ref::kInput: return inputs[r.index].data;
     case Ref::kOutput: return outputs[r.index].data;
     case Ref::kConst: return const_cast<void*>(r.data);
-    case Ref::kSlot: return const_cast<void*>(arena_[r.index].data());
+    case Ref::kArena: return static_cast<char*>(const_cast<void*>(arena_.data())) + r.offset;
   }
   return nullptr;
 }

@@ -51,7 +51,7 @@ class ExecutionPlan {
 
   const Graph* graph_ = nullptr;
   std::vector<Step> steps_;
-  std::vector<Tensor> arena_;
+  Tensor arena_;  // every intermediate buffer (memory_plan.h)
   std::vector<std::pair<int, int>> output_copies_;  // (graph output, ref index) needing a copy
   std::vector<Ref> output_refs_;
   ExecStats stats_;

@@ -95,6 +95,8 @@ Result<CudaKernelSource> GenerateRopeKernel(const Node& node);
 // inputs, then the epilogue's outputs.
 Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node);
 
+// ---- how each node runs: the CUDA kernel registry (kernel_registry.cc) ----
+
 // Whether cuBLASLt's own epilogue enum computes a FusedGemm's epilogue exactly: no epilogue,
 // bias, ReLU(+bias), or GELU-tanh(+bias) (cuBLASLt's GELU is the tanh form; an erf Gelu is
 // never mapped onto it), for one projection whose only output is the epilogue's.

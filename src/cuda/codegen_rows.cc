@@ -1,6 +1,7 @@
 // CUDA C for the kernels around the GEMMs: row kernels (RMSNorm, LayerNormalization, Softmax,
 // and FusedNorm / FusedSoftmax with their elementwise bodies), attention, RoPE, transposes and
-// the epilogue of a FusedGemm; plus how each node of a plan runs on the GPU (PlanNodeForCuda).
+// the epilogue of a FusedGemm. (How each node of a plan runs on the GPU, PlanNodeForCuda, is in
+// kernel_registry.cc.)
 //
 // Row kernels: one thread block of kCudaBlockSize threads per row (grid-stride over rows). A
 // row's values stay in registers (kPer per thread), so a prologue is computed once, its extra
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <string_view>
 
 #include "core/hash.h"
 #include "../cpu/kernels/attention_layout.h"
@@ -133,60 +135,81 @@ struct RowSpec {
   bool mean_out = false, inv_out = false;
 };
 
+// RMSNorm, LayerNormalization, Softmax: rows along the last axis of input 0.
+template <RowOp kOp>
+Status ReadUnfusedRow(const Node& node, const std::string& where, RowSpec& s) {
+  const Value* x = node.input(0);
+  if (!x || x->shape().empty()) return InvalidArgument(where, ": needs an input of rank >= 1");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  int64_t axis = node.GetInt("axis", -1);
+  if (axis < 0) axis += rank;
+  if (axis != rank - 1)
+    return Unimplemented(where, ": rows along axis ", node.GetInt("axis", -1), " of ", x->TypeString(),
+                         " (only the last axis is generated)");
+  s.op = kOp;
+  s.x_shape = x->shape();
+  s.x_dtype = x->dtype();
+  if (s.op != RowOp::kSoftmax) {
+    s.scale = node.input(1) ? 1 : -1;
+    s.bias = node.inputs().size() > 2 && node.input(2) ? 2 : -1;
+    s.eps = node.GetFloat("epsilon", s.op == RowOp::kRms ? 1e-6f : 1e-5f);
+    s.mean_out = s.op == RowOp::kLayer && node.outputs().size() > 1;
+    s.inv_out = s.op == RowOp::kLayer && node.outputs().size() > 2;
+  }
+  return Status::Ok();
+}
+
+Status ReadFusedNorm(const Node& node, const std::string& where, RowSpec& s) {
+  GF_ASSIGN_OR_RETURN(kernels::NormLayout l, kernels::ReadNormLayout(where, node.attrs(), node.inputs().size()));
+  s.op = l.layer_norm ? RowOp::kLayer : RowOp::kRms;
+  s.x_shape = l.x->shape();
+  s.prologue = l.body;
+  s.x_output = l.norm_input;
+  s.prologue_outputs = l.prologue_outputs;
+  s.prologue_inputs = l.body_inputs;
+  s.scale = l.params >= 1 ? static_cast<int64_t>(l.body_inputs) : -1;
+  s.bias = l.params >= 2 ? static_cast<int64_t>(l.body_inputs) + 1 : -1;
+  s.eps = node.GetFloat("epsilon", l.layer_norm ? 1e-5f : 1e-6f);
+  return Status::Ok();
+}
+
+Status ReadFusedSoftmax(const Node& node, const std::string& where, RowSpec& s) {
+  const std::vector<const Value*> inputs(node.inputs().begin(), node.inputs().end());
+  GF_ASSIGN_OR_RETURN(kernels::SoftmaxLayout l, kernels::ReadSoftmaxLayout(where, node.attrs(), inputs));
+  s.op = RowOp::kSoftmax;
+  s.x_shape = l.x.shape;
+  s.prologue = l.prologue;
+  s.x_output = l.softmax_input;
+  s.prologue_outputs = l.prologue_outputs;
+  s.prologue_inputs = l.prologue_inputs;
+  s.prologue_first_out = l.main_outputs;
+  s.epilogue = l.epilogue;
+  s.epilogue_input = l.epilogue_input;
+  return Status::Ok();
+}
+
+// The ops with a row kernel: how each one's node reads as a RowSpec.
+struct RowOpReader {
+  std::string_view op;
+  Status (*read)(const Node& node, const std::string& where, RowSpec& s);
+};
+constexpr RowOpReader kRowOps[] = {
+    {"RMSNorm", ReadUnfusedRow<RowOp::kRms>},
+    {"LayerNormalization", ReadUnfusedRow<RowOp::kLayer>},
+    {"Softmax", ReadUnfusedRow<RowOp::kSoftmax>},
+    {"FusedNorm", ReadFusedNorm},
+    {"FusedSoftmax", ReadFusedSoftmax},
+};
+
 Result<RowSpec> ReadRowSpec(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
+  const RowOpReader* row = nullptr;
+  for (const RowOpReader& r : kRowOps)
+    if (r.op == node.op()) row = &r;
+  if (!row) return InvalidArgument(where, " has no row kernel");
   RowSpec s;
   s.node = &node;
-  const std::string& op = node.op();
-  auto last_axis = [&](int64_t def) -> Status {
-    const int64_t rank = static_cast<int64_t>(node.input(0)->shape().size());
-    int64_t axis = node.GetInt("axis", def);
-    if (axis < 0) axis += rank;
-    if (axis != rank - 1)
-      return Unimplemented(where, ": rows along axis ", node.GetInt("axis", def), " of ", node.input(0)->TypeString(),
-                           " (only the last axis is generated)");
-    return Status::Ok();
-  };
-  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax") {
-    const Value* x = node.input(0);
-    if (!x || x->shape().empty()) return InvalidArgument(where, ": needs an input of rank >= 1");
-    GF_RETURN_IF_ERROR(last_axis(-1));
-    s.op = op == "RMSNorm" ? RowOp::kRms : op == "LayerNormalization" ? RowOp::kLayer : RowOp::kSoftmax;
-    s.x_shape = x->shape();
-    s.x_dtype = x->dtype();
-    if (s.op != RowOp::kSoftmax) {
-      s.scale = node.input(1) ? 1 : -1;
-      s.bias = node.inputs().size() > 2 && node.input(2) ? 2 : -1;
-      s.eps = node.GetFloat("epsilon", s.op == RowOp::kRms ? 1e-6f : 1e-5f);
-      s.mean_out = s.op == RowOp::kLayer && node.outputs().size() > 1;
-      s.inv_out = s.op == RowOp::kLayer && node.outputs().size() > 2;
-    }
-  } else if (op == "FusedNorm") {
-    GF_ASSIGN_OR_RETURN(kernels::NormLayout l, kernels::ReadNormLayout(where, node.attrs(), node.inputs().size()));
-    s.op = l.layer_norm ? RowOp::kLayer : RowOp::kRms;
-    s.x_shape = l.x->shape();
-    s.prologue = l.body;
-    s.x_output = l.norm_input;
-    s.prologue_outputs = l.prologue_outputs;
-    s.prologue_inputs = l.body_inputs;
-    s.scale = l.params >= 1 ? static_cast<int64_t>(l.body_inputs) : -1;
-    s.bias = l.params >= 2 ? static_cast<int64_t>(l.body_inputs) + 1 : -1;
-    s.eps = node.GetFloat("epsilon", l.layer_norm ? 1e-5f : 1e-6f);
-  } else if (op == "FusedSoftmax") {
-    const std::vector<const Value*> inputs(node.inputs().begin(), node.inputs().end());
-    GF_ASSIGN_OR_RETURN(kernels::SoftmaxLayout l, kernels::ReadSoftmaxLayout(where, node.attrs(), inputs));
-    s.op = RowOp::kSoftmax;
-    s.x_shape = l.x.shape;
-    s.prologue = l.prologue;
-    s.x_output = l.softmax_input;
-    s.prologue_outputs = l.prologue_outputs;
-    s.prologue_inputs = l.prologue_inputs;
-    s.prologue_first_out = l.main_outputs;
-    s.epilogue = l.epilogue;
-    s.epilogue_input = l.epilogue_input;
-  } else {
-    return InvalidArgument(where, " has no row kernel");
-  }
+  GF_RETURN_IF_ERROR(row->read(node, where, s));
   s.d = s.x_shape.back();
   return s;
 }
@@ -710,118 +733,6 @@ Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node) {
   std::string name = node.GetString("kernel_name", "");
   name = name.empty() ? "" : "epilogue_" + name;
   return GenerateElementwiseKernel(*epi, name, EpilogueRowStrides(node, splits, n));
-}
-
-CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
-  CublasLtEpilogue none;
-  if (node.op() != "FusedGemm") return none;
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi) return {CublasLtEpilogue::kNone, -1};
-  if (node.GetInt("splits", 1) != 1) return none;
-  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
-  if (out_proj != std::vector<int64_t>{-1} || epi->inputs().size() != 2 || epi->outputs().size() != 1) return none;
-  const Value* proj = epi->inputs()[0];
-  const Value* bias = epi->inputs()[1];
-  if (bias->shape().size() != 1 || proj->shape().empty() || bias->shape()[0] != proj->shape().back() ||
-      bias->dtype() != DType::kF32)
-    return none;
-  std::vector<const Node*> nodes;
-  for (const auto& n : epi->nodes()) nodes.push_back(n.get());
-  if (nodes.empty() || nodes.size() > 2 || nodes[0]->op() != "Add") return none;
-  const Node& add = *nodes[0];
-  const bool reads = (add.input(0) == proj && add.input(1) == bias) || (add.input(0) == bias && add.input(1) == proj);
-  if (!reads) return none;
-  if (nodes.size() == 1) return {CublasLtEpilogue::kBias, 2};
-  const Node& act = *nodes[1];
-  if (act.input(0) != add.output() || epi->outputs()[0] != act.output()) return none;
-  // cuBLASLt's GELU epilogue is the tanh form: an erf Gelu is never mapped onto it.
-  if (act.op() == "Relu") return {CublasLtEpilogue::kReluBias, 2};
-  if (act.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, 2};
-  return none;
-}
-
-Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options) {
-  CudaNodePlan p;
-  const std::string& op = node.op();
-  static const char* kViews[] = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
-  if (std::find(std::begin(kViews), std::end(kViews), op) != std::end(kViews)) {
-    p.path = CudaPath::kView;
-    p.what = "a view of its input (no kernel)";
-    return p;
-  }
-  if (op == "MatMul" || op == "Gemm") {
-    p.path = CudaPath::kCublas;
-    p.what = "cuBLAS GEMM";
-    return p;
-  }
-  if (op == "FusedAttention") {
-    // Many query rows per head: the one-kernel form would read each head's K and V once per
-    // row, so the scores go through cuBLAS instead.
-    auto dims = kernels::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
-    if (dims.ok() && !dims->proj && dims->s > options.attention_rows_one_kernel) {
-      auto gemm_form = GenerateAttentionGemmKernels(node);
-      if (gemm_form.ok()) {
-        p.path = CudaPath::kAttentionGemms;
-        p.what = StrCat("attention as GEMMs (", dims->s, " query rows per head > ", options.attention_rows_one_kernel,
-                        "): the generated prep kernel, cuBLAS q k^T, the generated softmax, cuBLAS p v;");
-        p.kernels = {gemm_form->prep, gemm_form->softmax};
-        p.attention = std::move(*gemm_form);
-        return p;
-      }
-      if (gemm_form.status().code() != StatusCode::kUnimplemented) return gemm_form.status();
-    }
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateAttentionKernel(node));
-    p.path = CudaPath::kKernel;
-    p.what = "generated attention kernel";
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  if (op == "FusedGemm") {
-    const CublasLtEpilogue e = CublasLtEpilogueFor(node);
-    if (e.kind != CublasLtEpilogue::kNotCovered) {
-      p.path = CudaPath::kCublas;
-      p.cublas_epilogue = e;
-      p.what = e.kind == CublasLtEpilogue::kNone ? StrCat("cuBLAS GEMM (", node.GetInt("splits", 1), " projections in one call)")
-                                                 : "cuBLASLt GEMM with its epilogue";
-      return p;
-    }
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, GenerateGemmEpilogueKernel(node));
-    p.path = CudaPath::kCublasThenKernel;
-    p.what = "cuBLAS GEMM, then the generated epilogue";
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  // One generated kernel: which generator, and what the plan calls it.
-  Result<CudaKernelSource> (*generate)(const Node&) = nullptr;
-  const char* what = nullptr;
-  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax")
-    generate = GenerateRowKernel, what = "generated row kernel";
-  else if (op == "Transpose")
-    generate = GenerateTransposeKernel, what = "generated transpose kernel";
-  else if (op == "Rope")
-    generate = GenerateRopeKernel, what = "generated RoPE kernel";
-  else if (op == "FusedElementwise" || OpFromName(op).ok())
-    generate = GenerateKernelForNode, what = "generated elementwise kernel";
-  if (generate) {
-    GF_ASSIGN_OR_RETURN(CudaKernelSource k, generate(node));
-    p.path = CudaPath::kKernel;
-    p.what = what;
-    p.kernels.push_back(std::move(k));
-    return p;
-  }
-  return Unimplemented("CUDA codegen: ", node.Describe(), ": no CUDA kernel for ", op, " yet");
-}
-
-Status ForEachCudaPlan(const Graph& g,
-                       const std::function<Status(const Node&, Result<CudaNodePlan>& plan, int depth)>& visit,
-                       const CudaPlanOptions& options, int depth) {
-  for (const auto& n : g.nodes()) {
-    Result<CudaNodePlan> plan = PlanNodeForCuda(*n, options);
-    GF_RETURN_IF_ERROR(visit(*n, plan, depth));
-    if (const Graph* ref = plan.ok() ? nullptr : n->GetGraph("reference"))
-      GF_RETURN_IF_ERROR(ForEachCudaPlan(*ref, visit, options, depth + 1));
-  }
-  return Status::Ok();
 }
 
 }  // namespace graphfuse::cuda

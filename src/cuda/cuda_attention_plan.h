@@ -1,0 +1,14 @@
+// FusedAttention with many query rows per head, as GEMMs (codegen.h, GenerateAttentionGemmKernels):
+// the generated prep kernel copies q / k / v per head into pooled scratch (roped), cuBLAS
+// computes q k^T over every head, the generated softmax runs in place on the scores, and cuBLAS
+// p v stores each head's rows into the output's layout.
+#pragma once
+
+#include "plan_builder.h"
+
+namespace graphfuse::cuda {
+
+// Appends the steps of `n` as `plan` (CudaPath::kAttentionGemms) lays them out.
+Status PlanAttentionGemms(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan);
+
+}  // namespace graphfuse::cuda

@@ -1,0 +1,16 @@
+// GEMM nodes on the GPU (CudaPath::kCublas, kCublasThenKernel): MatMul through cuBLAS; a
+// FusedGemm through cuBLASLt with its epilogue where that enum computes the group exactly,
+// else cuBLAS then the generated epilogue kernel. A FusedGemm's projections (q/k/v) that are
+// node outputs of their own go into one [S, M, N] block written by one strided-batched call
+// (few rows) or one call each (many rows); the others go to a pooled workspace the epilogue
+// reads.
+#pragma once
+
+#include "plan_builder.h"
+
+namespace graphfuse::cuda {
+
+// Appends the steps of MatMul / FusedGemm node `n` (any other op runs on the host).
+Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan);
+
+}  // namespace graphfuse::cuda
