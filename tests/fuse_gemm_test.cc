@@ -13,7 +13,7 @@
 #include <random>
 
 #include "graphfuse/thread_pool.h"
-#include "cpu/kernels/fused_gemm.h"
+#include "passes/gemm_epilogue_form.h"
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
 #include "cpu/executor.h"
@@ -759,11 +759,11 @@ TEST(FoldNormIntoGemm, NormRunsInsideTheGemmsAndMatchesFloat64) {
       if (gi.name == reader->name()) group = &gi;
     ASSERT_NE(group, nullptr) << what;
     EXPECT_EQ(group->nodes.front(), "norm") << what;
-    EXPECT_NE(kernels::FusedGemmEpilogueForm(*producer)
+    EXPECT_NE(FusedGemmEpilogueForm(*producer)
                   .find(c.chain ? "1/rms of the output for the next GEMM (a folded RMSNorm), per block while in L2"
                                 : "1/rms of the output for the next GEMM (a folded RMSNorm), after the GEMMs"),
               std::string::npos)
-        << what << ": " << kernels::FusedGemmEpilogueForm(*producer);
+        << what << ": " << FusedGemmEpilogueForm(*producer);
     if (std::string(c.reader) == "swiglu") {
       EXPECT_EQ(group->epilogue, "each projection times its row's 1/rms (a folded RMSNorm); per block: Silu of "
                                  "projection 0 in place while in L2, then projection 1's GEMM multiplies by it as "

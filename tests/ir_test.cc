@@ -1,11 +1,13 @@
 // Graph IR: builder, verifier, textual printer/parser, rewriting; the unfused executor;
-// constant folding.
+// constant folding; the limits of a fused elementwise body.
 #include <gtest/gtest.h>
 
 #include <random>
 
 #include "cpu/cpu_target.h"
 #include "graphfuse/graph.h"
+#include "cpu/lower_group.h"
+#include "ir/elementwise_body.h"
 #include "ir/op_registry.h"
 #include "ir/text.h"
 #include "passes/fold_constants.h"
@@ -179,6 +181,40 @@ TEST(FoldConstants, FoldsConstantSubgraphs) {
   const Value* c = g->FindValue("1");
   ASSERT_TRUE(c && c->constant());
   EXPECT_FLOAT_EQ(c->constant()->data_as<float>()[2], std::exp(1.5f));
+}
+
+// CheckElementwiseBody (what FuseGemm asks of an epilogue) accepts exactly the bodies the CPU
+// lowering takes, with the same errors.
+TEST(ElementwiseBody, CheckAgreesWithTheCpuLowering) {
+  // A chain of `nodes` Adds over `inputs` f32[4] inputs (read again when the chain is longer
+  // than the inputs), optionally ending in a Softmax.
+  auto body = [](size_t inputs, size_t nodes, bool softmax) {
+    auto g = std::make_unique<Graph>("body");
+    std::vector<Value*> in;
+    for (size_t i = 0; i < inputs; ++i) in.push_back(g->AddInput(StrCat("x", i), DType::kF32, {4}).value());
+    Value* acc = in[0];
+    for (size_t k = 0; k < nodes; ++k) acc = g->AddNode("Add", {acc, in[(k + 1) % inputs]}).value()->output();
+    if (softmax) acc = g->AddNode("Softmax", {acc}).value()->output();
+    EXPECT_TRUE(g->MarkOutput(acc).ok());
+    return g;
+  };
+  struct Case {
+    size_t inputs, nodes;
+    bool softmax;
+    const char* error;  // nullptr: accepted
+  };
+  for (const Case& c : {Case{kMaxBodyInputs, 20, false, nullptr}, Case{kMaxBodyInputs + 1, 20, false, "(at most"},
+                        Case{2, kMaxBodyInstrs, false, nullptr}, Case{2, kMaxBodyInstrs + 1, false, "instructions"},
+                        Case{2, 3, true, "is not elementwise"}}) {
+    const auto g = body(c.inputs, c.nodes, c.softmax);
+    const Status check = CheckElementwiseBody(*g);
+    const Result<cpu::TileProgram> lowered = cpu::LowerElementwiseGroup(*g);
+    EXPECT_EQ(check.ok(), c.error == nullptr) << c.inputs << " inputs, " << c.nodes << " nodes: " << check.ToString();
+    EXPECT_EQ(lowered.ok(), check.ok());
+    if (!c.error) continue;
+    EXPECT_NE(check.message().find(c.error), std::string::npos) << check.ToString();
+    EXPECT_EQ(lowered.status().ToString(), check.ToString());
+  }
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "cpu/elementwise_kernels.h"
 #include "cpu/simd.h"
 #include "cpu/kernels/norm_rows.h"
+#include "cpu/kernel_registry.h"
 #include "ir/op_registry.h"
 #include "cpu/executor.h"
 #include "test_util.h"
@@ -111,12 +112,14 @@ class OneNode {
     for (Value* o : n->outputs()) outs.push_back(Tensor::Empty(o->dtype(), o->shape()).value());
     for (Tensor& t : outs) out_views.push_back(t.view());
     if (s->view) {
-      EXPECT_EQ(s->kernel, nullptr);
+      EXPECT_EQ(FindCpuKernel(n->op()), nullptr);
       EXPECT_EQ(Numel(in[0].shape), outs[0].numel());
       std::memcpy(outs[0].data(), in[0].data, outs[0].nbytes());
       return outs;
     }
-    GF_RETURN_IF_ERROR(s->kernel(KernelContext{*n, in, out_views, cpu}));
+    const CpuKernel* k = FindCpuKernel(n->op());
+    if (!k) return NotFound("no CPU kernel for ", n->op());
+    GF_RETURN_IF_ERROR(k->run(KernelContext{*n, in, out_views, cpu}));
     return outs;
   }
 
@@ -1155,8 +1158,33 @@ TEST(Kernels, EveryScheduledOpIsRegistered) {
     const OpSchema* s = FindSchema(op);
     ASSERT_NE(s, nullptr) << op;
     EXPECT_NE(s->infer, nullptr) << op;
-    EXPECT_TRUE(s->view ? s->kernel == nullptr : s->kernel != nullptr) << op;
+    EXPECT_TRUE(s->view ? FindCpuKernel(op) == nullptr : FindCpuKernel(op) != nullptr) << op;
   }
+}
+
+// The op registry (semantics) and the CPU kernel registry agree: every op that launches (not a
+// view) has a CPU kernel, and every CPU kernel runs an op the IR knows that is not a view.
+TEST(Kernels, OpRegistryAndCpuKernelRegistryAgree) {
+  int launched = 0;
+  for (const OpSchema* s : AllSchemas()) {
+    const CpuKernel* k = FindCpuKernel(s->name);
+    if (s->view) {
+      EXPECT_EQ(k, nullptr) << s->name << " is a view";
+      continue;
+    }
+    ASSERT_NE(k, nullptr) << s->name << " has no CPU kernel";
+    EXPECT_NE(k->run, nullptr) << s->name;
+    ++launched;
+  }
+  const std::vector<const CpuKernel*> kernels = AllCpuKernels();
+  for (const CpuKernel* k : kernels) {
+    const OpSchema* s = FindSchema(k->op);
+    ASSERT_NE(s, nullptr) << "CPU kernel of " << k->op << " has no schema";
+    EXPECT_FALSE(s->view) << k->op;
+    EXPECT_EQ(FindCpuKernel(k->op), k) << k->op;
+  }
+  EXPECT_EQ(static_cast<int>(kernels.size()), launched);
+  EXPECT_EQ(FindCpuKernel("NoSuchOp"), nullptr);
 }
 
 }  // namespace

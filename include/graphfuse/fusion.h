@@ -38,7 +38,7 @@ struct FusedGroupInfo {
   std::string kernel_name;  // "fused_add_mul_add_f32_<hash8>": readable in a profiler, stable
   std::vector<std::string> nodes;       // member node names, in order
   std::vector<std::string> recomputed;  // producers recomputed here (they also run elsewhere)
-  std::string epilogue;  // GEMM groups: how the epilogue runs (kernels::FusedGemmEpilogueForm)
+  std::string epilogue;  // GEMM groups: how the epilogue runs (FusedGemmEpilogueForm, src/passes/gemm_epilogue_form.h)
 };
 
 struct FusionRefusal {

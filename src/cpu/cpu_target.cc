@@ -4,6 +4,7 @@
 
 #include "../ir/op_registry.h"
 #include "executor.h"
+#include "kernel_registry.h"
 #include "graphfuse/cpu_codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/thread_pool.h"
@@ -38,7 +39,7 @@ class CpuExecutable final : public Executable {
 
 bool CpuTarget::HasKernel(const Node& node) const {
   const OpSchema* s = FindSchema(node.op());
-  return s != nullptr && (s->view || s->kernel != nullptr);
+  return s != nullptr && (s->view || FindCpuKernel(node.op()) != nullptr);
 }
 
 Status CpuTarget::EvaluateOnHost(const Node& node, std::span<const TensorView> in,

@@ -14,6 +14,7 @@
 #include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
 #include "../target/memory_plan.h"
+#include "kernel_registry.h"
 
 namespace graphfuse {
 
@@ -26,28 +27,28 @@ struct ExecutionPlan::Ref {
 
 struct ExecutionPlan::Step {
   const Node* node = nullptr;
-  const OpSchema* schema = nullptr;
+  const CpuKernel* kernel = nullptr;
   std::vector<Ref> in_refs, out_refs;
   std::vector<TensorView> in_views, out_views;  // types fixed at compile time, data set per run
   bool has_program = false;                     // elementwise: a prepared one-instruction program
   cpu::TileProgram program;
   std::optional<cpu::TileRunner> runner;        // `program` planned, reused while its pointers hold
-  std::shared_ptr<const void> state;            // the schema's prepare result, if any
+  std::shared_ptr<const void> state;            // the kernel's prepare result, if any
 };
 
 ExecutionPlan::~ExecutionPlan() = default;
 
 namespace {
 
-Status RunKernel(const Node& n, const OpSchema& s, std::span<const TensorView> in, std::span<const TensorView> out,
+Status RunKernel(const Node& n, const CpuKernel* k, std::span<const TensorView> in, std::span<const TensorView> out,
                  const CpuContext& ctx, const void* state = nullptr) {
-  if (!s.kernel) return Internal(n.Describe(), ": no kernel");
+  if (!k) return Internal(n.Describe(), ": no kernel");
   // Nothing to compute when every output is empty; a kernel could still loop over the other
   // dims of an empty input (Split of [2^40, 0] along axis 1 walked 2^40 empty rows).
   bool all_empty = !out.empty();
   for (const TensorView& o : out) all_empty &= o.numel() == 0;
   if (all_empty) return Status::Ok();
-  Status st = s.kernel(KernelContext{n, in, out, ctx, state});
+  Status st = k->run(KernelContext{n, in, out, ctx, state});
   return st.ok() ? st : st.WithContext(n.Describe());
 }
 
@@ -77,7 +78,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
     }
     Step step;
     step.node = &n;
-    step.schema = s;
+    step.kernel = FindCpuKernel(n.op());
     for (const Value* in : n.inputs())
       step.in_views.push_back(in ? TensorView{in->dtype(), in->shape(), nullptr} : TensorView{DType::kF32, {}, nullptr});
     for (const Value* o : n.outputs()) step.out_views.push_back(TensorView{o->dtype(), o->shape(), nullptr});
@@ -90,11 +91,11 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
       if (!program.ok()) return program.status().WithContext(n.Describe());
       step.program = *program;
       step.has_program = true;
-    } else if (!s->kernel) {
+    } else if (!step.kernel) {
       return Unimplemented(n.Describe(), ": has no kernel and was not folded (is an input non-constant?)");
     }
-    if (s->prepare) {
-      auto prepared = s->prepare(n);
+    if (step.kernel && step.kernel->prepare) {
+      auto prepared = step.kernel->prepare(n);
       if (!prepared.ok()) return prepared.status().WithContext(n.Describe());
       step.state = std::move(*prepared);
     }
@@ -192,7 +193,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
     for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs);
-    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, *s.schema, s.in_views, s.out_views, ctx, s.state.get()));
+    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, s.kernel, s.in_views, s.out_views, ctx, s.state.get()));
     if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }
   for (const auto& [out, ref] : output_copies_) {
@@ -225,9 +226,8 @@ Result<std::vector<Tensor>> Execute(const Graph& g, std::span<const TensorView> 
 
 Status RunNodeOnce(const Node& n, std::span<const TensorView> in, std::span<const TensorView> out,
                    const CpuContext& ctx) {
-  const OpSchema* s = FindSchema(n.op());
-  if (!s) return Unimplemented(n.Describe(), ": op not supported");
-  return RunKernel(n, *s, in, out, ctx);
+  if (!FindSchema(n.op())) return Unimplemented(n.Describe(), ": op not supported");
+  return RunKernel(n, FindCpuKernel(n.op()), in, out, ctx);
 }
 
 }  // namespace graphfuse

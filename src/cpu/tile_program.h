@@ -14,6 +14,7 @@
 #include <span>
 
 #include "../core/inline_vec.h"
+#include "../ir/elementwise_body.h"
 #include "elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 
@@ -22,8 +23,10 @@ namespace graphfuse::cpu {
 // Elements per tile: a tile's inputs, intermediates and outputs stay in L1 (48 KiB on the
 // machine it was chosen on); 2048 spills to L2.
 inline constexpr int64_t kTileElements = 1024;
-// Capacities of one program (fixed, so that building one allocates nothing).
-inline constexpr size_t kMaxTileRank = 12, kMaxTileInputs = 16, kMaxTileInstrs = 48, kMaxTileOutputs = 8;
+// Capacities of one program (fixed, so that building one allocates nothing): any elementwise
+// body the IR allows (ir/elementwise_body.h).
+inline constexpr size_t kMaxTileRank = kMaxBodyRank, kMaxTileInputs = kMaxBodyInputs, kMaxTileInstrs = kMaxBodyInstrs,
+                        kMaxTileOutputs = kMaxBodyOutputs;
 
 using TileDims = InlineVec<int64_t, kMaxTileRank>;
 

@@ -15,8 +15,8 @@
 #include <string_view>
 
 #include "core/hash.h"
-#include "../cpu/kernels/attention_layout.h"
-#include "../cpu/kernels/rowwise_layout.h"
+#include "../ir/schemas/attention_layout.h"
+#include "../ir/schemas/rowwise_layout.h"
 #include "codegen.h"
 #include "codegen_internal.h"
 #include "device_prelude.h"
@@ -160,7 +160,7 @@ Status ReadUnfusedRow(const Node& node, const std::string& where, RowSpec& s) {
 }
 
 Status ReadFusedNorm(const Node& node, const std::string& where, RowSpec& s) {
-  GF_ASSIGN_OR_RETURN(kernels::NormLayout l, kernels::ReadNormLayout(where, node.attrs(), node.inputs().size()));
+  GF_ASSIGN_OR_RETURN(schemas::NormLayout l, schemas::ReadNormLayout(where, node.attrs(), node.inputs().size()));
   s.op = l.layer_norm ? RowOp::kLayer : RowOp::kRms;
   s.x_shape = l.x->shape();
   s.prologue = l.body;
@@ -175,7 +175,7 @@ Status ReadFusedNorm(const Node& node, const std::string& where, RowSpec& s) {
 
 Status ReadFusedSoftmax(const Node& node, const std::string& where, RowSpec& s) {
   const std::vector<const Value*> inputs(node.inputs().begin(), node.inputs().end());
-  GF_ASSIGN_OR_RETURN(kernels::SoftmaxLayout l, kernels::ReadSoftmaxLayout(where, node.attrs(), inputs));
+  GF_ASSIGN_OR_RETURN(schemas::SoftmaxLayout l, schemas::ReadSoftmaxLayout(where, node.attrs(), inputs));
   s.op = RowOp::kSoftmax;
   s.x_shape = l.x.shape;
   s.prologue = l.prologue;
@@ -432,8 +432,8 @@ namespace {
 // What both attention forms read off a FusedAttention node: its dimensions and layouts, each
 // operand's head access, and the broadcast strides of its masks and RoPE tables.
 struct AttentionParts {
-  kernels::Dims d;
-  kernels::HeadAccess qa{}, ka{}, va{}, oa{};
+  schemas::Dims d;
+  schemas::HeadAccess qa{}, ka{}, va{}, oa{};
   bool kt = false;  // K^T laid out [d, Sk] per head
   std::vector<int64_t> ms, bms, cq, ck;
   float scale = 1.f, mask_scale = 1.f;
@@ -441,8 +441,8 @@ struct AttentionParts {
 
 Result<AttentionParts> ReadAttention(const Node& node, const std::string& where) {
   AttentionParts a;
-  kernels::Dims& d = a.d;
-  GF_ASSIGN_OR_RETURN(d, kernels::ReadDims(node.attrs(), where));
+  schemas::Dims& d = a.d;
+  GF_ASSIGN_OR_RETURN(d, schemas::ReadDims(node.attrs(), where));
   if (d.proj)
     return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
   if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
@@ -452,9 +452,9 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
     if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
       return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
   }
-  a.qa = kernels::Access(d.q, d, d.s, d.d), a.ka = kernels::Access(d.k, d, d.sk, d.d);
-  a.va = kernels::Access(d.v, d, d.sk, d.dv), a.oa = kernels::Access(d.out, d, d.s, d.dv);
-  a.kt = d.k == kernels::Layout::kBHDS;
+  a.qa = schemas::Access(d.q, d, d.s, d.d), a.ka = schemas::Access(d.k, d, d.sk, d.d);
+  a.va = schemas::Access(d.v, d, d.sk, d.dv), a.oa = schemas::Access(d.out, d, d.s, d.dv);
+  a.kt = d.k == schemas::Layout::kBHDS;
   size_t next = 3;
   if (d.mask) a.ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
   if (d.mask_select != 0) a.bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
@@ -469,7 +469,7 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
 // Lines that take `sc` (the scaled score of query row r and key j of head (b, h)) through the
 // masks, in the node's order: the f32 mask added (times mask_scale), the bool mask selecting.
 std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent) {
-  const kernels::Dims& d = a.d;
+  const schemas::Dims& d = a.d;
   std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
   if (d.mask_select != 0) {
     const std::string boff = StrCat("b * ", a.bms[0], "LL + h * ", a.bms[1], "LL + r * ", a.bms[2], "LL + j * ", a.bms[3], "LL");
@@ -487,12 +487,12 @@ std::string AttentionMaskLines(const AttentionParts& a, const std::string& inden
 }
 
 // "_mask_boolmask"-like: the masks the node's attention applies.
-std::string MaskSuffix(const kernels::Dims& d) {
+std::string MaskSuffix(const schemas::Dims& d) {
   return StrCat(d.mask ? "_mask" : "", d.mask_select != 0 ? "_boolmask" : "");
 }
 
 // "attention_rope_mask_h32_d128"-like: what the node's attention computes.
-std::string AttentionBaseName(const kernels::Dims& d, const std::string& stem) {
+std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem) {
   return StrCat(stem, d.rope_q || d.rope_k ? "_rope" : "", MaskSuffix(d), "_h", d.h, "_d", d.d);
 }
 
@@ -537,12 +537,12 @@ std::string ScoresToExponentials(const AttentionParts& a, const std::string& row
 Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
   GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
-  const kernels::Dims& d = a.d;
+  const schemas::Dims& d = a.d;
   constexpr int64_t kMaxAttentionKeys = 8192, kMaxHeadDim = 1024;
   if (d.sk > kMaxAttentionKeys || d.d > kMaxHeadDim)
     return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",
                          kMaxAttentionKeys, " keys, head_dim ", kMaxHeadDim, ")");
-  const kernels::HeadAccess &qa = a.qa, &ka = a.ka, &va = a.va, &oa = a.oa;
+  const schemas::HeadAccess &qa = a.qa, &ka = a.ka, &va = a.va, &oa = a.oa;
   const bool kt = a.kt;
   const std::vector<int64_t> &cq = a.cq, &ck = a.ck;
   CudaKernelSource k;
@@ -616,8 +616,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
 Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
   GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
-  const kernels::Dims& d = a.d;
-  if (d.out == kernels::Layout::kBHDS)
+  const schemas::Dims& d = a.d;
+  if (d.out == schemas::Layout::kBHDS)
     return Unimplemented(where, ": the GEMM form stores rows of the output; it is laid out transposed");
   const bool rope = d.rope_q || d.rope_k;
   AttentionGemmKernels out;

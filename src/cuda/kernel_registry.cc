@@ -5,7 +5,7 @@
 // host.
 #include <string_view>
 
-#include "../cpu/kernels/attention_layout.h"
+#include "../ir/schemas/attention_layout.h"
 #include "codegen.h"
 #include "graphfuse/ops.h"
 
@@ -48,7 +48,7 @@ constexpr char kAttentionKernel[] = "generated attention kernel";
 Result<CudaNodePlan> PlanAttention(const Node& node, const CudaPlanOptions& options) {
   // Many query rows per head: the one-kernel form would read each head's K and V once per
   // row, so the scores go through cuBLAS instead.
-  auto dims = kernels::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
+  auto dims = schemas::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
   if (dims.ok() && !dims->proj && dims->s > options.attention_rows_one_kernel) {
     auto gemm_form = GenerateAttentionGemmKernels(node);
     if (gemm_form.ok()) {

@@ -1,5 +1,4 @@
-// Registry entries for the op table's rows: inference from ops.h's rules, the kernel is the
-// unfused one-launch RunOp.
+// Registry entries for the op table's rows: inference from ops.h's rules.
 #include <array>
 
 #include "op_registry.h"
@@ -55,17 +54,12 @@ Result<std::vector<ValueType>> InferElementwise(const InferContext& ctx) {
   return std::vector<ValueType>{{dtype, shape}};
 }
 
-Status RunElementwise(const KernelContext& ctx) {
-  const OpKind kind = *OpFromName(ctx.node.op());
-  return RunOp(kind, ctx.inputs, ctx.outputs[0], ElementwiseAttrs(kind, ctx.node.attrs()), ctx.cpu);
-}
-
 }  // namespace
 
 std::vector<OpSchema> ElementwiseSchemas() {
   std::vector<OpSchema> out;
   for (const OpInfo& op : AllOps()) {
-    OpSchema s{op.name, op.arity, op.arity, 1, &InferElementwise, &RunElementwise};
+    OpSchema s{op.name, op.arity, op.arity, 1, &InferElementwise};
     s.elementwise = true;
     out.push_back(s);
   }

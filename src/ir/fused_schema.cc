@@ -1,7 +1,7 @@
 // FusedElementwise: a group of op-table nodes run as one kernel. Its "body" attribute is a
 // graph whose inputs and outputs correspond one to one to the node's; the planner
-// (src/passes/fuse_elementwise.cc) creates these nodes, the executor lowers each body once.
-#include "../cpu/lower_group.h"
+// (src/passes/fuse_elementwise.cc) creates these nodes, a backend lowers each body once.
+#include "elementwise_body.h"
 #include "op_registry.h"
 
 namespace graphfuse {
@@ -25,18 +25,10 @@ Result<std::vector<ValueType>> InferFused(const InferContext& ctx) {
   return out;
 }
 
-Status RunFused(const KernelContext& ctx) {
-  GF_ASSIGN_OR_RETURN(cpu::TileProgram p, cpu::LowerElementwiseGroup(*ctx.node.GetGraph("body")));
-  for (size_t k = 0; k < ctx.inputs.size(); ++k) p.inputs[k].data = ctx.inputs[k].data;
-  for (size_t k = 0; k < ctx.outputs.size(); ++k) p.outputs[k].data = ctx.outputs[k].data;
-  cpu::RunTileProgram(p, ctx.cpu);
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::vector<OpSchema> FusedSchemas() {
-  OpSchema s{"FusedElementwise", 0, static_cast<int>(cpu::kMaxTileInputs), -1, &InferFused, &RunFused};
+  OpSchema s{"FusedElementwise", 0, static_cast<int>(kMaxBodyInputs), -1, &InferFused};
   return {s};
 }
 

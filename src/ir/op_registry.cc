@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "schemas/schema_lists.h"
+
 namespace graphfuse {
 
 const Tensor* InferContext::ConstInput(size_t i) const {
@@ -47,7 +49,10 @@ struct Registry {
 const Registry& GetRegistry() {
   static const Registry registry = [] {
     Registry r;
-    for (auto list : {ElementwiseSchemas(), NonElementwiseSchemas(), FusedSchemas()})
+    for (auto list : {ElementwiseSchemas(), schemas::GemmSchemas(), schemas::NormSchemas(), schemas::SoftmaxSchemas(),
+                      schemas::ReduceSchemas(), schemas::DataMovementSchemas(), schemas::ShapeOpSchemas(),
+                      schemas::RopeSchemas(), schemas::AttentionSchemas(), schemas::FusedRowwiseSchemas(),
+                      schemas::FusedGemmSchemas(), FusedSchemas()})
       for (const OpSchema& s : list) {
         GF_CHECK(!r.by_name.count(s.name), "op ", s.name, " registered twice");
         r.by_name[s.name] = r.schemas.size();

@@ -1,17 +1,17 @@
-// The op registry: for every op the IR knows, its arity, type/shape inference and CPU kernel.
-// Elementwise ops come from the op table (include/graphfuse/ops.def); the others (GEMM, norms, softmax,
-// reductions, data movement, shape ops) are registered by src/cpu/kernels/*.cc.
+// The op registry: for every op the IR knows, its arity and type/shape inference (the op's
+// semantics; no backend). Elementwise ops come from the op table (include/graphfuse/ops.def);
+// the others (GEMM, norms, softmax, reductions, data movement, shape ops, the fused ops) are
+// registered by src/ir/schemas/*.cc and src/ir/fused_schema.cc. Each backend keeps its own
+// kernel registry (the CPU's: src/cpu/kernel_registry.h).
 //
 // The registry is an immutable table built once; nothing registers at run time.
 #pragma once
 
-#include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
-#include "graphfuse/cpu.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/ops.h"
 
 namespace graphfuse {
 
@@ -35,21 +35,7 @@ struct InferContext {
   std::string Describe() const;
 };
 
-// What a kernel sees: the node and views of its input and output buffers (data of omitted
-// optional inputs is null; outputs are preallocated with the inferred types).
-struct KernelContext {
-  const Node& node;
-  std::span<const TensorView> inputs;
-  std::span<const TensorView> outputs;
-  const CpuContext& cpu;
-  const void* state = nullptr;  // what the schema's `prepare` made for this node (null if none)
-};
-
 using InferFn = Result<std::vector<ValueType>> (*)(const InferContext& ctx);
-using KernelFn = Status (*)(const KernelContext& ctx);
-// Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
-// kernel must also run without it (nullptr state: constant folding, one-off runs).
-using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node);
 
 struct OpSchema {
   const char* name;
@@ -57,19 +43,17 @@ struct OpSchema {
   int max_inputs;
   int num_outputs;      // -1: as many as the node asks for (Split)
   InferFn infer;
-  KernelFn kernel;      // nullptr for ops that are only views (see `view`) or compile-time only
   bool view = false;    // output 0 is input 0's buffer reinterpreted (Reshape, Squeeze, ...): no launch
-  bool elementwise = false;
-  PrepareFn prepare = nullptr;
+  bool elementwise = false;  // a row of the op table
 };
 
 const OpSchema* FindSchema(const std::string& op);
 std::vector<const OpSchema*> AllSchemas();
 
-// Schemas contributed by each family (one file each under src/cpu/kernels/ and src/ir/).
-std::vector<OpSchema> ElementwiseSchemas();   // src/ir/elementwise_schema.cc
-std::vector<OpSchema> NonElementwiseSchemas();  // src/cpu/kernels/registry_list.cc
-std::vector<OpSchema> FusedSchemas();           // src/ir/fused_schema.cc
+// Schemas of the op table's rows and of FusedElementwise; the other families' lists are
+// declared in src/ir/schemas/schema_lists.h.
+std::vector<OpSchema> ElementwiseSchemas();  // src/ir/elementwise_schema.cc
+std::vector<OpSchema> FusedSchemas();        // src/ir/fused_schema.cc
 
 // OpAttrs of an elementwise node from its attribute map (alpha, beta, to, seed, training).
 OpAttrs ElementwiseAttrs(OpKind kind, const AttributeMap& attrs);

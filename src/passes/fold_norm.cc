@@ -34,8 +34,8 @@
 #include <string>
 #include <vector>
 
-#include "../cpu/kernels/fused_gemm.h"
 #include "fusion_passes.h"
+#include "gemm_epilogue_form.h"
 
 namespace graphfuse {
 namespace {
@@ -272,7 +272,7 @@ class NormFolder {
     GF_ASSIGN_OR_RETURN(Node * np, g_.AddNode("FusedGemm", p.inputs(), std::move(attrs), p.name(), -1, names));
     if (FusedGroupInfo* gi = Group(p.name())) {
       gi->kernel_name = np->GetString("kernel_name", gi->kernel_name);
-      gi->epilogue = kernels::FusedGemmEpilogueForm(*np);
+      gi->epilogue = FusedGemmEpilogueForm(*np);
     }
     return np;
   }
@@ -300,7 +300,7 @@ class NormFolder {
     if (FusedGroupInfo* gi = Group(c.name())) {
       gi->nodes.insert(gi->nodes.begin(), norm.name());
       gi->kernel_name = nc->GetString("kernel_name", gi->kernel_name);
-      gi->epilogue = kernels::FusedGemmEpilogueForm(*nc);
+      gi->epilogue = FusedGemmEpilogueForm(*nc);
     }
     return nc;
   }

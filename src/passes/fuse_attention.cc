@@ -39,7 +39,7 @@
 #include "core/hash.h"
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
-#include "../cpu/kernels/attention_layout.h"
+#include "../ir/schemas/attention_layout.h"
 #include "fusion_passes.h"
 
 namespace graphfuse {
@@ -553,7 +553,7 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
     AttributeMap attrs = a->attrs();
     attrs["qkv_proj"] = int64_t{1};
     attrs["qkv_split"] = split;
-    const Result<kernels::Dims> dims = kernels::ReadDims(attrs, a->Describe());
+    const Result<schemas::Dims> dims = schemas::ReadDims(attrs, a->Describe());
     if (!dims.ok()) continue;
     const Value* x = gemm->input(0);
     const Value* w = gemm->input(1);

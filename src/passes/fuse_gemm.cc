@@ -23,10 +23,10 @@
 #include <map>
 #include <set>
 
-#include "../cpu/lower_group.h"
+#include "../ir/elementwise_body.h"
 #include "../ir/op_registry.h"
-#include "../cpu/kernels/fused_gemm.h"
 #include "fusion_passes.h"
+#include "gemm_epilogue_form.h"
 
 namespace graphfuse {
 namespace {
@@ -236,12 +236,12 @@ class GemmFuser {
       for (const Value* o : m->outputs())
         if (used_outside(o)) epi_outputs.push_back(o);
     for (const Value* o : epi_outputs) GF_RETURN_IF_ERROR(epilogue->MarkOutput(emap.at(o)));
-    // The epilogue must fit one tile program (inputs, instructions, outputs).
+    // The epilogue must be one elementwise body within its limits (inputs, instructions, outputs).
     if (!members.empty()) {
-      auto lowered = cpu::LowerElementwiseGroup(*epilogue);
-      if (!lowered.ok()) {
+      const Status fits = CheckElementwiseBody(*epilogue);
+      if (!fits.ok()) {
         Refuse(projections.front(), members.front(), refusal::kGroupTooLarge,
-               StrCat("the epilogue does not fit one kernel: ", lowered.status().message()));
+               StrCat("the epilogue does not fit one kernel: ", fits.message()));
         if (S == 1) return false;
         return FuseGroup(projections, /*with_epilogue=*/false);  // still one GEMM for all S
       }
@@ -348,7 +348,7 @@ class GemmFuser {
     for (Node* p : projections) g_.RemoveNode(p);
     for (size_t o = 0; o < names.size(); ++o) GF_RETURN_IF_ERROR(g_.RenameValue(fused->output(o), names[o]));
     if (report_) {
-      info.epilogue = kernels::FusedGemmEpilogueForm(*fused);
+      info.epilogue = FusedGemmEpilogueForm(*fused);
       report_->groups.push_back(std::move(info));
     }
     return true;

@@ -4,14 +4,20 @@
 //   Gather (axis, negative indices), Expand (bidirectional broadcast to a constant shape).
 // Transpose, Slice and Expand are one strided copy: the output is contiguous and the source is
 // read with per-dim strides (permuted, stepped, or 0 for broadcast dims).
-#include <climits>
+// The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/data_movement.cc.
 #include <cstring>
 #include <vector>
 
+#include "ir/schemas/data_movement.h"
+#include "kernel_lists.h"
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
 namespace {
+
+using schemas::ComputeSlice;
+using schemas::SliceParams;
+using schemas::TransposePerm;
 
 // Copies one element of a fixed size.
 template <size_t N>
@@ -124,29 +130,6 @@ void StridedCopy(const CpuContext& cpu, void* dst, const void* src, Shape shape,
 
 // ---- Transpose ----
 
-Result<std::vector<int64_t>> TransposePerm(const std::vector<int64_t>& given, bool has, size_t rank,
-                                           const std::string& where) {
-  std::vector<int64_t> perm(rank);
-  for (size_t i = 0; i < rank; ++i) perm[i] = static_cast<int64_t>(rank - 1 - i);
-  if (!has) return perm;
-  std::vector<bool> seen(rank, false);
-  bool ok = given.size() == rank;
-  for (size_t i = 0; ok && i < rank; ++i) {
-    ok = given[i] >= 0 && given[i] < static_cast<int64_t>(rank) && !seen[given[i]];
-    if (ok) seen[given[i]] = true;
-  }
-  if (!ok) return InvalidArgument(where, ": perm ", ShapeToString(given), " is not a permutation of 0..", rank - 1);
-  return given;
-}
-
-Result<std::vector<ValueType>> InferTranspose(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  GF_ASSIGN_OR_RETURN(auto perm, TransposePerm(ctx.GetInts("perm"), ctx.HasAttr("perm"), x->shape().size(), ctx.Describe()));
-  Shape out(perm.size());
-  for (size_t i = 0; i < perm.size(); ++i) out[i] = x->shape()[perm[i]];
-  return std::vector<ValueType>{{x->dtype(), out}};
-}
-
 Status TransposeKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   GF_ASSIGN_OR_RETURN(auto perm, TransposePerm(ctx.node.GetInts("perm"), ctx.node.has_attr("perm"), X.shape.size(),
@@ -160,29 +143,6 @@ Status TransposeKernel(const KernelContext& ctx) {
 }
 
 // ---- Concat ----
-
-Result<std::vector<ValueType>> InferConcat(const InferContext& ctx) {
-  if (!ctx.HasAttr("axis")) return InvalidArgument(ctx.Describe(), ": Concat needs an 'axis' attribute");
-  const Value* first = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(first->shape().size());
-  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Concat cannot join scalars (rank 0)");
-  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
-  Shape out = first->shape();
-  out[axis] = 0;
-  for (size_t i = 0; i < ctx.inputs.size(); ++i) {
-    const Value* v = ctx.input(i);
-    if (v == nullptr) return InvalidArgument(ctx.Describe(), ": input ", i, " is missing");
-    if (v->dtype() != first->dtype())
-      return InvalidArgument(ctx.Describe(), ": all inputs must have one dtype; input ", i, " is ", DTypeName(v->dtype()));
-    bool ok = static_cast<int64_t>(v->shape().size()) == rank;
-    for (int64_t k = 0; ok && k < rank; ++k) ok = k == axis || v->shape()[k] == first->shape()[k];
-    if (!ok)
-      return InvalidArgument(ctx.Describe(), ": input ", i, " ", ShapeToString(v->shape()),
-                             " differs from input 0 ", ShapeToString(first->shape()), " outside axis ", axis);
-    out[axis] += v->shape()[axis];
-  }
-  return std::vector<ValueType>{{first->dtype(), out}};
-}
 
 Status ConcatKernel(const KernelContext& ctx) {
   const TensorView& Y = ctx.outputs[0];
@@ -207,50 +167,6 @@ Status ConcatKernel(const KernelContext& ctx) {
 }
 
 // ---- Split ----
-
-Result<std::vector<ValueType>> InferSplit(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  const int64_t rank = static_cast<int64_t>(x->shape().size());
-  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Split needs an input of rank >= 1");
-  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
-  const int64_t dim = x->shape()[axis];
-  std::vector<int64_t> sizes = ctx.GetInts("split");  // opset 11 form
-  if (ctx.input(1) != nullptr || ctx.HasAttr("split")) {
-    if (ctx.input(1) != nullptr) {
-      GF_ASSIGN_OR_RETURN(sizes, RequireConstInts(ctx, 1, "split"));
-    }
-    int64_t sum = 0;
-    for (int64_t s : sizes) {
-      if (s < 0) return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " has a negative size");
-      if (__builtin_add_overflow(sum, s, &sum))
-        return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " overflows int64");
-    }
-    if (sum != dim)
-      return InvalidArgument(ctx.Describe(), ": split ", ShapeToString(sizes), " sums to ", sum, " but axis ", axis,
-                             " has ", dim);
-  } else if (ctx.HasAttr("num_outputs")) {
-    // Opset 18: equal parts of ceil(dim / n), the last one smaller.
-    const int64_t n = ctx.GetInt("num_outputs", 0);
-    // n <= max(dim, 1) also bounds the sizes vector by the (already allocated) dim.
-    if (n < 1 || n > std::max<int64_t>(dim, 1))
-      return InvalidArgument(ctx.Describe(), ": num_outputs ", n, " is invalid for axis ", axis, " of size ", dim);
-    const int64_t part = dim / n + (dim % n != 0 ? 1 : 0);  // ceil without overflowing dim + n
-    for (int64_t i = 0, left = dim; i < n; ++i, left -= part) sizes.push_back(std::max<int64_t>(std::min(part, left), 0));
-    if (sizes.back() == 0 && dim > 0)
-      return InvalidArgument(ctx.Describe(), ": axis ", axis, " of size ", dim, " cannot be split into ", n, " parts");
-  } else {
-    // Opset 13 splits equally into as many outputs as the node has, which inference cannot see:
-    // the builder / importer states it as the num_outputs attribute.
-    return InvalidArgument(ctx.Describe(), ": Split without a 'split' input needs a 'num_outputs' attribute");
-  }
-  std::vector<ValueType> out;
-  for (int64_t s : sizes) {
-    Shape shape = x->shape();
-    shape[axis] = s;
-    out.push_back({x->dtype(), shape});
-  }
-  return out;
-}
 
 Status SplitKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
@@ -281,68 +197,6 @@ Status SplitKernel(const KernelContext& ctx) {
 
 // ---- Slice ----
 
-struct SliceParams {
-  std::vector<int64_t> start, step;  // per dim of the input
-  Shape out;
-};
-
-Result<SliceParams> ComputeSlice(const Shape& shape, const std::vector<int64_t>& starts,
-                                 const std::vector<int64_t>& ends, std::vector<int64_t> axes,
-                                 std::vector<int64_t> steps, bool has_axes, bool has_steps, const std::string& where) {
-  const size_t n = starts.size();
-  const int64_t rank = static_cast<int64_t>(shape.size());
-  if (!has_axes) {
-    axes.resize(n);
-    for (size_t i = 0; i < n; ++i) axes[i] = static_cast<int64_t>(i);
-  }
-  if (!has_steps) steps.assign(n, 1);
-  if (ends.size() != n || axes.size() != n || steps.size() != n)
-    return InvalidArgument(where, ": starts, ends, axes and steps must have one length; got ", n, ", ", ends.size(),
-                           ", ", axes.size(), ", ", steps.size());
-  SliceParams p{std::vector<int64_t>(shape.size(), 0), std::vector<int64_t>(shape.size(), 1), shape};
-  std::vector<bool> seen(shape.size(), false);
-  for (size_t i = 0; i < n; ++i) {
-    int64_t a = axes[i];
-    if (a < -rank || a >= rank) return InvalidArgument(where, ": axis ", a, " is out of range for rank ", rank);
-    if (a < 0) a += rank;
-    if (seen[a]) return InvalidArgument(where, ": axes ", ShapeToString(axes), " repeat axis ", axes[i]);
-    seen[a] = true;
-    const int64_t st = steps[i], dim = shape[a];
-    if (st == 0) return InvalidArgument(where, ": steps must not be 0 (axis ", axes[i], ")");
-    int64_t s = starts[i], e = ends[i], len = 0;
-    if (s < 0) s += dim;
-    if (e < 0) e += dim;
-    if (st > 0) {
-      s = std::clamp<int64_t>(s, 0, dim), e = std::clamp<int64_t>(e, 0, dim);
-      len = e > s ? (e - s - 1) / st + 1 : 0;
-    } else if (dim > 0) {
-      s = std::clamp<int64_t>(s, 0, dim - 1), e = std::clamp<int64_t>(e, -1, dim - 1);
-      const uint64_t ast = 0 - static_cast<uint64_t>(st);
-      len = s > e ? static_cast<int64_t>(static_cast<uint64_t>(s - e - 1) / ast) + 1 : 0;
-    } else {
-      s = 0;
-    }
-    p.start[a] = s, p.step[a] = st, p.out[a] = len;
-  }
-  return p;
-}
-
-Result<std::vector<ValueType>> InferSlice(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  GF_ASSIGN_OR_RETURN(auto starts, RequireConstInts(ctx, 1, "starts"));
-  GF_ASSIGN_OR_RETURN(auto ends, RequireConstInts(ctx, 2, "ends"));
-  std::vector<int64_t> axes, steps;
-  if (ctx.input(3)) {
-    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 3, "axes"));
-  }
-  if (ctx.input(4)) {
-    GF_ASSIGN_OR_RETURN(steps, RequireConstInts(ctx, 4, "steps"));
-  }
-  GF_ASSIGN_OR_RETURN(SliceParams p, ComputeSlice(x->shape(), starts, ends, axes, steps, ctx.input(3) != nullptr,
-                                                  ctx.input(4) != nullptr, ctx.Describe()));
-  return std::vector<ValueType>{{x->dtype(), p.out}};
-}
-
 Status SliceKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const bool has_axes = HasInput(ctx, 3), has_steps = HasInput(ctx, 4);
@@ -364,27 +218,6 @@ Status SliceKernel(const KernelContext& ctx) {
 }
 
 // ---- Gather ----
-
-Result<std::vector<ValueType>> InferGather(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  const Value* idx = ctx.input(1);
-  if (!IsIndexType(idx->dtype()))
-    return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
-  const int64_t rank = static_cast<int64_t>(x->shape().size());
-  if (rank == 0) return InvalidArgument(ctx.Describe(), ": Gather needs data of rank >= 1");
-  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
-  const int64_t dim = x->shape()[axis];
-  if (ctx.ConstInput(1) != nullptr) {
-    GF_ASSIGN_OR_RETURN(auto values, ctx.ConstInts(1, "indices"));
-    for (int64_t v : values)
-      if (v < -dim || v >= dim)
-        return InvalidArgument(ctx.Describe(), ": index ", v, " is out of range for axis ", axis, " of size ", dim);
-  }
-  Shape out(x->shape().begin(), x->shape().begin() + axis);
-  out.insert(out.end(), idx->shape().begin(), idx->shape().end());
-  out.insert(out.end(), x->shape().begin() + axis + 1, x->shape().end());
-  return std::vector<ValueType>{{x->dtype(), out}};
-}
 
 Status GatherKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
@@ -416,15 +249,6 @@ Status GatherKernel(const KernelContext& ctx) {
 
 // ---- Expand ----
 
-Result<std::vector<ValueType>> InferExpand(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  GF_ASSIGN_OR_RETURN(auto shape, RequireConstInts(ctx, 1, "shape"));
-  const Shape shapes[2] = {x->shape(), shape};
-  auto out = BroadcastShapes(shapes);
-  if (!out.ok()) return InvalidArgument(ctx.Describe(), ": cannot expand: ", out.status().message());
-  return std::vector<ValueType>{{x->dtype(), *out}};
-}
-
 Status ExpandKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const TensorView& Y = ctx.outputs[0];
@@ -439,14 +263,14 @@ Status ExpandKernel(const KernelContext& ctx) {
 
 }  // namespace
 
-std::vector<OpSchema> DataMovementSchemas() {
+std::vector<CpuKernel> DataMovementKernels() {
   return {
-      {"Transpose", 1, 1, 1, InferTranspose, TransposeKernel},
-      {"Concat", 1, INT_MAX, 1, InferConcat, ConcatKernel},
-      {"Split", 1, 2, -1, InferSplit, SplitKernel},
-      {"Slice", 3, 5, 1, InferSlice, SliceKernel},
-      {"Gather", 2, 2, 1, InferGather, GatherKernel},
-      {"Expand", 2, 2, 1, InferExpand, ExpandKernel},
+      {"Transpose", TransposeKernel},
+      {"Concat", ConcatKernel},
+      {"Split", SplitKernel},
+      {"Slice", SliceKernel},
+      {"Gather", GatherKernel},
+      {"Expand", ExpandKernel},
   };
 }
 

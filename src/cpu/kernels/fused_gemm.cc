@@ -16,15 +16,16 @@
 // Execution, in two phases of one launch:
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
 //     L2); a block runs S single-threaded GEMMs (one per projection: oneDNN on weights packed
-//     once, else OpenBLAS with its own threads off, as in gemm.cc). A projection that is a node
+//     once, else OpenBLAS, as in gemm.cc). A projection that is a node
 //     output is computed straight into that output; the others go to a workspace.
 //  2. the epilogue program runs over whole rows of the output, a chunk of rows per claim,
 //     reading the workspace back from L2 / L3 as long contiguous streams.
 // Three epilogue forms need no phase 2 when the weights are packed: the store chain
-// (StoreChainForm: residuals and biases the GEMM adds as it stores each block), the gated
-// form (GatedForm: SwiGLU's silu(gate) * up, applied block by block while the block is in L2)
-// and the bias-activation form (BiasActForm: U(p + bias), finished in place block by block):
-// they save phase 2's pass over the workspace.
+// (StoreChain: residuals and biases the GEMM adds as it stores each block), the gated form
+// (GatedEpilogue: SwiGLU's silu(gate) * up, applied block by block while the block is in L2)
+// and the bias-activation form (BiasActEpilogue: U(p + bias), finished in place block by
+// block); src/passes/gemm_epilogue_form.h recognizes them. They save phase 2's pass over the
+// workspace.
 // A general epilogue runs over whole rows rather than on each block right after its GEMM (row
 // pieces of 64-512 columns), because the residual and the outputs come from L3 or memory,
 // and the hardware prefetchers follow long rows but not short pieces with jumps between them
@@ -33,6 +34,7 @@
 // output is written by the GEMM's own stores; so does the bias-activation form's, on the
 // output itself.
 // Blocks and chunks are spread over the pool, one claim each.
+// The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/fused_gemm.cc.
 #include <cblas.h>
 
 #include <algorithm>
@@ -46,101 +48,25 @@
 #include "cpu/lower_group.h"
 #include "cpu/simd.h"
 #include "cpu/tile_program.h"
-#include "fused_gemm.h"
+#include "ir/schemas/fused_gemm.h"
+#include "kernel_lists.h"
 #include "kernel_util.h"
 #include "norm_rows.h"
 #include "packed_gemm.h"
+#include "passes/gemm_epilogue_form.h"
 
 namespace graphfuse::kernels {
 namespace {
 
-struct GemmGeometry {
-  int64_t m = 0, k = 0, n = 0, splits = 1;
-  Shape out_shape;  // A.shape[:-1] + [N]
-};
-
-Result<GemmGeometry> Geometry(const std::string& where, const Shape& a, const Shape& w, int64_t splits) {
-  if (a.size() < 2 || w.size() != 2)
-    return InvalidArgument(where, ": FusedGemm needs A of rank >= 2 and 2-D weights, got ", ShapeToString(a), " and ",
-                           ShapeToString(w));
-  if (splits < 1 || w[1] % splits != 0)
-    return InvalidArgument(where, ": weights ", ShapeToString(w), " do not split into ", splits, " equal projections");
-  GemmGeometry g;
-  g.k = a.back();
-  if (w[0] != g.k)
-    return InvalidArgument(where, ": inner dimensions differ: A ", ShapeToString(a), " has K=", g.k, ", weights ",
-                           ShapeToString(w), " have K=", w[0]);
-  g.splits = splits;
-  g.n = w[1] / splits;
-  g.m = Product(a, 0, a.size() - 1);
-  g.out_shape = Shape(a.begin(), a.end() - 1);
-  g.out_shape.push_back(g.n);
-  for (int64_t v : {g.m, g.k, w[1]})
-    if (v > INT_MAX) return Unimplemented(where, ": a GEMM dimension of ", v, " exceeds the BLAS int range");
-  return g;
-}
-
-Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
-  const Value* a = ctx.input(0);
-  const Value* w = ctx.input(1);
-  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
-    return InvalidArgument(ctx.Describe(), ": FusedGemm runs f32 GEMMs only");
-  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(ctx.Describe(), a->shape(), w->shape(), ctx.GetInt("splits", 1)));
-  const std::vector<int64_t> out_proj = ctx.GetInts("out_proj");
-  if (out_proj.empty()) return InvalidArgument(ctx.Describe(), ": needs an 'out_proj' attribute (one entry per output)");
-  const Graph* epi = nullptr;
-  if (auto it = ctx.attrs.find("epilogue"); it != ctx.attrs.end())
-    if (const auto* p = std::get_if<std::shared_ptr<const Graph>>(&it->second)) epi = p->get();
-  const int64_t row_scale = ctx.GetInt("row_scale", -1);
-  Shape row_shape(g.out_shape.begin(), g.out_shape.end() - 1);  // [..., 1]: one value per row
-  row_shape.push_back(1);
-  if (row_scale >= 0) {
-    if (row_scale != static_cast<int64_t>(ctx.inputs.size()) - 1 || row_scale < 2)
-      return InvalidArgument(ctx.Describe(), ": row_scale must name the last input, after A and W");
-    const Value* rs = ctx.inputs[static_cast<size_t>(row_scale)];
-    if (rs->dtype() != DType::kF32 || rs->shape() != row_shape)
-      return InvalidArgument(ctx.Describe(), ": row_scale input must be ", TypeStr(DType::kF32, row_shape), ", got ",
-                             TypeStr(rs->dtype(), rs->shape()));
-  }
-  const size_t extras = ctx.inputs.size() - 2 - (row_scale >= 0 ? 1 : 0);
-  if (epi) {
-    if (epi->inputs().size() != static_cast<size_t>(g.splits) + extras)
-      return InvalidArgument(ctx.Describe(), ": the epilogue takes ", epi->inputs().size(), " inputs, the node gives ",
-                             g.splits, " projections + ", extras, " extra inputs");
-    for (size_t i = 0; i < epi->inputs().size(); ++i) {
-      const Value* b = epi->inputs()[i];
-      const bool proj = i < static_cast<size_t>(g.splits);
-      const DType dt = proj ? DType::kF32 : ctx.inputs[2 + i - g.splits]->dtype();
-      const Shape& sh = proj ? g.out_shape : ctx.inputs[2 + i - g.splits]->shape();
-      if (b->dtype() != dt || b->shape() != sh)
-        return InvalidArgument(ctx.Describe(), ": epilogue input ", i, " must be ", TypeStr(dt, sh));
-    }
-  } else if (extras != 0) {
-    return InvalidArgument(ctx.Describe(), ": extra inputs without an epilogue");
-  }
-  std::vector<ValueType> out;
-  size_t next_epi = 0;
-  for (int64_t s : out_proj) {
-    if (s >= 0) {
-      if (s >= g.splits) return InvalidArgument(ctx.Describe(), ": out_proj names projection ", s, " of ", g.splits);
-      out.push_back({DType::kF32, g.out_shape});
-    } else {
-      if (!epi || next_epi >= epi->outputs().size())
-        return InvalidArgument(ctx.Describe(), ": more epilogue outputs in out_proj than the epilogue has");
-      const Value* o = epi->outputs()[next_epi++];
-      out.push_back({o->dtype(), o->shape()});
-    }
-  }
-  if (epi && next_epi != epi->outputs().size())
-    return InvalidArgument(ctx.Describe(), ": the epilogue has ", epi->outputs().size(), " outputs, out_proj uses ",
-                           next_epi);
-  if (ctx.HasAttr("rms_epsilon")) {
-    if (out[0].dtype != DType::kF32 || out[0].shape != g.out_shape)
-      return InvalidArgument(ctx.Describe(), ": rms_epsilon needs output 0 to be ", TypeStr(DType::kF32, g.out_shape));
-    out.push_back({DType::kF32, row_shape});
-  }
-  return out;
-}
+using gemm_epilogue::BiasActEpilogue;
+using gemm_epilogue::BiasActForm;
+using gemm_epilogue::GatedEpilogue;
+using gemm_epilogue::PackedForm;
+using gemm_epilogue::PackedFormOf;
+using gemm_epilogue::ResidualInput;
+using gemm_epilogue::StoreChain;
+using schemas::GemmGeometry;
+using schemas::Geometry;
 
 // Row-major strides over `space` of a [rows, ld]-laid-out matrix whose last dim is `space`'s
 // last dim (leading dims flattened into rows).
@@ -165,195 +91,12 @@ std::vector<int64_t> ProjectionLd(const std::vector<int64_t>& out_proj, int64_t 
   return ld;
 }
 
-// The gated form of the epilogue: two projections and the epilogue is exactly
-// out = U(p_act) * p_mul (either operand order of the Mul), U one unary op of the table that does
-// not depend on the element index (Silu for SwiGLU, Gelu for GeGLU, ...). With packed weights a
-// block of columns then runs as three steps on the calling thread: p_act's GEMM into the
-// workspace, U in place over that block while it is in L2, and p_mul's GEMM multiplying by it as
-// it stores into the output (a Mul post-op, PackedGemm::PostOp). p_mul never exists apart from the output,
-// no pass over whole rows follows the GEMMs, and the bits are those of MatMul, U and Mul run
-// one by one (the same packed blocks, the same tile kernel of U).
-// A unary op of the table that does not depend on the element index (Silu, Gelu, Relu, ...):
-// what the gated and bias-activation forms run in place on a block with the op's tile kernel.
-struct BlockUnary {
-  OpKind kind{};
-  OpAttrs attrs;
-};
-
-std::optional<BlockUnary> BlockUnaryOf(const Node& u) {
-  const Result<OpKind> kind = OpFromName(u.op());
-  if (!kind.ok() || u.inputs().size() != 1) return std::nullopt;
-  const OpInfo& info = GetOpInfo(*kind);
-  if (info.arity != 1 || (info.cls != OpClass::kArith && info.cls != OpClass::kActivation)) return std::nullopt;
-  return BlockUnary{*kind, ElementwiseAttrs(*kind, u.attrs())};
-}
-
-struct GatedEpilogue {
-  int64_t act = 0, mul = 1;  // projection indices
-  BlockUnary u;
-};
-
-std::optional<GatedEpilogue> GatedForm(const Node& node, const GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 2 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 2 ||
-      epi->inputs().size() != 2 || epi->outputs().size() != 1)
-    return std::nullopt;
-  const bool mul_last = epi->nodes().back()->op() == "Mul";  // the other node is then U
-  const Node& u = mul_last ? *epi->nodes().front() : *epi->nodes().back();
-  const Node& mul = mul_last ? *epi->nodes().back() : *epi->nodes().front();
-  const std::optional<BlockUnary> unary = BlockUnaryOf(u);
-  if (!unary || mul.op() != "Mul" || mul.inputs().size() != 2) return std::nullopt;
-  GatedEpilogue gate;
-  gate.u = *unary;
-  gate.act = u.input(0) == epi->inputs()[0] ? 0 : u.input(0) == epi->inputs()[1] ? 1 : -1;
-  gate.mul = 1 - gate.act;
-  if (gate.act < 0) return std::nullopt;
-  const Value* ux = u.output();
-  const Value* other = epi->inputs()[static_cast<size_t>(gate.mul)];
-  const bool operands = (mul.input(0) == ux && mul.input(1) == other) || (mul.input(1) == ux && mul.input(0) == other);
-  for (const Value* v : std::initializer_list<const Value*>{ux, mul.output()})
-    if (v->dtype() != DType::kF32 || v->shape() != g.out_shape) return std::nullopt;
-  if (!operands || mul.output() != epi->outputs()[0]) return std::nullopt;
-  return gate;
-}
-
-// Whether b is a bias of the GEMM's output: N f32 values along its last dim, broadcast over
-// the rows.
-bool IsRowBias(const Value* b, const GemmGeometry& g) {
-  return b->dtype() == DType::kF32 && b->numel() == g.n && !b->shape().empty() && b->shape().back() == g.n &&
-         b->shape().size() <= g.out_shape.size();
-}
-
-// The bias-activation form of the epilogue: one projection, and the epilogue is exactly
-// out = U(p + bias), U(p) or p + bias, with U one unary op of the table that does not depend on
-// the element index (GPT-2's and BERT's first MLP projection: bias, then GELU) and bias an extra
-// input of N values along the output's last dim. With packed weights the GEMM then writes the
-// node's output, adding the bias as it stores (the matmul's bias), and each block is finished
-// in place right after its GEMM, row piece by row piece while it is in L1 / L2, by U's tile
-// kernel (where oneDNN would not take the bias, the block adds it first). It reads and writes
-// only the block just computed (as the gated form), and the bits are those of MatMul, Add and
-// U run one by one. (p + bias alone is a store chain.)
-struct BiasActEpilogue {
-  int64_t bias_input = -1;  // the node input holding the bias, or -1
-  std::optional<BlockUnary> u;
-};
-
-std::optional<BiasActEpilogue> BiasActForm(const Node& node, const GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->outputs().size() != 1 ||
-      epi->num_nodes() < 1 || epi->num_nodes() > 2 || epi->inputs().empty() || epi->inputs().size() > 2)
-    return std::nullopt;
-  const Value* p = epi->inputs()[0];
-  const Node* add = nullptr;  // p + bias
-  const Node* u = nullptr;    // U
-  for (const auto& nd : epi->nodes()) (nd->op() == "Add" && !add ? add : u) = nd.get();
-  BiasActEpilogue form;
-  const Value* at = p;  // the value U must read: p, or p + bias
-  if (add) {
-    if (epi->inputs().size() != 2 || add->inputs().size() != 2) return std::nullopt;
-    const Value* b = epi->inputs()[1];
-    if (!((add->input(0) == p && add->input(1) == b) || (add->input(1) == p && add->input(0) == b)))
-      return std::nullopt;
-    if (!IsRowBias(b, g)) return std::nullopt;
-    form.bias_input = 2;
-    at = add->output();
-  } else if (epi->inputs().size() != 1) {
-    return std::nullopt;
-  }
-  if (u) {
-    form.u = BlockUnaryOf(*u);
-    if (!form.u || u->input(0) != at) return std::nullopt;
-    at = u->output();
-  }
-  if (at != epi->outputs()[0] || at->dtype() != DType::kF32 || at->shape() != g.out_shape || p->dtype() != DType::kF32)
-    return std::nullopt;
-  return form;
-}
-
-// The store-chain form of the epilogue: each output is one projection with extra inputs added
-// to it one Add after another (either operand order of each), every one a residual (the
-// output's shape) or a bias (N values along the last dim, first only): out = ((p_s + x_1) + x_2) ...
-// GPT-2's and BERT's Q, K and V biases, their bias and residual after the attention and after
-// the MLP, LLaMA's residual adds. With packed weights the GEMM applies the adds as it stores each
-// block (PackedGemm's post-ops) straight into the outputs: no workspace and no pass over the
-// product, and the bits are those of MatMul and the Adds run one by one.
-struct StoreChain {
-  struct Link {
-    int64_t input = 0;  // the node input added
-    bool row = false;   // a bias broadcast over the rows, else of the output's shape
-  };
-  std::vector<int64_t> output;           // per projection: the node output it becomes
-  std::vector<std::vector<Link>> links;  // per projection: its adds, in order
-};
-
-std::optional<StoreChain> StoreChainForm(const Node& node, const GemmGeometry& g) {
-  constexpr size_t kMaxLinks = 4;
-  const Graph* epi = node.GetGraph("epilogue");
-  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
-  const size_t S = static_cast<size_t>(g.splits);
-  if (!epi || out_proj != std::vector<int64_t>(S, -1) || epi->outputs().size() != S || epi->inputs().size() < S)
-    return std::nullopt;
-  const auto extras = epi->inputs().begin() + static_cast<std::ptrdiff_t>(S);
-  StoreChain form;
-  size_t adds = 0;
-  for (size_t s = 0; s < S; ++s) {
-    const Value* v = epi->inputs()[s];
-    std::vector<StoreChain::Link> links;
-    for (;;) {
-      const auto out = std::find(epi->outputs().begin(), epi->outputs().end(), v);
-      if (out != epi->outputs().end()) {  // the chain's end: read by nothing else
-        if (links.empty() || !v->uses().empty()) return std::nullopt;
-        form.output.push_back(out - epi->outputs().begin());
-        break;
-      }
-      if (v->uses().size() != 1 || links.size() == kMaxLinks) return std::nullopt;
-      const Node& add = *v->uses()[0].node;
-      if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs().size() != 1) return std::nullopt;
-      const Value* x = add.input(1 - v->uses()[0].input_index);
-      const auto at = std::find(extras, epi->inputs().end(), x);
-      if (at == epi->inputs().end() || x->dtype() != DType::kF32) return std::nullopt;
-      const bool full = x->shape() == g.out_shape;
-      const Value* y = add.output();
-      if ((!full && !IsRowBias(x, g)) || y->dtype() != DType::kF32 || y->shape() != g.out_shape) return std::nullopt;
-      if (!full && !links.empty()) return std::nullopt;  // a bias only first: it is the matmul's
-      links.push_back({2 + (at - extras), !full});
-      ++adds;
-      v = y;
-    }
-    form.links.push_back(std::move(links));
-  }
-  std::vector<int64_t> outs = form.output;
-  std::sort(outs.begin(), outs.end());
-  if (adds != epi->num_nodes() || std::adjacent_find(outs.begin(), outs.end()) != outs.end()) return std::nullopt;
-  return form;
-}
-
-// The form a node's epilogue takes with packed weights, at most one of the three: the gated
-// form, else a store chain, else the bias-activation form (PrepareFusedGemm packs for it, and
-// FusedGemmEpilogueForm names it).
-struct PackedForm {
-  std::optional<GatedEpilogue> gate;
-  std::optional<StoreChain> chain;
-  std::optional<BiasActEpilogue> bias_act;
-};
-
-// With a row_scale only the gated form: the others add to the product as it is stored, before
-// it could be scaled.
-PackedForm PackedFormOf(const Node& node, const GemmGeometry& g) {
-  PackedForm f;
-  f.gate = GatedForm(node, g);
-  if (node.GetInt("row_scale", -1) >= 0) return f;
-  if (!f.gate) f.chain = StoreChainForm(node, g);
-  if (!f.gate && !f.chain) f.bias_act = BiasActForm(node, g);
-  return f;
-}
-
 // The weights of every projection, packed once (packed_gemm.h).
 struct PackedProjections {
   int64_t m = 0;
-  std::optional<StoreChain> chain;    // packed with the chain's adds as post-ops (StoreChainForm)
-  std::optional<GatedEpilogue> gate;  // packed for the gated form (GatedForm)
-  std::optional<BiasActEpilogue> bias_act;  // packed for the bias-activation form (BiasActForm)
+  std::optional<StoreChain> chain;    // packed with the chain's adds as post-ops
+  std::optional<GatedEpilogue> gate;  // packed for the gated form
+  std::optional<BiasActEpilogue> bias_act;  // packed for the bias-activation form
   bool bias_in_gemm = false;  // its bias is the matmul's (added as the GEMM stores), U alone runs after
   std::vector<std::shared_ptr<const PackedGemm>> proj;
   // The epilogue of the last launch: its lowered program and the runner built for it, reused
@@ -363,26 +106,6 @@ struct PackedProjections {
   mutable std::optional<cpu::TileProgram> program;
   mutable std::optional<cpu::TileRunner> runner;
 };
-
-// The residual form of the epilogue: one projection, and the epilogue is exactly
-// out = projection + r with r an extra input of the output's shape (either operand order).
-// Without packed weights r is first copied into the output and sgemm accumulates onto it
-// (beta = 1); neither a workspace nor a pass over the product exists (packed, it is a store
-// chain of one add). Returns r's node input index, or -1.
-int64_t ResidualInput(const Node& node, const GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
-      epi->inputs().size() != 2 || epi->outputs().size() != 1 || node.GetInt("row_scale", -1) >= 0)
-    return -1;
-  const Node& add = *epi->nodes().front();
-  if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
-  const Value* r = epi->inputs()[1];
-  const bool operands = (add.inputs()[0] == epi->inputs()[0] && add.inputs()[1] == r) ||
-                        (add.inputs()[1] == epi->inputs()[0] && add.inputs()[0] == r);
-  if (!operands || r->dtype() != DType::kF32 || r->shape() != g.out_shape || add.outputs()[0]->dtype() != DType::kF32)
-    return -1;
-  return 2;
-}
 
 Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const Value* a = node.input(0);
@@ -761,52 +484,6 @@ Status RunFusedGemm(const KernelContext& ctx) {
 
 }  // namespace
 
-namespace {
-std::string EpilogueFormOf(const Node& node) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || node.inputs().size() < 2) return "";
-  const Result<GemmGeometry> g =
-      Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
-  if (!g.ok()) return "";
-  if (!node.input(1)->constant())
-    return ResidualInput(node, *g) >= 0 ? "sgemm accumulates onto a copy of the residual"
-                                        : "after the GEMMs, over whole rows (weights not constant)";
-  const PackedForm form = PackedFormOf(node, *g);
-  if (const auto& gate = form.gate)
-    return StrCat("per block: ", OpName(gate->u.kind), " of projection ", gate->act,
-                  " in place while in L2, then projection ", gate->mul, "'s GEMM multiplies by it as it stores");
-  if (const auto& chain = form.chain) {
-    std::string sums;
-    for (size_t s = 0; s < chain->links.size(); ++s) {
-      sums += s ? "; " : "";
-      sums += chain->links.size() > 1 ? StrCat("p", s) : std::string("p");
-      for (const StoreChain::Link& l : chain->links[s]) sums += l.row ? " + bias" : " + residual";
-    }
-    return "as the GEMM stores: " + sums;
-  }
-  if (const auto& ba = form.bias_act)
-    return StrCat(ba->bias_input >= 0 ? "as the GEMM stores: p + bias; then " : "",
-                  "per block, in place while in L2: ", ba->u ? OpName(ba->u->kind) : "");
-  return "after the GEMMs, over whole rows";
-}
-}  // namespace
-
-std::string FusedGemmEpilogueForm(const Node& node) {
-  std::string form = EpilogueFormOf(node);
-  if (node.GetInt("row_scale", -1) >= 0)
-    form = StrCat("each projection times its row's 1/rms (a folded RMSNorm)", form.empty() ? "" : "; ", form);
-  if (node.attrs().count("rms_epsilon")) {
-    const Result<GemmGeometry> g =
-        Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
-    const bool chain = g.ok() && node.input(1)->constant() && PackedFormOf(node, *g).chain.has_value();
-    form += StrCat(form.empty() ? "" : "; ", "each row's 1/rms of the output for the next GEMM (a folded RMSNorm), ",
-                   chain ? "per block while in L2" : "after the GEMMs");
-  }
-  return form;
-}
-
-std::vector<OpSchema> FusedGemmSchemas() {
-  return {{"FusedGemm", 2, INT_MAX, -1, InferFusedGemm, RunFusedGemm, false, false, PrepareFusedGemm}};
-}
+std::vector<CpuKernel> FusedGemmKernels() { return {{"FusedGemm", RunFusedGemm, PrepareFusedGemm}}; }
 
 }  // namespace graphfuse::kernels

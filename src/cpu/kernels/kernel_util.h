@@ -1,6 +1,6 @@
-// Helpers shared by the non-elementwise kernels (src/cpu/kernels/*.cc): axis normalization,
-// reading shape-like inputs, f32 row load/store for the float storage types, and splitting a
-// launch over the thread pool. Internal to src/cpu/kernels/.
+// Helpers shared by the non-elementwise kernels (src/cpu/kernels/*.cc): error prefixes, axis
+// attributes and shape-like inputs read from the buffers, f32 row load/store for the float
+// storage types, and splitting a launch over the thread pool. Internal to src/cpu/kernels/.
 #pragma once
 
 #include <algorithm>
@@ -18,26 +18,13 @@
 #include "graphfuse/status.h"
 #include "graphfuse/tensor.h"
 #include "graphfuse/thread_pool.h"
-#include "ir/op_registry.h"
+#include "cpu/kernel_registry.h"
+#include "ir/schemas/infer_util.h"
 
 namespace graphfuse::kernels {
 
-// The schema list of each file; registry_list.cc concatenates them.
-std::vector<OpSchema> GemmSchemas();          // gemm.cc
-std::vector<OpSchema> NormSchemas();          // norm.cc
-std::vector<OpSchema> SoftmaxSchemas();       // softmax.cc
-std::vector<OpSchema> ReduceSchemas();        // reduce.cc
-std::vector<OpSchema> DataMovementSchemas();  // data_movement.cc
-std::vector<OpSchema> ShapeOpSchemas();       // shape_ops.cc
-std::vector<OpSchema> RopeSchemas();          // rope.cc
-std::vector<OpSchema> AttentionSchemas();     // attention.cc (FusedAttention)
-std::vector<OpSchema> FusedRowwiseSchemas();  // fused_rowwise.cc (FusedNorm, FusedSoftmax)
-std::vector<OpSchema> FusedGemmSchemas();     // fused_gemm.cc (FusedGemm)
-
-// "f32[2,3]" for a value, a view or a dtype/shape pair.
-inline std::string TypeStr(DType t, const Shape& s) { return StrCat(DTypeName(t), ShapeToString(s)); }
-inline std::string TypeStr(const Value* v) { return v ? TypeStr(v->dtype(), v->shape()) : "<omitted>"; }
-inline std::string TypeStr(const TensorView& v) { return TypeStr(v.dtype, v.shape); }
+using schemas::Product;
+using schemas::TypeStr;
 
 // "node 'mm1' (MatMul) with inputs f32[2,3], f32[3,4]": prefix for kernel errors.
 inline std::string KernelWhere(const KernelContext& ctx) {
@@ -66,22 +53,6 @@ void ForEachClaimed(const CpuContext& cpu, int threads, int64_t n, F&& body) {
 // zero-size tensor may still have a null data pointer).
 inline bool HasInput(const KernelContext& ctx, size_t i) { return i < ctx.inputs.size() && ctx.node.input(i); }
 
-inline int64_t Product(const Shape& s, size_t begin, size_t end) {
-  int64_t n = 1;
-  for (size_t i = begin; i < end && i < s.size(); ++i) n *= s[i];
-  return n;
-}
-inline int64_t Product(const Shape& s) { return Product(s, 0, s.size()); }
-
-// Maps axis in [-rank, rank) to [0, rank); anything else is an error naming the op.
-inline Result<int64_t> NormalizeAxis(const InferContext& ctx, int64_t axis, int64_t rank,
-                                     const char* what = "axis") {
-  if (axis < -rank || axis >= rank)
-    return InvalidArgument(ctx.Describe(), ": ", what, " ", axis, " is out of range for rank ", rank,
-                           " (valid: [", -rank, ", ", rank - 1, "])");
-  return axis < 0 ? axis + rank : axis;
-}
-
 // A kernel's axis attribute normalized against `rank` (inference checked it already; nodes made
 // by AddNodeTyped skip inference, so the kernel refuses rather than indexing out of bounds).
 inline Result<int64_t> KernelAxis(const KernelContext& ctx, const char* key, int64_t def, int64_t rank) {
@@ -89,29 +60,6 @@ inline Result<int64_t> KernelAxis(const KernelContext& ctx, const char* key, int
   if (axis < -rank || axis >= rank)
     return InvalidArgument(KernelWhere(ctx), ": ", key, " ", axis, " is out of range for rank ", rank);
   return axis < 0 ? axis + rank : axis;
-}
-
-// Normalizes a list of axes against `rank`, refusing out-of-range and repeated axes.
-inline Result<std::vector<int64_t>> NormalizeAxes(const InferContext& ctx, const std::vector<int64_t>& axes,
-                                                  int64_t rank, const char* what = "axes") {
-  std::vector<int64_t> out;
-  out.reserve(axes.size());
-  for (int64_t a : axes) {
-    GF_ASSIGN_OR_RETURN(int64_t n, NormalizeAxis(ctx, a, rank, what));
-    if (std::find(out.begin(), out.end(), n) != out.end())
-      return InvalidArgument(ctx.Describe(), ": ", what, " ", ShapeToString(axes), " repeat axis ", a);
-    out.push_back(n);
-  }
-  return out;
-}
-
-// The values of a constant shape-like input (Reshape's shape, Slice's starts, ...). A present but
-// non-constant input is refused by ConstInts (Unimplemented: graphfuse shapes are static).
-inline Result<std::vector<int64_t>> RequireConstInts(const InferContext& ctx, size_t i, const char* what) {
-  const Value* v = ctx.input(i);
-  if (v != nullptr && v->dtype() != DType::kI64 && v->dtype() != DType::kI32)
-    return InvalidArgument(ctx.Describe(), ": the ", what, " input must be i64 or i32, not ", DTypeName(v->dtype()));
-  return ctx.ConstInts(i, what);
 }
 
 // The values of an i32/i64 tensor (kernels re-read their shape-like inputs from the buffers).
@@ -122,8 +70,6 @@ inline std::vector<int64_t> ReadInts(const TensorView& t) {
     out[i] = t.dtype == DType::kI32 ? t.as<const int32_t>()[i] : t.as<const int64_t>()[i];
   return out;
 }
-
-inline bool IsIndexType(DType t) { return t == DType::kI32 || t == DType::kI64; }
 
 // Loads n elements of a float-typed buffer (f32/f16/bf16) starting at element `offset`, every
 // `stride` elements, into dst as f32.

@@ -10,12 +10,15 @@
 // per reduced position (column reductions stay cache friendly); otherwise the innermost reduced
 // group is a contiguous run summed per output element. Float types accumulate in double, ints
 // in int64; ReduceMax propagates NaN like numpy.
+// The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/reduce.cc.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "ir/schemas/reduce.h"
+#include "kernel_lists.h"
 #include "kernel_util.h"
 
 namespace graphfuse::kernels {
@@ -23,48 +26,8 @@ namespace {
 
 enum class ReduceKind { kSum, kMean, kMax };
 
-// The reduced axes (normalized, sorted) and whether the op is the identity.
-struct ReduceAxes {
-  std::vector<bool> reduced;  // per input dim
-  bool noop = false;
-};
-
-ReduceAxes MakeAxes(std::vector<int64_t> axes, int64_t rank, bool noop_with_empty) {
-  ReduceAxes r;
-  r.reduced.assign(static_cast<size_t>(rank), axes.empty());
-  r.noop = axes.empty() && noop_with_empty;
-  if (r.noop) r.reduced.assign(static_cast<size_t>(rank), false);
-  for (int64_t a : axes) r.reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
-  return r;
-}
-
-Shape ReducedShape(const Shape& in, const ReduceAxes& ax, bool keepdims) {
-  if (ax.noop) return in;
-  Shape out;
-  for (size_t i = 0; i < in.size(); ++i) {
-    if (!ax.reduced[i]) out.push_back(in[i]);
-    else if (keepdims) out.push_back(1);
-  }
-  return out;
-}
-
-Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  if (x->dtype() == DType::kBool)
-    return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
-  const int64_t rank = static_cast<int64_t>(x->shape().size());
-  std::vector<int64_t> axes;
-  if (ctx.input(1) != nullptr) {
-    if (ctx.HasAttr("axes"))
-      return InvalidArgument(ctx.Describe(), ": axes given both as an attribute and as an input");
-    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 1, "axes"));
-  } else {
-    axes = ctx.GetInts("axes");
-  }
-  GF_RETURN_IF_ERROR(NormalizeAxes(ctx, axes, rank).status());
-  const ReduceAxes ax = MakeAxes(axes, rank, ctx.GetInt("noop_with_empty_axes", 0) != 0);
-  return std::vector<ValueType>{{x->dtype(), ReducedShape(x->shape(), ax, ctx.GetInt("keepdims", 1) != 0)}};
-}
+using schemas::MakeAxes;
+using schemas::ReduceAxes;
 
 // Storage and accumulation per dtype.
 template <DType D>
@@ -245,11 +208,11 @@ Status ReduceKernel(const KernelContext& ctx) {
 
 }  // namespace
 
-std::vector<OpSchema> ReduceSchemas() {
+std::vector<CpuKernel> ReduceKernels() {
   return {
-      {"ReduceSum", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kSum>},
-      {"ReduceMean", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kMean>},
-      {"ReduceMax", 1, 2, 1, InferReduce, ReduceKernel<ReduceKind::kMax>},
+      {"ReduceSum", ReduceKernel<ReduceKind::kSum>},
+      {"ReduceMean", ReduceKernel<ReduceKind::kMean>},
+      {"ReduceMax", ReduceKernel<ReduceKind::kMax>},
   };
 }
 

@@ -9,48 +9,17 @@
 // then the add (the library builds with -ffp-contract=off), which is exactly what the decomposed
 // Mul / Neg / Concat / Mul / Add graph computes, so canonicalizing that graph to Rope is bit exact
 // for f32. f16/bf16 rows are converted to f32, computed, and rounded once when stored.
+// The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/rope.cc.
 #include <vector>
 
+#include "kernel_lists.h"
 #include "kernel_util.h"
 #include "rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {
 
-// Whether `t` broadcasts unidirectionally to `to` (right aligned, each dim 1 or equal).
-bool BroadcastsTo(const Shape& t, const Shape& to) {
-  if (t.size() > to.size()) return false;
-  for (size_t k = 0; k < t.size(); ++k) {
-    const int64_t a = t[t.size() - 1 - k], b = to[to.size() - 1 - k];
-    if (a != 1 && a != b) return false;
-  }
-  return true;
-}
-
-Result<std::vector<ValueType>> InferRope(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  const Value* cos = ctx.input(1);
-  const Value* sin = ctx.input(2);
-  if (x == nullptr || cos == nullptr || sin == nullptr)
-    return InvalidArgument(ctx.Describe(), ": Rope needs three inputs (x, cos, sin)");
-  if (!IsFloat(x->dtype()))
-    return InvalidArgument(ctx.Describe(), ": Rope needs a float input, got ", DTypeName(x->dtype()));
-  const Shape& xs = x->shape();
-  if (xs.empty()) return InvalidArgument(ctx.Describe(), ": Rope needs an input of rank >= 1, got a scalar");
-  if (xs.back() % 2 != 0)
-    return InvalidArgument(ctx.Describe(), ": Rope rotates halves of the last dim, which must be even; x is ",
-                           TypeStr(x));
-  for (const Value* t : {cos, sin}) {
-    const char* what = t == cos ? "cos" : "sin";
-    if (t->dtype() != x->dtype())
-      return InvalidArgument(ctx.Describe(), ": ", what, " must have x's dtype ", DTypeName(x->dtype()), ", got ",
-                             DTypeName(t->dtype()));
-    if (!BroadcastsTo(t->shape(), xs))
-      return InvalidArgument(ctx.Describe(), ": ", what, " ", ShapeToString(t->shape()),
-                             " does not broadcast to x's shape ", ShapeToString(xs));
-  }
-  return std::vector<ValueType>{{x->dtype(), xs}};
-}
+using schemas::BroadcastsTo;
 
 // The element offset of row `r` of X (X viewed as [rows, d]) in a table read with broadcast
 // strides `st` (one per dim of X).
@@ -103,9 +72,9 @@ Status RopeKernel(const KernelContext& ctx) {
 
 }  // namespace
 
-std::vector<OpSchema> RopeSchemas() {
+std::vector<CpuKernel> RopeKernels() {
   return {
-      {"Rope", 3, 3, 1, InferRope, RopeKernel},
+      {"Rope", RopeKernel},
   };
 }
 

@@ -7,11 +7,13 @@
 // [0, log n]; m + log(sum) would be rounded to the ulp of m first (about 5e-4 at m = 1e4).
 // exp/log are SLEEF's 1-ulp vector functions through src/cpu/simd.h (the same vocabulary the
 // elementwise kernels use). Rows along a non-innermost axis are gathered into f32 scratch.
+// The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/softmax.cc.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "cpu/simd.h"
+#include "kernel_lists.h"
 #include "kernel_util.h"
 #include "softmax_row.h"
 
@@ -88,16 +90,6 @@ void SoftmaxColumns(const float* x, float* y, int64_t n, int64_t stride, int64_t
     }
 }
 
-Result<std::vector<ValueType>> InferSoftmax(const InferContext& ctx) {
-  const Value* x = ctx.input(0);
-  if (!IsFloat(x->dtype()))
-    return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a float input, got ", DTypeName(x->dtype()));
-  const int64_t rank = static_cast<int64_t>(x->shape().size());
-  if (rank == 0) return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs an input of rank >= 1");
-  GF_RETURN_IF_ERROR(NormalizeAxis(ctx, ctx.GetInt("axis", -1), rank).status());
-  return std::vector<ValueType>{{x->dtype(), x->shape()}};
-}
-
 Status SoftmaxImpl(const KernelContext& ctx, bool log_softmax) {
   const TensorView& X = ctx.inputs[0];
   const TensorView& Y = ctx.outputs[0];
@@ -141,10 +133,10 @@ Status LogSoftmaxKernel(const KernelContext& ctx) { return SoftmaxImpl(ctx, true
 
 }  // namespace
 
-std::vector<OpSchema> SoftmaxSchemas() {
+std::vector<CpuKernel> SoftmaxKernels() {
   return {
-      {"Softmax", 1, 1, 1, InferSoftmax, SoftmaxKernel},
-      {"LogSoftmax", 1, 1, 1, InferSoftmax, LogSoftmaxKernel},
+      {"Softmax", SoftmaxKernel},
+      {"LogSoftmax", LogSoftmaxKernel},
   };
 }
 

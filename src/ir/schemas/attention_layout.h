@@ -1,13 +1,14 @@
 // How a FusedAttention node's attributes describe its problem (the layouts of Q, K, V and the
-// output, sizes, mask and RoPE flags), shared by the CPU kernel (attention.cc) and the CUDA code
-// generator.
+// output, sizes, mask and RoPE flags), shared by the op's inference (attention.cc), the
+// FuseAttention pass, the CPU kernel (src/cpu/kernels/attention.cc) and the CUDA code generator.
 #pragma once
 
+#include <span>
 #include <string>
 
 #include "graphfuse/graph.h"
 
-namespace graphfuse::kernels {
+namespace graphfuse::schemas {
 
 enum class Layout { kBSHD, kBHSD, kBHDS };
 
@@ -47,4 +48,9 @@ struct HeadAccess {
 };
 HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols);
 
-}  // namespace graphfuse::kernels
+// Checks the node's operands (dtypes and shapes, in input order) against the problem `d`
+// describes; inference and the kernel check alike. Errors name `where`.
+Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
+                              const std::string& where);
+
+}  // namespace graphfuse::schemas

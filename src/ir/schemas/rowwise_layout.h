@@ -1,6 +1,7 @@
 // How FusedNorm and FusedSoftmax nodes map their inputs and outputs onto their bodies (the
-// attributes documented in fused_rowwise.cc). Read by the CPU kernels and their inference, and
-// by the CUDA code generator, so that both backends agree on one layout.
+// attributes documented in src/cpu/kernels/fused_rowwise.cc). Read by the nodes' inference
+// (fused_rowwise.cc), the CPU kernels and the CUDA code generator, so that both backends agree
+// on one layout.
 #pragma once
 
 #include <string>
@@ -8,7 +9,7 @@
 
 #include "graphfuse/graph.h"
 
-namespace graphfuse::kernels {
+namespace graphfuse::schemas {
 
 // A graph-valued attribute, or null.
 const Graph* GraphAttr(const AttributeMap& attrs, const char* key);
@@ -35,4 +36,4 @@ struct SoftmaxLayout {
 Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const AttributeMap& attrs,
                                         const std::vector<const Value*>& inputs);
 
-}  // namespace graphfuse::kernels
+}  // namespace graphfuse::schemas

@@ -1,0 +1,44 @@
+// The CPU backend's kernel registry: for every op the CPU runs, its kernel and the optional
+// work done once per node when a plan is compiled. The op's semantics (arity, inference, whether
+// it is a view) live in the op registry (src/ir/op_registry.h); an op that is a view has no
+// kernel here.
+//
+// The registry is an immutable table built once; nothing registers at run time.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "graphfuse/cpu.h"
+#include "graphfuse/graph.h"
+
+namespace graphfuse {
+
+// What a kernel sees: the node and views of its input and output buffers (data of omitted
+// optional inputs is null; outputs are preallocated with the inferred types).
+struct KernelContext {
+  const Node& node;
+  std::span<const TensorView> inputs;
+  std::span<const TensorView> outputs;
+  const CpuContext& cpu;
+  const void* state = nullptr;  // what the kernel's `prepare` made for this node (null if none)
+};
+
+using KernelFn = Status (*)(const KernelContext& ctx);
+// Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
+// kernel must also run without it (nullptr state: constant folding, one-off runs).
+using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node);
+
+struct CpuKernel {
+  const char* op;
+  KernelFn run;
+  PrepareFn prepare = nullptr;
+};
+
+// The kernel of `op`, or nullptr (a view, or an op the CPU does not run).
+const CpuKernel* FindCpuKernel(std::string_view op);
+std::vector<const CpuKernel*> AllCpuKernels();
+
+}  // namespace graphfuse

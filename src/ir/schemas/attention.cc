@@ -1,0 +1,176 @@
+// FusedAttention: softmax(scale * Q K^T + mask_scale * mask) V for every (batch, head) pair,
+// formed by the FuseAttention pass (src/passes/fuse_attention.cc): how its attributes describe
+// the problem (attention_layout.h) and its inference. The CPU kernel is in
+// src/cpu/kernels/attention.cc.
+#include "attention_layout.h"
+
+#include <climits>
+#include <set>
+#include <vector>
+
+#include "infer_util.h"
+#include "schema_lists.h"
+
+namespace graphfuse::schemas {
+
+namespace {
+
+Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::string& where, const char* which) {
+  if (s == "bshd") return Layout::kBSHD;
+  if (s == "bhsd") return Layout::kBHSD;
+  if (s == "bhds" && allow_bhds) return Layout::kBHDS;
+  return InvalidArgument(where, ": ", which, " '", s, "' is not a layout this op reads (bshd, bhsd",
+                         allow_bhds ? ", bhds" : "", ")");
+}
+
+}  // namespace
+
+Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
+  Dims d;
+  d.b = AttrInt(a, "batch", -1);
+  d.h = AttrInt(a, "heads", -1);
+  d.s = AttrInt(a, "seq_q", -1);
+  d.sk = AttrInt(a, "seq_k", -1);
+  d.d = AttrInt(a, "head_dim", -1);
+  d.dv = AttrInt(a, "v_head_dim", d.d);
+  for (int64_t x : {d.b, d.h, d.s, d.sk, d.d, d.dv})
+    if (x < 0)
+      return InvalidArgument(where, ": needs non-negative batch, heads, seq_q, seq_k, head_dim, v_head_dim attributes");
+  GF_ASSIGN_OR_RETURN(d.q, ParseLayout(AttrString(a, "q_layout", "bshd"), false, where, "q_layout"));
+  GF_ASSIGN_OR_RETURN(d.k, ParseLayout(AttrString(a, "k_layout", "bshd"), true, where, "k_layout"));
+  GF_ASSIGN_OR_RETURN(d.v, ParseLayout(AttrString(a, "v_layout", "bshd"), false, where, "v_layout"));
+  GF_ASSIGN_OR_RETURN(d.out, ParseLayout(AttrString(a, "out_layout", "bshd"), false, where, "out_layout"));
+  d.mask = AttrInt(a, "has_mask", 0) != 0;
+  d.mask_select = static_cast<int>(AttrInt(a, "mask_select", 0));
+  if (d.mask_select < -1 || d.mask_select > 1)
+    return InvalidArgument(where, ": mask_select must be 0 (additive mask), 1 or -1 (bool mask kept where true / false)");
+  d.mask_fill = static_cast<float>(AttrFloat(a, "mask_fill", 0.f));
+  d.select_first = AttrInt(a, "mask_select_first", 0) != 0;
+  d.rope_q = AttrInt(a, "rope_q", 0) != 0;
+  d.rope_k = AttrInt(a, "rope_k", 0) != 0;
+  if (d.rope_k && d.k == Layout::kBHDS)
+    return InvalidArgument(where, ": RoPE on K needs K rows (k_layout bshd or bhsd), not bhds");
+  if ((d.rope_q || d.rope_k) && d.d % 2 != 0)
+    return InvalidArgument(where, ": RoPE needs an even head_dim, got ", d.d);
+  d.out_shape = AttrInts(a, "output_shape", {});
+  d.proj = AttrInt(a, "qkv_proj", 0) != 0;
+  if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
+  if (d.proj) {
+    const std::vector<int64_t> split = AttrInts(a, "qkv_split", {0, 1, 2});
+    if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
+      return InvalidArgument(where, ": qkv_split must order 0, 1, 2 (which third of W is q, k, v)");
+    for (int i = 0; i < 3; ++i) d.proj_split[i] = split[static_cast<size_t>(i)];
+    if (a.count("rms_epsilon")) {
+      d.rms_eps = AttrFloat(a, "rms_epsilon", 0.f);
+      if (!(d.rms_eps >= 0)) return InvalidArgument(where, ": rms_epsilon must be >= 0");
+    }
+    if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
+      return InvalidArgument(where, ": the projected form needs bshd q, k, v, seq_q = seq_k and head_dim = v_head_dim");
+  }
+  return d;
+}
+
+HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
+  switch (l) {
+    case Layout::kBSHD: return {rows * d.h * cols, cols, d.h * cols};
+    case Layout::kBHSD: return {d.h * rows * cols, rows * cols, cols};
+    case Layout::kBHDS: return {d.h * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
+  }
+  return {0, 0, 0};
+}
+
+Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
+                              const std::string& where) {
+  if (static_cast<int>(shapes.size()) != d.num_inputs())
+    return InvalidArgument(where, ": expects ", d.num_inputs(), d.proj ? " inputs (x, W" : " inputs (q, k, v",
+                           d.mask ? ", mask" : "", d.mask_select != 0 ? ", bool mask" : "",
+                           d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
+  const size_t bool_at = d.mask_select != 0 ? static_cast<size_t>(d.bool_mask_index()) : SIZE_MAX;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (i == bool_at) {
+      if (dtypes[i] != DType::kBool)
+        return InvalidArgument(where, ": a selecting mask (mask_select ", d.mask_select, ") is bool, not ",
+                               DTypeName(dtypes[i]));
+      continue;
+    }
+    if (dtypes[i] != DType::kF32)
+      return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+  }
+  auto check = [&](size_t i, const char* name, Layout l, int64_t rows, int64_t cols) -> Status {
+    const Shape& s = shapes[i];
+    int64_t n = 1;
+    for (int64_t x : s) n *= x;
+    const Shape want = l == Layout::kBHDS ? Shape{d.b, d.h, cols, rows} : Shape{d.b, d.h, rows, cols};
+    if (l == Layout::kBSHD ? n != d.b * rows * d.h * cols : s != want)
+      return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not hold ",
+                             l == Layout::kBSHD ? StrCat("[B,S,H*d] = [", d.b, ",", rows, ",", d.h * cols, "]")
+                                                : ShapeToString(want));
+    return Status::Ok();
+  };
+  if (d.proj) {
+    const Shape& x = shapes[0];
+    const Shape& w = shapes[1];
+    int64_t rows = 1;
+    for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
+    if (x.size() < 2 || rows != d.b * d.s || w.size() != 2 || w[0] != x.back() || w[1] != 3 * d.h * d.d)
+      return InvalidArgument(where, ": projected attention needs x [..., K] with B*S = ", d.b * d.s,
+                             " rows and W [K, 3*H*d = ", 3 * d.h * d.d, "], got x ", ShapeToString(x), " and W ",
+                             ShapeToString(w));
+  } else {
+    GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
+    GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
+    GF_RETURN_IF_ERROR(check(2, "v", d.v, d.sk, d.dv));
+  }
+  size_t next = static_cast<size_t>(d.first_extra());
+  auto broadcasts = [&](const Shape& s, const Shape& to, const char* name) -> Status {
+    const Shape both[2] = {s, to};
+    auto r = BroadcastShapes(both);
+    if (s.size() > to.size() || !r.ok() || *r != to)
+      return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not broadcast to ", ShapeToString(to));
+    return Status::Ok();
+  };
+  if (d.mask) GF_RETURN_IF_ERROR(broadcasts(shapes[next++], Shape{d.b, d.h, d.s, d.sk}, "mask"));
+  if (d.mask_select != 0) GF_RETURN_IF_ERROR(broadcasts(shapes[next++], Shape{d.b, d.h, d.s, d.sk}, "bool mask"));
+  if (d.rope_q || d.rope_k)
+    for (const char* name : {"cos", "sin"}) {
+      const Shape& s = shapes[next++];
+      if (s.empty() || s.back() != d.d)
+        return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in head_dim ", d.d);
+      if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.d}, name));
+      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.sk, d.d}, name));
+    }
+  int64_t n = 1;
+  for (int64_t x : d.out_shape) n *= x;
+  if (d.out_shape.empty() || n != d.b * d.h * d.s * d.dv ||
+      (d.out == Layout::kBHSD && d.out_shape != Shape{d.b, d.h, d.s, d.dv}))
+    return InvalidArgument(where, ": output_shape ", ShapeToString(d.out_shape), " does not hold ",
+                           d.out == Layout::kBHSD ? "[B,H,S,dv]" : "[B,S,H*dv]", " = ",
+                           ShapeToString(Shape{d.b, d.h, d.s, d.dv}), " in ", d.out == Layout::kBHSD ? "bhsd" : "bshd",
+                           " order");
+  return Status::Ok();
+}
+
+namespace {
+
+Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
+  GF_ASSIGN_OR_RETURN(Dims d, ReadDims(ctx.attrs, ctx.Describe()));
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  for (const Value* v : ctx.inputs) {
+    if (!v) return InvalidArgument(ctx.Describe(), ": FusedAttention takes no omitted inputs (flags say which are present)");
+    dtypes.push_back(v->dtype());
+    shapes.push_back(v->shape());
+  }
+  GF_RETURN_IF_ERROR(CheckAttentionOperands(d, dtypes, shapes, ctx.Describe()));
+  return std::vector<ValueType>{{DType::kF32, d.out_shape}};
+}
+
+}  // namespace
+
+std::vector<OpSchema> AttentionSchemas() {
+  return {
+      {"FusedAttention", 3, 7, 1, InferAttention},
+  };
+}
+
+}  // namespace graphfuse::schemas

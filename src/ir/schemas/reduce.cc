@@ -1,0 +1,64 @@
+// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18): inference. The CPU kernels are in
+// src/cpu/kernels/reduce.cc.
+//
+// Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
+// constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
+// three ops. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
+// keepdims defaults to 1; negative axes count from the end.
+#include "reduce.h"
+
+#include "infer_util.h"
+#include "schema_lists.h"
+
+namespace graphfuse::schemas {
+
+ReduceAxes MakeAxes(std::vector<int64_t> axes, int64_t rank, bool noop_with_empty) {
+  ReduceAxes r;
+  r.reduced.assign(static_cast<size_t>(rank), axes.empty());
+  r.noop = axes.empty() && noop_with_empty;
+  if (r.noop) r.reduced.assign(static_cast<size_t>(rank), false);
+  for (int64_t a : axes) r.reduced[static_cast<size_t>(a < 0 ? a + rank : a)] = true;
+  return r;
+}
+
+namespace {
+
+Shape ReducedShape(const Shape& in, const ReduceAxes& ax, bool keepdims) {
+  if (ax.noop) return in;
+  Shape out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (!ax.reduced[i]) out.push_back(in[i]);
+    else if (keepdims) out.push_back(1);
+  }
+  return out;
+}
+
+Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  if (x->dtype() == DType::kBool)
+    return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  std::vector<int64_t> axes;
+  if (ctx.input(1) != nullptr) {
+    if (ctx.HasAttr("axes"))
+      return InvalidArgument(ctx.Describe(), ": axes given both as an attribute and as an input");
+    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 1, "axes"));
+  } else {
+    axes = ctx.GetInts("axes");
+  }
+  GF_RETURN_IF_ERROR(NormalizeAxes(ctx, axes, rank).status());
+  const ReduceAxes ax = MakeAxes(axes, rank, ctx.GetInt("noop_with_empty_axes", 0) != 0);
+  return std::vector<ValueType>{{x->dtype(), ReducedShape(x->shape(), ax, ctx.GetInt("keepdims", 1) != 0)}};
+}
+
+}  // namespace
+
+std::vector<OpSchema> ReduceSchemas() {
+  return {
+      {"ReduceSum", 1, 2, 1, InferReduce},
+      {"ReduceMean", 1, 2, 1, InferReduce},
+      {"ReduceMax", 1, 2, 1, InferReduce},
+  };
+}
+
+}  // namespace graphfuse::schemas
