@@ -7,6 +7,7 @@
 #include <functional>
 #include <string>
 
+#include "cpu/executor.h"
 #include "cpu/cpu_target.h"
 #include "filecheck.h"
 #include "ir/text.h"
@@ -549,6 +550,36 @@ CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%q, %k, %v, %mask)
 CHECK-NOT: qkv_proj
 CHECK: return %o, %q
 )");
+}
+
+// Without a mask or RoPE the projected node reads x and W only, and computes what the two
+// nodes did.
+TEST(PassTextFuseAttentionProjections, NoMaskNoRope) {
+  const std::string text = R"(graph @qkv_attn(%x: f32[1,3,2]) {
+  %w: f32[2,6] = const [1, 0, 0.5, 1, 1, 0, 0, 1, 0, 1, -1, 1]
+  %q, %k, %v = FusedGemm(%x, %w) {out_proj = [0, 1, 2], splits = 3}
+  %o = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 1,
+      kernel_name = "attention_h1_d2_f32_0badcafe", output_shape = [1, 3, 2], rope_k = 0, rope_q = 0,
+      scale = 0.5, seq_k = 3, seq_q = 3, v_head_dim = 2}
+  return %o
+})";
+  ExpectPassOutput(RunFuseAttentionProjections, text, R"(
+CHECK: %o: f32[1,3,2] = FusedAttention(%x, %w) {
+CHECK-SAME: qkv_proj = 1
+CHECK-NOT: FusedGemm(%x, %w)
+)");
+  auto apart = ParseGraph(text);
+  auto projected = ParseGraph(text);
+  ASSERT_TRUE(apart.ok() && projected.ok());
+  ASSERT_TRUE(RunFuseAttentionProjections(**projected).ok());
+  Tensor x = Tensor::Empty(DType::kF32, {1, 3, 2}).value();
+  const float xs[] = {0.3f, -1.2f, 0.7f, 0.1f, -0.4f, 0.9f};
+  for (int i = 0; i < 6; ++i) x.SetFromDouble(i, xs[i]);
+  const TensorView in[] = {x.view()};
+  auto want = Execute(**apart, in, CpuContext{});
+  auto got = Execute(**projected, in, CpuContext{});
+  ASSERT_TRUE(want.ok() && got.ok()) << (got.ok() ? want.status() : got.status()).ToString();
+  for (int64_t i = 0; i < 6; ++i) EXPECT_NEAR(got->at(0).GetAsDouble(i), want->at(0).GetAsDouble(i), 1e-6) << i;
 }
 
 // ---- FoldNormIntoGemm ----

@@ -169,7 +169,7 @@ Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
 
 std::vector<OpSchema> AttentionSchemas() {
   return {
-      {"FusedAttention", 3, 7, 1, InferAttention},
+      {"FusedAttention", 2, 7, 1, InferAttention},  // projected, no mask nor RoPE: x, W
   };
 }
 
