@@ -1,4 +1,5 @@
 // The `graphfuse` command. Exit codes: 0 ok, 1 results differ from expected, 2 bad input or usage.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
+#include "graphfuse/target.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"
 #endif
@@ -57,8 +59,13 @@ Result<int64_t> Args::Int(const std::string& name, int64_t lo, int64_t hi) {
 
 Result<std::string> Args::Backend(const std::string& name) {
   GF_ASSIGN_OR_RETURN(std::string v, Value(name));
-  if (v != "cpu" && v != "cuda") return InvalidArgument(command_, ": ", name, " must be cpu or cuda, got '", v, "'");
-  return v;
+  // The targets of this build, and cuda always (a build without it says so when it is asked for).
+  std::vector<std::string> names = TargetNames();
+  if (std::find(names.begin(), names.end(), "cuda") == names.end()) names.push_back("cuda");
+  if (std::find(names.begin(), names.end(), v) != names.end()) return v;
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : " or ") + n;
+  return InvalidArgument(command_, ": ", name, " must be ", list, ", got '", v, "'");
 }
 
 Result<std::string> Args::OutputFile(const std::string& name) {

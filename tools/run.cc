@@ -220,8 +220,31 @@ int RunModel(Args& args) {
                 r.ok ? "ok" : "DIFFERS");
 #endif
 
+  // Any other target: its executable on the same inputs, compared with the CPU's outputs.
+  std::vector<OutputReport> target_vs_cpu;
+  if (o.backend != "cpu" && o.backend != "cuda") {
+    auto ex = (*target)->Compile(std::shared_ptr<const Graph>(&g, [](const Graph*) {}));
+    if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend ", o.backend)));
+    std::vector<Tensor> got;
+    std::vector<TensorView> got_views;
+    for (const Tensor& t : outputs) {
+      got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
+      got_views.push_back(got.back().view());
+    }
+    if (Status st = (*ex)->Run(views, got_views); !st.ok())
+      return Fail(st.WithContext(StrCat(o.model, ": --backend ", o.backend)));
+    for (size_t i = 0; i < outputs.size(); ++i)
+      target_vs_cpu.push_back(Compare(g.outputs()[i]->name(), got[i], outputs[i], o.rtol, o.atol));
+    std::printf("%s: %lld launches per run\n", o.backend.c_str(), static_cast<long long>((*ex)->launches_per_run()));
+    for (const OutputReport& r : target_vs_cpu)
+      std::printf("%s vs cpu  %-24s max |err| %.3g  max rel %.3g  %s\n", o.backend.c_str(), r.name.c_str(), r.max_abs,
+                  r.max_rel, r.ok ? "ok" : "DIFFERS");
+    outputs = std::move(got);
+  }
+
   std::vector<OutputReport> reports;
   bool all_ok = true;
+  for (const OutputReport& r : target_vs_cpu) all_ok &= r.ok;
 #ifdef GF_HAVE_CUDA
   for (const OutputReport& r : cuda_vs_cpu) all_ok &= r.ok;
 #endif
