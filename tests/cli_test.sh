@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The command-line contract (DESIGN.md): exit 0 ok, 2 bad usage with a message, --help truthful.
+# The command-line contract (docs/ARCHITECTURE.md): exit 0 ok, 2 bad usage with a message, --help truthful.
 set -u
 GF="$1"
 fail=0

@@ -13,7 +13,7 @@
 
 namespace graphfuse::cli {
 
-// Exit codes of the contract in DESIGN.md.
+// Exit codes of the command-line contract (docs/ARCHITECTURE.md, "The command-line contract").
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
 
 // --cpu-codegen: what the code generator did, for the command's report: "2 compiled (3.4 s),

@@ -11,7 +11,8 @@
 namespace graphfuse::cli {
 
 void PrintFusionReport(FILE* f, const FusionReport& r);
-// Adds "kernels_unfused", "kernels_fused", "groups" and "refusals" (DESIGN.md's keys).
+// Adds "kernels_unfused", "kernels_fused", "groups" and "refusals" (the --json keys of the
+// command-line contract, docs/ARCHITECTURE.md).
 void AddFusionJson(Json& j, const FusionReport& r);
 // The fused graph with each group as a cluster of its member ops (refusals as comments).
 std::string FusionDot(const Graph& fused, const FusionReport& r);
