@@ -28,7 +28,7 @@ namespace graphfuse {
 // A graph as loaded, before any pass: a model to compile once.
 class Model {
  public:
-  // An ONNX file (.onnx), with external data files next to it if it names them.
+  // An ONNX file (.onnx); tensors kept in external data files are refused as Unimplemented.
   static Result<Model> FromOnnxFile(const std::string& path);
   // A serialized ONNX ModelProto; `name` labels errors.
   static Result<Model> FromOnnxBytes(std::string_view bytes, const std::string& name = "model");

@@ -6,6 +6,7 @@
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
 //   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm
 //   FuseAttentionProjections  the QKV FusedGemm that only feeds a FusedAttention moves into it
+//   FoldNormIntoGemm  an RMSNorm between two GEMMs folds into them
 //   FuseRowwise       prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax
 //
 // The Target decides what the passes may assume: its cost parameters price every merge, the
