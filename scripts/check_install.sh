@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks graphfuse as an embedding program gets it: installs the build into a fresh prefix,
-# builds examples/embed against it with find_package(graphfuse) (and once more with
-# pkg-config), and runs both on exported models with the source and build trees out of reach
+# builds examples/embed against it with find_package(graphfuse) (the shared library, the
+# static one, and once more with pkg-config), and runs them on exported models with the source and build trees out of reach
 # (an empty tmpfs mounted over them in a private mount namespace), the native-loop compiler on:
 # its loops must compile against the installed headers.
 #
@@ -27,6 +27,10 @@ cp -r "$ROOT/examples/embed" "$T/embed-src"
 cmake -S "$T/embed-src" -B "$T/embed-build" -G Ninja -DCMAKE_PREFIX_PATH="$T/prefix" >"$T/embed-cmake.log" ||
   { cat "$T/embed-cmake.log"; fail "configuring examples/embed against the installation failed"; }
 cmake --build "$T/embed-build" >"$T/embed-build.log" || { cat "$T/embed-build.log"; fail "building examples/embed failed"; }
+cmake -S "$T/embed-src" -B "$T/embed-static" -G Ninja -DCMAKE_PREFIX_PATH="$T/prefix" -DEMBED_STATIC=ON \
+  >"$T/embed-static.log" 2>&1 || { cat "$T/embed-static.log"; fail "configuring examples/embed with COMPONENTS static failed"; }
+cmake --build "$T/embed-static" >>"$T/embed-static.log" 2>&1 ||
+  { cat "$T/embed-static.log"; fail "building examples/embed against the static library failed"; }
 PKG_CONFIG_PATH="$T/prefix/lib/pkgconfig" pkg-config --exists graphfuse || fail "pkg-config does not find graphfuse"
 # shellcheck disable=SC2046
 ${CXX:-c++} -O1 -o "$T/embed-pc" "$T/embed-src/main.cc" $(PKG_CONFIG_PATH="$T/prefix/lib/pkgconfig" pkg-config --cflags --libs graphfuse) ||
@@ -44,6 +48,7 @@ export GF_KERNEL_CACHE="$T/cache" LD_LIBRARY_PATH="$T/prefix/lib"
 for m in "$T"/models/*.onnx; do
   "$T/embed-build/embed" "\$m" --threads 2
   "$T/embed-pc" "\$m" --no-fuse
+  "$T/embed-static/embed" "\$m"
 done
 # Unfused, every elementwise op is a native loop of its own.
 "$T/embed-build/embed" "$T/models/mlp_gelu_opset17.onnx" --no-fuse --cpu-codegen
