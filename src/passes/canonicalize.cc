@@ -32,7 +32,6 @@
 // written without the max subtraction is left alone.
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <map>
 #include <optional>
 #include <set>
@@ -40,11 +39,20 @@
 #include <vector>
 
 #include "fusion_passes.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace {
 
-constexpr float kRelTol = 1e-6f;
+using match::HasSingleUse;
+using match::IsScalarConstant;
+using match::OperandOrders;
+using match::OtherOperand;
+using match::ProducerOf;
+using match::SingleUseProducer;
+
+// Constants as exporters write them: one element, scalar or [1], integer ones too.
+constexpr match::ScalarRule kScalar{.integers = true, .max_rank = 1};
 constexpr double kSqrt2 = 1.4142135623730950488;
 constexpr double kSqrt2OverPi = 0.79788456080286535588;  // GELU tanh form's outer coefficient
 constexpr double kGeluCubic = 0.044715;                   // and its cubic coefficient
@@ -62,77 +70,24 @@ struct Match {
 
 // ---- small helpers ----
 
-// v's producer if it is an `op` node, else nullptr.
-Node* ProducerOp(const Value* v, const char* op) {
-  return v && v->producer() && v->producer()->op() == op ? v->producer() : nullptr;
-}
-
-// Whether v is read by exactly one node input and is not a graph output.
-bool SingleUse(const Value* v) { return v->uses().size() == 1 && !v->is_graph_output(); }
-
-// The value of a constant holding one number (scalar or shape [1]); integer constants count,
-// as an exporter may write Pow's exponent as one.
-std::optional<float> ConstScalar(const Value* v) {
-  if (!v || !v->constant() || v->dtype() == DType::kBool || v->numel() != 1 || v->shape().size() > 1)
-    return std::nullopt;
-  return static_cast<float>(v->constant()->GetAsDouble(0));
-}
-
-// Whether v is a one-element float constant equal to `value` (in f32, relative tolerance).
-bool IsConstScalar(const Value* v, double value) {
-  const std::optional<float> c = ConstScalar(v);
-  const float want = static_cast<float>(value);
-  return c && std::fabs(*c - want) <= kRelTol * std::fabs(want);
-}
-
-// The values of an integer constant (Slice bounds, Reduce axes), read exactly.
-std::optional<std::vector<int64_t>> ConstInts(const Value* v) {
-  if (!v || !v->constant()) return std::nullopt;
-  const Tensor& t = *v->constant();
-  std::vector<int64_t> out(static_cast<size_t>(t.numel()));
-  if (t.dtype() == DType::kI64) std::copy_n(t.data_as<int64_t>(), out.size(), out.begin());
-  else if (t.dtype() == DType::kI32) std::copy_n(t.data_as<int32_t>(), out.size(), out.begin());
-  else return std::nullopt;
-  return out;
-}
-
-// For a two-input node, the operand beside `v` (either order), or nullptr if v is not an operand.
-Value* OtherOperand(const Node* n, const Value* v) {
-  if (n->inputs().size() != 2) return nullptr;
-  if (n->input(0) == v) return n->input(1);
-  if (n->input(1) == v) return n->input(0);
-  return nullptr;
-}
-
-// For a commutative two-input node with a constant operand equal to `c`, the other operand.
-Value* OperandBesideConst(const Node* n, double c) {
-  if (n->inputs().size() != 2) return nullptr;
-  if (IsConstScalar(n->input(1), c)) return n->input(0);
-  if (IsConstScalar(n->input(0), c)) return n->input(1);
-  return nullptr;
-}
-
-// Whether axis `a` names the last dim of a rank-`rank` tensor.
-bool IsLastAxis(int64_t a, size_t rank) { return rank > 0 && (a == -1 || a == static_cast<int64_t>(rank) - 1); }
-
 // Whether reduction n (ReduceMean/Sum/Max) reduces exactly the last axis and keeps dims. Axes
 // come from the attribute (opset 13) or a constant second input (ReduceSum 13, all from 18).
 bool ReducesLastAxis(const Node* n) {
   if (!n || n->GetInt("keepdims", 1) != 1 || !n->input(0)) return false;
   std::vector<int64_t> axes;
   if (n->input(1)) {
-    auto a = ConstInts(n->input(1));
+    auto a = match::IntConstant(n->input(1));
     if (!a) return false;
     axes = *a;
   } else {
     axes = n->GetInts("axes");
   }
-  return axes.size() == 1 && IsLastAxis(axes[0], n->input(0)->shape().size());
+  return axes.size() == 1 && match::IsLastAxis(axes[0], n->input(0)->shape().size());
 }
 
 // The reduced input of `v = op(input)` reducing the last axis, or nullptr.
 Value* LastAxisReduceOf(const Value* v, const char* op, std::vector<Node*>& members) {
-  Node* r = ProducerOp(v, op);
+  Node* r = ProducerOf(v, op);
   if (!r || !ReducesLastAxis(r)) return nullptr;
   members.push_back(r);
   return r->input(0);
@@ -147,7 +102,7 @@ bool ProductFactors(Node* n, std::vector<Value*>& factors, std::vector<Node*>& m
   members.push_back(n);
   for (Value* in : n->inputs()) {
     if (!in) return false;
-    if (Node* m = ProducerOp(in, "Mul"); m && SingleUse(in)) {
+    if (Node* m = SingleUseProducer(in, "Mul")) {
       if (!ProductFactors(m, factors, members)) return false;
     } else {
       factors.push_back(in);
@@ -167,7 +122,8 @@ bool TakeFactor(std::vector<Value*>& factors, const Value* v) {
 
 // Removes the one-element constant equal to `c` from `factors`; false if absent.
 bool TakeConstFactor(std::vector<Value*>& factors, double c) {
-  auto it = std::find_if(factors.begin(), factors.end(), [c](const Value* v) { return IsConstScalar(v, c); });
+  auto it = std::find_if(factors.begin(), factors.end(),
+                         [c](const Value* v) { return IsScalarConstant(v, c, kScalar); });
   if (it == factors.end()) return false;
   factors.erase(it);
   return true;
@@ -175,11 +131,11 @@ bool TakeConstFactor(std::vector<Value*>& factors, double c) {
 
 // x when `v` = x^2, written Pow(x, 2) or Mul(x, x); else nullptr.
 Value* SquareOf(const Value* v, std::vector<Node*>& members) {
-  if (Node* p = ProducerOp(v, "Pow"); p && p->inputs().size() == 2 && IsConstScalar(p->input(1), 2.0)) {
+  if (Node* p = ProducerOf(v, "Pow"); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), 2.0, kScalar)) {
     members.push_back(p);
     return p->input(0);
   }
-  if (Node* m = ProducerOp(v, "Mul"); m && m->inputs().size() == 2 && m->input(0) == m->input(1)) {
+  if (Node* m = ProducerOf(v, "Mul"); m && m->inputs().size() == 2 && m->input(0) == m->input(1)) {
     members.push_back(m);
     return m->input(0);
   }
@@ -188,22 +144,22 @@ Value* SquareOf(const Value* v, std::vector<Node*>& members) {
 
 // s when `v` = 1 / sqrt(s): Rsqrt(s), Reciprocal(Sqrt(s)), Div(1, Sqrt(s)) or Pow(s, -0.5).
 Value* InvSqrtOf(const Value* v, std::vector<Node*>& members) {
-  if (Node* r = ProducerOp(v, "Rsqrt")) {
+  if (Node* r = ProducerOf(v, "Rsqrt")) {
     members.push_back(r);
     return r->input(0);
   }
-  if (Node* p = ProducerOp(v, "Pow"); p && p->inputs().size() == 2 && IsConstScalar(p->input(1), -0.5)) {
+  if (Node* p = ProducerOf(v, "Pow"); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), -0.5, kScalar)) {
     members.push_back(p);
     return p->input(0);
   }
-  Node* inv = ProducerOp(v, "Reciprocal");
+  Node* inv = ProducerOf(v, "Reciprocal");
   Value* root = inv ? inv->input(0) : nullptr;
   if (!inv) {
-    inv = ProducerOp(v, "Div");
-    if (!inv || !IsConstScalar(inv->input(0), 1.0)) return nullptr;
+    inv = ProducerOf(v, "Div");
+    if (!inv || !IsScalarConstant(inv->input(0), 1.0, kScalar)) return nullptr;
     root = inv->input(1);
   }
-  Node* sq = ProducerOp(root, "Sqrt");
+  Node* sq = ProducerOf(root, "Sqrt");
   if (!sq) return nullptr;
   members.push_back(inv);
   members.push_back(sq);
@@ -224,8 +180,8 @@ bool AddNormFactor(Value* f, bool expand, ScaledBySqrt& out, std::vector<Node*>&
   Value* s = expand ? InvSqrtOf(f, walked) : nullptr;
   Value* numerator = nullptr;
   if (!s && expand) {
-    Node* div = ProducerOp(f, "Div");
-    Node* sq = div ? ProducerOp(div->input(1), "Sqrt") : nullptr;
+    Node* div = ProducerOf(f, "Div");
+    Node* sq = div ? ProducerOf(div->input(1), "Sqrt") : nullptr;
     if (sq) {
       walked = {div, sq};
       s = sq->input(0);
@@ -253,20 +209,20 @@ std::optional<ScaledBySqrt> MatchScaledBySqrt(Node* root, std::vector<Node*>& me
   std::vector<Value*> factors;
   if (!ProductFactors(root, factors, members)) return std::nullopt;
   for (Value* f : factors)
-    if (!AddNormFactor(f, SingleUse(f), out, members)) return std::nullopt;
+    if (!AddNormFactor(f, HasSingleUse(f), out, members)) return std::nullopt;
   if (!out.s) return std::nullopt;
   return out;
 }
 
 // eps when `s` = stat + eps (either order) with eps a one-element constant; sets *stat.
 std::optional<float> EpsilonOf(const Value* s, Value** stat, std::vector<Node*>& members) {
-  Node* add = ProducerOp(s, "Add");
-  if (!add || add->inputs().size() != 2) return std::nullopt;
-  for (int k = 0; k < 2; ++k) {
-    if (std::optional<float> eps = ConstScalar(add->input(1 - k))) {
-      *stat = add->input(k);
+  Node* add = ProducerOf(s, "Add");
+  if (!add) return std::nullopt;
+  for (auto [x, c] : OperandOrders(*add)) {
+    if (std::optional<double> eps = match::ScalarConstant(c, kScalar)) {
+      *stat = x;
       members.push_back(add);
-      return eps;
+      return static_cast<float>(*eps);
     }
   }
   return std::nullopt;
@@ -308,11 +264,12 @@ std::optional<Match> MatchLayerNorm(Node* root) {
   if (root->op() == "Add" && root->inputs().size() == 2) {
     // The normalized product is one operand (feeding only this Add), beta the other.
     core = nullptr;
-    for (int k = 0; k < 2 && !core; ++k) {
-      Value* v = root->input(k);
-      if (v && v->producer() && SingleUse(v) && (v->producer()->op() == "Mul" || v->producer()->op() == "Div")) {
-        core = v->producer();
-        beta = root->input(1 - k);
+    for (auto [v, other] : OperandOrders(*root)) {
+      Node* p = HasSingleUse(v) ? v->producer() : nullptr;
+      if (p && (p->op() == "Mul" || p->op() == "Div")) {
+        core = p;
+        beta = other;
+        break;
       }
     }
     if (!core) return std::nullopt;
@@ -327,7 +284,7 @@ std::optional<Match> MatchLayerNorm(Node* root) {
   if (!eps) return std::nullopt;
   Value* sq = LastAxisReduceOf(var, "ReduceMean", m.members);
   Value* d = sq ? SquareOf(sq, m.members) : nullptr;
-  Node* sub = ProducerOp(d, "Sub");
+  Node* sub = ProducerOf(d, "Sub");
   if (!sub || sub->inputs().size() != 2) return std::nullopt;
   m.members.push_back(sub);
   Value* x = sub->input(0);
@@ -350,9 +307,9 @@ Node* GeluOuter(Node* root, const char* inner, std::vector<Value*>& factors, std
     return nullptr;
   for (int k = 0; k < 2; ++k) {
     Value* a = factors[k];
-    Node* add = ProducerOp(a, "Add");
-    if (!add || !SingleUse(a)) continue;
-    Node* f = ProducerOp(OperandBesideConst(add, 1.0), inner);
+    Node* add = SingleUseProducer(a, "Add");
+    if (!add) continue;
+    Node* f = ProducerOf(match::OperandBesideScalar(*add, 1.0, kScalar), inner);
     if (!f) continue;
     members.push_back(add);
     members.push_back(f);
@@ -371,10 +328,10 @@ std::optional<Match> MatchGeluErf(Node* root) {
   if (!erf) return std::nullopt;
   Value* x = factors[0];
   // Erf's argument: x / sqrt2 or x * (1/sqrt2).
-  Node* div = ProducerOp(erf->input(0), "Div");
-  Node* mul = ProducerOp(erf->input(0), "Mul");
-  const bool by_div = div && div->input(0) == x && IsConstScalar(div->input(1), kSqrt2);
-  const bool by_mul = mul && OperandBesideConst(mul, 1.0 / kSqrt2) == x;
+  Node* div = ProducerOf(erf->input(0), "Div");
+  Node* mul = ProducerOf(erf->input(0), "Mul");
+  const bool by_div = div && div->input(0) == x && IsScalarConstant(div->input(1), kSqrt2, kScalar);
+  const bool by_mul = mul && match::OperandBesideScalar(*mul, 1.0 / kSqrt2, kScalar) == x;
   if (!by_div && !by_mul) return std::nullopt;
   m.members.push_back(by_div ? div : mul);
   m.inputs = {x};
@@ -391,12 +348,12 @@ std::optional<Match> MatchGeluTanh(Node* root) {
   Value* x = factors[0];
   // tanh's argument: {sqrt(2/pi), x + 0.044715 x^3}
   std::vector<Value*> outer;
-  Node* u = ProducerOp(tanh->input(0), "Mul");
+  Node* u = ProducerOf(tanh->input(0), "Mul");
   if (!u || !ProductFactors(u, outer, m.members) || outer.size() != 2 || !TakeConstFactor(outer, kSqrt2OverPi))
     return std::nullopt;
-  Node* sum = ProducerOp(outer[0], "Add");
-  Value* cubic = sum ? OtherOperand(sum, x) : nullptr;
-  Node* cubic_mul = ProducerOp(cubic, "Mul");
+  Node* sum = ProducerOf(outer[0], "Add");
+  Value* cubic = sum ? OtherOperand(*sum, x) : nullptr;
+  Node* cubic_mul = ProducerOf(cubic, "Mul");
   if (!cubic_mul) return std::nullopt;
   m.members.push_back(sum);
   // 0.044715 * x^3 as factors, with Pow(x, 3) counted as x, x, x.
@@ -404,13 +361,13 @@ std::optional<Match> MatchGeluTanh(Node* root) {
   if (!ProductFactors(cubic_mul, inner, m.members) || !TakeConstFactor(inner, kGeluCubic)) return std::nullopt;
   int xs = 0;
   for (Value* f : inner) {
-    Node* p = ProducerOp(f, "Pow");
+    Node* p = ProducerOf(f, "Pow");
     if (f == x) {
       ++xs;
-    } else if (p && p->input(0) == x && IsConstScalar(p->input(1), 3.0)) {
+    } else if (p && p->input(0) == x && IsScalarConstant(p->input(1), 3.0, kScalar)) {
       xs += 3;
       m.members.push_back(p);
-    } else if (p && p->input(0) == x && IsConstScalar(p->input(1), 2.0)) {
+    } else if (p && p->input(0) == x && IsScalarConstant(p->input(1), 2.0, kScalar)) {
       xs += 2;
       m.members.push_back(p);
     } else {
@@ -424,10 +381,10 @@ std::optional<Match> MatchGeluTanh(Node* root) {
 
 // x * Sigmoid(x), either order -> Silu.
 std::optional<Match> MatchSilu(Node* root) {
-  if (root->op() != "Mul" || root->inputs().size() != 2) return std::nullopt;
-  for (int k = 0; k < 2; ++k) {
-    Node* sig = ProducerOp(root->input(1 - k), "Sigmoid");
-    if (sig && sig->input(0) == root->input(k)) return Match{"Silu", {root->input(k)}, {}, {sig, root}, root};
+  if (root->op() != "Mul") return std::nullopt;
+  for (auto [x, s] : OperandOrders(*root)) {
+    Node* sig = ProducerOf(s, "Sigmoid");
+    if (sig && sig->input(0) == x) return Match{"Silu", {x}, {}, {sig, root}, root};
   }
   return std::nullopt;
 }
@@ -437,9 +394,9 @@ std::optional<Match> MatchSoftmax(Node* root) {
   if (root->op() != "Div" || root->inputs().size() != 2) return std::nullopt;
   Match m{"Softmax", {}, {}, {root}, root};
   Value* e = root->input(0);
-  Node* exp = ProducerOp(e, "Exp");
+  Node* exp = ProducerOf(e, "Exp");
   if (!exp || LastAxisReduceOf(root->input(1), "ReduceSum", m.members) != e) return std::nullopt;
-  Node* sub = ProducerOp(exp->input(0), "Sub");
+  Node* sub = ProducerOf(exp->input(0), "Sub");
   if (!sub || sub->inputs().size() != 2) return std::nullopt;
   Value* x = sub->input(0);
   if (LastAxisReduceOf(sub->input(1), "ReduceMax", m.members) != x) return std::nullopt;
@@ -454,19 +411,19 @@ std::optional<Match> MatchSoftmax(Node* root) {
 // with ONNX's clamping of out-of-range bounds.
 std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Node* n) {
   const Value* x = n->input(0);
-  auto starts = ConstInts(n->input(1)), ends = ConstInts(n->input(2));
+  auto starts = match::IntConstant(n->input(1)), ends = match::IntConstant(n->input(2));
   if (!x || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
   std::vector<int64_t> axes{0};
   if (n->input(3)) {
-    auto a = ConstInts(n->input(3));
+    auto a = match::IntConstant(n->input(3));
     if (!a) return std::nullopt;
     axes = *a;
   }
   if (n->input(4)) {
-    auto steps = ConstInts(n->input(4));
+    auto steps = match::IntConstant(n->input(4));
     if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
   }
-  if (axes.size() != 1 || !IsLastAxis(axes[0], x->shape().size())) return std::nullopt;
+  if (axes.size() != 1 || !match::IsLastAxis(axes[0], x->shape().size())) return std::nullopt;
   const int64_t d = x->shape().back();
   auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? std::max<int64_t>(i, -d) + d : i, 0, d); };
   return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
@@ -474,14 +431,14 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Node* n) {
 
 // x when `v` = rotate_half(x) = Concat(Neg(Slice(x, d/2..d)), Slice(x, 0..d/2), axis -1).
 Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
-  Node* cat = ProducerOp(v, "Concat");
+  Node* cat = ProducerOf(v, "Concat");
   if (!cat || cat->inputs().size() != 2 || !cat->input(0) || !cat->input(1)) return nullptr;
-  Node* neg = ProducerOp(cat->input(0), "Neg");
-  Node* hi = neg ? ProducerOp(neg->input(0), "Slice") : nullptr;
-  Node* lo = ProducerOp(cat->input(1), "Slice");
+  Node* neg = ProducerOf(cat->input(0), "Neg");
+  Node* hi = neg ? ProducerOf(neg->input(0), "Slice") : nullptr;
+  Node* lo = ProducerOf(cat->input(1), "Slice");
   if (!hi || !lo || hi->input(0) != lo->input(0)) return nullptr;
   Value* x = lo->input(0);
-  if (x->shape().empty() || !IsLastAxis(cat->GetInt("axis", 0), x->shape().size())) return nullptr;
+  if (x->shape().empty() || !match::IsLastAxis(cat->GetInt("axis", 0), x->shape().size())) return nullptr;
   const int64_t d = x->shape().back();
   if (d % 2 != 0 || LastAxisSlice(hi) != std::make_pair(d / 2, d) || LastAxisSlice(lo) != std::make_pair(int64_t{0}, d / 2))
     return nullptr;
@@ -491,26 +448,21 @@ Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
 
 // Whether table t (cos / sin) can be a Rope input for x: x's dtype, broadcasting to x's shape.
 bool IsRopeTable(const Value* t, const Value* x) {
-  if (!t || t->dtype() != x->dtype() || t->shape().size() > x->shape().size()) return false;
-  const Shape &s = t->shape(), &xs = x->shape();
-  for (size_t k = 0; k < s.size(); ++k)
-    if (s[s.size() - 1 - k] != 1 && s[s.size() - 1 - k] != xs[xs.size() - 1 - k]) return false;
-  return true;
+  return t && t->dtype() == x->dtype() && match::BroadcastsTo(t->shape(), x->shape());
 }
 
 // x * cos + rotate_half(x) * sin, any operand order -> Rope(x, cos, sin).
 std::optional<Match> MatchRope(Node* root) {
-  if (root->op() != "Add" || root->inputs().size() != 2) return std::nullopt;
-  for (int k = 0; k < 2; ++k) {
-    Node* mc = ProducerOp(root->input(k), "Mul");
-    Node* ms = ProducerOp(root->input(1 - k), "Mul");
-    if (!mc || !ms || mc->inputs().size() != 2 || ms->inputs().size() != 2) continue;
-    for (int j = 0; j < 2; ++j) {
+  if (root->op() != "Add") return std::nullopt;
+  for (auto [by_cos, by_sin] : OperandOrders(*root)) {
+    Node* mc = ProducerOf(by_cos, "Mul");
+    Node* ms = ProducerOf(by_sin, "Mul");
+    if (!mc || !ms) continue;
+    for (auto [rotated, sin] : OperandOrders(*ms)) {
       Match m{"Rope", {}, {}, {root, mc, ms}, root};
-      Value* x = RotateHalfOf(ms->input(j), m.members);
+      Value* x = RotateHalfOf(rotated, m.members);
       if (!x) continue;
-      Value* sin = ms->input(1 - j);
-      Value* cos = OtherOperand(mc, x);
+      Value* cos = OtherOperand(*mc, x);
       if (!IsRopeTable(cos, x) || !IsRopeTable(sin, x)) continue;
       m.inputs = {x, cos, sin};
       return m;
@@ -539,10 +491,7 @@ bool Acceptable(Match& m) {
   for (const Node* n : m.members) {
     for (const Value* o : n->outputs()) {
       if (o->dtype() != x->dtype()) return false;
-      if (n == m.root) continue;
-      if (o->is_graph_output()) return false;
-      for (const Use& u : o->uses())
-        if (!inside.count(u.node)) return false;
+      if (n != m.root && match::IsUsedOutside(o, inside)) return false;
     }
   }
   return true;

@@ -36,6 +36,7 @@
 
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace {
@@ -65,12 +66,11 @@ std::vector<std::string> OutputNames(const Node& n) {
 // The RMSNorm's scale when it can go into W's rows: empty for none (1), else K values.
 std::optional<std::vector<float>> FoldableScale(const Node& norm, int64_t k) {
   if (norm.inputs().size() < 2 || !norm.input(1)) return std::vector<float>{};
-  const Value* g = norm.input(1);
-  if (!g->constant() || g->dtype() != DType::kF32 || (g->numel() != k && g->numel() != 1)) return std::nullopt;
-  const float* p = g->constant()->data_as<float>();
-  std::vector<float> s(static_cast<size_t>(k));
-  for (int64_t i = 0; i < k; ++i) s[static_cast<size_t>(i)] = p[g->numel() == 1 ? 0 : i];
-  return s;
+  std::optional<std::vector<float>> g = match::F32Constant(norm.input(1));
+  const int64_t n = g ? static_cast<int64_t>(g->size()) : 0;
+  if (!g || (n != k && n != 1)) return std::nullopt;
+  if (n == 1) g->assign(static_cast<size_t>(k), g->front());
+  return g;
 }
 
 class NormFolder {
@@ -135,11 +135,10 @@ class NormFolder {
     if (!h || h->dtype() != DType::kF32 || h->shape().size() < 2 || h->shape().back() == 0 || y->is_graph_output() ||
         y->uses().empty())
       return false;
-    const int64_t rank = static_cast<int64_t>(h->shape().size()), axis = norm->GetInt("axis", -1);
-    if (axis != -1 && axis != rank - 1) return false;
-    if (y->uses().size() == 1 && y->uses()[0].node->op() == "FusedAttention") return TryFoldIntoAttention(norm);
-    Node* p = h->producer();
-    if (!p || p->op() != "FusedGemm" || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
+    if (!match::IsLastAxis(norm->GetInt("axis", -1), h->shape().size())) return false;
+    if (const Use* u = match::SingleUse(y); u && u->node->op() == "FusedAttention") return TryFoldIntoAttention(norm);
+    Node* p = match::ProducerOf(h, "FusedGemm");
+    if (!p || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
     const int64_t k = h->shape().back();
     std::vector<Node*> consumers;
     for (const Use& u : y->uses()) {

@@ -34,6 +34,7 @@
 #include <cstdio>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/hash.h"
@@ -41,6 +42,7 @@
 #include "../ir/text.h"
 #include "../ir/schemas/attention_layout.h"
 #include "fusion_passes.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace {
@@ -51,27 +53,11 @@ constexpr const char* kUnsupportedLayout = "attention-unsupported-layout";      
 constexpr const char* kUnsupportedDtype = "attention-unsupported-dtype";        // not f32
 constexpr const char* kUnsupportedPattern = "attention-unsupported-pattern";    // an op between QK^T and softmax
 
-// Read by exactly one node and not a graph output.
-bool Private(const Value* v) { return !v->is_graph_output() && v->uses().size() == 1; }
-
-Node* ProducerIs(const Value* v, const char* op) {
-  Node* p = v ? v->producer() : nullptr;
-  return p && p->op() == op ? p : nullptr;
-}
-
-// The value of a constant holding a single float, if `v` is one.
-bool ScalarConstant(const Value* v, double* out) {
-  if (!v || !v->constant() || v->numel() != 1 || !IsFloat(v->dtype())) return false;
-  *out = v->constant()->GetAsDouble(0);
-  return true;
-}
-
-bool BroadcastsTo(const Shape& s, const Shape& to) {
-  if (s.size() > to.size()) return false;
-  const Shape both[2] = {s, to};
-  auto r = BroadcastShapes(both);
-  return r.ok() && *r == to;
-}
+using match::BroadcastsTo;
+using match::ProducerOf;
+using match::ScalarConstant;
+using match::SingleUse;
+using match::SingleUseProducer;
 
 // One of Q, K, V as the fused node reads it.
 struct Operand {
@@ -137,18 +123,18 @@ class AttentionFuser {
     Operand op;
     op.input = x;
     Value* cur = x;
-    if (Node* r = ProducerIs(cur, "Rope"); allow_rope && r && Private(cur) && RopeFits(*r, rows, cols, rope_like)) {
+    if (Node* r = allow_rope ? SingleUseProducer(cur, "Rope") : nullptr; r && RopeFits(*r, rows, cols, rope_like)) {
       op.rope = r;
       op.nodes.push_back(r);
       cur = r->input(0);
       op.input = cur;
     }
-    Node* t = ProducerIs(cur, "Transpose");
-    if (t && Private(cur) && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+    Node* t = SingleUseProducer(cur, "Transpose");
+    if (t && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
       op.nodes.push_back(t);
       op.input = t->input(0);  // [B,rows,H,cols]: the bshd layout already
       op.layout = "bshd";
-      if (Node* r = ProducerIs(op.input, "Reshape"); r && Private(op.input)) {
+      if (Node* r = SingleUseProducer(op.input, "Reshape")) {
         op.nodes.push_back(r);
         op.input = r->input(0);
       }
@@ -200,31 +186,36 @@ class AttentionFuser {
       if (!n || n->op() == "MatMul") break;
       double c = 0;
       Value* next = nullptr;
-      if (n->op() == "Mul" && ScalarConstant(n->input(1), &c)) next = n->input(0);
-      else if (n->op() == "Mul" && ScalarConstant(n->input(0), &c)) next = n->input(1);
-      else if (n->op() == "Div" && ScalarConstant(n->input(1), &c) && c != 0) next = n->input(0), c = 1.0 / c;
+      if (n->op() == "Mul") {
+        for (auto [x, k] : match::OperandOrders(*n)) {
+          if (std::optional<double> v = ScalarConstant(k)) {
+            next = x, c = *v;
+            break;
+          }
+        }
+      } else if (n->op() == "Div") {
+        if (std::optional<double> v = ScalarConstant(n->input(1)); v && *v != 0) next = n->input(0), c = 1.0 / *v;
+      }
       if (next) {
         // Factors after a mask (met first walking back) scale the mask, or the Where's fill, too.
         m->scale *= c;
         if (!add_seen) m->mask_scale *= c;
         if (!select_seen) m->fill_scale *= c;
       } else if (n->op() == "Where" && !select_seen && n->input(0)->dtype() == DType::kBool) {
-        double fill = 0;
-        if (scores_like(n->input(1), 0) && ScalarConstant(n->input(2), &fill)) {
-          next = n->input(1), m->mask_select = 1;
-        } else if (scores_like(n->input(2), 0) && ScalarConstant(n->input(1), &fill)) {
-          next = n->input(2), m->mask_select = -1;
+        const std::optional<double> fill_false = ScalarConstant(n->input(2)), fill_true = ScalarConstant(n->input(1));
+        if (fill_false && scores_like(n->input(1), 0)) {
+          next = n->input(1), m->mask_select = 1, m->mask_fill = *fill_false;
+        } else if (fill_true && scores_like(n->input(2), 0)) {
+          next = n->input(2), m->mask_select = -1, m->mask_fill = *fill_true;
         } else {
           break;
         }
         m->bool_mask = n->input(0);
-        m->mask_fill = fill;
         m->select_first = add_seen;  // an Add met first walking back comes after the Where
         select_seen = true;
         // masked_fill(~mask, c) exports as Where(Cast(Not(mask), bool), c, s): a Not read by
         // nothing else flips the selection instead of running; a Cast of bool to bool is a copy.
-        for (Node* p = m->bool_mask->producer(); p && m->bool_mask->uses().size() == 1 && !m->bool_mask->is_graph_output();
-             p = m->bool_mask->producer()) {
+        for (Node* p = m->bool_mask->producer(); p && match::HasSingleUse(m->bool_mask); p = m->bool_mask->producer()) {
           const bool is_not = p->op() == "Not";
           const bool is_copy = p->op() == "Cast" && p->output()->dtype() == DType::kBool;
           if (!(is_not || is_copy) || p->input(0)->dtype() != DType::kBool) break;
@@ -245,7 +236,7 @@ class AttentionFuser {
       cur = next;
     }
     std::reverse(m->core.begin(), m->core.end());  // graph order: first after QK^T, softmax last
-    m->qk = ProducerIs(cur, "MatMul");
+    m->qk = ProducerOf(cur, "MatMul");
     if (!m->qk) {
       Refuse(cur->producer() ? cur->producer() : sm, cur->producer() ? sm->name() : m->pv->name(), kUnsupportedPattern,
              StrCat("softmax '", sm->name(), "' feeds MatMul '", m->pv->name(), "' but its input '", cur->name(),
@@ -283,7 +274,7 @@ class AttentionFuser {
     m->b = qs[0], m->h = qs[1], m->s = qs[2], m->d = qs[3], m->sk = ks[3], m->dv = vs[3];
     const Shape scores{m->b, m->h, m->s, m->sk};
     const int64_t axis = m->softmax->GetInt("axis", -1);
-    if (axis != -1 && axis != 3) {
+    if (!match::IsLastAxis(axis, 4)) {  // the key axis of the scores [B,H,S,Sk]
       Refuse(m->softmax, pv->name(), kUnsupportedLayout,
              StrCat("softmax over axis ", axis, " of ", p->TypeString(), ", not the key axis"));
       return false;
@@ -340,16 +331,16 @@ class AttentionFuser {
     m->q = MatchHeads(m->qk->input(0), true, m->s, m->d, nullptr);
     // K: K^T from a Transpose of K rows, or of the pre-split tensor, or read as given.
     Value* kt = m->qk->input(1);
-    Node* t = ProducerIs(kt, "Transpose");
+    Node* t = SingleUseProducer(kt, "Transpose");
     const std::vector<int64_t> perm = t ? t->GetInts("perm") : std::vector<int64_t>{};
-    if (t && Private(kt) && perm == std::vector<int64_t>{0, 1, 3, 2}) {
+    if (t && perm == std::vector<int64_t>{0, 1, 3, 2}) {
       m->k = MatchHeads(t->input(0), true, m->sk, m->d, &m->q);
       m->k.nodes.insert(m->k.nodes.begin(), t);
-    } else if (t && Private(kt) && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+    } else if (t && perm == std::vector<int64_t>{0, 2, 3, 1}) {
       m->k.input = t->input(0);
       m->k.layout = "bshd";
       m->k.nodes.push_back(t);
-      if (Node* r = ProducerIs(m->k.input, "Reshape"); r && Private(m->k.input)) {
+      if (Node* r = SingleUseProducer(m->k.input, "Reshape")) {
         m->k.nodes.push_back(r);
         m->k.input = r->input(0);
       }
@@ -360,16 +351,14 @@ class AttentionFuser {
     m->v = MatchHeads(m->pv->input(1), false, m->sk, m->dv, nullptr);
     // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
     m->out = m->pv->output();
-    if (Private(m->out)) {
-      Node* t2 = m->out->uses()[0].node;
-      if (t2->op() == "Transpose" && t2->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
-        m->out_nodes.push_back(t2);
-        m->out = t2->output();
-        m->out_layout = "bshd";
-        if (Private(m->out) && m->out->uses()[0].node->op() == "Reshape" && m->out->uses()[0].input_index == 0) {
-          m->out_nodes.push_back(m->out->uses()[0].node);
-          m->out = m->out_nodes.back()->output();
-        }
+    if (const Use* t = SingleUse(m->out);
+        t && t->node->op() == "Transpose" && t->node->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+      m->out_nodes.push_back(t->node);
+      m->out = t->node->output();
+      m->out_layout = "bshd";
+      if (const Use* r = SingleUse(m->out); r && r->node->op() == "Reshape" && r->input_index == 0) {
+        m->out_nodes.push_back(r->node);
+        m->out = r->node->output();
       }
     }
     for (const Operand* op : {&m->q, &m->k, &m->v})
@@ -519,9 +508,8 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
   std::vector<std::pair<Value*, std::string>> renames;
   for (Node* a : attentions) {
     if (a->inputs().size() < 3 || !a->input(0) || !a->input(1) || !a->input(2)) continue;
-    Node* gemm = a->input(0)->producer();
-    if (!gemm || gemm->op() != "FusedGemm" || a->input(1)->producer() != gemm || a->input(2)->producer() != gemm)
-      continue;
+    Node* gemm = ProducerOf(a->input(0), "FusedGemm");
+    if (!gemm || a->input(1)->producer() != gemm || a->input(2)->producer() != gemm) continue;
     if (gemm->GetGraph("epilogue") || gemm->GetInt("splits", 1) != 3 || gemm->inputs().size() != 2 ||
         !gemm->input(1)->constant() || gemm->outputs().size() != 3)
       continue;
@@ -540,7 +528,7 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
       int o = -1;
       for (int j = 0; j < 3; ++j)
         if (gemm->output(j) == v) o = j;
-      private_outputs = o >= 0 && v->uses().size() == 1 && !v->is_graph_output();
+      private_outputs = o >= 0 && match::HasSingleUse(v);
       if (private_outputs) split[i] = out_proj[o];
     }
     if (!private_outputs) {

@@ -11,6 +11,7 @@
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
 #include "../ops/reference.h"
+#include "match.h"
 
 namespace graphfuse {
 
@@ -47,8 +48,7 @@ class Planner {
     seen_.assign(n, 0);
     elementwise_.resize(n);
     for (int i = 0; i < n; ++i) {
-      const OpSchema* s = FindSchema(order_[i]->op());
-      elementwise_[i] = s && s->elementwise;
+      elementwise_[i] = match::IsElementwiseOp(*order_[i]);
       if (elementwise_[i]) members_[i] = {i};
     }
   }
@@ -111,11 +111,8 @@ class Planner {
       if (NeedsRoundingStep(*OpFromName(n->op()), n->output()->dtype(), s.integer_domain)) ++s.size;  // its rounding step
       for (const Value* in : n->inputs())
         if (in && !(in->producer() && in_group.count(in->producer()))) s.reads.insert(in);
-      for (const Value* out : n->outputs()) {
-        bool outside = out->is_graph_output();
-        for (const Use& u : out->uses()) outside |= !in_group.count(u.node);
-        if (outside) s.writes.insert(out);
-      }
+      for (const Value* out : n->outputs())
+        if (match::IsUsedOutside(out, in_group)) s.writes.insert(out);
     }
     return s;
   }

@@ -24,9 +24,9 @@
 #include <set>
 
 #include "../ir/elementwise_body.h"
-#include "../ir/op_registry.h"
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace {
@@ -40,11 +40,7 @@ bool IsProjection(const Node* n) {
          b->shape().size() == 2 && b->constant() != nullptr;
 }
 
-bool IsElementwiseNode(const Node* n) {
-  if (n->op() == "FusedElementwise") return true;
-  const OpSchema* s = FindSchema(n->op());
-  return s && s->elementwise;
-}
+bool IsElementwiseNode(const Node* n) { return n->op() == "FusedElementwise" || match::IsElementwiseOp(*n); }
 
 bool Excluded(const FusionOptions& o, const Node* n) { return o.exclude.count(n->name()) != 0; }
 
@@ -89,20 +85,6 @@ Status InlineInto(Graph& dst, const Node& n, std::map<const Value*, Value*>& vma
   GF_ASSIGN_OR_RETURN(Node * c, dst.AddNode(n.op(), ins, n.attrs(), n.name()));
   for (size_t k = 0; k < n.outputs().size(); ++k) vmap[n.output(k)] = c->output(k);
   return Status::Ok();
-}
-
-// Nodes reachable from `from`'s outputs through nodes not in `stop` (those are not entered).
-std::set<const Node*> ReachableFrom(const std::vector<Node*>& from, const std::set<const Node*>& stop) {
-  std::set<const Node*> seen;
-  std::vector<const Node*> work(from.begin(), from.end());
-  while (!work.empty()) {
-    const Node* n = work.back();
-    work.pop_back();
-    for (const Value* o : n->outputs())
-      for (const Use& u : o->uses())
-        if (!stop.count(u.node) && seen.insert(u.node).second) work.push_back(u.node);
-  }
-  return seen;
 }
 
 class GemmFuser {
@@ -173,9 +155,9 @@ class GemmFuser {
       changed = false;
       std::set<const Node*> in_group(projections.begin(), projections.end());
       in_group.insert(members.begin(), members.end());
-      std::vector<Node*> all(projections.begin(), projections.end());
+      std::vector<const Node*> all(projections.begin(), projections.end());
       all.insert(all.end(), members.begin(), members.end());
-      const std::set<const Node*> downstream = ReachableFrom(all, in_group);
+      const std::set<const Node*> downstream = match::ReachableFrom(all, in_group);
       for (size_t i = 0; i < members.size(); ++i) {
         const Node* bad = nullptr;
         for (const Value* v : members[i]->inputs()) {
@@ -209,12 +191,6 @@ class GemmFuser {
     std::set<const Node*> absorbed(members.begin(), members.end());
     std::set<const Value*> proj_values;
     for (Node* p : projections) proj_values.insert(p->output());
-    auto used_outside = [&](const Value* v) {
-      if (v->is_graph_output()) return true;
-      for (const Use& u : v->uses())
-        if (!absorbed.count(u.node)) return true;
-      return false;
-    };
     // Extra inputs of the epilogue, in first-read order.
     std::vector<Value*> extras;
     for (Node* m : members)
@@ -234,7 +210,7 @@ class GemmFuser {
     std::vector<const Value*> epi_outputs;
     for (Node* m : members)
       for (const Value* o : m->outputs())
-        if (used_outside(o)) epi_outputs.push_back(o);
+        if (match::IsUsedOutside(o, absorbed)) epi_outputs.push_back(o);
     for (const Value* o : epi_outputs) GF_RETURN_IF_ERROR(epilogue->MarkOutput(emap.at(o)));
     // The epilogue must be one elementwise body within its limits (inputs, instructions, outputs).
     if (!members.empty()) {
@@ -265,7 +241,7 @@ class GemmFuser {
     std::vector<int64_t> out_proj;
     std::vector<const Value*> old_outputs;
     for (int64_t s = 0; s < S; ++s)
-      if (used_outside(projections[s]->output())) {
+      if (match::IsUsedOutside(projections[s]->output(), absorbed)) {
         out_proj.push_back(s);
         old_outputs.push_back(projections[s]->output());
       }

@@ -36,9 +36,9 @@
 #include <set>
 
 #include "core/hash.h"
-#include "../ir/op_registry.h"
 #include "../ir/text.h"
 #include "fusion_passes.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace {
@@ -157,8 +157,7 @@ class RowwiseFuser {
         for (const auto& bn : s.body->nodes()) s.members.push_back(bn->name());
       return s;
     }
-    const OpSchema* schema = FindSchema(n->op());
-    if (!schema || !schema->elementwise || n->outputs().size() != 1) return std::nullopt;
+    if (!match::IsElementwiseOp(*n) || n->outputs().size() != 1) return std::nullopt;
     auto body = std::make_shared<Graph>(n->name());
     std::map<const Value*, Value*> map;
     for (Value* in : n->inputs()) {
@@ -182,28 +181,11 @@ class RowwiseFuser {
 
   // Whether a node producing one of `targets` is in `from` or reachable from it along uses.
   static bool Reaches(const std::vector<const Node*>& from, const std::vector<const Value*>& targets) {
-    std::set<const Node*> goal;
-    for (const Value* t : targets)
-      if (t && t->producer()) goal.insert(t->producer());
-    if (goal.empty()) return false;
-    std::set<const Node*> seen(from.begin(), from.end());
-    std::vector<const Node*> stack(from.begin(), from.end());
-    while (!stack.empty()) {
-      const Node* n = stack.back();
-      stack.pop_back();
-      if (goal.count(n)) return true;
-      for (const Value* o : n->outputs())
-        for (const Use& u : o->uses())
-          if (seen.insert(u.node).second) stack.push_back(u.node);
+    const std::set<const Node*> reached = match::ReachableFrom(from);
+    for (const Value* t : targets) {
+      const Node* p = t ? t->producer() : nullptr;
+      if (p && (reached.count(p) || std::count(from.begin(), from.end(), p))) return true;
     }
-    return false;
-  }
-
-  // Whether P's output `v` is read by a node other than `row` (or is a graph output).
-  static bool NeededOutside(const Value* v, const Node* row) {
-    if (v->is_graph_output()) return true;
-    for (const Use& u : v->uses())
-      if (u.node != row) return true;
     return false;
   }
 
@@ -278,7 +260,7 @@ class RowwiseFuser {
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
     const int64_t axis = r->GetInt("axis", -1);
-    if (rank == 0 || (axis != -1 && axis != rank - 1)) {
+    if (!match::IsLastAxis(axis, x->shape().size())) {
       Refuse(p->node, r, kAxisNotLast,
              StrCat(where, ": normalizes from axis ", axis, ", the fused kernel only over the last axis (", rank - 1,
                     " or -1)"));
@@ -318,7 +300,7 @@ class RowwiseFuser {
     GF_CHECK(xi >= 0, "norm input is not an output of its producer");
     std::vector<int> kept;
     for (size_t i = 0; i < p->outs.size(); ++i)
-      if (NeededOutside(p->outs[i], r)) kept.push_back(static_cast<int>(i));
+      if (match::IsUsedOutside(p->outs[i], r)) kept.push_back(static_cast<int>(i));
     const bool x_kept = std::count(kept.begin(), kept.end(), xi) != 0;
     std::vector<int> order = kept;
     if (!x_kept) order.push_back(xi);
@@ -380,8 +362,8 @@ class RowwiseFuser {
     const Node* shared_reader = nullptr;
     for (const Use& u : y->uses())
       if (AsSide(u.node)) shared_reader = u.node;
-    if (y->uses().size() == 1 && !y->is_graph_output()) {
-      e = AsSide(y->uses()[0].node);
+    if (const Use* u = match::SingleUse(y)) {
+      e = AsSide(u->node);
       shared_reader = nullptr;
     }
     if (!p && !e && !shared_reader) return false;
@@ -401,7 +383,7 @@ class RowwiseFuser {
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
     const int64_t axis = s->GetInt("axis", -1);
-    if (rank == 0 || (axis != -1 && axis != rank - 1)) {
+    if (!match::IsLastAxis(axis, x->shape().size())) {
       Refuse(p ? p->node : s, p ? s : e->node, kAxisNotLast,
              StrCat(where, " and ", other->Describe(), ": softmax over axis ", axis,
                     ", the fused kernel only over the last axis (", rank - 1, " or -1)"));
@@ -452,7 +434,7 @@ class RowwiseFuser {
       const int xi = p->OutputIndex(x);
       GF_CHECK(xi >= 0, "softmax input is not an output of its producer");
       for (size_t i = 0; i < p->outs.size(); ++i)
-        if (NeededOutside(p->outs[i], s)) kept.push_back(static_cast<int>(i));
+        if (match::IsUsedOutside(p->outs[i], s)) kept.push_back(static_cast<int>(i));
       std::vector<int> order = kept;
       if (!std::count(kept.begin(), kept.end(), xi)) order.push_back(xi);
       softmax_input = std::find(order.begin(), order.end(), xi) - order.begin();

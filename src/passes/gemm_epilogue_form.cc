@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "../ir/op_registry.h"
+#include "match.h"
 
 namespace graphfuse {
 namespace gemm_epilogue {
@@ -33,10 +34,9 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const schemas::GemmGeom
   if (gate.act < 0) return std::nullopt;
   const Value* ux = u.output();
   const Value* other = epi->inputs()[static_cast<size_t>(gate.mul)];
-  const bool operands = (mul.input(0) == ux && mul.input(1) == other) || (mul.input(1) == ux && mul.input(0) == other);
   for (const Value* v : std::initializer_list<const Value*>{ux, mul.output()})
     if (v->dtype() != DType::kF32 || v->shape() != g.out_shape) return std::nullopt;
-  if (!operands || mul.output() != epi->outputs()[0]) return std::nullopt;
+  if (!match::HasOperands(mul, ux, other) || mul.output() != epi->outputs()[0]) return std::nullopt;
   return gate;
 }
 
@@ -67,10 +67,11 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const schemas::GemmGe
         form.output.push_back(out - epi->outputs().begin());
         break;
       }
-      if (v->uses().size() != 1 || links.size() == kMaxLinks) return std::nullopt;
-      const Node& add = *v->uses()[0].node;
+      const Use* use = match::SingleUse(v);
+      if (!use || links.size() == kMaxLinks) return std::nullopt;
+      const Node& add = *use->node;
       if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs().size() != 1) return std::nullopt;
-      const Value* x = add.input(1 - v->uses()[0].input_index);
+      const Value* x = match::OtherOperand(add, v);
       const auto at = std::find(extras, epi->inputs().end(), x);
       if (at == epi->inputs().end() || x->dtype() != DType::kF32) return std::nullopt;
       const bool full = x->shape() == g.out_shape;
@@ -143,9 +144,7 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const schemas::Gemm
   if (add) {
     if (epi->inputs().size() != 2 || add->inputs().size() != 2) return std::nullopt;
     const Value* b = epi->inputs()[1];
-    if (!((add->input(0) == p && add->input(1) == b) || (add->input(1) == p && add->input(0) == b)))
-      return std::nullopt;
-    if (!IsRowBias(b, g)) return std::nullopt;
+    if (!match::HasOperands(*add, p, b) || !IsRowBias(b, g)) return std::nullopt;
     form.bias_input = 2;
     at = add->output();
   } else if (epi->inputs().size() != 1) {
@@ -169,9 +168,8 @@ int64_t ResidualInput(const Node& node, const schemas::GemmGeometry& g) {
   const Node& add = *epi->nodes().front();
   if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
   const Value* r = epi->inputs()[1];
-  const bool operands = (add.inputs()[0] == epi->inputs()[0] && add.inputs()[1] == r) ||
-                        (add.inputs()[1] == epi->inputs()[0] && add.inputs()[0] == r);
-  if (!operands || r->dtype() != DType::kF32 || r->shape() != g.out_shape || add.outputs()[0]->dtype() != DType::kF32)
+  if (!match::HasOperands(add, epi->inputs()[0], r) || r->dtype() != DType::kF32 || r->shape() != g.out_shape ||
+      add.outputs()[0]->dtype() != DType::kF32)
     return -1;
   return 2;
 }
