@@ -69,6 +69,9 @@ inline VF min(VF x, VF y) { return hn::IfThenElse(hn::IsNaN(y.v), y.v, hn::IfThe
 inline VF abs(VF x) { return hn::Abs(x.v); }
 inline VF div(VF x, VF y) { return x.v / y.v; }
 inline VF sqrt(VF x) { return hn::Sqrt(x.v); }
+inline VF floor(VF x) { return hn::Floor(x.v); }
+inline VF ceil(VF x) { return hn::Ceil(x.v); }
+inline VF round_even(VF x) { return hn::Round(x.v); }  // to nearest, halves to even
 
 }  // namespace graphfuse::simd
 
@@ -161,6 +164,8 @@ inline VF expm1(VF x) { return VecF{Sleef_expm1f16_u10(x.v.raw)}; }
 inline VF log(VF x) { return VecF{Sleef_logf16_u10(x.v.raw)}; }
 inline VF log1p(VF x) { return VecF{Sleef_log1pf16_u10(x.v.raw)}; }
 inline VF tanh(VF x) { return VecF{Sleef_tanhf16_u10(x.v.raw)}; }
+inline VF cos(VF x) { return VecF{Sleef_cosf16_u10(x.v.raw)}; }
+inline VF sin(VF x) { return VecF{Sleef_sinf16_u10(x.v.raw)}; }
 }  // namespace graphfuse::simd
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 extern "C" __m256 _ZGVdN8v_erff(__m256);
@@ -173,6 +178,8 @@ inline VF expm1(VF x) { return VecF{Sleef_expm1f8_u10(x.v.raw)}; }
 inline VF log(VF x) { return VecF{Sleef_logf8_u10(x.v.raw)}; }
 inline VF log1p(VF x) { return VecF{Sleef_log1pf8_u10(x.v.raw)}; }
 inline VF tanh(VF x) { return VecF{Sleef_tanhf8_u10(x.v.raw)}; }
+inline VF cos(VF x) { return VecF{Sleef_cosf8_u10(x.v.raw)}; }
+inline VF sin(VF x) { return VecF{Sleef_sinf8_u10(x.v.raw)}; }
 }  // namespace graphfuse::simd
 #else
 #include <cmath>
@@ -195,6 +202,8 @@ inline VF expm1(VF x) { return PerLane(x, x, [](float a, float) { return std::ex
 inline VF log(VF x) { return PerLane(x, x, [](float a, float) { return std::log(a); }); }
 inline VF log1p(VF x) { return PerLane(x, x, [](float a, float) { return std::log1p(a); }); }
 inline VF tanh(VF x) { return PerLane(x, x, [](float a, float) { return std::tanh(a); }); }
+inline VF cos(VF x) { return PerLane(x, x, [](float a, float) { return std::cos(a); }); }
+inline VF sin(VF x) { return PerLane(x, x, [](float a, float) { return std::sin(a); }); }
 }  // namespace graphfuse::simd
 #endif
 

@@ -66,6 +66,12 @@ using std::log1p;
 using std::pow;
 using std::sqrt;
 using std::tanh;
+using std::cos;
+using std::sin;
+using std::floor;
+using std::ceil;
+// Halves round to the even neighbour (ONNX Round, numpy.round): the default rounding mode.
+inline double round_even(double x) { return std::nearbyint(x); }
 
 // Rounds to the precision of a.to when that is f16 or bf16 (through f32, as the kernels do).
 inline double round_to(double x, const OpAttrs& a) {

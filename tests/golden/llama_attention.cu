@@ -51,6 +51,12 @@ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
+__forceinline__ float cos(float x) { return cosf(x); }
+__forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float floor(float x) { return floorf(x); }
+__forceinline__ float ceil(float x) { return ceilf(x); }
+// Halves to even: rintf rounds in the default mode, to nearest even.
+__forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
 // Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
 __forceinline__ long long pow(long long x, long long y) {
@@ -194,7 +200,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_7123ae8a(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_613fccae(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   __shared__ float qs[16];
   __shared__ float ps[16];

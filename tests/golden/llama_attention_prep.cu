@@ -51,6 +51,12 @@ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
+__forceinline__ float cos(float x) { return cosf(x); }
+__forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float floor(float x) { return floorf(x); }
+__forceinline__ float ceil(float x) { return ceilf(x); }
+// Halves to even: rintf rounds in the default mode, to nearest even.
+__forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
 // Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
 __forceinline__ long long pow(long long x, long long y) {
@@ -163,7 +169,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_prep_rope_mask_h4_d16_f32_2c8008fb(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {
+extern "C" __global__ void __launch_bounds__(256) attention_prep_rope_mask_h4_d16_f32_74cfcf9f(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;

@@ -51,6 +51,12 @@ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
+__forceinline__ float cos(float x) { return cosf(x); }
+__forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float floor(float x) { return floorf(x); }
+__forceinline__ float ceil(float x) { return ceilf(x); }
+// Halves to even: rintf rounds in the default mode, to nearest even.
+__forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
 // Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
 __forceinline__ long long pow(long long x, long long y) {
@@ -194,7 +200,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_d1bbee68(const float* __restrict__ mask, float* __restrict__ p) {
+extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_e66c2c14(const float* __restrict__ mask, float* __restrict__ p) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL;
   for (long long item = blockIdx.x; item < 64LL; item += gridDim.x) {
     const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;

@@ -51,6 +51,12 @@ __forceinline__ float sqrt(float x) { return sqrtf(x); }
 __forceinline__ float erf(float x) { return erff(x); }
 __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
+__forceinline__ float cos(float x) { return cosf(x); }
+__forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float floor(float x) { return floorf(x); }
+__forceinline__ float ceil(float x) { return ceilf(x); }
+// Halves to even: rintf rounds in the default mode, to nearest even.
+__forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
 // Integer power by squaring, wrapping; a negative exponent truncates toward zero (src/ops/scalar_math.h).
 __forceinline__ long long pow(long long x, long long y) {
@@ -163,7 +169,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_818c1bbd(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_63f1ca49(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
