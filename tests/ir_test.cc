@@ -2,6 +2,7 @@
 // constant folding; the limits of a fused elementwise body.
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <random>
 
 #include "cpu/cpu_target.h"
@@ -11,6 +12,7 @@
 #include "ir/op_registry.h"
 #include "ir/text.h"
 #include "passes/fold_constants.h"
+#include "passes/pipeline.h"
 #include "cpu/executor.h"
 
 namespace graphfuse {
@@ -214,6 +216,37 @@ TEST(ElementwiseBody, CheckAgreesWithTheCpuLowering) {
     if (!c.error) continue;
     EXPECT_NE(check.message().find(c.error), std::string::npos) << check.ToString();
     EXPECT_EQ(lowered.status().ToString(), check.ToString());
+  }
+}
+
+// IsInf's ONNX attributes choose which infinities count, alone and inside a fused group.
+TEST(Elementwise, IsInfDetectsTheInfinitiesAskedFor) {
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor x = Tensor::Empty(DType::kF32, {5}).value();
+  const float xs[] = {-inf, inf, 1.f, std::numeric_limits<float>::quiet_NaN(), -2.f};
+  for (int i = 0; i < 5; ++i) x.SetFromDouble(i, xs[i]);
+  const TensorView in[] = {x.view()};
+  struct Case {
+    const char* attrs;
+    std::vector<int> want;  // IsInf(x), then IsInf(x + x) from a fused group
+  };
+  for (const Case& c : {Case{"", {1, 1, 0, 0, 0}}, Case{"{detect_negative = 0}", {0, 1, 0, 0, 0}},
+                        Case{"{detect_positive = 0}", {1, 0, 0, 0, 0}}}) {
+    for (bool fuse : {false, true}) {
+      auto g = ParseGraph(std::string(R"(graph @g(%x: f32[5]) {
+  %d = Add(%x, %x)
+  %y = IsInf(%d) )") + c.attrs + R"(
+  return %y
+})");
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      PipelineOptions o;
+      o.fusion.enabled = fuse;
+      ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), o).ok());
+      auto y = Execute(**g, in, CpuContext{});
+      ASSERT_TRUE(y.ok()) << y.status().ToString();
+      ASSERT_EQ(y->at(0).dtype(), DType::kBool);
+      for (int i = 0; i < 5; ++i) EXPECT_EQ(y->at(0).GetAsDouble(i), c.want[i]) << c.attrs << (fuse ? " fused" : "") << " at " << i;
+    }
   }
 }
 

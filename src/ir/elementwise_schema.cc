@@ -22,6 +22,10 @@ OpAttrs ElementwiseAttrs(OpKind kind, const AttributeMap& attrs) {
   };
   a.alpha = num("alpha", a.alpha);
   a.beta = num("beta", a.beta);
+  if (kind == OpKind::kIsInf) {  // ONNX's names for which infinities count
+    a.alpha = integer("detect_negative", 1) != 0 ? 1.f : 0.f;
+    a.beta = integer("detect_positive", 1) != 0 ? 1.f : 0.f;
+  }
   const int64_t to = integer("to", static_cast<int64_t>(a.to));
   a.to = (to >= 0 && to < static_cast<int64_t>(std::size(kAllDTypes))) ? static_cast<DType>(to) : DType::kF32;
   a.seed = static_cast<uint64_t>(integer("seed", 0));

@@ -11,8 +11,9 @@ Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options) {
   const OpSchema* s = FindSchema(n->op());
   if (!s) return false;
   if (!options.target) return InvalidArgument("constant folding needs a Target to evaluate ", n->Describe());
-  // Shape reads only the (static) shape of its input: its kernel runs on a view without data.
-  if (n->op() != "Shape")
+  // Shape and Size read only the (static) shape of their input: their kernels run on a view
+  // without data.
+  if (n->op() != "Shape" && n->op() != "Size")
     for (const Value* in : n->inputs())
       if (in != nullptr && in->constant() == nullptr) return false;
   int64_t bytes = 0;

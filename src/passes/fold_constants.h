@@ -1,5 +1,5 @@
 // Constant folding at load time: a node whose inputs are all constants runs once and its
-// outputs become constants; Shape of a statically shaped value folds without running. With
+// outputs become constants; Shape and Size of a statically shaped value fold without running. With
 // static input shapes, shape-only subgraphs (Shape -> Gather -> Concat -> Reshape) vanish.
 //
 //   %s = Shape(%x: f32[2,8])          %r = Reshape(%x, const [16])

@@ -1,4 +1,4 @@
-// The CPU kernels of the shape ops that produce data (also run by constant folding): Shape,
+// The CPU kernels of the shape ops that produce data (also run by constant folding): Shape, Size,
 // ConstantOfShape, Constant, Range. The views (Reshape, Flatten, Squeeze, Unsqueeze, Identity)
 // have no kernel: the executor aliases output 0 to input 0's buffer. Semantics and inference:
 // src/ir/schemas/shape_ops.cc.
@@ -28,6 +28,12 @@ Status ShapeKernel(const KernelContext& ctx) {
   auto [b, e] = ShapeRange(rank, ctx.node.GetInt("start", 0), ctx.node.GetInt("end", rank));
   int64_t* out = ctx.outputs[0].as<int64_t>();
   for (int64_t i = b; i < e; ++i) out[i - b] = in[i];
+  return Status::Ok();
+}
+
+// Reads only the input's shape, as Shape does.
+Status SizeKernel(const KernelContext& ctx) {
+  *ctx.outputs[0].as<int64_t>() = ctx.inputs[0].numel();
   return Status::Ok();
 }
 
@@ -74,6 +80,7 @@ Status RangeKernel(const KernelContext& ctx) {
 std::vector<CpuKernel> ShapeOpKernels() {
   return {
       {"Shape", ShapeKernel},
+      {"Size", SizeKernel},
       {"ConstantOfShape", ConstantOfShapeKernel},
       {"Constant", ConstantKernel},
       {"Range", RangeKernel},

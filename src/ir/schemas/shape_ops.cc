@@ -4,7 +4,8 @@
 //     Reshape (opset 14: 0 copies the input dim unless allowzero, one -1 inferred),
 //     Flatten (axis default 1), Squeeze / Unsqueeze (axes as an input from opset 13), Identity.
 //   Data producers (kernels, also run by constant folding):
-//     Shape (opset 15 start/end), ConstantOfShape (value attribute, default f32 0),
+//     Shape (opset 15 start/end), Size (the element count), ConstantOfShape (value attribute,
+//     default f32 0),
 //     Constant (value / value_float / value_floats / value_int / value_ints), Range.
 // Output shapes that depend on input values need those inputs to be constants.
 #include "shape_ops.h"
@@ -207,6 +208,12 @@ Result<std::vector<ValueType>> InferShape(const InferContext& ctx) {
   return std::vector<ValueType>{{DType::kI64, Shape{e - b}}};
 }
 
+// ---- Size: the element count, an i64 scalar ----
+
+Result<std::vector<ValueType>> InferSize(const InferContext& ctx) {
+  return std::vector<ValueType>{{DType::kI64, Shape{}}};
+}
+
 // ---- ConstantOfShape ----
 
 Result<std::vector<ValueType>> InferConstantOfShape(const InferContext& ctx) {
@@ -276,6 +283,7 @@ std::vector<OpSchema> ShapeOpSchemas() {
       {"Unsqueeze", 1, 2, 1, InferUnsqueeze, /*view=*/true},
       {"Identity", 1, 1, 1, InferIdentity, /*view=*/true},
       {"Shape", 1, 1, 1, InferShape},
+      {"Size", 1, 1, 1, InferSize},
       {"ConstantOfShape", 1, 1, 1, InferConstantOfShape},
       {"Constant", 0, 0, 1, InferConstant},
       {"Range", 3, 3, 1, InferRange},
