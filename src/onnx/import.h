@@ -24,9 +24,11 @@
 
 namespace graphfuse {
 
-// The default-domain opsets the importer accepts.
-inline constexpr int64_t kMinOnnxOpset = 13;
-inline constexpr int64_t kMaxOnnxOpset = 17;
+// The default-domain opsets the importer accepts. The IR holds ops in their opset 13-17 form;
+// nodes of other opsets whose form differs are rewritten to it as they are imported
+// (node_import.cc, UpgradeForm).
+inline constexpr int64_t kMinOnnxOpset = 7;
+inline constexpr int64_t kMaxOnnxOpset = 21;
 
 // Reads and imports an .onnx file (files over 2 GiB are refused).
 Result<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path);

@@ -23,6 +23,15 @@
 //                                float y: Cast(Pow(Cast(x){to=f32}, y'){to=dtype(x)}, y' = y in f32
 //   Gelu{approximate}         -> Gelu, or GeluTanh for approximate="tanh" (ONNX opset 20 form)
 //   Split(x) without 'split'  -> Split(x){num_outputs=<number of node outputs>} (opset 18 form)
+//
+// Nodes of other opsets are first rewritten to their opset 13-17 form (UpgradeForm):
+//   Softmax/LogSoftmax < 13   the input is coerced to 2-D at `axis` (default 1): over the last
+//                             axis as is, else Reshape(Softmax(Flatten(x){axis}){axis=-1}, shape(x))
+//   Clip < 11                 min / max attributes -> constant inputs
+//   Slice < 10                starts / ends / axes attributes -> constant inputs
+//   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
+// Squeeze, Unsqueeze, ReduceSum and Split before 13, and ReduceMean / ReduceMax from 18, need
+// nothing: their schemas take axes (and split) as an attribute or as a constant input.
 #include "onnx/node_import.h"
 
 #include <onnx/onnx_pb.h>
@@ -349,7 +358,12 @@ Status ImportGelu(NodeImport& n) {
 // (ONNX 13-17 has no num_outputs attribute: one in the model is ignored, not trusted.)
 Status ImportSplit(NodeImport& n) {
   const bool has_split = n.inputs.size() > 1 && n.inputs[1];
-  n.attrs.erase("num_outputs");
+  if (n.opset < 18) n.attrs.erase("num_outputs");
+  if (n.opset >= 18 && !has_split && n.attrs.count("num_outputs")) {
+    const OpSchema* s = FindSchema("Split");
+    if (!s) return Unimplemented("op not supported");
+    return ImportDirect(n, *s);
+  }
   if (!has_split) n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
   const OpSchema* s = FindSchema("Split");
   if (!s) return Unimplemented("op not supported");
@@ -435,6 +449,76 @@ Result<Attribute> ConvertAttribute(const onnx::AttributeProto& a, const std::str
   }
 }
 
+namespace {
+
+// A constant input made from an attribute of an older opset's form.
+Result<Value*> AttributeInput(NodeImport& n, const std::string& what, std::shared_ptr<const Tensor> data) {
+  return n.g.AddConstant(n.g.FreshName(StrCat(n.name, "/", what)), std::move(data));
+}
+
+Result<Value*> IntsInput(NodeImport& n, const std::string& attr) {
+  const std::vector<int64_t> v = AttrInts(n.attrs, attr, {});
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
+  for (size_t i = 0; i < v.size(); ++i) t.SetFromDouble(static_cast<int64_t>(i), static_cast<double>(v[i]));
+  n.attrs.erase(attr);
+  return AttributeInput(n, attr, std::make_shared<const Tensor>(std::move(t)));
+}
+
+// Rewrites a node of an opset outside 13-17 whose form differs into that form (see the table at
+// the top). Sets *done when it added the node's IR itself.
+Status UpgradeForm(NodeImport& n, bool* done) {
+  *done = false;
+  const std::string& op = n.op();
+  if (n.opset < 13 && (op == "Softmax" || op == "LogSoftmax")) {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+    Value* x = n.inputs[0];
+    const int64_t rank = static_cast<int64_t>(x->shape().size());
+    int64_t axis = AttrInt(n.attrs, "axis", 1);
+    if (axis < -rank || axis >= std::max<int64_t>(rank, 1))
+      return InvalidArgument("axis ", axis, " is out of range for ", x->TypeString());
+    if (axis < 0) axis += rank;
+    if (rank == 0 || axis == rank - 1) {
+      n.attrs["axis"] = int64_t{-1};
+      return Status::Ok();
+    }
+    // Over every axis from `axis` on, as one: flatten them, normalize, restore the shape.
+    GF_ASSIGN_OR_RETURN(Value * flat, Emit(n, "Flatten", {x}, {{"axis", axis}}, false));
+    GF_ASSIGN_OR_RETURN(Value * soft, Emit(n, op, {flat}, {{"axis", int64_t{-1}}}, false));
+    GF_ASSIGN_OR_RETURN(Tensor shape, Tensor::Empty(DType::kI64, {rank}));
+    for (int64_t i = 0; i < rank; ++i) shape.SetFromDouble(i, static_cast<double>(x->shape()[i]));
+    GF_ASSIGN_OR_RETURN(Value * s, AttributeInput(n, "shape", std::make_shared<const Tensor>(std::move(shape))));
+    GF_RETURN_IF_ERROR(Emit(n, "Reshape", {soft, s}, {}, true).status());
+    *done = true;
+    return Status::Ok();
+  }
+  if (n.opset < 11 && op == "Clip") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    Value* x = n.inputs[0];
+    n.inputs.resize(3, nullptr);
+    for (const auto& [attr, k] : {std::pair<const char*, size_t>{"min", 1}, {"max", 2}}) {
+      if (!n.attrs.count(attr)) continue;
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(x->dtype(), {}));
+      t.SetFromDouble(0, AttrFloat(n.attrs, attr, 0.f));
+      n.attrs.erase(attr);
+      GF_ASSIGN_OR_RETURN(n.inputs[k], AttributeInput(n, attr, std::make_shared<const Tensor>(std::move(t))));
+    }
+    return Status::Ok();
+  }
+  if (n.opset < 10 && op == "Slice") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    const bool has_axes = n.attrs.count("axes") != 0;
+    n.inputs.resize(has_axes ? 4 : 3, nullptr);
+    GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "starts"));
+    GF_ASSIGN_OR_RETURN(n.inputs[2], IntsInput(n, "ends"));
+    if (has_axes) { GF_ASSIGN_OR_RETURN(n.inputs[3], IntsInput(n, "axes")); }
+    return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ImportNode(NodeImport& n) {
   const std::string& domain = n.proto.domain();
   if (!domain.empty() && domain != "ai.onnx")
@@ -448,6 +532,11 @@ Status ImportNode(NodeImport& n) {
     const std::string what = StrCat("attribute '", a.name(), "'");
     if (n.attrs.count(a.name())) return InvalidArgument(what, " appears twice");
     GF_ASSIGN_OR_RETURN(n.attrs[a.name()], ConvertAttribute(a, what));
+  }
+  if (n.opset < 13 || n.opset > 17) {
+    bool done = false;
+    GF_RETURN_IF_ERROR(UpgradeForm(n, &done));
+    if (done) return Status::Ok();
   }
   return convert ? convert(n) : ImportDirect(n, *schema);
 }
