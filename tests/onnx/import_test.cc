@@ -114,6 +114,86 @@ TEST(OnnxImport, KeepsNamesAndGeneratesMissingNodeNames) {
   EXPECT_EQ(RunF32(**g, {-1, 2, -3, 4, 0, 5}), (std::vector<float>{0, -2, 0, -4, 0, -5}));
 }
 
+void SetInts(onnx::NodeProto* n, const std::string& k, const std::vector<int64_t>& v) {
+  auto* a = n->add_attribute();
+  a->set_name(k);
+  a->set_type(onnx::AttributeProto::INTS);
+  for (int64_t x : v) a->add_ints(x);
+}
+
+// Softmax before opset 13 normalizes over the input coerced to 2-D at `axis` (default 1): over
+// every axis from there on at once; at the last axis it is today's Softmax.
+TEST(OnnxImport, OldSoftmaxNormalizesOverTheTrailingAxesTogether) {
+  std::vector<float> x(24);
+  for (int i = 0; i < 24; ++i) x[i] = std::sin(0.7 * i) * 3;
+  for (int64_t axis : {int64_t{1}, int64_t{-1}, int64_t{0}}) {
+    for (const char* op : {"Softmax", "LogSoftmax"}) {
+      ModelBuilder b(11);
+      b.Input("x", {2, 3, 4});
+      auto* n = b.Node(op, {"x"}, {"y"});
+      SetInt(n, "axis", axis);
+      b.Output("y");
+      auto g = b.Import();
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 3, 4}));
+      const std::vector<float> y = RunF32(**g, x);
+      ASSERT_EQ(y.size(), 24u);
+      const int64_t a = axis < 0 ? axis + 3 : axis;
+      const int64_t inner = a == 0 ? 24 : a == 1 ? 12 : 4;  // the coerced row: dims a.. together
+      for (int64_t r = 0; r < 24 / inner; ++r) {
+        double sum = 0;
+        for (int64_t i = 0; i < inner; ++i) sum += std::exp(double{x[r * inner + i]});
+        for (int64_t i = 0; i < inner; ++i) {
+          const double p = std::exp(double{x[r * inner + i]}) / sum;
+          const double want = std::string(op) == "Softmax" ? p : std::log(p);
+          EXPECT_NEAR(y[r * inner + i], want, 2e-6 * (1 + std::fabs(want))) << op << " axis " << axis << " at " << r * inner + i;
+        }
+      }
+    }
+  }
+}
+
+// Clip before opset 11 and Slice before opset 10 carry as attributes what later opsets take as
+// inputs; Split from opset 18 takes num_outputs.
+TEST(OnnxImport, OldAndNewAttributeForms) {
+  {
+    ModelBuilder b(10);
+    b.Input("x", {4});
+    auto* n = b.Node("Clip", {"x"}, {"y"});
+    SetFloat(n, "min", -0.5f);
+    SetFloat(n, "max", 1.5f);
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(RunF32(**g, {-2.f, 0.25f, 1.f, 9.f}), (std::vector<float>{-0.5f, 0.25f, 1.f, 1.5f}));
+  }
+  {
+    ModelBuilder b(9);
+    b.Input("x", {2, 4});
+    auto* n = b.Node("Slice", {"x"}, {"y"});
+    SetInts(n, "starts", {1});
+    SetInts(n, "ends", {3});
+    SetInts(n, "axes", {1});
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 2}));
+    EXPECT_EQ(RunF32(**g, {0, 1, 2, 3, 4, 5, 6, 7}), (std::vector<float>{1, 2, 5, 6}));
+  }
+  {
+    ModelBuilder b(18);
+    b.Input("x", {6});
+    auto* n = b.Node("Split", {"x"}, {"a", "b", "c"});
+    SetInt(n, "num_outputs", 3);
+    b.Output("a");
+    b.Output("c");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_EQ((*g)->outputs().size(), 2u);
+    EXPECT_EQ((*g)->outputs()[1]->shape(), (Shape{2}));
+  }
+}
+
 TEST(OnnxImport, RefusesWhatItCannotParseOrRun) {
   EXPECT_ERROR(ImportOnnxBytes("\xff\xff\xff garbage", "bad.onnx"), StatusCode::kInvalidArgument, "bad.onnx",
                "not a valid ONNX model (protobuf parse failed)");
