@@ -1,7 +1,8 @@
 // Data movement, dtype-generic (elements are moved as DTypeSize bytes):
 //   Transpose (perm, default reversed), Concat (axis), Split (split input, num_outputs, or the
 //   output shapes), Slice (starts/ends/axes/steps inputs, ONNX clamping, negative steps),
-//   Gather (axis, negative indices), Expand (bidirectional broadcast to a constant shape).
+//   Gather (axis, negative indices), GatherElements, Trilu, Expand (bidirectional broadcast to a
+//   constant shape).
 // Transpose, Slice and Expand are one strided copy: the output is contiguous and the source is
 // read with per-dim strides (permuted, stepped, or 0 for broadcast dims).
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/data_movement.cc.
@@ -247,6 +248,62 @@ Status GatherKernel(const KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---- GatherElements ----
+
+Status GatherElementsKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const TensorView& I = ctx.inputs[1];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", 0, rank));
+  const int64_t dim = X.shape[axis];
+  const std::vector<int64_t> idx = ReadInts(I);
+  // Row-major strides of the data; the output walks the indices' shape.
+  std::vector<int64_t> xs(static_cast<size_t>(rank), 1);
+  for (int64_t d = rank - 2; d >= 0; --d) xs[d] = xs[d + 1] * X.shape[d + 1];
+  const size_t esize = DTypeSize(X.dtype);
+  const char* in = static_cast<const char*>(X.data);
+  char* out = static_cast<char*>(ctx.outputs[0].data);
+  std::vector<int64_t> pos(static_cast<size_t>(rank), 0);
+  for (int64_t t = 0; t < static_cast<int64_t>(idx.size()); ++t) {
+    int64_t j = idx[t];
+    if (j < -dim || j >= dim)
+      return InvalidArgument(KernelWhere(ctx), ": index ", j, " (position ", t, ") is out of range for axis ", axis,
+                             " of size ", dim);
+    if (j < 0) j += dim;
+    int64_t src = 0;
+    for (int64_t d = 0; d < rank; ++d) src += (d == axis ? j : pos[d]) * xs[d];
+    std::memcpy(out + t * esize, in + src * static_cast<int64_t>(esize), esize);
+    for (int64_t d = rank - 1; d >= 0 && ++pos[d] == I.shape[d]; --d) pos[d] = 0;  // next output position
+  }
+  return Status::Ok();
+}
+
+// ---- Trilu ----
+
+Status TriluKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t k = ctx.inputs.size() > 1 && ctx.inputs[1].data ? ReadInts(ctx.inputs[1]).at(0) : 0;
+  const bool upper = ctx.node.GetInt("upper", 1) != 0;
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  const int64_t rows = X.shape[rank - 2], cols = X.shape[rank - 1];
+  const int64_t mats = X.numel() / std::max<int64_t>(rows * cols, 1);
+  const size_t esize = DTypeSize(X.dtype);
+  const char* in = static_cast<const char*>(X.data);
+  char* out = static_cast<char*>(ctx.outputs[0].data);
+  ParallelFor(ctx.cpu, mats * rows, cols + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t i = r % rows;
+      for (int64_t j = 0; j < cols; ++j) {
+        const size_t at = static_cast<size_t>(r * cols + j) * esize;
+        const bool keep = upper ? j - i >= k : j - i <= k;
+        if (keep) std::memcpy(out + at, in + at, esize);
+        else std::memset(out + at, 0, esize);  // zero in every dtype
+      }
+    }
+  });
+  return Status::Ok();
+}
+
 // ---- Expand ----
 
 Status ExpandKernel(const KernelContext& ctx) {
@@ -270,6 +327,8 @@ std::vector<CpuKernel> DataMovementKernels() {
       {"Split", SplitKernel},
       {"Slice", SliceKernel},
       {"Gather", GatherKernel},
+      {"GatherElements", GatherElementsKernel},
+      {"Trilu", TriluKernel},
       {"Expand", ExpandKernel},
   };
 }

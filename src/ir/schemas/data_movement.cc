@@ -2,7 +2,9 @@
 // src/cpu/kernels/data_movement.cc.
 //   Transpose (perm, default reversed), Concat (axis), Split (split input, num_outputs, or the
 //   output shapes), Slice (starts/ends/axes/steps inputs, ONNX clamping, negative steps),
-//   Gather (axis, negative indices), Expand (bidirectional broadcast to a constant shape).
+//   Gather (axis, negative indices), GatherElements (indices of data's rank, along axis),
+//   Trilu (upper / lower triangle from diagonal k), Expand (bidirectional broadcast to a constant
+//   shape).
 #include "data_movement.h"
 
 #include <climits>
@@ -192,6 +194,35 @@ Result<std::vector<ValueType>> InferGather(const InferContext& ctx) {
   return std::vector<ValueType>{{x->dtype(), out}};
 }
 
+// ---- GatherElements: out[i..] = data[i.. with i_axis = indices[i..]] ----
+
+Result<std::vector<ValueType>> InferGatherElements(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* idx = ctx.input(1);
+  if (!IsIndexType(idx->dtype()))
+    return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": GatherElements needs data of rank >= 1");
+  if (idx->shape().size() != x->shape().size())
+    return InvalidArgument(ctx.Describe(), ": indices ", idx->TypeString(), " must have data's rank (", x->TypeString(), ")");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != axis && idx->shape()[d] > x->shape()[d])
+      return InvalidArgument(ctx.Describe(), ": indices ", idx->TypeString(), " exceed data ", x->TypeString(),
+                             " along axis ", d);
+  return std::vector<ValueType>{{x->dtype(), idx->shape()}};
+}
+
+// ---- Trilu: the upper (or lower) triangle of the last two dims, from diagonal k ----
+
+Result<std::vector<ValueType>> InferTrilu(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  if (x->shape().size() < 2) return InvalidArgument(ctx.Describe(), ": Trilu needs rank >= 2, got ", x->TypeString());
+  if (const Value* k = ctx.input(1); k && (k->dtype() != DType::kI64 || k->numel() != 1))
+    return InvalidArgument(ctx.Describe(), ": k must be one i64 value, got ", k->TypeString());
+  return std::vector<ValueType>{{x->dtype(), x->shape()}};
+}
+
 // ---- Expand ----
 
 Result<std::vector<ValueType>> InferExpand(const InferContext& ctx) {
@@ -212,6 +243,8 @@ std::vector<OpSchema> DataMovementSchemas() {
       {"Split", 1, 2, -1, InferSplit},
       {"Slice", 3, 5, 1, InferSlice},
       {"Gather", 2, 2, 1, InferGather},
+      {"GatherElements", 2, 2, 1, InferGatherElements},
+      {"Trilu", 1, 2, 1, InferTrilu},
       {"Expand", 2, 2, 1, InferExpand},
   };
 }
