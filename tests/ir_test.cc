@@ -250,5 +250,44 @@ TEST(Elementwise, IsInfDetectsTheInfinitiesAskedFor) {
   }
 }
 
+// GatherElements along axis 1 with a negative index, and an index out of range named; Trilu on
+// integers with k from an input.
+TEST(DataMovement, GatherElementsAndTrilu) {
+  auto g = ParseGraph(R"(graph @g(%x: f32[2,3], %i: i64[2,2]) {
+  %y = GatherElements(%x, %i) {axis = 1}
+  return %y
+})");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Tensor x = Tensor::FromFloats(DType::kF32, {2, 3}, {1, 2, 3, 4, 5, 6}).value();
+  Tensor i = Tensor::Empty(DType::kI64, {2, 2}).value();
+  const int64_t is[] = {2, -3, 1, 1};
+  for (int k = 0; k < 4; ++k) i.SetFromDouble(k, static_cast<double>(is[k]));
+  const TensorView in[] = {x.view(), i.view()};
+  auto y = Execute(**g, in, CpuContext{});
+  ASSERT_TRUE(y.ok()) << y.status().ToString();
+  const double want[] = {3, 1, 5, 5};
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(y->at(0).GetAsDouble(k), want[k]) << k;
+  i.SetFromDouble(3, 3);
+  auto bad = Execute(**g, in, CpuContext{});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("index 3 (position 3) is out of range for axis 1 of size 3"), std::string::npos)
+      << bad.status().ToString();
+
+  auto t = ParseGraph(R"(graph @t(%x: i32[3,3], %k: i64[]) {
+  %y = Trilu(%x, %k) {upper = 0}
+  return %y
+})");
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  Tensor xi = Tensor::Empty(DType::kI32, {3, 3}).value();
+  for (int k = 0; k < 9; ++k) xi.SetFromDouble(k, k + 1);
+  Tensor kk = Tensor::Empty(DType::kI64, {}).value();
+  kk.SetFromDouble(0, -1);
+  const TensorView tin[] = {xi.view(), kk.view()};
+  auto ty = Execute(**t, tin, CpuContext{});
+  ASSERT_TRUE(ty.ok()) << ty.status().ToString();
+  const double lower[] = {0, 0, 0, 4, 0, 0, 7, 8, 0};  // below the diagonal only (k = -1)
+  for (int k = 0; k < 9; ++k) EXPECT_EQ(ty->at(0).GetAsDouble(k), lower[k]) << k;
+}
+
 }  // namespace
 }  // namespace graphfuse
