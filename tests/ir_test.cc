@@ -289,5 +289,25 @@ TEST(DataMovement, GatherElementsAndTrilu) {
   for (int k = 0; k < 9; ++k) EXPECT_EQ(ty->at(0).GetAsDouble(k), lower[k]) << k;
 }
 
+// ArgMax takes a NaN as the largest (its first one, as numpy does); select_last_index picks the
+// last of equal extremes.
+TEST(Reduce, ArgMaxNaNAndLastIndex) {
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+           {"%y = ArgMax(%x) {axis = 1, keepdims = 0}", {1, 1}},
+           {"%y = ArgMin(%x) {axis = 1, keepdims = 0, select_last_index = 1}", {1, 2}},
+           {"%y = ArgMin(%x) {axis = 1}", {1, 0}}}) {
+    auto g = ParseGraph("graph @g(%x: f32[2,3]) {\n  " + text + "\n  return %y\n}");
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    // Row 0 holds NaNs (the extreme for both ops), row 1 a tie of minima.
+    Tensor x = Tensor::FromFloats(DType::kF32, {2, 3}, {1, nan, nan, -2, 5, -2}).value();
+    const TensorView in[] = {x.view()};
+    auto y = Execute(**g, in, CpuContext{});
+    ASSERT_TRUE(y.ok()) << y.status().ToString();
+    ASSERT_EQ(y->at(0).numel(), static_cast<int64_t>(want.size())) << text;
+    for (size_t k = 0; k < want.size(); ++k) EXPECT_EQ(y->at(0).GetAsDouble(k), want[k]) << text << " at " << k;
+  }
+}
+
 }  // namespace
 }  // namespace graphfuse

@@ -1,4 +1,4 @@
-// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18).
+// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18), and ArgMax / ArgMin along one axis.
 //
 // Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
 // constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
@@ -206,6 +206,34 @@ Status ReduceKernel(const KernelContext& ctx) {
   return Unimplemented(KernelWhere(ctx), ": no reduction kernel for ", DTypeName(X.dtype));
 }
 
+// ArgMax / ArgMin along one axis: the first index of the extreme value (the last with
+// select_last_index = 1); a NaN is the extreme, as numpy's argmax / argmin take it.
+template <bool kMax>
+Status ArgReduceKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", 0, rank));
+  const bool last = ctx.node.GetInt("select_last_index", 0) != 0;
+  const int64_t dim = X.shape[axis];
+  const int64_t outer = schemas::Product(X.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = schemas::Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size());
+  int64_t* out = ctx.outputs[0].as<int64_t>();
+  ParallelFor(ctx.cpu, outer * inner, dim, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o = t / inner, i = t % inner;
+      int64_t best_at = 0;
+      double best = LoadAsDouble(X, o * dim * inner + i);
+      for (int64_t j = 1; j < dim && !std::isnan(best); ++j) {
+        const double v = LoadAsDouble(X, (o * dim + j) * inner + i);
+        const bool better = std::isnan(v) || (kMax ? (last ? v >= best : v > best) : (last ? v <= best : v < best));
+        if (better) best = v, best_at = j;
+      }
+      out[t] = best_at;
+    }
+  });
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<CpuKernel> ReduceKernels() {
@@ -213,6 +241,8 @@ std::vector<CpuKernel> ReduceKernels() {
       {"ReduceSum", ReduceKernel<ReduceKind::kSum>},
       {"ReduceMean", ReduceKernel<ReduceKind::kMean>},
       {"ReduceMax", ReduceKernel<ReduceKind::kMax>},
+      {"ArgMax", ArgReduceKernel<true>},
+      {"ArgMin", ArgReduceKernel<false>},
   };
 }
 

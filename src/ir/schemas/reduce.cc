@@ -1,4 +1,4 @@
-// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18): inference. The CPU kernels are in
+// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18), and ArgMax / ArgMin: inference. The CPU kernels are in
 // src/cpu/kernels/reduce.cc.
 //
 // Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
@@ -51,6 +51,23 @@ Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   return std::vector<ValueType>{{x->dtype(), ReducedShape(x->shape(), ax, ctx.GetInt("keepdims", 1) != 0)}};
 }
 
+// ArgMax / ArgMin: the index (i64) of the largest / smallest element along one axis (default
+// 0), kept as a dim of 1 unless keepdims = 0.
+Result<std::vector<ValueType>> InferArgReduce(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  if (x->dtype() == DType::kBool) return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs an input of rank >= 1");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", 0), rank));
+  if (x->shape()[axis] == 0)
+    return InvalidArgument(ctx.Describe(), ": axis ", axis, " of ", x->TypeString(), " is empty: no element to pick");
+  Shape out;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != axis) out.push_back(x->shape()[d]);
+    else if (ctx.GetInt("keepdims", 1) != 0) out.push_back(1);
+  return std::vector<ValueType>{{DType::kI64, out}};
+}
+
 }  // namespace
 
 std::vector<OpSchema> ReduceSchemas() {
@@ -58,6 +75,8 @@ std::vector<OpSchema> ReduceSchemas() {
       {"ReduceSum", 1, 2, 1, InferReduce},
       {"ReduceMean", 1, 2, 1, InferReduce},
       {"ReduceMax", 1, 2, 1, InferReduce},
+      {"ArgMax", 1, 1, 1, InferArgReduce},
+      {"ArgMin", 1, 1, 1, InferArgReduce},
   };
 }
 
