@@ -15,6 +15,7 @@
 
 #include <hwy/highway.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "graphfuse/ops.h"
@@ -72,6 +73,23 @@ inline VF sqrt(VF x) { return hn::Sqrt(x.v); }
 inline VF floor(VF x) { return hn::Floor(x.v); }
 inline VF ceil(VF x) { return hn::Ceil(x.v); }
 inline VF round_even(VF x) { return hn::Round(x.v); }  // to nearest, halves to even
+// C's fmod lane by lane: exact for every pair (SLEEF's vector fmod is not, for a subnormal
+// divisor of a huge dividend), and Mod is rare in models.
+inline VF fmod(VF x, VF y) {
+  alignas(64) float a[kLanes], b[kLanes];
+  x.Store(a), y.Store(b);
+  for (int i = 0; i < kLanes; ++i) a[i] = std::fmod(a[i], b[i]);
+  return VF::Load(a);
+}
+// As scalar_math.h's mod: truncating remainder, or flooring (sign of y) when a.alpha == 0.
+template <class A>
+inline VF mod(VF x, VF y, const A& a) {
+  const VecF r = fmod(x, y).v;
+  if (a.alpha != 0.f) return r;
+  const auto z = hn::Zero(DF());
+  const auto adjust = hn::And(hn::Ne(r, z), hn::Xor(hn::Lt(r, z), hn::Lt(y.v, z)));
+  return hn::IfThenElse(adjust, hn::Add(r, y.v), r);
+}
 
 }  // namespace graphfuse::simd
 

@@ -22,6 +22,7 @@ OpAttrs ElementwiseAttrs(OpKind kind, const AttributeMap& attrs) {
   };
   a.alpha = num("alpha", a.alpha);
   a.beta = num("beta", a.beta);
+  if (kind == OpKind::kMod) a.alpha = integer("fmod", 0) != 0 ? 1.f : 0.f;
   if (kind == OpKind::kIsInf) {  // ONNX's names for which infinities count
     a.alpha = integer("detect_negative", 1) != 0 ? 1.f : 0.f;
     a.beta = integer("detect_positive", 1) != 0 ? 1.f : 0.f;

@@ -70,6 +70,20 @@ using std::cos;
 using std::sin;
 using std::floor;
 using std::ceil;
+// The remainder of x / y: truncating (sign of x) when a.alpha != 0 (ONNX Mod's fmod = 1), else
+// flooring (sign of y, as Python's % and numpy.mod).
+inline double mod(double x, double y, const OpAttrs& a) {
+  double r = std::fmod(x, y);
+  if (a.alpha == 0.f && r != 0 && ((r < 0) != (y < 0))) r += y;
+  return r;
+}
+// Integers: y == 0 gives 0 and INT64_MIN % -1 gives 0, instead of trapping.
+inline int64_t mod(int64_t x, int64_t y, const OpAttrs& a) {
+  if (y == 0 || y == -1) return 0;
+  int64_t r = x % y;
+  if (a.alpha == 0.f && r != 0 && ((r < 0) != (y < 0))) r += y;
+  return r;
+}
 // Halves round to the even neighbour (ONNX Round, numpy.round): the default rounding mode.
 inline double round_even(double x) { return std::nearbyint(x); }
 

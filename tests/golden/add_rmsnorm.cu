@@ -55,6 +55,19 @@ __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
+// The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
+// 0 for y == 0 and y == -1 instead of trapping.
+__forceinline__ float mod(float x, float y, const Attrs& a) {
+  float r = fmodf(x, y);
+  if (a.alpha == 0.f && r != 0.f && ((r < 0.f) != (y < 0.f))) r += y;
+  return r;
+}
+__forceinline__ long long mod(long long x, long long y, const Attrs& a) {
+  if (y == 0 || y == -1) return 0;
+  long long r = x % y;
+  if (a.alpha == 0.f && r != 0 && ((r < 0) != (y < 0))) r += y;
+  return r;
+}
 // Halves to even: rintf rounds in the default mode, to nearest even.
 __forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
@@ -209,7 +222,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_6ecab1a7(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_cd821411(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

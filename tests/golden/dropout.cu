@@ -55,6 +55,19 @@ __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
+// The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
+// 0 for y == 0 and y == -1 instead of trapping.
+__forceinline__ float mod(float x, float y, const Attrs& a) {
+  float r = fmodf(x, y);
+  if (a.alpha == 0.f && r != 0.f && ((r < 0.f) != (y < 0.f))) r += y;
+  return r;
+}
+__forceinline__ long long mod(long long x, long long y, const Attrs& a) {
+  if (y == 0 || y == -1) return 0;
+  long long r = x % y;
+  if (a.alpha == 0.f && r != 0 && ((r < 0) != (y < 0))) r += y;
+  return r;
+}
 // Halves to even: rintf rounds in the default mode, to nearest even.
 __forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }

@@ -55,6 +55,19 @@ __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
+// The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
+// 0 for y == 0 and y == -1 instead of trapping.
+__forceinline__ float mod(float x, float y, const Attrs& a) {
+  float r = fmodf(x, y);
+  if (a.alpha == 0.f && r != 0.f && ((r < 0.f) != (y < 0.f))) r += y;
+  return r;
+}
+__forceinline__ long long mod(long long x, long long y, const Attrs& a) {
+  if (y == 0 || y == -1) return 0;
+  long long r = x % y;
+  if (a.alpha == 0.f && r != 0 && ((r < 0) != (y < 0))) r += y;
+  return r;
+}
 // Halves to even: rintf rounds in the default mode, to nearest even.
 __forceinline__ float round_even(float x) { return rintf(x); }
 __forceinline__ float pow(float x, float y) { return powf(x, y); }
@@ -169,7 +182,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_63f1ca49(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_46b39b8b(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
