@@ -7,6 +7,7 @@
 #include <string>
 
 #include "cpu/cpu_target.h"
+#include "graph_test_util.h"
 #include "cpu/executor.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
@@ -39,12 +40,6 @@ class TestTarget final : public Target {
  private:
   TargetCosts costs_;
 };
-
-int CountOp(const Graph& g, const std::string& op) {
-  int k = 0;
-  for (const auto& n : g.nodes()) k += n->op() == op ? 1 : 0;
-  return k;
-}
 
 // A small LLaMA block: the CPU target folds its RMSNorms into the GEMMs and moves the QKV
 // projection inside the attention; a target without those forms keeps both apart.

@@ -359,12 +359,8 @@ Status ImportGelu(NodeImport& n) {
 Status ImportSplit(NodeImport& n) {
   const bool has_split = n.inputs.size() > 1 && n.inputs[1];
   if (n.opset < 18) n.attrs.erase("num_outputs");
-  if (n.opset >= 18 && !has_split && n.attrs.count("num_outputs")) {
-    const OpSchema* s = FindSchema("Split");
-    if (!s) return Unimplemented("op not supported");
-    return ImportDirect(n, *s);
-  }
-  if (!has_split) n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
+  if (!has_split && !n.attrs.count("num_outputs"))
+    n.attrs["num_outputs"] = static_cast<int64_t>(n.proto.output_size());
   const OpSchema* s = FindSchema("Split");
   if (!s) return Unimplemented("op not supported");
   return ImportDirect(n, *s);
