@@ -151,6 +151,40 @@ assert c['outputs'][0]['max_abs_err'] > 1e-6 and j['latency_ms']['fused'] > 0, j
   # Results that really disagree with the tolerance asked for: exit 1, each output's error named.
   check bench-mismatch 1 "$GF" bench "$CLI_MODELS/norm_gemm.onnx" --rtol 0 --atol 0
   echo "$LAST" | grep -q "y .*max |err| .*DIFFERS" || { echo "FAIL bench-mismatch names no output: $LAST"; fail=1; }
+  # Symbolic dims: the data gives the shapes; --shape binds them for explain / bench / random runs.
+  DYN="$CLI_MODELS/dynamic_mlp.onnx"
+  check run-dynamic 0 "$GF" run "$DYN" --data "$CLI_MODELS/dynamic_mlp_data" --json /tmp/graphfuse_dyn.json
+  echo "$LAST" | grep -q "planning: .* ms for f32\[2,3,8\];f32\[2,3\]" || { echo "FAIL run-dynamic: no planning time: $LAST"; fail=1; }
+  python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_dyn.json'))
+assert j['planning_ms'] > 0 and j['signature'] == 'f32[2,3,8];f32[2,3]' and j['kernels_fused'] == 1, j
+assert all(o['ok'] for o in j['outputs']), j
+" || { echo "FAIL run-dynamic --json: planning_ms, signature, kernels or outputs"; fail=1; }
+  check explain-dynamic-unbound 2 "$GF" explain "$DYN"
+  echo "$LAST" | grep -q "input 'x' f32\[batch,seq,8\] has symbolic dims: give 'batch', 'seq' with --shape" \
+    || { echo "FAIL explain without --shape does not name the dims: $LAST"; fail=1; }
+  check explain-dynamic 0 "$GF" explain "$DYN" --shape batch=4 --shape seq=16 --json /tmp/graphfuse_dyn_plan.json
+  echo "$LAST" | grep -q "gemm_64x8x8" || { echo "FAIL explain --shape: the GEMM is not 64 rows: $LAST"; fail=1; }
+  check bench-dynamic 0 "$GF" bench "$DYN" --shape x=2x32x8 --repeats 3 --json /tmp/graphfuse_dyn_bench.json
+  python3 -c "import json; j=json.load(open('/tmp/graphfuse_dyn_bench.json')); assert j['planning_ms'] > 0, j" \
+    || { echo "FAIL bench --shape --json lacks planning_ms"; fail=1; }
+  check run-dynamic-random 0 "$GF" run "$DYN" --shape x=1x5x8
+  check shape-disagree 2 "$GF" explain "$DYN" --shape x=2x5x8 --shape mask=3x5
+  echo "$LAST" | grep -q "input 'mask': dim 0 ('batch') is 3 but input 'x' dim 0 gave 'batch' = 2" \
+    || { echo "FAIL two inputs disagreeing on a symbolic dim: $LAST"; fail=1; }
+  check shape-wrong-fixed 2 "$GF" explain "$DYN" --shape x=2x5x9 --shape mask=2x5
+  echo "$LAST" | grep -q "input 'x': dim 2 is 9 but the model fixes it at 8" || { echo "FAIL wrong fixed dim: $LAST"; fail=1; }
+  check shape-wrong-rank 2 "$GF" run "$DYN" --shape x=2x5 --shape mask=2x5
+  echo "$LAST" | grep -q "input 'x' has rank 2" || { echo "FAIL wrong rank: $LAST"; fail=1; }
+  check shape-huge 2 "$GF" bench "$DYN" --shape batch=4 --shape seq=1099511627776
+  echo "$LAST" | grep -q "more than this machine's memory" || { echo "FAIL huge dim: $LAST"; fail=1; }
+  check shape-unknown-name 2 "$GF" explain "$DYN" --shape seqlen=4
+  check shape-malformed 2 "$GF" explain "$DYN" --shape x=2by3
+  check shape-with-data 2 "$GF" run "$DYN" --data "$CLI_MODELS/dynamic_mlp_data" --shape seq=3
+  # An input whose values become a shape: run plans for the values in the data.
+  check run-value-shape-needs-data 2 "$GF" run "$CLI_MODELS/value_reshape.onnx"
+  echo "$LAST" | grep -q "input 's': its values become a shape (input 1 of node 'Reshape_0' (Reshape))" \
+    || { echo "FAIL value input without data: $LAST"; fail=1; }
 else
   echo "FAIL make_cli_models.py (python3-onnx missing? scripts/setup.sh installs it)"; fail=1
 fi

@@ -52,13 +52,14 @@ TEST(ModelApi, CompilesFusedAndUnfusedAndTheyAgree) {
   ASSERT_TRUE(target.ok());
   CompileOptions unfused_options;
   unfused_options.fusion.enabled = false;
-  auto fused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
-  auto unfused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target, unfused_options);
+  std::shared_ptr<const Target> cpu = std::move(*target);
+  auto fused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), cpu);
+  auto unfused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), cpu, unfused_options);
   ASSERT_TRUE(fused.ok()) << fused.status().ToString();
   ASSERT_TRUE(unfused.ok()) << unfused.status().ToString();
-  EXPECT_LT((*fused)->launches_per_run(), (*unfused)->launches_per_run());
-  EXPECT_EQ((*fused)->report().kernels_after, (*fused)->launches_per_run());
-  EXPECT_FALSE((*fused)->report().groups.empty());
+  EXPECT_LT((*fused)->plan()->launches_per_run(), (*unfused)->plan()->launches_per_run());
+  EXPECT_EQ((*fused)->plan()->report().kernels_after, (*fused)->plan()->launches_per_run());
+  EXPECT_FALSE((*fused)->plan()->report().groups.empty());
   ASSERT_EQ((*fused)->inputs().size(), 1u);
   EXPECT_EQ((*fused)->inputs()[0].name, "x");
   EXPECT_EQ((*fused)->outputs()[0].shape, (Shape{1, 12, 64}));
@@ -83,7 +84,7 @@ TEST(ModelApi, EightThreadsRunOneModel) {
   const Fixture f = MakeFixture();
   auto target = MakeTarget("cpu", {.threads = 2});
   ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const CompiledModel& m = **model;
 
@@ -124,7 +125,7 @@ TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
   const Fixture f = MakeFixture();
   auto target = MakeTarget("cpu");
   ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
   ASSERT_TRUE(model.ok());
   const Tensor x = Input(f.cfg, 7);
   const TensorView good[] = {x.view()};
@@ -152,7 +153,7 @@ TEST(ModelApi, LeavesProcessSettingsAlone) {
   const Fixture f = MakeFixture();
   auto target = MakeTarget("cpu", {.threads = 2});
   ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), **target);
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
   ASSERT_TRUE(model.ok());
   const Tensor x = Input(f.cfg, 3);
   const TensorView in[] = {x.view()};

@@ -1,8 +1,10 @@
 // `graphfuse bench (MODEL.onnx | --preset NAME)`: unfused vs fused, median of interleaved
 // repeats; the elementwise presets also report GB/s beside a same-run STREAM triad.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -18,6 +20,7 @@
 #include "json.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/signature.h"
 #include "cpu/executor.h"
 #include "runtime/blocks.h"
 #include "runtime/presets.h"
@@ -60,9 +63,14 @@ int Bench(Args& args) {
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   bool native = false;
   FusionOptions fusion;
+  std::map<std::string, Shape> shapes;
   while (!args.Done()) {
     const std::string f = args.Next();
-    if (f == "--cpu-codegen") {
+    if (f == "--shape") {
+      auto v = args.Value(f);
+      if (!v.ok()) return Fail(v.status());
+      if (Status st = ParseShapeFlag(*v, &shapes); !st.ok()) return Fail(st);
+    } else if (f == "--cpu-codegen") {
       native = true;
     } else if (f == "--backend") {
       auto v = args.Backend(f);
@@ -96,6 +104,7 @@ int Bench(Args& args) {
       return Fail(InvalidArgument("unexpected argument '", f, "'"));
     }
   }
+  if (!shapes.empty() && model.empty()) return Fail(InvalidArgument("--shape binds a model's input dims; give a model"));
   if (model.empty() == preset.empty())
     return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
 
@@ -105,6 +114,7 @@ int Bench(Args& args) {
   // Two copies of the graph: one planned without fusion (the baseline), one with.
   std::unique_ptr<Graph> base, fused;
   const ElementwisePreset* p = nullptr;
+  const auto planning_start = std::chrono::steady_clock::now();
   if (!preset.empty()) {
     p = FindElementwisePreset(preset);
     if (!p) return Fail(InvalidArgument("unknown preset '", preset, "' (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert)"));
@@ -113,7 +123,7 @@ int Bench(Args& args) {
     base = std::move(ParseGraph(text).value());
     fused = std::move(ParseGraph(text).value());
   } else {
-    auto a = ImportOnnxFile(model), b = ImportOnnxFile(model);
+    auto a = ImportOnnxFileWithShapes(model, shapes), b = ImportOnnxFileWithShapes(model, shapes);
     if (!a.ok()) return Fail(a.status());
     base = std::move(*a);
     fused = std::move(*b);
@@ -131,6 +141,9 @@ int Bench(Args& args) {
   auto fused_plan = ExecutionPlan::Compile(*fused);
   if (!base_plan.ok()) return Fail(base_plan.status());
   if (!fused_plan.ok()) return Fail(fused_plan.status());
+  // Both plans (import, passes, executor plans) for this shape.
+  const double planning_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();
 
   std::fprintf(stderr, "graphfuse bench: preparing inputs...\n");
   std::mt19937 rng(7);
@@ -234,6 +247,7 @@ int Bench(Args& args) {
               p ? "preset " : "", p ? p->name : model.c_str(), static_cast<long long>(report.kernels_before),
               static_cast<long long>(report.kernels_after), pool.num_threads(), repeats);
   if (p) std::printf("  %s, %lld f32 elements\n", p->what, static_cast<long long>(elements));
+  std::printf("  planning: %.1f ms (import, passes and executor plans, unfused and fused)\n", planning_ms);
   // GB/s only for the presets, whose bytes are all input and output.
   auto row = [&](const char* name, double s, const char* note) {
     if (p) std::printf("  %-10s %10.4f ms %10.1f%s\n", name, s * 1e3, bytes / s / 1e9, note);
@@ -296,6 +310,7 @@ int Bench(Args& args) {
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
     j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
     AddFusionJson(j, report);
+    j.Key("planning_ms").Num(planning_ms);
     j.Key("check").BeginObject().Key("rtol").Num(rtol).Key("atol").Num(atol).Key("outputs").BeginArray();
     for (const OutputReport& c : checks)
       j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)

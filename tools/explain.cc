@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 
 #include "cli_common.h"
@@ -11,6 +12,7 @@
 #include "ir/text.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/signature.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/codegen.h"
 #endif
@@ -21,10 +23,15 @@ int Explain(Args& args) {
   std::string model, dot, json, cuda_src;
   bool print_ir = false;
   FusionOptions fusion;
+  std::map<std::string, Shape> shapes;
   auto fail = [](const Status& s) { return FailUsage("explain", s); };
   while (!args.Done()) {
     const std::string f = args.Next();
-    if (f == "--dot" || f == "--json" || f == "--cuda-src") {
+    if (f == "--shape") {
+      auto v = args.Value(f);
+      if (!v.ok()) return fail(v.status());
+      if (Status st = ParseShapeFlag(*v, &shapes); !st.ok()) return fail(st);
+    } else if (f == "--dot" || f == "--json" || f == "--cuda-src") {
       auto v = f == "--cuda-src" ? args.Value(f) : args.OutputFile(f);
       if (!v.ok()) return fail(v.status());
       (f == "--dot" ? dot : f == "--json" ? json : cuda_src) = *v;
@@ -43,7 +50,8 @@ int Explain(Args& args) {
     }
   }
   if (model.empty()) return fail(InvalidArgument("no model given (usage: graphfuse explain MODEL.onnx)"));
-  auto g = ImportOnnxFile(model);
+  InputBinding binding;
+  auto g = ImportOnnxFileWithShapes(model, shapes, &binding);
   if (!g.ok()) return fail(g.status());
   FusionReport report;
   PipelineOptions pipeline;
@@ -55,7 +63,7 @@ int Explain(Args& args) {
   if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
-  std::printf("model %s\n", model.c_str());
+  std::printf("model %s%s\n", model.c_str(), shapes.empty() ? "" : StrCat(" for ", binding.key).c_str());
   PrintFusionReport(stdout, report);
   if (!dot.empty()) {
     std::ofstream f(dot);
@@ -97,6 +105,7 @@ int Explain(Args& args) {
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("explain").Key("model").Str(model);
+    if (!shapes.empty()) j.Key("signature").Str(binding.key);
     AddFusionJson(j, report);
     j.EndObject();
     if (!j.WriteFile(json)) return fail(InvalidArgument("cannot write --json file '", json, "'"));

@@ -153,10 +153,11 @@ constexpr HelpSection kCommands[] = {
         same-run STREAM triad bandwidth and the cost of one thread-pool dispatch
 )",
      false, true, true},
-    {"run", R"(  run MODEL.onnx [--data DIR] [--rtol R] [--atol A] [--threads T] [--json FILE] [--cpu-codegen]
-                 [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
-        imports an ONNX model (opset 13-17, static shapes), folds its constant and shape-only
-        subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
+    {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
+                 [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
+        imports an ONNX model (opsets 7-21) for the shapes of its inputs (symbolic dims take
+        the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
+        from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
         GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU
         on DIR/input_<i>.pb (random inputs without --data) and compares with DIR/output_<i>.pb
         when present (|out - ref| <= atol + rtol*|ref|; defaults rtol 1e-4, atol 1e-5).
@@ -169,8 +170,10 @@ constexpr HelpSection kCommands[] = {
         CUDA thread; slow, no GPU needed): a check of the plan and of every generated kernel
 )",
      true, true, true},
-    {"explain", R"(  explain MODEL.onnx [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR] [fusion flags]
-        the fusion plan: groups, member nodes, kernel names, how each GEMM's epilogue runs on
+    {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
+                     [fusion flags]
+        the fusion plan (for the shapes --shape binds where the model's dims are symbolic:
+        NAME an input and its whole shape, or a symbolic dim and its size): groups, member nodes, kernel names, how each GEMM's epilogue runs on
         the CPU (added as the GEMM stores, per block while in L2, or a pass over whole rows;
         an RMSNorm between two GEMMs folded into them), every refusal with its reason code;
         --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
@@ -179,9 +182,11 @@ constexpr HelpSection kCommands[] = {
         writes every generated kernel's CUDA source to DIR (no GPU needed)
 )",
      true, false, false},
-    {"bench", R"(  bench (MODEL.onnx | --preset NAME) [--elements N] [--threads T] [--repeats R] [--rtol R] [--atol A]
-                                     [--json FILE] [--cpu-codegen] [--backend cpu|cuda] [fusion flags]
-        times the unfused and the fused plan (medians of interleaved samples) after checking
+    {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] | --preset NAME) [--elements N] [--threads T] [--repeats R]
+                                     [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--backend cpu|cuda]
+                                     [fusion flags]
+        times the unfused and the fused plan (of the shapes --shape binds, as for explain;
+        the time planning them is printed) (medians of interleaved samples) after checking
         they agree as `run` checks (|fused - unfused| <= atol + rtol*|unfused|; defaults rtol
         1e-4, atol 1e-5; the largest errors are printed; exit 1 when they differ, with nothing
         timed); presets chain, gelu, silu, residual (f32, default 1048576 elements) also

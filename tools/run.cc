@@ -1,9 +1,12 @@
-// `graphfuse run MODEL.onnx [--data DIR] ...`: imports a model, runs it on the CPU and compares
-// its outputs with the expected ones (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
+// `graphfuse run MODEL.onnx [--data DIR | --shape NAME=D0xD1...] ...`: plans a model for the
+// inputs' shapes, runs it on the CPU and compares its outputs with the expected ones
+// (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,6 +19,7 @@
 #include "json.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/signature.h"
 #include "cpu/executor.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"
@@ -30,6 +34,7 @@ struct RunOptions {
   int threads = 0;
   bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
   FusionOptions fusion;
+  std::map<std::string, Shape> shapes;
 };
 
 Result<RunOptions> ParseRun(Args& args) {
@@ -38,6 +43,9 @@ Result<RunOptions> ParseRun(Args& args) {
     const std::string f = args.Next();
     if (f == "--data") {
       GF_ASSIGN_OR_RETURN(o.data, args.Value(f));
+    } else if (f == "--shape") {
+      GF_ASSIGN_OR_RETURN(std::string v, args.Value(f));
+      GF_RETURN_IF_ERROR(ParseShapeFlag(v, &o.shapes));
     } else if (f == "--json") {
       GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else if (f == "--rtol") {
@@ -72,6 +80,8 @@ Result<RunOptions> ParseRun(Args& args) {
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
   if ((o.cuda_graph || o.emulate_gpu) && o.backend != "cuda")
     return InvalidArgument("run: --cuda-graph and --emulate-gpu need --backend cuda");
+  if (!o.data.empty() && !o.shapes.empty())
+    return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
   if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
   return o;
 }
@@ -104,7 +114,53 @@ int RunModel(Args& args) {
   if (o.backend == "cuda" && !o.emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
-  auto imported = ImportOnnxFile(o.model);
+  auto onnx = OnnxModel::FromFile(o.model);
+  if (!onnx.ok()) return Fail(onnx.status());
+  const std::vector<TensorDecl>& decls = (*onnx)->inputs();
+
+  // Inputs: from DIR, else random (seeded, of the shapes --shape gives) so that a model can be
+  // smoke-run without data.
+  std::vector<Tensor> inputs(decls.size());
+  std::vector<std::string> expected_files;
+  if (!o.data.empty()) {
+    if (!std::filesystem::is_directory(o.data)) return Fail(NotFound("--data '", o.data, "' is not a directory"));
+    const std::vector<std::string> files = NumberedFiles(o.data, "input");
+    if (files.size() != decls.size())
+      return Fail(InvalidArgument(o.data, ": the model takes ", decls.size(), " inputs, found ", files.size(),
+                                  " input_<i>.pb files"));
+    for (size_t i = 0; i < files.size(); ++i) {
+      std::string name;
+      auto t = ReadTensorProtoFile(files[i], &name);
+      if (!t.ok()) return Fail(t.status());
+      // The input the file names, else the one at its position.
+      size_t slot = i;
+      for (size_t k = 0; k < decls.size(); ++k)
+        if (!name.empty() && decls[k].name == name) slot = k;
+      inputs[slot] = std::move(*t);
+    }
+    expected_files = NumberedFiles(o.data, "output");
+  } else {
+    auto bound = BindShapes(decls, o.shapes);
+    if (!bound.ok()) return Fail(bound.status().WithContext(o.model));
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<double> u(-1, 1);
+    for (size_t i = 0; i < decls.size(); ++i) {
+      auto t = Tensor::Empty(decls[i].dtype, bound->shapes[i]);
+      if (!t.ok()) return Fail(t.status());
+      for (int64_t k = 0; k < t->numel(); ++k) t->SetFromDouble(k, IsFloat(decls[i].dtype) ? u(rng) : 0.0);
+      inputs[i] = std::move(*t);
+    }
+    std::fprintf(stderr, "graphfuse run: no --data: running on random inputs in [-1, 1) (nothing to compare)\n");
+  }
+  std::vector<TensorView> model_views;
+  for (const Tensor& t : inputs) model_views.push_back(t.view());
+  auto binding = BindInputs(decls, model_views);
+  if (!binding.ok())
+    return Fail(binding.status().WithContext(o.data.empty() ? o.model : StrCat(o.model, ": --data ", o.data)));
+
+  // The plan for these shapes (and the values of inputs that become shapes), timed.
+  const auto planning_start = std::chrono::steady_clock::now();
+  auto imported = (*onnx)->Instantiate(*binding);
   if (!imported.ok()) return Fail(imported.status());
   Graph& g = **imported;
   FusionReport fusion;
@@ -115,37 +171,14 @@ int RunModel(Args& args) {
   if (!target.ok()) return Fail(target.status());
   auto passes = RunPipeline(g, **target, pipeline);
   if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
-
-  // Inputs: from DIR, else random (seeded) so that a model can be smoke-run without data.
-  std::vector<Tensor> inputs;
-  std::vector<std::string> expected_files;
-  if (!o.data.empty()) {
-    if (!std::filesystem::is_directory(o.data)) return Fail(NotFound("--data '", o.data, "' is not a directory"));
-    const std::vector<std::string> files = NumberedFiles(o.data, "input");
-    if (files.size() != g.inputs().size())
-      return Fail(InvalidArgument(o.data, ": the model takes ", g.inputs().size(), " inputs, found ", files.size(),
-                                  " input_<i>.pb files"));
-    for (size_t i = 0; i < files.size(); ++i) {
-      auto t = ReadTensorProtoFile(files[i]);
-      if (!t.ok()) return Fail(t.status());
-      const Value* v = g.inputs()[i];
-      if (t->dtype() != v->dtype() || t->shape() != v->shape())
-        return Fail(InvalidArgument(files[i], ": input '", v->name(), "' is ", v->TypeString(), " but the file holds ",
-                                    DTypeName(t->dtype()), ShapeToString(t->shape())));
-      inputs.push_back(std::move(*t));
-    }
-    expected_files = NumberedFiles(o.data, "output");
-  } else {
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<double> u(-1, 1);
-    for (const Value* v : g.inputs()) {
-      auto t = Tensor::Empty(v->dtype(), v->shape());
-      if (!t.ok()) return Fail(t.status());
-      for (int64_t i = 0; i < t->numel(); ++i) t->SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : 0.0);
-      inputs.push_back(std::move(*t));
-    }
-    std::fprintf(stderr, "graphfuse run: no --data: running on random inputs in [-1, 1) (nothing to compare)\n");
-  }
+  auto plan = ExecutionPlan::Compile(g);
+  if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
+  const double planning_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();
+  // Inputs whose values became shapes are constants of the plan, not its inputs.
+  std::vector<TensorView> views;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!binding->values[i]) views.push_back(model_views[i]);
 
   ThreadPool pool(o.threads);
   CpuContext ctx{&pool};
@@ -155,10 +188,6 @@ int RunModel(Args& args) {
     if (!cg.ok()) return Fail(cg.status());
     codegen = std::move(*cg);
   }
-  std::vector<TensorView> views;
-  for (const Tensor& t : inputs) views.push_back(t.view());
-  auto plan = ExecutionPlan::Compile(g);
-  if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
   std::vector<Tensor> outputs;
   for (const Value* v : g.outputs()) {
     auto t = Tensor::Empty(v->dtype(), v->shape());
@@ -269,6 +298,7 @@ int RunModel(Args& args) {
               o.model.c_str(), static_cast<long long>(fusion.kernels_before), static_cast<long long>(st.kernels_launched),
               o.fusion.enabled ? "fused" : "run (--no-fuse)", st.peak_activation_bytes / 1024.0,
               st.activation_bytes_no_reuse / 1024.0);
+  std::printf("planning: %.1f ms for %s\n", planning_ms, binding->key.c_str());
   if (codegen) std::printf("native loops: %s\n", CodegenSummary(*codegen).c_str());
   if (o.check_fusion) {
     const GroupCheck* first_bad = nullptr;
@@ -294,6 +324,7 @@ int RunModel(Args& args) {
     Json j;
     j.BeginObject().Key("command").Str("run").Key("model").Str(o.model);
     AddFusionJson(j, fusion);
+    j.Key("signature").Str(binding->key).Key("planning_ms").Num(planning_ms);
     if (o.check_fusion) {
       j.Key("check_fusion").BeginArray();
       for (const GroupCheck& c : checks)

@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "embed: %s\n", target.status().ToString().c_str());
     return 2;
   }
-  auto compiled = gf::CompiledModel::Compile(std::move(*model), **target, compile_options);
+  auto compiled = gf::CompiledModel::Compile(std::move(*model), std::move(*target), compile_options);
   if (!compiled.ok()) {
     std::fprintf(stderr, "embed: %s\n", compiled.status().ToString().c_str());
     return 2;
@@ -58,7 +58,9 @@ int main(int argc, char** argv) {
   std::vector<gf::Tensor> inputs;
   std::vector<gf::TensorView> views;
   for (const gf::TensorInfo& in : (*compiled)->inputs()) {
-    auto t = gf::Tensor::Empty(in.dtype, in.shape);
+    gf::Shape shape = in.shape;
+    for (int64_t& d : shape) d = d < 0 ? 1 : d;  // a symbolic dim: size 1
+    auto t = gf::Tensor::Empty(in.dtype, shape);
     if (!t.ok()) {
       std::fprintf(stderr, "embed: input '%s': %s\n", in.name.c_str(), t.status().ToString().c_str());
       return 2;
@@ -73,12 +75,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "embed: %s\n", outputs.status().ToString().c_str());
     return 1;
   }
-  const gf::FusionReport& report = (*compiled)->report();
+  const std::shared_ptr<const gf::Plan> plan = (*compiled)->plan();
+  const gf::FusionReport& report = plan->report();
   std::printf("%s on %s: %lld kernels -> %lld (%zu fused groups)\n", model_path.c_str(), target_name.c_str(),
               static_cast<long long>(report.kernels_before), static_cast<long long>(report.kernels_after),
               report.groups.size());
   for (size_t i = 0; i < outputs->size(); ++i) {
-    const gf::TensorInfo& info = (*compiled)->outputs()[i];
+    const gf::TensorInfo& info = plan->outputs()[i];
     std::printf("%s %s%s\n", info.name.c_str(), gf::DTypeName(info.dtype), gf::ShapeToString(info.shape).c_str());
   }
   return 0;

@@ -2,9 +2,13 @@
 //
 //   auto model = graphfuse::Model::FromOnnxFile("block.onnx");           // or bytes, or a Graph
 //   auto target = graphfuse::MakeTarget("cpu", {.threads = 4});
-//   auto compiled = graphfuse::CompiledModel::Compile(std::move(*model), **target);
+//   auto compiled = graphfuse::CompiledModel::Compile(std::move(*model), std::move(*target));
 //   auto outputs = (*compiled)->Run(inputs);                           // std::vector<Tensor>
-//   for (const auto& g : (*compiled)->report().groups) ...             // what was fused, and why not
+//   for (const auto& g : (*compiled)->plan()->report().groups) ...     // what was fused, and why not
+//
+// Dims may be symbolic (an ONNX model exported with dynamic axes): each call's input shapes,
+// and the values of inputs that become shapes, select a Plan, made for them on first sight and
+// kept in a bounded cache, so a later call with a known signature does no planning.
 //
 // A CompiledModel may be run from several threads at once. It leaves process-wide settings
 // (BLAS threads, OpenMP, environment variables) as the embedding program set them; see
@@ -25,7 +29,28 @@
 
 namespace graphfuse {
 
-// A graph as loaded, before any pass: a model to compile once.
+struct InputBinding;
+
+namespace detail {
+struct ModelSource;
+struct PlanCache;
+}  // namespace detail
+
+// A graph input or output as a caller sees it. In a model's declaration a dim may be symbolic:
+// shape[k] is -1 and dim_params[k] its name ("" when the model leaves it unnamed); in a Plan
+// every dim is a size.
+struct TensorInfo {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  std::vector<std::string> dim_params;  // one per dim; "" for a fixed dim
+  // Inputs only: its values become a shape (a Reshape's shape, a Range's limit, ...), so each
+  // set of values gets a plan of its own.
+  bool values_shape_plan = false;
+};
+
+// A model as loaded, before any pass: an ONNX model, whose dims may be symbolic, or a graph
+// built with the graph API (static).
 class Model {
  public:
   // An ONNX file (.onnx); tensors kept in external data files are refused as Unimplemented.
@@ -35,56 +60,111 @@ class Model {
   // A graph built with the graph API (graphfuse/graph.h); verified here.
   static Result<Model> FromGraph(std::unique_ptr<Graph> graph);
 
-  const Graph& graph() const { return *graph_; }
+  // Inputs and outputs as declared.
+  const std::vector<TensorInfo>& inputs() const;
+  const std::vector<TensorInfo>& outputs() const;
+  // Whether one plan serves every call: every dim fixed, no input whose values become shapes.
+  bool is_static() const;
 
  private:
-  explicit Model(std::unique_ptr<Graph> graph) : graph_(std::move(graph)) {}
-  std::unique_ptr<Graph> graph_;
+  explicit Model(std::shared_ptr<detail::ModelSource> source) : source_(std::move(source)) {}
+  std::shared_ptr<detail::ModelSource> source_;
   friend class CompiledModel;
 };
 
 struct CompileOptions {
   // fusion.enabled = false compiles the unfused baseline: every node its own kernel.
   FusionOptions fusion;
+  // Plans kept for a model with symbolic dims: the least recently used one is dropped when a
+  // new input signature needs room. At least 1.
+  int plan_cache_capacity = 16;
 };
 
-// A graph input or output as a caller sees it.
-struct TensorInfo {
-  std::string name;
-  DType dtype;
-  Shape shape;
+// Time spent making one plan, in milliseconds.
+struct PlanningTime {
+  double import_ms = 0;   // the graph for the bound shapes (shape arithmetic folded)
+  double passes_ms = 0;   // canonicalization, fusion, memory planning
+  double compile_ms = 0;  // the target's executable (native code where it compiles any)
+  double total_ms() const { return import_ms + passes_ms + compile_ms; }
 };
 
-class CompiledModel {
+// The model specialized for one input signature: its graph after every pass and the target's
+// executable for it.
+class Plan {
  public:
-  // Runs the pass pipeline for `target` and compiles the result with it.
-  static Result<std::unique_ptr<CompiledModel>> Compile(Model model, const Target& target,
-                                                        const CompileOptions& options = {});
-
+  // Every dim a size.
   const std::vector<TensorInfo>& inputs() const { return inputs_; }
   const std::vector<TensorInfo>& outputs() const { return outputs_; }
-
-  // Runs on `inputs` (one per input, types as inputs() says) into caller-owned `outputs` (one per
-  // output, preallocated as outputs() says). Errors name the input, node and op at fault (wrong
-  // count, dtype or shape: InvalidArgument), and leave the model usable for the next call.
-  // Safe to call from several threads at once.
-  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
-  // Same, returning newly allocated outputs.
-  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs) const;
-
   // What fusion did: every fused kernel with its member nodes, every refused merge and why.
   const FusionReport& report() const { return report_; }
-  // The graph as planned (after every pass).
+  // The graph as planned (inputs whose values became shapes are constants in it).
   const Graph& graph() const { return *graph_; }
   // Kernel launches one run makes.
   int64_t launches_per_run() const { return executable_->launches_per_run(); }
+  const PlanningTime& planning_time() const { return planning_; }
+  // The input signature it was made for: "f32[2,7];i64[3]={2,7,64}".
+  const std::string& signature() const { return signature_; }
 
  private:
-  CompiledModel() = default;
+  friend class CompiledModel;
+  Plan() = default;
   std::shared_ptr<const Graph> graph_;
   std::unique_ptr<Executable> executable_;
   FusionReport report_;
   std::vector<TensorInfo> inputs_, outputs_;
+  std::vector<int> graph_input_;  // per model input: its graph input, or -1 (became a constant)
+  PlanningTime planning_;
+  std::string signature_;
+};
+
+struct PlanCacheStats {
+  int64_t hits = 0;         // calls that found their plan
+  int64_t plans_made = 0;   // calls (or Compile) that planned
+  int64_t evictions = 0;    // plans dropped for room
+  int64_t size = 0;         // plans kept now
+  int64_t capacity = 0;
+  double planning_ms = 0;   // all planning so far
+};
+
+class CompiledModel {
+ public:
+  // A static model is planned here, and errors in the model surface here. A model with
+  // symbolic dims is checked here and planned at each call with a signature not seen before;
+  // the target is kept for that.
+  static Result<std::unique_ptr<CompiledModel>> Compile(Model model, std::shared_ptr<const Target> target,
+                                                        const CompileOptions& options = {});
+  ~CompiledModel();
+
+  // As the model declares them (symbolic dims are -1).
+  const std::vector<TensorInfo>& inputs() const;
+  const std::vector<TensorInfo>& outputs() const;
+
+  // The plan for these inputs' shapes (and values, where they become shapes): from the cache,
+  // or made now. Inputs that contradict the model (count, dtype, rank, a fixed dim, two sizes
+  // for one symbolic dim, more memory than the machine has) are refused with InvalidArgument
+  // naming the input and the dim, and nothing is planned for them.
+  Result<std::shared_ptr<const Plan>> PlanFor(std::span<const TensorView> inputs) const;
+  // The plan the latest call used (for a static model, the one plan); nullptr before the first
+  // call of a model with symbolic dims.
+  std::shared_ptr<const Plan> plan() const;
+
+  // Runs on `inputs` (one per input) into caller-owned `outputs` (one per output, preallocated
+  // with the shapes PlanFor(inputs)->outputs() gives). Errors name the input, node and op at
+  // fault, and leave the model usable for the next call. Safe to call from several threads.
+  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  // Same, returning newly allocated outputs.
+  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs) const;
+
+  PlanCacheStats cache_stats() const;
+
+ private:
+  CompiledModel() = default;
+  Result<std::shared_ptr<const Plan>> MakePlan(const InputBinding& binding) const;
+  Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  std::shared_ptr<detail::ModelSource> source_;
+  std::shared_ptr<const Target> target_;
+  CompileOptions options_;
+  std::unique_ptr<detail::PlanCache> cache_;
 };
 
 }  // namespace graphfuse

@@ -1,56 +1,264 @@
 // The embeddable API (include/graphfuse/model.h): import, the pass pipeline for a Target, and
-// that target's executable, behind one object.
+// that target's executable, per input signature, behind one object with a bounded plan cache.
 #include "graphfuse/model.h"
+
+#include <chrono>
+#include <list>
+#include <mutex>
+#include <unordered_map>
 
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/signature.h"
 
 namespace graphfuse {
+namespace detail {
+
+// What a Model was loaded from: an ONNX model (imported once per binding) or a graph built
+// with the graph API (static: taken by its one plan).
+struct ModelSource {
+  std::string label;
+  std::shared_ptr<const OnnxModel> onnx;
+  std::unique_ptr<Graph> graph;
+  std::vector<TensorDecl> inputs, outputs;
+  std::vector<TensorInfo> input_info, output_info;
+
+  Result<std::unique_ptr<Graph>> Instantiate(const InputBinding& b) {
+    if (onnx) return onnx->Instantiate(b);
+    if (!graph) return InvalidArgument("model '", label, "' was compiled already (a graph is planned once)");
+    return std::move(graph);
+  }
+};
+
+// Plans by signature, most recently used first.
+struct PlanCache {
+  std::mutex mu;
+  std::list<std::shared_ptr<const Plan>> lru;
+  std::unordered_map<std::string, std::list<std::shared_ptr<const Plan>>::iterator> index;
+  std::shared_ptr<const Plan> last;
+  PlanCacheStats stats;
+};
+
+}  // namespace detail
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+TensorInfo InfoOf(const TensorDecl& d) {
+  TensorInfo info{d.name, d.dtype, {}, {}, d.values_shape_plan};
+  for (const DeclDim& dim : d.dims) {
+    info.shape.push_back(dim.fixed() ? dim.value : -1);
+    info.dim_params.push_back(dim.fixed() ? "" : dim.param);
+  }
+  return info;
+}
+
+TensorInfo InfoOf(const Value& v) {
+  return TensorInfo{v.name(), v.dtype(), v.shape(), std::vector<std::string>(v.shape().size()), false};
+}
+
+TensorDecl DeclOf(const Value& v) {
+  TensorDecl d{v.name(), v.dtype(), {}, false, ""};
+  for (int64_t s : v.shape()) d.dims.push_back({s, ""});
+  return d;
+}
+
+std::shared_ptr<detail::ModelSource> SourceOf(std::shared_ptr<const OnnxModel> onnx) {
+  auto s = std::make_shared<detail::ModelSource>();
+  s->label = onnx->label();
+  s->inputs = onnx->inputs();
+  s->outputs = onnx->outputs();
+  s->onnx = std::move(onnx);
+  for (const TensorDecl& d : s->inputs) s->input_info.push_back(InfoOf(d));
+  for (const TensorDecl& d : s->outputs) s->output_info.push_back(InfoOf(d));
+  return s;
+}
+
+}  // namespace
 
 Result<Model> Model::FromOnnxFile(const std::string& path) {
-  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ImportOnnxFile(path));
-  return Model(std::move(g));
+  GF_ASSIGN_OR_RETURN(auto onnx, OnnxModel::FromFile(path));
+  return Model(SourceOf(std::move(onnx)));
 }
 
 Result<Model> Model::FromOnnxBytes(std::string_view bytes, const std::string& name) {
-  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ImportOnnxBytes(std::string(bytes), name));
-  return Model(std::move(g));
+  GF_ASSIGN_OR_RETURN(auto onnx, OnnxModel::FromBytes(std::string(bytes), name));
+  return Model(SourceOf(std::move(onnx)));
 }
 
 Result<Model> Model::FromGraph(std::unique_ptr<Graph> graph) {
   if (!graph) return InvalidArgument("Model::FromGraph: no graph");
   GF_RETURN_IF_ERROR(graph->Verify().WithContext(StrCat("graph '", graph->name(), "'")));
-  return Model(std::move(graph));
+  auto s = std::make_shared<detail::ModelSource>();
+  s->label = StrCat("graph '", graph->name(), "'");
+  for (const Value* v : graph->inputs()) s->inputs.push_back(DeclOf(*v));
+  for (const Value* v : graph->outputs()) s->outputs.push_back(DeclOf(*v));
+  for (const Value* v : graph->inputs()) s->input_info.push_back(InfoOf(*v));
+  for (const Value* v : graph->outputs()) s->output_info.push_back(InfoOf(*v));
+  s->graph = std::move(graph);
+  return Model(std::move(s));
 }
 
-Result<std::unique_ptr<CompiledModel>> CompiledModel::Compile(Model model, const Target& target,
+const std::vector<TensorInfo>& Model::inputs() const { return source_->input_info; }
+const std::vector<TensorInfo>& Model::outputs() const { return source_->output_info; }
+bool Model::is_static() const { return IsStaticSignature(source_->inputs); }
+
+CompiledModel::~CompiledModel() = default;
+
+Result<std::unique_ptr<CompiledModel>> CompiledModel::Compile(Model model, std::shared_ptr<const Target> target,
                                                               const CompileOptions& options) {
+  if (!target) return InvalidArgument("CompiledModel::Compile: no target");
+  if (!model.source_) return InvalidArgument("CompiledModel::Compile: the model was moved from");
+  if (options.plan_cache_capacity < 1)
+    return InvalidArgument("CompileOptions::plan_cache_capacity is ", options.plan_cache_capacity,
+                           "; at least 1 plan must be kept");
   std::unique_ptr<CompiledModel> m(new CompiledModel());
-  std::shared_ptr<Graph> g = std::move(model.graph_);
-  PipelineOptions pipeline;
-  pipeline.fusion = options.fusion;
-  pipeline.fusion_report = &m->report_;
-  GF_RETURN_IF_ERROR(RunPipeline(*g, target, pipeline).status().WithContext(StrCat("graph '", g->name(), "'")));
-  for (const Value* v : g->inputs()) m->inputs_.push_back({v->name(), v->dtype(), v->shape()});
-  for (const Value* v : g->outputs()) m->outputs_.push_back({v->name(), v->dtype(), v->shape()});
-  m->graph_ = g;
-  GF_ASSIGN_OR_RETURN(m->executable_, target.Compile(std::move(g)));
+  m->source_ = std::move(model.source_);
+  m->target_ = std::move(target);
+  m->options_ = options;
+  m->cache_ = std::make_unique<detail::PlanCache>();
+  m->cache_->stats.capacity = options.plan_cache_capacity;
+  if (IsStaticSignature(m->source_->inputs)) {
+    // One plan serves every call: make it now, so that a model's errors surface at Compile.
+    GF_ASSIGN_OR_RETURN(InputBinding b, BindShapes(m->source_->inputs, {}));
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, m->MakePlan(b));
+    detail::PlanCache& c = *m->cache_;
+    c.lru.push_front(p);
+    c.index[p->signature()] = c.lru.begin();
+    c.last = p;
+    c.stats.plans_made = c.stats.size = 1;
+    c.stats.planning_ms = p->planning_time().total_ms();
+  }
   return m;
 }
 
+Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& binding) const {
+  std::shared_ptr<Plan> p(new Plan());
+  const std::string& label = source_->label;
+  auto t = Clock::now();
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, source_->Instantiate(binding));
+  // Every value the bound shapes give must fit in memory before anything is allocated for it.
+  for (const auto& n : g->nodes())
+    for (const Value* v : n->outputs())
+      if (v)
+        GF_RETURN_IF_ERROR(CheckFitsInMemory(StrCat(label, ": value '", v->name(), "' of ", n->Describe()), v->dtype(),
+                                             v->shape()));
+  p->planning_.import_ms = MsSince(t);
+
+  t = Clock::now();
+  PipelineOptions pipeline;
+  pipeline.fusion = options_.fusion;
+  pipeline.fusion_report = &p->report_;
+  GF_RETURN_IF_ERROR(RunPipeline(*g, *target_, pipeline).status().WithContext(label));
+  p->planning_.passes_ms = MsSince(t);
+
+  for (size_t i = 0; i < source_->inputs.size(); ++i) {
+    int index = -1;
+    for (size_t k = 0; k < g->inputs().size(); ++k)
+      if (g->inputs()[k]->name() == source_->inputs[i].name) index = static_cast<int>(k);
+    p->graph_input_.push_back(index);
+    TensorInfo info = source_->input_info[i];
+    info.shape = binding.shapes[i];
+    info.dim_params.assign(info.shape.size(), "");
+    p->inputs_.push_back(std::move(info));
+  }
+  for (const Value* v : g->outputs()) p->outputs_.push_back(InfoOf(*v));
+  p->signature_ = binding.key;
+
+  t = Clock::now();
+  std::shared_ptr<const Graph> planned = std::move(g);
+  p->graph_ = planned;
+  GF_ASSIGN_OR_RETURN(p->executable_, target_->Compile(planned));
+  p->planning_.compile_ms = MsSince(t);
+  return std::shared_ptr<const Plan>(std::move(p));
+}
+
+const std::vector<TensorInfo>& CompiledModel::inputs() const { return source_->input_info; }
+const std::vector<TensorInfo>& CompiledModel::outputs() const { return source_->output_info; }
+
+Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const TensorView> inputs) const {
+  auto bound = BindInputs(source_->inputs, inputs);
+  if (!bound.ok()) return bound.status().WithContext(source_->label);
+  InputBinding b = std::move(bound).value();
+  detail::PlanCache& c = *cache_;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (auto it = c.index.find(b.key); it != c.index.end()) {
+      c.lru.splice(c.lru.begin(), c.lru, it->second);
+      ++c.stats.hits;
+      c.last = *it->second;
+      return c.last;
+    }
+  }
+  // Planned without the lock: other signatures keep running meanwhile. Two threads that meet
+  // one new signature at once both plan it, and the first plan stored is the one kept.
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, MakePlan(b));
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.stats.plans_made;
+  c.stats.planning_ms += p->planning_time().total_ms();
+  if (auto it = c.index.find(b.key); it != c.index.end()) {
+    c.last = *it->second;
+    return c.last;
+  }
+  c.lru.push_front(p);
+  c.index[b.key] = c.lru.begin();
+  while (static_cast<int>(c.lru.size()) > options_.plan_cache_capacity) {
+    c.index.erase(c.lru.back()->signature());
+    c.lru.pop_back();
+    ++c.stats.evictions;
+  }
+  c.stats.size = static_cast<int64_t>(c.lru.size());
+  c.last = p;
+  return p;
+}
+
+std::shared_ptr<const Plan> CompiledModel::plan() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->last;
+}
+
+PlanCacheStats CompiledModel::cache_stats() const {
+  std::lock_guard<std::mutex> lock(cache_->mu);
+  return cache_->stats;
+}
+
 Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const {
-  return executable_->Run(inputs, outputs);
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanFor(inputs));
+  return RunPlan(*p, inputs, outputs);
+}
+
+Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inputs,
+                              std::span<const TensorView> outputs) const {
+  const Plan* p = &plan;
+  if (outputs.size() != p->outputs().size())
+    return InvalidArgument(source_->label, ": the model gives ", p->outputs().size(), " outputs, ", outputs.size(),
+                           " were given to fill");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const TensorInfo& o = p->outputs()[i];
+    if (outputs[i].dtype != o.dtype || outputs[i].shape != o.shape)
+      return InvalidArgument(source_->label, ": output '", o.name, "' is ", DTypeName(o.dtype), ShapeToString(o.shape),
+                             " for these inputs, but the tensor given for it is ", DTypeName(outputs[i].dtype),
+                             ShapeToString(outputs[i].shape));
+  }
+  std::vector<TensorView> graph_inputs(p->graph().inputs().size());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (p->graph_input_[i] >= 0) graph_inputs[static_cast<size_t>(p->graph_input_[i])] = inputs[i];
+  return p->executable_->Run(graph_inputs, outputs);
 }
 
 Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs) const {
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanFor(inputs));
   std::vector<Tensor> out;
   std::vector<TensorView> views;
-  for (const TensorInfo& o : outputs_) {
+  for (const TensorInfo& o : p->outputs()) {
     GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(o.dtype, o.shape));
     out.push_back(std::move(t));
     views.push_back(out.back().view());
   }
-  GF_RETURN_IF_ERROR(executable_->Run(inputs, views));
+  GF_RETURN_IF_ERROR(RunPlan(*p, inputs, views));
   return out;
 }
 

@@ -3,7 +3,9 @@
 #include <onnx/onnx_pb.h>
 
 #include <cstdio>
+#include <map>
 #include <set>
+#include <span>
 
 #include "onnx/node_import.h"
 #include "onnx/tensor_proto.h"
@@ -46,34 +48,92 @@ Result<int64_t> DefaultOpset(const onnx::ModelProto& m) {
   return opset;
 }
 
-// dtype and static shape of a graph input.
-Result<ValueType> InputType(const onnx::ValueInfoProto& vi) {
+// The declared type of a graph input: dtype, and each dim fixed or symbolic.
+Result<TensorDecl> TensorDeclOf(const onnx::ValueInfoProto& vi) {
   const std::string what = StrCat("input '", vi.name(), "'");
   if (!vi.type().has_tensor_type())
     return Unimplemented(what, " is not a tensor (sequences, maps and optionals are not supported)");
   const auto& tt = vi.type().tensor_type();
   auto dtype = DTypeFromOnnx(tt.elem_type());
   if (!dtype.ok()) return dtype.status().WithContext(what);
-  if (!tt.has_shape()) return Unimplemented(what, " has no shape (graphfuse needs static shapes)");
+  if (!tt.has_shape()) return Unimplemented(what, " has no shape (graphfuse needs each input's rank)");
   if (tt.shape().dim_size() > kMaxImportRank)
     return Unimplemented(what, " has rank ", tt.shape().dim_size(), ", more than the supported ", kMaxImportRank);
-  Shape shape;
+  TensorDecl decl{vi.name(), *dtype, {}, false, ""};
+  Shape fixed;
   for (int k = 0; k < tt.shape().dim_size(); ++k) {
     const auto& d = tt.shape().dim(k);
     if (d.has_dim_value()) {
       if (d.dim_value() < 0) return InvalidArgument(what, " has negative dim ", k, " (", d.dim_value(), ")");
       if (d.dim_value() > kMaxImportDim)
         return InvalidArgument(what, ": dim ", k, " is ", d.dim_value(), ", more than graphfuse accepts (2^40)");
-      shape.push_back(d.dim_value());
-    } else if (d.has_dim_param()) {
-      return Unimplemented("dynamic dim '", d.dim_param(), "' of ", what, " (graphfuse needs static shapes)");
+      decl.dims.push_back({d.dim_value(), ""});
+      fixed.push_back(d.dim_value());
     } else {
-      return Unimplemented("dim ", k, " of ", what, " is unknown (graphfuse needs static shapes)");
+      decl.dims.push_back({-1, d.dim_param()});  // dim_param empty: unnamed, any size
     }
   }
-  auto n = NumElements(shape);
-  if (!n.ok()) return n.status().WithContext(what);
-  return ValueType{*dtype, shape};
+  if (fixed.size() == decl.dims.size()) {
+    auto n = NumElements(fixed);
+    if (!n.ok()) return n.status().WithContext(what);
+  }
+  return decl;
+}
+
+// The operands whose values become a shape, axes, repeats, bounds or a count: the node's
+// kernel (or its import) needs them constant. Index lists per op type.
+const std::map<std::string, std::vector<int>>& ShapeValueOperands() {
+  static const std::map<std::string, std::vector<int>> m = {
+      {"Reshape", {1}},        {"Expand", {1}},          {"Tile", {1}},
+      {"ConstantOfShape", {0}}, {"Range", {0, 1, 2}},    {"Slice", {1, 2, 3, 4}},
+      {"Squeeze", {1}},        {"Unsqueeze", {1}},       {"Split", {1}},
+      {"Pad", {1, 2, 3}},      {"TopK", {1}},            {"CumSum", {1}},
+      {"OneHot", {1}},         {"Dropout", {1, 2}},      {"Resize", {1, 2, 3}},
+      {"ReduceSum", {1}},      {"ReduceMean", {1}},      {"ReduceMax", {1}},
+      {"ReduceMin", {1}},      {"ReduceProd", {1}},      {"ReduceSumSquare", {1}},
+      {"ReduceL1", {1}},       {"ReduceL2", {1}},        {"ReduceLogSum", {1}},
+      {"ReduceLogSumExp", {1}},
+  };
+  return m;
+}
+
+// Marks the inputs whose values reach a shape operand through any chain of nodes. The walk
+// goes from each such operand to the producers of its value, and stops at Shape and Size
+// (they read only their input's shape, which the binding fixes) and at initializers.
+void MarkShapeValueInputs(const onnx::GraphProto& gp, std::vector<TensorDecl>* decls) {
+  std::map<std::string, const onnx::NodeProto*> producer;
+  for (const onnx::NodeProto& n : gp.node())
+    for (const std::string& o : n.output()) producer.emplace(o, &n);
+  std::map<std::string, size_t> input_index;
+  for (size_t i = 0; i < decls->size(); ++i) input_index[(*decls)[i].name] = i;
+  std::set<std::string> seen;
+  std::vector<std::pair<std::string, std::string>> work;  // value, the operand it reaches
+  for (int i = 0; i < gp.node_size(); ++i) {
+    const onnx::NodeProto& n = gp.node(i);
+    auto it = ShapeValueOperands().find(n.op_type());
+    if (it == ShapeValueOperands().end() || !n.domain().empty()) continue;
+    const std::string name = n.name().empty() ? StrCat(n.op_type(), "_", i) : n.name();
+    for (int k : it->second)
+      if (k < n.input_size() && !n.input(k).empty())
+        work.emplace_back(n.input(k), StrCat("input ", k, " of node '", name, "' (", n.op_type(), ")"));
+  }
+  while (!work.empty()) {
+    auto [value, use] = work.back();
+    work.pop_back();
+    if (!seen.insert(value).second) continue;
+    if (auto in = input_index.find(value); in != input_index.end()) {
+      TensorDecl& d = (*decls)[in->second];
+      if (!d.values_shape_plan) d.value_use = use;
+      d.values_shape_plan = true;
+      continue;
+    }
+    auto p = producer.find(value);
+    if (p == producer.end()) continue;  // an initializer, or undefined (the import names it)
+    const onnx::NodeProto& n = *p->second;
+    if (n.op_type() == "Shape" || n.op_type() == "Size") continue;
+    for (const std::string& in : n.input())
+      if (!in.empty()) work.emplace_back(in, use);
+  }
 }
 
 // A graph output's declared type must agree with what the graph computes (where declared).
@@ -132,35 +192,28 @@ Status ImportNodes(const onnx::GraphProto& gp, int64_t opset, const std::string&
   return Status::Ok();
 }
 
-Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, const std::string& label) {
-  auto opset = DefaultOpset(m);
-  if (!opset.ok()) return opset.status().WithContext(label);
+Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, int64_t opset, const std::string& label,
+                                          std::span<const TensorDecl> decls, const InputBinding& binding) {
   const onnx::GraphProto& gp = m.graph();
-  if (gp.sparse_initializer_size() > 0) return Unimplemented(label, ": sparse initializers are not supported");
   auto g = std::make_unique<Graph>(gp.name().empty() ? "main" : gp.name());
-
   std::set<std::string> initializers;
   for (int i = 0; i < gp.initializer_size(); ++i) {
     const onnx::TensorProto& t = gp.initializer(i);
-    if (t.name().empty()) return InvalidArgument(label, ": initializer #", i, " has no name");
-    if (!initializers.insert(t.name()).second)
-      return InvalidArgument(label, ": initializer '", t.name(), "' is defined twice");
+    initializers.insert(t.name());
     auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"));
     if (!data.ok()) return data.status().WithContext(label);
     auto c = g->AddConstant(t.name(), std::make_shared<const Tensor>(std::move(data).value()));
     if (!c.ok()) return c.status().WithContext(label);
   }
-  for (const onnx::ValueInfoProto& vi : gp.input()) {
-    if (initializers.count(vi.name())) continue;  // an input with a default: a constant here
-    if (vi.name().empty()) return InvalidArgument(label, ": a graph input has no name");
-    if (g->FindValue(vi.name())) return InvalidArgument(label, ": graph input '", vi.name(), "' is defined twice");
-    auto type = InputType(vi);
-    if (!type.ok()) return type.status().WithContext(label);
-    auto in = g->AddInput(vi.name(), type->dtype, type->shape);
+  if (binding.shapes.size() != decls.size())
+    return Internal(label, ": a binding of ", binding.shapes.size(), " inputs for ", decls.size());
+  for (size_t i = 0; i < decls.size(); ++i) {
+    const TensorDecl& d = decls[i];
+    auto in = binding.values[i] ? g->AddConstant(d.name, binding.values[i])
+                                : g->AddInput(d.name, d.dtype, binding.shapes[i]);
     if (!in.ok()) return in.status().WithContext(label);
   }
-  GF_RETURN_IF_ERROR(ImportNodes(gp, *opset, label, *g));
-  if (gp.output_size() == 0) return InvalidArgument(label, ": the graph has no outputs");
+  GF_RETURN_IF_ERROR(ImportNodes(gp, opset, label, *g));
   for (const onnx::ValueInfoProto& vo : gp.output()) {
     Value* v = g->FindValue(vo.name());
     if (!v) return InvalidArgument(label, ": graph output '", vo.name(), "' is not computed by any node");
@@ -174,18 +227,105 @@ Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, const std:
 
 }  // namespace
 
-Result<std::unique_ptr<Graph>> ImportOnnxBytes(const std::string& bytes, const std::string& label) {
+OnnxModel::~OnnxModel() = default;
+
+Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string& bytes, const std::string& label) {
   if (static_cast<int64_t>(bytes.size()) > kMaxProtoFileBytes)
     return InvalidArgument(label, ": model is ", bytes.size(), " bytes; ONNX protobuf models are limited to 2 GiB");
-  onnx::ModelProto m;
-  if (!m.ParseFromString(bytes)) return InvalidArgument(label, ": not a valid ONNX model (protobuf parse failed)");
-  return ImportModel(m, label);
+  std::shared_ptr<OnnxModel> m(new OnnxModel());
+  m->label_ = label;
+  m->proto_ = std::make_unique<onnx::ModelProto>();
+  if (!m->proto_->ParseFromString(bytes))
+    return InvalidArgument(label, ": not a valid ONNX model (protobuf parse failed)");
+  auto opset = DefaultOpset(*m->proto_);
+  if (!opset.ok()) return opset.status().WithContext(label);
+  m->opset_ = *opset;
+  const onnx::GraphProto& gp = m->proto_->graph();
+  if (gp.sparse_initializer_size() > 0) return Unimplemented(label, ": sparse initializers are not supported");
+  std::set<std::string> initializers;
+  for (int i = 0; i < gp.initializer_size(); ++i) {
+    const onnx::TensorProto& t = gp.initializer(i);
+    if (t.name().empty()) return InvalidArgument(label, ": initializer #", i, " has no name");
+    if (!initializers.insert(t.name()).second)
+      return InvalidArgument(label, ": initializer '", t.name(), "' is defined twice");
+  }
+  std::set<std::string> names;
+  for (const onnx::ValueInfoProto& vi : gp.input()) {
+    if (initializers.count(vi.name())) continue;  // an input with a default: a constant here
+    if (vi.name().empty()) return InvalidArgument(label, ": a graph input has no name");
+    if (!names.insert(vi.name()).second) return InvalidArgument(label, ": graph input '", vi.name(), "' is defined twice");
+    auto decl = TensorDeclOf(vi);
+    if (!decl.ok()) return decl.status().WithContext(label);
+    m->inputs_.push_back(std::move(*decl));
+  }
+  if (gp.output_size() == 0) return InvalidArgument(label, ": the graph has no outputs");
+  for (const onnx::ValueInfoProto& vo : gp.output()) {
+    TensorDecl d{vo.name(), DType::kF32, {}, false, ""};
+    const auto& tt = vo.type().tensor_type();
+    if (tt.elem_type() != 0) {
+      auto dtype = DTypeFromOnnx(tt.elem_type());
+      if (!dtype.ok()) return dtype.status().WithContext(StrCat(label, ": output '", vo.name(), "'"));
+      d.dtype = *dtype;
+    }
+    for (int k = 0; tt.has_shape() && k < tt.shape().dim_size(); ++k) {
+      const auto& dim = tt.shape().dim(k);
+      d.dims.push_back(dim.has_dim_value() ? DeclDim{dim.dim_value(), ""} : DeclDim{-1, dim.dim_param()});
+    }
+    m->outputs_.push_back(std::move(d));
+  }
+  MarkShapeValueInputs(gp, &m->inputs_);
+  return std::shared_ptr<const OnnxModel>(std::move(m));
+}
+
+Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& path) {
+  std::string bytes;
+  GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
+  return FromBytes(bytes, path);
+}
+
+Result<std::unique_ptr<Graph>> OnnxModel::Instantiate(const InputBinding& binding) const {
+  return ImportModel(*proto_, opset_, label_, inputs_, binding);
+}
+
+Result<std::unique_ptr<Graph>> OnnxModel::InstantiateStatic() const {
+  InputBinding b;
+  for (const TensorDecl& d : inputs_) {
+    const std::string what = StrCat("input '", d.name, "'");
+    if (d.values_shape_plan)
+      return Unimplemented(label_, ": the values of ", what, " become a shape (", d.value_use,
+                           "): run it through graphfuse::CompiledModel, which plans per call, or give them with --data");
+    Shape shape;
+    for (size_t k = 0; k < d.dims.size(); ++k) {
+      if (!d.dims[k].fixed())
+        return Unimplemented(label_, ": ", d.dims[k].param.empty() ? StrCat("dim ", k, " of ", what, " is unknown")
+                                                                     : StrCat("dynamic dim '", d.dims[k].param, "' of ", what),
+                             " (", DeclString(d), "): bind it with --shape, or run through graphfuse::CompiledModel");
+      shape.push_back(d.dims[k].value);
+    }
+    b.shapes.push_back(std::move(shape));
+    b.values.push_back(nullptr);
+  }
+  return Instantiate(b);
+}
+
+Result<std::unique_ptr<Graph>> ImportOnnxBytes(const std::string& bytes, const std::string& label) {
+  GF_ASSIGN_OR_RETURN(auto m, OnnxModel::FromBytes(bytes, label));
+  return m->InstantiateStatic();
 }
 
 Result<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path) {
-  std::string bytes;
-  GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
-  return ImportOnnxBytes(bytes, path);
+  GF_ASSIGN_OR_RETURN(auto m, OnnxModel::FromFile(path));
+  return m->InstantiateStatic();
+}
+
+Result<std::unique_ptr<Graph>> ImportOnnxFileWithShapes(const std::string& path,
+                                                        const std::map<std::string, Shape>& shape_flags,
+                                                        InputBinding* binding) {
+  GF_ASSIGN_OR_RETURN(auto m, OnnxModel::FromFile(path));
+  GF_ASSIGN_OR_RETURN(InputBinding b, BindShapes(m->inputs(), shape_flags));
+  auto g = m->Instantiate(b);
+  if (g.ok() && binding) *binding = std::move(b);
+  return g;
 }
 
 Result<Tensor> ReadTensorProtoFile(const std::string& path, std::string* name) {

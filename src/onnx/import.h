@@ -1,6 +1,8 @@
 // ONNX import: a ModelProto (opset 13-17, default domain) becomes a graphfuse Graph.
 //
-//   graph inputs that are not initializers -> Graph::AddInput (static shapes only)
+//   graph inputs that are not initializers -> Graph::AddInput with the shape bound for them
+//                                              (OnnxModel::Instantiate), or a constant where
+//                                              their values become shapes
 //   initializers, Constant nodes            -> Graph::AddConstant
 //   nodes                                   -> Graph::AddNode, 1:1 by op_type where the op
 //                                              registry has the op with ONNX conventions; the
@@ -21,6 +23,11 @@
 #include "graphfuse/graph.h"
 #include "graphfuse/status.h"
 #include "graphfuse/tensor.h"
+#include "runtime/signature.h"
+
+namespace onnx {
+class ModelProto;
+}
 
 namespace graphfuse {
 
@@ -30,11 +37,54 @@ namespace graphfuse {
 inline constexpr int64_t kMinOnnxOpset = 7;
 inline constexpr int64_t kMaxOnnxOpset = 21;
 
-// Reads and imports an .onnx file (files over 2 GiB are refused).
+// A parsed model and its input signature, imported once per binding of its inputs: symbolic
+// dims take the sizes of one call, and inputs whose values become shapes (a Reshape's shape, a
+// Slice's starts, a Range's limit, ... reached through any computation that does not stop at
+// a Shape or Size) become constants holding that call's values. The importer folds as it
+// builds, so the shape arithmetic exporters write (Shape -> Gather -> Concat -> Reshape)
+// becomes constants of the bound sizes, and the passes see a static graph.
+class OnnxModel {
+ public:
+  // Parses and checks the signature (opset, input types and dims); nodes are imported per
+  // binding by Instantiate.
+  static Result<std::shared_ptr<const OnnxModel>> FromBytes(const std::string& bytes, const std::string& label);
+  static Result<std::shared_ptr<const OnnxModel>> FromFile(const std::string& path);
+  ~OnnxModel();
+
+  const std::string& label() const { return label_; }
+  // The graph inputs that are not initializers, in order.
+  const std::vector<TensorDecl>& inputs() const { return inputs_; }
+  // The graph outputs as declared (dims may be symbolic or unnamed).
+  const std::vector<TensorDecl>& outputs() const { return outputs_; }
+  bool is_static() const { return IsStaticSignature(inputs_); }
+
+  // The graph for one binding (BindInputs / BindShapes over inputs()).
+  Result<std::unique_ptr<Graph>> Instantiate(const InputBinding& binding) const;
+  // The graph of a static model (every dim fixed, no input's values become shapes); for
+  // another model, Unimplemented naming its first symbolic dim or value input.
+  Result<std::unique_ptr<Graph>> InstantiateStatic() const;
+
+ private:
+  OnnxModel() = default;
+  std::string label_;
+  std::unique_ptr<onnx::ModelProto> proto_;
+  int64_t opset_ = 0;
+  std::vector<TensorDecl> inputs_, outputs_;
+};
+
+// Reads and imports an .onnx file of static shapes (files over 2 GiB are refused).
 Result<std::unique_ptr<Graph>> ImportOnnxFile(const std::string& path);
 
-// Imports a serialized ModelProto; `label` stands for the file name in error messages.
+// Imports a serialized ModelProto of static shapes; `label` stands for the file name in error
+// messages.
 Result<std::unique_ptr<Graph>> ImportOnnxBytes(const std::string& bytes, const std::string& label);
+
+// Imports an .onnx file with its symbolic dims bound by command-line flags (BindShapes:
+// "input=2x16" or "seq=16"); a static model needs none. `binding`, when given, receives the
+// binding made.
+Result<std::unique_ptr<Graph>> ImportOnnxFileWithShapes(const std::string& path,
+                                                        const std::map<std::string, Shape>& shape_flags,
+                                                        InputBinding* binding = nullptr);
 
 // Reads a serialized TensorProto (the input_*.pb / output_*.pb files of ONNX test data).
 // `name`, when given, receives the tensor's name ("" when it has none).

@@ -1,5 +1,5 @@
 // Running an ONNX test directory (model.onnx + test_data_set_*/input_*.pb, output_*.pb) through
-// ImportOnnxFile + Execute and comparing the outputs, numpy.allclose-style.
+// OnnxModel (a plan per data set) + Execute and comparing the outputs, numpy.allclose-style.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "graphfuse/tensor.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "runtime/signature.h"
 #include "cpu/executor.h"
 
 namespace graphfuse::testing {
@@ -92,8 +93,9 @@ struct DirResult {
   double max_abs_err = 0, max_rel_err = 0;
 };
 
-// Imports `dir`/model.onnx and runs every data set twice: the unfused plan (constant folding
-// only) and the fused plan (the full pipeline), each against the expected outputs.
+// Loads `dir`/model.onnx and runs every data set twice, each with a plan made for that data
+// set's input shapes (and the values of inputs that become shapes): the unfused plan (constant
+// folding only) and the fused plan (the full pipeline), each against the expected outputs.
 // Unimplemented anywhere = skip; every other error or mismatch = fail. `tol_for` gives the
 // tolerance for an output dtype.
 template <class TolFor>
@@ -108,44 +110,56 @@ DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor t
     return fail(s.code() == StatusCode::kUnimplemented ? Outcome::kSkip : Outcome::kFail,
                 stage.empty() ? s.ToString() : StrCat(stage, ": ", s.ToString()));
   };
-  auto g = ImportOnnxFile(dir + "/model.onnx");
-  if (!g.ok()) return skip_or_fail(g.status(), "");
-  auto gf = ImportOnnxFile(dir + "/model.onnx");
-  if (!gf.ok()) return skip_or_fail(gf.status(), "");
-  PipelineOptions unfused_options, fused_options;
-  unfused_options.fusion.enabled = false;
-  FusionReport fusion;
-  fused_options.fusion_report = &fusion;
-  if (auto p = RunPipeline(**g, cpu::DefaultCpuTarget(), unfused_options); !p.ok()) return skip_or_fail(p.status(), "unfused pipeline");
-  if (auto p = RunPipeline(**gf, cpu::DefaultCpuTarget(), fused_options); !p.ok()) return skip_or_fail(p.status(), "fused pipeline");
-  r.kernels_unfused = fusion.kernels_before;
-  r.kernels_fused = fusion.kernels_after;
-  const Graph& graph = **g;
-  r.float32 = !graph.outputs().empty();
-  for (const Value* o : graph.outputs()) r.float32 &= o->dtype() == DType::kF32;
+  auto model = OnnxModel::FromFile(dir + "/model.onnx");
+  if (!model.ok()) return skip_or_fail(model.status(), "");
+  const std::vector<TensorDecl>& decls = (*model)->inputs();
+  r.float32 = !(*model)->outputs().empty();
+  for (const TensorDecl& o : (*model)->outputs()) r.float32 &= o.dtype == DType::kF32;
   const auto sets = DataSets(dir);
   if (sets.empty()) return fail(Outcome::kFail, "no test_data_set_* directory");
   for (const std::string& set : sets) {
-    std::vector<Tensor> inputs(graph.inputs().size());
+    std::vector<Tensor> inputs(decls.size());
     const auto in_files = NumberedFiles(set, "input_");
-    if (in_files.size() != graph.inputs().size())
-      return fail(Outcome::kFail, StrCat(set, ": ", in_files.size(), " input files for ", graph.inputs().size(),
-                                         " graph inputs"));
+    if (in_files.size() != decls.size())
+      return fail(Outcome::kFail, StrCat(set, ": ", in_files.size(), " input files for ", decls.size(), " graph inputs"));
     for (size_t k = 0; k < in_files.size(); ++k) {
       std::string name;
       auto t = ReadTensorProtoFile(in_files[k], &name);
       if (!t.ok()) return skip_or_fail(t.status(), "reading inputs");
       // Match by name when the file names a graph input, else by position.
       size_t slot = k;
-      for (size_t j = 0; j < graph.inputs().size(); ++j)
-        if (!name.empty() && graph.inputs()[j]->name() == name) slot = j;
+      for (size_t j = 0; j < decls.size(); ++j)
+        if (!name.empty() && decls[j].name == name) slot = j;
       inputs[slot] = std::move(t).value();
     }
     std::vector<TensorView> views;
     for (const Tensor& t : inputs) views.push_back(t.view());
-    for (const Graph* run : std::initializer_list<const Graph*>{&graph, gf->get()}) {
-      const char* which = run == &graph ? "unfused" : "fused";
-      auto outs = Execute(*run, views, ctx, run == &graph ? nullptr : &r.stats);
+    // The plan for this data set's shapes (and values, where they become shapes): unfused
+    // (constant folding only) and fused (the full pipeline).
+    auto binding = BindInputs(decls, views);
+    if (!binding.ok()) return fail(Outcome::kFail, StrCat(set, ": ", binding.status().ToString()));
+    std::vector<TensorView> graph_inputs;
+    for (size_t k = 0; k < views.size(); ++k)
+      if (!binding->values[k]) graph_inputs.push_back(views[k]);
+    auto g = (*model)->Instantiate(*binding);
+    if (!g.ok()) return skip_or_fail(g.status(), "");
+    auto gf = (*model)->Instantiate(*binding);
+    if (!gf.ok()) return skip_or_fail(gf.status(), "");
+    PipelineOptions unfused_options, fused_options;
+    unfused_options.fusion.enabled = false;
+    FusionReport fusion;
+    fused_options.fusion_report = &fusion;
+    if (auto p = RunPipeline(**g, cpu::DefaultCpuTarget(), unfused_options); !p.ok())
+      return skip_or_fail(p.status(), "unfused pipeline");
+    if (auto p = RunPipeline(**gf, cpu::DefaultCpuTarget(), fused_options); !p.ok())
+      return skip_or_fail(p.status(), "fused pipeline");
+    if (set == sets.front()) {
+      r.kernels_unfused = fusion.kernels_before;
+      r.kernels_fused = fusion.kernels_after;
+    }
+    for (const Graph* run : std::initializer_list<const Graph*>{g->get(), gf->get()}) {
+      const char* which = run == g->get() ? "unfused" : "fused";
+      auto outs = Execute(*run, graph_inputs, ctx, run == g->get() ? nullptr : &r.stats);
       if (!outs.ok()) return skip_or_fail(outs.status(), StrCat(which, ", at run time"));
       const auto out_files = NumberedFiles(set, "output_");
       if (out_files.size() != outs->size())

@@ -1,0 +1,357 @@
+// Models with symbolic dims and inputs whose values become shapes, through the public API:
+// a plan per input signature, kept in an LRU cache; contradicting inputs refused before any
+// planning. Outputs are checked against a float64 reference computed here and, for the fused
+// plan, against the unfused one on the same inputs.
+#include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "graphfuse/model.h"
+#include "onnx/import.h"
+#include "runtime/signature.h"
+
+namespace graphfuse {
+namespace {
+
+constexpr int64_t kHidden = 8;
+
+void AddInput(onnx::GraphProto& g, const std::string& name, int32_t type, const std::vector<std::string>& dims) {
+  auto* tt = g.add_input()->mutable_type()->mutable_tensor_type();
+  g.mutable_input(g.input_size() - 1)->set_name(name);
+  tt->set_elem_type(type);
+  auto* shape = tt->mutable_shape();
+  for (const std::string& d : dims) {
+    auto* dim = shape->add_dim();
+    if (!d.empty() && std::isdigit(static_cast<unsigned char>(d[0]))) dim->set_dim_value(std::stoll(d));
+    else if (!d.empty()) dim->set_dim_param(d);  // "" leaves the dim unnamed
+  }
+}
+
+void AddNode(onnx::GraphProto& g, const std::string& op, const std::vector<std::string>& ins,
+             const std::vector<std::string>& outs) {
+  auto* n = g.add_node();
+  n->set_op_type(op);
+  n->set_name(outs[0] + "_node");
+  for (const auto& i : ins) n->add_input(i);
+  for (const auto& o : outs) n->add_output(o);
+}
+
+void AddInitializer(onnx::GraphProto& g, const std::string& name, const std::vector<int64_t>& dims,
+                    const std::vector<float>& f, const std::vector<int64_t>& i = {}) {
+  auto* t = g.add_initializer();
+  t->set_name(name);
+  t->set_data_type(f.empty() ? onnx::TensorProto::INT64 : onnx::TensorProto::FLOAT);
+  for (int64_t d : dims) t->add_dims(d);
+  for (float v : f) t->add_float_data(v);
+  for (int64_t v : i) t->add_int64_data(v);
+}
+
+std::vector<float> Weights(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> w(n);
+  for (float& v : w) v = u(rng);
+  return w;
+}
+
+// y[b, s*8] = Reshape(relu(x @ W + B) * mask[..., None], [Shape(x)[0], -1]): a GEMM with an
+// epilogue, a mask broadcast through Unsqueeze, and the shape arithmetic exporters write.
+std::string MaskedGemmModel() {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  onnx::GraphProto& g = *m.mutable_graph();
+  g.set_name("masked_gemm");
+  AddInput(g, "x", onnx::TensorProto::FLOAT, {"batch", "seq", "8"});
+  AddInput(g, "mask", onnx::TensorProto::FLOAT, {"batch", "seq"});
+  AddInitializer(g, "W", {kHidden, kHidden}, Weights(kHidden * kHidden, 1));
+  AddInitializer(g, "B", {kHidden}, Weights(kHidden, 2));
+  AddInitializer(g, "zero", {1}, {}, {0});
+  AddInitializer(g, "minus_one", {1}, {}, {-1});
+  AddNode(g, "MatMul", {"x", "W"}, {"mm"});
+  AddNode(g, "Add", {"mm", "B"}, {"a"});
+  AddNode(g, "Relu", {"a"}, {"r"});
+  AddNode(g, "Unsqueeze", {"mask", "minus_one"}, {"mask3"});
+  AddNode(g, "Mul", {"r", "mask3"}, {"rm"});
+  AddNode(g, "Shape", {"x"}, {"sx"});
+  AddNode(g, "Gather", {"sx", "zero"}, {"b"});
+  AddNode(g, "Concat", {"b", "minus_one"}, {"shape"});
+  g.mutable_node(g.node_size() - 1)->add_attribute()->set_name("axis");
+  g.mutable_node(g.node_size() - 1)->mutable_attribute(0)->set_type(onnx::AttributeProto::INT);
+  g.mutable_node(g.node_size() - 1)->mutable_attribute(0)->set_i(0);
+  AddNode(g, "Reshape", {"rm", "shape"}, {"y"});
+  g.add_output()->set_name("y");
+  auto* ot = g.mutable_output(0)->mutable_type()->mutable_tensor_type();
+  ot->set_elem_type(onnx::TensorProto::FLOAT);
+  ot->mutable_shape()->add_dim()->set_dim_param("batch");
+  ot->mutable_shape()->add_dim();
+  return m.SerializeAsString();
+}
+
+// z = Relu(Reshape(x, s)) with s a graph input: its values become the shape.
+std::string ValueShapeModel() {
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(17);
+  onnx::GraphProto& g = *m.mutable_graph();
+  g.set_name("value_shape");
+  AddInput(g, "x", onnx::TensorProto::FLOAT, {"n", "4"});
+  AddInput(g, "s", onnx::TensorProto::INT64, {"2"});
+  AddNode(g, "Reshape", {"x", "s"}, {"y"});
+  AddNode(g, "Relu", {"y"}, {"z"});
+  g.add_output()->set_name("z");
+  g.mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  return m.SerializeAsString();
+}
+
+Tensor Random(DType t, const Shape& s, uint32_t seed) {
+  Tensor x = Tensor::Empty(t, s).value();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (int64_t i = 0; i < x.numel(); ++i) x.SetFromDouble(i, u(rng));
+  return x;
+}
+
+// The masked GEMM model in float64.
+std::vector<double> Reference(const Tensor& x, const Tensor& mask) {
+  const std::vector<float> w = Weights(kHidden * kHidden, 1), b = Weights(kHidden, 2);
+  const int64_t rows = x.numel() / kHidden;
+  std::vector<double> y(static_cast<size_t>(x.numel()));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < kHidden; ++j) {
+      double acc = b[j];
+      for (int64_t k = 0; k < kHidden; ++k) acc += x.GetAsDouble(r * kHidden + k) * double{w[k * kHidden + j]};
+      y[r * kHidden + j] = std::max(acc, 0.0) * mask.GetAsDouble(r);
+    }
+  return y;
+}
+
+struct Compiled {
+  std::unique_ptr<CompiledModel> fused, unfused;
+};
+
+Compiled CompileBoth(const std::string& bytes, int capacity = 16) {
+  auto target = MakeTarget("cpu", {.threads = 1});
+  EXPECT_TRUE(target.ok());
+  std::shared_ptr<const Target> cpu = std::move(*target);
+  CompileOptions fused_options, unfused_options;
+  fused_options.plan_cache_capacity = unfused_options.plan_cache_capacity = capacity;
+  unfused_options.fusion.enabled = false;
+  auto f = CompiledModel::Compile(Model::FromOnnxBytes(bytes, "m.onnx").value(), cpu, fused_options);
+  auto u = CompiledModel::Compile(Model::FromOnnxBytes(bytes, "m.onnx").value(), cpu, unfused_options);
+  EXPECT_TRUE(f.ok()) << f.status().ToString();
+  EXPECT_TRUE(u.ok()) << u.status().ToString();
+  return {std::move(*f), std::move(*u)};
+}
+
+TEST(DynamicShapes, ModelDeclaresItsSymbolicDims) {
+  auto model = Model::FromOnnxBytes(MaskedGemmModel(), "m.onnx");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_FALSE(model->is_static());
+  ASSERT_EQ(model->inputs().size(), 2u);
+  EXPECT_EQ(model->inputs()[0].shape, (Shape{-1, -1, 8}));
+  EXPECT_EQ(model->inputs()[0].dim_params, (std::vector<std::string>{"batch", "seq", ""}));
+  EXPECT_FALSE(model->inputs()[0].values_shape_plan);
+  ASSERT_EQ(model->outputs().size(), 1u);
+  EXPECT_EQ(model->outputs()[0].dim_params, (std::vector<std::string>{"batch", ""}));
+  // A static import refuses it, naming the dim.
+  auto g = ImportOnnxBytes(MaskedGemmModel(), "m.onnx");
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("dynamic dim 'batch' of input 'x'"), std::string::npos) << g.status().ToString();
+}
+
+// Every shape gets its own plan, fused and unfused agree with each other and with float64, and
+// the fused GEMM keeps its epilogue (the mask multiply included) at every shape.
+TEST(DynamicShapes, RunsOnEveryShapeThatSatisfiesTheModel) {
+  Compiled c = CompileBoth(MaskedGemmModel());
+  EXPECT_EQ(c.fused->plan(), nullptr) << "nothing is planned before the first call";
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1}, {2, 5}, {3, 7}, {1, 16}};
+  uint32_t seed = 10;
+  for (auto [batch, seq] : shapes) {
+    const Tensor x = Random(DType::kF32, {batch, seq, kHidden}, seed++);
+    Tensor mask = Random(DType::kF32, {batch, seq}, seed++);
+    for (int64_t i = 1; i < mask.numel(); i += 3) mask.SetFromDouble(i, 0.0);  // masked positions
+    const TensorView in[] = {x.view(), mask.view()};
+    auto yf = c.fused->Run(in);
+    auto yu = c.unfused->Run(in);
+    ASSERT_TRUE(yf.ok()) << yf.status().ToString();
+    ASSERT_TRUE(yu.ok()) << yu.status().ToString();
+    ASSERT_EQ(yf->at(0).shape(), (Shape{batch, seq * kHidden}));
+    const std::vector<double> want = Reference(x, mask);
+    double peak = 0;
+    for (int64_t i = 0; i < yf->at(0).numel(); ++i) {
+      peak = std::max(peak, std::fabs(want[i]));
+      EXPECT_NEAR(yf->at(0).GetAsDouble(i), want[i], 1e-5 * (1 + std::fabs(want[i]))) << batch << "x" << seq << " @" << i;
+      EXPECT_NEAR(yf->at(0).GetAsDouble(i), yu->at(0).GetAsDouble(i), 1e-5 * (1 + std::fabs(want[i])));
+    }
+    EXPECT_GT(peak, 0.1);
+    const std::shared_ptr<const Plan> plan = c.fused->plan();
+    ASSERT_NE(plan, nullptr);
+    EXPECT_EQ(plan->report().kernels_after, 1) << plan->signature() << ": one fused GEMM with its epilogue";
+    EXPECT_EQ(plan->inputs()[0].shape, (Shape{batch, seq, kHidden}));
+    EXPECT_GT(plan->planning_time().total_ms(), 0.0);
+  }
+  EXPECT_EQ(c.fused->cache_stats().plans_made, static_cast<int64_t>(shapes.size()));
+  EXPECT_EQ(c.fused->cache_stats().hits, 0);
+}
+
+// A second call with a shape already seen finds its plan: no planning, the same Plan object.
+TEST(DynamicShapes, AKnownShapeCostsNoPlanning) {
+  Compiled c = CompileBoth(MaskedGemmModel());
+  const Tensor x = Random(DType::kF32, {2, 3, kHidden}, 1), mask = Random(DType::kF32, {2, 3}, 2);
+  const TensorView in[] = {x.view(), mask.view()};
+  auto first = c.fused->Run(in);
+  ASSERT_TRUE(first.ok());
+  const std::shared_ptr<const Plan> plan = c.fused->plan();
+  const PlanCacheStats before = c.fused->cache_stats();
+  EXPECT_EQ(before.plans_made, 1);
+  for (int i = 0; i < 5; ++i) {
+    auto again = c.fused->Run(in);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(std::memcmp(again->at(0).data(), first->at(0).data(), first->at(0).nbytes()), 0);
+  }
+  const PlanCacheStats after = c.fused->cache_stats();
+  EXPECT_EQ(after.plans_made, 1);
+  EXPECT_EQ(after.hits, 5);
+  EXPECT_EQ(after.planning_ms, before.planning_ms);
+  EXPECT_EQ(c.fused->plan(), plan);
+}
+
+// With room for 2 plans: A, B, A, C drops B (the least recently used); A is still a hit and B
+// is planned again.
+TEST(DynamicShapes, TheCacheDropsTheLeastRecentlyUsedPlan) {
+  Compiled c = CompileBoth(MaskedGemmModel(), /*capacity=*/2);
+  auto run = [&](int64_t seq) {
+    const Tensor x = Random(DType::kF32, {1, seq, kHidden}, 3), mask = Random(DType::kF32, {1, seq}, 4);
+    const TensorView in[] = {x.view(), mask.view()};
+    ASSERT_TRUE(c.fused->Run(in).ok());
+  };
+  run(1), run(2), run(1), run(3);
+  PlanCacheStats s = c.fused->cache_stats();
+  EXPECT_EQ(s.plans_made, 3);
+  EXPECT_EQ(s.hits, 1);
+  EXPECT_EQ(s.evictions, 1);
+  EXPECT_EQ(s.size, 2);
+  run(1);
+  EXPECT_EQ(c.fused->cache_stats().plans_made, 3) << "seq 1 was used more recently than seq 2";
+  run(2);
+  EXPECT_EQ(c.fused->cache_stats().plans_made, 4) << "seq 2 was dropped";
+  EXPECT_FALSE(CompiledModel::Compile(Model::FromOnnxBytes(MaskedGemmModel()).value(), MakeTarget("cpu").value(),
+                                      CompileOptions{.plan_cache_capacity = 0})
+                   .ok());
+}
+
+// Inputs that contradict the model are refused with InvalidArgument naming the input and the
+// dim, and nothing is planned for them; the model stays usable.
+TEST(DynamicShapes, ContradictionsAreRefusedBeforePlanning) {
+  Compiled c = CompileBoth(MaskedGemmModel());
+  auto refuse = [&](const Tensor& x, const Tensor& mask, std::vector<std::string> words) {
+    const TensorView in[] = {x.view(), mask.view()};
+    auto r = c.fused->Run(in);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    for (const std::string& w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().ToString();
+  };
+  const Tensor mask = Random(DType::kF32, {2, 3}, 1);
+  refuse(Random(DType::kF32, {2, 3}, 2), mask, {"input 'x'", "rank 2", "f32[batch,seq,8]"});
+  refuse(Random(DType::kF32, {2, 3, 9}, 2), mask, {"input 'x'", "dim 2 is 9", "fixes it at 8"});
+  refuse(Random(DType::kF32, {2, 4, 8}, 2), mask, {"input 'mask'", "'seq'", "is 3", "= 4"});
+  refuse(Random(DType::kF16, {2, 3, 8}, 2), mask, {"input 'x'", "f16"});
+  // A dim far beyond memory: refused from the shape alone (no data is read).
+  {
+    const TensorView huge{DType::kF32, {1 << 20, 1 << 20, 8}, nullptr};
+    const TensorView m{DType::kF32, {1 << 20, 1 << 20}, nullptr};
+    const TensorView in[] = {huge, m};
+    auto r = c.fused->PlanFor(in);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.status().message().find("more than this machine's memory"), std::string::npos) << r.status().ToString();
+  }
+  EXPECT_EQ(c.fused->cache_stats().plans_made, 0);
+  const Tensor x = Random(DType::kF32, {2, 3, 8}, 5);
+  const TensorView in[] = {x.view(), mask.view()};
+  EXPECT_TRUE(c.fused->Run(in).ok());
+}
+
+// An input whose values become a shape: the plan is made for its values, one per set seen.
+TEST(DynamicShapes, ValuesThatBecomeShapesSelectThePlan) {
+  auto model = Model::FromOnnxBytes(ValueShapeModel(), "v.onnx");
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  EXPECT_TRUE(model->inputs()[1].values_shape_plan);
+  EXPECT_FALSE(model->inputs()[0].values_shape_plan);
+  Compiled c = CompileBoth(ValueShapeModel());
+  const Tensor x = Random(DType::kF32, {6, 4}, 9);
+  for (const Shape& target : {Shape{3, 8}, Shape{8, 3}, Shape{24, 1}, Shape{3, 8}}) {
+    Tensor s = Tensor::Empty(DType::kI64, {2}).value();
+    s.data_as<int64_t>()[0] = target[0], s.data_as<int64_t>()[1] = target[1];
+    const TensorView in[] = {x.view(), s.view()};
+    auto z = c.fused->Run(in);
+    ASSERT_TRUE(z.ok()) << z.status().ToString();
+    ASSERT_EQ(z->at(0).shape(), target);
+    for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(z->at(0).GetAsDouble(i), std::max(0.0, x.GetAsDouble(i)));
+  }
+  EXPECT_EQ(c.fused->cache_stats().plans_made, 3);
+  EXPECT_EQ(c.fused->cache_stats().hits, 1);
+  // A shape the values cannot give is the Reshape's error, naming the node.
+  Tensor bad = Tensor::Empty(DType::kI64, {2}).value();
+  bad.data_as<int64_t>()[0] = 5, bad.data_as<int64_t>()[1] = 5;
+  const TensorView in[] = {x.view(), bad.view()};
+  auto r = c.fused->Run(in);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().ToString().find("Reshape"), std::string::npos) << r.status().ToString();
+}
+
+// Several threads meeting new and known shapes at once all get right answers.
+TEST(DynamicShapes, ThreadsShareThePlanCache) {
+  Compiled c = CompileBoth(MaskedGemmModel(), /*capacity=*/3);
+  std::vector<int> failures(6, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 6; ++t)
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < 20; ++r) {
+        const int64_t seq = 1 + (t + r) % 5;
+        const Tensor x = Random(DType::kF32, {1, seq, kHidden}, 100 + t), mask = Random(DType::kF32, {1, seq}, 200 + t);
+        const TensorView in[] = {x.view(), mask.view()};
+        auto y = c.fused->Run(in);
+        if (!y.ok()) {
+          ++failures[t];
+          continue;
+        }
+        const std::vector<double> want = Reference(x, mask);
+        for (int64_t i = 0; i < y->at(0).numel(); ++i)
+          if (std::fabs(y->at(0).GetAsDouble(i) - want[i]) > 1e-5 * (1 + std::fabs(want[i]))) {
+            ++failures[t];
+            break;
+          }
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 6; ++t) EXPECT_EQ(failures[t], 0) << "thread " << t;
+  EXPECT_LE(c.fused->cache_stats().size, 3);
+}
+
+TEST(DynamicShapes, ShapeFlagsBindDimsByInputOrByName) {
+  auto m = OnnxModel::FromBytes(MaskedGemmModel(), "m.onnx");
+  ASSERT_TRUE(m.ok());
+  std::map<std::string, Shape> flags;
+  ASSERT_TRUE(ParseShapeFlag("x=2x5x8", &flags).ok());
+  ASSERT_TRUE(ParseShapeFlag("seq=5", &flags).ok());
+  auto b = BindShapes((*m)->inputs(), flags);
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(b->shapes[1], (Shape{2, 5}));
+  EXPECT_EQ(b->symbols.at("batch"), 2);
+  EXPECT_FALSE(ParseShapeFlag("x=2x5x8", &flags).ok()) << "given twice";
+  EXPECT_FALSE(ParseShapeFlag("x=2xax8", &flags).ok());
+  EXPECT_FALSE(ParseShapeFlag("=3", &flags).ok());
+  auto missing = BindShapes((*m)->inputs(), {{"batch", {2}}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("'seq'"), std::string::npos) << missing.status().ToString();
+  auto contradicted = BindShapes((*m)->inputs(), {{"x", {2, 5, 8}}, {"batch", {3}}});
+  ASSERT_FALSE(contradicted.ok());
+  EXPECT_NE(contradicted.status().message().find("'batch' = 2"), std::string::npos) << contradicted.status().ToString();
+}
+
+}  // namespace
+}  // namespace graphfuse
