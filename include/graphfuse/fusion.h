@@ -1,7 +1,7 @@
 // What fusion may do (FusionOptions) and what it did (FusionReport): the knobs a user sets and
 // the account of every fused kernel and every refused merge, with a stable code per refusal
 // (src/passes/fusion_legality.h lists the codes). `graphfuse explain` prints the report;
-// CompiledModel::report() returns it.
+// Plan::report() (graphfuse/model.h) returns it.
 #pragma once
 
 #include <cstdint>
