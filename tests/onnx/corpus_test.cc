@@ -1,0 +1,163 @@
+// The transformers corpus (tests/models/hf, written by tools/export_hf_corpus.py): models as
+// users export them, run through the public API (Model + CompiledModel, a plan per input
+// signature), fused and unfused, on every data set, against torch's outputs (rtol 1e-3,
+// atol 1e-4) and against each other. Prints, per model, the kernels per run of each plan and the
+// planning time per new signature, and writes that table to $GF_CORPUS_REPORT (else
+// ./corpus_report.txt).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "graphfuse/model.h"
+#include "onnx/import.h"
+#include "onnx_test_util.h"
+
+namespace graphfuse::testing {
+namespace {
+
+constexpr Tolerance kVsTorch{1e-3, 1e-4};
+
+// Models that do not run yet, with the reason. Each must still fail with that reason (a model
+// that starts passing is reported, so that it leaves this list).
+const std::map<std::string, std::string>& NotYet() {
+  static const std::map<std::string, std::string> m = {
+      {"bert_dynamo_dynamic", "(GatherND): op not supported"},
+      {"bert_dynamo_static", "(GatherND): op not supported"},
+      {"gpt2_dynamo_dynamic", "(GatherND): op not supported"},
+      {"gpt2_dynamo_kv", "(GatherND): op not supported"},
+      {"gpt_neox_dynamo_dynamic", "(GatherND): op not supported"},
+      {"gpt_neox_dynamo_kv", "(GatherND): op not supported"},
+      {"llama_dynamo_dynamic", "(GatherND): op not supported"},
+      {"llama_dynamo_kv", "(GatherND): op not supported"},
+      {"llama_gqa_dynamo_dynamic", "(GatherND): op not supported"},
+      {"llama_gqa_dynamo_kv", "(GatherND): op not supported"},
+      {"mistral_dynamo_dynamic", "(GatherND): op not supported"},
+      {"mistral_dynamo_kv", "(GatherND): op not supported"},
+      {"qwen2_dynamo_dynamic", "(GatherND): op not supported"},
+      {"qwen2_dynamo_kv", "(GatherND): op not supported"},
+      {"roberta_dynamo_dynamic", "(CumSum): op not supported"},
+      {"roberta_dynamo_static", "(CumSum): op not supported"},
+      {"roberta_ts_dynamic", "(CumSum): op not supported"},
+      {"roberta_ts_static", "(CumSum): op not supported"},
+  };
+  return m;
+}
+
+struct Row {
+  std::string dir;
+  bool ok = true;
+  std::string why;
+  std::vector<std::string> sets;  // "set: signature, kernels unfused -> fused, planning ms"
+};
+
+std::vector<std::string> CorpusDirs() {
+  std::vector<std::string> dirs;
+  const std::filesystem::path root = std::filesystem::path(GF_MODELS_DIR) / "hf";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(root, ec))
+    if (e.is_directory() && std::filesystem::exists(e.path() / "model.onnx")) dirs.push_back(e.path().string());
+  std::sort(dirs.begin(), dirs.end());
+  return dirs;
+}
+
+Row RunModel(const std::string& dir, const std::shared_ptr<const Target>& cpu) {
+  Row row{std::filesystem::path(dir).filename().string()};
+  auto fail = [&](const std::string& why) {
+    row.ok = false;
+    row.why = why;
+    return row;
+  };
+  CompileOptions unfused_options;
+  unfused_options.fusion.enabled = false;
+  std::unique_ptr<CompiledModel> fused, unfused;
+  for (bool f : {true, false}) {
+    auto model = Model::FromOnnxFile(dir + "/model.onnx");
+    if (!model.ok()) return fail(model.status().ToString());
+    auto c = CompiledModel::Compile(std::move(*model), cpu, f ? CompileOptions{} : unfused_options);
+    if (!c.ok()) return fail(c.status().ToString());
+    (f ? fused : unfused) = std::move(*c);
+  }
+  const std::vector<TensorInfo>& decls = fused->inputs();
+  for (const std::string& set : DataSets(dir)) {
+    const std::string set_name = std::filesystem::path(set).filename().string();
+    std::vector<Tensor> inputs(decls.size());
+    const auto in_files = NumberedFiles(set, "input_");
+    if (in_files.size() != decls.size())
+      return fail(StrCat(set_name, ": ", in_files.size(), " input files for ", decls.size(), " inputs"));
+    for (size_t k = 0; k < in_files.size(); ++k) {
+      std::string name;
+      auto t = ReadTensorProtoFile(in_files[k], &name);
+      if (!t.ok()) return fail(t.status().ToString());
+      size_t slot = k;
+      for (size_t j = 0; j < decls.size(); ++j)
+        if (decls[j].name == name) slot = j;
+      inputs[slot] = std::move(*t);
+    }
+    std::vector<TensorView> views;
+    for (const Tensor& t : inputs) views.push_back(t.view());
+    auto yf = fused->Run(views);
+    if (!yf.ok()) return fail(StrCat(set_name, ", fused: ", yf.status().ToString()));
+    auto yu = unfused->Run(views);
+    if (!yu.ok()) return fail(StrCat(set_name, ", unfused: ", yu.status().ToString()));
+    const auto out_files = NumberedFiles(set, "output_");
+    if (out_files.size() != yf->size())
+      return fail(StrCat(set_name, ": ", out_files.size(), " output files for ", yf->size(), " outputs"));
+    for (size_t k = 0; k < out_files.size(); ++k) {
+      auto ref = ReadTensorProtoFile(out_files[k]);
+      if (!ref.ok()) return fail(ref.status().ToString());
+      const std::string out_name = fused->plan()->outputs()[k].name;
+      for (const auto& [which, got] : {std::pair{"fused", &(*yf)[k]}, std::pair{"unfused", &(*yu)[k]}}) {
+        const Comparison c = CompareTensors(*got, *ref, kVsTorch);
+        if (!c.ok) return fail(StrCat(set_name, ", ", which, " output '", out_name, "' vs torch: ", c.detail));
+      }
+      const Comparison c = CompareTensors((*yf)[k], (*yu)[k], kVsTorch);
+      if (!c.ok) return fail(StrCat(set_name, ", output '", out_name, "' fused vs unfused: ", c.detail));
+    }
+    const std::shared_ptr<const Plan> pf = fused->plan(), pu = unfused->plan();
+    char line[512];
+    std::snprintf(line, sizeof line, "%s %-40s %4lld -> %3lld kernels, planned in %.1f ms", set_name.c_str(),
+                  pf->signature().substr(0, 40).c_str(), static_cast<long long>(pu->launches_per_run()),
+                  static_cast<long long>(pf->launches_per_run()), pf->planning_time().total_ms());
+    row.sets.push_back(line);
+  }
+  if (row.sets.empty()) return fail("no test_data_set_*");
+  return row;
+}
+
+TEST(HfCorpus, EveryModelMatchesTorchFusedAndUnfused) {
+  const std::vector<std::string> dirs = CorpusDirs();
+  ASSERT_FALSE(dirs.empty()) << "no models under " << GF_MODELS_DIR << "/hf";
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok());
+  const std::shared_ptr<const Target> cpu = std::move(*target);
+  std::string report;
+  std::set<std::string> seen;
+  for (const std::string& dir : dirs) {
+    const Row row = RunModel(dir, cpu);
+    seen.insert(row.dir);
+    auto known = NotYet().find(row.dir);
+    if (known != NotYet().end()) {
+      EXPECT_FALSE(row.ok) << row.dir << " now passes: take it off the NotYet list";
+      if (!row.ok)
+        EXPECT_NE(row.why.find(known->second), std::string::npos)
+            << row.dir << " fails for another reason than the one listed: " << row.why;
+      report += StrCat(row.dir, ": NOT YET: ", row.why, "\n");
+      continue;
+    }
+    EXPECT_TRUE(row.ok) << row.dir << ": " << row.why;
+    report += StrCat(row.dir, row.ok ? "" : StrCat(": FAIL: ", row.why), "\n");
+    for (const std::string& s : row.sets) report += "  " + s + "\n";
+  }
+  for (const auto& [dir, why] : NotYet()) EXPECT_TRUE(seen.count(dir)) << dir << " is listed but not in the corpus";
+  std::printf("%s", report.c_str());
+  const char* path = std::getenv("GF_CORPUS_REPORT");
+  std::ofstream(path ? path : "corpus_report.txt") << report;
+}
+
+}  // namespace
+}  // namespace graphfuse::testing
