@@ -193,16 +193,12 @@ Status ImportNodes(const onnx::GraphProto& gp, int64_t opset, const std::string&
 }
 
 Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, int64_t opset, const std::string& label,
+                                          std::span<const std::pair<std::string, std::shared_ptr<const Tensor>>> initializers,
                                           std::span<const TensorDecl> decls, const InputBinding& binding) {
   const onnx::GraphProto& gp = m.graph();
   auto g = std::make_unique<Graph>(gp.name().empty() ? "main" : gp.name());
-  std::set<std::string> initializers;
-  for (int i = 0; i < gp.initializer_size(); ++i) {
-    const onnx::TensorProto& t = gp.initializer(i);
-    initializers.insert(t.name());
-    auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"));
-    if (!data.ok()) return data.status().WithContext(label);
-    auto c = g->AddConstant(t.name(), std::make_shared<const Tensor>(std::move(data).value()));
+  for (const auto& [name, data] : initializers) {
+    auto c = g->AddConstant(name, data);  // shared by every plan: weights are converted once
     if (!c.ok()) return c.status().WithContext(label);
   }
   if (binding.shapes.size() != decls.size())
@@ -248,6 +244,9 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string&
     if (t.name().empty()) return InvalidArgument(label, ": initializer #", i, " has no name");
     if (!initializers.insert(t.name()).second)
       return InvalidArgument(label, ": initializer '", t.name(), "' is defined twice");
+    auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"));
+    if (!data.ok()) return data.status().WithContext(label);
+    m->initializers_.emplace_back(t.name(), std::make_shared<const Tensor>(std::move(data).value()));
   }
   std::set<std::string> names;
   for (const onnx::ValueInfoProto& vi : gp.input()) {
@@ -274,6 +273,8 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string&
     m->outputs_.push_back(std::move(d));
   }
   MarkShapeValueInputs(gp, &m->inputs_);
+  // The converted tensors are what every import uses: drop the proto's copy.
+  m->proto_->mutable_graph()->clear_initializer();
   return std::shared_ptr<const OnnxModel>(std::move(m));
 }
 
@@ -284,7 +285,7 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& 
 }
 
 Result<std::unique_ptr<Graph>> OnnxModel::Instantiate(const InputBinding& binding) const {
-  return ImportModel(*proto_, opset_, label_, inputs_, binding);
+  return ImportModel(*proto_, opset_, label_, initializers_, inputs_, binding);
 }
 
 Result<std::unique_ptr<Graph>> OnnxModel::InstantiateStatic() const {

@@ -70,6 +70,8 @@ class OnnxModel {
   std::unique_ptr<onnx::ModelProto> proto_;
   int64_t opset_ = 0;
   std::vector<TensorDecl> inputs_, outputs_;
+  // Converted once at load and shared by every graph instantiated.
+  std::vector<std::pair<std::string, std::shared_ptr<const Tensor>>> initializers_;
 };
 
 // Reads and imports an .onnx file of static shapes (files over 2 GiB are refused).
