@@ -452,6 +452,59 @@ CHECK-NOT: FusedAttention
 )");
 }
 
+TEST(PassTextFuseAttention, MultiheadAttentionLayoutWithScaledQ) {
+  // nn.MultiheadAttention (batch_first=False): x (S=4, B=2, E=4), 2 heads of 2; heads as
+  // (S, B*H, d) transposed to (B*H, S, d), q divided by sqrt(d) before the scores, bmm, the
+  // heads merged back to (S*B, E). The node reads q, k, v as they are: B*H = 4 heads of bshd.
+  ExpectPassOutput(RunFuseAttention, R"(graph @mha(%q: f32[4,2,4], %k: f32[4,2,4], %v: f32[4,2,4]) {
+  %shape: i64[3] = const [4, 4, 2]
+  %oshape: i64[2] = const [8, 4]
+  %c: f32[] = const [2.0]
+  %qr = Reshape(%q, %shape)
+  %q3 = Transpose(%qr) {perm = [1, 0, 2]}
+  %qs = Div(%q3, %c)
+  %kr = Reshape(%k, %shape)
+  %kt = Transpose(%kr) {perm = [1, 2, 0]}
+  %vr = Reshape(%v, %shape)
+  %v3 = Transpose(%vr) {perm = [1, 0, 2]}
+  %s = MatMul(%qs, %kt)
+  %p = Softmax(%s) {axis = -1}
+  %o3 = MatMul(%p, %v3)
+  %ot = Transpose(%o3) {perm = [1, 0, 2]}
+  %out = Reshape(%ot, %oshape)
+  return %out
+})",
+                   R"(
+CHECK: %out: f32[8,4] = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 4,
+CHECK-SAME: k_layout = "bshd"
+CHECK-SAME: out_layout = "bshd", output_shape = [8, 4], q_layout = "bshd"
+CHECK: %qs: f32[4,4,2] = Div(%q3, %c)
+CHECK: %s: f32[4,4,4] = MatMul(%qs, %kt)
+CHECK: }, rope_k = 0, rope_q = 0, scale = 0.5, seq_k = 4, seq_q = 4, v_head_dim = 2, v_layout = "bshd"}
+CHECK-NEXT: return %out
+)");
+}
+
+TEST(PassTextFuseAttention, MergedHeadsReadAsGiven) {
+  // [B*H, S, d] operands with nothing to absorb: read in place as bhsd (K^T as bhds).
+  ExpectPassOutput(RunFuseAttention, R"(graph @bmm(%q: f32[3,4,2], %kt: f32[3,2,5], %v: f32[3,5,2]) {
+  %c: f32[] = const [0.5]
+  %s = MatMul(%q, %kt)
+  %s1 = Mul(%s, %c)
+  %p = Softmax(%s1) {axis = 2}
+  %o = MatMul(%p, %v)
+  return %o
+})",
+                   R"(
+CHECK: %o: f32[3,4,2] = FusedAttention(%q, %kt, %v) {batch = 1,
+CHECK-SAME: heads = 3
+CHECK-SAME: k_layout = "bhds"
+CHECK-SAME: out_layout = "bhsd", output_shape = [3, 4, 2], q_layout = "bhsd"
+CHECK: }, rope_k = 0, rope_q = 0, scale = 0.5, seq_k = 5, seq_q = 4, v_head_dim = 2, v_layout = "bhsd"}
+CHECK-NEXT: return %o
+)");
+}
+
 // ---- FuseElementwise ----
 
 TEST(PassTextFuseElementwise, ChainWithBroadcastOperandsIsOneGroup) {
@@ -673,6 +726,47 @@ CHECK-NEXT: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(
 CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%q, %k, %v,
 CHECK-NEXT: return %o
 CHECK-NEXT: }, rope_k = 0, rope_q = 0, scale = 0.5,
+CHECK-NEXT: return %o
+)");
+}
+
+TEST(PassTextFuseAttentionProjections, QkvGemmWithBiasesMovesIntoTheAttention) {
+  // The GEMM's epilogue only adds a bias to each projection (FuseGemm makes it from the three
+  // biased projections; the text IR has no graph attributes): the node reads the three biases
+  // as one constant in W's column order, and its reference slices them back out for the GEMM.
+  const Pass gemm_then_projection = [](Graph& g) {
+    GF_RETURN_IF_ERROR(FuseGemm(g, {}, nullptr).status());
+    return FuseAttentionProjections(g, {}, nullptr).status();
+  };
+  ExpectPassOutput(gemm_then_projection, R"(graph @qkv_attn(%x: f32[1,2,2]) {
+  %wq: f32[2,2] = const [1, 0, 1, 0]
+  %wk: f32[2,2] = const [0, 1, 0, 1]
+  %wv: f32[2,2] = const [1, 0, 1, 1]
+  %bq: f32[2] = const [0.1, 0.2]
+  %bk: f32[2] = const [0.3, 0.4]
+  %bv: f32[2] = const [0.5, 0.6]
+  %pq = MatMul(%x, %wq)
+  %pk = MatMul(%x, %wk)
+  %pv = MatMul(%x, %wv)
+  %q = Add(%pq, %bq)
+  %k = Add(%bk, %pk)
+  %v = Add(%pv, %bv)
+  %o = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 1,
+      kernel_name = "attention_h1_d2_f32_0badcafe", output_shape = [1, 2, 2], rope_k = 0, rope_q = 0,
+      scale = 0.5, seq_k = 2, seq_q = 2, v_head_dim = 2}
+  return %o
+})",
+                   R"(
+CHECK: {{%[^:]*}}_qkv_bias{{[_0-9]*}}: f32[6] = const [0.100000001, 0.200000003, 0.300000012, 0.400000006, 0.5, 0.600000024]
+CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%x, %MatMul_0_weights_x3{{[_0-9]*}}, {{%[^)]*}}_qkv_bias{{[_0-9]*}}) {
+CHECK-SAME: qkv_bias = 1, qkv_proj = 1, qkv_split = [0, 1, 2], reference = graph
+CHECK: = Slice(
+CHECK: = Slice(
+CHECK: = Slice(
+CHECK: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(%x_0, %MatMul_0_weights_x3{{[_0-9]*}}, %bq/slice{{[_0-9]*}}, %bk/slice{{[_0-9]*}}, %bv/slice{{[_0-9]*}}) {epilogue
+CHECK: %o: f32[1,2,2] = FusedAttention(%q, %k, %v)
+CHECK-NEXT: return %o
+CHECK-NEXT: }, rope_k = 0
 CHECK-NEXT: return %o
 )");
 }
