@@ -705,9 +705,10 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
     if (w->shape().size() != 2 || w->shape()[1] != 3 * dims->h * dims->d || x->shape().empty() ||
         x->numel() / std::max<int64_t>(x->shape().back(), 1) != dims->b * dims->s) {
       refuse(kUnsupportedLayout,
-             StrCat("the QKV GEMM stays apart: the projected form reads B*S = ", dims->b * dims->s, " rows of x and W [K, ",
-                    3 * dims->h * dims->d, "], but x is ", x->TypeString(), " and W ", w->TypeString(),
-                    " (heads that are not the columns of one row of x)"));
+             StrCat("the QKV GEMM stays apart: the projected form reads B*S = ", dims->b * dims->s,
+                    " rows of x and W [K, 3*H*d = ", 3 * dims->h * dims->d, "] (B = ", dims->b, ", H = ", dims->h,
+                    "), but x is ", x->TypeString(), " and W ", w->TypeString(),
+                    ": the heads are not the column blocks of one row of x"));
       continue;
     }
 
