@@ -35,13 +35,11 @@
 // new nodes take the names of the nodes they stand for. A view that is a graph output stays.
 #include <algorithm>
 #include <memory>
-#include <numeric>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
-#include "../ir/schemas/data_movement.h"
 #include "fusion_passes.h"
 #include "match.h"
 
