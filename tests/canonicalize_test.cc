@@ -20,6 +20,7 @@
 #include "ir/text.h"
 #include "onnx/import.h"
 #include "passes/fold_constants.h"
+#include "passes/pipeline.h"
 #include "cpu/executor.h"
 
 namespace graphfuse {
@@ -722,6 +723,146 @@ TEST(RopeKernel, RefusesBadShapesNamingTheOp) {
   EXPECT_NE(dtype.status().message().find("f16"), std::string::npos) << dtype.status().ToString();
   EXPECT_FALSE(g.AddNode("Rope", {i8, i8, i8}, {}, "r_int").ok());
   EXPECT_FALSE(g.AddNode("Rope", {x8, x8}, {}, "r_two").ok());
+}
+
+// ---- CanonicalizeViews ----
+
+// Parses `text` twice, runs CanonicalizeViews on one copy; expects a graph that verifies with
+// the outputs' names kept, none of `gone` left, and results within `tol` of the original.
+std::unique_ptr<Graph> ViewsAndCompare(const std::string& text, const std::vector<std::string>& gone, Tol tol) {
+  auto before = Parse(text);
+  auto after = Parse(text);
+  auto n = CanonicalizeViews(*after);
+  EXPECT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_GT(n.ok() ? *n : 0, 0) << "nothing rewritten\n" << PrintGraph(*after);
+  const Status v = after->Verify();
+  EXPECT_TRUE(v.ok()) << v.ToString() << "\n" << PrintGraph(*after);
+  EXPECT_EQ(before->outputs().size(), after->outputs().size());
+  for (size_t k = 0; k < std::min(before->outputs().size(), after->outputs().size()); ++k)
+    EXPECT_EQ(before->outputs()[k]->name(), after->outputs()[k]->name());
+  for (size_t k = 0; k < std::min(before->inputs().size(), after->inputs().size()); ++k)
+    EXPECT_EQ(before->inputs()[k]->name(), after->inputs()[k]->name());
+  for (const std::string& op : gone) EXPECT_EQ(CountOp(*after, op), 0) << op << " left in\n" << PrintGraph(*after);
+  ExpectSameResults(*before, *after, tol);
+  return after;
+}
+
+// A constant's line of IR text: `count` values (i * 37 % 17 - 8) / 16 + offset, no two
+// neighbours equal, none zero for offset 1/32.
+std::string ConstLine(const std::string& name, const std::string& shape, int count) {
+  std::string line = "  %" + name + ": f32" + shape + " = const [";
+  for (int i = 0; i < count; ++i) line += StrCat(i ? ", " : "", (i * 37 % 17 - 8) / 16.0 + 1.0 / 32);
+  return line + "]\n";
+}
+
+// A projection of other columns, or rows viewed otherwise, sums the same K products in the same
+// order; only a BLAS blocking that differs with N could round differently.
+constexpr Tol kViewTol{4, 1e-6};
+
+// Two Conv1D layers (view, addmm, view) with an activation between them and a residual after:
+// the views go, and the full pipeline then runs each GEMM with its bias, the activation and the
+// residual as its epilogue: two kernels (six unfused).
+const std::string kConv1DMlp = "graph @mlp(%x: f32[2,3,8]) {\n" + ConstLine("w1", "[8,16]", 128) +
+                                ConstLine("b1", "[16]", 16) + ConstLine("w2", "[16,8]", 128) + ConstLine("b2", "[8]", 8) +
+                                R"(  %flat1: i64[2] = const [-1, 8]
+  %rows1: i64[3] = const [2, 3, 16]
+  %flat2: i64[2] = const [-1, 16]
+  %rows2: i64[3] = const [2, 3, 8]
+  %x2 = Reshape(%x, %flat1)
+  %p1 = MatMul(%x2, %w1)
+  %a1 = Add(%b1, %p1)
+  %h = Reshape(%a1, %rows1)
+  %t = Tanh(%h)
+  %t2 = Reshape(%t, %flat2)
+  %p2 = MatMul(%t2, %w2)
+  %a2 = Add(%p2, %b2)
+  %o = Reshape(%a2, %rows2)
+  %y = Add(%o, %x)
+  return %y
+})";
+
+TEST(CanonicalizeViews, Conv1DLayersLoseTheirViews) {
+  ViewsAndCompare(kConv1DMlp, {"Reshape"}, kViewTol);
+}
+
+TEST(CanonicalizeViews, Conv1DLayersThenFuseIntoTwoGemms) {
+  auto unfused = Parse(kConv1DMlp);
+  auto fused = Parse(kConv1DMlp);
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  ASSERT_TRUE(RunPipeline(*unfused, cpu::DefaultCpuTarget(), off).ok());
+  FusionReport report;
+  on.fusion_report = &report;
+  ASSERT_TRUE(RunPipeline(*fused, cpu::DefaultCpuTarget(), on).ok());
+  EXPECT_EQ(report.kernels_before, 6);
+  EXPECT_EQ(report.kernels_after, 2) << PrintGraph(*fused);
+  EXPECT_EQ(CountOp(*fused, "FusedGemm"), 2);
+  for (const FusedGroupInfo& gi : report.groups) EXPECT_EQ(gi.kind, "gemm_epilogue");
+  for (const FusionRefusal& r : report.refusals)
+    EXPECT_EQ(r.message.find("Reshape"), std::string::npos) << "no view is in the way: " << r.message;
+  ExpectSameResults(*unfused, *fused, Tol{16, 1e-6});
+}
+
+TEST(CanonicalizeViews, SplitOfABiasedProjectionMatches) {
+  auto g = ViewsAndCompare("graph @qkv(%x: f32[2,5,4]) {\n" + ConstLine("w", "[4,12]", 48) +
+                               ConstLine("b", "[1,1,12]", 12) + R"(  %sizes: i64[3] = const [4, 4, 4]
+  %p = MatMul(%x, %w)
+  %y = Add(%p, %b)
+  %q, %k, %v = Split(%y, %sizes) {axis = -1}
+  %s = Mul(%q, %k)
+  %z = Sub(%s, %v)
+  return %z, %k
+})",
+                           {"Split", "Slice"}, kViewTol);
+  EXPECT_EQ(CountOp(*g, "MatMul"), 3);
+}
+
+TEST(CanonicalizeViews, SlicesWithClampedBoundsMatch) {
+  // Two ranges of one width, one given with a negative start and an end past the dim (ONNX
+  // clamps it), and a range between them that nothing reads.
+  auto g = ViewsAndCompare("graph @parts(%x: f32[3,4]) {\n" + ConstLine("w", "[4,6]", 24) + R"(  %s0: i64[1] = const [0]
+  %s2: i64[1] = const [2]
+  %m2: i64[1] = const [-2]
+  %big: i64[1] = const [100]
+  %ax: i64[1] = const [1]
+  %p = MatMul(%x, %w)
+  %a = Slice(%p, %s0, %s2, %ax)
+  %b = Slice(%p, %m2, %big, %ax)
+  %c = Slice(%p, %s2, %m2, %ax)
+  return %a, %b
+})",
+                           {"Slice"}, kViewTol);
+  EXPECT_EQ(CountOp(*g, "MatMul"), 2);
+}
+
+TEST(CanonicalizeViews, LeavesWhatIsNotAView) {
+  // Row-broadcast operands only: a [6,1] operand broadcasts along the last dim, which the view
+  // would change; a view that splits the last dim; slices of a non-constant projection; slices
+  // of two widths (FuseGemm would not join them again).
+  const std::string text = "graph @keep(%a: f32[6,4], %c: f32[6,1], %x: f32[6,4], %w: f32[4,4]) {\n" +
+                           ConstLine("wc", "[4,6]", 24) + R"(  %shape: i64[3] = const [2, 3, 4]
+  %heads: i64[3] = const [6, 2, 2]
+  %s0: i64[1] = const [0]
+  %s2: i64[1] = const [2]
+  %s6: i64[1] = const [6]
+  %last: i64[1] = const [-1]
+  %s = Add(%a, %c)
+  %y = Reshape(%s, %shape)
+  %e = Exp(%a)
+  %h = Reshape(%e, %heads)
+  %p = MatMul(%x, %w)
+  %q = Slice(%p, %s0, %s2, %last)
+  %pc = MatMul(%x, %wc)
+  %u = Slice(%pc, %s0, %s2, %last)
+  %t = Slice(%pc, %s2, %s6, %last)
+  return %y, %h, %q, %u, %t
+})";
+  auto g = Parse(text);
+  const std::string printed = PrintGraph(*g);
+  auto n = CanonicalizeViews(*g);
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(*n, 0) << PrintGraph(*g);
+  EXPECT_EQ(PrintGraph(*g), printed);
 }
 
 // ---- the exported models ----

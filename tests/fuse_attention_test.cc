@@ -935,9 +935,10 @@ Tensor UniformTensor(const Shape& shape, uint32_t seed) {
 // A small LLaMA block (llama-small's family), built once per pipeline option set, after
 // running each pipeline; `eps` is the norms' epsilon (the preset's when negative).
 std::vector<std::unique_ptr<Graph>> SmallBlocks(const CpuContext& ctx, int64_t seq, float eps,
-                                                std::vector<PipelineOptions> options, BlockConfig* cfg_out) {
+                                                std::vector<PipelineOptions> options, BlockConfig* cfg_out,
+                                                const std::string& preset = "llama-small") {
   std::vector<std::unique_ptr<Graph>> graphs;
-  auto cfg = BlockPreset("llama-small");
+  auto cfg = BlockPreset(preset);
   EXPECT_TRUE(cfg.ok());
   cfg->seq = seq, cfg->batch = 2, cfg->hidden = 128, cfg->heads = 4, cfg->ffn = 160;
   if (eps >= 0) cfg->eps = eps;
@@ -1099,6 +1100,120 @@ TEST(FuseAttention, QkvProjectionMovesIntoTheAttention) {
       EXPECT_EQ(n->GetInt("qkv_proj", 0), 0) << "q is a graph output";
     }
   EXPECT_NE(FindRefusal(apart_report, "too-many-outputs"), nullptr) << "the refusal says why";
+}
+
+// GPT-2 blocks (biased q, k, v projections): the QKV GEMM with its bias epilogue moves into the
+// attention too (qkv_bias), and agrees with the two nodes apart, with the unfused plan, and (the
+// sgemm path) with its reference graph.
+TEST(FuseAttention, QkvProjectionWithBiasesMovesIntoTheAttention) {
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  for (const int64_t seq : {int64_t{40}, int64_t{300}}) {
+    PipelineOptions off, no_proj, on;
+    off.fusion.enabled = false;
+    no_proj.fusion.attention_projection = false;
+    FusionReport report;
+    on.fusion_report = &report;
+    BlockConfig cfg;
+    auto graphs = SmallBlocks(ctx, seq, -1, {off, no_proj, on}, &cfg, "gpt2");
+    ASSERT_EQ(graphs.size(), 3u);
+    const Graph &unfused = *graphs[0], &apart = *graphs[1], &projected = *graphs[2];
+    const Node* att = FindOp(projected, "FusedAttention");
+    ASSERT_NE(att, nullptr);
+    EXPECT_EQ(att->GetInt("qkv_proj", 0), 1);
+    EXPECT_EQ(att->GetInt("qkv_bias", 0), 1);
+    EXPECT_EQ(CountKernels(projected) + 1, CountKernels(apart)) << "the QKV GEMM moved in";
+    const FusedGroupInfo* group = nullptr;
+    for (const FusedGroupInfo& gi : report.groups)
+      if (gi.name == att->name()) group = &gi;
+    ASSERT_NE(group, nullptr);
+    EXPECT_NE(std::find(group->nodes.begin(), group->nodes.end(), "/q_proj/MatMul"), group->nodes.end());
+    EXPECT_NE(std::find(group->nodes.begin(), group->nodes.end(), "/q_proj/Add"), group->nodes.end())
+        << "the bias adds are in the attention's group";
+
+    Tensor x = UniformTensor({cfg.batch, seq, cfg.hidden}, 78);
+    const TensorView in[] = {x.view()};
+    auto yu = Execute(unfused, in, ctx);
+    auto ya = Execute(apart, in, ctx);
+    auto yp = Execute(projected, in, ctx);
+    ASSERT_TRUE(yu.ok() && ya.ok() && yp.ok());
+    const std::string what = StrCat("seq ", seq);
+    const double peak = MaxAbs((*yu)[0]);
+    EXPECT_GT(peak, 0.1) << what;
+    EXPECT_LT(MaxAbsDiff((*yu)[0], (*yp)[0]), 1e-4 * (1 + peak)) << what;
+    EXPECT_LT(MaxAbsDiff((*ya)[0], (*yp)[0]), 1e-6 * (1 + peak)) << what << ": against the QKV GEMM and the attention apart";
+    EXPECT_LT(NodeAgainstReference(*att, ctx).first, 1e-4) << what << ": the sgemm path against the reference";
+  }
+}
+
+// Runs `text` through the pipeline unfused and fused; expects one FusedAttention, `kernels`
+// kernels in the fused plan, and equal outputs (kAtol / kRtol) on the same random inputs.
+void AttentionTextMatchesUnfused(const std::string& text, int64_t kernels) {
+  auto unfused = ParseGraph(text);
+  auto fused = ParseGraph(text);
+  ASSERT_TRUE(unfused.ok() && fused.ok()) << unfused.status().ToString();
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  ASSERT_TRUE(RunPipeline(**unfused, cpu::DefaultCpuTarget(), off).ok());
+  const auto p = RunPipeline(**fused, cpu::DefaultCpuTarget(), on);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_EQ(CountOp(**fused, "FusedAttention"), 1) << PrintGraph(**fused);
+  EXPECT_EQ(CountKernels(**fused), kernels) << PrintGraph(**fused);
+  ThreadPool pool(2);
+  const CpuContext ctx{&pool};
+  const std::vector<Tensor> ins = RandomInputs(**unfused, 11, 0.1, 1.5);
+  auto yu = Execute(**unfused, Views(ins), ctx);
+  auto yf = Execute(**fused, Views(ins), ctx);
+  ASSERT_TRUE(yu.ok() && yf.ok());
+  ExpectClose((*yf)[0], (*yu)[0], "fused against unfused");
+  const Node* att = FindOp(**fused, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_LT(NodeAgainstReference(*att, ctx).first, kAtol) << "the node against its reference";
+}
+
+// nn.MultiheadAttention as nn.TransformerEncoderLayer exports it (batch_first=False): x is
+// (S=5, B=2, E=12), 3 heads of 4, heads (S, B*H, d) transposed to (B*H, S, d), q divided by
+// sqrt(d) before the scores, an additive [S, S] mask (baddbmm), bmm, heads merged to (S*B, E).
+// One kernel: the attention reads q, k and v where they are and writes (S*B, E) order.
+TEST(FuseAttention, MultiheadAttentionLayoutMatchesUnfused) {
+  std::string mask = "  %mask: f32[5,5] = const [";
+  for (int i = 0; i < 25; ++i) mask += StrCat(i ? ", " : "", i % 5 > i / 5 ? -1e9 : 0.25 * (i % 3));
+  mask += "]\n";
+  AttentionTextMatchesUnfused(R"(graph @mha(%q: f32[5,2,12], %k: f32[5,2,12], %v: f32[5,2,12]) {
+  %shape: i64[3] = const [5, 6, 4]
+  %oshape: i64[2] = const [10, 12]
+  %c: f32[] = const [2.0]
+)" + mask + R"(  %qr = Reshape(%q, %shape)
+  %q3 = Transpose(%qr) {perm = [1, 0, 2]}
+  %qs = Div(%q3, %c)
+  %kr = Reshape(%k, %shape)
+  %kt = Transpose(%kr) {perm = [1, 2, 0]}
+  %vr = Reshape(%v, %shape)
+  %v3 = Transpose(%vr) {perm = [1, 0, 2]}
+  %s = MatMul(%qs, %kt)
+  %sm = Add(%mask, %s)
+  %p = Softmax(%sm) {axis = -1}
+  %o3 = MatMul(%p, %v3)
+  %ot = Transpose(%o3) {perm = [1, 0, 2]}
+  %out = Reshape(%ot, %oshape)
+  return %out
+})",
+                              1);
+}
+
+// [B*H, S, d] heads given as they are (no transposes to absorb): read in place as bhsd, K^T as
+// bhds, a [1, S, Sk] mask broadcast over the heads, the output left in [B*H, S, dv].
+TEST(FuseAttention, MergedHeadsReadInPlaceMatchUnfused) {
+  AttentionTextMatchesUnfused(R"(graph @bmm(%q: f32[6,4,3], %kt: f32[6,3,5], %v: f32[6,5,3], %mask: f32[1,4,5]) {
+  %c: f32[] = const [0.5]
+  %s = MatMul(%q, %kt)
+  %s1 = Mul(%c, %s)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = 2}
+  %o = MatMul(%p, %v)
+  return %o
+})",
+                              1);
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ std::string RunPassOnText(const Pass& pass, const std::string& ir) {
 // The passes, each alone, with default options.
 Status RunFoldConstants(Graph& g) { return FoldConstants(g, FoldOptions{&cpu::DefaultCpuTarget()}).status(); }
 Status RunCanonicalize(Graph& g) { return Canonicalize(g).status(); }
+Status RunCanonicalizeViews(Graph& g) { return CanonicalizeViews(g).status(); }
 Status RunFuseAttention(Graph& g) { return FuseAttention(g, {}, nullptr).status(); }
 Status RunFuseElementwise(Graph& g) { return FuseElementwise(g).status(); }
 Status RunFuseGemm(Graph& g) { return FuseGemm(g, {}, nullptr).status(); }
@@ -218,6 +219,140 @@ CHECK-NOT: Gelu(
 )");
 }
 
+// ---- CanonicalizeViews ----
+
+TEST(PassTextCanonicalizeViews, Conv1DViewsAroundTheGemmGoAway) {
+  // transformers' Conv1D: x.view(-1, nx), addmm, .view(B, S, nf); then a residual add. The view
+  // after the GEMM moves above the bias add and the MatMul, meets the one before and both go.
+  ExpectPassOutput(RunCanonicalizeViews, R"(graph @conv1d(%x: f32[1,4,2], %r: f32[1,4,3]) {
+  %w: f32[2,3] = const [1, 2, 3, 4, 5, 6]
+  %b: f32[3] = const [0.5, -0.5, 1]
+  %flat: i64[2] = const [-1, 2]
+  %back: i64[3] = const [1, 4, 3]
+  %x2 = Reshape(%x, %flat)
+  %p = MatMul(%x2, %w)
+  %y2 = Add(%p, %b)
+  %y = Reshape(%y2, %back)
+  %z = Add(%y, %r)
+  return %z
+})",
+                   R"(
+CHECK-NOT: Reshape(
+CHECK: graph @conv1d(%x: f32[1,4,2], %r: f32[1,4,3]) {
+CHECK: %{{[^:]*}}: f32[1,4,3] = MatMul(%x, %w)
+CHECK-NEXT: %y: f32[1,4,3] = Add(%{{[^,]*}}, %b)
+CHECK-NEXT: %z: f32[1,4,3] = Add(%y, %r)
+CHECK-NEXT: return %z
+CHECK-NOT: Reshape(
+)");
+}
+
+TEST(PassTextCanonicalizeViews, ViewMovesAboveAnElementwiseChain) {
+  // Both full-shape operands are viewed; the row bias and the scalar stay as they are.
+  ExpectPassOutput(RunCanonicalizeViews, R"(graph @chain(%a: f32[6,4], %c: f32[6,4]) {
+  %bias: f32[1,4] = const [1, 2, 3, 4]
+  %two: f32[] = const [2.0]
+  %shape: i64[3] = const [2, 3, 4]
+  %s = Add(%a, %bias)
+  %t = Mul(%s, %c)
+  %u = Mul(%t, %two)
+  %y = Reshape(%u, %shape)
+  return %y
+})",
+                   R"(
+CHECK: %c_view{{[_0-9]*}}: f32[2,3,4] = Reshape(%c, {{%[^)]*}})
+CHECK-NEXT: %a_view{{[_0-9]*}}: f32[2,3,4] = Reshape(%a, {{%[^)]*}})
+CHECK-NEXT: %s_view{{[_0-9]*}}: f32[2,3,4] = Add(%a_view{{[_0-9]*}}, %bias)
+CHECK-NEXT: %t_view{{[_0-9]*}}: f32[2,3,4] = Mul(%s_view{{[_0-9]*}}, %c_view{{[_0-9]*}})
+CHECK-NEXT: %y: f32[2,3,4] = Mul(%t_view{{[_0-9]*}}, %two)
+CHECK-NEXT: return %y
+)");
+}
+
+TEST(PassTextCanonicalizeViews, SplitOfAProjectionBecomesThreeProjections) {
+  // GPT-2's c_attn(h).split(E, dim=2): each part is x times its columns of W plus its bias.
+  ExpectPassOutput(RunCanonicalizeViews, R"(graph @qkv(%x: f32[1,2,2]) {
+  %w: f32[2,6] = const [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+  %b: f32[6] = const [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+  %sizes: i64[3] = const [2, 2, 2]
+  %p = MatMul(%x, %w)
+  %y = Add(%b, %p)
+  %q, %k, %v = Split(%y, %sizes) {axis = 2}
+  return %q, %k, %v
+})",
+                   R"(
+CHECK-NOT: Split(
+CHECK: %w/cols0_2{{[_0-9]*}}: f32[2,2] = const [1.0, 2.0, 7.0, 8.0]
+CHECK: %w/cols2_4{{[_0-9]*}}: f32[2,2] = const [3.0, 4.0, 9.0, 10.0]
+CHECK: %w/cols4_6{{[_0-9]*}}: f32[2,2] = const [5.0, 6.0, 11.0, 12.0]
+CHECK: = MatMul(%x, %w/cols0_2{{[_0-9]*}})
+CHECK-NEXT: %q: f32[1,2,2] = Add(%b/cols0_2{{[_0-9]*}}, {{%[^)]*}})
+CHECK: = MatMul(%x, %w/cols2_4{{[_0-9]*}})
+CHECK-NEXT: %k: f32[1,2,2] = Add(%b/cols2_4{{[_0-9]*}}, {{%[^)]*}})
+CHECK: = MatMul(%x, %w/cols4_6{{[_0-9]*}})
+CHECK-NEXT: %v: f32[1,2,2] = Add(%b/cols4_6{{[_0-9]*}}, {{%[^)]*}})
+CHECK-NEXT: return %q, %k, %v
+CHECK-NOT: Split(
+)");
+}
+
+TEST(PassTextCanonicalizeViews, SlicesOfAProjectionBecomeProjections) {
+  // nn.MultiheadAttention's chunk(3, dim=-1), as Slices; a part that nothing reads goes.
+  ExpectPassOutput(RunCanonicalizeViews, R"(graph @chunk(%x: f32[3,2,2]) {
+  %w: f32[2,6] = const [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+  %s0: i64[1] = const [0]
+  %s2: i64[1] = const [2]
+  %s4: i64[1] = const [4]
+  %s6: i64[1] = const [6]
+  %last: i64[1] = const [-1]
+  %p = MatMul(%x, %w)
+  %q = Slice(%p, %s0, %s2, %last)
+  %v = Slice(%p, %s4, %s6, %last)
+  %k = Slice(%p, %s2, %s4, %last)
+  %y = Add(%q, %k)
+  return %y
+})",
+                   R"(
+CHECK-NOT: Slice(
+CHECK: %q: f32[3,2,2] = MatMul(%x, %w/cols0_2{{[_0-9]*}})
+CHECK-NEXT: %k: f32[3,2,2] = MatMul(%x, %w/cols2_4{{[_0-9]*}})
+CHECK-NEXT: %y: f32[3,2,2] = Add(%q, %k)
+CHECK-NOT: Slice(
+)");
+}
+
+TEST(PassTextCanonicalizeViews, NearMissesStay) {
+  // A view that splits the last dim (a head split), a view of a value read elsewhere, slices
+  // that read a column twice, a slice of a projection whose product is read elsewhere: all stay.
+  ExpectPassOutput(RunCanonicalizeViews, R"(graph @keep(%x: f32[4,2]) {
+  %w: f32[2,6] = const [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+  %heads: i64[3] = const [4, 3, 2]
+  %rows: i64[3] = const [2, 2, 6]
+  %s0: i64[1] = const [0]
+  %s2: i64[1] = const [2]
+  %s4: i64[1] = const [4]
+  %last: i64[1] = const [-1]
+  %p = MatMul(%x, %w)
+  %h = Reshape(%p, %heads)
+  %e = Exp(%p)
+  %r = Reshape(%e, %rows)
+  %n = Neg(%e)
+  %a = Slice(%p, %s0, %s4, %last)
+  %b = Slice(%p, %s2, %s4, %last)
+  return %h, %r, %n, %a, %b
+})",
+                   R"(
+CHECK: %p: f32[4,6] = MatMul(%x, %w)
+CHECK-NEXT: %h: f32[4,3,2] = Reshape(%p, %heads)
+CHECK-NEXT: %e: f32[4,6] = Exp(%p)
+CHECK-NEXT: %r: f32[2,2,6] = Reshape(%e, %rows)
+CHECK-NEXT: %n: f32[4,6] = Neg(%e)
+CHECK-NEXT: %a: f32[4,4] = Slice(%p, %s0, %s4, %last)
+CHECK-NEXT: %b: f32[4,2] = Slice(%p, %s2, %s4, %last)
+CHECK-NEXT: return %h, %r, %n, %a, %b
+)");
+}
+
 // ---- FuseAttention ----
 
 // Two heads of width 4 over 4 positions, as exporters write the head split and merge.
@@ -314,6 +449,59 @@ CHECK-NEXT: %s1: f32[1,2,4,4] = Div(%s, %c)
 CHECK-NEXT: %p: f32[1,2,4,4] = Softmax(%s1) {axis = 2}
 CHECK-NEXT: %o4: f32[1,2,4,4] = MatMul(%p, %v4)
 CHECK-NOT: FusedAttention
+)");
+}
+
+TEST(PassTextFuseAttention, MultiheadAttentionLayoutWithScaledQ) {
+  // nn.MultiheadAttention (batch_first=False): x (S=4, B=2, E=4), 2 heads of 2; heads as
+  // (S, B*H, d) transposed to (B*H, S, d), q divided by sqrt(d) before the scores, bmm, the
+  // heads merged back to (S*B, E). The node reads q, k, v as they are: B*H = 4 heads of bshd.
+  ExpectPassOutput(RunFuseAttention, R"(graph @mha(%q: f32[4,2,4], %k: f32[4,2,4], %v: f32[4,2,4]) {
+  %shape: i64[3] = const [4, 4, 2]
+  %oshape: i64[2] = const [8, 4]
+  %c: f32[] = const [2.0]
+  %qr = Reshape(%q, %shape)
+  %q3 = Transpose(%qr) {perm = [1, 0, 2]}
+  %qs = Div(%q3, %c)
+  %kr = Reshape(%k, %shape)
+  %kt = Transpose(%kr) {perm = [1, 2, 0]}
+  %vr = Reshape(%v, %shape)
+  %v3 = Transpose(%vr) {perm = [1, 0, 2]}
+  %s = MatMul(%qs, %kt)
+  %p = Softmax(%s) {axis = -1}
+  %o3 = MatMul(%p, %v3)
+  %ot = Transpose(%o3) {perm = [1, 0, 2]}
+  %out = Reshape(%ot, %oshape)
+  return %out
+})",
+                   R"(
+CHECK: %out: f32[8,4] = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 4,
+CHECK-SAME: k_layout = "bshd"
+CHECK-SAME: out_layout = "bshd", output_shape = [8, 4], q_layout = "bshd"
+CHECK: %qs: f32[4,4,2] = Div(%q3, %c)
+CHECK: %s: f32[4,4,4] = MatMul(%qs, %kt)
+CHECK: }, rope_k = 0, rope_q = 0, scale = 0.5, seq_k = 4, seq_q = 4, v_head_dim = 2, v_layout = "bshd"}
+CHECK-NEXT: return %out
+)");
+}
+
+TEST(PassTextFuseAttention, MergedHeadsReadAsGiven) {
+  // [B*H, S, d] operands with nothing to absorb: read in place as bhsd (K^T as bhds).
+  ExpectPassOutput(RunFuseAttention, R"(graph @bmm(%q: f32[3,4,2], %kt: f32[3,2,5], %v: f32[3,5,2]) {
+  %c: f32[] = const [0.5]
+  %s = MatMul(%q, %kt)
+  %s1 = Mul(%s, %c)
+  %p = Softmax(%s1) {axis = 2}
+  %o = MatMul(%p, %v)
+  return %o
+})",
+                   R"(
+CHECK: %o: f32[3,4,2] = FusedAttention(%q, %kt, %v) {batch = 1,
+CHECK-SAME: heads = 3
+CHECK-SAME: k_layout = "bhds"
+CHECK-SAME: out_layout = "bhsd", output_shape = [3, 4, 2], q_layout = "bhsd"
+CHECK: }, rope_k = 0, rope_q = 0, scale = 0.5, seq_k = 5, seq_q = 4, v_head_dim = 2, v_layout = "bhsd"}
+CHECK-NEXT: return %o
 )");
 }
 
@@ -538,6 +726,47 @@ CHECK-NEXT: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(
 CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%q, %k, %v,
 CHECK-NEXT: return %o
 CHECK-NEXT: }, rope_k = 0, rope_q = 0, scale = 0.5,
+CHECK-NEXT: return %o
+)");
+}
+
+TEST(PassTextFuseAttentionProjections, QkvGemmWithBiasesMovesIntoTheAttention) {
+  // The GEMM's epilogue only adds a bias to each projection (FuseGemm makes it from the three
+  // biased projections; the text IR has no graph attributes): the node reads the three biases
+  // as one constant in W's column order, and its reference slices them back out for the GEMM.
+  const Pass gemm_then_projection = [](Graph& g) {
+    GF_RETURN_IF_ERROR(FuseGemm(g, {}, nullptr).status());
+    return FuseAttentionProjections(g, {}, nullptr).status();
+  };
+  ExpectPassOutput(gemm_then_projection, R"(graph @qkv_attn(%x: f32[1,2,2]) {
+  %wq: f32[2,2] = const [1, 0, 1, 0]
+  %wk: f32[2,2] = const [0, 1, 0, 1]
+  %wv: f32[2,2] = const [1, 0, 1, 1]
+  %bq: f32[2] = const [0.1, 0.2]
+  %bk: f32[2] = const [0.3, 0.4]
+  %bv: f32[2] = const [0.5, 0.6]
+  %pq = MatMul(%x, %wq)
+  %pk = MatMul(%x, %wk)
+  %pv = MatMul(%x, %wv)
+  %q = Add(%pq, %bq)
+  %k = Add(%bk, %pk)
+  %v = Add(%pv, %bv)
+  %o = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 1,
+      kernel_name = "attention_h1_d2_f32_0badcafe", output_shape = [1, 2, 2], rope_k = 0, rope_q = 0,
+      scale = 0.5, seq_k = 2, seq_q = 2, v_head_dim = 2}
+  return %o
+})",
+                   R"(
+CHECK: {{%[^:]*}}_qkv_bias{{[_0-9]*}}: f32[6] = const [0.100000001, 0.200000003, 0.300000012, 0.400000006, 0.5, 0.600000024]
+CHECK-NEXT: %o: f32[1,2,2] = FusedAttention(%x, %MatMul_0_weights_x3{{[_0-9]*}}, {{%[^)]*}}_qkv_bias{{[_0-9]*}}) {
+CHECK-SAME: qkv_bias = 1, qkv_proj = 1, qkv_split = [0, 1, 2], reference = graph
+CHECK: = Slice(
+CHECK: = Slice(
+CHECK: = Slice(
+CHECK: %q: f32[1,2,2], %k: f32[1,2,2], %v: f32[1,2,2] = FusedGemm(%x_0, %MatMul_0_weights_x3{{[_0-9]*}}, %bq/slice{{[_0-9]*}}, %bk/slice{{[_0-9]*}}, %bv/slice{{[_0-9]*}}) {epilogue
+CHECK: %o: f32[1,2,2] = FusedAttention(%q, %k, %v)
+CHECK-NEXT: return %o
+CHECK-NEXT: }, rope_k = 0
 CHECK-NEXT: return %o
 )");
 }

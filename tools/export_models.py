@@ -260,6 +260,91 @@ class BertLayer(nn.Module):
         return self.ln_2(self.fc_out(F.gelu(self.fc_in(h))) + h)
 
 
+class Conv1D(nn.Module):
+    """transformers' Conv1D (GPT-2's linear layer): weight [nx, nf], y = addmm(bias, x.view(-1, nx), W)
+    viewed back to x's leading dims."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = nn.Parameter(torch.empty(nx, nf))
+        self.bias = nn.Parameter(torch.empty(nf))
+        nn.init.normal_(self.weight, std=0.02)
+        nn.init.normal_(self.bias, std=0.02)  # non-zero, so a dropped bias add shows
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        return x.view(size_out)
+
+
+class Gpt2Conv1DBlock(nn.Module):
+    """GPT-2 block written as transformers' GPT2Block writes it: Conv1D layers, c_attn's output
+    split into q, k, v with .split(embed, dim=2), heads by view + permute, scores divided by
+    sqrt(d) given as torch.full, the causal mask applied with torch.where over a bool tril buffer
+    and finfo.min, heads merged by permute + contiguous + view, gelu_new (tanh form written
+    out), LayerNorms and residuals (dropout left out: eval)."""
+
+    def __init__(self, d=HIDDEN, heads=HEADS, seq=SEQ, ffn=4 * HIDDEN):
+        super().__init__()
+        self.embed, self.heads, self.hd = d, heads, d // heads
+        self.ln_1 = nn.LayerNorm(d)
+        self.c_attn = Conv1D(3 * d, d)
+        self.c_proj = Conv1D(d, d)
+        self.ln_2 = nn.LayerNorm(d)
+        self.c_fc = Conv1D(ffn, d)
+        self.mlp_c_proj = Conv1D(d, ffn)
+        self.register_buffer("bias", torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq))
+        randomize_layer_norms(self)
+
+    def split_heads(self, t):
+        return t.view(t.size()[:-1] + (self.heads, self.hd)).permute(0, 2, 1, 3)
+
+    def merge_heads(self, t):
+        t = t.permute(0, 2, 1, 3).contiguous()
+        return t.view(t.size()[:-2] + (self.heads * self.hd,))
+
+    @staticmethod
+    def gelu_new(x):
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def attn(self, h):
+        query, key, value = self.c_attn(h).split(self.embed, dim=2)
+        q, k, v = self.split_heads(query), self.split_heads(key), self.split_heads(value)
+        w = torch.matmul(q, k.transpose(-1, -2))
+        w = w / torch.full([], v.size(-1) ** 0.5, dtype=w.dtype)
+        ql, kl = q.size(-2), k.size(-2)
+        causal = self.bias[:, :, kl - ql: kl, :kl]
+        mask_value = torch.full([], torch.finfo(w.dtype).min, dtype=w.dtype)
+        w = torch.where(causal, w, mask_value)
+        p = F.softmax(w, dim=-1)
+        return self.c_proj(self.merge_heads(torch.matmul(p, v)))
+
+    def forward(self, x):
+        r = self.attn(self.ln_1(x)) + x
+        return r + self.mlp_c_proj(self.gelu_new(self.c_fc(self.ln_2(r))))
+
+
+class TransformerEncoderLayer(nn.Module):
+    """torch.nn.TransformerEncoderLayer(d_model=HIDDEN, nhead=HEADS, dim_feedforward=128,
+    dropout=0) as constructed by default (batch_first=False: x is (S, B, E); post-norm; ReLU):
+    nn.MultiheadAttention's packed in-projection chunked into q, k, v, attention over
+    (B*H, S, d) with q scaled before the scores. Batch 2, so that the (S, B*H, d) head layout is
+    not a mere reshape. The default layout is not the fast path, so the export is the standard
+    decomposition (asserted in export)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(d_model=HIDDEN, nhead=HEADS, dim_feedforward=128, dropout=0.0)
+        randomize_layer_norms(self)
+        with torch.no_grad():  # non-zero biases (MultiheadAttention starts them at 0)
+            self.layer.self_attn.in_proj_bias.uniform_(-0.1, 0.1)
+            self.layer.self_attn.out_proj.bias.uniform_(-0.1, 0.1)
+
+    def forward(self, x):
+        return self.layer(x)
+
+
 MODELS = {
     "mlp_gelu": (MlpGelu, (1, SEQ, HIDDEN)),
     "attention_layernorm": (AttentionLayerNorm, (1, SEQ, HIDDEN)),
@@ -268,6 +353,8 @@ MODELS = {
     "gpt2_block": (Gpt2Block, (1, SEQ, HIDDEN)),
     "bert_layer": (BertLayer, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
     "gpt2_where_block": (Gpt2WhereBlock, (1, SEQ, HIDDEN), {"mask": padding_mask(1, SEQ, SEQ // 8)}),
+    "gpt2_conv1d_block": (Gpt2Conv1DBlock, (1, SEQ, HIDDEN)),
+    "transformer_encoder_layer": (TransformerEncoderLayer, (SEQ, 2, HIDDEN)),
 }
 
 
@@ -296,6 +383,8 @@ def export(name, cls, shape, opset, out_root, seed, extra_inputs=None):
         ref = model.double()(*(t.double() for t in inputs)).float()
     m = onnx.load(path)
     onnx.checker.check_model(m)
+    custom = sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})
+    assert not custom, f"{path}: ops outside the ONNX domain (a fused fast path?): {custom}"
     graph_inputs = [i.name for i in m.graph.input]
     assert graph_inputs == names, f"{path}: inputs {graph_inputs}, expected {names}"
     for i, (n, t) in enumerate(zip(names, inputs)):

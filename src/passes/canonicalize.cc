@@ -407,28 +407,6 @@ std::optional<Match> MatchSoftmax(Node* root) {
   return m;
 }
 
-// [start, end) of Slice node n when it slices only the last axis of its input with step 1,
-// with ONNX's clamping of out-of-range bounds.
-std::optional<std::pair<int64_t, int64_t>> LastAxisSlice(const Node* n) {
-  const Value* x = n->input(0);
-  auto starts = match::IntConstant(n->input(1)), ends = match::IntConstant(n->input(2));
-  if (!x || !starts || !ends || starts->size() != 1 || ends->size() != 1) return std::nullopt;
-  std::vector<int64_t> axes{0};
-  if (n->input(3)) {
-    auto a = match::IntConstant(n->input(3));
-    if (!a) return std::nullopt;
-    axes = *a;
-  }
-  if (n->input(4)) {
-    auto steps = match::IntConstant(n->input(4));
-    if (!steps || steps->size() != 1 || (*steps)[0] != 1) return std::nullopt;
-  }
-  if (axes.size() != 1 || !match::IsLastAxis(axes[0], x->shape().size())) return std::nullopt;
-  const int64_t d = x->shape().back();
-  auto clamp = [d](int64_t i) { return std::clamp<int64_t>(i < 0 ? std::max<int64_t>(i, -d) + d : i, 0, d); };
-  return std::make_pair(clamp((*starts)[0]), clamp((*ends)[0]));
-}
-
 // x when `v` = rotate_half(x) = Concat(Neg(Slice(x, d/2..d)), Slice(x, 0..d/2), axis -1).
 Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
   Node* cat = ProducerOf(v, "Concat");
@@ -440,7 +418,8 @@ Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
   Value* x = lo->input(0);
   if (x->shape().empty() || !match::IsLastAxis(cat->GetInt("axis", 0), x->shape().size())) return nullptr;
   const int64_t d = x->shape().back();
-  if (d % 2 != 0 || LastAxisSlice(hi) != std::make_pair(d / 2, d) || LastAxisSlice(lo) != std::make_pair(int64_t{0}, d / 2))
+  if (d % 2 != 0 || match::LastAxisSliceRange(*hi) != std::make_pair(d / 2, d) ||
+      match::LastAxisSliceRange(*lo) != std::make_pair(int64_t{0}, d / 2))
     return nullptr;
   members.insert(members.end(), {cat, neg, hi, lo});
   return x;

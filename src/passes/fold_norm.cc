@@ -193,6 +193,12 @@ class NormFolder {
       Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
       return false;
     }
+    if (a->GetInt("qkv_bias", 0) != 0) {
+      Refuse(*norm, *a, refusal::kNormNotFoldable,
+             "the RMSNorm stays a kernel: the attention adds q, k, v biases after its projection, and the folded form "
+             "scales rows after that");
+      return false;
+    }
     const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *a);
     if (!gamma) return false;
     const float eps = norm->GetFloat("epsilon", 1e-6f);

@@ -28,6 +28,13 @@
 // output side likewise takes Transpose(perm [0,2,1,3]) and a Reshape when nothing else reads
 // what they consume, and then writes [B,S,H*dv] order directly.
 //
+// The same holds for heads that merge batch and head dims, as torch's bmm-based attention
+// (nn.MultiheadAttention) writes them: Q [N,S,d], K^T [N,d,Sk], V [N,Sk,dv] with N = B*H, the
+// head split being Transpose(perm [1,0,2]) of [S,N,d] (K^T: perm [1,2,0]). The node runs them as
+// B = 1 and H = N, which addresses the same elements: head n of [S,N,d] starts at n*d and its
+// rows are N*d apart, the bshd layout of one batch. A scalar Mul / Div of Q or K read only by
+// the pattern (nn.MultiheadAttention scales q by 1/sqrt(d) before the scores) joins the scale.
+//
 // Nothing the fused node reads can depend on an absorbed value (each is read only inside the
 // pattern), so the rewrite cannot create a cycle.
 #include <algorithm>
@@ -84,7 +91,23 @@ struct Match {
   std::string out_layout = "bhsd";
   std::vector<Node*> out_nodes;
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+  // 4: the MatMuls multiply [B,H,S,d] heads; 3: [N,S,d] heads (torch's bmm over B*H, as
+  // nn.MultiheadAttention writes it), run as B = 1 and H = N (the heads need not be apart).
+  size_t rank = 4;
 };
+
+// The permutations of a rank-`rank` head tensor ([B,H,S,d] or [N,S,d]): swapping the head and
+// row dims (head split / merge), and the two ways K^T is written: from K rows, or from the
+// pre-split tensor [.., Sk, H, d] (or [Sk, N, d]).
+std::vector<int64_t> HeadSwapPerm(size_t rank) {
+  return rank == 4 ? std::vector<int64_t>{0, 2, 1, 3} : std::vector<int64_t>{1, 0, 2};
+}
+std::vector<int64_t> RowsToKtPerm(size_t rank) {
+  return rank == 4 ? std::vector<int64_t>{0, 1, 3, 2} : std::vector<int64_t>{0, 2, 1};
+}
+std::vector<int64_t> SplitToKtPerm(size_t rank) {
+  return rank == 4 ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{1, 2, 0};
+}
 
 class AttentionFuser {
  public:
@@ -119,7 +142,7 @@ class AttentionFuser {
 
   // Q, K rows or V read back through Rope (when allowed) -> Transpose(perm 0,2,1,3) -> Reshape.
   // `x` is the head-split value [B,H,rows,cols] the MatMul reads.
-  Operand MatchHeads(Value* x, bool allow_rope, int64_t rows, int64_t cols, const Operand* rope_like) {
+  Operand MatchHeads(Value* x, bool allow_rope, int64_t rows, int64_t cols, const Operand* rope_like, size_t rank) {
     Operand op;
     op.input = x;
     Value* cur = x;
@@ -130,9 +153,9 @@ class AttentionFuser {
       op.input = cur;
     }
     Node* t = SingleUseProducer(cur, "Transpose");
-    if (t && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+    if (t && t->GetInts("perm") == HeadSwapPerm(rank)) {
       op.nodes.push_back(t);
-      op.input = t->input(0);  // [B,rows,H,cols]: the bshd layout already
+      op.input = t->input(0);  // [B,rows,H,cols] (or [rows,N,cols]): the bshd layout already
       op.layout = "bshd";
       if (Node* r = SingleUseProducer(op.input, "Reshape")) {
         op.nodes.push_back(r);
@@ -265,16 +288,24 @@ class AttentionFuser {
       }
     const Shape &qs = q4->shape(), &ks = kt->shape(), &vs = v4->shape();
     const bool rank4 = qs.size() == 4 && ks.size() == 4 && vs.size() == 4;
-    if (!rank4 || qs[0] != ks[0] || qs[1] != ks[1] || qs[0] != vs[0] || qs[1] != vs[1] || ks[3] != vs[2]) {
+    const bool rank3 = qs.size() == 3 && ks.size() == 3 && vs.size() == 3;
+    if (!(rank4 && qs[0] == ks[0] && qs[1] == ks[1] && qs[0] == vs[0] && qs[1] == vs[1] && ks[3] == vs[2]) &&
+        !(rank3 && qs[0] == ks[0] && qs[0] == vs[0] && ks[2] == vs[1])) {
       Refuse(qk, pv->name(), kUnsupportedLayout,
-             StrCat("needs Q [B,H,S,d], K^T [B,H,d,Sk], V [B,H,Sk,dv] with equal B and H (no broadcast batches); got ",
+             StrCat("needs Q [B,H,S,d], K^T [B,H,d,Sk], V [B,H,Sk,dv] with equal B and H, or Q [N,S,d], K^T [N,d,Sk], "
+                    "V [N,Sk,dv] with equal N (no broadcast batches); got ",
                     q4->TypeString(), ", ", kt->TypeString(), ", ", v4->TypeString()));
       return false;
     }
-    m->b = qs[0], m->h = qs[1], m->s = qs[2], m->d = qs[3], m->sk = ks[3], m->dv = vs[3];
-    const Shape scores{m->b, m->h, m->s, m->sk};
+    m->rank = qs.size();
+    if (rank4) {
+      m->b = qs[0], m->h = qs[1], m->s = qs[2], m->d = qs[3], m->sk = ks[3], m->dv = vs[3];
+    } else {
+      m->b = 1, m->h = qs[0], m->s = qs[1], m->d = qs[2], m->sk = ks[2], m->dv = vs[2];
+    }
+    const Shape scores = rank4 ? Shape{m->b, m->h, m->s, m->sk} : Shape{m->h, m->s, m->sk};
     const int64_t axis = m->softmax->GetInt("axis", -1);
-    if (!match::IsLastAxis(axis, 4)) {  // the key axis of the scores [B,H,S,Sk]
+    if (!match::IsLastAxis(axis, m->rank)) {  // the key axis of the scores [B,H,S,Sk] / [N,S,Sk]
       Refuse(m->softmax, pv->name(), kUnsupportedLayout,
              StrCat("softmax over axis ", axis, " of ", p->TypeString(), ", not the key axis"));
       return false;
@@ -327,16 +358,45 @@ class AttentionFuser {
     return true;
   }
 
+  // A scalar Mul / Div of Q (or K) read by the pattern alone, as nn.MultiheadAttention scales q
+  // by 1/sqrt(d) before the scores: it scales the scores (not the mask), so it joins `scale`.
+  Value* TakeScalarScale(Value* x, Match* m, Operand* op) {
+    for (;;) {
+      Node* n = SingleUseProducer(x, "Mul");
+      if (!n) n = SingleUseProducer(x, "Div");
+      if (!n) return x;
+      Value* next = nullptr;
+      double c = 0;
+      if (n->op() == "Mul") {
+        for (auto [y, k] : match::OperandOrders(*n))
+          if (std::optional<double> v = ScalarConstant(k)) {
+            next = y, c = *v;
+            break;
+          }
+      } else if (std::optional<double> v = ScalarConstant(n->input(1)); v && *v != 0) {
+        next = n->input(0), c = 1.0 / *v;
+      }
+      if (!next || next->shape() != x->shape()) return x;
+      m->scale *= c;
+      op->nodes.push_back(n);
+      x = next;
+    }
+  }
+
   bool MatchOperands(Match* m) {
-    m->q = MatchHeads(m->qk->input(0), true, m->s, m->d, nullptr);
+    const size_t rank = m->rank;
+    Operand q_scale, k_scale;  // the scalar scales taken, if any
+    Value* q = TakeScalarScale(m->qk->input(0), m, &q_scale);
+    m->q = MatchHeads(q, true, m->s, m->d, nullptr, rank);
+    m->q.nodes.insert(m->q.nodes.end(), q_scale.nodes.begin(), q_scale.nodes.end());
     // K: K^T from a Transpose of K rows, or of the pre-split tensor, or read as given.
-    Value* kt = m->qk->input(1);
+    Value* kt = TakeScalarScale(m->qk->input(1), m, &k_scale);
     Node* t = SingleUseProducer(kt, "Transpose");
     const std::vector<int64_t> perm = t ? t->GetInts("perm") : std::vector<int64_t>{};
-    if (t && perm == std::vector<int64_t>{0, 1, 3, 2}) {
-      m->k = MatchHeads(t->input(0), true, m->sk, m->d, &m->q);
+    if (t && perm == RowsToKtPerm(rank)) {
+      m->k = MatchHeads(t->input(0), true, m->sk, m->d, &m->q, rank);
       m->k.nodes.insert(m->k.nodes.begin(), t);
-    } else if (t && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+    } else if (t && perm == SplitToKtPerm(rank)) {
       m->k.input = t->input(0);
       m->k.layout = "bshd";
       m->k.nodes.push_back(t);
@@ -348,11 +408,12 @@ class AttentionFuser {
       m->k.input = kt;
       m->k.layout = "bhds";
     }
-    m->v = MatchHeads(m->pv->input(1), false, m->sk, m->dv, nullptr);
+    m->k.nodes.insert(m->k.nodes.end(), k_scale.nodes.begin(), k_scale.nodes.end());
+    m->v = MatchHeads(m->pv->input(1), false, m->sk, m->dv, nullptr, rank);
     // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
     m->out = m->pv->output();
     if (const Use* t = SingleUse(m->out);
-        t && t->node->op() == "Transpose" && t->node->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+        t && t->node->op() == "Transpose" && t->node->GetInts("perm") == HeadSwapPerm(rank)) {
       m->out_nodes.push_back(t->node);
       m->out = t->node->output();
       m->out_layout = "bshd";
@@ -490,6 +551,98 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 }
 
 // ---- the QKV projection inside the attention ----------------------------------------------
+
+namespace {
+
+// What the projected form takes of a QKV FusedGemm: per output, the third of W it is; and its
+// biases in W's column order when the epilogue adds one to each projection and does nothing
+// else (p_s + b_s, either operand order; b_s a constant f32 of N values along the last dim:
+// GPT-2's, BERT's and nn.MultiheadAttention's in-projection). None for any other epilogue.
+struct QkvGemmForm {
+  std::vector<int64_t> proj_of_output;
+  std::shared_ptr<const Tensor> bias;  // [3N], or null without an epilogue
+  std::vector<Value*> bias_inputs;     // per projection: the node input holding its bias
+};
+
+std::optional<QkvGemmForm> QkvFormOf(const Node& gemm) {
+  const int64_t splits = gemm.GetInt("splits", 1);
+  const std::vector<int64_t> out_proj = gemm.GetInts("out_proj");
+  if (splits != 3 || gemm.inputs().size() < 2 || !gemm.input(1) || gemm.input(1)->shape().size() != 2 ||
+      out_proj.size() != gemm.outputs().size())
+    return std::nullopt;
+  const int64_t n = gemm.input(1)->shape()[1] / splits;
+  QkvGemmForm form;
+  const Graph* epilogue = gemm.GetGraph("epilogue");
+  if (!epilogue) {
+    if (gemm.inputs().size() != 2) return std::nullopt;
+    form.proj_of_output = out_proj;
+    return form;
+  }
+  // Every output an epilogue output, each one Add of a projection and a bias input.
+  if (epilogue->nodes().size() != 3 || epilogue->outputs().size() != out_proj.size() ||
+      epilogue->inputs().size() != gemm.inputs().size() - 2 + static_cast<size_t>(splits))
+    return std::nullopt;
+  form.bias_inputs.assign(3, nullptr);
+  for (size_t o = 0; o < out_proj.size(); ++o) {
+    const Node* add = epilogue->outputs()[o]->producer();
+    if (out_proj[o] != -1 || !add || add->op() != "Add") return std::nullopt;
+    int64_t proj = -1;
+    Value* bias = nullptr;
+    for (auto [p, b] : match::OperandOrders(*add)) {
+      const auto& ins = epilogue->inputs();
+      const auto pi = std::find(ins.begin(), ins.end(), p) - ins.begin();
+      const auto bi = std::find(ins.begin(), ins.end(), b) - ins.begin();
+      if (pi < splits && bi >= splits && bi < static_cast<long>(ins.size())) {
+        proj = pi;
+        bias = gemm.input(static_cast<size_t>(2 + bi - splits));
+        break;
+      }
+    }
+    if (proj < 0 || form.bias_inputs[static_cast<size_t>(proj)] || !bias || !bias->constant() ||
+        bias->dtype() != DType::kF32 || bias->numel() != n || bias->shape().empty() || bias->shape().back() != n)
+      return std::nullopt;
+    form.bias_inputs[static_cast<size_t>(proj)] = bias;
+    form.proj_of_output.push_back(proj);
+  }
+  auto cat = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {3 * n}).value());
+  for (int64_t s = 0; s < 3; ++s) {
+    const float* b = form.bias_inputs[static_cast<size_t>(s)]->constant()->data_as<float>();
+    std::copy(b, b + n, cat->data_as<float>() + s * n);
+  }
+  form.bias = std::move(cat);
+  return form;
+}
+
+// In a reference graph: the GEMM's bias inputs (gemm inputs 2, ...) as slices of `bias`
+// ([3N], projection s's at s*N), each viewed with its own shape.
+Result<std::vector<Value*>> BiasThirds(Graph& ref, Value* bias, const Node& gemm, const std::vector<Value*>& per_proj) {
+  const int64_t n = bias->shape()[0] / 3;
+  auto ints = [&](const std::string& name, std::vector<int64_t> v) -> Result<Value*> {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
+    std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+    return ref.AddConstant(ref.FreshName(name), std::make_shared<const Tensor>(std::move(t)));
+  };
+  std::vector<Value*> out;
+  for (size_t i = 2; i < gemm.inputs().size(); ++i) {
+    const Value* b = gemm.input(i);
+    const int64_t s = std::find(per_proj.begin(), per_proj.end(), b) - per_proj.begin();
+    if (s >= 3) return Internal(gemm.Describe(), ": input '", b->name(), "' is no projection's bias");
+    GF_ASSIGN_OR_RETURN(Value * starts, ints("starts", {s * n}));
+    GF_ASSIGN_OR_RETURN(Value * ends, ints("ends", {(s + 1) * n}));
+    GF_ASSIGN_OR_RETURN(Node * slice, ref.AddNode("Slice", {bias, starts, ends}, {}, b->name() + "/slice"));
+    Value* v = slice->output();
+    if (v->shape() != b->shape()) {
+      GF_ASSIGN_OR_RETURN(Value * shape, ints("shape", std::vector<int64_t>(b->shape().begin(), b->shape().end())));
+      GF_ASSIGN_OR_RETURN(Node * r, ref.AddNode("Reshape", {v, shape}, {}, b->name() + "/view"));
+      v = r->output();
+    }
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
 //
 // A FusedAttention whose q, k and v are the three outputs of one FusedGemm (x @ W, split in
 // three, no epilogue, constant W) that nothing else reads becomes one FusedAttention in the
@@ -498,7 +651,9 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 // The QKV tensor never goes to memory nor to the other core's cache: that saves the reads of
 // q, k and v, not the work of RoPE and softmax on them. The reference graph is the two nodes it
 // replaces, so `run --check-fusion` checks the projected kernel against them and a backend
-// without the form (CUDA) runs them instead.
+// without the form (CUDA) runs them instead. A GEMM whose epilogue adds a bias to each
+// projection moves in too: the node then also reads the three biases as one [3*H*d] constant
+// (qkv_bias) and adds them to each projected row before RoPE and the scores.
 Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report) {
   if (!options.enabled || !options.attention_projection) return 0;
   std::vector<Node*> attentions;
@@ -510,9 +665,8 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
     if (a->inputs().size() < 3 || !a->input(0) || !a->input(1) || !a->input(2)) continue;
     Node* gemm = ProducerOf(a->input(0), "FusedGemm");
     if (!gemm || a->input(1)->producer() != gemm || a->input(2)->producer() != gemm) continue;
-    if (gemm->GetGraph("epilogue") || gemm->GetInt("splits", 1) != 3 || gemm->inputs().size() != 2 ||
-        !gemm->input(1)->constant() || gemm->outputs().size() != 3)
-      continue;
+    const std::optional<QkvGemmForm> form = QkvFormOf(*gemm);
+    if (!form || !gemm->input(1)->constant() || gemm->outputs().size() != 3) continue;
     auto refuse = [&](const char* code, const std::string& why) {
       if (report) report->refusals.push_back({gemm->name(), a->name(), code, why});
     };
@@ -520,16 +674,15 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
       refuse(refusal::kExcluded, "the QKV GEMM stays apart from the attention: one of them is excluded");
       continue;
     }
-    const std::vector<int64_t> out_proj = gemm->GetInts("out_proj");
     std::vector<int64_t> split(3, -1);
-    bool private_outputs = out_proj.size() == 3;
+    bool private_outputs = true;
     for (int i = 0; i < 3 && private_outputs; ++i) {
       const Value* v = a->input(i);
       int o = -1;
       for (int j = 0; j < 3; ++j)
         if (gemm->output(j) == v) o = j;
       private_outputs = o >= 0 && match::HasSingleUse(v);
-      if (private_outputs) split[i] = out_proj[o];
+      if (private_outputs) split[i] = form->proj_of_output[static_cast<size_t>(o)];
     }
     if (!private_outputs) {
       refuse(refusal::kTooManyOutputs, "q, k or v is also read outside the attention (or is a graph output): the "
@@ -541,16 +694,31 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
     AttributeMap attrs = a->attrs();
     attrs["qkv_proj"] = int64_t{1};
     attrs["qkv_split"] = split;
+    if (form->bias) attrs["qkv_bias"] = int64_t{1};
     const Result<schemas::Dims> dims = schemas::ReadDims(attrs, a->Describe());
-    if (!dims.ok()) continue;
+    if (!dims.ok()) {
+      refuse(kUnsupportedLayout, StrCat("the QKV GEMM stays apart: ", dims.status().message()));
+      continue;
+    }
     const Value* x = gemm->input(0);
     const Value* w = gemm->input(1);
     if (w->shape().size() != 2 || w->shape()[1] != 3 * dims->h * dims->d || x->shape().empty() ||
-        x->numel() / std::max<int64_t>(x->shape().back(), 1) != dims->b * dims->s)
+        x->numel() / std::max<int64_t>(x->shape().back(), 1) != dims->b * dims->s) {
+      refuse(kUnsupportedLayout,
+             StrCat("the QKV GEMM stays apart: the projected form reads B*S = ", dims->b * dims->s,
+                    " rows of x and W [K, 3*H*d = ", 3 * dims->h * dims->d, "] (B = ", dims->b, ", H = ", dims->h,
+                    "), but x is ", x->TypeString(), " and W ", w->TypeString(),
+                    ": the heads are not the column blocks of one row of x"));
       continue;
+    }
 
     // The reference: the two nodes, reading the new node's inputs one to one.
     std::vector<Value*> inputs = {gemm->input(0), gemm->input(1)};
+    if (form->bias) {
+      GF_ASSIGN_OR_RETURN(Value * bias, g.AddConstant(g.FreshName(gemm->name() + "_qkv_bias"), form->bias));
+      inputs.push_back(bias);
+    }
+    const size_t extras = inputs.size();  // where the attention's mask / RoPE inputs start
     for (size_t i = 3; i < a->inputs().size(); ++i) inputs.push_back(a->input(i));
     auto ref = std::make_shared<Graph>(a->name());
     std::vector<Value*> rin;
@@ -561,13 +729,18 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
     }
     std::vector<std::string> gemm_out_names;
     for (const Value* o : gemm->outputs()) gemm_out_names.push_back(o->name());
-    GF_ASSIGN_OR_RETURN(Node * rg, ref->AddNode("FusedGemm", {rin[0], rin[1]}, gemm->attrs(), gemm->name(), -1,
+    std::vector<Value*> rg_in = {rin[0], rin[1]};
+    if (form->bias) {  // the GEMM's own bias inputs: its thirds of the one the node reads
+      GF_ASSIGN_OR_RETURN(rg_in, BiasThirds(*ref, rin[2], *gemm, form->bias_inputs));
+      rg_in.insert(rg_in.begin(), {rin[0], rin[1]});
+    }
+    GF_ASSIGN_OR_RETURN(Node * rg, ref->AddNode("FusedGemm", rg_in, gemm->attrs(), gemm->name(), -1,
                                                gemm_out_names));
     std::vector<Value*> ra_in;
     for (int i = 0; i < 3; ++i)
       for (int j = 0; j < 3; ++j)
         if (gemm->output(j) == a->input(i)) ra_in.push_back(rg->output(j));
-    for (size_t i = 2; i < rin.size(); ++i) ra_in.push_back(rin[i]);
+    for (size_t i = extras; i < rin.size(); ++i) ra_in.push_back(rin[i]);
     GF_ASSIGN_OR_RETURN(Node * ra, ref->AddNode("FusedAttention", ra_in, a->attrs(), a->name(), -1,
                                                {a->output()->name()}));
     GF_RETURN_IF_ERROR(ref->MarkOutput(ra->output()));

@@ -217,8 +217,11 @@ class Planner {
           TryMerge(p, i, StrCat("'", in->name(), "' flows from '", order_[p]->name(), "' to '", n->name(), "'"));
         } else if (elementwise_[p] != elementwise_[i]) {
           const Node* other = elementwise_[p] ? n : order_[p];
+          const OpSchema* schema = FindSchema(other->op());
           Refuse(p, i, refusal::kNotElementwise,
-                 StrCat(other->Describe(), " is not an elementwise op (it runs as its own kernel)"));
+                 StrCat(other->Describe(), schema && schema->view
+                                               ? " is a view (no kernel of its own), which a group does not take in"
+                                               : " is not an elementwise op (it runs as its own kernel)"));
         }
       }
     }

@@ -18,6 +18,14 @@ namespace graphfuse {
 // Returns the number of patterns rewritten. (canonicalize.cc)
 Result<int> Canonicalize(Graph& g);
 
+// Views and slices between a GEMM and its readers: a view (Reshape, Flatten, Squeeze,
+// Unsqueeze, Identity) that keeps the innermost dim moves above a row-wise producer (a MatMul
+// by 2-D weights, an elementwise op whose other operands broadcast along the last dim), views
+// of views become one and views to their input's shape go away; Slice / Split of contiguous
+// last-dim ranges of a constant-weight projection (+ bias) become projections of their own.
+// Returns the number of rewrites. (canonicalize_views.cc)
+Result<int> CanonicalizeViews(Graph& g);
+
 // MatMul(Q, K^T) [* or / scale] [+ mask] -> Softmax -> MatMul(., V), with Q/K/V read through
 // their head-split Reshape/Transpose (and RoPE) as one FusedAttention kernel. (fuse_attention.cc)
 Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* report);

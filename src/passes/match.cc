@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "../ir/op_registry.h"
+#include "../ir/schemas/data_movement.h"
 
 namespace graphfuse::match {
 
@@ -108,6 +109,23 @@ bool HasOperands(const Node& n, const Value* a, const Value* b) {
 
 bool IsLastAxis(int64_t axis, size_t rank) {
   return rank > 0 && (axis == -1 || axis == static_cast<int64_t>(rank) - 1);
+}
+
+std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n) {
+  const Value* x = n.input(0);
+  if (n.op() != "Slice" || !x || x->shape().empty()) return std::nullopt;
+  auto starts = IntConstant(n.input(1)), ends = IntConstant(n.input(2));
+  std::optional<std::vector<int64_t>> axes, steps;
+  if (n.input(3)) axes = IntConstant(n.input(3));
+  if (n.input(4)) steps = IntConstant(n.input(4));
+  if (!starts || !ends || (n.input(3) && !axes) || (n.input(4) && !steps)) return std::nullopt;
+  auto p = schemas::ComputeSlice(x->shape(), *starts, *ends, axes.value_or(std::vector<int64_t>{}),
+                                 steps.value_or(std::vector<int64_t>{}), axes.has_value(), steps.has_value(), n.name());
+  if (!p.ok()) return std::nullopt;
+  const size_t last = x->shape().size() - 1;
+  for (size_t i = 0; i < x->shape().size(); ++i)
+    if (p->step[i] != 1 || (i != last && p->out[i] != x->shape()[i])) return std::nullopt;
+  return std::make_pair(p->start[last], p->start[last] + p->out[last]);
 }
 
 bool BroadcastsTo(const Shape& s, const Shape& to) {

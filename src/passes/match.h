@@ -109,6 +109,10 @@ bool HasOperands(const Node& n, const Value* a, const Value* b);
 // Whether `axis` is -1 or rank - 1: the last dim of a tensor of rank `rank` (> 0).
 bool IsLastAxis(int64_t axis, size_t rank);
 
+// [start, end) of the last dim that Slice node n takes, when it takes a contiguous range of
+// the last dim (step 1, constant bounds, ONNX clamping) and every other dim whole.
+std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n);
+
 // Whether a tensor of shape `s` broadcasts to exactly `to` (right-aligned, each dim 1 or equal;
 // never more dims than `to`).
 bool BroadcastsTo(const Shape& s, const Shape& to);

@@ -40,6 +40,7 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, cons
     // Canonicalization turns decomposed norms / activations back into single kernels: part of
     // the fused flow, so that --no-fuse runs the graph exactly as written.
     GF_RETURN_IF_ERROR(after("Canonicalize", Canonicalize(g)));
+    GF_RETURN_IF_ERROR(after("CanonicalizeViews", CanonicalizeViews(g)));
     GF_RETURN_IF_ERROR(after("FuseAttention", FuseAttention(g, options.fusion, &report)));
   }
   auto fused = FuseElementwise(g, options.fusion);

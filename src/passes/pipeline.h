@@ -2,6 +2,8 @@
 //
 //   FoldConstants     constants and shape-only subgraphs become constants
 //   Canonicalize      decomposed LayerNorm / RMSNorm / GELU / SiLU / Softmax / RoPE -> one op each
+//   CanonicalizeViews views between a GEMM and its readers move out of the way; slices of a
+//                     packed projection become projections of their own
 //   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
 //   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <set>
 
 #include "cpu/cpu_target.h"
 #include "graphfuse/thread_pool.h"
@@ -134,6 +135,43 @@ TEST(OnnxModels, ExportedBlocksFuseIntoTheFamiliesOfTheApiBuiltBlocks) {
       }
       EXPECT_LE(report.kernels_after, 10) << name << groups;
       EXPECT_LT(report.kernels_after, report.kernels_before) << name;
+    }
+  }
+}
+
+// The fused kernel count of every exported model on the CPU target, at both opsets, pinned at
+// what the plan reaches (a model may do better, never worse). The blocks exported with the
+// views and slices their upstream code writes -- gpt2_conv1d_block (Conv1D's view / addmm /
+// view, c_attn's split), transformer_encoder_layer (nn.MultiheadAttention's packed in-projection
+// chunked, (S, B*H, d) heads) -- must cost no kernel for them: no Slice, Split or Transpose
+// runs, and the attention is one kernel.
+TEST(OnnxModels, FusedKernelCountsPerModel) {
+  const std::map<std::string, int64_t> kMaxKernels = {
+      {"mlp_gelu", 2},        {"attention_layernorm", 3}, {"llama_block", 4},        {"gpt2_block", 6},
+      {"bert_layer", 6},      {"gpt2_where_block", 6},    {"gpt2_conv1d_block", 6}, {"transformer_encoder_layer", 7},
+  };
+  const std::set<std::string> kWrapped = {"gpt2_conv1d_block", "transformer_encoder_layer"};
+  for (const auto& [model, max_kernels] : kMaxKernels) {
+    for (int opset : {13, 17}) {
+      const std::string name = StrCat(model, "_opset", opset);
+      const std::string path = StrCat(ModelsDir(), "/", name, "/model.onnx");
+      ASSERT_TRUE(std::filesystem::exists(path)) << path << " is missing (run tools/export_models.py)";
+      auto g = ImportOnnxFile(path);
+      ASSERT_TRUE(g.ok()) << name << ": " << g.status().ToString();
+      FusionReport report;
+      PipelineOptions options;
+      options.fusion_report = &report;
+      auto p = RunPipeline(**g, cpu::DefaultCpuTarget(), options);
+      ASSERT_TRUE(p.ok()) << name << ": " << p.status().ToString();
+      const std::string groups = DescribeGroups(report);
+      EXPECT_LE(report.kernels_after, max_kernels) << name << groups;
+      if (!kWrapped.count(model)) continue;
+      int attention = 0;
+      for (const FusedGroupInfo& gi : report.groups) attention += gi.kind == "attention";
+      EXPECT_EQ(attention, 1) << name << groups;
+      for (const auto& n : (*g)->nodes())
+        EXPECT_TRUE(n->op() != "Slice" && n->op() != "Split" && n->op() != "Transpose")
+            << name << ": " << n->Describe() << " still runs" << groups;
     }
   }
 }

@@ -5,8 +5,11 @@
 // Operands are read where they lie, through a per-operand layout attribute:
 //   "bshd": the pre-head-split tensor [B,S,H*d] (any shape with that row-major order); head
 //           (b, h) starts at b*S*H*d + h*d and its rows are H*d apart.
-//   "bhsd": a head-split tensor [B,H,S,d]; head (b, h) is a contiguous [S,d] block.
-//   "bhds": (K only) K^T already laid out [B,H,d,Sk]; head (b, h) is a contiguous [d,Sk] block.
+//   "bhsd": a head-split tensor [B,H,S,d] (or [B*H,S,d]); head (b, h) is a contiguous [S,d] block.
+//   "bhds": (K only) K^T already laid out [B,H,d,Sk] (or [B*H,d,Sk]); head (b, h) is a
+//           contiguous [d,Sk] block.
+// The projected form (qkv_proj) reads x and W instead, and each task projects its heads' q, k
+// and v into scratch, adding the qkv bias when the node has one.
 // The output is written in "bshd" ([B,S,H*dv], what Transpose+Reshape of the heads gives) or
 // "bhsd" ([B,H,S,dv]) order. Optional inputs follow q, k, v in this order: mask (when
 // has_mask; broadcast to [B,H,S,Sk]), cos and sin (when rope_q or rope_k; broadcast to
@@ -150,6 +153,7 @@ struct AttentionLaunch {
   const AttentionState* state = nullptr;
   bool packed_heads = false;       // the state holds W packed per group of heads for this S
   const float* inv_rms = nullptr;  // a folded RMSNorm's 1/rms per row of x (RowInvRms)
+  const float* qkv_bias = nullptr;  // the projected form's biases, ordered as W's columns
 };
 
 // The operands (checked as inference checks them), the output buffer and the BLAS int range.
@@ -178,6 +182,7 @@ Result<AttentionLaunch> BindOperands(const KernelContext& ctx, const Dims& d, co
   if (d.proj) {
     a.x = ctx.inputs[0].as<const float>();
     a.w = ctx.inputs[1].as<const float>();
+    if (d.proj_bias) a.qkv_bias = ctx.inputs[2].as<const float>();
   } else {
     a.q = ctx.inputs[0].as<const float>();
     a.k = ctx.inputs[1].as<const float>();
@@ -442,6 +447,20 @@ void ProjectHeads(const AttentionLaunch& a, int64_t h0, const float* xb, float* 
   }
 }
 
+// The projected form's biases added to the heads' q, k and v row by row, after the product as
+// the GEMM's epilogue would add them (so before RoPE).
+void AddHeadBiases(const AttentionLaunch& a, int64_t h0, float* qkv) {
+  if (!a.qkv_bias) return;
+  const Dims& d = a.d;
+  for (int64_t r = 0; r < d.s; ++r)
+    for (int64_t g = 0; g < a.group; ++g)
+      for (int t = 0; t < 3; ++t) {
+        float* x = qkv + r * a.wg + g * 3 * d.d + t * d.d;
+        const float* bias = a.qkv_bias + ProjColumn(d, t, h0 + g);
+        for (int64_t i = 0; i < d.d; ++i) x[i] += bias[i];
+      }
+}
+
 // RoPE in place, row by row through the scratch: one sequential sweep over what the GEMM just
 // wrote, rather than a strided gather per head into a copy. A folded RMSNorm scales each row of
 // q, k and v by its row's 1/rms in the same sweep (x W' = y W / (1/rms)), q and k inside RoPE.
@@ -477,6 +496,7 @@ void RunProjectedHeads(const AttentionLaunch& a, int64_t task, float* scratch) {
   const int64_t b = task / (d.h / a.group), h0 = task % (d.h / a.group) * a.group;
   float* qkv = scratch + a.scores_floats + a.qg_floats + a.kg_floats;
   ProjectHeads(a, h0, a.x + b * d.s * a.kx, qkv);
+  AddHeadBiases(a, h0, qkv);
   RopeHeadsInPlace(a, b, h0, qkv);
   for (int64_t g = 0; g < a.group; ++g) {
     const float* hq = qkv + g * 3 * d.d;

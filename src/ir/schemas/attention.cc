@@ -55,6 +55,10 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   d.out_shape = AttrInts(a, "output_shape", {});
   d.proj = AttrInt(a, "qkv_proj", 0) != 0;
   if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
+  d.proj_bias = AttrInt(a, "qkv_bias", 0) != 0;
+  if (d.proj_bias && !d.proj) return InvalidArgument(where, ": qkv_bias needs the projected form (qkv_proj)");
+  if (d.proj_bias && a.count("rms_epsilon"))
+    return InvalidArgument(where, ": qkv_bias and rms_epsilon together are not supported (the bias follows the norm)");
   if (d.proj) {
     const std::vector<int64_t> split = AttrInts(a, "qkv_split", {0, 1, 2});
     if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
@@ -82,7 +86,8 @@ HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
 Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
                               const std::string& where) {
   if (static_cast<int>(shapes.size()) != d.num_inputs())
-    return InvalidArgument(where, ": expects ", d.num_inputs(), d.proj ? " inputs (x, W" : " inputs (q, k, v",
+    return InvalidArgument(where, ": expects ", d.num_inputs(),
+                           d.proj ? (d.proj_bias ? " inputs (x, W, qkv bias" : " inputs (x, W") : " inputs (q, k, v",
                            d.mask ? ", mask" : "", d.mask_select != 0 ? ", bool mask" : "",
                            d.rope_q || d.rope_k ? ", cos, sin" : "", "), got ", shapes.size());
   const size_t bool_at = d.mask_select != 0 ? static_cast<size_t>(d.bool_mask_index()) : SIZE_MAX;
@@ -101,7 +106,9 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
     int64_t n = 1;
     for (int64_t x : s) n *= x;
     const Shape want = l == Layout::kBHDS ? Shape{d.b, d.h, cols, rows} : Shape{d.b, d.h, rows, cols};
-    if (l == Layout::kBSHD ? n != d.b * rows * d.h * cols : s != want)
+    // A head-split operand may also merge B and H: [B*H, rows, cols] (torch's bmm form).
+    const Shape merged{d.b * d.h, want[2], want[3]};
+    if (l == Layout::kBSHD ? n != d.b * rows * d.h * cols : s != want && s != merged)
       return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not hold ",
                              l == Layout::kBSHD ? StrCat("[B,S,H*d] = [", d.b, ",", rows, ",", d.h * cols, "]")
                                                 : ShapeToString(want));
@@ -116,6 +123,9 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
       return InvalidArgument(where, ": projected attention needs x [..., K] with B*S = ", d.b * d.s,
                              " rows and W [K, 3*H*d = ", 3 * d.h * d.d, "], got x ", ShapeToString(x), " and W ",
                              ShapeToString(w));
+    if (d.proj_bias && shapes[2] != Shape{3 * d.h * d.d})
+      return InvalidArgument(where, ": the qkv bias is ", ShapeToString(shapes[2]), ", not [3*H*d = ", 3 * d.h * d.d,
+                             "]");
   } else {
     GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
     GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
@@ -142,7 +152,8 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
   int64_t n = 1;
   for (int64_t x : d.out_shape) n *= x;
   if (d.out_shape.empty() || n != d.b * d.h * d.s * d.dv ||
-      (d.out == Layout::kBHSD && d.out_shape != Shape{d.b, d.h, d.s, d.dv}))
+      (d.out == Layout::kBHSD && d.out_shape != Shape{d.b, d.h, d.s, d.dv} &&
+       d.out_shape != Shape{d.b * d.h, d.s, d.dv}))
     return InvalidArgument(where, ": output_shape ", ShapeToString(d.out_shape), " does not hold ",
                            d.out == Layout::kBHSD ? "[B,H,S,dv]" : "[B,S,H*dv]", " = ",
                            ShapeToString(Shape{d.b, d.h, d.s, d.dv}), " in ", d.out == Layout::kBHSD ? "bhsd" : "bshd",

@@ -10,6 +10,8 @@
 
 namespace graphfuse::schemas {
 
+// bshd: [B,S,H,d] order (the pre-head-split tensor, any shape with that order); bhsd: [B,H,S,d]
+// heads, also given as [B*H,S,d]; bhds: K^T heads [B,H,d,Sk], also given as [B*H,d,Sk].
 enum class Layout { kBSHD, kBHSD, kBHDS };
 
 // The problem as the attributes describe it.
@@ -30,12 +32,15 @@ struct Dims {
   // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
   bool proj = false;
   int64_t proj_split[3] = {0, 1, 2};
+  // The projected form with biases (attribute qkv_bias = 1): the input after W is a bias of
+  // 3*H*d values ordered as W's columns, added to each projected row (GPT-2's, BERT's QKV).
+  bool proj_bias = false;
   // The projected form with a folded RMSNorm (attribute rms_epsilon, FoldNormIntoGemm): x is
   // the norm's input and W carries its scale; each row's 1/sqrt(mean(x^2) + epsilon) is taken
   // before the heads, and scales the row's q, k and v. Negative: none.
   double rms_eps = -1;
   Shape out_shape;
-  int first_extra() const { return proj ? 2 : 3; }  // the index of mask (or cos)
+  int first_extra() const { return proj ? (proj_bias ? 3 : 2) : 3; }  // the index of mask (or cos)
   int bool_mask_index() const { return first_extra() + (mask ? 1 : 0); }
   int num_inputs() const { return bool_mask_index() + (mask_select != 0 ? 1 : 0) + (rope_q || rope_k ? 2 : 0); }
 };
