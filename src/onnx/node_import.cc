@@ -30,7 +30,7 @@
 //   Clip < 11                 min / max attributes -> constant inputs
 //   Slice < 10                starts / ends / axes attributes -> constant inputs
 //   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
-// Squeeze, Unsqueeze, ReduceSum and Split before 13, and ReduceMean / ReduceMax from 18, need
+// Squeeze, Unsqueeze, ReduceSum and Split before 13, and the other reductions from 18, need
 // nothing: their schemas take axes (and split) as an attribute or as a constant input.
 #include "onnx/node_import.h"
 

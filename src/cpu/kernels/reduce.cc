@@ -1,15 +1,18 @@
-// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18), and ArgMax / ArgMin along one axis.
+// The reductions of ONNX (opsets 13-18): ReduceSum, ReduceMean, ReduceMax, ReduceMin,
+// ReduceProd, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp; and ArgMax /
+// ArgMin along one axis.
 //
-// Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
-// constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
-// three ops. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
-// keepdims defaults to 1; negative axes count from the end.
+// Axes come from the `axes` attribute (up to opset 17; ReduceSum up to 12) or from an optional
+// constant second input (ReduceSum from 13, all of them from 18); either form is accepted for
+// every op. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X); keepdims
+// defaults to 1; negative axes count from the end.
 //
 // Algorithm: the input dims are coalesced into alternating kept/reduced groups (size-1 dims
 // dropped). If the innermost group is kept, each output row accumulates `vec` contiguous lanes
 // per reduced position (column reductions stay cache friendly); otherwise the innermost reduced
 // group is a contiguous run summed per output element. Float types accumulate in double, ints
-// in int64; ReduceMax propagates NaN like numpy.
+// in int64; ReduceMax / ReduceMin propagate NaN like numpy. ReduceL2, ReduceLogSum and
+// ReduceLogSumExp run on floats only.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/reduce.cc.
 #include <cmath>
 #include <cstring>
@@ -24,7 +27,12 @@
 namespace graphfuse::kernels {
 namespace {
 
-enum class ReduceKind { kSum, kMean, kMax };
+enum class ReduceKind { kSum, kMean, kMax, kMin, kProd, kSumSquare, kL1, kL2, kLogSum, kLogSumExp };
+
+// Kinds whose result is a float function of the data (a root or a log): not run on integers.
+constexpr bool FloatOnly(ReduceKind k) {
+  return k == ReduceKind::kL2 || k == ReduceKind::kLogSum || k == ReduceKind::kLogSumExp;
+}
 
 using schemas::MakeAxes;
 using schemas::ReduceAxes;
@@ -68,23 +76,76 @@ struct Traits<DType::kI64> {
   static T Store(Acc a) { return a; }
 };
 
-template <ReduceKind K, class Acc>
-inline Acc Init() {
-  if constexpr (K != ReduceKind::kMax) return Acc(0);
-  else if constexpr (std::is_floating_point_v<Acc>) return -std::numeric_limits<Acc>::infinity();
-  else return std::numeric_limits<Acc>::lowest();
-}
-template <ReduceKind K, class Acc>
-inline Acc Combine(Acc a, Acc v) {
-  if constexpr (K == ReduceKind::kMax) return (v > a || v != v) && !(a != a) ? v : a;
-  else return a + v;
-}
-template <ReduceKind K, class Acc>
-inline Acc Finish(Acc a, int64_t count) {
-  if constexpr (K != ReduceKind::kMean) return a;
-  else if constexpr (std::is_floating_point_v<Acc>) return a / static_cast<Acc>(count);
-  else return count ? a / count : 0;
-}
+// ReduceLogSumExp's running state: the largest element so far and the sum of exp(x - max), so
+// that no exp overflows (log-sum-exp of [1000, 1000] is 1000 + log 2, not inf).
+struct LogSumExpState {
+  double max = -INFINITY;
+  double sum = 0;
+};
+
+// What each kind does: the state before any element (Init), one element joining it (Step), two
+// partial states joining (Merge), and the result from the state and the element count (Finish).
+// Floats accumulate in double, integers in int64 (products wrap, as numpy's); Max / Min
+// propagate NaN like numpy. Over no elements: 0 for sums, 1 for products, the type's lowest /
+// largest for Max / Min (-inf / inf for floats), log(0) = -inf for the logs.
+template <ReduceKind K, class Tr>
+struct Reducer {
+  using Acc = typename Tr::Acc;
+  using State = std::conditional_t<K == ReduceKind::kLogSumExp, LogSumExpState, Acc>;
+  static constexpr bool kFloat = std::is_floating_point_v<Acc>;
+
+  static State Init() {
+    if constexpr (K == ReduceKind::kMax)
+      return kFloat ? -std::numeric_limits<Acc>::infinity() : Acc(std::numeric_limits<typename Tr::T>::lowest());
+    else if constexpr (K == ReduceKind::kMin)
+      return kFloat ? std::numeric_limits<Acc>::infinity() : Acc(std::numeric_limits<typename Tr::T>::max());
+    else if constexpr (K == ReduceKind::kProd) return Acc(1);
+    else return State{};
+  }
+  static State Step(State a, Acc v) {
+    if constexpr (K == ReduceKind::kMax) return (v > a || v != v) && !(a != a) ? v : a;
+    else if constexpr (K == ReduceKind::kMin) return (v < a || v != v) && !(a != a) ? v : a;
+    else if constexpr (K == ReduceKind::kProd) return Multiply(a, v);
+    else if constexpr (K == ReduceKind::kSumSquare || K == ReduceKind::kL2) return a + Multiply(v, v);
+    else if constexpr (K == ReduceKind::kL1) return a + (v < 0 ? Multiply(v, Acc(-1)) : v);
+    else if constexpr (K == ReduceKind::kLogSumExp) return Merge(a, LogSumExpState{v, 1});
+    else return a + v;
+  }
+  static State Merge(State a, State b) {
+    if constexpr (K == ReduceKind::kMax || K == ReduceKind::kMin) return Step(a, b);
+    else if constexpr (K == ReduceKind::kProd) return Multiply(a, b);
+    else if constexpr (K == ReduceKind::kLogSumExp) {
+      if (a.max != a.max || b.max != b.max) return {NAN, NAN};
+      if (b.max > a.max) std::swap(a, b);
+      if (b.max == -INFINITY) return a;  // b holds nothing (or only -inf, which adds 0)
+      if (a.max == INFINITY) return {INFINITY, 1};
+      return {a.max, a.sum + b.sum * std::exp(b.max - a.max)};
+    } else {
+      return a + b;
+    }
+  }
+  static Acc Finish(State a, int64_t count) {
+    if constexpr (K == ReduceKind::kMean) {
+      if constexpr (kFloat) return a / static_cast<Acc>(count);
+      else return count ? a / count : 0;
+    } else if constexpr (K == ReduceKind::kL2) {
+      return std::sqrt(a);
+    } else if constexpr (K == ReduceKind::kLogSum) {
+      return std::log(a);
+    } else if constexpr (K == ReduceKind::kLogSumExp) {
+      return a.max == -INFINITY || a.max == INFINITY || a.max != a.max ? a.max : a.max + std::log(a.sum);
+    } else {
+      return a;
+    }
+  }
+
+ private:
+  // Integer products wrap (two's complement) instead of overflowing into undefined behaviour.
+  static Acc Multiply(Acc a, Acc b) {
+    if constexpr (kFloat) return a * b;
+    else return static_cast<Acc>(static_cast<uint64_t>(a) * static_cast<uint64_t>(b));
+  }
+};
 
 // The iteration space after coalescing (see the note at the top).
 struct Plan {
@@ -122,35 +183,36 @@ Plan MakePlan(const Shape& in, const std::vector<bool>& reduced) {
 template <DType D, ReduceKind K>
 void RunReduce(const KernelContext& ctx, const Plan& p) {
   using Tr = Traits<D>;
+  using R = Reducer<K, Tr>;
   using T = typename Tr::T;
-  using Acc = typename Tr::Acc;
+  using State = typename R::State;
   const T* in = ctx.inputs[0].as<const T>();
   T* out = ctx.outputs[0].as<T>();
   int64_t red_total = 1;
   for (int64_t s : p.red_sizes) red_total *= s;
   ParallelFor(ctx.cpu, p.rows, p.count * p.vec, [&](int64_t begin, int64_t end) {
-    std::vector<Acc> acc(static_cast<size_t>(p.vec));
+    std::vector<State> acc(static_cast<size_t>(p.vec));
     std::vector<int64_t> ridx(p.red_sizes.size());
     for (int64_t row = begin; row < end; ++row) {
       int64_t base = 0, rem = row;
       for (size_t k = p.kept_sizes.size(); k-- > 0;) base += (rem % p.kept_sizes[k]) * p.kept_strides[k], rem /= p.kept_sizes[k];
-      std::fill(acc.begin(), acc.end(), Init<K, Acc>());
+      std::fill(acc.begin(), acc.end(), R::Init());
       std::fill(ridx.begin(), ridx.end(), 0);
       int64_t roff = 0;
       for (int64_t r = 0; r < red_total; ++r) {
         const T* src = in + base + roff;
         if (p.vec > 1) {
-          for (int64_t v = 0; v < p.vec; ++v) acc[v] = Combine<K, Acc>(acc[v], Tr::Load(src[v]));
+          for (int64_t v = 0; v < p.vec; ++v) acc[v] = R::Step(acc[v], Tr::Load(src[v]));
         } else {
           // Eight independent partial results: one running accumulator is latency bound.
-          Acc part[8];
-          for (Acc& a : part) a = Init<K, Acc>();
+          State part[8];
+          for (State& a : part) a = R::Init();
           int64_t t = 0;
           for (; t + 8 <= p.inner_red; t += 8)
-            for (int l = 0; l < 8; ++l) part[l] = Combine<K, Acc>(part[l], Tr::Load(src[t + l]));
-          for (int l = 0; t < p.inner_red; ++t, ++l) part[l] = Combine<K, Acc>(part[l], Tr::Load(src[t]));
-          Acc a = acc[0];
-          for (const Acc& v : part) a = Combine<K, Acc>(a, v);
+            for (int l = 0; l < 8; ++l) part[l] = R::Step(part[l], Tr::Load(src[t + l]));
+          for (int l = 0; t < p.inner_red; ++t, ++l) part[l] = R::Step(part[l], Tr::Load(src[t]));
+          State a = acc[0];
+          for (const State& v : part) a = R::Merge(a, v);
           acc[0] = a;
         }
         for (size_t k = ridx.size(); k-- > 0;) {  // odometer over the reduced groups
@@ -160,7 +222,7 @@ void RunReduce(const KernelContext& ctx, const Plan& p) {
           ridx[k] = 0;
         }
       }
-      for (int64_t v = 0; v < p.vec; ++v) out[row * p.vec + v] = Tr::Store(Finish<K, Acc>(acc[v], p.count));
+      for (int64_t v = 0; v < p.vec; ++v) out[row * p.vec + v] = Tr::Store(R::Finish(acc[v], p.count));
     }
   });
 }
@@ -169,8 +231,9 @@ void RunReduce(const KernelContext& ctx, const Plan& p) {
 template <DType D, ReduceKind K>
 void FillEmpty(const KernelContext& ctx) {
   using Tr = Traits<D>;
+  using R = Reducer<K, Tr>;
   typename Tr::T* out = ctx.outputs[0].as<typename Tr::T>();
-  const auto v = Tr::Store(Finish<K, typename Tr::Acc>(Init<K, typename Tr::Acc>(), 0));
+  const auto v = Tr::Store(R::Finish(R::Init(), 0));
   for (int64_t i = 0, n = ctx.outputs[0].numel(); i < n; ++i) out[i] = v;
 }
 
@@ -198,9 +261,14 @@ Status ReduceKernel(const KernelContext& ctx) {
     GF_REDUCE_CASE(DType::kF32)
     GF_REDUCE_CASE(DType::kF16)
     GF_REDUCE_CASE(DType::kBF16)
-    GF_REDUCE_CASE(DType::kI32)
-    GF_REDUCE_CASE(DType::kI64)
     default: break;
+  }
+  if constexpr (!FloatOnly(K)) {
+    switch (X.dtype) {
+      GF_REDUCE_CASE(DType::kI32)
+      GF_REDUCE_CASE(DType::kI64)
+      default: break;
+    }
   }
 #undef GF_REDUCE_CASE
   return Unimplemented(KernelWhere(ctx), ": no reduction kernel for ", DTypeName(X.dtype));
@@ -241,6 +309,13 @@ std::vector<CpuKernel> ReduceKernels() {
       {"ReduceSum", ReduceKernel<ReduceKind::kSum>},
       {"ReduceMean", ReduceKernel<ReduceKind::kMean>},
       {"ReduceMax", ReduceKernel<ReduceKind::kMax>},
+      {"ReduceMin", ReduceKernel<ReduceKind::kMin>},
+      {"ReduceProd", ReduceKernel<ReduceKind::kProd>},
+      {"ReduceSumSquare", ReduceKernel<ReduceKind::kSumSquare>},
+      {"ReduceL1", ReduceKernel<ReduceKind::kL1>},
+      {"ReduceL2", ReduceKernel<ReduceKind::kL2>},
+      {"ReduceLogSum", ReduceKernel<ReduceKind::kLogSum>},
+      {"ReduceLogSumExp", ReduceKernel<ReduceKind::kLogSumExp>},
       {"ArgMax", ArgReduceKernel<true>},
       {"ArgMin", ArgReduceKernel<false>},
   };

@@ -1,10 +1,12 @@
-// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18), and ArgMax / ArgMin: inference. The CPU kernels are in
-// src/cpu/kernels/reduce.cc.
+// The reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceSumSquare,
+// ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp; ONNX opsets 13-18), and ArgMax / ArgMin:
+// inference. The CPU kernels are in src/cpu/kernels/reduce.cc.
 //
-// Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
-// constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
-// three ops. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
-// keepdims defaults to 1; negative axes count from the end.
+// Axes come from the `axes` attribute (up to opset 17; ReduceSum up to 12) or from an optional
+// constant second input (ReduceSum from 13, all of them from 18); either form is accepted for
+// every op. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
+// keepdims defaults to 1; negative axes count from the end. ReduceL2, ReduceLogSum and
+// ReduceLogSumExp (a root or a log of the data) take floats only.
 #include "reduce.h"
 
 #include "infer_util.h"
@@ -37,6 +39,8 @@ Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   const Value* x = ctx.input(0);
   if (x->dtype() == DType::kBool)
     return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
+  if (!IsFloat(x->dtype()) && (ctx.op == "ReduceL2" || ctx.op == "ReduceLogSum" || ctx.op == "ReduceLogSumExp"))
+    return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()), " is not supported (floats only)");
   const int64_t rank = static_cast<int64_t>(x->shape().size());
   std::vector<int64_t> axes;
   if (ctx.input(1) != nullptr) {
@@ -75,6 +79,13 @@ std::vector<OpSchema> ReduceSchemas() {
       {"ReduceSum", 1, 2, 1, InferReduce},
       {"ReduceMean", 1, 2, 1, InferReduce},
       {"ReduceMax", 1, 2, 1, InferReduce},
+      {"ReduceMin", 1, 2, 1, InferReduce},
+      {"ReduceProd", 1, 2, 1, InferReduce},
+      {"ReduceSumSquare", 1, 2, 1, InferReduce},
+      {"ReduceL1", 1, 2, 1, InferReduce},
+      {"ReduceL2", 1, 2, 1, InferReduce},
+      {"ReduceLogSum", 1, 2, 1, InferReduce},
+      {"ReduceLogSumExp", 1, 2, 1, InferReduce},
       {"ArgMax", 1, 1, 1, InferArgReduce},
       {"ArgMin", 1, 1, 1, InferArgReduce},
   };
