@@ -266,5 +266,122 @@ TEST(ExporterOps, ReductionEdgeCases) {
   }
 }
 
+// ------------------------------------------------------------------ CumSum
+
+Vec RefCumSum(const Vec& x, const Shape& s, int64_t axis, bool exclusive, bool reverse) {
+  Vec out(x.size());
+  for (int64_t i = 0; i < Numel(s); ++i) {
+    std::vector<int64_t> idx = Unravel(i, s);
+    const int64_t at = idx[axis];
+    double sum = 0;
+    for (int64_t j = 0; j < s[axis]; ++j) {
+      const bool in = reverse ? (exclusive ? j > at : j >= at) : (exclusive ? j < at : j <= at);
+      idx[axis] = j;
+      if (in) sum += x[Offset(idx, s)];
+    }
+    out[i] = sum;
+  }
+  return out;
+}
+
+TEST(ExporterOps, CumSumMatchesFloat64) {
+  Threaded th;
+  for (const Shape& s : {Shape{3, 4, 5}, Shape{2, 3, 300}}) {
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
+      const Vec x = Random(Numel(s), 5, IsFloat(dt) ? -2 : -50, IsFloat(dt) ? 2 : 50, dt);
+      for (int64_t axis : {0, 1, 2, -1}) {
+        for (int flags = 0; flags < 4; ++flags) {
+          const bool exclusive = flags & 1, reverse = flags & 2;
+          // The axis as a constant, and as an i32 value known only at run time.
+          for (bool runtime_axis : {false, true}) {
+            SCOPED_TRACE(StrCat("CumSum ", DTypeName(dt), ShapeToString(s), " axis=", axis, " exclusive=", exclusive,
+                                " reverse=", reverse, " runtime_axis=", runtime_axis));
+            OneOp t;
+            Value* xv = t.In(Make(dt, s, x));
+            Value* av = runtime_axis ? t.In(Make(DType::kI32, {}, {static_cast<double>(axis)}))
+                                     : t.Const(Make(DType::kI64, {}, {static_cast<double>(axis)}));
+            auto out = t.AddRun("CumSum", {xv, av}, {{"exclusive", int64_t{exclusive}}, {"reverse", int64_t{reverse}}},
+                                1, runtime_axis ? th.cpu : CpuContext{});
+            ASSERT_EQ(out.size(), 1u);
+            ExpectNear(Values(out[0]), RefCumSum(x, s, axis < 0 ? axis + 3 : axis, exclusive, reverse), Rtol(dt),
+                       "CumSum");
+          }
+        }
+      }
+    }
+  }
+  OneOp bad;
+  Value* x = bad.In(Make(DType::kF32, {2, 3}, Vec(6, 1)));
+  const std::string e = ErrorOf(bad.Add("CumSum", {x, bad.Const(Make(DType::kI64, {}, {2}))}));
+  EXPECT_TRUE(Contains(e, "axis 2 is out of range for rank 2")) << e;
+  OneOp late;  // an axis out of range known only at run time is refused when the kernel reads it
+  Value* lx = late.In(Make(DType::kF32, {2, 3}, Vec(6, 1)));
+  ASSERT_TRUE(late.Add("CumSum", {lx, late.In(Make(DType::kI64, {1}, {-3}))}).ok());
+  const std::string le = ErrorOf(late.Run());
+  EXPECT_TRUE(Contains(le, "axis [-3] is not one axis of rank 2")) << le;
+}
+
+// ------------------------------------------------------------------ TopK
+
+// numpy's order: a stable sort of the indices by value, descending for largest (NaN first) or
+// ascending (NaN last), so equal values keep the lower index first.
+void RefTopK(const Vec& x, const Shape& s, int64_t axis, int64_t k, bool largest, Vec& values, Vec& indices) {
+  Shape out = s;
+  out[axis] = k;
+  values.assign(static_cast<size_t>(Numel(out)), 0);
+  indices.assign(values.size(), 0);
+  for (int64_t i = 0; i < Numel(out); ++i) {
+    std::vector<int64_t> idx = Unravel(i, out);
+    const int64_t rank_in_slice = idx[axis];
+    std::vector<int64_t> order(static_cast<size_t>(s[axis]));
+    std::iota(order.begin(), order.end(), 0);
+    auto at = [&](int64_t j) {
+      idx[axis] = j;
+      return x[Offset(idx, s)];
+    };
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      const double va = at(a), vb = at(b);
+      if (std::isnan(va) || std::isnan(vb)) return largest ? std::isnan(va) && !std::isnan(vb) : !std::isnan(va) && std::isnan(vb);
+      return largest ? va > vb : va < vb;
+    });
+    indices[i] = static_cast<double>(order[rank_in_slice]);
+    values[i] = at(order[rank_in_slice]);
+  }
+}
+
+TEST(ExporterOps, TopKMatchesStableSortWithTiesAndNaN) {
+  Threaded th;
+  const Shape s = {3, 7, 4};
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
+    // Few distinct values: many ties.
+    Vec x = Random(Numel(s), 7, -3, 3, IsFloat(dt) ? DType::kI32 : dt);
+    if (IsFloat(dt)) x[5] = x[40] = x[41] = NAN;
+    for (int64_t axis : {1, -1, 0}) {
+      for (bool largest : {true, false}) {
+        const int64_t dim = s[axis < 0 ? axis + 3 : axis];
+        for (int64_t k : {int64_t{0}, int64_t{1}, int64_t{2}, dim}) {
+          SCOPED_TRACE(StrCat("TopK ", DTypeName(dt), " axis=", axis, " largest=", largest, " k=", k));
+          OneOp t;
+          Value* xv = t.In(Make(dt, s, x));
+          auto out = t.AddRun("TopK", {xv, t.Const(Ints({k}))}, {{"axis", axis}, {"largest", int64_t{largest}}}, 2,
+                              k == dim ? th.cpu : CpuContext{});
+          ASSERT_EQ(out.size(), 2u);
+          EXPECT_EQ(out[1].dtype(), DType::kI64);
+          Vec values, indices;
+          RefTopK(x, s, axis < 0 ? axis + 3 : axis, k, largest, values, indices);
+          ExpectNear(Values(out[0]), values, 0, "values");
+          ExpectNear(Values(out[1]), indices, 0, "indices");
+        }
+      }
+    }
+  }
+  OneOp bad;
+  Value* x = bad.In(Make(DType::kF32, {2, 3}, Vec(6, 1)));
+  std::string e = ErrorOf(bad.Add("TopK", {x, bad.Const(Ints({4}))}));
+  EXPECT_TRUE(Contains(e, "K = 4 is out of range for axis 1 of size 3")) << e;
+  e = ErrorOf(bad.Add("TopK", {x, bad.In(Ints({1}))}));
+  EXPECT_TRUE(Contains(e, "needs a constant K input")) << e;
+}
+
 }  // namespace
 }  // namespace graphfuse

@@ -29,6 +29,7 @@
 //                             axis as is, else Reshape(Softmax(Flatten(x){axis}){axis=-1}, shape(x))
 //   Clip < 11                 min / max attributes -> constant inputs
 //   Slice < 10                starts / ends / axes attributes -> constant inputs
+//   TopK < 10                 the k attribute -> a constant K input
 //   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
 // Squeeze, Unsqueeze, ReduceSum and Split before 13, and the other reductions from 18, need
 // nothing: their schemas take axes (and split) as an attribute or as a constant input.
@@ -452,12 +453,18 @@ Result<Value*> AttributeInput(NodeImport& n, const std::string& what, std::share
   return n.g.AddConstant(n.g.FreshName(StrCat(n.name, "/", what)), std::move(data));
 }
 
+// A constant i64 vector input named after `what`.
+Result<Value*> Int64sInput(NodeImport& n, const std::string& what, const std::vector<int64_t>& v) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
+  return AttributeInput(n, what, std::make_shared<const Tensor>(std::move(t)));
+}
+
+// The ints attribute `attr` of an older opset's form as a constant input (the attribute goes).
 Result<Value*> IntsInput(NodeImport& n, const std::string& attr) {
   const std::vector<int64_t> v = AttrInts(n.attrs, attr, {});
-  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
-  for (size_t i = 0; i < v.size(); ++i) t.SetFromDouble(static_cast<int64_t>(i), static_cast<double>(v[i]));
   n.attrs.erase(attr);
-  return AttributeInput(n, attr, std::make_shared<const Tensor>(std::move(t)));
+  return Int64sInput(n, attr, v);
 }
 
 // Rewrites a node of an opset outside 13-17 whose form differs into that form (see the table at
@@ -508,6 +515,17 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "starts"));
     GF_ASSIGN_OR_RETURN(n.inputs[2], IntsInput(n, "ends"));
     if (has_axes) { GF_ASSIGN_OR_RETURN(n.inputs[3], IntsInput(n, "axes")); }
+    return Status::Ok();
+  }
+  if (n.opset < 10 && op == "TopK") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    auto k = n.attrs.find("k");
+    if (k == n.attrs.end() || !std::holds_alternative<int64_t>(k->second))
+      return InvalidArgument("TopK before opset 10 needs an int attribute 'k'");
+    const int64_t value = std::get<int64_t>(k->second);
+    n.attrs.erase(k);
+    n.inputs.resize(2);
+    GF_ASSIGN_OR_RETURN(n.inputs[1], Int64sInput(n, "k", {value}));
     return Status::Ok();
   }
   return Status::Ok();

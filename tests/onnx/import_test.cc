@@ -217,9 +217,9 @@ TEST(OnnxImport, RefusesWhatItCannotParseOrRun) {
   {
     ModelBuilder b;
     b.Input("x", {2});
-    b.Node("Acos", {"x"}, {"y"}, "n0");
+    b.Node("Det", {"x"}, {"y"}, "n0");
     b.Output("y");
-    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "node 'n0' (Acos)", "op not supported");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "node 'n0' (Det)", "op not supported");
   }
   {
     ModelBuilder b;
@@ -512,6 +512,39 @@ TEST(OnnxImport, PowOnIntegers) {
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     EXPECT_EQ((*g)->outputs()[0]->dtype(), DType::kI32);
     EXPECT_EQ(RunAll(**g, {{4, 10, -8}, {0.5, 1.5, 1.0 / 3}}), (std::vector<double>{2, 31, 0}));
+  }
+}
+
+// TopK before opset 10 takes k as an attribute; from 10 as a constant input (both outputs).
+TEST(OnnxImport, TopKOldAndNewForms) {
+  for (int64_t opset : {9, 11}) {
+    ModelBuilder b(opset);
+    b.Input("x", {2, 4});
+    auto* n = b.Node("TopK", opset < 10 ? std::vector<std::string>{"x"} : std::vector<std::string>{"x", "k"},
+                     {"values", "indices"}, "top");
+    if (opset < 10) SetInt(n, "k", 2);
+    else b.g().add_initializer()->CopyFrom([] {
+        onnx::TensorProto k;
+        k.set_name("k");
+        k.set_data_type(onnx::TensorProto::INT64);
+        k.add_dims(1);
+        k.add_int64_data(2);
+        return k;
+      }());
+    b.Output("values");
+    b.Output("indices");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[1]->dtype(), DType::kI64);
+    Tensor x = Tensor::FromFloats(DType::kF32, {2, 4}, {1, 5, 5, 2, -1, -3, 0, 7}).value();
+    std::vector<TensorView> views{x.view()};
+    auto out = Execute(**g, views, CpuContext{});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const double values[] = {5, 5, 7, 0}, indices[] = {1, 2, 3, 2};  // ties: the lower index first
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ((*out)[0].GetAsDouble(i), values[i]) << "opset " << opset << " at " << i;
+      EXPECT_EQ((*out)[1].GetAsDouble(i), indices[i]) << "opset " << opset << " at " << i;
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // The reductions of ONNX (opsets 13-18): ReduceSum, ReduceMean, ReduceMax, ReduceMin,
-// ReduceProd, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp; and ArgMax /
-// ArgMin along one axis.
+// ReduceProd, ReduceSumSquare, ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp; ArgMax /
+// ArgMin, CumSum and TopK along one axis.
 //
 // Axes come from the `axes` attribute (up to opset 17; ReduceSum up to 12) or from an optional
 // constant second input (ReduceSum from 13, all of them from 18); either form is accepted for
@@ -13,6 +13,9 @@
 // group is a contiguous run summed per output element. Float types accumulate in double, ints
 // in int64; ReduceMax / ReduceMin propagate NaN like numpy. ReduceL2, ReduceLogSum and
 // ReduceLogSumExp run on floats only.
+//
+// Along one axis besides ArgMax / ArgMin: CumSum (running sums; exclusive, reverse) and TopK
+// (the k largest or smallest with their indices).
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/reduce.cc.
 #include <cmath>
 #include <cstring>
@@ -302,6 +305,124 @@ Status ArgReduceKernel(const KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---- CumSum ----
+
+// Running sums along the axis, in double for floats (each output rounded once) and in wrapping
+// int64 for integers. The inner dims go in blocks of kBlock lanes, each block walking the axis
+// once with one accumulator per lane.
+template <DType D>
+void RunCumSum(const KernelContext& ctx, int64_t axis, bool exclusive, bool reverse) {
+  using Tr = Traits<D>;
+  using T = typename Tr::T;
+  using Acc = typename Tr::Acc;
+  constexpr int64_t kBlock = 256;
+  const TensorView& X = ctx.inputs[0];
+  const T* in = X.as<const T>();
+  T* out = ctx.outputs[0].as<T>();
+  const int64_t dim = X.shape[axis];
+  const int64_t outer = Product(X.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size());
+  const int64_t blocks = (inner + kBlock - 1) / kBlock;
+  ParallelFor(ctx.cpu, outer * blocks, dim * std::min(inner, kBlock), [&](int64_t begin, int64_t end) {
+    Acc acc[kBlock];
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o = t / blocks, i0 = (t % blocks) * kBlock, n = std::min(kBlock, inner - i0);
+      std::fill(acc, acc + n, Acc(0));
+      for (int64_t s = 0; s < dim; ++s) {
+        const int64_t at = (o * dim + (reverse ? dim - 1 - s : s)) * inner + i0;
+        for (int64_t l = 0; l < n; ++l) {
+          const Acc v = Tr::Load(in[at + l]);
+          const Acc before = acc[l];
+          if constexpr (std::is_floating_point_v<Acc>) acc[l] += v;
+          else acc[l] = static_cast<Acc>(static_cast<uint64_t>(acc[l]) + static_cast<uint64_t>(v));
+          out[at + l] = Tr::Store(exclusive ? before : acc[l]);
+        }
+      }
+    }
+  });
+}
+
+Status CumSumKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  const std::vector<int64_t> axis_in = ReadInts(ctx.inputs[1]);
+  if (axis_in.size() != 1 || axis_in[0] < -rank || axis_in[0] >= rank)
+    return InvalidArgument(KernelWhere(ctx), ": axis ", ShapeToString(axis_in), " is not one axis of rank ", rank);
+  const int64_t axis = axis_in[0] < 0 ? axis_in[0] + rank : axis_in[0];
+  const bool exclusive = ctx.node.GetInt("exclusive", 0) != 0, reverse = ctx.node.GetInt("reverse", 0) != 0;
+  switch (X.dtype) {
+    case DType::kF32: RunCumSum<DType::kF32>(ctx, axis, exclusive, reverse); break;
+    case DType::kF16: RunCumSum<DType::kF16>(ctx, axis, exclusive, reverse); break;
+    case DType::kBF16: RunCumSum<DType::kBF16>(ctx, axis, exclusive, reverse); break;
+    case DType::kI32: RunCumSum<DType::kI32>(ctx, axis, exclusive, reverse); break;
+    case DType::kI64: RunCumSum<DType::kI64>(ctx, axis, exclusive, reverse); break;
+    default: return Unimplemented(KernelWhere(ctx), ": no CumSum kernel for ", DTypeName(X.dtype));
+  }
+  return Status::Ok();
+}
+
+// ---- TopK ----
+
+// The k largest (smallest) elements of each slice along the axis, in that order, with their
+// indices; of equal elements the lower index comes first, and a NaN counts as larger than any
+// number (first among the largest, never among the smallest while numbers remain). Floats
+// compare as double (exact for every float storage type), integers as int64. The values are
+// copied from the input, bit for bit.
+template <class Key>
+void RunTopK(const KernelContext& ctx, int64_t axis, int64_t k, bool largest) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t dim = X.shape[axis];
+  const int64_t outer = Product(X.shape, 0, static_cast<size_t>(axis));
+  const int64_t inner = Product(X.shape, static_cast<size_t>(axis) + 1, X.shape.size());
+  const size_t esize = DTypeSize(X.dtype);
+  const char* in = static_cast<const char*>(X.data);
+  char* values = static_cast<char*>(ctx.outputs[0].data);
+  int64_t* indices = ctx.outputs[1].as<int64_t>();
+  auto key = [&](int64_t i) -> Key {
+    if constexpr (std::is_floating_point_v<Key>) return LoadAsDouble(X, i);
+    else return X.dtype == DType::kI32 ? X.as<const int32_t>()[i] : X.as<const int64_t>()[i];
+  };
+  // a above b in the order of "larger": NaN above every number.
+  auto above = [](Key a, Key b) {
+    if constexpr (std::is_floating_point_v<Key>)
+      if (a != a || b != b) return a != a && b == b;
+    return a > b;
+  };
+  ParallelFor(ctx.cpu, outer * inner, dim + 1, [&](int64_t begin, int64_t end) {
+    std::vector<std::pair<Key, int64_t>> slice(static_cast<size_t>(dim));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t o = t / inner, i = t % inner;
+      for (int64_t j = 0; j < dim; ++j) slice[j] = {key((o * dim + j) * inner + i), j};
+      auto first = [&](const std::pair<Key, int64_t>& a, const std::pair<Key, int64_t>& b) {
+        const bool a_wins = largest ? above(a.first, b.first) : above(b.first, a.first);
+        const bool b_wins = largest ? above(b.first, a.first) : above(a.first, b.first);
+        return a_wins || (!b_wins && a.second < b.second);
+      };
+      std::partial_sort(slice.begin(), slice.begin() + k, slice.end(), first);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t dst = (o * k + j) * inner + i;
+        std::memcpy(values + dst * esize, in + ((o * dim + slice[j].second) * inner + i) * esize, esize);
+        indices[dst] = slice[j].second;
+      }
+    }
+  });
+}
+
+Status TopKKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", -1, rank));
+  const std::vector<int64_t> k = ReadInts(ctx.inputs[1]);
+  if (k.size() != 1 || k[0] < 0 || k[0] > X.shape[axis] || ctx.outputs[0].shape[axis] != k[0])
+    return InvalidArgument(KernelWhere(ctx), ": K ", ShapeToString(k), " does not fit axis ", axis, " of size ",
+                           X.shape[axis], " and the output ", TypeStr(ctx.outputs[0]));
+  const bool largest = ctx.node.GetInt("largest", 1) != 0;
+  if (IsFloat(X.dtype)) RunTopK<double>(ctx, axis, k[0], largest);
+  else if (X.dtype == DType::kI32 || X.dtype == DType::kI64) RunTopK<int64_t>(ctx, axis, k[0], largest);
+  else return Unimplemented(KernelWhere(ctx), ": no TopK kernel for ", DTypeName(X.dtype));
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<CpuKernel> ReduceKernels() {
@@ -318,6 +439,8 @@ std::vector<CpuKernel> ReduceKernels() {
       {"ReduceLogSumExp", ReduceKernel<ReduceKind::kLogSumExp>},
       {"ArgMax", ArgReduceKernel<true>},
       {"ArgMin", ArgReduceKernel<false>},
+      {"CumSum", CumSumKernel},
+      {"TopK", TopKKernel},
   };
 }
 
