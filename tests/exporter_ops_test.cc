@@ -383,5 +383,256 @@ TEST(ExporterOps, TopKMatchesStableSortWithTiesAndNaN) {
   EXPECT_TRUE(Contains(e, "needs a constant K input")) << e;
 }
 
+// ------------------------------------------------------------------ GatherND / ScatterND
+
+// Reads data at the position the output element o addresses (indices as values of an i64 tensor).
+Vec RefGatherND(const Vec& data, const Shape& ds, const Vec& idx, const Shape& is, int64_t b) {
+  const int64_t m = is.back();
+  Shape out(is.begin(), is.end() - 1);
+  out.insert(out.end(), ds.begin() + b + m, ds.end());
+  Vec r;
+  for (int64_t o = 0; o < Numel(out); ++o) {
+    const std::vector<int64_t> oi = Unravel(o, out);
+    std::vector<int64_t> di(oi.begin(), oi.begin() + b);  // the batch dims
+    std::vector<int64_t> tuple_at(oi.begin(), oi.begin() + static_cast<int64_t>(is.size()) - 1);
+    tuple_at.push_back(0);
+    for (int64_t k = 0; k < m; ++k) {
+      tuple_at.back() = k;
+      const int64_t v = static_cast<int64_t>(idx[Offset(tuple_at, is)]);
+      di.push_back(v < 0 ? v + ds[b + k] : v);
+    }
+    di.insert(di.end(), oi.begin() + static_cast<int64_t>(is.size()) - 1, oi.end());
+    r.push_back(data[Offset(di, ds)]);
+  }
+  return r;
+}
+
+TEST(ExporterOps, GatherNDWithBatchDimsAndNegativeIndices) {
+  Threaded th;
+  const Shape ds = {2, 3, 4};
+  struct Case {
+    Shape is;
+    int64_t batch_dims;
+  };
+  for (const Case& c : {Case{{5, 2}, 0}, Case{{2, 3, 1}, 0}, Case{{4, 3}, 0}, Case{{2, 4, 1}, 1}, Case{{2, 2, 2}, 1},
+                        Case{{2, 3, 1}, 2}}) {
+    for (DType dt : {DType::kF32, DType::kF16, DType::kI32, DType::kI64}) {
+      SCOPED_TRACE(StrCat("GatherND ", DTypeName(dt), " indices ", ShapeToString(c.is), " batch_dims=", c.batch_dims));
+      const Vec data = Random(Numel(ds), 11, -9, 9, dt);
+      // Each index in [-dim, dim) of the dim it addresses.
+      std::mt19937 rng(13);
+      Vec idx(static_cast<size_t>(Numel(c.is)));
+      for (size_t i = 0; i < idx.size(); ++i) {
+        const int64_t dim = ds[c.batch_dims + static_cast<int64_t>(i) % c.is.back()];
+        idx[i] = static_cast<double>(std::uniform_int_distribution<int64_t>(-dim, dim - 1)(rng));
+      }
+      OneOp t;
+      Value* dv = t.In(Make(dt, ds, data));
+      Value* iv = t.In(Make(DType::kI64, c.is, idx));
+      auto out = t.AddRun("GatherND", {dv, iv}, {{"batch_dims", c.batch_dims}}, 1, th.cpu);
+      ASSERT_EQ(out.size(), 1u);
+      ExpectNear(Values(out[0]), RefGatherND(data, ds, idx, c.is, c.batch_dims), 0, "GatherND");
+    }
+  }
+  OneOp t;
+  Value* dv = t.In(Make(DType::kF32, ds, Vec(24, 1)));
+  Value* iv = t.In(Make(DType::kI64, {2, 2}, {0, 1, 1, 3}));
+  ASSERT_TRUE(t.Add("GatherND", {dv, iv}).ok());
+  const std::string e = ErrorOf(t.Run());
+  EXPECT_TRUE(Contains(e, "index 3 (indices position 3) is out of range for data dim 1 of size 3")) << e;
+  OneOp b;
+  Value* bd = b.In(Make(DType::kF32, ds, Vec(24, 1)));
+  std::string be = ErrorOf(b.Add("GatherND", {bd, b.In(Make(DType::kI64, {3, 1}, {0, 0, 0}))}, {{"batch_dims", int64_t{1}}}));
+  EXPECT_TRUE(Contains(be, "batch dim 0 of data [2,3,4] and indices [3,1] differ")) << be;
+  be = ErrorOf(b.Add("GatherND", {bd, b.In(Make(DType::kI64, {2, 4}, Vec(8, 0)))}));
+  EXPECT_TRUE(Contains(be, "the last dim of indices [2,4] is 4, it must be in [1, 3]")) << be;
+}
+
+// data with updates applied tuple by tuple in order, combined in double.
+Vec RefScatterND(Vec data, const Shape& ds, const Vec& idx, const Shape& is, const Vec& upd, const std::string& red) {
+  const int64_t m = is.back(), tuples = Numel(is) / m;
+  const int64_t slice = Numel(Shape(ds.begin() + m, ds.end()));
+  for (int64_t t = 0; t < tuples; ++t) {
+    std::vector<int64_t> di;
+    for (int64_t k = 0; k < m; ++k) {
+      const int64_t v = static_cast<int64_t>(idx[t * m + k]);
+      di.push_back(v < 0 ? v + ds[k] : v);
+    }
+    di.resize(ds.size(), 0);
+    const int64_t at = Offset(di, ds);
+    for (int64_t j = 0; j < slice; ++j) {
+      double& a = data[at + j];
+      const double u = upd[t * slice + j];
+      if (red == "none") a = u;
+      else if (red == "add") a += u;
+      else if (red == "mul") a *= u;
+      else if (red == "max") a = std::max(a, u);
+      else a = std::min(a, u);
+    }
+  }
+  return data;
+}
+
+TEST(ExporterOps, ScatterNDEveryReductionWithRepeatedIndices) {
+  const Shape ds = {4, 3, 5};
+  for (const Shape& is : {Shape{6, 1}, Shape{2, 3, 2}, Shape{4, 3}}) {
+    Shape us(is.begin(), is.end() - 1);
+    us.insert(us.end(), ds.begin() + is.back(), ds.end());
+    for (const char* red : {"none", "add", "mul", "max", "min"}) {
+      for (DType dt : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64}) {
+        SCOPED_TRACE(StrCat("ScatterND ", red, " ", DTypeName(dt), " indices ", ShapeToString(is)));
+        const Vec data = Random(Numel(ds), 17, -4, 4, dt), upd = Random(Numel(us), 19, -4, 4, dt);
+        // Indices from a few values: repeats; a negative one too.
+        std::mt19937 rng(23);
+        Vec idx(static_cast<size_t>(Numel(is)));
+        for (size_t i = 0; i < idx.size(); ++i) {
+          const int64_t dim = ds[static_cast<int64_t>(i) % is.back()];
+          idx[i] = static_cast<double>(std::uniform_int_distribution<int64_t>(-dim, std::min<int64_t>(dim - 1, 1))(rng));
+        }
+        OneOp t;
+        Value* dv = t.In(Make(dt, ds, data));
+        Value* iv = t.In(Make(DType::kI64, is, idx));
+        Value* uv = t.In(Make(dt, us, upd));
+        auto out = t.AddRun("ScatterND", {dv, iv, uv}, {{"reduction", std::string(red)}});
+        ASSERT_EQ(out.size(), 1u);
+        // f16 / bf16 round after each combine: a few roundings where indices repeat.
+        ExpectNear(Values(out[0]), RefScatterND(data, ds, idx, is, upd, red), 4 * Rtol(dt), "ScatterND");
+      }
+    }
+  }
+  OneOp t;
+  Value* dv = t.In(Make(DType::kF32, {4, 2}, Vec(8, 1)));
+  Value* iv = t.In(Make(DType::kI64, {2, 1}, {1, -5}));
+  Value* uv = t.In(Make(DType::kF32, {2, 2}, Vec(4, 2)));
+  ASSERT_TRUE(t.Add("ScatterND", {dv, iv, uv}, {{"reduction", std::string("add")}}).ok());
+  std::string e = ErrorOf(t.Run());
+  EXPECT_TRUE(Contains(e, "index -5 (indices position 1) is out of range for data dim 0 of size 4")) << e;
+  e = ErrorOf(t.Add("ScatterND", {dv, iv, dv}));
+  EXPECT_TRUE(Contains(e, "updates f32[4,2] must have the shape [2,2]")) << e;
+  e = ErrorOf(t.Add("ScatterND", {dv, iv, uv}, {{"reduction", std::string("sum")}}));
+  EXPECT_TRUE(Contains(e, "reduction 'sum' is not none, add, mul, max or min")) << e;
+}
+
+// ------------------------------------------------------------------ Tile
+
+TEST(ExporterOps, TileRepeatsEveryDim) {
+  Threaded th;
+  const Shape s = {2, 3, 4};
+  for (const std::vector<int64_t>& reps : {std::vector<int64_t>{2, 1, 3}, {1, 1, 1}, {3, 2, 1}, {1, 0, 2}}) {
+    for (DType dt : {DType::kF32, DType::kF16, DType::kI64, DType::kBool}) {
+      SCOPED_TRACE(StrCat("Tile ", DTypeName(dt), " repeats ", ShapeToString(reps)));
+      const Vec x = dt == DType::kBool ? Values(Make(dt, s, Random(Numel(s), 29, -1, 1))) : Random(Numel(s), 29, -9, 9, dt);
+      OneOp t;
+      Value* xv = t.In(Make(dt, s, x));
+      auto out = t.AddRun("Tile", {xv, t.Const(Ints(reps))}, {}, 1, th.cpu);
+      ASSERT_EQ(out.size(), 1u);
+      Shape os = s;
+      for (size_t d = 0; d < s.size(); ++d) os[d] *= reps[d];
+      ASSERT_EQ(out[0].shape(), os);
+      Vec want;
+      for (int64_t o = 0; o < Numel(os); ++o) {
+        std::vector<int64_t> idx = Unravel(o, os);
+        for (size_t d = 0; d < s.size(); ++d) idx[d] %= s[d];
+        want.push_back(x[Offset(idx, s)]);
+      }
+      ExpectNear(Values(out[0]), want, 0, "Tile");
+    }
+  }
+  OneOp t;
+  Value* x = t.In(Make(DType::kF32, {2, 3}, Vec(6, 1)));
+  std::string e = ErrorOf(t.Add("Tile", {x, t.Const(Ints({2}))}));
+  EXPECT_TRUE(Contains(e, "repeats [2] must have one value per dim of f32[2,3]")) << e;
+  e = ErrorOf(t.Add("Tile", {x, t.Const(Ints({2, -1}))}));
+  EXPECT_TRUE(Contains(e, "has a negative value")) << e;
+  e = ErrorOf(t.Add("Tile", {x, t.In(Ints({2, 2}))}));
+  EXPECT_TRUE(Contains(e, "needs a constant repeats input")) << e;
+}
+
+// ------------------------------------------------------------------ Pad
+
+// numpy.pad's index for output index o of a dim of n padded by `begin` (-1: the constant),
+// by reflecting / wrapping one step at a time.
+int64_t RefPadIndex(int64_t o, int64_t begin, int64_t n, const std::string& mode) {
+  int64_t i = o - begin;
+  if (i >= 0 && i < n) return i;
+  if (mode == "constant") return -1;
+  if (mode == "edge") return std::clamp<int64_t>(i, 0, n - 1);
+  if (mode == "wrap") {
+    while (i < 0) i += n;
+    while (i >= n) i -= n;
+    return i;
+  }
+  if (n == 1) return 0;
+  while (i < 0 || i >= n) {
+    if (i < 0) i = -i;
+    if (i >= n) i = 2 * (n - 1) - i;
+  }
+  return i;
+}
+
+TEST(ExporterOps, PadEveryModeWithCroppingAndAxes) {
+  Threaded th;
+  const Shape s = {3, 4, 5};
+  struct Case {
+    std::vector<int64_t> pads;
+    std::vector<int64_t> axes;  // empty: every dim
+  };
+  for (const Case& c : {Case{{1, 0, 2, 0, 3, 1}, {}}, Case{{0, 0, 0, 0, 0, 0}, {}}, Case{{-1, 2, 0, 1, -2, 7}, {}},
+                        Case{{5, 9}, {-1}}, Case{{2, 1, 0, 3}, {2, 0}}, Case{{4, 0, 0, 0, 0, 6}, {}}}) {
+    for (const char* mode : {"constant", "reflect", "edge", "wrap"}) {
+      for (DType dt : {DType::kF32, DType::kF16, DType::kI32}) {
+        for (bool with_value : {false, true}) {
+          SCOPED_TRACE(StrCat("Pad ", mode, " ", DTypeName(dt), " pads ", ShapeToString(c.pads), " axes ",
+                              ShapeToString(c.axes), " value=", with_value));
+          const Vec x = Random(Numel(s), 31, -9, 9, dt);
+          OneOp t;
+          std::vector<Value*> ins = {t.In(Make(dt, s, x)), t.Const(Ints(c.pads))};
+          const double value = dt == DType::kI32 ? 7 : 2.5;
+          ins.push_back(with_value ? t.Const(Make(dt, {}, {value})) : nullptr);
+          if (!c.axes.empty()) ins.push_back(t.Const(Ints(c.axes)));
+          auto out = t.AddRun("Pad", ins, {{"mode", std::string(mode)}}, 1, th.cpu);
+          ASSERT_EQ(out.size(), 1u);
+          // Per dim of x: the count padded before it and the output size.
+          std::vector<int64_t> axes = c.axes;
+          if (axes.empty()) axes = {0, 1, 2};
+          std::vector<int64_t> begin(3, 0);
+          Shape os = s;
+          for (size_t k = 0; k < axes.size(); ++k) {
+            const int64_t a = axes[k] < 0 ? axes[k] + 3 : axes[k];
+            begin[a] = c.pads[k];
+            os[a] += c.pads[k] + c.pads[k + axes.size()];
+          }
+          ASSERT_EQ(out[0].shape(), os);
+          Vec want;
+          for (int64_t o = 0; o < Numel(os); ++o) {
+            std::vector<int64_t> idx = Unravel(o, os);
+            bool fill = false;
+            for (size_t d = 0; d < 3; ++d) {
+              idx[d] = RefPadIndex(idx[d], begin[d], s[d], mode);
+              fill |= idx[d] < 0;
+            }
+            want.push_back(fill ? (with_value ? value : 0) : x[Offset(idx, s)]);
+          }
+          ExpectNear(Values(out[0]), want, 0, "Pad");
+        }
+      }
+    }
+  }
+  OneOp t;
+  Value* x = t.In(Make(DType::kF32, {2, 3}, Vec(6, 1)));
+  std::string e = ErrorOf(t.Add("Pad", {x, t.Const(Ints({1, 1}))}));
+  EXPECT_TRUE(Contains(e, "pads [1,1] must hold 2 values per padded axis (2 axes of [2,3])")) << e;
+  e = ErrorOf(t.Add("Pad", {x, t.Const(Ints({0, -2, 0, -2}))}));
+  EXPECT_TRUE(Contains(e, "give axis 1 of size 3 a size below 0")) << e;
+  e = ErrorOf(t.Add("Pad", {x, t.Const(Ints({0, 0, 0, 0}))}, {{"mode", std::string("mirror")}}));
+  EXPECT_TRUE(Contains(e, "mode 'mirror' is not constant, reflect, edge or wrap")) << e;
+  e = ErrorOf(t.Add("Pad", {x, t.In(Ints({0, 0, 0, 0}))}));
+  EXPECT_TRUE(Contains(e, "needs a constant pads input")) << e;
+  OneOp empty;
+  Value* ex = empty.In(Tensor::Empty(DType::kF32, {2, 0}).value());
+  e = ErrorOf(empty.Add("Pad", {ex, empty.Const(Ints({0, 1, 0, 1}))}, {{"mode", std::string("reflect")}}));
+  EXPECT_TRUE(Contains(e, "axis 1 is empty: 'reflect' padding has nothing to repeat")) << e;
+}
+
 }  // namespace
 }  // namespace graphfuse

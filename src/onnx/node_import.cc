@@ -30,6 +30,7 @@
 //   Clip < 11                 min / max attributes -> constant inputs
 //   Slice < 10                starts / ends / axes attributes -> constant inputs
 //   TopK < 10                 the k attribute -> a constant K input
+//   Pad < 11                  pads / value attributes -> constant inputs (value in x's dtype)
 //   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
 // Squeeze, Unsqueeze, ReduceSum and Split before 13, and the other reductions from 18, need
 // nothing: their schemas take axes (and split) as an attribute or as a constant input.
@@ -515,6 +516,20 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "starts"));
     GF_ASSIGN_OR_RETURN(n.inputs[2], IntsInput(n, "ends"));
     if (has_axes) { GF_ASSIGN_OR_RETURN(n.inputs[3], IntsInput(n, "axes")); }
+    return Status::Ok();
+  }
+  if (n.opset < 11 && op == "Pad") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    if (!n.attrs.count("pads")) return InvalidArgument("Pad before opset 11 needs a 'pads' attribute");
+    Value* x = n.inputs[0];
+    n.inputs.resize(3, nullptr);
+    GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "pads"));
+    if (n.attrs.count("value")) {
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(x->dtype(), {}));
+      t.SetFromDouble(0, AttrFloat(n.attrs, "value", 0.f));
+      n.attrs.erase("value");
+      GF_ASSIGN_OR_RETURN(n.inputs[2], AttributeInput(n, "value", std::make_shared<const Tensor>(std::move(t))));
+    }
     return Status::Ok();
   }
   if (n.opset < 10 && op == "TopK") {

@@ -548,6 +548,48 @@ TEST(OnnxImport, TopKOldAndNewForms) {
   }
 }
 
+// Pad before opset 11 carries pads and value as attributes; from 11 they are inputs (an i32
+// tensor pads in the value's dtype), and from 18 axes may name the padded dims.
+TEST(OnnxImport, PadOldAndNewForms) {
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6};
+  {
+    ModelBuilder b(10);
+    b.Input("x", {2, 3}, onnx::TensorProto::INT32);
+    auto* n = b.Node("Pad", {"x"}, {"y"});
+    SetInts(n, "pads", {0, 1, 1, 0});
+    SetFloat(n, "value", 9);
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{3, 4}));
+    EXPECT_EQ(RunAll(**g, {x}), (std::vector<double>{9, 1, 2, 3, 9, 4, 5, 6, 9, 9, 9, 9}));
+  }
+  {
+    ModelBuilder b(18);
+    b.Input("x", {2, 3});
+    auto* pads = b.g().add_initializer();
+    pads->set_name("pads");
+    pads->set_data_type(onnx::TensorProto::INT64);
+    pads->add_dims(2);
+    for (int64_t v : {2, 1}) pads->add_int64_data(v);
+    auto* axes = b.g().add_initializer();
+    axes->set_name("axes");
+    axes->set_data_type(onnx::TensorProto::INT64);
+    axes->add_dims(1);
+    axes->add_int64_data(-1);
+    auto* n = b.Node("Pad", {"x", "pads", "", "axes"}, {"y"});
+    auto* mode = n->add_attribute();
+    mode->set_name("mode");
+    mode->set_type(onnx::AttributeProto::STRING);
+    mode->set_s("reflect");
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 6}));
+    EXPECT_EQ(RunAll(**g, {x}), (std::vector<double>{3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5}));
+  }
+}
+
 TEST(OnnxImport, CastMapsTheOnnxEnum) {
   ModelBuilder b;
   b.Input("x", {2});
