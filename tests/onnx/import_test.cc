@@ -778,6 +778,35 @@ TEST(OnnxImport, EinsumRefusesWhatItDoesNotLower) {
   }
 }
 
+// LayerNormalization's optional outputs: InvStdDev asked for without Mean (an empty name).
+TEST(OnnxImport, LayerNormalizationStatisticsOutputs) {
+  ModelBuilder b(17);
+  b.Input("x", {2, 5});
+  b.FloatInit("g", {5}, {1, 2, 3, 4, 5});
+  b.Node("LayerNormalization", {"x", "g"}, {"y", "", "inv"}, "ln");
+  b.Output("y");
+  b.Output("inv");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_EQ((*g)->outputs().size(), 2u);
+  EXPECT_EQ((*g)->outputs()[1]->shape(), (Shape{2, 1}));
+  std::vector<float> x(10);
+  for (int i = 0; i < 10; ++i) x[i] = static_cast<float>(std::sin(i * 1.7) * 3);
+  Tensor xt = Tensor::FromFloats(DType::kF32, {2, 5}, x).value();
+  std::vector<TensorView> views{xt.view()};
+  auto out = Execute(**g, views, CpuContext{});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  for (int r = 0; r < 2; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 5; ++i) mean += x[r * 5 + i] / 5.0;
+    for (int i = 0; i < 5; ++i) var += (x[r * 5 + i] - mean) * (x[r * 5 + i] - mean) / 5.0;
+    const double inv = 1 / std::sqrt(var + 1e-5);
+    EXPECT_NEAR((*out)[1].GetAsDouble(r), inv, 1e-5 * inv);
+    for (int i = 0; i < 5; ++i)
+      EXPECT_NEAR((*out)[0].GetAsDouble(r * 5 + i), (x[r * 5 + i] - mean) * inv * (i + 1), 1e-5 * (i + 1));
+  }
+}
+
 TEST(OnnxImport, CastMapsTheOnnxEnum) {
   ModelBuilder b;
   b.Input("x", {2});
