@@ -128,7 +128,9 @@ class OneOp {
 };
 
 std::string ErrorOf(const Result<Node*>& r) { return r.ok() ? std::string("<ok>") : r.status().ToString(); }
-std::string ErrorOf(const Result<std::vector<Tensor>>& r) { return r.ok() ? std::string("<ok>") : r.status().ToString(); }
+std::string ErrorOf(const Result<std::vector<Tensor>>& r) {
+  return r.ok() ? std::string("<ok>") : r.status().ToString();
+}
 bool Contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 // Row-major index of `idx` in `shape`.
@@ -341,7 +343,8 @@ void RefTopK(const Vec& x, const Shape& s, int64_t axis, int64_t k, bool largest
     };
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
       const double va = at(a), vb = at(b);
-      if (std::isnan(va) || std::isnan(vb)) return largest ? std::isnan(va) && !std::isnan(vb) : !std::isnan(va) && std::isnan(vb);
+      if (std::isnan(va) || std::isnan(vb))
+        return largest ? std::isnan(va) && !std::isnan(vb) : !std::isnan(va) && std::isnan(vb);
       return largest ? va > vb : va < vb;
     });
     indices[i] = static_cast<double>(order[rank_in_slice]);
@@ -442,7 +445,8 @@ TEST(ExporterOps, GatherNDWithBatchDimsAndNegativeIndices) {
   EXPECT_TRUE(Contains(e, "index 3 (indices position 3) is out of range for data dim 1 of size 3")) << e;
   OneOp b;
   Value* bd = b.In(Make(DType::kF32, ds, Vec(24, 1)));
-  std::string be = ErrorOf(b.Add("GatherND", {bd, b.In(Make(DType::kI64, {3, 1}, {0, 0, 0}))}, {{"batch_dims", int64_t{1}}}));
+  std::string be =
+      ErrorOf(b.Add("GatherND", {bd, b.In(Make(DType::kI64, {3, 1}, {0, 0, 0}))}, {{"batch_dims", int64_t{1}}}));
   EXPECT_TRUE(Contains(be, "batch dim 0 of data [2,3,4] and indices [3,1] differ")) << be;
   be = ErrorOf(b.Add("GatherND", {bd, b.In(Make(DType::kI64, {2, 4}, Vec(8, 0)))}));
   EXPECT_TRUE(Contains(be, "the last dim of indices [2,4] is 4, it must be in [1, 3]")) << be;
@@ -487,7 +491,8 @@ TEST(ExporterOps, ScatterNDEveryReductionWithRepeatedIndices) {
         Vec idx(static_cast<size_t>(Numel(is)));
         for (size_t i = 0; i < idx.size(); ++i) {
           const int64_t dim = ds[static_cast<int64_t>(i) % is.back()];
-          idx[i] = static_cast<double>(std::uniform_int_distribution<int64_t>(-dim, std::min<int64_t>(dim - 1, 1))(rng));
+          const int64_t hi = std::min<int64_t>(dim - 1, 1);
+          idx[i] = static_cast<double>(std::uniform_int_distribution<int64_t>(-dim, hi)(rng));
         }
         OneOp t;
         Value* dv = t.In(Make(dt, ds, data));
@@ -521,7 +526,8 @@ TEST(ExporterOps, TileRepeatsEveryDim) {
   for (const std::vector<int64_t>& reps : {std::vector<int64_t>{2, 1, 3}, {1, 1, 1}, {3, 2, 1}, {1, 0, 2}}) {
     for (DType dt : {DType::kF32, DType::kF16, DType::kI64, DType::kBool}) {
       SCOPED_TRACE(StrCat("Tile ", DTypeName(dt), " repeats ", ShapeToString(reps)));
-      const Vec x = dt == DType::kBool ? Values(Make(dt, s, Random(Numel(s), 29, -1, 1))) : Random(Numel(s), 29, -9, 9, dt);
+      const Vec x =
+          dt == DType::kBool ? Values(Make(dt, s, Random(Numel(s), 29, -1, 1))) : Random(Numel(s), 29, -9, 9, dt);
       OneOp t;
       Value* xv = t.In(Make(dt, s, x));
       auto out = t.AddRun("Tile", {xv, t.Const(Ints(reps))}, {}, 1, th.cpu);

@@ -3,7 +3,8 @@
 // Highway; expm1/log/log1p/tanh/pow, the trigonometric functions and their inverses and the
 // hyperbolic ones from SLEEF's 1-ulp vector functions, which keep IEEE behaviour over the whole
 // domain (inf, NaN, 0, denormals; Highway's math documents narrower valid ranges; the few
-// inputs past SLEEF's stated ranges go to C's functions, BeyondRange); erf/erfc from glibc's libmvec (several times faster than SLEEF's u10 erf).
+// inputs past SLEEF's stated ranges go to C's functions, BeyondRange); erf/erfc from glibc's
+// libmvec (several times faster than SLEEF's u10 erf).
 // exp is inline (ExpInline below, one function for AVX-512 and AVX2, the same bits on both):
 // within 1 ulp of the correctly rounded result on every 61st f32 (tests/ops_test.cc), and
 // faster than SLEEF's expf (bench/RESULTS.md, "The op library") and than libmvec's, which is

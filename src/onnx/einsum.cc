@@ -14,7 +14,8 @@ constexpr int kEllipsisToken = -1;
 constexpr int kEllipsisLabel = 1000;
 
 std::string LabelName(int label) {
-  return label >= kEllipsisLabel ? StrCat("...[", label - kEllipsisLabel, "]") : std::string(1, static_cast<char>(label));
+  if (label >= kEllipsisLabel) return StrCat("...[", label - kEllipsisLabel, "]");
+  return std::string(1, static_cast<char>(label));
 }
 
 // The letters of one term, with kEllipsisToken where "..." stands.
@@ -30,7 +31,8 @@ Result<std::vector<int>> Tokenize(const std::string& term, const std::string& wh
       tokens.push_back(kEllipsisToken);
       i += 2;
     } else {
-      return InvalidArgument(where, ": term '", term, "' holds '", std::string(1, c), "' (labels are letters and '...')");
+      return InvalidArgument(where, ": term '", term, "' holds '", std::string(1, c),
+                             "' (labels are letters and '...')");
     }
   }
   return tokens;
@@ -240,8 +242,9 @@ Result<std::vector<EinsumStep>> LowerEinsum(const std::string& equation, const s
     if (!Has(a.labels, l)) n.push_back(l);
   for (int l : k)
     if (a.SizeOf(l) != b.SizeOf(l))
-      return Unimplemented(where, ": the contracted ellipsis dim ", LabelName(l), " is ", a.SizeOf(l), " in one operand and ",
-                           b.SizeOf(l), " in the other (a broadcast contraction is not supported)");
+      return Unimplemented(where, ": the contracted ellipsis dim ", LabelName(l), " is ", a.SizeOf(l),
+                           " in one operand and ", b.SizeOf(l),
+                           " in the other (a broadcast contraction is not supported)");
   Shape out_batch;
   for (int l : batch) out_batch.push_back(std::max(a.SizeOf(l), b.SizeOf(l)));
   const Shape ms = SizesOf(a, m), ns = SizesOf(b, n);

@@ -691,7 +691,8 @@ TEST(OnnxImport, EinsumLowersToExistingOps) {
       b.Input(StrCat("x", i), c.shapes[i]);
       std::vector<double> v(static_cast<size_t>(std::accumulate(c.shapes[i].begin(), c.shapes[i].end(), int64_t{1},
                                                                 std::multiplies<int64_t>())));
-      for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(std::sin(1.3 * static_cast<double>(k + 7 * i)) + 0.1);
+      for (size_t k = 0; k < v.size(); ++k)
+        v[k] = static_cast<float>(std::sin(1.3 * static_cast<double>(k + 7 * i)) + 0.1);
       ins.push_back(v);
     }
     EinsumNode(b, c.eq, c.shapes.size());
@@ -762,10 +763,12 @@ TEST(OnnxImport, EinsumRefusesWhatItDoesNotLower) {
     std::string message;
   };
   for (const Case& c : std::vector<Case>{
-           {"ii->i", {{3, 3}}, StatusCode::kUnimplemented, "Einsum equation 'ii->i': label 'i' repeats in operand 0 (a diagonal)"},
+           {"ii->i", {{3, 3}}, StatusCode::kUnimplemented,
+            "Einsum equation 'ii->i': label 'i' repeats in operand 0 (a diagonal)"},
            {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 5}}, StatusCode::kUnimplemented, "3 operands are not supported"},
            {"ij->k", {{2, 3}}, StatusCode::kInvalidArgument, "output label 'k' is in no operand"},
-           {"ij,jk->ik", {{2, 3}, {4, 5}}, StatusCode::kInvalidArgument, "label 'j' is 3 in one operand and 4 in operand 1"},
+           {"ij,jk->ik", {{2, 3}, {4, 5}}, StatusCode::kInvalidArgument,
+            "label 'j' is 3 in one operand and 4 in operand 1"},
            {"ijk->i", {{2, 3}}, StatusCode::kInvalidArgument, "term 'ijk' does not fit input 0 of shape [2,3]"},
            {"i1->i", {{2, 3}}, StatusCode::kInvalidArgument, "term 'i1' holds '1'"},
            {"...i,...i->i", {{1, 4}, {3, 4}}, StatusCode::kUnimplemented, "a broadcast contraction is not supported"},

@@ -362,7 +362,8 @@ Status GatherNDKernel(const KernelContext& ctx) {
                                                         KernelWhere(ctx)));
   GF_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, SliceOffsets(ctx, X, ctx.inputs[1], p));
   const size_t esize = DTypeSize(X.dtype);
-  const int64_t slice = Product(X.shape, static_cast<size_t>(p.batch_dims + p.m), X.shape.size()) * static_cast<int64_t>(esize);
+  const int64_t slice =
+      Product(X.shape, static_cast<size_t>(p.batch_dims + p.m), X.shape.size()) * static_cast<int64_t>(esize);
   const char* in = static_cast<const char*>(X.data);
   char* out = static_cast<char*>(ctx.outputs[0].data);
   if (slice == 0) return Status::Ok();
@@ -421,6 +422,8 @@ Status ScatterNDKernel(const KernelContext& ctx) {
   const TensorView& X = ctx.inputs[0];
   const TensorView& U = ctx.inputs[2];
   GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(X.shape, ctx.inputs[1].shape, 0, KernelWhere(ctx)));
+  if (U.shape != p.out || U.dtype != X.dtype)
+    return InvalidArgument(KernelWhere(ctx), ": updates must be ", TypeStr(X.dtype, p.out));
   GF_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, SliceOffsets(ctx, X, ctx.inputs[1], p));
   const std::string red = ctx.node.GetString("reduction", "none");
   const ScatterReduction r = red == "add"   ? ScatterReduction::kAdd
@@ -441,9 +444,15 @@ Status ScatterNDKernel(const KernelContext& ctx) {
       continue;
     }
     switch (X.dtype) {
-      case DType::kF32: Combine(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), slice, r); break;
-      case DType::kI32: Combine(reinterpret_cast<int32_t*>(dst), reinterpret_cast<const int32_t*>(src), slice, r); break;
-      case DType::kI64: Combine(reinterpret_cast<int64_t*>(dst), reinterpret_cast<const int64_t*>(src), slice, r); break;
+      case DType::kF32:
+        Combine(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), slice, r);
+        break;
+      case DType::kI32:
+        Combine(reinterpret_cast<int32_t*>(dst), reinterpret_cast<const int32_t*>(src), slice, r);
+        break;
+      case DType::kI64:
+        Combine(reinterpret_cast<int64_t*>(dst), reinterpret_cast<const int64_t*>(src), slice, r);
+        break;
       case DType::kF16:
       case DType::kBF16:
         CombineHalf(X.dtype, reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), slice, r);
@@ -493,7 +502,11 @@ Status PadKernel(const KernelContext& ctx) {
     return InvalidArgument(KernelWhere(ctx), ": pads give ", ShapeToString(p.out), " but the output is ", TypeStr(Y));
   const size_t esize = DTypeSize(X.dtype);
   std::vector<char> fill(esize, 0);  // zero bits are 0 in every dtype
-  if (HasInput(ctx, 2) && ctx.inputs[2].numel() == 1) std::memcpy(fill.data(), ctx.inputs[2].data, esize);
+  if (HasInput(ctx, 2) && ctx.inputs[2].numel() == 1) {
+    if (ctx.inputs[2].dtype != X.dtype)
+      return InvalidArgument(KernelWhere(ctx), ": constant_value must be ", DTypeName(X.dtype));
+    std::memcpy(fill.data(), ctx.inputs[2].data, esize);
+  }
   if (Y.numel() == 0) return Status::Ok();
   const size_t rank = X.shape.size();
   if (rank == 0) {

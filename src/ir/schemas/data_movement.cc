@@ -335,7 +335,8 @@ Result<std::vector<ValueType>> InferScatterND(const InferContext& ctx) {
   if (!IsIndexType(idx->dtype()))
     return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
   if (upd->dtype() != x->dtype())
-    return InvalidArgument(ctx.Describe(), ": updates ", upd->TypeString(), " must have data's dtype (", x->TypeString(), ")");
+    return InvalidArgument(ctx.Describe(), ": updates ", upd->TypeString(), " must have data's dtype (",
+                           x->TypeString(), ")");
   // The updates are what GatherND (batch_dims 0) would read at the same indices.
   GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(x->shape(), idx->shape(), 0, ctx.Describe()));
   if (upd->shape() != p.out)

@@ -41,7 +41,8 @@ Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   if (x->dtype() == DType::kBool)
     return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
   if (!IsFloat(x->dtype()) && (ctx.op == "ReduceL2" || ctx.op == "ReduceLogSum" || ctx.op == "ReduceLogSumExp"))
-    return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()), " is not supported (floats only)");
+    return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()),
+                         " is not supported (floats only)");
   const int64_t rank = static_cast<int64_t>(x->shape().size());
   std::vector<int64_t> axes;
   if (ctx.input(1) != nullptr) {
