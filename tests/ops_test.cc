@@ -241,6 +241,46 @@ TEST(Accuracy, ActivationSweep) {
   }
 }
 
+// The trigonometric and hyperbolic rows over their domains, densely, against the float64
+// reference: Tan across several poles, Sinh / Cosh up to where f32 overflows (past SLEEF's
+// range), Asinh / Acosh up to 1e30 (past SLEEF's range, where C's functions take over).
+TEST(Accuracy, TrigonometricSweep) {
+  struct Sweep {
+    OpKind op;
+    double lo, hi;
+    bool log_spaced;
+  };
+  for (const Sweep& s : {Sweep{OpKind::kTan, -10, 10, false}, Sweep{OpKind::kAtan, -1e4, 1e4, false},
+                         Sweep{OpKind::kAsin, -1, 1, false}, Sweep{OpKind::kAcos, -1, 1, false},
+                         Sweep{OpKind::kAtanh, -1, 1, false}, Sweep{OpKind::kSinh, -95, 95, false},
+                         Sweep{OpKind::kCosh, -95, 95, false}, Sweep{OpKind::kAsinh, 1e-30, 1e30, true},
+                         Sweep{OpKind::kAcosh, 1, 1e30, true}}) {
+    const int64_t n = 200001;
+    Tensor x = Tensor::Empty(DType::kF32, {n}).value();
+    for (int64_t i = 0; i < n; ++i) {
+      const double t = static_cast<double>(i) / (n - 1);
+      const double v = s.log_spaced ? s.lo * std::pow(s.hi / s.lo, t) : s.lo + (s.hi - s.lo) * t;
+      x.data_as<float>()[i] = static_cast<float>(v);
+    }
+    TensorView v = x.view();
+    auto out = RunOp(s.op, {&v, 1}, DefaultAttrs(s.op), CpuContext{});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const double worst = testing::ExpectMatchesReference(s.op, {&v, 1}, *out, DefaultAttrs(s.op), "sweep");
+    std::printf("  %-6s max error over [%g, %g] beyond 1-ulp input slack: %.2f ulp (contract %d)\n", OpName(s.op),
+                s.lo, s.hi, worst, GetOpInfo(s.op).max_ulp);
+  }
+  // Past the end of SLEEF's range sinh is still finite (e^88.8 / 2 < FLT_MAX): C's sinh gives it.
+  Tensor big = Tensor::FromFloats(DType::kF32, {4}, {88.8f, -88.9f, 89.4f, 3e19f}).value();
+  TensorView bv = big.view();
+  auto sinh = RunOp(OpKind::kSinh, {&bv, 1}, DefaultAttrs(OpKind::kSinh), CpuContext{});
+  ASSERT_TRUE(sinh.ok());
+  EXPECT_TRUE(std::isfinite(sinh->data_as<float>()[0]) && std::isfinite(sinh->data_as<float>()[1]));
+  EXPECT_NEAR(sinh->data_as<float>()[0] / std::sinh(static_cast<double>(88.8f)), 1.0, 1e-6);
+  auto asinh = RunOp(OpKind::kAsinh, {&bv, 1}, DefaultAttrs(OpKind::kAsinh), CpuContext{});
+  ASSERT_TRUE(asinh.ok());
+  EXPECT_NEAR(asinh->data_as<float>()[3], std::asinh(3e19), 1e-5);
+}
+
 // The vector exp (the Exp row; on AVX-512 and AVX2 also exp_fast and exp_softmax: Silu,
 // Sigmoid, Softplus, softmax, attention) against the correctly rounded result, with no input
 // slack: every 61st f32 bit pattern (70 M inputs over the whole range, subnormal results

@@ -27,11 +27,12 @@ inline int64_t FloatOrdinal(float f) {
   return i < 0 ? -static_cast<int64_t>(i & 0x7fffffff) : static_cast<int64_t>(i);
 }
 
-// Fills a tensor with values drawn for `op` (positive where the op needs it, bools for
-// logical inputs, never all zeros).
+// Fills a tensor with values drawn for `op` (inside the op's domain where it has one: positive
+// for Log, in (-1, 1) for Asin, above 1 for Acosh; bools for logical inputs), never all zeros.
 inline void FillRandom(Tensor& t, OpKind op, int input, std::mt19937& rng) {
   const OpInfo& info = GetOpInfo(op);
-  std::uniform_real_distribution<double> any(-4.0, 4.0), pos(0.01, 8.0), base(0.1, 4.0), expo(-3.0, 3.0);
+  std::uniform_real_distribution<double> any(-4.0, 4.0), pos(0.01, 8.0), base(0.1, 4.0), expo(-3.0, 3.0),
+      unit(-0.999, 0.999);
   std::uniform_int_distribution<int> ints(-50, 50), bit(0, 1);
   for (int64_t i = 0; i < t.numel(); ++i) {
     double v;
@@ -40,6 +41,8 @@ inline void FillRandom(Tensor& t, OpKind op, int input, std::mt19937& rng) {
     else if (!IsFloat(t.dtype()) && op == OpKind::kPow && input == 1) v = ints(rng) % 6 + (ints(rng) > 40 ? -2 : 0);
     else if (!IsFloat(t.dtype())) v = ints(rng);
     else if (op == OpKind::kLog || op == OpKind::kSqrt || op == OpKind::kRsqrt) v = pos(rng);
+    else if (op == OpKind::kAsin || op == OpKind::kAcos || op == OpKind::kAtanh) v = unit(rng);
+    else if (op == OpKind::kAcosh) v = 1.0 + pos(rng);
     else if (op == OpKind::kPow) v = input == 0 ? base(rng) : expo(rng);
     else v = any(rng);
     (void)info;

@@ -1,8 +1,10 @@
 // The op-table vocabulary for SIMD: T = VF, one vector of f32 lanes of the build's static
 // Highway target (AVX-512 on the project's machines). Arithmetic and compares come from
-// Highway; expm1/log/log1p/tanh/pow from SLEEF's 1-ulp vector functions, which keep IEEE
-// behaviour over the whole domain (inf, NaN, 0, denormals; Highway's math documents narrower
-// valid ranges); erf/erfc from glibc's libmvec (several times faster than SLEEF's u10 erf).
+// Highway; expm1/log/log1p/tanh/pow, the trigonometric functions and their inverses and the
+// hyperbolic ones from SLEEF's 1-ulp vector functions, which keep IEEE behaviour over the whole
+// domain (inf, NaN, 0, denormals; Highway's math documents narrower valid ranges; the few
+// inputs past SLEEF's stated ranges go to C's functions, BeyondRange); erf/erfc from glibc's
+// libmvec (several times faster than SLEEF's u10 erf).
 // exp is inline (ExpInline below, one function for AVX-512 and AVX2, the same bits on both):
 // within 1 ulp of the correctly rounded result on every 61st f32 (tests/ops_test.cc), and
 // faster than SLEEF's expf (bench/RESULTS.md, "The op library") and than libmvec's, which is
@@ -90,6 +92,18 @@ inline VF mod(VF x, VF y, const A& a) {
   const auto adjust = hn::And(hn::Ne(r, z), hn::Xor(hn::Lt(r, z), hn::Lt(y.v, z)));
   return hn::IfThenElse(adjust, hn::Add(r, y.v), r);
 }
+// y, with the lanes where |x| > limit recomputed by C's f: SLEEF's sinh / cosh (|x| <= 88.5) and
+// asinh / acosh (|x| <= 1.8e19) may give inf beyond their stated range where the result is finite.
+template <class F>
+inline VF BeyondRange(VF y, VF x, float limit, F f) {
+  if (hn::AllFalse(DF(), hn::Gt(hn::Abs(x.v), hn::Set(DF(), limit)))) [[likely]] return y;
+  alignas(64) float xs[kLanes], ys[kLanes];
+  x.Store(xs), y.Store(ys);
+  for (int i = 0; i < kLanes; ++i)
+    if (std::fabs(xs[i]) > limit) ys[i] = f(xs[i]);
+  return VF::Load(ys);
+}
+inline constexpr float kSleefHyperbolicLimit = 88.5f, kSleefInverseHyperbolicLimit = 1.8e19f;
 
 }  // namespace graphfuse::simd
 
@@ -184,6 +198,25 @@ inline VF log1p(VF x) { return VecF{Sleef_log1pf16_u10(x.v.raw)}; }
 inline VF tanh(VF x) { return VecF{Sleef_tanhf16_u10(x.v.raw)}; }
 inline VF cos(VF x) { return VecF{Sleef_cosf16_u10(x.v.raw)}; }
 inline VF sin(VF x) { return VecF{Sleef_sinf16_u10(x.v.raw)}; }
+inline VF tan(VF x) { return VecF{Sleef_tanf16_u10(x.v.raw)}; }
+inline VF asin(VF x) { return VecF{Sleef_asinf16_u10(x.v.raw)}; }
+inline VF acos(VF x) { return VecF{Sleef_acosf16_u10(x.v.raw)}; }
+inline VF atan(VF x) { return VecF{Sleef_atanf16_u10(x.v.raw)}; }
+inline VF sinh(VF x) {
+  return BeyondRange(VecF{Sleef_sinhf16_u10(x.v.raw)}, x, kSleefHyperbolicLimit, [](float a) { return std::sinh(a); });
+}
+inline VF cosh(VF x) {
+  return BeyondRange(VecF{Sleef_coshf16_u10(x.v.raw)}, x, kSleefHyperbolicLimit, [](float a) { return std::cosh(a); });
+}
+inline VF asinh(VF x) {
+  return BeyondRange(VecF{Sleef_asinhf16_u10(x.v.raw)}, x, kSleefInverseHyperbolicLimit,
+                     [](float a) { return std::asinh(a); });
+}
+inline VF acosh(VF x) {
+  return BeyondRange(VecF{Sleef_acoshf16_u10(x.v.raw)}, x, kSleefInverseHyperbolicLimit,
+                     [](float a) { return std::acosh(a); });
+}
+inline VF atanh(VF x) { return VecF{Sleef_atanhf16_u10(x.v.raw)}; }
 }  // namespace graphfuse::simd
 #elif HWY_ARCH_X86 && HWY_TARGET == HWY_AVX2
 extern "C" __m256 _ZGVdN8v_erff(__m256);
@@ -198,6 +231,25 @@ inline VF log1p(VF x) { return VecF{Sleef_log1pf8_u10(x.v.raw)}; }
 inline VF tanh(VF x) { return VecF{Sleef_tanhf8_u10(x.v.raw)}; }
 inline VF cos(VF x) { return VecF{Sleef_cosf8_u10(x.v.raw)}; }
 inline VF sin(VF x) { return VecF{Sleef_sinf8_u10(x.v.raw)}; }
+inline VF tan(VF x) { return VecF{Sleef_tanf8_u10(x.v.raw)}; }
+inline VF asin(VF x) { return VecF{Sleef_asinf8_u10(x.v.raw)}; }
+inline VF acos(VF x) { return VecF{Sleef_acosf8_u10(x.v.raw)}; }
+inline VF atan(VF x) { return VecF{Sleef_atanf8_u10(x.v.raw)}; }
+inline VF sinh(VF x) {
+  return BeyondRange(VecF{Sleef_sinhf8_u10(x.v.raw)}, x, kSleefHyperbolicLimit, [](float a) { return std::sinh(a); });
+}
+inline VF cosh(VF x) {
+  return BeyondRange(VecF{Sleef_coshf8_u10(x.v.raw)}, x, kSleefHyperbolicLimit, [](float a) { return std::cosh(a); });
+}
+inline VF asinh(VF x) {
+  return BeyondRange(VecF{Sleef_asinhf8_u10(x.v.raw)}, x, kSleefInverseHyperbolicLimit,
+                     [](float a) { return std::asinh(a); });
+}
+inline VF acosh(VF x) {
+  return BeyondRange(VecF{Sleef_acoshf8_u10(x.v.raw)}, x, kSleefInverseHyperbolicLimit,
+                     [](float a) { return std::acosh(a); });
+}
+inline VF atanh(VF x) { return VecF{Sleef_atanhf8_u10(x.v.raw)}; }
 }  // namespace graphfuse::simd
 #else
 #include <cmath>
@@ -222,6 +274,15 @@ inline VF log1p(VF x) { return PerLane(x, x, [](float a, float) { return std::lo
 inline VF tanh(VF x) { return PerLane(x, x, [](float a, float) { return std::tanh(a); }); }
 inline VF cos(VF x) { return PerLane(x, x, [](float a, float) { return std::cos(a); }); }
 inline VF sin(VF x) { return PerLane(x, x, [](float a, float) { return std::sin(a); }); }
+inline VF tan(VF x) { return PerLane(x, x, [](float a, float) { return std::tan(a); }); }
+inline VF asin(VF x) { return PerLane(x, x, [](float a, float) { return std::asin(a); }); }
+inline VF acos(VF x) { return PerLane(x, x, [](float a, float) { return std::acos(a); }); }
+inline VF atan(VF x) { return PerLane(x, x, [](float a, float) { return std::atan(a); }); }
+inline VF sinh(VF x) { return PerLane(x, x, [](float a, float) { return std::sinh(a); }); }
+inline VF cosh(VF x) { return PerLane(x, x, [](float a, float) { return std::cosh(a); }); }
+inline VF asinh(VF x) { return PerLane(x, x, [](float a, float) { return std::asinh(a); }); }
+inline VF acosh(VF x) { return PerLane(x, x, [](float a, float) { return std::acosh(a); }); }
+inline VF atanh(VF x) { return PerLane(x, x, [](float a, float) { return std::atanh(a); }); }
 }  // namespace graphfuse::simd
 #endif
 

@@ -23,14 +23,18 @@
 //                                float y: Cast(Pow(Cast(x){to=f32}, y'){to=dtype(x)}, y' = y in f32
 //   Gelu{approximate}         -> Gelu, or GeluTanh for approximate="tanh" (ONNX opset 20 form)
 //   Split(x) without 'split'  -> Split(x){num_outputs=<number of node outputs>} (opset 18 form)
+//   Einsum{equation}          -> Transpose / ReduceSum / Reshape / MatMul / Mul (src/onnx/einsum.h):
+//                                "bhqd,bhkd->bhqk" is Transpose + MatMul, "ij,jk->ik" a MatMul
 //
 // Nodes of other opsets are first rewritten to their opset 13-17 form (UpgradeForm):
 //   Softmax/LogSoftmax < 13   the input is coerced to 2-D at `axis` (default 1): over the last
 //                             axis as is, else Reshape(Softmax(Flatten(x){axis}){axis=-1}, shape(x))
 //   Clip < 11                 min / max attributes -> constant inputs
 //   Slice < 10                starts / ends / axes attributes -> constant inputs
+//   TopK < 10                 the k attribute -> a constant K input
+//   Pad < 11                  pads / value attributes -> constant inputs (value in x's dtype)
 //   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
-// Squeeze, Unsqueeze, ReduceSum and Split before 13, and ReduceMean / ReduceMax from 18, need
+// Squeeze, Unsqueeze, ReduceSum and Split before 13, and the other reductions from 18, need
 // nothing: their schemas take axes (and split) as an attribute or as a constant input.
 #include "onnx/node_import.h"
 
@@ -41,6 +45,7 @@
 
 #include "graphfuse/ops.h"
 #include "ir/op_registry.h"
+#include "onnx/einsum.h"
 #include "onnx/tensor_proto.h"
 #include "cpu/cpu_target.h"
 #include "passes/fold_constants.h"
@@ -98,6 +103,13 @@ Result<Value*> ScalarConstant(NodeImport& n, DType dtype, double v) {
   GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, {}));
   t.SetFromDouble(0, v);
   return n.g.AddConstant(n.g.FreshName(n.name + "/const"), std::make_shared<const Tensor>(std::move(t)));
+}
+
+// A constant i64 vector (a shape, pads, K) named after `what`.
+Result<Value*> Int64sConstant(NodeImport& n, const std::string& what, const std::vector<int64_t>& v) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
+  if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
+  return n.g.AddConstant(n.g.FreshName(StrCat(n.name, "/", what)), std::make_shared<const Tensor>(std::move(t)));
 }
 
 // The single value of constant input i; Unimplemented when it is not a constant.
@@ -366,6 +378,34 @@ Status ImportSplit(NodeImport& n) {
   return ImportDirect(n, *s);
 }
 
+// Einsum: the ops of its lowering (src/onnx/einsum.h), the last one named as the ONNX node.
+Status ImportEinsum(NodeImport& n) {
+  GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
+  if (n.inputs.empty()) return InvalidArgument("needs at least one input");
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    if (!n.inputs[i]) return InvalidArgument("input ", i, " is empty");
+    shapes.push_back(n.inputs[i]->shape());
+  }
+  auto eq = n.attrs.find("equation");
+  if (eq == n.attrs.end() || !std::holds_alternative<std::string>(eq->second))
+    return InvalidArgument("needs a string attribute 'equation'");
+  GF_ASSIGN_OR_RETURN(std::vector<EinsumStep> steps, LowerEinsum(std::get<std::string>(eq->second), shapes));
+  if (steps.empty()) return Emit(n, "Identity", {n.inputs[0]}, {}, true).status();
+  std::vector<Value*> values = n.inputs;  // operands, then each step's output
+  for (size_t k = 0; k < steps.size(); ++k) {
+    std::vector<Value*> ins;
+    for (int i : steps[k].inputs) ins.push_back(values[static_cast<size_t>(i)]);
+    if (steps[k].op == "Reshape") {
+      GF_ASSIGN_OR_RETURN(Value * shape, Int64sConstant(n, "shape", steps[k].shape));
+      ins.push_back(shape);
+    }
+    GF_ASSIGN_OR_RETURN(Value * v, Emit(n, steps[k].op, ins, steps[k].attrs, k + 1 == steps.size()));
+    values.push_back(v);
+  }
+  return Status::Ok();
+}
+
 struct Conversion {
   const char* op;
   ConvertFn fn;
@@ -377,7 +417,7 @@ constexpr Conversion kConversions[] = {
     {"Min", ImportVariadic},        {"Sum", ImportVariadic},      {"Mean", ImportVariadic},
     {"LessOrEqual", ImportOrEqual}, {"GreaterOrEqual", ImportOrEqual}, {"Xor", ImportXor},
     {"PRelu", ImportPRelu},         {"HardSwish", ImportHardSwish}, {"Pow", ImportPow},
-    {"Gelu", ImportGelu},           {"Split", ImportSplit},
+    {"Gelu", ImportGelu},           {"Split", ImportSplit},         {"Einsum", ImportEinsum},
 };
 
 // The 1:1 path: the registry has the op with ONNX's inputs, attributes and outputs.
@@ -452,12 +492,11 @@ Result<Value*> AttributeInput(NodeImport& n, const std::string& what, std::share
   return n.g.AddConstant(n.g.FreshName(StrCat(n.name, "/", what)), std::move(data));
 }
 
+// The ints attribute `attr` of an older opset's form as a constant input (the attribute goes).
 Result<Value*> IntsInput(NodeImport& n, const std::string& attr) {
   const std::vector<int64_t> v = AttrInts(n.attrs, attr, {});
-  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
-  for (size_t i = 0; i < v.size(); ++i) t.SetFromDouble(static_cast<int64_t>(i), static_cast<double>(v[i]));
   n.attrs.erase(attr);
-  return AttributeInput(n, attr, std::make_shared<const Tensor>(std::move(t)));
+  return Int64sConstant(n, attr, v);
 }
 
 // Rewrites a node of an opset outside 13-17 whose form differs into that form (see the table at
@@ -481,9 +520,7 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     // Over every axis from `axis` on, as one: flatten them, normalize, restore the shape.
     GF_ASSIGN_OR_RETURN(Value * flat, Emit(n, "Flatten", {x}, {{"axis", axis}}, false));
     GF_ASSIGN_OR_RETURN(Value * soft, Emit(n, op, {flat}, {{"axis", int64_t{-1}}}, false));
-    GF_ASSIGN_OR_RETURN(Tensor shape, Tensor::Empty(DType::kI64, {rank}));
-    for (int64_t i = 0; i < rank; ++i) shape.SetFromDouble(i, static_cast<double>(x->shape()[i]));
-    GF_ASSIGN_OR_RETURN(Value * s, AttributeInput(n, "shape", std::make_shared<const Tensor>(std::move(shape))));
+    GF_ASSIGN_OR_RETURN(Value * s, Int64sConstant(n, "shape", x->shape()));
     GF_RETURN_IF_ERROR(Emit(n, "Reshape", {soft, s}, {}, true).status());
     *done = true;
     return Status::Ok();
@@ -508,6 +545,31 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "starts"));
     GF_ASSIGN_OR_RETURN(n.inputs[2], IntsInput(n, "ends"));
     if (has_axes) { GF_ASSIGN_OR_RETURN(n.inputs[3], IntsInput(n, "axes")); }
+    return Status::Ok();
+  }
+  if (n.opset < 11 && op == "Pad") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    if (!n.attrs.count("pads")) return InvalidArgument("Pad before opset 11 needs a 'pads' attribute");
+    Value* x = n.inputs[0];
+    n.inputs.resize(3, nullptr);
+    GF_ASSIGN_OR_RETURN(n.inputs[1], IntsInput(n, "pads"));
+    if (n.attrs.count("value")) {
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(x->dtype(), {}));
+      t.SetFromDouble(0, AttrFloat(n.attrs, "value", 0.f));
+      n.attrs.erase("value");
+      GF_ASSIGN_OR_RETURN(n.inputs[2], AttributeInput(n, "value", std::make_shared<const Tensor>(std::move(t))));
+    }
+    return Status::Ok();
+  }
+  if (n.opset < 10 && op == "TopK") {
+    GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
+    auto k = n.attrs.find("k");
+    if (k == n.attrs.end() || !std::holds_alternative<int64_t>(k->second))
+      return InvalidArgument("TopK before opset 10 needs an int attribute 'k'");
+    const int64_t value = std::get<int64_t>(k->second);
+    n.attrs.erase(k);
+    n.inputs.resize(2);
+    GF_ASSIGN_OR_RETURN(n.inputs[1], Int64sConstant(n, "k", {value}));
     return Status::Ok();
   }
   return Status::Ok();

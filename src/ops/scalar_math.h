@@ -68,6 +68,15 @@ using std::sqrt;
 using std::tanh;
 using std::cos;
 using std::sin;
+using std::tan;
+using std::asin;
+using std::acos;
+using std::atan;
+using std::sinh;
+using std::cosh;
+using std::asinh;
+using std::acosh;
+using std::atanh;
 using std::floor;
 using std::ceil;
 // The remainder of x / y: truncating (sign of x) when a.alpha != 0 (ONNX Mod's fmod = 1), else

@@ -53,6 +53,15 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float tan(float x) { return tanf(x); }
+__forceinline__ float asin(float x) { return asinf(x); }
+__forceinline__ float acos(float x) { return acosf(x); }
+__forceinline__ float atan(float x) { return atanf(x); }
+__forceinline__ float sinh(float x) { return sinhf(x); }
+__forceinline__ float cosh(float x) { return coshf(x); }
+__forceinline__ float asinh(float x) { return asinhf(x); }
+__forceinline__ float acosh(float x) { return acoshf(x); }
+__forceinline__ float atanh(float x) { return atanhf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
 // The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
@@ -222,7 +231,7 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_cd821411(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_f32_6b516acc(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, float* __restrict__ out1) {
   const long long kRows = 16LL, kD = 4096LL;
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {

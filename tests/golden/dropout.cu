@@ -53,6 +53,15 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float tan(float x) { return tanf(x); }
+__forceinline__ float asin(float x) { return asinf(x); }
+__forceinline__ float acos(float x) { return acosf(x); }
+__forceinline__ float atan(float x) { return atanf(x); }
+__forceinline__ float sinh(float x) { return sinhf(x); }
+__forceinline__ float cosh(float x) { return coshf(x); }
+__forceinline__ float asinh(float x) { return asinhf(x); }
+__forceinline__ float acosh(float x) { return acoshf(x); }
+__forceinline__ float atanh(float x) { return atanhf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
 // The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give

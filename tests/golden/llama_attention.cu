@@ -53,6 +53,15 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float tan(float x) { return tanf(x); }
+__forceinline__ float asin(float x) { return asinf(x); }
+__forceinline__ float acos(float x) { return acosf(x); }
+__forceinline__ float atan(float x) { return atanf(x); }
+__forceinline__ float sinh(float x) { return sinhf(x); }
+__forceinline__ float cosh(float x) { return coshf(x); }
+__forceinline__ float asinh(float x) { return asinhf(x); }
+__forceinline__ float acosh(float x) { return acoshf(x); }
+__forceinline__ float atanh(float x) { return atanhf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
 // The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
@@ -213,7 +222,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_9ebebf70(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) attention_rope_mask_h4_d16_f32_e5e0bd8b(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL, kD = 16LL, kDv = 16LL, kHalf = 8LL;
   __shared__ float qs[16];
   __shared__ float ps[16];

@@ -53,6 +53,15 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float tan(float x) { return tanf(x); }
+__forceinline__ float asin(float x) { return asinf(x); }
+__forceinline__ float acos(float x) { return acosf(x); }
+__forceinline__ float atan(float x) { return atanf(x); }
+__forceinline__ float sinh(float x) { return sinhf(x); }
+__forceinline__ float cosh(float x) { return coshf(x); }
+__forceinline__ float asinh(float x) { return asinhf(x); }
+__forceinline__ float acosh(float x) { return acoshf(x); }
+__forceinline__ float atanh(float x) { return atanhf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
 // The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
@@ -213,7 +222,7 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_2122d95e(const float* __restrict__ mask, float* __restrict__ p) {
+extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_4bd0b5ef(const float* __restrict__ mask, float* __restrict__ p) {
   constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL;
   for (long long item = blockIdx.x; item < 64LL; item += gridDim.x) {
     const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;

@@ -53,6 +53,15 @@ __forceinline__ float erfc(float x) { return erfcf(x); }
 __forceinline__ float tanh(float x) { return tanhf(x); }
 __forceinline__ float cos(float x) { return cosf(x); }
 __forceinline__ float sin(float x) { return sinf(x); }
+__forceinline__ float tan(float x) { return tanf(x); }
+__forceinline__ float asin(float x) { return asinf(x); }
+__forceinline__ float acos(float x) { return acosf(x); }
+__forceinline__ float atan(float x) { return atanf(x); }
+__forceinline__ float sinh(float x) { return sinhf(x); }
+__forceinline__ float cosh(float x) { return coshf(x); }
+__forceinline__ float asinh(float x) { return asinhf(x); }
+__forceinline__ float acosh(float x) { return acoshf(x); }
+__forceinline__ float atanh(float x) { return atanhf(x); }
 __forceinline__ float floor(float x) { return floorf(x); }
 __forceinline__ float ceil(float x) { return ceilf(x); }
 // The remainder: truncating (fmodf) when a.alpha != 0, else flooring (sign of y); integers give
@@ -182,7 +191,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_46b39b8b(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
+extern "C" __global__ void __launch_bounds__(256) rope_f32_50a39fa4(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
   const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;

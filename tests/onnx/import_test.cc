@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <numeric>
 
 #include "cpu/cpu_target.h"
 #include "graphfuse/cpu.h"
@@ -217,9 +219,9 @@ TEST(OnnxImport, RefusesWhatItCannotParseOrRun) {
   {
     ModelBuilder b;
     b.Input("x", {2});
-    b.Node("Acos", {"x"}, {"y"}, "n0");
+    b.Node("Det", {"x"}, {"y"}, "n0");
     b.Output("y");
-    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "node 'n0' (Acos)", "op not supported");
+    EXPECT_ERROR(b.Import(), StatusCode::kUnimplemented, "m.onnx", "node 'n0' (Det)", "op not supported");
   }
   {
     ModelBuilder b;
@@ -512,6 +514,299 @@ TEST(OnnxImport, PowOnIntegers) {
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     EXPECT_EQ((*g)->outputs()[0]->dtype(), DType::kI32);
     EXPECT_EQ(RunAll(**g, {{4, 10, -8}, {0.5, 1.5, 1.0 / 3}}), (std::vector<double>{2, 31, 0}));
+  }
+}
+
+// TopK before opset 10 takes k as an attribute; from 10 as a constant input (both outputs).
+TEST(OnnxImport, TopKOldAndNewForms) {
+  for (int64_t opset : {9, 11}) {
+    ModelBuilder b(opset);
+    b.Input("x", {2, 4});
+    auto* n = b.Node("TopK", opset < 10 ? std::vector<std::string>{"x"} : std::vector<std::string>{"x", "k"},
+                     {"values", "indices"}, "top");
+    if (opset < 10) SetInt(n, "k", 2);
+    else b.g().add_initializer()->CopyFrom([] {
+        onnx::TensorProto k;
+        k.set_name("k");
+        k.set_data_type(onnx::TensorProto::INT64);
+        k.add_dims(1);
+        k.add_int64_data(2);
+        return k;
+      }());
+    b.Output("values");
+    b.Output("indices");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[1]->dtype(), DType::kI64);
+    Tensor x = Tensor::FromFloats(DType::kF32, {2, 4}, {1, 5, 5, 2, -1, -3, 0, 7}).value();
+    std::vector<TensorView> views{x.view()};
+    auto out = Execute(**g, views, CpuContext{});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const double values[] = {5, 5, 7, 0}, indices[] = {1, 2, 3, 2};  // ties: the lower index first
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ((*out)[0].GetAsDouble(i), values[i]) << "opset " << opset << " at " << i;
+      EXPECT_EQ((*out)[1].GetAsDouble(i), indices[i]) << "opset " << opset << " at " << i;
+    }
+  }
+}
+
+// Pad before opset 11 carries pads and value as attributes; from 11 they are inputs (an i32
+// tensor pads in the value's dtype), and from 18 axes may name the padded dims.
+TEST(OnnxImport, PadOldAndNewForms) {
+  const std::vector<double> x = {1, 2, 3, 4, 5, 6};
+  {
+    ModelBuilder b(10);
+    b.Input("x", {2, 3}, onnx::TensorProto::INT32);
+    auto* n = b.Node("Pad", {"x"}, {"y"});
+    SetInts(n, "pads", {0, 1, 1, 0});
+    SetFloat(n, "value", 9);
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{3, 4}));
+    EXPECT_EQ(RunAll(**g, {x}), (std::vector<double>{9, 1, 2, 3, 9, 4, 5, 6, 9, 9, 9, 9}));
+  }
+  {
+    ModelBuilder b(18);
+    b.Input("x", {2, 3});
+    auto* pads = b.g().add_initializer();
+    pads->set_name("pads");
+    pads->set_data_type(onnx::TensorProto::INT64);
+    pads->add_dims(2);
+    for (int64_t v : {2, 1}) pads->add_int64_data(v);
+    auto* axes = b.g().add_initializer();
+    axes->set_name("axes");
+    axes->set_data_type(onnx::TensorProto::INT64);
+    axes->add_dims(1);
+    axes->add_int64_data(-1);
+    auto* n = b.Node("Pad", {"x", "pads", "", "axes"}, {"y"});
+    auto* mode = n->add_attribute();
+    mode->set_name("mode");
+    mode->set_type(onnx::AttributeProto::STRING);
+    mode->set_s("reflect");
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{2, 6}));
+    EXPECT_EQ(RunAll(**g, {x}), (std::vector<double>{3, 2, 1, 2, 3, 2, 6, 5, 4, 5, 6, 5}));
+  }
+}
+
+// numpy.einsum by brute force over every assignment of the labels (an explicit equation of
+// letters; a dim of 1 broadcasts against the label's size elsewhere). Also returns per output
+// element the sum of |products|, the scale of the rounding error.
+std::vector<double> RefEinsum(const std::string& eq, const std::vector<std::vector<double>>& ops,
+                              const std::vector<Shape>& shapes, std::vector<double>* scale) {
+  const size_t arrow = eq.find("->");
+  std::vector<std::string> terms(1);
+  for (char c : eq.substr(0, arrow)) {
+    if (c == ',') terms.emplace_back();
+    else terms.back().push_back(c);
+  }
+  const std::string out = eq.substr(arrow + 2);
+  std::string labels;
+  std::vector<int64_t> size;
+  for (size_t i = 0; i < terms.size(); ++i)
+    for (size_t d = 0; d < terms[i].size(); ++d) {
+      const size_t at = labels.find(terms[i][d]);
+      if (at == std::string::npos) labels += terms[i][d], size.push_back(shapes[i][d]);
+      else size[at] = std::max(size[at], shapes[i][d]);
+    }
+  int64_t total = 1, out_n = 1;
+  for (int64_t n : size) total *= n;
+  for (char c : out) out_n *= size[labels.find(c)];
+  std::vector<double> r(static_cast<size_t>(out_n), 0.0);
+  scale->assign(r.size(), 0.0);
+  std::vector<int64_t> value(labels.size());
+  for (int64_t a = 0; a < total; ++a) {
+    int64_t rem = a;
+    for (size_t l = labels.size(); l-- > 0;) value[l] = rem % size[l], rem /= size[l];
+    double prod = 1;
+    for (size_t i = 0; i < terms.size(); ++i) {
+      int64_t off = 0;
+      for (size_t d = 0; d < terms[i].size(); ++d)
+        off = off * shapes[i][d] + (shapes[i][d] == 1 ? 0 : value[labels.find(terms[i][d])]);
+      prod *= ops[i][static_cast<size_t>(off)];
+    }
+    int64_t o = 0;
+    for (char c : out) o = o * size[labels.find(c)] + value[labels.find(c)];
+    r[o] += prod;
+    (*scale)[o] += std::fabs(prod);
+  }
+  return r;
+}
+
+onnx::NodeProto* EinsumNode(ModelBuilder& b, const std::string& eq, size_t inputs) {
+  std::vector<std::string> ins;
+  for (size_t i = 0; i < inputs; ++i) ins.push_back(StrCat("x", i));
+  auto* n = b.Node("Einsum", ins, {"y"}, "einsum");
+  auto* a = n->add_attribute();
+  a->set_name("equation");
+  a->set_type(onnx::AttributeProto::STRING);
+  a->set_s(eq);
+  return n;
+}
+
+// Einsum becomes MatMul / Mul / Transpose / ReduceSum / Reshape: the attention forms are a
+// (transposed) MatMul and nothing else; every form, unfused and fused, against numpy's einsum.
+TEST(OnnxImport, EinsumLowersToExistingOps) {
+  struct Case {
+    std::string eq, ref;  // ref: the same with the ellipsis spelled as letters, explicit output
+    std::vector<Shape> shapes;
+    std::vector<std::string> ops;  // empty: not checked
+  };
+  const std::vector<Case> cases = {
+      {"bhqd,bhkd->bhqk", "bhqd,bhkd->bhqk", {{2, 3, 4, 5}, {2, 3, 6, 5}}, {"Transpose", "MatMul"}},
+      {"bhqk,bhkd->bhqd", "bhqk,bhkd->bhqd", {{2, 3, 4, 6}, {2, 3, 6, 5}}, {"MatMul"}},
+      {"bij,bjk->bik", "bij,bjk->bik", {{3, 4, 5}, {3, 5, 2}}, {"MatMul"}},
+      {"ij,jk->ik", "ij,jk->ik", {{4, 5}, {5, 3}}, {"MatMul"}},
+      {"ij,jk", "ij,jk->ik", {{4, 5}, {5, 3}}, {"MatMul"}},
+      {"ij,kj->ik", "ij,kj->ik", {{4, 5}, {3, 5}}, {"Transpose", "MatMul"}},
+      {"bsh,hd->bsd", "bsh,hd->bsd", {{2, 3, 4}, {4, 5}}, {"MatMul"}},
+      {"bsh,dh->bsd", "bsh,dh->bsd", {{2, 3, 4}, {5, 4}}, {"Transpose", "MatMul"}},
+      {"bhs,hd->bsd", "bhs,hd->bsd", {{2, 4, 3}, {4, 5}}, {}},
+      {"bqhd,bkhd->bhqk", "bqhd,bkhd->bhqk", {{2, 4, 3, 5}, {2, 6, 3, 5}}, {}},
+      {"...ij,...jk->...ik", "abij,bjk->abik", {{2, 3, 4, 5}, {3, 5, 6}}, {}},
+      {"...ij,...jk->...ik", "abij,bjk->abik", {{2, 1, 4, 5}, {3, 5, 6}}, {}},
+      {"...ij,...jk", "abij,bjk->abik", {{2, 3, 4, 5}, {3, 5, 6}}, {}},
+      {"ij->ji", "ij->ji", {{3, 4}}, {"Transpose"}},
+      {"ij->i", "ij->i", {{3, 4}}, {"ReduceSum"}},
+      {"ij->", "ij->", {{3, 4}}, {"ReduceSum"}},
+      {"ijk->kj", "ijk->kj", {{2, 3, 4}}, {"ReduceSum", "Transpose"}},
+      {"ij->ij", "ij->ij", {{3, 4}}, {"Identity"}},
+      {"i,i->", "i,i->", {{5}, {5}}, {}},
+      {"i,i->i", "i,i->i", {{5}, {5}}, {"Mul"}},
+      {"i,j->ij", "i,j->ij", {{4}, {3}}, {"Reshape", "Mul"}},
+      {"ij,ij->ij", "ij,ij->ij", {{3, 4}, {3, 4}}, {"Mul"}},
+      {"ijk,ik->j", "ijk,ik->j", {{2, 3, 4}, {2, 4}}, {}},
+      {"bij,bkj->bki", "bij,bkj->bki", {{2, 3, 4}, {2, 5, 4}}, {}},
+      {"ab,cd->dacb", "ab,cd->dacb", {{2, 3}, {4, 5}}, {}},
+      {"ijk,jl->il", "ijk,jl->il", {{2, 3, 4}, {3, 5}}, {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(StrCat("Einsum '", c.eq, "'"));
+    ModelBuilder b(12);
+    std::vector<std::vector<double>> ins;
+    for (size_t i = 0; i < c.shapes.size(); ++i) {
+      b.Input(StrCat("x", i), c.shapes[i]);
+      std::vector<double> v(static_cast<size_t>(std::accumulate(c.shapes[i].begin(), c.shapes[i].end(), int64_t{1},
+                                                                std::multiplies<int64_t>())));
+      for (size_t k = 0; k < v.size(); ++k)
+        v[k] = static_cast<float>(std::sin(1.3 * static_cast<double>(k + 7 * i)) + 0.1);
+      ins.push_back(v);
+    }
+    EinsumNode(b, c.eq, c.shapes.size());
+    b.Output("y");
+    auto unfused = b.Import();
+    auto fused = b.Import();
+    ASSERT_TRUE(unfused.ok() && fused.ok()) << unfused.status().ToString();
+    if (!c.ops.empty()) {
+      EXPECT_EQ(Ops(**unfused), c.ops);
+    }
+    EXPECT_EQ((*unfused)->nodes().back()->name(), "einsum");
+    PipelineOptions off;
+    off.fusion.enabled = false;
+    ASSERT_TRUE(RunPipeline(**unfused, cpu::DefaultCpuTarget(), off).ok());
+    ASSERT_TRUE(RunPipeline(**fused, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
+    std::vector<double> scale;
+    const std::vector<double> want = RefEinsum(c.ref, ins, c.shapes, &scale);
+    for (const Graph* g : {unfused->get(), fused->get()}) {
+      const std::vector<double> got = RunAll(*g, ins);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t k = 0; k < got.size(); ++k)
+        EXPECT_LE(std::fabs(got[k] - want[k]), 1e-6 * scale[k] + 1e-30) << "element " << k;
+    }
+  }
+}
+
+// Attention written with Einsum (scores, scale, softmax, context) lowers to the MatMul form
+// the attention pass matches: one FusedAttention, equal to the unfused plan.
+TEST(OnnxImport, EinsumAttentionFusesIntoFusedAttention) {
+  ModelBuilder b(13);
+  const Shape s = {1, 2, 8, 4};
+  for (const char* x : {"q", "k", "v"}) b.Input(x, s);
+  auto* scores = b.Node("Einsum", {"q", "k"}, {"s"}, "scores");
+  auto* a = scores->add_attribute();
+  a->set_name("equation"), a->set_type(onnx::AttributeProto::STRING), a->set_s("bhqd,bhkd->bhqk");
+  b.FloatInit("scale", {}, {0.5f});
+  b.Node("Mul", {"s", "scale"}, {"s1"});
+  SetInt(b.Node("Softmax", {"s1"}, {"p"}), "axis", -1);
+  auto* context = b.Node("Einsum", {"p", "v"}, {"o"}, "context");
+  a = context->add_attribute();
+  a->set_name("equation"), a->set_type(onnx::AttributeProto::STRING), a->set_s("bhqk,bhkd->bhqd");
+  b.Output("o");
+  auto unfused = b.Import();
+  auto fused = b.Import();
+  ASSERT_TRUE(unfused.ok() && fused.ok()) << unfused.status().ToString();
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  FusionReport rep;
+  on.fusion_report = &rep;
+  ASSERT_TRUE(RunPipeline(**unfused, cpu::DefaultCpuTarget(), off).ok());
+  ASSERT_TRUE(RunPipeline(**fused, cpu::DefaultCpuTarget(), on).ok());
+  ASSERT_EQ(rep.groups.size(), 1u);
+  EXPECT_EQ(rep.groups[0].kind, "attention");
+  EXPECT_EQ(rep.kernels_after, 1);
+  std::vector<std::vector<double>> ins(3, std::vector<double>(64));
+  for (size_t i = 0; i < 3; ++i)
+    for (size_t k = 0; k < 64; ++k) ins[i][k] = std::sin(0.37 * static_cast<double>(k + 64 * i));
+  const auto want = RunAll(**unfused, ins), got = RunAll(**fused, ins);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5) << k;
+}
+
+TEST(OnnxImport, EinsumRefusesWhatItDoesNotLower) {
+  struct Case {
+    std::string eq;
+    std::vector<Shape> shapes;
+    StatusCode code;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"ii->i", {{3, 3}}, StatusCode::kUnimplemented,
+            "Einsum equation 'ii->i': label 'i' repeats in operand 0 (a diagonal)"},
+           {"ij,jk,kl->il", {{2, 3}, {3, 4}, {4, 5}}, StatusCode::kUnimplemented, "3 operands are not supported"},
+           {"ij->k", {{2, 3}}, StatusCode::kInvalidArgument, "output label 'k' is in no operand"},
+           {"ij,jk->ik", {{2, 3}, {4, 5}}, StatusCode::kInvalidArgument,
+            "label 'j' is 3 in one operand and 4 in operand 1"},
+           {"ijk->i", {{2, 3}}, StatusCode::kInvalidArgument, "term 'ijk' does not fit input 0 of shape [2,3]"},
+           {"i1->i", {{2, 3}}, StatusCode::kInvalidArgument, "term 'i1' holds '1'"},
+           {"...i,...i->i", {{1, 4}, {3, 4}}, StatusCode::kUnimplemented, "a broadcast contraction is not supported"},
+       }) {
+    ModelBuilder b(12);
+    for (size_t i = 0; i < c.shapes.size(); ++i) b.Input(StrCat("x", i), c.shapes[i]);
+    EinsumNode(b, c.eq, c.shapes.size());
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), c.code, "node 'einsum' (Einsum)", c.message.c_str());
+  }
+}
+
+// LayerNormalization's optional outputs: InvStdDev asked for without Mean (an empty name).
+TEST(OnnxImport, LayerNormalizationStatisticsOutputs) {
+  ModelBuilder b(17);
+  b.Input("x", {2, 5});
+  b.FloatInit("g", {5}, {1, 2, 3, 4, 5});
+  b.Node("LayerNormalization", {"x", "g"}, {"y", "", "inv"}, "ln");
+  b.Output("y");
+  b.Output("inv");
+  auto g = b.Import();
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_EQ((*g)->outputs().size(), 2u);
+  EXPECT_EQ((*g)->outputs()[1]->shape(), (Shape{2, 1}));
+  std::vector<float> x(10);
+  for (int i = 0; i < 10; ++i) x[i] = static_cast<float>(std::sin(i * 1.7) * 3);
+  Tensor xt = Tensor::FromFloats(DType::kF32, {2, 5}, x).value();
+  std::vector<TensorView> views{xt.view()};
+  auto out = Execute(**g, views, CpuContext{});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  for (int r = 0; r < 2; ++r) {
+    double mean = 0, var = 0;
+    for (int i = 0; i < 5; ++i) mean += x[r * 5 + i] / 5.0;
+    for (int i = 0; i < 5; ++i) var += (x[r * 5 + i] - mean) * (x[r * 5 + i] - mean) / 5.0;
+    const double inv = 1 / std::sqrt(var + 1e-5);
+    EXPECT_NEAR((*out)[1].GetAsDouble(r), inv, 1e-5 * inv);
+    for (int i = 0; i < 5; ++i)
+      EXPECT_NEAR((*out)[0].GetAsDouble(r * 5 + i), (x[r * 5 + i] - mean) * inv * (i + 1), 1e-5 * (i + 1));
   }
 }
 

@@ -2,11 +2,12 @@
 //   Transpose (perm, default reversed), Concat (axis), Split (split input, num_outputs, or the
 //   output shapes), Slice (starts/ends/axes/steps inputs, ONNX clamping, negative steps),
 //   Gather (axis, negative indices), GatherElements, Trilu, Expand (bidirectional broadcast to a
-//   constant shape).
-// Transpose, Slice and Expand are one strided copy: the output is contiguous and the source is
-// read with per-dim strides (permuted, stepped, or 0 for broadcast dims).
+//   constant shape), GatherND, ScatterND, Tile, Pad.
+// Transpose, Slice, Expand and Tile are one strided copy: the output is contiguous and the
+// source is read with per-dim strides (permuted, stepped, or 0 for broadcast dims).
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/data_movement.cc.
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ir/schemas/data_movement.h"
@@ -16,7 +17,13 @@
 namespace graphfuse::kernels {
 namespace {
 
+using schemas::ComputeGatherND;
+using schemas::ComputePad;
 using schemas::ComputeSlice;
+using schemas::GatherNDParams;
+using schemas::kPadFill;
+using schemas::PadParams;
+using schemas::PadSource;
 using schemas::SliceParams;
 using schemas::TransposePerm;
 
@@ -318,6 +325,231 @@ Status ExpandKernel(const KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---- GatherND / ScatterND ----
+
+// The element offset in data of the slice each index tuple addresses: tuple t of batch b is
+// indices[(b * per_batch + t) * m ..][0, m), over data's dims batch_dims .. batch_dims + m.
+// Negative indices count from the end; one out of range is an error naming it.
+Result<std::vector<int64_t>> SliceOffsets(const KernelContext& ctx, const TensorView& data, const TensorView& indices,
+                                          const GatherNDParams& p) {
+  const std::vector<int64_t> idx = ReadInts(indices);
+  const size_t b = static_cast<size_t>(p.batch_dims);
+  const int64_t batches = Product(data.shape, 0, b);
+  const int64_t batch_elems = Product(data.shape, b, data.shape.size());
+  const int64_t tuples = p.m ? static_cast<int64_t>(idx.size()) / p.m : 0;
+  const int64_t per_batch = batches ? tuples / batches : 0;
+  std::vector<int64_t> offsets(static_cast<size_t>(tuples));
+  for (int64_t t = 0; t < tuples; ++t) {
+    int64_t off = (t / std::max<int64_t>(per_batch, 1)) * batch_elems, stride = batch_elems;
+    for (int64_t k = 0; k < p.m; ++k) {
+      const int64_t dim = data.shape[b + static_cast<size_t>(k)];
+      int64_t i = idx[t * p.m + k];
+      if (i < -dim || i >= dim)
+        return InvalidArgument(KernelWhere(ctx), ": index ", i, " (indices position ", t * p.m + k,
+                               ") is out of range for data dim ", b + static_cast<size_t>(k), " of size ", dim);
+      if (i < 0) i += dim;
+      stride /= dim;
+      off += i * stride;
+    }
+    offsets[t] = off;
+  }
+  return offsets;
+}
+
+Status GatherNDKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(X.shape, ctx.inputs[1].shape, ctx.node.GetInt("batch_dims", 0),
+                                                        KernelWhere(ctx)));
+  GF_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, SliceOffsets(ctx, X, ctx.inputs[1], p));
+  const size_t esize = DTypeSize(X.dtype);
+  const int64_t slice =
+      Product(X.shape, static_cast<size_t>(p.batch_dims + p.m), X.shape.size()) * static_cast<int64_t>(esize);
+  const char* in = static_cast<const char*>(X.data);
+  char* out = static_cast<char*>(ctx.outputs[0].data);
+  if (slice == 0) return Status::Ok();
+  ParallelFor(ctx.cpu, static_cast<int64_t>(offsets.size()), slice / 4 + 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      std::memcpy(out + t * slice, in + offsets[t] * static_cast<int64_t>(esize), static_cast<size_t>(slice));
+  });
+  return Status::Ok();
+}
+
+enum class ScatterReduction { kNone, kAdd, kMul, kMax, kMin };
+
+// a + b or a * b; integers wrap (two's complement) instead of overflowing.
+template <class T>
+T Arith(T a, T b, bool mul) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    const U ua = static_cast<U>(a), ub = static_cast<U>(b);
+    return static_cast<T>(static_cast<U>(mul ? ua * ub : ua + ub));
+  } else {
+    return mul ? a * b : a + b;
+  }
+}
+
+// dst[i] = dst[i] (op) src[i] for n elements of f32 or an integer type.
+template <class T>
+void Combine(T* dst, const T* src, int64_t n, ScatterReduction r) {
+  for (int64_t i = 0; i < n; ++i) {
+    const T a = dst[i], b = src[i];
+    switch (r) {
+      case ScatterReduction::kAdd: dst[i] = Arith(a, b, false); break;
+      case ScatterReduction::kMul: dst[i] = Arith(a, b, true); break;
+      // NaN-propagating, as numpy's maximum / minimum.
+      case ScatterReduction::kMax: dst[i] = (a != a || b != b) ? a + b : (a < b ? b : a); break;
+      case ScatterReduction::kMin: dst[i] = (a != a || b != b) ? a + b : (b < a ? b : a); break;
+      case ScatterReduction::kNone: dst[i] = b; break;
+    }
+  }
+}
+
+// f16 / bf16: combined in f32 (exact operands; one rounding to the storage type).
+void CombineHalf(DType t, uint16_t* dst, const uint16_t* src, int64_t n, ScatterReduction r) {
+  float a[256], b[256];
+  for (int64_t i0 = 0; i0 < n; i0 += 256) {
+    const int64_t m = std::min<int64_t>(256, n - i0);
+    LoadF32(t, dst, i0, 1, m, a);
+    LoadF32(t, src, i0, 1, m, b);
+    Combine(a, b, m, r);
+    StoreF32(t, dst, i0, 1, m, a);
+  }
+}
+
+// Copies data, then applies the updates slice by slice in the order of the indices (so with
+// reduction none a repeated index keeps its last update).
+Status ScatterNDKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const TensorView& U = ctx.inputs[2];
+  GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(X.shape, ctx.inputs[1].shape, 0, KernelWhere(ctx)));
+  if (U.shape != p.out || U.dtype != X.dtype)
+    return InvalidArgument(KernelWhere(ctx), ": updates must be ", TypeStr(X.dtype, p.out));
+  GF_ASSIGN_OR_RETURN(std::vector<int64_t> offsets, SliceOffsets(ctx, X, ctx.inputs[1], p));
+  const std::string red = ctx.node.GetString("reduction", "none");
+  const ScatterReduction r = red == "add"   ? ScatterReduction::kAdd
+                             : red == "mul" ? ScatterReduction::kMul
+                             : red == "max" ? ScatterReduction::kMax
+                             : red == "min" ? ScatterReduction::kMin
+                                            : ScatterReduction::kNone;
+  const size_t esize = DTypeSize(X.dtype);
+  const int64_t slice = Product(X.shape, static_cast<size_t>(p.m), X.shape.size());
+  char* out = static_cast<char*>(ctx.outputs[0].data);
+  const char* upd = static_cast<const char*>(U.data);
+  if (out != X.data && X.numel() > 0) std::memcpy(out, X.data, static_cast<size_t>(X.numel()) * esize);
+  for (size_t t = 0; t < offsets.size(); ++t) {
+    char* dst = out + offsets[t] * static_cast<int64_t>(esize);
+    const char* src = upd + static_cast<int64_t>(t) * slice * static_cast<int64_t>(esize);
+    if (r == ScatterReduction::kNone) {
+      std::memcpy(dst, src, static_cast<size_t>(slice) * esize);
+      continue;
+    }
+    switch (X.dtype) {
+      case DType::kF32:
+        Combine(reinterpret_cast<float*>(dst), reinterpret_cast<const float*>(src), slice, r);
+        break;
+      case DType::kI32:
+        Combine(reinterpret_cast<int32_t*>(dst), reinterpret_cast<const int32_t*>(src), slice, r);
+        break;
+      case DType::kI64:
+        Combine(reinterpret_cast<int64_t*>(dst), reinterpret_cast<const int64_t*>(src), slice, r);
+        break;
+      case DType::kF16:
+      case DType::kBF16:
+        CombineHalf(X.dtype, reinterpret_cast<uint16_t*>(dst), reinterpret_cast<const uint16_t*>(src), slice, r);
+        break;
+      default: return Unimplemented(KernelWhere(ctx), ": reduction '", red, "' on ", DTypeName(X.dtype));
+    }
+  }
+  return Status::Ok();
+}
+
+// ---- Tile ----
+
+// out[r0*d0 + i0, ...] = x[i0, ...]: the output seen as [r0, d0, r1, d1, ...] is x broadcast
+// along the repeat dims, one strided copy.
+Status TileKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const std::vector<int64_t> repeats = ReadInts(ctx.inputs[1]);
+  if (repeats.size() != X.shape.size())
+    return InvalidArgument(KernelWhere(ctx), ": repeats ", ShapeToString(repeats), " must have one value per dim");
+  const std::vector<int64_t> in_st = ContiguousStrides(X.shape);
+  Shape shape;
+  std::vector<int64_t> strides;
+  for (size_t d = 0; d < X.shape.size(); ++d) {
+    if (repeats[d] * X.shape[d] != ctx.outputs[0].shape[d])
+      return InvalidArgument(KernelWhere(ctx), ": repeats ", ShapeToString(repeats), " do not give the output ",
+                             TypeStr(ctx.outputs[0]));
+    shape.push_back(repeats[d]), strides.push_back(0);
+    shape.push_back(X.shape[d]), strides.push_back(in_st[d]);
+  }
+  if (ctx.outputs[0].numel() == 0) return Status::Ok();
+  StridedCopy(ctx.cpu, ctx.outputs[0].data, X.data, shape, strides, DTypeSize(X.dtype));
+  return Status::Ok();
+}
+
+// ---- Pad ----
+
+// Each output row (all dims but the last) reads one input row, or is all constant; within the
+// row the unpadded run is one memcpy and the padding reads through PadSource.
+Status PadKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const TensorView& Y = ctx.outputs[0];
+  const bool has_axes = HasInput(ctx, 3);
+  GF_ASSIGN_OR_RETURN(PadParams p, ComputePad(X.shape, ReadInts(ctx.inputs[1]),
+                                              has_axes ? ReadInts(ctx.inputs[3]) : std::vector<int64_t>{}, has_axes,
+                                              ctx.node.GetString("mode", "constant"), KernelWhere(ctx)));
+  if (p.out != Y.shape)
+    return InvalidArgument(KernelWhere(ctx), ": pads give ", ShapeToString(p.out), " but the output is ", TypeStr(Y));
+  const size_t esize = DTypeSize(X.dtype);
+  std::vector<char> fill(esize, 0);  // zero bits are 0 in every dtype
+  if (HasInput(ctx, 2) && ctx.inputs[2].numel() == 1) {
+    if (ctx.inputs[2].dtype != X.dtype)
+      return InvalidArgument(KernelWhere(ctx), ": constant_value must be ", DTypeName(X.dtype));
+    std::memcpy(fill.data(), ctx.inputs[2].data, esize);
+  }
+  if (Y.numel() == 0) return Status::Ok();
+  const size_t rank = X.shape.size();
+  if (rank == 0) {
+    std::memcpy(Y.data, X.data, esize);
+    return Status::Ok();
+  }
+  // Per dim, the input index each output index reads.
+  std::vector<std::vector<int64_t>> src(rank);
+  for (size_t d = 0; d < rank; ++d)
+    for (int64_t o = 0; o < p.out[d]; ++o) src[d].push_back(PadSource(o, p.begin[d], X.shape[d], p.mode));
+  const int64_t n = p.out[rank - 1], xn = X.shape[rank - 1], begin = p.begin[rank - 1];
+  const int64_t run_lo = std::clamp<int64_t>(begin, 0, n), run_hi = std::clamp<int64_t>(begin + xn, run_lo, n);
+  const std::vector<int64_t> in_st = ContiguousStrides(X.shape);
+  const Shape rows_shape(p.out.begin(), p.out.end() - 1);
+  const int64_t rows = Product(rows_shape);
+  const char* in = static_cast<const char*>(X.data);
+  char* out = static_cast<char*>(Y.data);
+  const int64_t e = static_cast<int64_t>(esize);
+  ParallelFor(ctx.cpu, rows, n * e / 4 + 1, [&](int64_t row_begin, int64_t row_end) {
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      char* q = out + r * n * e;
+      int64_t off = 0, rem = r;
+      bool constant_row = false;
+      for (size_t d = rank - 1; d-- > 0;) {
+        const int64_t s = src[d][rem % rows_shape[d]];
+        rem /= rows_shape[d];
+        if (s == kPadFill) constant_row = true;
+        else off += s * in_st[d];
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        if (!constant_row && j == run_lo && run_hi > run_lo) {  // the unpadded run
+          std::memcpy(q + j * e, in + (off + j - begin) * e, static_cast<size_t>((run_hi - run_lo) * e));
+          j = run_hi - 1;
+          continue;
+        }
+        const int64_t s = constant_row ? kPadFill : src[rank - 1][j];
+        std::memcpy(q + j * e, s == kPadFill ? fill.data() : in + (off + s) * e, esize);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
 }  // namespace
 
 std::vector<CpuKernel> DataMovementKernels() {
@@ -330,6 +562,10 @@ std::vector<CpuKernel> DataMovementKernels() {
       {"GatherElements", GatherElementsKernel},
       {"Trilu", TriluKernel},
       {"Expand", ExpandKernel},
+      {"GatherND", GatherNDKernel},
+      {"ScatterND", ScatterNDKernel},
+      {"Tile", TileKernel},
+      {"Pad", PadKernel},
   };
 }
 

@@ -4,7 +4,8 @@
 //   output shapes), Slice (starts/ends/axes/steps inputs, ONNX clamping, negative steps),
 //   Gather (axis, negative indices), GatherElements (indices of data's rank, along axis),
 //   Trilu (upper / lower triangle from diagonal k), Expand (bidirectional broadcast to a constant
-//   shape).
+//   shape), GatherND (batch_dims), ScatterND (reduction none / add / mul / max / min), Tile
+//   (constant repeats), Pad (constant / reflect / edge / wrap; constant pads and axes).
 #include "data_movement.h"
 
 #include <climits>
@@ -66,6 +67,85 @@ Result<SliceParams> ComputeSlice(const Shape& shape, const std::vector<int64_t>&
       s = 0;
     }
     p.start[a] = s, p.step[a] = st, p.out[a] = len;
+  }
+  return p;
+}
+
+Result<GatherNDParams> ComputeGatherND(const Shape& data, const Shape& indices, int64_t batch_dims,
+                                        const std::string& where) {
+  const int64_t r = static_cast<int64_t>(data.size()), q = static_cast<int64_t>(indices.size());
+  if (r < 1 || q < 1)
+    return InvalidArgument(where, ": data ", ShapeToString(data), " and indices ", ShapeToString(indices),
+                           " must have rank >= 1");
+  if (batch_dims < 0 || batch_dims >= std::min(q, r))
+    return InvalidArgument(where, ": batch_dims ", batch_dims, " must be in [0, ", std::min(q, r) - 1, "]");
+  GatherNDParams p;
+  p.batch_dims = batch_dims;
+  p.m = indices.back();
+  if (p.m < 1 || p.m > r - batch_dims)
+    return InvalidArgument(where, ": the last dim of indices ", ShapeToString(indices), " is ", p.m,
+                           ", it must be in [1, ", r - batch_dims, "] for data ", ShapeToString(data));
+  for (int64_t d = 0; d < batch_dims; ++d)
+    if (data[d] != indices[d])
+      return InvalidArgument(where, ": batch dim ", d, " of data ", ShapeToString(data), " and indices ",
+                             ShapeToString(indices), " differ");
+  p.out.assign(indices.begin(), indices.end() - 1);
+  p.out.insert(p.out.end(), data.begin() + batch_dims + p.m, data.end());
+  return p;
+}
+
+// Where output position o of a padded dim reads (kPadFill: the constant), for an input dim of n.
+int64_t PadSource(int64_t o, int64_t begin, int64_t n, PadMode mode) {
+  const int64_t i = o - begin;
+  if (i >= 0 && i < n) return i;
+  switch (mode) {
+    case PadMode::kConstant: return kPadFill;
+    case PadMode::kEdge: return i < 0 ? 0 : n - 1;
+    case PadMode::kWrap: return ((i % n) + n) % n;
+    case PadMode::kReflect: {
+      if (n == 1) return 0;
+      const int64_t period = 2 * (n - 1);
+      const int64_t k = ((i % period) + period) % period;
+      return k < n ? k : period - k;
+    }
+  }
+  return kPadFill;
+}
+
+Result<PadParams> ComputePad(const Shape& shape, const std::vector<int64_t>& pads, std::vector<int64_t> axes,
+                             bool has_axes, const std::string& mode, const std::string& where) {
+  const int64_t rank = static_cast<int64_t>(shape.size());
+  PadParams p;
+  if (mode == "constant") p.mode = PadMode::kConstant;
+  else if (mode == "reflect") p.mode = PadMode::kReflect;
+  else if (mode == "edge") p.mode = PadMode::kEdge;
+  else if (mode == "wrap") p.mode = PadMode::kWrap;
+  else return InvalidArgument(where, ": mode '", mode, "' is not constant, reflect, edge or wrap");
+  if (!has_axes) {
+    axes.resize(static_cast<size_t>(rank));
+    for (int64_t d = 0; d < rank; ++d) axes[d] = d;
+  }
+  if (pads.size() != 2 * axes.size())
+    return InvalidArgument(where, ": pads ", ShapeToString(pads), " must hold 2 values per padded axis (",
+                           axes.size(), " axes of ", ShapeToString(shape), ")");
+  p.begin.assign(static_cast<size_t>(rank), 0);
+  p.out = shape;
+  std::vector<bool> seen(static_cast<size_t>(rank), false);
+  for (size_t k = 0; k < axes.size(); ++k) {
+    int64_t a = axes[k];
+    if (a < -rank || a >= rank) return InvalidArgument(where, ": axis ", a, " is out of range for rank ", rank);
+    if (a < 0) a += rank;
+    if (seen[a]) return InvalidArgument(where, ": axes ", ShapeToString(axes), " repeat axis ", axes[k]);
+    seen[a] = true;
+    const int64_t begin = pads[k], end = pads[k + axes.size()];
+    int64_t out = 0;
+    if (__builtin_add_overflow(shape[a], begin, &out) || __builtin_add_overflow(out, end, &out) || out < 0)
+      return InvalidArgument(where, ": pads ", ShapeToString(pads), " give axis ", a, " of size ", shape[a],
+                             " a size below 0");
+    if (shape[a] == 0 && out > 0 && p.mode != PadMode::kConstant)
+      return InvalidArgument(where, ": axis ", a, " is empty: '", mode, "' padding has nothing to repeat");
+    p.begin[a] = begin;
+    p.out[a] = out;
   }
   return p;
 }
@@ -234,6 +314,77 @@ Result<std::vector<ValueType>> InferExpand(const InferContext& ctx) {
   return std::vector<ValueType>{{x->dtype(), *out}};
 }
 
+// ---- GatherND: slices of data addressed by the last dim of indices, after batch_dims ----
+
+Result<std::vector<ValueType>> InferGatherND(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* idx = ctx.input(1);
+  if (!IsIndexType(idx->dtype()))
+    return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
+  GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(x->shape(), idx->shape(), ctx.GetInt("batch_dims", 0),
+                                                        ctx.Describe()));
+  return std::vector<ValueType>{{x->dtype(), p.out}};
+}
+
+// ---- ScatterND: data with the slices addressed by indices replaced (or combined) by updates ----
+
+Result<std::vector<ValueType>> InferScatterND(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* idx = ctx.input(1);
+  const Value* upd = ctx.input(2);
+  if (!IsIndexType(idx->dtype()))
+    return InvalidArgument(ctx.Describe(), ": indices must be i32 or i64, not ", DTypeName(idx->dtype()));
+  if (upd->dtype() != x->dtype())
+    return InvalidArgument(ctx.Describe(), ": updates ", upd->TypeString(), " must have data's dtype (",
+                           x->TypeString(), ")");
+  // The updates are what GatherND (batch_dims 0) would read at the same indices.
+  GF_ASSIGN_OR_RETURN(GatherNDParams p, ComputeGatherND(x->shape(), idx->shape(), 0, ctx.Describe()));
+  if (upd->shape() != p.out)
+    return InvalidArgument(ctx.Describe(), ": updates ", upd->TypeString(), " must have the shape ",
+                           ShapeToString(p.out), " (indices[:-1] + data[indices.shape[-1]:])");
+  const std::string reduction = AttrString(ctx.attrs, "reduction", "none");
+  if (reduction != "none" && reduction != "add" && reduction != "mul" && reduction != "max" && reduction != "min")
+    return InvalidArgument(ctx.Describe(), ": reduction '", reduction, "' is not none, add, mul, max or min");
+  if (reduction != "none" && x->dtype() == DType::kBool)
+    return Unimplemented(ctx.Describe(), ": reduction '", reduction, "' on bool is not supported");
+  return std::vector<ValueType>{{x->dtype(), x->shape()}};
+}
+
+// ---- Tile: the input repeated along each dim, repeats a constant input ----
+
+Result<std::vector<ValueType>> InferTile(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  GF_ASSIGN_OR_RETURN(auto repeats, RequireConstInts(ctx, 1, "repeats"));
+  if (repeats.size() != x->shape().size())
+    return InvalidArgument(ctx.Describe(), ": repeats ", ShapeToString(repeats), " must have one value per dim of ",
+                           x->TypeString());
+  Shape out = x->shape();
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (repeats[d] < 0)
+      return InvalidArgument(ctx.Describe(), ": repeats ", ShapeToString(repeats), " has a negative value");
+    if (__builtin_mul_overflow(out[d], repeats[d], &out[d]))
+      return InvalidArgument(ctx.Describe(), ": repeats ", ShapeToString(repeats), " overflow dim ", d);
+  }
+  return std::vector<ValueType>{{x->dtype(), out}};
+}
+
+// ---- Pad: constant / reflect / edge / wrap, pads (and opset 18 axes) constant inputs ----
+
+Result<std::vector<ValueType>> InferPad(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  GF_ASSIGN_OR_RETURN(auto pads, RequireConstInts(ctx, 1, "pads"));
+  std::vector<int64_t> axes;
+  if (ctx.input(3)) {
+    GF_ASSIGN_OR_RETURN(axes, RequireConstInts(ctx, 3, "axes"));
+  }
+  if (const Value* c = ctx.input(2); c && (c->dtype() != x->dtype() || c->numel() > 1))
+    return InvalidArgument(ctx.Describe(), ": constant_value ", c->TypeString(), " must be one value of data's dtype (",
+                           x->TypeString(), ")");
+  GF_ASSIGN_OR_RETURN(PadParams p, ComputePad(x->shape(), pads, axes, ctx.input(3) != nullptr,
+                                              AttrString(ctx.attrs, "mode", "constant"), ctx.Describe()));
+  return std::vector<ValueType>{{x->dtype(), p.out}};
+}
+
 }  // namespace
 
 std::vector<OpSchema> DataMovementSchemas() {
@@ -246,6 +397,10 @@ std::vector<OpSchema> DataMovementSchemas() {
       {"GatherElements", 2, 2, 1, InferGatherElements},
       {"Trilu", 1, 2, 1, InferTrilu},
       {"Expand", 2, 2, 1, InferExpand},
+      {"GatherND", 2, 2, 1, InferGatherND},
+      {"ScatterND", 3, 3, 1, InferScatterND},
+      {"Tile", 2, 2, 1, InferTile},
+      {"Pad", 2, 4, 1, InferPad},
   };
 }
 

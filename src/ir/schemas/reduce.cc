@@ -1,10 +1,13 @@
-// ReduceSum, ReduceMean, ReduceMax (ONNX opsets 13-18), and ArgMax / ArgMin: inference. The CPU kernels are in
-// src/cpu/kernels/reduce.cc.
+// The reductions (ReduceSum, ReduceMean, ReduceMax, ReduceMin, ReduceProd, ReduceSumSquare,
+// ReduceL1, ReduceL2, ReduceLogSum, ReduceLogSumExp; ONNX opsets 13-18), and ArgMax / ArgMin:
+// inference. The CPU kernels are in src/cpu/kernels/reduce.cc.
 //
-// Axes come from the `axes` attribute (ReduceMean/ReduceMax up to opset 17) or from an optional
-// constant second input (ReduceSum from 13, all three from 18); either form is accepted for all
-// three ops. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
-// keepdims defaults to 1; negative axes count from the end.
+// Axes come from the `axes` attribute (up to opset 17; ReduceSum up to 12) or from an optional
+// constant second input (ReduceSum from 13, all of them from 18); either form is accepted for
+// every op. Empty axes reduce everything unless noop_with_empty_axes=1 (then Y = X);
+// keepdims defaults to 1; negative axes count from the end. ReduceL2, ReduceLogSum and
+// ReduceLogSumExp (a root or a log of the data) take floats only.
+// Along one axis besides ArgMax / ArgMin: CumSum and TopK.
 #include "reduce.h"
 
 #include "infer_util.h"
@@ -37,6 +40,9 @@ Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   const Value* x = ctx.input(0);
   if (x->dtype() == DType::kBool)
     return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
+  if (!IsFloat(x->dtype()) && (ctx.op == "ReduceL2" || ctx.op == "ReduceLogSum" || ctx.op == "ReduceLogSumExp"))
+    return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()),
+                         " is not supported (floats only)");
   const int64_t rank = static_cast<int64_t>(x->shape().size());
   std::vector<int64_t> axes;
   if (ctx.input(1) != nullptr) {
@@ -68,6 +74,41 @@ Result<std::vector<ValueType>> InferArgReduce(const InferContext& ctx) {
   return std::vector<ValueType>{{DType::kI64, out}};
 }
 
+// CumSum: running sums along the axis given by input 1 (one i32 / i64 value; the output's shape
+// does not depend on it, so it may be computed at run time); exclusive, reverse.
+Result<std::vector<ValueType>> InferCumSum(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  const Value* axis = ctx.input(1);
+  if (x->dtype() == DType::kBool) return InvalidArgument(ctx.Describe(), ": CumSum needs a numeric input, not bool");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": CumSum needs an input of rank >= 1");
+  if (!IsIndexType(axis->dtype()) || axis->numel() != 1 || axis->shape().size() > 1)
+    return InvalidArgument(ctx.Describe(), ": the axis input must be one i32 or i64 value, got ", axis->TypeString());
+  if (ctx.ConstInput(1) != nullptr) {
+    GF_ASSIGN_OR_RETURN(auto a, ctx.ConstInts(1, "axis"));
+    GF_RETURN_IF_ERROR(NormalizeAxis(ctx, a[0], rank).status());
+  }
+  return std::vector<ValueType>{{x->dtype(), x->shape()}};
+}
+
+// TopK: the K largest (largest = 1, the default) or smallest elements along `axis` (default
+// -1), and their indices (i64). K is input 1, one constant value in [0, the axis' size].
+Result<std::vector<ValueType>> InferTopK(const InferContext& ctx) {
+  const Value* x = ctx.input(0);
+  if (x->dtype() == DType::kBool) return InvalidArgument(ctx.Describe(), ": TopK needs a numeric input, not bool");
+  const int64_t rank = static_cast<int64_t>(x->shape().size());
+  if (rank == 0) return InvalidArgument(ctx.Describe(), ": TopK needs an input of rank >= 1");
+  GF_ASSIGN_OR_RETURN(int64_t axis, NormalizeAxis(ctx, ctx.GetInt("axis", -1), rank));
+  GF_ASSIGN_OR_RETURN(auto k, RequireConstInts(ctx, 1, "K"));
+  if (k.size() != 1) return InvalidArgument(ctx.Describe(), ": K must be one value, got ", ShapeToString(k));
+  if (k[0] < 0 || k[0] > x->shape()[axis])
+    return InvalidArgument(ctx.Describe(), ": K = ", k[0], " is out of range for axis ", axis, " of size ",
+                           x->shape()[axis]);
+  Shape out = x->shape();
+  out[axis] = k[0];
+  return std::vector<ValueType>{{x->dtype(), out}, {DType::kI64, out}};
+}
+
 }  // namespace
 
 std::vector<OpSchema> ReduceSchemas() {
@@ -75,8 +116,17 @@ std::vector<OpSchema> ReduceSchemas() {
       {"ReduceSum", 1, 2, 1, InferReduce},
       {"ReduceMean", 1, 2, 1, InferReduce},
       {"ReduceMax", 1, 2, 1, InferReduce},
+      {"ReduceMin", 1, 2, 1, InferReduce},
+      {"ReduceProd", 1, 2, 1, InferReduce},
+      {"ReduceSumSquare", 1, 2, 1, InferReduce},
+      {"ReduceL1", 1, 2, 1, InferReduce},
+      {"ReduceL2", 1, 2, 1, InferReduce},
+      {"ReduceLogSum", 1, 2, 1, InferReduce},
+      {"ReduceLogSumExp", 1, 2, 1, InferReduce},
       {"ArgMax", 1, 1, 1, InferArgReduce},
       {"ArgMin", 1, 1, 1, InferArgReduce},
+      {"CumSum", 2, 2, 1, InferCumSum},
+      {"TopK", 2, 2, 2, InferTopK},
   };
 }
 

@@ -1,5 +1,5 @@
-// Which axes ReduceSum / ReduceMean / ReduceMax reduce, shared by their inference (reduce.cc)
-// and the CPU kernels.
+// Which axes a reduction (ReduceSum, ReduceMean, ReduceMax, ...) reduces, shared by their
+// inference (reduce.cc) and the CPU kernels.
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@ namespace graphfuse::schemas {
 std::vector<OpSchema> GemmSchemas();          // gemm.cc (MatMul, Gemm)
 std::vector<OpSchema> NormSchemas();          // norm.cc (LayerNormalization, RMSNorm)
 std::vector<OpSchema> SoftmaxSchemas();       // softmax.cc (Softmax, LogSoftmax)
-std::vector<OpSchema> ReduceSchemas();        // reduce.cc (ReduceSum, ReduceMean, ReduceMax)
+std::vector<OpSchema> ReduceSchemas();        // reduce.cc (ReduceSum, ReduceMean, ReduceMax, ..., ArgMax)
 std::vector<OpSchema> DataMovementSchemas();  // data_movement.cc (Transpose, Concat, Split, ...)
 std::vector<OpSchema> ShapeOpSchemas();       // shape_ops.cc (Reshape, Shape, Constant, Range, ...)
 std::vector<OpSchema> RopeSchemas();          // rope.cc (Rope)
