@@ -2,8 +2,8 @@
 // users export them, run through the public API (Model + CompiledModel, a plan per input
 // signature), fused and unfused, on every data set, against torch's outputs (rtol 1e-3,
 // atol 1e-4) and against each other. Prints, per model, the kernels per run of each plan and the
-// planning time per new signature, and writes that table to $GF_CORPUS_REPORT (else
-// ./corpus_report.txt).
+// planning time per new signature, and writes that table to $GF_CORPUS_REPORT (else to
+// corpus_report.txt in the build directory).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -25,26 +25,7 @@ constexpr Tolerance kVsTorch{1e-3, 1e-4};
 // Models that do not run yet, with the reason. Each must still fail with that reason (a model
 // that starts passing is reported, so that it leaves this list).
 const std::map<std::string, std::string>& NotYet() {
-  static const std::map<std::string, std::string> m = {
-      {"bert_dynamo_dynamic", "(GatherND): op not supported"},
-      {"bert_dynamo_static", "(GatherND): op not supported"},
-      {"gpt2_dynamo_dynamic", "(GatherND): op not supported"},
-      {"gpt2_dynamo_kv", "(GatherND): op not supported"},
-      {"gpt_neox_dynamo_dynamic", "(GatherND): op not supported"},
-      {"gpt_neox_dynamo_kv", "(GatherND): op not supported"},
-      {"llama_dynamo_dynamic", "(GatherND): op not supported"},
-      {"llama_dynamo_kv", "(GatherND): op not supported"},
-      {"llama_gqa_dynamo_dynamic", "(GatherND): op not supported"},
-      {"llama_gqa_dynamo_kv", "(GatherND): op not supported"},
-      {"mistral_dynamo_dynamic", "(GatherND): op not supported"},
-      {"mistral_dynamo_kv", "(GatherND): op not supported"},
-      {"qwen2_dynamo_dynamic", "(GatherND): op not supported"},
-      {"qwen2_dynamo_kv", "(GatherND): op not supported"},
-      {"roberta_dynamo_dynamic", "(CumSum): op not supported"},
-      {"roberta_dynamo_static", "(CumSum): op not supported"},
-      {"roberta_ts_dynamic", "(CumSum): op not supported"},
-      {"roberta_ts_static", "(CumSum): op not supported"},
-  };
+  static const std::map<std::string, std::string> m = {};
   return m;
 }
 
@@ -157,7 +138,7 @@ TEST(HfCorpus, EveryModelMatchesTorchFusedAndUnfused) {
   for (const auto& [dir, why] : NotYet()) EXPECT_TRUE(seen.count(dir)) << dir << " is listed but not in the corpus";
   std::printf("%s", report.c_str());
   const char* path = std::getenv("GF_CORPUS_REPORT");
-  std::ofstream(path ? path : "corpus_report.txt") << report;
+  std::ofstream(path ? path : GF_CORPUS_REPORT_DEFAULT) << report;
 }
 
 }  // namespace
