@@ -34,7 +34,7 @@ namespace graphfuse {
 // The default-domain opsets the importer accepts. The IR holds ops in their opset 13-17 form;
 // nodes of other opsets whose form differs are rewritten to it as they are imported
 // (node_import.cc, UpgradeForm).
-inline constexpr int64_t kMinOnnxOpset = 7;
+inline constexpr int64_t kMinOnnxOpset = 1;
 inline constexpr int64_t kMaxOnnxOpset = 21;
 
 // A parsed model and its input signature, imported once per binding of its inputs: symbolic

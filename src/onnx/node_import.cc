@@ -34,12 +34,14 @@
 //   TopK < 10                 the k attribute -> a constant K input
 //   Pad < 11                  pads / value attributes -> constant inputs (value in x's dtype)
 //   Split >= 18               num_outputs is honoured (ignored before 18, where it did not exist)
+//   opsets 1-6                see UpgradeBefore7 (legacy attributes, axis-aligned broadcasting)
 // Squeeze, Unsqueeze, ReduceSum and Split before 13, and the other reductions from 18, need
 // nothing: their schemas take axes (and split) as an attribute or as a constant input.
 #include "onnx/node_import.h"
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -238,17 +240,26 @@ Status ImportCastLike(NodeImport& n) {
 
 Status ImportDropout(NodeImport& n) {
   GF_RETURN_IF_ERROR(RequireInputs(n, 1, 3));
-  if (!OnnxOutput(n, 1).empty()) return Unimplemented("the mask output of Dropout is not supported");
   GF_RETURN_IF_ERROR(CheckOutputs(n, 2));
+  const bool has_ratio = n.inputs.size() > 1 && n.inputs[1] && n.inputs[1]->constant() &&
+                         n.inputs[1]->constant()->numel() == 1;
+  const double ratio = has_ratio ? n.inputs[1]->constant()->GetAsDouble(0) : 0.5;
   if (n.inputs.size() > 2 && n.inputs[2]) {
     GF_ASSIGN_OR_RETURN(double mode, ConstantScalar(n, 2, "training_mode"));
-    if (mode != 0) return Unimplemented("training-mode Dropout is not supported (only inference)");
+    // Training with ratio 0 keeps every element: the inference form.
+    if (mode != 0 && !(has_ratio && ratio == 0))
+      return Unimplemented("training-mode Dropout is not supported (only inference, or a ratio of 0)");
   }
   // In inference the ratio does not matter; it is kept when valid so the IR shows it.
   AttributeMap a{{"training", int64_t{0}}};
-  if (n.inputs.size() > 1 && n.inputs[1] && n.inputs[1]->constant() && n.inputs[1]->constant()->numel() == 1) {
-    const double r = n.inputs[1]->constant()->GetAsDouble(0);
-    if (r >= 0 && r < 1) a["alpha"] = static_cast<float>(r);
+  if (has_ratio && ratio >= 0 && ratio < 1) a["alpha"] = static_cast<float>(ratio);
+  if (const std::string mask = OnnxOutput(n, 1); !mask.empty()) {
+    // Nothing is dropped: the mask is all true, a constant of x's shape.
+    Value* x = n.inputs[0];
+    GF_ASSIGN_OR_RETURN(Tensor ones, Tensor::Empty(DType::kBool, x->shape()));
+    if (ones.nbytes() > (64 << 20)) return Unimplemented("the mask output of Dropout on ", x->TypeString(), " (over 64 MiB)");
+    if (ones.nbytes() > 0) std::memset(ones.data(), 1, ones.nbytes());
+    GF_RETURN_IF_ERROR(n.g.AddConstant(mask, std::make_shared<const Tensor>(std::move(ones))).status());
   }
   return Emit(n, "Dropout", {n.inputs[0]}, std::move(a), true).status();
 }
@@ -501,9 +512,83 @@ Result<Value*> IntsInput(NodeImport& n, const std::string& attr) {
 
 // Rewrites a node of an opset outside 13-17 whose form differs into that form (see the table at
 // the top). Sets *done when it added the node's IR itself.
+// ONNX's TensorProto.DataType by name, for Cast's string `to` before opset 6.
+Result<int64_t> OnnxTypeByName(const std::string& name) {
+  static const std::pair<const char*, int64_t> kTypes[] = {
+      {"FLOAT", 1}, {"UINT8", 2}, {"INT8", 3},  {"UINT16", 4}, {"INT16", 5},   {"INT32", 6},   {"INT64", 7},
+      {"STRING", 8}, {"BOOL", 9}, {"FLOAT16", 10}, {"DOUBLE", 11}, {"UINT32", 12}, {"UINT64", 13}, {"BFLOAT16", 16}};
+  for (const auto& [n, v] : kTypes)
+    if (name == n) return v;
+  return InvalidArgument("Cast: 'to' is '", name, "', not an ONNX element type name");
+}
+
+// Opsets 1-6: the forms that changed at opset 7 or earlier.
+//   every op                 consumed_inputs (a legacy optimization hint) is dropped
+//   binary arithmetic, logic  broadcast=1 with `axis`: B aligned with A's dims from `axis` on,
+//   and comparisons           made numpy-style by reshaping B (trailing 1s); without `axis` B is
+//                            A's suffix, which numpy broadcasting already means
+//   Gemm                     broadcast is dropped (C broadcasts as numpy's rule allows)
+//   Cast < 6                 `to` as a type name -> the element type number
+//   Reshape < 5              the `shape` attribute -> a constant input
+//   Concat < 4               `axis` defaults to 1
+//   Pad < 2                  `paddings` is `pads`
+//   Dropout < 7              is_test is dropped (inference either way), ratio stays an attribute
+//   Tile < 6                 (tiles, axis) inputs: refused
+Status UpgradeBefore7(NodeImport& n) {
+  const std::string& op = n.op();
+  n.attrs.erase("consumed_inputs");
+  static const char* kBroadcastOps[] = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"};
+  if (std::find(std::begin(kBroadcastOps), std::end(kBroadcastOps), op) != std::end(kBroadcastOps)) {
+    const bool broadcast = AttrInt(n.attrs, "broadcast", 0) != 0;
+    const bool has_axis = n.attrs.count("axis") != 0;
+    const int64_t axis = AttrInt(n.attrs, "axis", 0);
+    n.attrs.erase("broadcast");
+    n.attrs.erase("axis");
+    if (!broadcast || !has_axis || n.inputs.size() != 2 || !n.inputs[0] || !n.inputs[1]) return Status::Ok();
+    const Shape& a = n.inputs[0]->shape();
+    const Shape& b = n.inputs[1]->shape();
+    const int64_t rank = static_cast<int64_t>(a.size());
+    const int64_t at = axis < 0 ? axis + rank : axis;
+    if (at < 0 || at + static_cast<int64_t>(b.size()) > rank)
+      return InvalidArgument("broadcast axis ", axis, " does not place ", n.inputs[1]->TypeString(), " inside ",
+                             n.inputs[0]->TypeString());
+    if (at + static_cast<int64_t>(b.size()) == rank) return Status::Ok();  // a suffix: numpy's alignment
+    Shape aligned = b;
+    aligned.resize(static_cast<size_t>(rank - at), 1);
+    GF_ASSIGN_OR_RETURN(Value * shape, Int64sConstant(n, "broadcast_shape", aligned));
+    GF_ASSIGN_OR_RETURN(n.inputs[1], Emit(n, "Reshape", {n.inputs[1], shape}, {}, false));
+    return Status::Ok();
+  }
+  if (op == "Gemm") n.attrs.erase("broadcast");
+  if (op == "Dropout") n.attrs.erase("is_test");
+  if (op == "Cast") {
+    auto to = n.attrs.find("to");
+    if (to != n.attrs.end() && std::holds_alternative<std::string>(to->second)) {
+      GF_ASSIGN_OR_RETURN(int64_t t, OnnxTypeByName(std::get<std::string>(to->second)));
+      to->second = t;
+    }
+  }
+  if (op == "Reshape" && n.opset < 5 && n.attrs.count("shape")) {
+    n.inputs.resize(1);
+    GF_ASSIGN_OR_RETURN(Value * shape, IntsInput(n, "shape"));
+    n.inputs.push_back(shape);
+  }
+  if (op == "Concat" && n.opset < 4 && !n.attrs.count("axis")) n.attrs["axis"] = int64_t{1};
+  if (op == "Pad" && n.opset < 2) {
+    auto p = n.attrs.find("paddings");
+    if (p != n.attrs.end()) {
+      n.attrs["pads"] = p->second;
+      n.attrs.erase("paddings");
+    }
+  }
+  if (op == "Tile" && n.opset < 6) return Unimplemented("Tile before opset 6 (tiles and axis inputs) is not supported");
+  return Status::Ok();
+}
+
 Status UpgradeForm(NodeImport& n, bool* done) {
   *done = false;
   const std::string& op = n.op();
+  if (n.opset < 7) GF_RETURN_IF_ERROR(UpgradeBefore7(n));
   if (n.opset < 13 && (op == "Softmax" || op == "LogSoftmax")) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     GF_RETURN_IF_ERROR(CheckOutputs(n, 1));

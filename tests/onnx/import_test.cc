@@ -196,11 +196,67 @@ TEST(OnnxImport, OldAndNewAttributeForms) {
   }
 }
 
+// Opsets before 7: binary ops broadcast B along A's dims from `axis` (broadcast=1), Cast names
+// its type, Reshape takes its shape as an attribute, and legacy consumed_inputs is ignored.
+TEST(OnnxImport, OpsetsBefore7) {
+  {
+    ModelBuilder b(6);
+    b.Input("x", {2, 3, 2});
+    b.FloatInit("bias", {3}, {10, 20, 30});
+    auto* n = b.Node("Add", {"x", "bias"}, {"y"});
+    SetInt(n, "broadcast", 1);
+    SetInt(n, "axis", 1);
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(RunF32(**g, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}),
+              (std::vector<float>{10, 11, 22, 23, 34, 35, 16, 17, 28, 29, 40, 41}));
+  }
+  {
+    ModelBuilder b(6);
+    b.Input("x", {2, 3});
+    b.FloatInit("s", {3}, {1, 2, 3});
+    auto* n = b.Node("Mul", {"x", "s"}, {"y"});
+    SetInt(n, "broadcast", 1);  // no axis: s is x's suffix
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ(RunF32(**g, {1, 1, 1, 2, 2, 2}), (std::vector<float>{1, 2, 3, 2, 4, 6}));
+  }
+  {
+    ModelBuilder b(6);
+    b.Input("x", {2, 3});
+    b.FloatInit("s", {4}, {1, 2, 3, 4});
+    auto* n = b.Node("Add", {"x", "s"}, {"y"}, "bad_axis");
+    SetInt(n, "broadcast", 1);
+    SetInt(n, "axis", 2);
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'bad_axis' (Add)", "broadcast axis 2");
+  }
+  {
+    ModelBuilder b(4);
+    b.Input("x", {2, 3});
+    auto* r = b.Node("Reshape", {"x"}, {"r"});
+    SetInts(r, "shape", {3, 2});
+    SetInts(r, "consumed_inputs", {0});
+    auto* c = b.Node("Cast", {"r"}, {"y"});
+    auto* to = c->add_attribute();
+    to->set_name("to");
+    to->set_type(onnx::AttributeProto::STRING);
+    to->set_s("INT32");
+    b.Output("y");
+    auto g = b.Import();
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->outputs()[0]->TypeString(), "i32[3,2]");
+    EXPECT_EQ(RunF32(**g, {1.5f, -2.5f, 3, 4, 5, 6}), (std::vector<float>{1, -2, 3, 4, 5, 6}));
+  }
+}
+
 TEST(OnnxImport, RefusesWhatItCannotParseOrRun) {
   EXPECT_ERROR(ImportOnnxBytes("\xff\xff\xff garbage", "bad.onnx"), StatusCode::kInvalidArgument, "bad.onnx",
                "not a valid ONNX model (protobuf parse failed)");
   EXPECT_ERROR(ImportOnnxFile("/nonexistent/model.onnx"), StatusCode::kNotFound, "/nonexistent/model.onnx");
-  for (int64_t opset : {6, 22}) {  // outside 7..21
+  for (int64_t opset : {0, 22}) {  // outside 1..21
     ModelBuilder b(opset);
     b.Input("x", {2});
     b.Node("Relu", {"x"}, {"y"});
@@ -842,11 +898,19 @@ TEST(OnnxImport, DropoutIsInferenceIdentity) {
   EXPECT_EQ(OnlyNode(**g)->GetInt("training", 1), 0);
   EXPECT_EQ(RunF32(**g, {1, 2, 3}), (std::vector<float>{1, 2, 3}));
 
+  // In inference nothing is dropped: the mask output is all true.
   ModelBuilder mask;
   mask.Input("x", {3});
   mask.Node("Dropout", {"x"}, {"y", "m"}, "d");
-  mask.Output("y");
-  EXPECT_ERROR(mask.Import(), StatusCode::kUnimplemented, "node 'd' (Dropout)", "mask");
+  mask.Output("m");
+  auto gm = mask.Import();
+  ASSERT_TRUE(gm.ok()) << gm.status().ToString();
+  EXPECT_EQ((*gm)->outputs()[0]->TypeString(), "bool[3]");
+  const Tensor x3 = Tensor::FromFloats(DType::kF32, {3}, {1, 2, 3}).value();
+  std::vector<TensorView> in3{x3.view()};
+  auto m = Execute(**gm, in3, CpuContext{});
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ((*m)[0].GetAsDouble(i), 1.0);
 
   ModelBuilder train;
   train.Input("x", {3});
