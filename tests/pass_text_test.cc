@@ -129,6 +129,53 @@ CHECK-NEXT: return %y
 )");
 }
 
+TEST(PassTextCanonicalize, IdentityCastsGoAndTheRmsNormIsWhole) {
+  // transformers' LlamaRMSNorm as the TorchScript exporter writes it in f32: Cast(to f32) around
+  // the normalization, then the weight. The casts go, and the norm with its weight is one op.
+  ExpectPassOutput(RunCanonicalize, R"(graph @rms(%x: f32[2,64], %w: f32[64]) {
+  %two: f32[] = const [2.0]
+  %eps: f32[] = const [1e-6]
+  %one: f32[] = const [1.0]
+  %c = Cast(%x) {to = 0}
+  %sq = Pow(%c, %two)
+  %mean = ReduceMean(%sq) {axes = [-1], keepdims = 1}
+  %s = Add(%mean, %eps)
+  %rms = Sqrt(%s)
+  %inv = Div(%one, %rms)
+  %xn = Mul(%c, %inv)
+  %c1 = Cast(%xn) {to = 0}
+  %y = Mul(%w, %c1)
+  return %y
+})",
+                   R"(
+CHECK: graph @rms(%x: f32[2,64], %w: f32[64]) {
+CHECK-NEXT: %y: f32[2,64] = RMSNorm(%x, %w) {axis = -1,
+CHECK-NOT: Cast(
+CHECK: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, IdentityNodesGoUnlessReturned) {
+  // A Cast to the dtype it has and a one-input Concat return their input; a Cast that converts,
+  // and an identity whose result is a graph output, stay.
+  ExpectPassOutput(RunCanonicalize, R"(graph @id(%x: f32[2,4], %i: i64[2,4]) {
+  %a = Cast(%x) {to = 0}
+  %b = Concat(%a) {axis = -2}
+  %c = Exp(%b)
+  %d = Cast(%i) {to = 4}
+  %e = Cast(%d) {to = 0}
+  %f = Cast(%c) {to = 0}
+  return %e, %f
+})",
+                   R"(
+CHECK: graph @id(%x: f32[2,4], %i: i64[2,4]) {
+CHECK-NEXT: %c: f32[2,4] = Exp(%x)
+CHECK-NEXT: %e: f32[2,4] = Cast(%i) {to = 0}
+CHECK-NEXT: %f: f32[2,4] = Cast(%c) {to = 0}
+CHECK-NEXT: return %e, %f
+)");
+}
+
 TEST(PassTextCanonicalize, GeluErfAndSilu) {
   ExpectPassOutput(RunCanonicalize, R"(graph @act(%x: f32[4,16], %z: f32[4,16]) {
   %sqrt2: f32[] = const [1.4142135381698608]

@@ -1,6 +1,8 @@
 // Canonicalize: recognizes what exporters write out as primitive ops and replaces each pattern
 // with the single op it is, so that the fusion passes see RMSNorm / LayerNormalization / Gelu /
-// GeluTanh / Silu / Softmax / Rope nodes.
+// GeluTanh / Silu / Softmax / Rope nodes. First, nodes that return their input (a Cast to the
+// dtype it has, which transformers' norms and softmax write for mixed precision; a Concat of one
+// input) go, so that they split no pattern.
 //
 // Note on the matching algorithm
 // ------------------------------
@@ -587,8 +589,38 @@ Result<int> SplitLinearGemms(Graph& g) {
 
 }  // namespace
 
+namespace {
+
+// Whether node n returns its one input unchanged: a Cast to the dtype it already has (exporters
+// write them around norms and softmaxes that upcast in mixed precision), a Concat of one input,
+// an Identity.
+bool IsIdentityNode(const Node& n) {
+  if (n.inputs().size() != 1 || n.outputs().size() != 1 || !n.input(0)) return false;
+  const Value* in = n.input(0);
+  const Value* out = n.output();
+  if (in->dtype() != out->dtype() || in->shape() != out->shape()) return false;
+  return n.op() == "Cast" || n.op() == "Concat" || n.op() == "Identity";
+}
+
+// Identity nodes go: their readers read the input. One whose result is a graph output stays
+// (the output must keep its name and its own buffer).
+Result<int> RemoveIdentities(Graph& g) {
+  std::vector<Node*> identities;
+  for (const auto& n : g.nodes())
+    if (IsIdentityNode(*n) && !n->output()->is_graph_output()) identities.push_back(n.get());
+  for (Node* n : identities) {
+    g.ReplaceAllUsesWith(n->output(), n->input(0));
+    g.RemoveNode(n);
+  }
+  return static_cast<int>(identities.size());
+}
+
+}  // namespace
+
 Result<int> Canonicalize(Graph& g) {
-  GF_ASSIGN_OR_RETURN(int rewritten, SplitLinearGemms(g));
+  GF_ASSIGN_OR_RETURN(int rewritten, RemoveIdentities(g));
+  GF_ASSIGN_OR_RETURN(int split, SplitLinearGemms(g));
+  rewritten += split;
   // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;
   // the bound only guards that argument.
   const size_t max_rewrites = g.num_nodes();
