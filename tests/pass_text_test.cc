@@ -176,6 +176,41 @@ CHECK-NEXT: return %e, %f
 )");
 }
 
+TEST(PassTextCanonicalize, InOrderGatherIsAViewAndNoOpsGo) {
+  // transformers' padding mask: the rows of a flattened [B*S, 1] mask gathered in order, an
+  // Expand to the shape it has; RoPE's cos times attention_scaling 1. A Gather in another order,
+  // an Expand that broadcasts and a Mul by 1 that broadcasts stay.
+  ExpectPassOutput(RunCanonicalize, R"(graph @mask(%m: i64[2,3], %c: f32[1,3,8], %r: f32[3,1]) {
+  %idx: i64[2,1,1,3] = const [0, 1, 2, 3, 4, 5]
+  %perm: i64[2,1,1,3] = const [1, 0, 2, 3, 4, 5]
+  %shape: i64[5] = const [2, 1, 1, 3, 1]
+  %wide: i64[2] = const [3, 4]
+  %one: f32[] = const [1.0]
+  %ones: f32[1,4] = const [1.0, 1.0, 1.0, 1.0]
+  %f = Flatten(%m) {axis = 2}
+  %g = Gather(%f, %idx) {axis = 0}
+  %h = Gather(%f, %perm) {axis = 0}
+  %e = Expand(%g, %shape)
+  %n = Neg(%e)
+  %x = Expand(%r, %wide)
+  %cos = Cos(%c)
+  %s = Mul(%cos, %one)
+  %t = Exp(%s)
+  %y = Mul(%r, %ones)
+  return %n, %h, %t, %x, %y
+})",
+                   R"(
+CHECK-NOT: Expand(%g
+CHECK-NOT: Mul(%cos
+CHECK: %h: i64[2,1,1,3,1] = Gather(%f, %perm) {axis = 0}
+CHECK: %x: f32[3,4] = Expand(%r, %wide)
+CHECK: %y: f32[3,4] = Mul(%r, %ones)
+CHECK: %g: i64[2,1,1,3,1] = Reshape(%f, %{{[^)]*}})
+CHECK-NEXT: %n: i64[2,1,1,3,1] = Neg(%g)
+CHECK: return %n, %h, %t, %x, %y
+)");
+}
+
 TEST(PassTextCanonicalize, GeluErfAndSilu) {
   ExpectPassOutput(RunCanonicalize, R"(graph @act(%x: f32[4,16], %z: f32[4,16]) {
   %sqrt2: f32[] = const [1.4142135381698608]
