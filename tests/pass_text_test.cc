@@ -503,6 +503,52 @@ CHECK-NEXT: return %out
 )");
 }
 
+TEST(PassTextFuseAttention, RepeatedKvHeadsAreReadAsTheFewerHeads) {
+  // transformers' repeat_kv (Unsqueeze, Expand, Reshape) of a [1,2,4,4] cache to 4 heads, on K
+  // and V alike: the node reads the caches themselves, kv_heads = 2, and takes the repeats in.
+  // Only V repeated: nothing to share, the repeat stays and the node reads its result.
+  const std::string body = R"(  %qs: i64[4] = const [1, 4, 4, 4]
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [1, 2, 2, 4, 4]
+  %rs: i64[4] = const [1, 4, 4, 4]
+  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %vu = Unsqueeze(%v, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+)";
+  const std::string tail = R"(  %s = MatMul(%q4, %kt)
+  %p = Softmax(%s) {axis = -1}
+  %o = MatMul(%p, %vh)
+  return %o
+})";
+  ExpectPassOutput(RunFuseAttention, R"(graph @gqa(%q: f32[1,4,16], %k: f32[1,2,4,4], %v: f32[1,2,4,4]) {
+)" + body + R"(  %ku = Unsqueeze(%k, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+)" + tail,
+                   R"(
+CHECK-NOT: Expand(
+CHECK: %o: f32[1,4,4,4] = FusedAttention(%q, %k, %v) {
+CHECK-SAME: heads = 4,
+CHECK-SAME: k_layout = "bhsd",
+CHECK-SAME: kernel_name = "attention_h4_kv2_d4_f32_{{[0-9a-f]{8}}}",
+CHECK-SAME: kv_heads = 2,
+CHECK: v_layout = "bhsd"}
+CHECK-NEXT: return %o
+)");
+  ExpectPassOutput(RunFuseAttention, R"(graph @vonly(%q: f32[1,4,16], %k: f32[1,4,4,4], %v: f32[1,2,4,4]) {
+)" + body + R"(  %kt = Transpose(%k) {perm = [0, 1, 3, 2]}
+)" + tail,
+                   R"(
+CHECK: %vh: f32[1,4,4,4] = Reshape(%vx, %rs)
+CHECK: %o: f32[1,4,4,4] = FusedAttention(%q, %k, %vh) {
+CHECK-NOT: kv_heads
+CHECK: return %o
+)");
+}
+
 TEST(PassTextFuseAttention, ScoresReadOutsideAreNotFused) {
   // The scaled scores are also returned: the pattern's intermediates must stay private.
   ExpectPassOutput(RunFuseAttention, AttentionText(R"(  %s1 = Div(%s, %c)
