@@ -1216,5 +1216,84 @@ TEST(FuseAttention, MergedHeadsReadInPlaceMatchUnfused) {
                               1);
 }
 
+// Grouped-query attention as transformers exports it (LLaMA with num_key_value_heads 2 of 4
+// heads): q, k and v split into heads, Q and K roped, K and V repeated by repeat_kv (Unsqueeze,
+// Expand, Reshape), the scores scaled after the product, a mask added, the heads merged. One
+// kernel: the node reads the two K / V heads where they lie (kv_heads = 2).
+TEST(FuseAttention, GroupedQueryHeadsMatchUnfused) {
+  const std::string text = R"(graph @gqa(%q: f32[2,5,16], %k: f32[2,5,8], %v: f32[2,5,8], %cos: f32[2,1,5,4], %sin: f32[2,1,5,4], %mask: f32[2,1,5,5]) {
+  %qs: i64[4] = const [2, 5, 4, 4]
+  %ks: i64[4] = const [2, 5, 2, 4]
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [2, 2, 2, 5, 4]
+  %rs: i64[4] = const [2, 4, 5, 4]
+  %os: i64[3] = const [2, 5, 16]
+  %c: f32[] = const [0.5]
+  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %kr = Reshape(%k, %ks)
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %vr = Reshape(%v, %ks)
+  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}
+  %qe = Rope(%q4, %cos, %sin)
+  %ke = Rope(%k4, %cos, %sin)
+  %ku = Unsqueeze(%ke, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Unsqueeze(%v4, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%qe, %kt)
+  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+  %o4 = MatMul(%p, %vh)
+  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %os)
+  return %out
+})";
+  AttentionTextMatchesUnfused(text, 1);
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), {}).ok());
+  const Node* att = FindOp(**g, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->GetInt("kv_heads", -1), 2);
+  EXPECT_EQ(att->GetInt("heads", -1), 4);
+  EXPECT_EQ(att->input(1)->name(), "k");  // K read where it lies, [B, S, 2 heads * d]
+}
+
+// The KV-cache form: K and V are the caches [B, KV, Sk, d] (here graph inputs, read in place
+// as bhsd), repeated to the 4 query heads; 3 query rows over 7 keys.
+TEST(FuseAttention, GroupedQueryHeadsOverACacheMatchUnfused) {
+  AttentionTextMatchesUnfused(R"(graph @gqa_kv(%q: f32[1,3,16], %k: f32[1,2,7,4], %v: f32[1,2,7,4], %mask: f32[1,1,3,7]) {
+  %qs: i64[4] = const [1, 3, 4, 4]
+  %us: i64[5] = const [1, 2, 1, 7, 4]
+  %ex: i64[5] = const [1, 2, 2, 7, 4]
+  %rs: i64[4] = const [1, 4, 7, 4]
+  %os: i64[3] = const [1, 3, 16]
+  %c: f32[] = const [0.5]
+  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %ku = Reshape(%k, %us)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Reshape(%v, %us)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%q4, %kt)
+  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+  %o4 = MatMul(%p, %vh)
+  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %os)
+  return %out
+})",
+                              1);
+}
+
 }  // namespace
 }  // namespace graphfuse

@@ -129,6 +129,88 @@ CHECK-NEXT: return %y
 )");
 }
 
+TEST(PassTextCanonicalize, IdentityCastsGoAndTheRmsNormIsWhole) {
+  // transformers' LlamaRMSNorm as the TorchScript exporter writes it in f32: Cast(to f32) around
+  // the normalization, then the weight. The casts go, and the norm with its weight is one op.
+  ExpectPassOutput(RunCanonicalize, R"(graph @rms(%x: f32[2,64], %w: f32[64]) {
+  %two: f32[] = const [2.0]
+  %eps: f32[] = const [1e-6]
+  %one: f32[] = const [1.0]
+  %c = Cast(%x) {to = 0}
+  %sq = Pow(%c, %two)
+  %mean = ReduceMean(%sq) {axes = [-1], keepdims = 1}
+  %s = Add(%mean, %eps)
+  %rms = Sqrt(%s)
+  %inv = Div(%one, %rms)
+  %xn = Mul(%c, %inv)
+  %c1 = Cast(%xn) {to = 0}
+  %y = Mul(%w, %c1)
+  return %y
+})",
+                   R"(
+CHECK: graph @rms(%x: f32[2,64], %w: f32[64]) {
+CHECK-NEXT: %y: f32[2,64] = RMSNorm(%x, %w) {axis = -1,
+CHECK-NOT: Cast(
+CHECK: return %y
+)");
+}
+
+TEST(PassTextCanonicalize, IdentityNodesGoUnlessReturned) {
+  // A Cast to the dtype it has and a one-input Concat return their input; a Cast that converts,
+  // and an identity whose result is a graph output, stay.
+  ExpectPassOutput(RunCanonicalize, R"(graph @id(%x: f32[2,4], %i: i64[2,4]) {
+  %a = Cast(%x) {to = 0}
+  %b = Concat(%a) {axis = -2}
+  %c = Exp(%b)
+  %d = Cast(%i) {to = 4}
+  %e = Cast(%d) {to = 0}
+  %f = Cast(%c) {to = 0}
+  return %e, %f
+})",
+                   R"(
+CHECK: graph @id(%x: f32[2,4], %i: i64[2,4]) {
+CHECK-NEXT: %c: f32[2,4] = Exp(%x)
+CHECK-NEXT: %e: f32[2,4] = Cast(%i) {to = 0}
+CHECK-NEXT: %f: f32[2,4] = Cast(%c) {to = 0}
+CHECK-NEXT: return %e, %f
+)");
+}
+
+TEST(PassTextCanonicalize, InOrderGatherIsAViewAndNoOpsGo) {
+  // transformers' padding mask: the rows of a flattened [B*S, 1] mask gathered in order, an
+  // Expand to the shape it has; RoPE's cos times attention_scaling 1. A Gather in another order,
+  // an Expand that broadcasts and a Mul by 1 that broadcasts stay.
+  ExpectPassOutput(RunCanonicalize, R"(graph @mask(%m: i64[2,3], %c: f32[1,3,8], %r: f32[3,1]) {
+  %idx: i64[2,1,1,3] = const [0, 1, 2, 3, 4, 5]
+  %perm: i64[2,1,1,3] = const [1, 0, 2, 3, 4, 5]
+  %shape: i64[5] = const [2, 1, 1, 3, 1]
+  %wide: i64[2] = const [3, 4]
+  %one: f32[] = const [1.0]
+  %ones: f32[1,4] = const [1.0, 1.0, 1.0, 1.0]
+  %f = Flatten(%m) {axis = 2}
+  %g = Gather(%f, %idx) {axis = 0}
+  %h = Gather(%f, %perm) {axis = 0}
+  %e = Expand(%g, %shape)
+  %n = Neg(%e)
+  %x = Expand(%r, %wide)
+  %cos = Cos(%c)
+  %s = Mul(%cos, %one)
+  %t = Exp(%s)
+  %y = Mul(%r, %ones)
+  return %n, %h, %t, %x, %y
+})",
+                   R"(
+CHECK-NOT: Expand(%g
+CHECK-NOT: Mul(%cos
+CHECK: %h: i64[2,1,1,3,1] = Gather(%f, %perm) {axis = 0}
+CHECK: %x: f32[3,4] = Expand(%r, %wide)
+CHECK: %y: f32[3,4] = Mul(%r, %ones)
+CHECK: %g: i64[2,1,1,3,1] = Reshape(%f, %{{[^)]*}})
+CHECK-NEXT: %n: i64[2,1,1,3,1] = Neg(%g)
+CHECK: return %n, %h, %t, %x, %y
+)");
+}
+
 TEST(PassTextCanonicalize, GeluErfAndSilu) {
   ExpectPassOutput(RunCanonicalize, R"(graph @act(%x: f32[4,16], %z: f32[4,16]) {
   %sqrt2: f32[] = const [1.4142135381698608]
@@ -418,6 +500,52 @@ CHECK: %s1: f32[1,2,4,4] = Mul(%s, %c)
 CHECK-NEXT: %s2: f32[1,2,4,4] = Add(%s1, %mask)
 CHECK: }, rope_k = 0, rope_q = 0, scale = 2.0, seq_k = 4, seq_q = 4,
 CHECK-NEXT: return %out
+)");
+}
+
+TEST(PassTextFuseAttention, RepeatedKvHeadsAreReadAsTheFewerHeads) {
+  // transformers' repeat_kv (Unsqueeze, Expand, Reshape) of a [1,2,4,4] cache to 4 heads, on K
+  // and V alike: the node reads the caches themselves, kv_heads = 2, and takes the repeats in.
+  // Only V repeated: nothing to share, the repeat stays and the node reads its result.
+  const std::string body = R"(  %qs: i64[4] = const [1, 4, 4, 4]
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [1, 2, 2, 4, 4]
+  %rs: i64[4] = const [1, 4, 4, 4]
+  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %vu = Unsqueeze(%v, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+)";
+  const std::string tail = R"(  %s = MatMul(%q4, %kt)
+  %p = Softmax(%s) {axis = -1}
+  %o = MatMul(%p, %vh)
+  return %o
+})";
+  ExpectPassOutput(RunFuseAttention, R"(graph @gqa(%q: f32[1,4,16], %k: f32[1,2,4,4], %v: f32[1,2,4,4]) {
+)" + body + R"(  %ku = Unsqueeze(%k, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+)" + tail,
+                   R"(
+CHECK-NOT: Expand(
+CHECK: %o: f32[1,4,4,4] = FusedAttention(%q, %k, %v) {
+CHECK-SAME: heads = 4,
+CHECK-SAME: k_layout = "bhsd",
+CHECK-SAME: kernel_name = "attention_h4_kv2_d4_f32_{{[0-9a-f]{8}}}",
+CHECK-SAME: kv_heads = 2,
+CHECK: v_layout = "bhsd"}
+CHECK-NEXT: return %o
+)");
+  ExpectPassOutput(RunFuseAttention, R"(graph @vonly(%q: f32[1,4,16], %k: f32[1,4,4,4], %v: f32[1,2,4,4]) {
+)" + body + R"(  %kt = Transpose(%k) {perm = [0, 1, 3, 2]}
+)" + tail,
+                   R"(
+CHECK: %vh: f32[1,4,4,4] = Reshape(%vx, %rs)
+CHECK: %o: f32[1,4,4,4] = FusedAttention(%q, %k, %vh) {
+CHECK-NOT: kv_heads
+CHECK: return %o
 )");
 }
 

@@ -437,6 +437,7 @@ struct AttentionParts {
   bool kt = false;  // K^T laid out [d, Sk] per head
   std::vector<int64_t> ms, bms, cq, ck;
   float scale = 1.f, mask_scale = 1.f;
+  std::string kvh;  // the K / V head of query head h: "h", or "(h / G)" for grouped K / V heads
 };
 
 Result<AttentionParts> ReadAttention(const Node& node, const std::string& where) {
@@ -452,16 +453,17 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
     if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
       return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
   }
-  a.qa = schemas::Access(d.q, d, d.s, d.d), a.ka = schemas::Access(d.k, d, d.sk, d.d);
-  a.va = schemas::Access(d.v, d, d.sk, d.dv), a.oa = schemas::Access(d.out, d, d.s, d.dv);
+  a.qa = schemas::Access(d.q, d, d.h, d.s, d.d), a.ka = schemas::Access(d.k, d, d.kv_h, d.sk, d.d);
+  a.va = schemas::Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = schemas::Access(d.out, d, d.h, d.s, d.dv);
   a.kt = d.k == schemas::Layout::kBHDS;
   size_t next = 3;
   if (d.mask) a.ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
   if (d.mask_select != 0) a.bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
   if (d.rope_q || d.rope_k) {
     a.cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
-    a.ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.sk, d.d});
+    a.ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.kv_h, d.sk, d.d});
   }
+  a.kvh = d.kv_h == d.h ? "h" : StrCat("(h / ", d.h / d.kv_h, "LL)");
   a.scale = node.GetFloat("scale", 1.f), a.mask_scale = node.GetFloat("mask_scale", 1.f);
   return a;
 }
@@ -493,15 +495,17 @@ std::string MaskSuffix(const schemas::Dims& d) {
 
 // "attention_rope_mask_h32_d128"-like: what the node's attention computes.
 std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem) {
-  return StrCat(stem, d.rope_q || d.rope_k ? "_rope" : "", MaskSuffix(d), "_h", d.h, "_d", d.d);
+  return StrCat(stem, d.rope_q || d.rope_k ? "_rope" : "", MaskSuffix(d), "_h", d.h,
+                d.kv_h != d.h ? StrCat("_kv", d.kv_h) : std::string(), "_d", d.d);
 }
 
 // Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
 // product rounded, then the add. at(col) reads column `col` of the row; the row's index is
-// named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`.
+// named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`; its head is `head`.
 std::string RopedStore(const std::function<std::string(const std::string&)>& at, const std::vector<int64_t>& cs,
-                       const std::string& row, const std::string& dst, const std::string& indent) {
-  std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + h * ", cs[1], "LL + ", row, " * ", cs[2],
+                       const std::string& row, const std::string& dst, const std::string& indent,
+                       const std::string& head = "h") {
+  std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + ", head, " * ", cs[1], "LL + ", row, " * ", cs[2],
                          "LL + c * ", cs[3], "LL;\n");
   t += StrCat(indent, "const float x2 = c < kHalf ? -", at("c + kHalf"), " : ", at("c - kHalf"), ";\n");
   t += StrCat(indent, "const float a = ", at("c"), " * cs[co];\n");
@@ -569,8 +573,8 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
   t += StrCat("    const float* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h, "LL + r * ", qa.row_stride,
               "LL;\n");
-  t += StrCat("    const float* kh = k + b * ", ka.head_stride_b, "LL + h * ", ka.head_stride_h, "LL;\n");
-  t += StrCat("    const float* vh = v + b * ", va.head_stride_b, "LL + h * ", va.head_stride_h, "LL;\n");
+  t += StrCat("    const float* kh = k + b * ", ka.head_stride_b, "LL + ", a.kvh, " * ", ka.head_stride_h, "LL;\n");
+  t += StrCat("    const float* vh = v + b * ", va.head_stride_b, "LL + ", a.kvh, " * ", va.head_stride_h, "LL;\n");
   t += StrCat("    float* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
               "LL;\n");
   // The query row (roped: x*cos + rotate_half(x)*sin, each product rounded, then the add).
@@ -588,7 +592,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "      float acc = 0.f;\n";
   if (d.rope_k) {
     t += StrCat("      const float* kr = kh + j * ", ka.row_stride, "LL;\n");
-    t += StrCat("      const long long co = b * ", ck[0], "LL + h * ", ck[1], "LL + j * ", ck[2], "LL;\n");
+    t += StrCat("      const long long co = b * ", ck[0], "LL + ", a.kvh, " * ", ck[1], "LL + j * ", ck[2], "LL;\n");
     t += "      for (long long c = 0; c < kD; ++c) {\n";
     t += StrCat("        const float x2 = c < kHalf ? -kr[c + kHalf] : kr[c - kHalf];\n");
     t += StrCat("        const float a = kr[c] * cs[co + c * ", ck[3], "LL];\n");
@@ -654,12 +658,12 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   // k: kd[bh][j][c] = k_j[c] (roped).
   t += StrCat("  for (long long i = first; i < ", out.kd_elements, "LL; i += step) {\n");
   t += "    const long long c = i % kD, j = i / kD % kSk, bh = i / (kD * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const float* kh = k + b * ", a.ka.head_stride_b, "LL + h * ", a.ka.head_stride_h, "LL;\n");
+  t += StrCat("    const float* kh = k + b * ", a.ka.head_stride_b, "LL + ", a.kvh, " * ", a.ka.head_stride_h, "LL;\n");
   auto kat = [&](const std::string& col) {
     return a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]") : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]");
   };
   if (d.rope_k) {
-    t += RopedStore(kat, a.ck, "j", "kd[i]", "    ");
+    t += RopedStore(kat, a.ck, "j", "kd[i]", "    ", a.kvh);
   } else {
     t += StrCat("    kd[i] = ", kat("c"), ";\n");
   }
@@ -667,7 +671,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   // v: vd[bh][j][c].
   t += StrCat("  for (long long i = first; i < ", out.vd_elements, "LL; i += step) {\n");
   t += "    const long long c = i % kDv, j = i / kDv % kSk, bh = i / (kDv * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    vd[i] = v[b * ", a.va.head_stride_b, "LL + h * ", a.va.head_stride_h, "LL + j * ", a.va.row_stride,
+  t += StrCat("    vd[i] = v[b * ", a.va.head_stride_b, "LL + ", a.kvh, " * ", a.va.head_stride_h, "LL + j * ", a.va.row_stride,
               "LL + c];\n  }\n}\n");
   prep = Finish(head, t, AttentionBaseName(d, "attention_prep"), DType::kF32, std::move(prep));
 

@@ -1,6 +1,9 @@
 // Canonicalize: recognizes what exporters write out as primitive ops and replaces each pattern
 // with the single op it is, so that the fusion passes see RMSNorm / LayerNormalization / Gelu /
-// GeluTanh / Silu / Softmax / Rope nodes.
+// GeluTanh / Silu / Softmax / Rope nodes. First, nodes that return their input (a Cast to the
+// dtype it has, which transformers' norms and softmax write for mixed precision; a Concat of one
+// input; an Expand to the shape it has; a Mul by 1) go, so that they split no pattern, and a
+// Gather that reads its data in order becomes the view it is.
 //
 // Note on the matching algorithm
 // ------------------------------
@@ -587,8 +590,78 @@ Result<int> SplitLinearGemms(Graph& g) {
 
 }  // namespace
 
+namespace {
+
+// Whether node n returns its input 0 unchanged: a Cast to the dtype it already has (exporters
+// write them around norms and softmaxes that upcast in mixed precision), a Concat of one input,
+// an Identity, an Expand to the shape it has, a Mul by a scalar 1 (transformers' RoPE
+// attention_scaling) that broadcasts nothing.
+bool IsIdentityNode(const Node& n) {
+  if (n.inputs().empty() || n.outputs().size() != 1 || !n.input(0)) return false;
+  const Value* in = n.input(0);
+  const Value* out = n.output();
+  if (in->dtype() != out->dtype() || in->shape() != out->shape()) return false;
+  if (n.inputs().size() == 1) return n.op() == "Cast" || n.op() == "Concat" || n.op() == "Identity";
+  if (n.inputs().size() == 2 && n.op() == "Expand") return true;
+  return n.inputs().size() == 2 && n.op() == "Mul" && IsScalarConstant(n.input(1), 1.0, kScalar);
+}
+
+// Gather(data, indices, axis) whose indices are the constant 0, 1, ..., n-1 (n = data's dim
+// `axis`, every dim before it 1) reads data in order: a view, written Reshape. transformers'
+// masks gather the rows of a flattened [B*S, 1] mask with batch * S + arange(S).
+bool IsInOrderGather(const Node& n) {
+  if (n.op() != "Gather" || n.inputs().size() != 2 || !n.input(0) || !n.input(1)) return false;
+  const Shape& data = n.input(0)->shape();
+  int64_t axis = n.GetInt("axis", 0);
+  if (axis < 0) axis += static_cast<int64_t>(data.size());
+  if (axis < 0 || axis >= static_cast<int64_t>(data.size())) return false;
+  for (int64_t i = 0; i < axis; ++i)
+    if (data[static_cast<size_t>(i)] != 1) return false;
+  const std::optional<std::vector<int64_t>> idx = match::IntConstant(n.input(1));
+  if (!idx || static_cast<int64_t>(idx->size()) != data[static_cast<size_t>(axis)]) return false;
+  for (size_t i = 0; i < idx->size(); ++i)
+    if ((*idx)[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+// Identity nodes go: their readers read input 0. One whose result is a graph output stays (the
+// output must keep its name and its own buffer). In-order Gathers become Reshapes.
+Result<int> RemoveIdentities(Graph& g) {
+  std::vector<Node*> identities, gathers;
+  for (const auto& n : g.nodes()) {
+    if (n->output(0)->is_graph_output()) continue;
+    if (IsIdentityNode(*n)) identities.push_back(n.get());
+    else if (IsInOrderGather(*n)) gathers.push_back(n.get());
+  }
+  for (Node* n : identities) {
+    g.ReplaceAllUsesWith(n->output(), n->input(0));
+    g.RemoveNode(n);
+  }
+  for (Node* n : gathers) {
+    const Shape& s = n->output()->shape();
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(s.size())}));
+    std::copy(s.begin(), s.end(), t.data_as<int64_t>());
+    GF_ASSIGN_OR_RETURN(Value * shape, g.AddConstant(g.FreshName(n->name() + "_shape"),
+                                                     std::make_shared<const Tensor>(std::move(t))));
+    GF_ASSIGN_OR_RETURN(Node * r, g.AddNode("Reshape", {n->input(0), shape}, {}, n->name()));
+    const std::string name = n->output()->name();
+    g.ReplaceAllUsesWith(n->output(), r->output());
+    g.RemoveNode(n);
+    GF_RETURN_IF_ERROR(g.RenameValue(r->output(), name));
+  }
+  if (!gathers.empty()) {
+    g.RemoveDeadNodes();
+    GF_RETURN_IF_ERROR(g.TopologicalSort().WithContext("Canonicalize"));
+  }
+  return static_cast<int>(identities.size() + gathers.size());
+}
+
+}  // namespace
+
 Result<int> Canonicalize(Graph& g) {
-  GF_ASSIGN_OR_RETURN(int rewritten, SplitLinearGemms(g));
+  GF_ASSIGN_OR_RETURN(int rewritten, RemoveIdentities(g));
+  GF_ASSIGN_OR_RETURN(int split, SplitLinearGemms(g));
+  rewritten += split;
   // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;
   // the bound only guards that argument.
   const size_t max_rewrites = g.num_nodes();

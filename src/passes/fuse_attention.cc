@@ -35,6 +35,10 @@
 // rows are N*d apart, the bshd layout of one batch. A scalar Mul / Div of Q or K read only by
 // the pattern (nn.MultiheadAttention scales q by 1/sqrt(d) before the scores) joins the scale.
 //
+// Grouped-query attention: when K and V both come from transformers' repeat_kv (Unsqueeze,
+// Expand, Reshape of [B,KV,T,d] to [B,KV*R,T,d]) with the same KV, the node reads the KV heads
+// themselves (kv_heads = KV; query head h reads K / V head h / R) and the repeat is absorbed.
+//
 // Nothing the fused node reads can depend on an absorbed value (each is read only inside the
 // pattern), so the rewrite cannot create a cycle.
 #include <algorithm>
@@ -91,6 +95,7 @@ struct Match {
   std::string out_layout = "bhsd";
   std::vector<Node*> out_nodes;
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+  int64_t kv_h = 0;  // K / V heads read (fewer than h when K and V are repeated heads, GQA)
   // 4: the MatMuls multiply [B,H,S,d] heads; 3: [N,S,d] heads (torch's bmm over B*H, as
   // nn.MultiheadAttention writes it), run as B = 1 and H = N (the heads need not be apart).
   size_t rank = 4;
@@ -107,6 +112,32 @@ std::vector<int64_t> RowsToKtPerm(size_t rank) {
 }
 std::vector<int64_t> SplitToKtPerm(size_t rank) {
   return rank == 4 ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{1, 2, 0};
+}
+
+// transformers' repeat_kv, as exported: x [B,KV,T,d] -> Unsqueeze(axis 2) (or Reshape) to
+// [B,KV,1,T,d] -> Expand to [B,KV,R,T,d] -> Reshape to [B,KV*R,T,d], each value read by the next
+// alone. Head h of the result is head h / R of x: the kernel reads x with kv_heads = KV.
+struct RepeatedHeads {
+  Value* x = nullptr;
+  int64_t kv = 0;
+  std::vector<Node*> nodes;
+};
+
+std::optional<RepeatedHeads> MatchRepeatKv(Value* v) {
+  Node* r = SingleUseProducer(v, "Reshape");
+  Node* e = r ? SingleUseProducer(r->input(0), "Expand") : nullptr;
+  if (!e) return std::nullopt;
+  Node* u = SingleUseProducer(e->input(0), "Unsqueeze");
+  if (!u) u = SingleUseProducer(e->input(0), "Reshape");
+  if (!u) return std::nullopt;
+  Value* x = u->input(0);
+  const Shape& xs = x->shape();
+  const Shape& es = e->output()->shape();
+  if (xs.size() != 4 || u->output()->shape() != Shape{xs[0], xs[1], 1, xs[2], xs[3]} ||
+      es != Shape{xs[0], xs[1], es.size() == 5 ? es[2] : -1, xs[2], xs[3]} ||
+      v->shape() != Shape{xs[0], xs[1] * es[2], xs[2], xs[3]})
+    return std::nullopt;
+  return RepeatedHeads{x, xs[1], {r, e, u}};
 }
 
 class AttentionFuser {
@@ -393,8 +424,15 @@ class AttentionFuser {
     Value* kt = TakeScalarScale(m->qk->input(1), m, &k_scale);
     Node* t = SingleUseProducer(kt, "Transpose");
     const std::vector<int64_t> perm = t ? t->GetInts("perm") : std::vector<int64_t>{};
+    // K and V repeated from fewer heads alike (GQA): the kernel reads the fewer heads.
+    std::optional<RepeatedHeads> rk, rv;
+    if (rank == 4 && t && perm == RowsToKtPerm(rank)) rk = MatchRepeatKv(t->input(0));
+    if (rk) rv = MatchRepeatKv(m->pv->input(1));
+    const bool grouped = rk && rv && rk->kv == rv->kv;
+    m->kv_h = grouped ? rk->kv : m->h;
     if (t && perm == RowsToKtPerm(rank)) {
-      m->k = MatchHeads(t->input(0), true, m->sk, m->d, &m->q, rank);
+      m->k = MatchHeads(grouped ? rk->x : t->input(0), true, m->sk, m->d, &m->q, rank);
+      if (grouped) m->k.nodes.insert(m->k.nodes.begin(), rk->nodes.begin(), rk->nodes.end());
       m->k.nodes.insert(m->k.nodes.begin(), t);
     } else if (t && perm == SplitToKtPerm(rank)) {
       m->k.input = t->input(0);
@@ -409,7 +447,8 @@ class AttentionFuser {
       m->k.layout = "bhds";
     }
     m->k.nodes.insert(m->k.nodes.end(), k_scale.nodes.begin(), k_scale.nodes.end());
-    m->v = MatchHeads(m->pv->input(1), false, m->sk, m->dv, nullptr, rank);
+    m->v = MatchHeads(grouped ? rv->x : m->pv->input(1), false, m->sk, m->dv, nullptr, rank);
+    if (grouped) m->v.nodes.insert(m->v.nodes.end(), rv->nodes.begin(), rv->nodes.end());
     // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
     m->out = m->pv->output();
     if (const Use* t = SingleUse(m->out);
@@ -490,7 +529,7 @@ class AttentionFuser {
     if (m.mask) kernel += "_mask";
     if (m.bool_mask) kernel += "_boolmask";
     const std::string hash = Hash8(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout));
-    kernel += StrCat("_h", m.h, "_d", m.d, "_f32_", hash);
+    kernel += StrCat("_h", m.h, m.kv_h != m.h ? StrCat("_kv", m.kv_h) : std::string(), "_d", m.d, "_f32_", hash);
 
     AttributeMap attrs{
         {"batch", m.b},
@@ -515,6 +554,7 @@ class AttentionFuser {
         {"kernel_name", kernel},
         {"reference", std::shared_ptr<const Graph>(ref)},
     };
+    if (m.kv_h != m.h) attrs["kv_heads"] = m.kv_h;
     auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
     if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
     if ((*fused)->output()->shape() != m.out->shape())

@@ -1,7 +1,8 @@
 // The pass pipeline, in order, with the verifier after every pass:
 //
 //   FoldConstants     constants and shape-only subgraphs become constants
-//   Canonicalize      decomposed LayerNorm / RMSNorm / GELU / SiLU / Softmax / RoPE -> one op each
+//   Canonicalize      identity Casts / one-input Concats go; decomposed LayerNorm / RMSNorm / GELU /
+//                     SiLU / Softmax / RoPE -> one op each
 //   CanonicalizeViews views between a GEMM and its readers move out of the way; slices of a
 //                     packed projection become projections of their own
 //   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention

@@ -524,6 +524,7 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
   }
   const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
   for (const auto& entry : std::filesystem::directory_iterator(models)) {
+    if (!std::filesystem::exists(entry.path() / "model.onnx")) continue;  // hf/: the corpus, one model a folder below
     auto g = ImportOnnxFile((entry.path() / "model.onnx").string());
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     graphs.emplace_back(entry.path().filename().string(), std::move(*g));

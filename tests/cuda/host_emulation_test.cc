@@ -359,6 +359,37 @@ TEST(CudaHostEmulation, AttentionWithBoolAndAddedMasksInEitherOrder) {
   }
 }
 
+// Grouped-query attention (kv_heads 2 of 4 heads): the one-kernel form reads K / V head
+// h / 2, K roped from its own heads, against the CPU's FusedAttention.
+TEST(CudaHostEmulation, AttentionOverGroupedKvHeads) {
+  auto g = ParseGraph(R"(graph @gqa(%q: f32[1,4,6,8], %k: f32[1,2,6,8], %v: f32[1,2,6,8], %cos: f32[6,8], %sin: f32[6,8]) {
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [1, 2, 2, 6, 8]
+  %rs: i64[4] = const [1, 4, 6, 8]
+  %c: f32[] = const [0.25]
+  %qe = Rope(%q, %cos, %sin)
+  %ke = Rope(%k, %cos, %sin)
+  %ku = Unsqueeze(%ke, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Unsqueeze(%v, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %qk = MatMul(%qe, %kt)
+  %s = Mul(%qk, %c)
+  %p = Softmax(%s) {axis = -1}
+  %o = MatMul(%p, %vh)
+  return %o
+})");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok());
+  const Node* fa = FindFusedAttention(**g);
+  ASSERT_NE(fa, nullptr) << PrintGraph(**g);
+  EXPECT_EQ(fa->GetInt("kv_heads", -1), 2);
+  CheckEmulatedAttention(**g, "grouped K / V heads", 19, 5);
+}
+
 // The GEMM form of attention (more query rows per head than attention_rows_one_kernel): the
 // prep kernel, q k^T, the softmax kernel and p v through the emulated executor, against the
 // CPU's FusedAttention: the masks in either order, RoPE, and two batch entries whose output

@@ -34,6 +34,7 @@ struct Row {
   bool ok = true;
   std::string why;
   std::vector<std::string> sets;  // "set: signature, kernels unfused -> fused, planning ms"
+  int64_t max_fused_kernels = 0;  // the most kernels per run of a fused plan over the data sets
 };
 
 std::vector<std::string> CorpusDirs() {
@@ -106,6 +107,7 @@ Row RunModel(const std::string& dir, const std::shared_ptr<const Target>& cpu) {
                   set_name.c_str(), pf->signature().substr(0, 40).c_str(), static_cast<long long>(pu->launches_per_run()),
                   static_cast<long long>(pf->launches_per_run()), pt.total_ms(), pt.import_ms, pt.passes_ms, pt.compile_ms);
     row.sets.push_back(line);
+    row.max_fused_kernels = std::max(row.max_fused_kernels, static_cast<int64_t>(pf->launches_per_run()));
   }
   if (row.sets.empty()) return fail("no test_data_set_*");
   return row;
@@ -139,6 +141,32 @@ TEST(HfCorpus, EveryModelMatchesTorchFusedAndUnfused) {
   std::printf("%s", report.c_str());
   const char* path = std::getenv("GF_CORPUS_REPORT");
   std::ofstream(path ? path : GF_CORPUS_REPORT_DEFAULT) << report;
+}
+
+// The fused plans' kernels per run, at most (over every data set's signature): whole models,
+// 2 layers + embedding + final norm + lm_head. LLaMA-family static: 4 a layer as the hand-written
+// llama_block; their dynamic forms build the mask from attention_mask at run time (model-level
+// kernels shared by the layers); KV-cache and GQA forms are not yet at 4 a layer.
+TEST(HfCorpus, FusedKernelCountsPerModel) {
+  const std::map<std::string, int64_t> kMaxKernels = {
+      {"llama_ts_static", 11},        {"llama_ts_dynamic", 14},         {"llama_ts_kv", 32},
+      {"llama_dynamo_static", 11},    {"llama_gqa_ts_static", 17},      {"llama_gqa_ts_dynamic", 20},
+      {"llama_gqa_ts_kv", 35},        {"llama_gqa_dynamo_static", 17},  {"mistral_ts_static", 17},
+      {"mistral_ts_dynamic", 20},     {"mistral_ts_kv", 35},            {"mistral_dynamo_static", 17},
+      {"qwen2_ts_static", 16},        {"qwen2_ts_dynamic", 19},         {"qwen2_ts_kv", 34},
+      {"qwen2_dynamo_static", 16},    {"gpt2_ts_static", 15},           {"gpt2_ts_dynamic", 18},
+      {"gpt2_ts_kv", 29},             {"gpt2_dynamo_static", 15},       {"bert_ts_static", 20},
+      {"bert_ts_dynamic", 20},        {"gpt_neox_ts_static", 41},       {"gpt_neox_ts_dynamic", 44},
+      {"gpt_neox_ts_kv", 53},         {"gpt_neox_dynamo_static", 37},
+  };
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  const std::shared_ptr<const Target> cpu = std::move(*target);
+  for (const auto& [model, max_kernels] : kMaxKernels) {
+    const Row row = RunModel(StrCat(GF_MODELS_DIR, "/hf/", model), cpu);
+    ASSERT_TRUE(row.ok) << model << ": " << row.why;
+    EXPECT_LE(row.max_fused_kernels, max_kernels) << model;
+  }
 }
 
 }  // namespace

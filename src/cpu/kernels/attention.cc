@@ -27,6 +27,9 @@
 // drops from every row of a block (a causal mask's future) are left out of both products when
 // nothing there can reach the output (KeyTailSkippable, MaskExpRow).
 //
+// Grouped-query attention (kv_heads < heads): query head h reads K / V head h / (heads /
+// kv_heads), where the K / V operands hold kv_heads heads.
+//
 // OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
 // is split over graphfuse's pool. The masked softmax rows are in attention_mask.cc; the
 // attributes' reading and the inference in src/ir/schemas/attention.cc.
@@ -213,10 +216,10 @@ Result<AttentionLaunch> BindOperands(const KernelContext& ctx, const Dims& d, co
       return InvalidArgument(where, ": cos ", ShapeToString(ctx.inputs[next].shape), " and sin ",
                              ShapeToString(ctx.inputs[next + 1].shape), " differ in shape");
     a.cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.d});
-    a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.sk, d.d});
+    a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.kv_h, d.sk, d.d});
   }
-  a.qa = Access(d.q, d, d.s, d.d), a.ka = Access(d.k, d, d.sk, d.d), a.va = Access(d.v, d, d.sk, d.dv);
-  a.oa = Access(d.out, d, d.s, d.dv);
+  a.qa = Access(d.q, d, d.h, d.s, d.d), a.ka = Access(d.k, d, d.kv_h, d.sk, d.d);
+  a.va = Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = Access(d.out, d, d.h, d.s, d.dv);
   return a;
 }
 
@@ -251,11 +254,11 @@ void PlanTasks(const KernelContext& ctx, AttentionLaunch& a) {
                    a.state->rows == d.s;
 }
 
-// One block of query rows of one head: rows [r0, r0 + rows) of head `head` (batch b, head h).
-// The head's q, k and v rows start at q, k, v and lie lq, lk, lv floats apart (q already at
-// row r0); o is the block's first output row.
+// One block of query rows of one head: rows [r0, r0 + rows) of head `head` (batch b, head h,
+// reading K / V head kvh). The head's q, k and v rows start at q, k, v and lie lq, lk, lv floats
+// apart (q already at row r0); o is the block's first output row.
 struct HeadBlock {
-  int64_t head = 0, b = 0, h = 0, r0 = 0, rows = 0;
+  int64_t head = 0, b = 0, h = 0, kvh = 0, r0 = 0, rows = 0;
   const float *q = nullptr, *k = nullptr, *v = nullptr;
   int64_t lq = 0, lk = 0, lv = 0;
   float* o = nullptr;
@@ -264,7 +267,7 @@ struct HeadBlock {
 HeadBlock MakeHeadBlock(const AttentionLaunch& a, int64_t head, int64_t blk, const float* qb, int64_t lq,
                         const float* kb, int64_t lk, const float* vb, int64_t lv) {
   HeadBlock hb;
-  hb.head = head, hb.b = head / a.d.h, hb.h = head % a.d.h;
+  hb.head = head, hb.b = head / a.d.h, hb.h = head % a.d.h, hb.kvh = hb.h / (a.d.h / a.d.kv_h);
   hb.r0 = blk * a.rows_per_block, hb.rows = std::min(a.rows_per_block, a.d.s - hb.r0);
   hb.q = qb + hb.r0 * lq, hb.k = kb, hb.v = vb;
   hb.lq = lq, hb.lk = lk, hb.lv = lv;
@@ -293,7 +296,8 @@ struct ScoreOperands {
 
 // The block's Q and its head's K, roped into the scratch (qg, kg) when RoPE applies and they
 // do not hold it already (`roped`: the projected form ropes them in place); else read in place.
-// gathered_head names the head whose roped K is in kg: the blocks of one head gather it once.
+// gathered_head names the K head (b * kv_h + kvh) whose roped K is in kg: the blocks of one
+// head, and the query heads sharing a K head, gather it once.
 ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool roped, float* qg, float* kg,
                             int64_t& gathered_head) {
   const Dims& d = a.d;
@@ -305,10 +309,11 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
     op.lda = d.d;
   }
   if (d.rope_k && !roped) {
-    if (gathered_head != hb.head) {
-      const int64_t off = hb.b * a.ck[0] + hb.h * a.ck[1];
+    const int64_t k_head = hb.b * d.kv_h + hb.kvh;
+    if (gathered_head != k_head) {
+      const int64_t off = hb.b * a.ck[0] + hb.kvh * a.ck[1];
       GatherRope(hb.k, hb.lk, d.sk, d.d, a.cos + off, a.sin + off, a.ck[2], kg);
-      gathered_head = hb.head;
+      gathered_head = k_head;
     }
     op.k = kg;
     op.ldb = d.d;
@@ -418,10 +423,10 @@ void RunItems(const AttentionLaunch& a, int64_t begin, int64_t end, float* scrat
   for (int64_t item = begin; item < end; ++item) {
     const ScopedNs task_time(TaskCounter(*a.cpu));
     const int64_t head = item / a.blocks, blk = item % a.blocks;
-    const int64_t b = head / d.h, h = head % d.h;
+    const int64_t b = head / d.h, h = head % d.h, kvh = h / (d.h / d.kv_h);
     const HeadBlock hb = MakeHeadBlock(a, head, blk, a.q + b * a.qa.head_stride_b + h * a.qa.head_stride_h,
-                                       a.qa.row_stride, a.k + b * a.ka.head_stride_b + h * a.ka.head_stride_h,
-                                       a.ka.row_stride, a.v + b * a.va.head_stride_b + h * a.va.head_stride_h,
+                                       a.qa.row_stride, a.k + b * a.ka.head_stride_b + kvh * a.ka.head_stride_h,
+                                       a.ka.row_stride, a.v + b * a.va.head_stride_b + kvh * a.va.head_stride_h,
                                        a.va.row_stride);
     RunBlock(a, hb, false, scratch, gathered_head);
   }

@@ -36,6 +36,9 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   for (int64_t x : {d.b, d.h, d.s, d.sk, d.d, d.dv})
     if (x < 0)
       return InvalidArgument(where, ": needs non-negative batch, heads, seq_q, seq_k, head_dim, v_head_dim attributes");
+  d.kv_h = AttrInt(a, "kv_heads", d.h);
+  if (d.h > 0 ? d.kv_h <= 0 || d.h % d.kv_h != 0 : d.kv_h != 0)
+    return InvalidArgument(where, ": kv_heads ", d.kv_h, " must divide heads ", d.h);
   GF_ASSIGN_OR_RETURN(d.q, ParseLayout(AttrString(a, "q_layout", "bshd"), false, where, "q_layout"));
   GF_ASSIGN_OR_RETURN(d.k, ParseLayout(AttrString(a, "k_layout", "bshd"), true, where, "k_layout"));
   GF_ASSIGN_OR_RETURN(d.v, ParseLayout(AttrString(a, "v_layout", "bshd"), false, where, "v_layout"));
@@ -70,15 +73,18 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
     }
     if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
       return InvalidArgument(where, ": the projected form needs bshd q, k, v, seq_q = seq_k and head_dim = v_head_dim");
+    if (d.kv_h != d.h)
+      return InvalidArgument(where, ": the projected form needs as many K / V heads as query heads (kv_heads ", d.kv_h,
+                             ", heads ", d.h, ")");
   }
   return d;
 }
 
-HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols) {
+HeadAccess Access(Layout l, const Dims&, int64_t heads, int64_t rows, int64_t cols) {
   switch (l) {
-    case Layout::kBSHD: return {rows * d.h * cols, cols, d.h * cols};
-    case Layout::kBHSD: return {d.h * rows * cols, rows * cols, cols};
-    case Layout::kBHDS: return {d.h * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
+    case Layout::kBSHD: return {rows * heads * cols, cols, heads * cols};
+    case Layout::kBHSD: return {heads * rows * cols, rows * cols, cols};
+    case Layout::kBHDS: return {heads * rows * cols, rows * cols, rows};  // rows of K^T: Sk apart
   }
   return {0, 0, 0};
 }
@@ -101,16 +107,16 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
     if (dtypes[i] != DType::kF32)
       return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
   }
-  auto check = [&](size_t i, const char* name, Layout l, int64_t rows, int64_t cols) -> Status {
+  auto check = [&](size_t i, const char* name, Layout l, int64_t heads, int64_t rows, int64_t cols) -> Status {
     const Shape& s = shapes[i];
     int64_t n = 1;
     for (int64_t x : s) n *= x;
-    const Shape want = l == Layout::kBHDS ? Shape{d.b, d.h, cols, rows} : Shape{d.b, d.h, rows, cols};
+    const Shape want = l == Layout::kBHDS ? Shape{d.b, heads, cols, rows} : Shape{d.b, heads, rows, cols};
     // A head-split operand may also merge B and H: [B*H, rows, cols] (torch's bmm form).
-    const Shape merged{d.b * d.h, want[2], want[3]};
-    if (l == Layout::kBSHD ? n != d.b * rows * d.h * cols : s != want && s != merged)
+    const Shape merged{d.b * heads, want[2], want[3]};
+    if (l == Layout::kBSHD ? n != d.b * rows * heads * cols : s != want && s != merged)
       return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " does not hold ",
-                             l == Layout::kBSHD ? StrCat("[B,S,H*d] = [", d.b, ",", rows, ",", d.h * cols, "]")
+                             l == Layout::kBSHD ? StrCat("[B,S,H*d] = [", d.b, ",", rows, ",", heads * cols, "]")
                                                 : ShapeToString(want));
     return Status::Ok();
   };
@@ -127,9 +133,9 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
       return InvalidArgument(where, ": the qkv bias is ", ShapeToString(shapes[2]), ", not [3*H*d = ", 3 * d.h * d.d,
                              "]");
   } else {
-    GF_RETURN_IF_ERROR(check(0, "q", d.q, d.s, d.d));
-    GF_RETURN_IF_ERROR(check(1, "k", d.k, d.sk, d.d));
-    GF_RETURN_IF_ERROR(check(2, "v", d.v, d.sk, d.dv));
+    GF_RETURN_IF_ERROR(check(0, "q", d.q, d.h, d.s, d.d));
+    GF_RETURN_IF_ERROR(check(1, "k", d.k, d.kv_h, d.sk, d.d));
+    GF_RETURN_IF_ERROR(check(2, "v", d.v, d.kv_h, d.sk, d.dv));
   }
   size_t next = static_cast<size_t>(d.first_extra());
   auto broadcasts = [&](const Shape& s, const Shape& to, const char* name) -> Status {
@@ -147,7 +153,7 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
       if (s.empty() || s.back() != d.d)
         return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in head_dim ", d.d);
       if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.d}, name));
-      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.sk, d.d}, name));
+      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.kv_h, d.sk, d.d}, name));
     }
   int64_t n = 1;
   for (int64_t x : d.out_shape) n *= x;

@@ -17,6 +17,9 @@ enum class Layout { kBSHD, kBHSD, kBHDS };
 // The problem as the attributes describe it.
 struct Dims {
   int64_t b = 0, h = 0, s = 0, sk = 0, d = 0, dv = 0;
+  // K and V heads (attribute kv_heads, default heads): grouped-query attention shares K / V
+  // head h / (h / kv_h) among query heads; kv_h divides h.
+  int64_t kv_h = 0;
   Layout q = Layout::kBSHD, k = Layout::kBSHD, v = Layout::kBSHD, out = Layout::kBSHD;
   // mask: an f32 mask added (times mask_scale) to the scaled scores (has_mask). mask_select
   // +1 / -1: a bool mask (the input after the f32 one) keeps a score where it is true / false
@@ -47,11 +50,12 @@ struct Dims {
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where);
 
-// Where head (b, h) of an operand starts and how far apart its rows are.
+// Where head (b, h) of an operand starts and how far apart its rows are. `heads`: the operand's
+// heads (d.h for Q and the output, d.kv_h for K and V).
 struct HeadAccess {
   int64_t head_stride_b, head_stride_h, row_stride;
 };
-HeadAccess Access(Layout l, const Dims& d, int64_t rows, int64_t cols);
+HeadAccess Access(Layout l, const Dims& d, int64_t heads, int64_t rows, int64_t cols);
 
 // Checks the node's operands (dtypes and shapes, in input order) against the problem `d`
 // describes; inference and the kernel check alike. Errors name `where`.
