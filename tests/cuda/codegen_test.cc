@@ -41,14 +41,7 @@
 namespace graphfuse::cuda {
 namespace {
 
-#ifndef GF_GOLDEN_DIR
-#define GF_GOLDEN_DIR ""
-#endif
-
-std::filesystem::path GoldenDir() {
-  if (std::string(GF_GOLDEN_DIR).size()) return GF_GOLDEN_DIR;
-  return std::filesystem::path(__FILE__).parent_path().parent_path() / "golden";
-}
+std::filesystem::path GoldenDir() { return GF_GOLDEN_DIR; }
 
 // Compiles every kernel on all cores with one shared compiler; returns the failures.
 std::vector<std::string> CompileAll(const std::vector<CudaKernelSource>& kernels, NvrtcCompiler& compiler,
@@ -522,7 +515,7 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
     ASSERT_TRUE(BuildBlock(*g, *cfg, *w).ok());
     graphs.emplace_back(StrCat("demo preset ", preset), std::move(g));
   }
-  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  const std::filesystem::path models = std::filesystem::path(GF_MODELS_DIR);
   for (const auto& entry : std::filesystem::directory_iterator(models)) {
     if (!std::filesystem::exists(entry.path() / "model.onnx")) continue;  // hf/: the corpus, one model a folder below
     auto g = ImportOnnxFile((entry.path() / "model.onnx").string());
@@ -617,7 +610,7 @@ TEST(CudaCodegen, GoldenSources) {
   }
   {  // the exported LLaMA block's attention (RoPE, causal mask)
     const std::filesystem::path model =
-        std::filesystem::path(__FILE__).parent_path().parent_path() / "models" / "llama_block_opset17" / "model.onnx";
+        std::filesystem::path(GF_MODELS_DIR) / "llama_block_opset17" / "model.onnx";
     auto lg = ImportOnnxFile(model.string());
     ASSERT_TRUE(lg.ok()) << lg.status().ToString();
     PipelineOptions two_nodes;  // the CUDA backend runs the projected form as these two nodes
@@ -670,7 +663,7 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
                          GF_RETURN_IF_ERROR(BuildBlock(*g, cfg, w));
                          return g;
                        }});
-  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  const std::filesystem::path models = std::filesystem::path(GF_MODELS_DIR);
   for (const auto& entry : std::filesystem::directory_iterator(models)) {
     const std::string path = (entry.path() / "model.onnx").string();
     sources.push_back({entry.path().filename().string(), [path]() { return ImportOnnxFile(path); }});

@@ -13,7 +13,7 @@
 namespace graphfuse::testing {
 namespace {
 
-const std::filesystem::path kCorpus = std::filesystem::path(__FILE__).parent_path().parent_path() / "models" / "hf";
+const std::filesystem::path kCorpus = std::filesystem::path(GF_MODELS_DIR) / "hf";
 
 // Without a GPU: a decoder with a KV cache, grouped-query attention from the dynamo exporter, a
 // dynamic GPT-2 and an encoder.

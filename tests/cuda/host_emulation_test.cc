@@ -283,7 +283,7 @@ void CheckEmulatedAttention(const Graph& g, const std::string& label, uint32_t s
 // mask, q/k/v from one GEMM, and as a bool mask applied by Where; BERT: padding mask) against
 // the CPU's FusedAttention.
 TEST(CudaHostEmulation, AttentionOfTheExportedBlocks) {
-  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  const std::filesystem::path models = std::filesystem::path(GF_MODELS_DIR);
   for (const char* name : {"llama_block_opset17", "gpt2_block_opset17", "bert_layer_opset13", "gpt2_where_block_opset17"}) {
     auto g = ImportOnnxFile((models / name / "model.onnx").string());
     ASSERT_TRUE(g.ok()) << g.status().ToString();
@@ -472,7 +472,7 @@ TEST(CudaHostEmulation, PrefillSizedLlamaBlockMatchesTheCpu) {
 // kernels, GEMMs, cuBLASLt's epilogues as kernels, views, workspaces, q/k/v batched GEMMs, the
 // reference-graph and host fallbacks) against the CPU executor on the same inputs.
 TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
-  const std::filesystem::path models = std::filesystem::path(__FILE__).parent_path().parent_path() / "models";
+  const std::filesystem::path models = std::filesystem::path(GF_MODELS_DIR);
   struct Run {
     std::string model;
     bool fuse;
