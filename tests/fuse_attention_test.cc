@@ -1264,6 +1264,80 @@ TEST(FuseAttention, GroupedQueryHeadsMatchUnfused) {
   EXPECT_EQ(att->input(1)->name(), "k");  // K read where it lies, [B, S, 2 heads * d]
 }
 
+// Grouped-query LLaMA / Qwen2 attention as transformers exports it, from x: (an RMSNorm,) q, k
+// and v projections of unequal width (4 heads of 4, 2 K / V heads), with biases for Qwen2,
+// RoPE on Q and K, repeat_kv, a mask. One kernel: the projected form with kv_heads = 2 reads x
+// and W [16, 32] (q's 16 columns, k's 8, v's 8), the norm folded (rms_epsilon) before the
+// biases. Against the unfused plan (prepared: packed heads), and the node alone (unprepared:
+// the sgemm path) against its reference graph.
+std::string GroupedProjectionText(int64_t seq, bool bias, bool norm) {
+  std::mt19937 rng(static_cast<uint32_t>(seq * 4 + bias * 2 + norm));
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  auto constant = [&](const std::string& name, std::vector<int64_t> shape, float lo = 0.f) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    std::string t = StrCat("  %", name, ": f32", ShapeToString(shape), " = const [");
+    for (int64_t i = 0; i < n; ++i) t += StrCat(i ? ", " : "", lo + u(rng));
+    return t + "]\n";
+  };
+  std::string text = StrCat("graph @gqa_proj(%x: f32[2,", seq, ",16], %cos: f32[2,1,", seq, ",4], %sin: f32[2,1,", seq,
+                            ",4], %mask: f32[2,1,", seq, ",", seq, "]) {\n");
+  text += constant("wq", {16, 16}) + constant("wk", {16, 8}) + constant("wv", {16, 8}) + constant("g", {16}, 1.f);
+  if (bias) text += constant("bq", {16}) + constant("bk", {8}) + constant("bv", {8});
+  text += StrCat("  %qs: i64[4] = const [2, ", seq, ", 4, 4]\n  %ks: i64[4] = const [2, ", seq, ", 2, 4]\n",
+                 "  %ax: i64[1] = const [2]\n  %ex: i64[5] = const [2, 2, 2, ", seq, ", 4]\n",
+                 "  %rs: i64[4] = const [2, 4, ", seq, ", 4]\n  %os: i64[3] = const [2, ", seq, ", 16]\n",
+                 "  %c: f32[] = const [0.5]\n");
+  text += norm ? "  %y = RMSNorm(%x, %g) {axis = -1, epsilon = 0.05}\n" : "  %y = Identity(%x)\n";
+  for (const char* p : {"q", "k", "v"})
+    text += bias ? StrCat("  %p", p, " = MatMul(%y, %w", p, ")\n  %", p, " = Add(%p", p, ", %b", p, ")\n")
+                 : StrCat("  %", p, " = MatMul(%y, %w", p, ")\n");
+  return text + R"(  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %kr = Reshape(%k, %ks)
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %vr = Reshape(%v, %ks)
+  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}
+  %qe = Rope(%q4, %cos, %sin)
+  %ke = Rope(%k4, %cos, %sin)
+  %ku = Unsqueeze(%ke, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Unsqueeze(%v4, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%qe, %kt)
+  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+  %o4 = MatMul(%p, %vh)
+  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %os)
+  return %out
+})";
+}
+
+TEST(FuseAttention, GroupedQueryProjectionsMoveIntoTheAttention) {
+  for (const int64_t seq : {int64_t{5}, int64_t{40}})
+    for (const bool bias : {false, true})
+      for (const bool norm : {false, true}) {
+        SCOPED_TRACE(StrCat("seq ", seq, bias ? ", biases" : "", norm ? ", RMSNorm" : ""));
+        const std::string text = GroupedProjectionText(seq, bias, norm);
+        AttentionTextMatchesUnfused(text, 1);
+        auto g = ParseGraph(text);
+        ASSERT_TRUE(g.ok()) << g.status().ToString();
+        ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), {}).ok());
+        const Node* att = FindOp(**g, "FusedAttention");
+        ASSERT_NE(att, nullptr);
+        EXPECT_EQ(att->GetInt("qkv_proj", 0), 1);
+        EXPECT_EQ(att->GetInt("kv_heads", -1), 2);
+        EXPECT_EQ(att->GetInt("qkv_bias", 0), bias ? 1 : 0);
+        EXPECT_EQ(att->attrs().count("rms_epsilon"), norm ? 1u : 0u);
+        EXPECT_EQ(att->input(1)->shape(), (Shape{16, 32}));
+      }
+}
+
 // The KV-cache form: K and V are the caches [B, KV, Sk, d] (here graph inputs, read in place
 // as bhsd), repeated to the 4 query heads; 3 query rows over 7 keys.
 TEST(FuseAttention, GroupedQueryHeadsOverACacheMatchUnfused) {

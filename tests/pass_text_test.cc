@@ -858,6 +858,79 @@ CHECK-NEXT: return %o
 )");
 }
 
+TEST(PassTextFuseAttentionProjections, GroupedQueryProjectionsMoveIntoTheAttention) {
+  // Grouped-query attention: 2 query heads, 1 K / V head of 2. q's projection is 4 wide, k's and
+  // v's 2 each, so FuseGemm joins k and v alone (and q stays a MatMul, or a FusedGemm with its
+  // bias); both move into the attention: W is q's columns, then k's and v's, one [4, 8]
+  // constant (the biases likewise, one [8]); the reference slices each GEMM's columns back out.
+  const Pass gemm_then_projection = [](Graph& g) {
+    GF_RETURN_IF_ERROR(FuseGemm(g, {}, nullptr).status());
+    return FuseAttentionProjections(g, {}, nullptr).status();
+  };
+  auto text = [](bool biased) {
+    return StrCat(R"(graph @gqa_proj(%x: f32[1,3,4]) {
+  %wq: f32[4,4] = const [1, 0, 0, 1, 0, 1, 1, 0, 1, 1, 0, 0, 0, 0, 1, 1]
+  %wk: f32[4,2] = const [1, 0, 0, 1, 1, 1, 0, 0]
+  %wv: f32[4,2] = const [0, 1, 1, 0, 0, 0, 1, 1]
+  %bq: f32[4] = const [0.1, 0.2, 0.3, 0.4]
+  %bk: f32[2] = const [0.5, 0.6]
+  %bv: f32[2] = const [0.7, 0.8]
+  %pq = MatMul(%x, %wq)
+  %pk = MatMul(%x, %wk)
+  %pv = MatMul(%x, %wv)
+)",
+                  biased ? R"(  %q = Add(%pq, %bq)
+  %k = Add(%pk, %bk)
+  %v = Add(%bv, %pv)
+)"
+                         : R"(  %q = Identity(%pq)
+  %k = Identity(%pk)
+  %v = Identity(%pv)
+)",
+                  R"(  %o = FusedAttention(%q, %k, %v) {batch = 1, has_mask = 0, head_dim = 2, heads = 2, kv_heads = 1,
+      kernel_name = "attention_h2_kv1_d2_f32_0badcafe", output_shape = [1, 3, 4], rope_k = 0, rope_q = 0,
+      scale = 0.5, seq_k = 3, seq_q = 3, v_head_dim = 2}
+  return %o
+})");
+  };
+  // Without biases (the Identity nodes go first, as Canonicalize removes them).
+  const Pass canonical_then_projection = [&](Graph& g) {
+    GF_RETURN_IF_ERROR(Canonicalize(g).status());
+    return gemm_then_projection(g);
+  };
+  ExpectPassOutput(canonical_then_projection, text(false),
+                   R"(
+CHECK: %MatMul_0_qkv_weights{{[_0-9]*}}: f32[4,8] = const [1.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0,
+CHECK-NOT: FusedGemm(%x
+CHECK-NOT: MatMul(%x
+CHECK: %o: f32[1,3,4] = FusedAttention(%x, %MatMul_0_qkv_weights{{[_0-9]*}}) {
+CHECK-SAME: kernel_name = "qkv_attention_h2_kv1_d2_f32_0badcafe"
+CHECK-SAME: kv_heads = 1,
+CHECK-SAME: qkv_proj = 1, qkv_split = [0, 1, 2], reference = graph
+CHECK: %MatMul_0/weights{{[_0-9]*}}: f32[4,4] = Slice(
+CHECK: %pq: f32[1,3,4] = MatMul(
+CHECK: %fused_gemm{{[_0-9]*}}/weights{{[_0-9]*}}: f32[4,4] = Slice(
+CHECK: %pk: f32[1,3,2], %pv: f32[1,3,2] = FusedGemm(
+CHECK: %o: f32[1,3,4] = FusedAttention(%pq, %pk, %pv)
+CHECK-NEXT: return %o
+)");
+  ExpectPassOutput(gemm_then_projection, text(true),
+                   R"(
+CHECK: %fused_gemm{{[_0-9]*}}_qkv_bias{{[_0-9]*}}: f32[8] = const [0.100000001, 0.200000003, 0.300000012, 0.400000006, 0.5, 0.600000024, 0.699999988, 0.800000012]
+CHECK-NOT: FusedGemm(%x
+CHECK: %o: f32[1,3,4] = FusedAttention(%x, %fused_gemm{{[_0-9]*}}_qkv_weights{{[_0-9]*}}, %fused_gemm{{[_0-9]*}}_qkv_bias{{[_0-9]*}}) {
+CHECK-SAME: kv_heads = 1,
+CHECK-SAME: qkv_bias = 1, qkv_proj = 1, qkv_split = [0, 1, 2], reference = graph
+CHECK: %bq/slice{{[_0-9]*}}: f32[4] = Slice(
+CHECK: %q: f32[1,3,4] = FusedGemm(
+CHECK: %bk/slice{{[_0-9]*}}: f32[2] = Slice(
+CHECK: %bv/slice{{[_0-9]*}}: f32[2] = Slice(
+CHECK: %k: f32[1,3,2], %v: f32[1,3,2] = FusedGemm(
+CHECK: %o: f32[1,3,4] = FusedAttention(%q, %k, %v)
+CHECK-NEXT: return %o
+)");
+}
+
 TEST(PassTextFuseAttentionProjections, QkvGemmWithBiasesMovesIntoTheAttention) {
   // The GEMM's epilogue only adds a bias to each projection (FuseGemm makes it from the three
   // biased projections; the text IR has no graph attributes): the node reads the three biases

@@ -18,7 +18,7 @@
 // The same norm before a projected attention (LLaMA's input norm: FuseAttentionProjections'
 // form, reading x and W itself) folds into the attention alone: it takes the norm's input x
 // and W with the norm's scale (rms_epsilon), computes each row's 1/rms before its heads and
-// scales each row of q, k and v by it (attention.cc).
+// scales each row of q, k and v by it, before the biases when it adds them (attention.cc).
 //
 // Conditions: the norm is over the last dim; gamma is absent or a constant of one value per
 // column (or one value); y is not a graph output and every reader of y is a FusedGemm taking it
@@ -191,12 +191,6 @@ class NormFolder {
       return false;
     if (options_.exclude.count(norm->name()) || options_.exclude.count(a->name())) {
       Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
-      return false;
-    }
-    if (a->GetInt("qkv_bias", 0) != 0) {
-      Refuse(*norm, *a, refusal::kNormNotFoldable,
-             "the RMSNorm stays a kernel: the attention adds q, k, v biases after its projection, and the folded form "
-             "scales rows after that");
       return false;
     }
     const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *a);

@@ -34,8 +34,9 @@ Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* 
 // concatenated weights (horizontal) and the elementwise group that consumes the results runs
 // as the GEMM's epilogue, in the same kernel. (fuse_gemm.cc)
 Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* report);
-// A FusedAttention whose q, k, v are the three outputs of one FusedGemm (and nothing else's)
-// takes the GEMM in: it reads x and W, and projects each head in its own task.
+// A FusedAttention whose q, k, v are the three outputs of one FusedGemm (and nothing else's),
+// or of separate GEMMs of one x (grouped-query attention's q and k / v), takes the GEMMs in: it
+// reads x and W, and projects each head in its own task.
 Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report);
 
 // An RMSNorm between two FusedGemms (the first writes its input, the second reads its output as

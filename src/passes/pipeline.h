@@ -8,7 +8,7 @@
 //   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
 //   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm
-//   FuseAttentionProjections  the QKV FusedGemm that only feeds a FusedAttention moves into it
+//   FuseAttentionProjections  the QKV GEMM(s) that only feed a FusedAttention move into it
 //   FoldNormIntoGemm  an RMSNorm between two GEMMs folds into them
 //   FuseRowwise       prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax
 //

@@ -9,7 +9,9 @@
 //   "bhds": (K only) K^T already laid out [B,H,d,Sk] (or [B*H,d,Sk]); head (b, h) is a
 //           contiguous [d,Sk] block.
 // The projected form (qkv_proj) reads x and W instead, and each task projects its heads' q, k
-// and v into scratch, adding the qkv bias when the node has one.
+// and v into scratch, adding the qkv bias when the node has one. Its unit is a K / V head with
+// the R = heads / kv_heads query heads reading it ([q_0 .. q_{R-1}, k, v] side by side in the
+// scratch; R = 1 without grouped-query attention), so a K / V head is projected once.
 // The output is written in "bshd" ([B,S,H*dv], what Transpose+Reshape of the heads gives) or
 // "bhsd" ([B,H,S,dv]) order. Optional inputs follow q, k, v in this order: mask (when
 // has_mask; broadcast to [B,H,S,Sk]), cos and sin (when rope_q or rope_k; broadcast to
@@ -74,29 +76,41 @@ void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, c
 }
 
 // What a plan prepares once: the constant mask's rows, and for the projected form each
-// head's q, k and v columns of W gathered into one [K, 3d] matrix and packed (packed_gemm.h).
+// unit's q, k and v columns of W gathered into one [K, (R+2)d] matrix and packed
+// (packed_gemm.h).
 struct AttentionState {
   std::optional<MaskRows> mask;
-  std::vector<std::shared_ptr<const PackedGemm>> heads;  // projected form, per group of heads:
-                                                          // [S, K] @ [K, 3d*G], m = S
+  std::vector<std::shared_ptr<const PackedGemm>> heads;  // projected form, per group of units:
+                                                          // [S, K] @ [K, (R+2)d*G], m = S
   int64_t rows = 0;                                       // S, the m the heads were packed for
 };
 
-// Heads per task of the projected form (G). Weights of a head over 1 MiB stream through the
-// caches on every GEMM call; a task then projects G heads in one call and ropes them back to
-// back while they are still in cache. G divides H, leaves at least four tasks per batch, and
-// keeps the task's [S, 3d*G] within an eighth of L2, since a wider group slows the GEMM itself.
-int64_t HeadGroup(const Dims& d, int64_t k) {
-  if (k * 3 * d.d * 4 <= (1 << 20)) return 1;
-  int64_t g = 1;
-  for (int64_t c = 2; c <= d.h / 4; ++c)
-    if (d.h % c == 0 && d.s * 3 * d.d * c * 4 <= L2Bytes() / 8) g = c;
-  return g;
+// The projected form's unit: a K / V head and the R query heads reading it. Slot i of unit u
+// is query head u*R + i (i < R), then K head u (i = R), then V head u (i = R + 1).
+int64_t QueryHeadsPerKv(const Dims& d) { return d.h / d.kv_h; }
+int64_t UnitSlots(const Dims& d) { return QueryHeadsPerKv(d) + 2; }
+
+// Where slot `slot` of unit `unit` begins among W's columns (and the bias's): the column
+// blocks of q, k and v ordered by qkv_split, each head d columns wide.
+int64_t SlotColumn(const Dims& d, int64_t unit, int64_t slot) {
+  const int64_t r = QueryHeadsPerKv(d);
+  if (slot < r) return d.proj_offset(0) + (unit * r + slot) * d.d;
+  return d.proj_offset(slot == r ? 1 : 2) + unit * d.d;
 }
 
-// The column of W where head `head`'s third t (0 q, 1 k, 2 v) begins: W is [K, 3*H*d], its
-// thirds ordered by qkv_split.
-int64_t ProjColumn(const Dims& d, int t, int64_t head) { return d.proj_split[t] * d.h * d.d + head * d.d; }
+// Units per task of the projected form (G). Weights of a unit over 1 MiB stream through the
+// caches on every GEMM call; a task then projects G units in one call and ropes them back to
+// back while they are still in cache. G divides KV, leaves at least four tasks per batch, and
+// keeps the task's [S, (R+2)d*G] within an eighth of L2, since a wider group slows the GEMM
+// itself.
+int64_t HeadGroup(const Dims& d, int64_t k) {
+  const int64_t unit = UnitSlots(d) * d.d;
+  if (k * unit * 4 <= (1 << 20)) return 1;
+  int64_t g = 1;
+  for (int64_t c = 2; c <= d.kv_h / 4; ++c)
+    if (d.kv_h % c == 0 && d.s * unit * c * 4 <= L2Bytes() / 8) g = c;
+  return g;
+}
 
 Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
   GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
@@ -104,17 +118,18 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
   state->mask = PrepareMaskRows(node, d);
   const Value* w = d.proj && node.inputs().size() > 1 ? node.input(1) : nullptr;
   if (w && w->constant() && w->dtype() == DType::kF32 && w->shape().size() == 2 && d.s > 0 && d.d > 0 &&
-      w->shape()[0] > 0 && w->shape()[1] == 3 * d.h * d.d) {
-    const int64_t k = w->shape()[0], ldw = 3 * d.h * d.d, group = HeadGroup(d, k), wg = 3 * d.d * group;
+      w->shape()[0] > 0 && w->shape()[1] == d.proj_cols()) {
+    const int64_t k = w->shape()[0], ldw = d.proj_cols(), group = HeadGroup(d, k), slots = UnitSlots(d);
+    const int64_t wg = slots * d.d * group;
     const float* wp = w->constant()->data_as<float>();
-    std::vector<float> cols(static_cast<size_t>(k * wg));  // head by head: q, k, v columns
-    for (int64_t h0 = 0; h0 < d.h; h0 += group) {
+    std::vector<float> cols(static_cast<size_t>(k * wg));  // unit by unit: its slots' columns
+    for (int64_t u0 = 0; u0 < d.kv_h; u0 += group) {
       for (int64_t r = 0; r < k; ++r)
         for (int64_t g = 0; g < group; ++g)
-          for (int t = 0; t < 3; ++t)
-            std::memcpy(cols.data() + r * wg + g * 3 * d.d + t * d.d, wp + r * ldw + ProjColumn(d, t, h0 + g),
+          for (int64_t i = 0; i < slots; ++i)
+            std::memcpy(cols.data() + r * wg + (g * slots + i) * d.d, wp + r * ldw + SlotColumn(d, u0 + g, i),
                         static_cast<size_t>(d.d) * sizeof(float));
-      // One block of all the group's columns, so that a task projects its heads in one GEMM
+      // One block of all the group's columns, so that a task projects its units in one GEMM
       // call (narrower blocks run slower).
       GF_ASSIGN_OR_RETURN(auto packed,
                           PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, wg));
@@ -150,9 +165,10 @@ struct AttentionLaunch {
   int64_t scores_floats = 0, qg_floats = 0, kg_floats = 0, qkv_floats = 0;
   size_t scratch_bytes = 0;
   int64_t work_per_item = 0;
-  // The projected form: x [B*S, K] and W [K, 3*H*d]; a task computes `group` heads (HeadGroup).
+  // The projected form: x [B*S, K] and W [K, (H + 2*KV)*d]; a task computes `group` units
+  // (HeadGroup), each `wu` = (R+2)d columns of its scratch rows.
   const float *x = nullptr, *w = nullptr;
-  int64_t kx = 0, group = 1, wg = 0, tasks = 0;
+  int64_t kx = 0, group = 1, wu = 0, wg = 0, tasks = 0;
   const AttentionState* state = nullptr;
   bool packed_heads = false;       // the state holds W packed per group of heads for this S
   const float* inv_rms = nullptr;  // a folded RMSNorm's 1/rms per row of x (RowInvRms)
@@ -243,14 +259,16 @@ void PlanTasks(const KernelContext& ctx, AttentionLaunch& a) {
   a.kg_floats = d.rope_k && !d.proj ? align16(d.sk * d.d) : 0;
   a.kx = d.proj ? ctx.inputs[0].shape.back() : 0;  // the projection's K
   a.group = d.proj ? HeadGroup(d, a.kx) : 1;
-  a.wg = 3 * d.d * a.group;
+  a.wu = d.proj ? UnitSlots(d) * d.d : 0;
+  a.wg = a.wu * a.group;
   a.qkv_floats = d.proj ? align16(d.s * a.wg) : 0;  // the projected form's heads
   a.scratch_bytes =
       static_cast<size_t>(a.scores_floats + a.qg_floats + a.kg_floats + a.qkv_floats + 16) * sizeof(float);
+  // The projection's share per query head: its q, and its part of the unit's k and v.
   a.work_per_item = a.rows_per_block * d.sk * (d.d + d.dv) / 4 + a.rows_per_block * d.sk * 8 +
-                    (d.proj ? a.rows_per_block * 3 * d.d * a.kx / 4 : 0);
-  a.tasks = d.b * d.h / a.group;
-  a.packed_heads = d.proj && a.state && static_cast<int64_t>(a.state->heads.size()) == d.h / a.group &&
+                    (d.proj ? a.rows_per_block * a.wu / QueryHeadsPerKv(d) * a.kx / 4 : 0);
+  a.tasks = d.proj ? d.b * d.kv_h / a.group : 0;
+  a.packed_heads = d.proj && a.state && static_cast<int64_t>(a.state->heads.size()) == d.kv_h / a.group &&
                    a.state->rows == d.s;
 }
 
@@ -432,83 +450,96 @@ void RunItems(const AttentionLaunch& a, int64_t begin, int64_t end, float* scrat
   }
 }
 
-// The projected form's q, k and v of heads [h0, h0 + group) of batch b: x's rows of the batch
-// (xb) times the heads' columns of W, into qkv ([S, 3d*G], each row the group's q, k and v side
+// The projected form's q, k and v of units [u0, u0 + group) of batch b: x's rows of the batch
+// (xb) times the units' columns of W, into qkv ([S, (R+2)d*G], each row the group's slots side
 // by side).
-void ProjectHeads(const AttentionLaunch& a, int64_t h0, const float* xb, float* qkv) {
+void ProjectHeads(const AttentionLaunch& a, int64_t u0, const float* xb, float* qkv) {
   const Dims& d = a.d;
   const ScopedNs blas_time(BlasCounter(*a.cpu));
   if (a.packed_heads) {
-    const PackedGemm& g = *a.state->heads[static_cast<size_t>(h0 / a.group)];
+    const PackedGemm& g = *a.state->heads[static_cast<size_t>(u0 / a.group)];
     for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, xb, qkv);
   } else if (a.kx == 0) {
     std::fill(qkv, qkv + d.s * a.wg, 0.f);
   } else {
     for (int64_t g = 0; g < a.group; ++g)
-      for (int t = 0; t < 3; ++t)
+      for (int64_t i = 0; i < UnitSlots(d); ++i)
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(d.s), static_cast<int>(d.d),
-                    static_cast<int>(a.kx), 1.f, xb, static_cast<int>(a.kx), a.w + ProjColumn(d, t, h0 + g),
-                    static_cast<int>(3 * d.h * d.d), 0.f, qkv + g * 3 * d.d + t * d.d, static_cast<int>(a.wg));
+                    static_cast<int>(a.kx), 1.f, xb, static_cast<int>(a.kx), a.w + SlotColumn(d, u0 + g, i),
+                    static_cast<int>(d.proj_cols()), 0.f, qkv + g * a.wu + i * d.d, static_cast<int>(a.wg));
   }
 }
 
-// The projected form's biases added to the heads' q, k and v row by row, after the product as
-// the GEMM's epilogue would add them (so before RoPE).
-void AddHeadBiases(const AttentionLaunch& a, int64_t h0, float* qkv) {
+// The projected form's biases added to the units' q, k and v row by row, after the product as
+// the GEMM's epilogue would add them (so before RoPE). With a folded RMSNorm too, each row is
+// first scaled by its 1/rms here (the bias follows the norm), and RoPE then scales nothing.
+void AddHeadBiases(const AttentionLaunch& a, int64_t b, int64_t u0, float* qkv) {
   if (!a.qkv_bias) return;
   const Dims& d = a.d;
-  for (int64_t r = 0; r < d.s; ++r)
+  for (int64_t r = 0; r < d.s; ++r) {
+    const float c = a.inv_rms ? a.inv_rms[b * d.s + r] : 1.f;
     for (int64_t g = 0; g < a.group; ++g)
-      for (int t = 0; t < 3; ++t) {
-        float* x = qkv + r * a.wg + g * 3 * d.d + t * d.d;
-        const float* bias = a.qkv_bias + ProjColumn(d, t, h0 + g);
-        for (int64_t i = 0; i < d.d; ++i) x[i] += bias[i];
+      for (int64_t i = 0; i < UnitSlots(d); ++i) {
+        float* x = qkv + r * a.wg + g * a.wu + i * d.d;
+        const float* bias = a.qkv_bias + SlotColumn(d, u0 + g, i);
+        if (a.inv_rms) simd::ScaleRow(x, d.d, c);
+        for (int64_t j = 0; j < d.d; ++j) x[j] += bias[j];
       }
+  }
 }
 
 // RoPE in place, row by row through the scratch: one sequential sweep over what the GEMM just
-// wrote, rather than a strided gather per head into a copy. A folded RMSNorm scales each row of
-// q, k and v by its row's 1/rms in the same sweep (x W' = y W / (1/rms)), q and k inside RoPE.
-void RopeHeadsInPlace(const AttentionLaunch& a, int64_t b, int64_t h0, float* qkv) {
+// wrote, rather than a strided gather per head into a copy. A folded RMSNorm (without biases,
+// which AddHeadBiases scales before) scales each row of q, k and v by its row's 1/rms in the
+// same sweep (x W' = y W / (1/rms)), q and k inside RoPE.
+void RopeHeadsInPlace(const AttentionLaunch& a, int64_t b, int64_t u0, float* qkv) {
   const Dims& d = a.d;
-  if (!d.rope_q && !d.rope_k && !a.inv_rms) return;
+  const float* inv_rms = a.qkv_bias ? nullptr : a.inv_rms;
+  if (!d.rope_q && !d.rope_k && !inv_rms) return;
+  const int64_t per_kv = QueryHeadsPerKv(d);
   for (int64_t r = 0; r < d.s; ++r) {
     float* row = qkv + r * a.wg;
-    const float c = a.inv_rms ? a.inv_rms[b * d.s + r] : 1.f;
+    const float c = inv_rms ? inv_rms[b * d.s + r] : 1.f;
     for (int64_t g = 0; g < a.group; ++g) {
-      const int64_t h = h0 + g;
-      float* qr = row + g * 3 * d.d;
-      for (int t = 0; t < 2; ++t) {  // q, then k
-        float* x = qr + t * d.d;
-        const bool rope = t == 0 ? d.rope_q : d.rope_k;
-        const std::vector<int64_t>& cs = t == 0 ? a.cq : a.ck;
-        const int64_t off = rope ? b * cs[0] + h * cs[1] + r * cs[2] : 0;
-        if (rope && a.inv_rms) RopeRowScaled(x, a.cos + off, a.sin + off, d.d, x, c);
+      const int64_t u = u0 + g;
+      float* ur = row + g * a.wu;
+      for (int64_t i = 0; i <= per_kv; ++i) {  // the query heads, then k
+        float* x = ur + i * d.d;
+        const bool is_q = i < per_kv;
+        const bool rope = is_q ? d.rope_q : d.rope_k;
+        const std::vector<int64_t>& cs = is_q ? a.cq : a.ck;
+        const int64_t off = rope ? b * cs[0] + (is_q ? u * per_kv + i : u) * cs[1] + r * cs[2] : 0;
+        if (rope && inv_rms) RopeRowScaled(x, a.cos + off, a.sin + off, d.d, x, c);
         else if (rope) RopeRow(x, a.cos + off, a.sin + off, d.d, x);
-        else if (a.inv_rms) simd::ScaleRow(x, d.d, c);
+        else if (inv_rms) simd::ScaleRow(x, d.d, c);
       }
-      if (a.inv_rms) simd::ScaleRow(qr + 2 * d.d, d.d, c);  // v
+      if (inv_rms) simd::ScaleRow(ur + (per_kv + 1) * d.d, d.d, c);  // v
     }
   }
 }
 
-// A task of the projected form: a group of heads of one batch (HeadGroup). Their q, k and v
+// A task of the projected form: a group of units of one batch (HeadGroup). Their q, k and v
 // are computed into the task's scratch, where RoPE, the scores and P V then read them: they
 // never go to memory, nor to another core.
 void RunProjectedHeads(const AttentionLaunch& a, int64_t task, float* scratch) {
   const Dims& d = a.d;
   const ScopedNs task_time(TaskCounter(*a.cpu));
-  const int64_t b = task / (d.h / a.group), h0 = task % (d.h / a.group) * a.group;
+  const int64_t per_kv = QueryHeadsPerKv(d);
+  const int64_t b = task / (d.kv_h / a.group), u0 = task % (d.kv_h / a.group) * a.group;
   float* qkv = scratch + a.scores_floats + a.qg_floats + a.kg_floats;
-  ProjectHeads(a, h0, a.x + b * d.s * a.kx, qkv);
-  AddHeadBiases(a, h0, qkv);
-  RopeHeadsInPlace(a, b, h0, qkv);
+  ProjectHeads(a, u0, a.x + b * d.s * a.kx, qkv);
+  AddHeadBiases(a, b, u0, qkv);
+  RopeHeadsInPlace(a, b, u0, qkv);
   for (int64_t g = 0; g < a.group; ++g) {
-    const float* hq = qkv + g * 3 * d.d;
-    int64_t gathered_head = -1;
-    for (int64_t blk = 0; blk < a.blocks; ++blk)
-      RunBlock(a, MakeHeadBlock(a, b * d.h + h0 + g, blk, hq, a.wg, hq + d.d, a.wg, hq + 2 * d.d, a.wg), true,
-               scratch, gathered_head);
+    const float* unit = qkv + g * a.wu;
+    for (int64_t i = 0; i < per_kv; ++i) {
+      int64_t gathered_head = -1;
+      for (int64_t blk = 0; blk < a.blocks; ++blk)
+        RunBlock(a,
+                 MakeHeadBlock(a, b * d.h + (u0 + g) * per_kv + i, blk, unit + i * d.d, a.wg, unit + per_kv * d.d,
+                               a.wg, unit + (per_kv + 1) * d.d, a.wg),
+                 true, scratch, gathered_head);
+    }
   }
 }
 

@@ -60,8 +60,6 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
   d.proj_bias = AttrInt(a, "qkv_bias", 0) != 0;
   if (d.proj_bias && !d.proj) return InvalidArgument(where, ": qkv_bias needs the projected form (qkv_proj)");
-  if (d.proj_bias && a.count("rms_epsilon"))
-    return InvalidArgument(where, ": qkv_bias and rms_epsilon together are not supported (the bias follows the norm)");
   if (d.proj) {
     const std::vector<int64_t> split = AttrInts(a, "qkv_split", {0, 1, 2});
     if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
@@ -73,9 +71,6 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
     }
     if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
       return InvalidArgument(where, ": the projected form needs bshd q, k, v, seq_q = seq_k and head_dim = v_head_dim");
-    if (d.kv_h != d.h)
-      return InvalidArgument(where, ": the projected form needs as many K / V heads as query heads (kv_heads ", d.kv_h,
-                             ", heads ", d.h, ")");
   }
   return d;
 }
@@ -125,13 +120,13 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
     const Shape& w = shapes[1];
     int64_t rows = 1;
     for (size_t i = 0; i + 1 < x.size(); ++i) rows *= x[i];
-    if (x.size() < 2 || rows != d.b * d.s || w.size() != 2 || w[0] != x.back() || w[1] != 3 * d.h * d.d)
+    if (x.size() < 2 || rows != d.b * d.s || w.size() != 2 || w[0] != x.back() || w[1] != d.proj_cols())
       return InvalidArgument(where, ": projected attention needs x [..., K] with B*S = ", d.b * d.s,
-                             " rows and W [K, 3*H*d = ", 3 * d.h * d.d, "], got x ", ShapeToString(x), " and W ",
+                             " rows and W [K, (H + 2*KV)*d = ", d.proj_cols(), "], got x ", ShapeToString(x), " and W ",
                              ShapeToString(w));
-    if (d.proj_bias && shapes[2] != Shape{3 * d.h * d.d})
-      return InvalidArgument(where, ": the qkv bias is ", ShapeToString(shapes[2]), ", not [3*H*d = ", 3 * d.h * d.d,
-                             "]");
+    if (d.proj_bias && shapes[2] != Shape{d.proj_cols()})
+      return InvalidArgument(where, ": the qkv bias is ", ShapeToString(shapes[2]), ", not [(H + 2*KV)*d = ",
+                             d.proj_cols(), "]");
   } else {
     GF_RETURN_IF_ERROR(check(0, "q", d.q, d.h, d.s, d.d));
     GF_RETURN_IF_ERROR(check(1, "k", d.k, d.kv_h, d.sk, d.d));

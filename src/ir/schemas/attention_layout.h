@@ -31,17 +31,32 @@ struct Dims {
   float mask_fill = 0;
   bool select_first = false;
   // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
-  // W [K, 3*H*d] in place of q, k, v; q, k and v are x @ W's column thirds proj[0], proj[1],
-  // proj[2], computed head by head inside the kernel (self-attention: S = Sk, d = dv, bshd).
+  // W [K, (H + 2*KV)*d] in place of q, k, v; q, k and v are x @ W's column blocks (q: H*d
+  // columns, k and v: KV*d each, in the order proj_split gives: block proj_split[t] is q, k, v
+  // for t = 0, 1, 2), computed head by head inside the kernel (self-attention: S = Sk, d = dv,
+  // bshd). With KV < H (grouped-query) the kernel projects each K / V head once for the H / KV
+  // query heads reading it.
   bool proj = false;
   int64_t proj_split[3] = {0, 1, 2};
   // The projected form with biases (attribute qkv_bias = 1): the input after W is a bias of
-  // 3*H*d values ordered as W's columns, added to each projected row (GPT-2's, BERT's QKV).
+  // (H + 2*KV)*d values ordered as W's columns, added to each projected row (GPT-2's, BERT's,
+  // Qwen2's QKV).
   bool proj_bias = false;
   // The projected form with a folded RMSNorm (attribute rms_epsilon, FoldNormIntoGemm): x is
   // the norm's input and W carries its scale; each row's 1/sqrt(mean(x^2) + epsilon) is taken
-  // before the heads, and scales the row's q, k and v. Negative: none.
+  // before the heads, and scales the row's q, k and v (before the biases, when there are).
+  // Negative: none.
   double rms_eps = -1;
+  // The projected form's column blocks: width of q (t = 0), k (1), v (2); where block t starts
+  // in W; W's columns in all.
+  int64_t proj_width(int t) const { return (t == 0 ? h : kv_h) * d; }
+  int64_t proj_offset(int t) const {
+    int64_t off = 0;
+    for (int u = 0; u < 3; ++u)
+      if (proj_split[u] < proj_split[t]) off += proj_width(u);
+    return off;
+  }
+  int64_t proj_cols() const { return (h + 2 * kv_h) * d; }
   Shape out_shape;
   int first_extra() const { return proj ? (proj_bias ? 3 : 2) : 3; }  // the index of mask (or cos)
   int bool_mask_index() const { return first_extra() + (mask ? 1 : 0); }
