@@ -1163,5 +1163,92 @@ CHECK-NOT: Fused
 )");
 }
 
+// ---- FuseAttentionCache ----
+
+Status RunFuseAttentionThenCache(Graph& g) {
+  GF_RETURN_IF_ERROR(FuseAttention(g, {}, nullptr).status());
+  return FuseAttentionCache(g, {}, nullptr).status();
+}
+
+// One decode step of a grouped-query decoder (4 query heads, 2 K / V heads, 3 past rows): the
+// new K rows head-split and roped, K and V appended to the past by Concat and returned, then
+// repeated for the query heads. FuseAttention forms the attention over the present rows;
+// FuseAttentionCache takes the appends, the new rows' head splits and K's RoPE in.
+constexpr char kDecodeStep[] = R"(graph @decode(%q: f32[1,1,16], %k: f32[1,1,8], %v: f32[1,1,8], %past_k: f32[1,2,3,4], %past_v: f32[1,2,3,4], %cos: f32[1,1,1,4], %sin: f32[1,1,1,4], %mask: f32[1,1,1,4]) {
+  %qs: i64[4] = const [1, 1, 4, 4]
+  %ks: i64[4] = const [1, 1, 2, 4]
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [1, 2, 2, 4, 4]
+  %rs: i64[4] = const [1, 4, 4, 4]
+  %os: i64[3] = const [1, 1, 16]
+  %c: f32[] = const [0.5]
+  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %kr = Reshape(%k, %ks)
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %vr = Reshape(%v, %ks)
+  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}
+  %qe = Rope(%q4, %cos, %sin)
+  %ke = Rope(%k4, %cos, %sin)
+  %present_k = Concat(%past_k, %ke) {axis = -2}
+  %present_v = Concat(%past_v, %v4) {axis = -2}
+  %ku = Unsqueeze(%present_k, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Unsqueeze(%present_v, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%qe, %kt)
+  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+  %o4 = MatMul(%p, %vh)
+  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %os)
+  return %out, %present_k, %present_v
+})";
+
+TEST(PassTextFuseAttentionCache, DecodeStepAppendsInsideTheAttention) {
+  ExpectPassOutput(RunFuseAttentionThenCache, kDecodeStep, R"(
+CHECK: graph @decode(
+CHECK-NOT: Concat(
+CHECK-NOT: Rope(
+CHECK: %out: f32[1,1,16], %present_k: f32[1,2,4,4], %present_v: f32[1,2,4,4] = FusedCachedAttention(%q, %k, %v, %past_k, %past_v, %mask, %cos, %sin) {
+CHECK-SAME: k_layout = "bhsd",
+CHECK-SAME: kernel_name = "kvcache_attention_rope_mask_h4_kv2_d4_f32_{{[0-9a-f]{8}}}",
+CHECK-SAME: kv_heads = 2,
+CHECK-SAME: new_k_layout = "bshd", new_v_layout = "bshd",
+CHECK-SAME: past_seq = 3,
+CHECK-SAME: reference = graph @fused_attention_0(%q: f32[1,1,16], %k: f32[1,1,8], %v: f32[1,1,8], %past_k: f32[1,2,3,4], %past_v: f32[1,2,3,4], %mask: f32[1,1,1,4], %cos: f32[1,1,1,4], %sin: f32[1,1,1,4]) {
+CHECK: %ke: f32[1,2,1,4] = Rope(%k4, %cos, %sin)
+CHECK: %present_k: f32[1,2,4,4] = Concat(%past_k, %ke) {axis = -2}
+CHECK-NEXT: %present_v: f32[1,2,4,4] = Concat(%past_v, %v4) {axis = -2}
+CHECK-NEXT: %out: f32[1,1,16] = FusedAttention(%q, %present_k, %present_v, %mask, %cos, %sin) {
+CHECK: return %out, %present_k, %present_v
+CHECK-NEXT: }, rope_k = 0, rope_new_k = 1, rope_q = 1, scale = 0.5, seq_k = 4, seq_q = 1,
+CHECK-NEXT: return %out, %present_k, %present_v
+CHECK-NEXT: }
+)");
+}
+
+// The present K rows also feed something else (here a graph output of their sum): they are the
+// node's output all the same. V's new rows are read by another node too: their head split stays
+// and the node reads its result as bhsd rows.
+TEST(PassTextFuseAttentionCache, SharedNewRowsAreReadWhereTheyLie) {
+  std::string text = kDecodeStep;
+  text.replace(text.find("  return %out, %present_k, %present_v"), std::string::npos, R"(  %tap = Neg(%v4)
+  %sum = ReduceSum(%present_k)
+  return %out, %present_k, %present_v, %tap, %sum
+})");
+  ExpectPassOutput(RunFuseAttentionThenCache, text, R"(
+CHECK: %v4: f32[1,2,1,4] = Transpose(%vr) {perm = [0, 2, 1, 3]}
+CHECK: %out: f32[1,1,16], %present_k: f32[1,2,4,4], %present_v: f32[1,2,4,4] = FusedCachedAttention(%q, %k, %v4, %past_k, %past_v, %mask, %cos, %sin) {
+CHECK-SAME: new_k_layout = "bshd", new_v_layout = "bhsd",
+CHECK: %sum: f32[1,1,1,1] = ReduceSum(%present_k)
+CHECK-NEXT: return %out, %present_k, %present_v, %tap, %sum
+)");
+}
+
 }  // namespace
 }  // namespace graphfuse

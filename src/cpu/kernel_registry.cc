@@ -20,7 +20,7 @@ const Registry& GetRegistry() {
     for (auto list : {kernels::ElementwiseKernels(), kernels::GemmKernels(), kernels::NormKernels(),
                       kernels::SoftmaxKernels(), kernels::ReduceKernels(), kernels::DataMovementKernels(),
                       kernels::ShapeOpKernels(), kernels::RopeKernels(), kernels::AttentionKernels(),
-                      kernels::FusedRowwiseKernels(), kernels::FusedGemmKernels()})
+                      kernels::AttentionCacheKernels(), kernels::FusedRowwiseKernels(), kernels::FusedGemmKernels()})
       for (const CpuKernel& k : list) {
         GF_CHECK(!r.by_op.count(k.op), "CPU kernel of ", k.op, " registered twice");
         r.by_op.emplace(k.op, r.kernels.size());

@@ -51,8 +51,8 @@ const Registry& GetRegistry() {
     Registry r;
     for (auto list : {ElementwiseSchemas(), schemas::GemmSchemas(), schemas::NormSchemas(), schemas::SoftmaxSchemas(),
                       schemas::ReduceSchemas(), schemas::DataMovementSchemas(), schemas::ShapeOpSchemas(),
-                      schemas::RopeSchemas(), schemas::AttentionSchemas(), schemas::FusedRowwiseSchemas(),
-                      schemas::FusedGemmSchemas(), FusedSchemas()})
+                      schemas::RopeSchemas(), schemas::AttentionSchemas(), schemas::AttentionCacheSchemas(),
+                      schemas::FusedRowwiseSchemas(), schemas::FusedGemmSchemas(), FusedSchemas()})
       for (const OpSchema& s : list) {
         GF_CHECK(!r.by_name.count(s.name), "op ", s.name, " registered twice");
         r.by_name[s.name] = r.schemas.size();

@@ -30,6 +30,11 @@ Result<int> CanonicalizeViews(Graph& g);
 // their head-split Reshape/Transpose (and RoPE) as one FusedAttention kernel. (fuse_attention.cc)
 Result<int> FuseAttention(Graph& g, const FusionOptions& options, FusionReport* report);
 
+// A FusedAttention whose k and v are Concat(past, new rows) of a KV cache takes the append in
+// (the new rows' head split and K's RoPE too): one FusedCachedAttention that also writes the
+// present K / V rows. (fuse_attention_cache.cc)
+Result<int> FuseAttentionCache(Graph& g, const FusionOptions& options, FusionReport* report);
+
 // MatMuls with constant weights: projections of the same input become one GEMM over
 // concatenated weights (horizontal) and the elementwise group that consumes the results runs
 // as the GEMM's epilogue, in the same kernel. (fuse_gemm.cc)

@@ -42,6 +42,7 @@ Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, cons
     GF_RETURN_IF_ERROR(after("Canonicalize", Canonicalize(g)));
     GF_RETURN_IF_ERROR(after("CanonicalizeViews", CanonicalizeViews(g)));
     GF_RETURN_IF_ERROR(after("FuseAttention", FuseAttention(g, options.fusion, &report)));
+    GF_RETURN_IF_ERROR(after("FuseAttentionCache", FuseAttentionCache(g, options.fusion, &report)));
   }
   auto fused = FuseElementwise(g, options.fusion);
   if (fused.ok()) {

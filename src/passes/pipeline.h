@@ -6,6 +6,7 @@
 //   CanonicalizeViews views between a GEMM and its readers move out of the way; slices of a
 //                     packed projection become projections of their own
 //   FuseAttention     scores MatMul -> scale/mask -> Softmax -> MatMul -> one FusedAttention
+//   FuseAttentionCache  a KV cache's append (Concat of past and new rows) moves into the attention
 //   FuseElementwise   groups of op-table nodes become FusedElementwise nodes (one kernel each)
 //   FuseGemm          horizontal GEMMs (shared input) and GEMM epilogues -> FusedGemm
 //   FuseAttentionProjections  the QKV GEMM(s) that only feed a FusedAttention move into it

@@ -17,6 +17,7 @@ std::vector<CpuKernel> DataMovementKernels();  // data_movement.cc
 std::vector<CpuKernel> ShapeOpKernels();       // shape_ops.cc (the ops that are not views)
 std::vector<CpuKernel> RopeKernels();          // rope.cc
 std::vector<CpuKernel> AttentionKernels();     // attention.cc (FusedAttention)
+std::vector<CpuKernel> AttentionCacheKernels();  // attention_cache.cc (FusedCachedAttention)
 std::vector<CpuKernel> FusedRowwiseKernels();  // fused_rowwise.cc (FusedNorm, FusedSoftmax)
 std::vector<CpuKernel> FusedGemmKernels();     // fused_gemm.cc (FusedGemm)
 

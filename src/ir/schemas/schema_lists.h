@@ -16,6 +16,7 @@ std::vector<OpSchema> DataMovementSchemas();  // data_movement.cc (Transpose, Co
 std::vector<OpSchema> ShapeOpSchemas();       // shape_ops.cc (Reshape, Shape, Constant, Range, ...)
 std::vector<OpSchema> RopeSchemas();          // rope.cc (Rope)
 std::vector<OpSchema> AttentionSchemas();     // attention.cc (FusedAttention)
+std::vector<OpSchema> AttentionCacheSchemas();  // attention_cache.cc (FusedCachedAttention)
 std::vector<OpSchema> FusedRowwiseSchemas();  // fused_rowwise.cc (FusedNorm, FusedSoftmax)
 std::vector<OpSchema> FusedGemmSchemas();     // fused_gemm.cc (FusedGemm)
 
