@@ -256,8 +256,9 @@ Status ImportDropout(NodeImport& n) {
   if (const std::string mask = OnnxOutput(n, 1); !mask.empty()) {
     // Nothing is dropped: the mask is all true, a constant of x's shape.
     Value* x = n.inputs[0];
+    if (x->numel() > (int64_t{64} << 20))
+      return Unimplemented("the mask output of Dropout on ", x->TypeString(), " (a constant over 64 MiB)");
     GF_ASSIGN_OR_RETURN(Tensor ones, Tensor::Empty(DType::kBool, x->shape()));
-    if (ones.nbytes() > (64 << 20)) return Unimplemented("the mask output of Dropout on ", x->TypeString(), " (over 64 MiB)");
     if (ones.nbytes() > 0) std::memset(ones.data(), 1, ones.nbytes());
     GF_RETURN_IF_ERROR(n.g.AddConstant(mask, std::make_shared<const Tensor>(std::move(ones))).status());
   }
