@@ -49,12 +49,14 @@ def main():
     ap.add_argument("--graphfuse", default=os.path.join(ROOT, "build", "graphfuse"))
     ap.add_argument("--repeats", type=int, default=21)
     a = ap.parse_args()
-    print("| model | shape | kernels fused | planning (ms) | fused call (ms) | calls that planning costs |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| model | shape | kernels unfused -> fused | planning (ms) | unfused call (ms) | fused call (ms) |"
+          " calls that planning costs |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for model, what, shapes in CASES:
         j = run(a.graphfuse, model, shapes, a.repeats)
         plan, call = j["planning_ms"], j["latency_ms"]["fused"]
-        print("| %s | %s | %d | %.2f | %.3f | %.0f |" % (model, what, j["kernels_fused"], plan, call, plan / call))
+        print("| %s | %s | %d -> %d | %.2f | %.3f | %.3f | %.0f |" % (model, what, j["kernels_unfused"], j["kernels_fused"],
+                                                                 plan, j["latency_ms"]["unfused"], call, plan / call))
 
 
 if __name__ == "__main__":
