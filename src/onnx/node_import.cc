@@ -11,7 +11,7 @@
 //   Cast{to=<ONNX enum>}      -> Cast(x){to=DType};  CastLike(x, y) -> Cast(x){to=dtype(y)}
 //   Dropout(x, ratio?, mode?) -> Dropout(x){training=0} (inference identity); mode must be a
 //                                constant false; the mask output is not supported
-//   LeakyRelu/HardSigmoid/Elu -> same op, ONNX default alpha/beta filled in
+//   LeakyRelu/HardSigmoid/Elu/Selu -> same op, ONNX default alpha/beta (Selu's gamma) filled in
 //   Max/Min/Sum(x0..xn)       -> a chain of binary Max/Min/Add (Identity for one input)
 //   Mean(x0..xn)              -> Sum chain, then Div by n
 //   LessOrEqual(a, b)         -> Or(Less(a, b), Equal(a, b))   (NaN compares false in both)
@@ -265,7 +265,8 @@ Status ImportDropout(NodeImport& n) {
   return Emit(n, "Dropout", {n.inputs[0]}, std::move(a), true).status();
 }
 
-// LeakyRelu, HardSigmoid, Elu: ONNX's alpha/beta attributes with ONNX's defaults.
+// LeakyRelu, HardSigmoid, Elu, Selu: ONNX's alpha/beta (Selu: alpha/gamma) attributes with
+// ONNX's defaults.
 Status ImportAlphaBeta(NodeImport& n) {
   GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
   GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
@@ -273,6 +274,7 @@ Status ImportAlphaBeta(NodeImport& n) {
   if (n.op() == "LeakyRelu") alpha = 0.01f;
   if (n.op() == "HardSigmoid") alpha = 0.2f, beta = 0.5f;
   if (n.op() == "Elu") alpha = 1.f;
+  if (n.op() == "Selu") alpha = 1.67326319217681884765625f, beta = 1.05070102214813232421875f;
   auto get = [&](const char* k, float def) -> Result<float> {
     auto it = n.attrs.find(k);
     if (it == n.attrs.end()) return def;
@@ -281,8 +283,8 @@ Status ImportAlphaBeta(NodeImport& n) {
   };
   GF_ASSIGN_OR_RETURN(alpha, get("alpha", alpha));
   AttributeMap a{{"alpha", alpha}};
-  if (n.op() == "HardSigmoid") {
-    GF_ASSIGN_OR_RETURN(beta, get("beta", beta));
+  if (n.op() == "HardSigmoid" || n.op() == "Selu") {
+    GF_ASSIGN_OR_RETURN(beta, get(n.op() == "Selu" ? "gamma" : "beta", beta));
     a["beta"] = beta;
   }
   return Emit(n, n.op(), {n.inputs[0]}, std::move(a), true).status();
@@ -425,7 +427,7 @@ struct Conversion {
 constexpr Conversion kConversions[] = {
     {"Constant", ImportConstant},   {"Clip", ImportClip},         {"Cast", ImportCast},
     {"CastLike", ImportCastLike},   {"Dropout", ImportDropout},   {"LeakyRelu", ImportAlphaBeta},
-    {"HardSigmoid", ImportAlphaBeta}, {"Elu", ImportAlphaBeta},   {"Max", ImportVariadic},
+    {"HardSigmoid", ImportAlphaBeta}, {"Elu", ImportAlphaBeta},   {"Selu", ImportAlphaBeta},   {"Max", ImportVariadic},
     {"Min", ImportVariadic},        {"Sum", ImportVariadic},      {"Mean", ImportVariadic},
     {"LessOrEqual", ImportOrEqual}, {"GreaterOrEqual", ImportOrEqual}, {"Xor", ImportXor},
     {"PRelu", ImportPRelu},         {"HardSwish", ImportHardSwish}, {"Pow", ImportPow},
