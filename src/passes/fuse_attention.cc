@@ -54,6 +54,7 @@
 #include "../ir/schemas/attention_layout.h"
 #include "fusion_passes.h"
 #include "match.h"
+#include "reference_graph.h"
 
 namespace graphfuse {
 namespace {
@@ -490,39 +491,7 @@ class AttentionFuser {
     if (rope) inputs.push_back(rope->input(1)), inputs.push_back(rope->input(2));
 
     // The reference: the original ops, reading the fused node's inputs one to one.
-    auto ref = std::make_shared<Graph>(name);
-    std::map<const Value*, Value*> map;
-    std::set<std::string> used_names;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::string in_name = inputs[i]->name();
-      if (used_names.count(in_name)) in_name = StrCat(in_name, ".in", i);
-      used_names.insert(in_name);
-      GF_ASSIGN_OR_RETURN(Value * ri, ref->AddInput(in_name, inputs[i]->dtype(), inputs[i]->shape()));
-      map.emplace(inputs[i], ri);
-    }
-    for (const Node* n : members) {
-      std::vector<Value*> ins;
-      for (Value* in : n->inputs()) {
-        if (!in) {
-          ins.push_back(nullptr);
-          continue;
-        }
-        if (!map.count(in)) {
-          if (!in->constant())
-            return Internal(name, ": ", n->Describe(), " reads '", in->name(),
-                            "', which is neither a fused input, a member's result nor a constant");
-          GF_ASSIGN_OR_RETURN(Value * c, ref->AddConstant(in->name(), in->constant()));
-          map[in] = c;
-        }
-        ins.push_back(map.at(in));
-      }
-      std::vector<std::string> out_names;
-      for (const Value* o : n->outputs()) out_names.push_back(o->name());
-      auto rn = ref->AddNode(n->op(), ins, n->attrs(), n->name(), -1, out_names);
-      if (!rn.ok()) return rn.status().WithContext(StrCat("building the reference of ", name));
-      for (size_t i = 0; i < n->outputs().size(); ++i) map[n->output(i)] = (*rn)->output(i);
-    }
-    GF_RETURN_IF_ERROR(ref->MarkOutput(map.at(m.out)));
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<Graph> ref, BuildReferenceGraph(name, inputs, members, {m.out}));
 
     std::string kernel = "attention";
     if (rope) kernel += "_rope";
@@ -727,6 +696,28 @@ void JoinAttentionGroup(FusionReport* report, const std::string& attention, cons
     }
 }
 
+// Replaces attention `a` by its projected form: a FusedAttention reading `inputs` with `attrs`
+// and the reference graph `ref`; the projection GEMMs `sources` go with it (graph and report).
+// The new node's output takes a's name once the pass is done (`renames`).
+Status ReplaceWithProjectedAttention(Graph& g, Node* a, const std::vector<Value*>& inputs, AttributeMap attrs,
+                                     std::shared_ptr<const Graph> ref, const std::vector<Node*>& sources,
+                                     FusionReport* report, std::vector<std::pair<Value*, std::string>>& renames) {
+  attrs["kernel_name"] = StrCat("qkv_", a->GetString("kernel_name", "attention"));
+  attrs["reference"] = std::move(ref);
+  const std::string name = a->name();
+  GF_ASSIGN_OR_RETURN(Node * fused, g.AddNode("FusedAttention", inputs, std::move(attrs), name));
+  if (fused->output()->shape() != a->output()->shape())
+    return Internal(name, ": the projected form gives ", fused->output()->TypeString(), " in place of ",
+                    a->output()->TypeString());
+  renames.push_back({fused->output(), a->output()->name()});
+  g.ReplaceAllUsesWith(a->output(), fused->output());
+  JoinAttentionGroup(report, name, std::vector<const Node*>(sources.begin(), sources.end()),
+                     fused->GetString("kernel_name", ""));
+  g.RemoveNode(a);
+  for (Node* s : sources) g.RemoveNode(s);
+  return Status::Ok();
+}
+
 // One of q, k, v as a projection of x by constant f32 weights: a MatMul, or one output of a
 // FusedGemm (GemmProjectionsOf), with the projection's bias when the GEMM adds one.
 struct ProjectionOf {
@@ -889,20 +880,10 @@ Result<bool> FuseProjectionsApart(Graph& g, Node* a, const FusionOptions& option
                                              {a->output()->name()}));
   GF_RETURN_IF_ERROR(ref->MarkOutput(ra->output()));
 
-  attrs["kernel_name"] = StrCat("qkv_", a->GetString("kernel_name", "attention"));
-  attrs["reference"] = std::shared_ptr<const Graph>(ref);
-  const std::string name = a->name();
-  GF_ASSIGN_OR_RETURN(Node * fused, g.AddNode("FusedAttention", inputs, std::move(attrs), name));
-  if (fused->output()->shape() != a->output()->shape())
-    return Internal(name, ": the projected form gives ", fused->output()->TypeString(), " in place of ",
-                    a->output()->TypeString());
-  renames.push_back({fused->output(), a->output()->name()});
-  g.ReplaceAllUsesWith(a->output(), fused->output());
-  std::vector<const Node*> sources;
+  std::vector<Node*> sources;
   for (const ProjectionOf& p : nodes) sources.push_back(p.node);
-  JoinAttentionGroup(report, name, sources, fused->GetString("kernel_name", ""));
-  g.RemoveNode(a);
-  for (const ProjectionOf& p : nodes) g.RemoveNode(p.node);
+  GF_RETURN_IF_ERROR(ReplaceWithProjectedAttention(g, a, inputs, std::move(attrs), std::move(ref), sources, report,
+                                                   renames));
   return true;
 }
 
@@ -1016,18 +997,8 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
                                                {a->output()->name()}));
     GF_RETURN_IF_ERROR(ref->MarkOutput(ra->output()));
 
-    attrs["kernel_name"] = StrCat("qkv_", a->GetString("kernel_name", "attention"));
-    attrs["reference"] = std::shared_ptr<const Graph>(ref);
-    const std::string name = a->name();
-    GF_ASSIGN_OR_RETURN(Node * fused, g.AddNode("FusedAttention", inputs, std::move(attrs), name));
-    if (fused->output()->shape() != a->output()->shape())
-      return Internal(name, ": the projected form gives ", fused->output()->TypeString(), " in place of ",
-                      a->output()->TypeString());
-    renames.push_back({fused->output(), a->output()->name()});
-    g.ReplaceAllUsesWith(a->output(), fused->output());
-    JoinAttentionGroup(report, name, {gemm}, fused->GetString("kernel_name", ""));
-    g.RemoveNode(a);
-    g.RemoveNode(gemm);
+    GF_RETURN_IF_ERROR(ReplaceWithProjectedAttention(g, a, inputs, std::move(attrs), std::move(ref), {gemm}, report,
+                                                     renames));
     ++formed;
   }
   if (formed == 0) return 0;

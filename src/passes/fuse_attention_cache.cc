@@ -24,6 +24,7 @@
 #include "../ir/schemas/attention_cache.h"
 #include "fusion_passes.h"
 #include "match.h"
+#include "reference_graph.h"
 
 namespace graphfuse {
 namespace {
@@ -166,7 +167,10 @@ class CacheFuser {
     for (auto it = kn.nodes.rbegin(); it != kn.nodes.rend(); ++it) members.push_back(*it);
     for (auto it = vn.nodes.rbegin(); it != vn.nodes.rend(); ++it) members.push_back(*it);
     members.insert(members.end(), {ck, cv, a});
-    GF_ASSIGN_OR_RETURN(std::shared_ptr<const Graph> ref, Reference(a->name(), inputs, members, {a, ck, cv}));
+    // The reference: the absorbed nodes, reading the node's inputs one to one, giving the
+    // attention's output and the present rows.
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<const Graph> ref,
+                        BuildReferenceGraph(a->name(), inputs, members, {a->output(), ck->output(), cv->output()}));
 
     attrs["kernel_name"] = StrCat("kvcache_", a->GetString("kernel_name", "attention"));
     attrs["reference"] = ref;
@@ -195,43 +199,6 @@ class CacheFuser {
     }
     g_.RemoveNode(a);
     return true;
-  }
-
-  // The reference graph: the absorbed nodes, reading the node's inputs one to one, giving the
-  // attention's output and the present rows.
-  Result<std::shared_ptr<const Graph>> Reference(const std::string& name, const std::vector<Value*>& inputs,
-                                                 const std::vector<Node*>& members,
-                                                 const std::vector<const Node*>& outputs) {
-    auto ref = std::make_shared<Graph>(name);
-    std::map<const Value*, Value*> map;
-    std::set<std::string> used;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      std::string in_name = inputs[i]->name();
-      if (used.count(in_name)) in_name = StrCat(in_name, ".in", i);
-      used.insert(in_name);
-      GF_ASSIGN_OR_RETURN(Value * ri, ref->AddInput(in_name, inputs[i]->dtype(), inputs[i]->shape()));
-      map.emplace(inputs[i], ri);
-    }
-    for (const Node* n : members) {
-      std::vector<Value*> ins;
-      for (Value* in : n->inputs()) {
-        if (in && !map.count(in)) {
-          if (!in->constant())
-            return Internal(name, ": ", n->Describe(), " reads '", in->name(),
-                            "', which is neither an input of the node, a member's result nor a constant");
-          GF_ASSIGN_OR_RETURN(Value * c, ref->AddConstant(in->name(), in->constant()));
-          map[in] = c;
-        }
-        ins.push_back(in ? map.at(in) : nullptr);
-      }
-      std::vector<std::string> out_names;
-      for (const Value* o : n->outputs()) out_names.push_back(o->name());
-      auto rn = ref->AddNode(n->op(), ins, n->attrs(), n->name(), -1, out_names);
-      if (!rn.ok()) return rn.status().WithContext(StrCat("building the reference of ", name));
-      for (size_t i = 0; i < n->outputs().size(); ++i) map[n->output(i)] = (*rn)->output(i);
-    }
-    for (const Node* n : outputs) GF_RETURN_IF_ERROR(ref->MarkOutput(map.at(n->output())));
-    return std::shared_ptr<const Graph>(std::move(ref));
   }
 
   Graph& g_;
