@@ -45,18 +45,12 @@ TEST(CudaCorpus, ExportedModelsMatchTorch) {
     if (!gpu) sets.resize(1);
     for (const std::string& set : sets) {
       SCOPED_TRACE(set);
-      std::vector<Tensor> inputs(decls.size());
-      const auto files = NumberedFiles(set, "input_");
-      ASSERT_EQ(files.size(), decls.size());
-      for (const std::string& f : files) {
-        std::string input_name;
-        auto t = ReadTensorProtoFile(f, &input_name);
-        ASSERT_TRUE(t.ok()) << t.status().ToString();
-        for (size_t j = 0; j < decls.size(); ++j)
-          if (decls[j].name == input_name) inputs[j] = std::move(*t);
-      }
+      std::vector<std::string> names;
+      for (const TensorInfo& d : decls) names.push_back(d.name);
+      auto inputs = ReadDataSetInputs(set, names);
+      ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
       std::vector<TensorView> views;
-      for (const Tensor& t : inputs) views.push_back(t.view());
+      for (const Tensor& t : *inputs) views.push_back(t.view());
       auto outs = (*compiled)->Run(views);
       ASSERT_TRUE(outs.ok()) << outs.status().ToString();
       const auto refs = NumberedFiles(set, "output_");

@@ -67,21 +67,12 @@ Row RunModel(const std::string& dir, const std::shared_ptr<const Target>& cpu) {
   const std::vector<TensorInfo>& decls = fused->inputs();
   for (const std::string& set : DataSets(dir)) {
     const std::string set_name = std::filesystem::path(set).filename().string();
-    std::vector<Tensor> inputs(decls.size());
-    const auto in_files = NumberedFiles(set, "input_");
-    if (in_files.size() != decls.size())
-      return fail(StrCat(set_name, ": ", in_files.size(), " input files for ", decls.size(), " inputs"));
-    for (size_t k = 0; k < in_files.size(); ++k) {
-      std::string name;
-      auto t = ReadTensorProtoFile(in_files[k], &name);
-      if (!t.ok()) return fail(t.status().ToString());
-      size_t slot = k;
-      for (size_t j = 0; j < decls.size(); ++j)
-        if (decls[j].name == name) slot = j;
-      inputs[slot] = std::move(*t);
-    }
+    std::vector<std::string> names;
+    for (const TensorInfo& d : decls) names.push_back(d.name);
+    auto inputs = ReadDataSetInputs(set, names);
+    if (!inputs.ok()) return fail(inputs.status().ToString());
     std::vector<TensorView> views;
-    for (const Tensor& t : inputs) views.push_back(t.view());
+    for (const Tensor& t : *inputs) views.push_back(t.view());
     auto yf = fused->Run(views);
     if (!yf.ok()) return fail(StrCat(set_name, ", fused: ", yf.status().ToString()));
     auto yu = unfused->Run(views);

@@ -82,6 +82,25 @@ inline std::vector<std::string> DataSets(const std::string& model_dir) {
   return sets;
 }
 
+// The inputs of a data set (`set`/input_<k>.pb), one per name in `names`: a file whose tensor
+// names an input fills that input, any other fills its position. An error when the file count
+// differs from the input count, or a file does not read.
+inline Result<std::vector<Tensor>> ReadDataSetInputs(const std::string& set, const std::vector<std::string>& names) {
+  const std::vector<std::string> files = NumberedFiles(set, "input_");
+  if (files.size() != names.size())
+    return InvalidArgument(set, ": ", files.size(), " input files for ", names.size(), " graph inputs");
+  std::vector<Tensor> inputs(names.size());
+  for (size_t k = 0; k < files.size(); ++k) {
+    std::string name;
+    GF_ASSIGN_OR_RETURN(Tensor t, ReadTensorProtoFile(files[k], &name));
+    size_t slot = k;
+    for (size_t j = 0; j < names.size(); ++j)
+      if (!name.empty() && names[j] == name) slot = j;
+    inputs[slot] = std::move(t);
+  }
+  return inputs;
+}
+
 enum class Outcome { kPass, kSkip, kFail };
 
 struct DirResult {
@@ -118,20 +137,11 @@ DirResult RunOnnxTestDir(const std::string& dir, const CpuContext& ctx, TolFor t
   const auto sets = DataSets(dir);
   if (sets.empty()) return fail(Outcome::kFail, "no test_data_set_* directory");
   for (const std::string& set : sets) {
-    std::vector<Tensor> inputs(decls.size());
-    const auto in_files = NumberedFiles(set, "input_");
-    if (in_files.size() != decls.size())
-      return fail(Outcome::kFail, StrCat(set, ": ", in_files.size(), " input files for ", decls.size(), " graph inputs"));
-    for (size_t k = 0; k < in_files.size(); ++k) {
-      std::string name;
-      auto t = ReadTensorProtoFile(in_files[k], &name);
-      if (!t.ok()) return skip_or_fail(t.status(), "reading inputs");
-      // Match by name when the file names a graph input, else by position.
-      size_t slot = k;
-      for (size_t j = 0; j < decls.size(); ++j)
-        if (!name.empty() && decls[j].name == name) slot = j;
-      inputs[slot] = std::move(t).value();
-    }
+    std::vector<std::string> names;
+    for (const TensorDecl& d : decls) names.push_back(d.name);
+    auto read = ReadDataSetInputs(set, names);
+    if (!read.ok()) return skip_or_fail(read.status(), "reading inputs");
+    const std::vector<Tensor>& inputs = *read;
     std::vector<TensorView> views;
     for (const Tensor& t : inputs) views.push_back(t.view());
     // The plan for this data set's shapes (and values, where they become shapes): unfused
