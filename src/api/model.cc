@@ -56,14 +56,16 @@ TensorInfo InfoOf(const TensorDecl& d) {
   return info;
 }
 
-TensorInfo InfoOf(const Value& v) {
-  return TensorInfo{v.name(), v.dtype(), v.shape(), std::vector<std::string>(v.shape().size()), false};
-}
-
 TensorDecl DeclOf(const Value& v) {
   TensorDecl d{v.name(), v.dtype(), {}, false, ""};
   for (int64_t s : v.shape()) d.dims.push_back({s, ""});
   return d;
+}
+
+// The caller's view of the declarations.
+void DescribeDecls(detail::ModelSource& s) {
+  for (const TensorDecl& d : s.inputs) s.input_info.push_back(InfoOf(d));
+  for (const TensorDecl& d : s.outputs) s.output_info.push_back(InfoOf(d));
 }
 
 std::shared_ptr<detail::ModelSource> SourceOf(std::shared_ptr<const OnnxModel> onnx) {
@@ -72,8 +74,7 @@ std::shared_ptr<detail::ModelSource> SourceOf(std::shared_ptr<const OnnxModel> o
   s->inputs = onnx->inputs();
   s->outputs = onnx->outputs();
   s->onnx = std::move(onnx);
-  for (const TensorDecl& d : s->inputs) s->input_info.push_back(InfoOf(d));
-  for (const TensorDecl& d : s->outputs) s->output_info.push_back(InfoOf(d));
+  DescribeDecls(*s);
   return s;
 }
 
@@ -96,8 +97,7 @@ Result<Model> Model::FromGraph(std::unique_ptr<Graph> graph) {
   s->label = StrCat("graph '", graph->name(), "'");
   for (const Value* v : graph->inputs()) s->inputs.push_back(DeclOf(*v));
   for (const Value* v : graph->outputs()) s->outputs.push_back(DeclOf(*v));
-  for (const Value* v : graph->inputs()) s->input_info.push_back(InfoOf(*v));
-  for (const Value* v : graph->outputs()) s->output_info.push_back(InfoOf(*v));
+  DescribeDecls(*s);
   s->graph = std::move(graph);
   return Model(std::move(s));
 }
@@ -165,7 +165,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& 
     info.dim_params.assign(info.shape.size(), "");
     p->inputs_.push_back(std::move(info));
   }
-  for (const Value* v : g->outputs()) p->outputs_.push_back(InfoOf(*v));
+  for (const Value* v : g->outputs()) p->outputs_.push_back(InfoOf(DeclOf(*v)));
   p->signature_ = binding.key;
 
   t = Clock::now();
