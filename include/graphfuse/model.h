@@ -118,7 +118,7 @@ class Plan {
 };
 
 struct PlanCacheStats {
-  int64_t hits = 0;         // calls that found their plan
+  int64_t hits = 0;         // calls that found their plan (a static model's calls are not looked up)
   int64_t plans_made = 0;   // calls (or Compile) that planned
   int64_t evictions = 0;    // plans dropped for room
   int64_t size = 0;         // plans kept now
@@ -165,6 +165,9 @@ class CompiledModel {
   std::shared_ptr<const Target> target_;
   CompileOptions options_;
   std::unique_ptr<detail::PlanCache> cache_;
+  // A static model's one plan: its calls skip the binding and the cache (the executable checks
+  // their inputs).
+  std::shared_ptr<const Plan> static_plan_;
 };
 
 }  // namespace graphfuse

@@ -131,6 +131,7 @@ Result<std::unique_ptr<CompiledModel>> CompiledModel::Compile(Model model, std::
     c.last = p;
     c.stats.plans_made = c.stats.size = 1;
     c.stats.planning_ms = p->planning_time().total_ms();
+    m->static_plan_ = p;
   }
   return m;
 }
@@ -226,6 +227,7 @@ PlanCacheStats CompiledModel::cache_stats() const {
 }
 
 Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const {
+  if (static_plan_) return RunPlan(*static_plan_, inputs, outputs);
   GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanFor(inputs));
   return RunPlan(*p, inputs, outputs);
 }
@@ -233,6 +235,9 @@ Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const Te
 Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inputs,
                               std::span<const TensorView> outputs) const {
   const Plan* p = &plan;
+  if (inputs.size() != p->inputs().size())
+    return InvalidArgument(source_->label, ": the model takes ", p->inputs().size(), " inputs, ", inputs.size(),
+                           " were given");
   if (outputs.size() != p->outputs().size())
     return InvalidArgument(source_->label, ": the model gives ", p->outputs().size(), " outputs, ", outputs.size(),
                            " were given to fill");
@@ -250,7 +255,10 @@ Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inpu
 }
 
 Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs) const {
-  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanFor(inputs));
+  std::shared_ptr<const Plan> p = static_plan_;
+  if (!p) {
+    GF_ASSIGN_OR_RETURN(p, PlanFor(inputs));
+  }
   std::vector<Tensor> out;
   std::vector<TensorView> views;
   for (const TensorInfo& o : p->outputs()) {
