@@ -1216,20 +1216,11 @@ TEST(FuseAttention, MergedHeadsReadInPlaceMatchUnfused) {
                               1);
 }
 
-// Grouped-query attention as transformers exports it (LLaMA with num_key_value_heads 2 of 4
-// heads): q, k and v split into heads, Q and K roped, K and V repeated by repeat_kv (Unsqueeze,
-// Expand, Reshape), the scores scaled after the product, a mask added, the heads merged. One
-// kernel: the node reads the two K / V heads where they lie (kv_heads = 2).
-TEST(FuseAttention, GroupedQueryHeadsMatchUnfused) {
-  const std::string text = R"(graph @gqa(%q: f32[2,5,16], %k: f32[2,5,8], %v: f32[2,5,8], %cos: f32[2,1,5,4], %sin: f32[2,1,5,4], %mask: f32[2,1,5,5]) {
-  %qs: i64[4] = const [2, 5, 4, 4]
-  %ks: i64[4] = const [2, 5, 2, 4]
-  %ax: i64[1] = const [2]
-  %ex: i64[5] = const [2, 2, 2, 5, 4]
-  %rs: i64[4] = const [2, 4, 5, 4]
-  %os: i64[3] = const [2, 5, 16]
-  %c: f32[] = const [0.5]
-  %qr = Reshape(%q, %qs)
+// Grouped-query attention's body as transformers exports it, from q [B, S, 4*4], k and v
+// [B, S, 2*4] and the shape constants %qs, %ks, %ax, %ex, %rs, %os and the scale %c: heads split,
+// Q and K roped, K and V repeated by repeat_kv (Unsqueeze, Expand, Reshape), the scores scaled
+// after the product, a mask added, the heads merged.
+constexpr char kGqaHeadsAndAttention[] = R"(  %qr = Reshape(%q, %qs)
   %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
   %kr = Reshape(%k, %ks)
   %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
@@ -1253,6 +1244,21 @@ TEST(FuseAttention, GroupedQueryHeadsMatchUnfused) {
   %out = Reshape(%ot, %os)
   return %out
 })";
+
+// Grouped-query attention as transformers exports it (LLaMA with num_key_value_heads 2 of 4
+// heads): q, k and v split into heads, Q and K roped, K and V repeated by repeat_kv (Unsqueeze,
+// Expand, Reshape), the scores scaled after the product, a mask added, the heads merged. One
+// kernel: the node reads the two K / V heads where they lie (kv_heads = 2).
+TEST(FuseAttention, GroupedQueryHeadsMatchUnfused) {
+  const std::string text = R"(graph @gqa(%q: f32[2,5,16], %k: f32[2,5,8], %v: f32[2,5,8], %cos: f32[2,1,5,4], %sin: f32[2,1,5,4], %mask: f32[2,1,5,5]) {
+  %qs: i64[4] = const [2, 5, 4, 4]
+  %ks: i64[4] = const [2, 5, 2, 4]
+  %ax: i64[1] = const [2]
+  %ex: i64[5] = const [2, 2, 2, 5, 4]
+  %rs: i64[4] = const [2, 4, 5, 4]
+  %os: i64[3] = const [2, 5, 16]
+  %c: f32[] = const [0.5]
+)" + std::string(kGqaHeadsAndAttention);
   AttentionTextMatchesUnfused(text, 1);
   auto g = ParseGraph(text);
   ASSERT_TRUE(g.ok());
