@@ -1,0 +1,229 @@
+"""graphfuse from Python: ONNX models compiled with operator fusion, run like onnxruntime.
+
+    import graphfuse as gf                      # in place of: import onnxruntime as ort
+    sess = gf.InferenceSession("model.onnx")    # or the model's bytes; backend="cpu", threads=0
+    [logits] = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+    sess.get_inputs()[0].shape                  # ['batch', 'seq'] for dynamic axes
+    sess.explain()["groups"]                    # what fusion did in the latest plan
+
+Importing graphfuse sets OpenBLAS's own threads to 1 (graphfuse splits each GEMM over its
+thread pool; OpenBLAS threads on top of it compete for the cores). The OpenBLAS concerned is the
+system one graphfuse links, not numpy's own copy. GRAPHFUSE_BLAS_THREADS=N chooses N instead, 0
+leaves OpenBLAS as it is.
+
+Errors raise graphfuse.Error subclasses carrying graphfuse's message: InvalidArgument (also a
+ValueError), Unimplemented (NotImplementedError), ResourceExhausted (MemoryError), NotFound
+(LookupError), Internal (RuntimeError).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any, Optional, Union
+
+import numpy as np
+
+from . import _graphfuse
+from ._graphfuse import Error, Internal, InvalidArgument, NotFound, ResourceExhausted, Unimplemented
+
+__all__ = [
+    "InferenceSession",
+    "NodeArg",
+    "SessionOptions",
+    "get_available_providers",
+    "get_available_backends",
+    "Error",
+    "InvalidArgument",
+    "Unimplemented",
+    "ResourceExhausted",
+    "NotFound",
+    "Internal",
+]
+
+_blas_threads = int(os.environ.get("GRAPHFUSE_BLAS_THREADS", "1"))
+if _blas_threads > 0:
+    _graphfuse.set_blas_threads(_blas_threads)
+if _graphfuse.suggested_blas_core_type() and "OPENBLAS_CORETYPE" not in os.environ:
+    warnings.warn(
+        f"OpenBLAS runs its generic {_graphfuse.blas_core_name()} kernels on this CPU; start Python with "
+        f"OPENBLAS_CORETYPE={_graphfuse.suggested_blas_core_type()} for its fast ones",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+# onnxruntime's execution providers and the graphfuse backend each one names.
+_PROVIDER_BACKEND = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"}
+
+
+def get_available_backends() -> list[str]:
+    """The backends this build has: 'cpu', and 'cuda' when it was built with the CUDA toolkit."""
+    return list(_graphfuse.target_names())
+
+
+def get_available_providers() -> list[str]:
+    """The onnxruntime provider names this build accepts, preferred first."""
+    backends = set(get_available_backends())
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if _PROVIDER_BACKEND[p] in backends]
+
+
+class NodeArg:
+    """A model input or output: name, shape (ints; symbolic dims by name, None when unnamed) and
+    type ("tensor(float)", "tensor(int64)", ... as onnxruntime writes them)."""
+
+    __slots__ = ("name", "shape", "type")
+
+    def __init__(self, name: str, shape: list, type: str):
+        self.name = name
+        self.shape = shape
+        self.type = type
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+class SessionOptions:
+    """The subset of onnxruntime.SessionOptions graphfuse reads: intra_op_num_threads (0: the
+    hardware's threads). Other attributes may be set and are ignored."""
+
+    def __init__(self) -> None:
+        self.intra_op_num_threads = 0
+
+
+def _backend_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> str:
+    if backend is not None:
+        if providers:
+            raise ValueError("give providers or backend, not both")
+        return backend
+    if not providers:
+        return "cpu"
+    available = set(get_available_backends())
+    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
+    for name in names:
+        if name not in _PROVIDER_BACKEND:
+            raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
+    for name in names:
+        if _PROVIDER_BACKEND[name] in available:
+            return _PROVIDER_BACKEND[name]
+    raise ValueError(f"none of the providers {names} is available in this build (it has {get_available_providers()})")
+
+
+# numpy's dtype for each input type numpy has (lists and scalars are converted to it).
+_NUMPY_DTYPE = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(int32)": np.int32,
+    "tensor(int64)": np.int64,
+    "tensor(bool)": np.bool_,
+}
+
+
+def _as_input(value: Any, arg: NodeArg) -> np.ndarray:
+    """The array as the extension reads it in place: C-contiguous and in native byte order. An
+    array already so is passed as it is (no copy); an array of another dtype is not converted
+    (the error names the input). Lists and scalars become arrays of the input's dtype."""
+    if isinstance(value, np.ndarray):
+        array = value
+    else:
+        array = np.asarray(value, dtype=_NUMPY_DTYPE.get(arg.type))
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if not array.flags.c_contiguous:
+        array = np.ascontiguousarray(array)
+    return array
+
+
+class InferenceSession:
+    """An ONNX model compiled for one backend, shaped like onnxruntime.InferenceSession.
+
+    path_or_bytes: a path (str or os.PathLike) to an .onnx file, or the serialized model (bytes).
+    providers: onnxruntime's list ("CPUExecutionProvider", "CUDAExecutionProvider"); the first
+      one this build has is used. backend ("cpu", "cuda") names it directly instead.
+    threads: threads of the CPU backend's pool (0: the hardware's); sess_options'
+      intra_op_num_threads when threads is 0.
+    fusion: False compiles the unfused baseline (every node its own kernel).
+
+    A model with symbolic dims is planned once per input signature (shapes, and the values of
+    inputs that become shapes); later runs with a known signature do no planning. run() releases
+    the GIL: Python threads running one session run in parallel.
+    """
+
+    def __init__(
+        self,
+        path_or_bytes: Union[str, bytes, os.PathLike],
+        sess_options: Optional[Any] = None,
+        providers: Optional[Sequence[Any]] = None,
+        provider_options: Optional[Sequence[Any]] = None,
+        *,
+        backend: Optional[str] = None,
+        threads: int = 0,
+        fusion: bool = True,
+        plan_cache_capacity: int = 16,
+    ):
+        if isinstance(path_or_bytes, (bytearray, memoryview)):
+            path_or_bytes = bytes(path_or_bytes)
+        if not isinstance(path_or_bytes, bytes):
+            path_or_bytes = os.fspath(path_or_bytes)
+        if threads == 0 and sess_options is not None:
+            threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
+        self._backend = _backend_for(providers, backend)
+        self._session = _graphfuse.Session(path_or_bytes, self._backend, threads, fusion, plan_cache_capacity)
+        self._inputs = [NodeArg(*t) for t in self._session.inputs()]
+        self._outputs = [NodeArg(*t) for t in self._session.outputs()]
+        self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
+
+    def get_inputs(self) -> list[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[NodeArg]:
+        return list(self._outputs)
+
+    def get_providers(self) -> list[str]:
+        return [p for p, b in _PROVIDER_BACKEND.items() if b == self._backend]
+
+    @property
+    def backend(self) -> str:
+        return self._backend
+
+    def _arrays(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+        if not isinstance(input_feed, Mapping):
+            raise TypeError(f"input_feed must be a dict of input name to array, not {type(input_feed).__name__}")
+        names = {i.name for i in self._inputs}
+        unknown = [k for k in input_feed if k not in names]
+        if unknown:
+            raise InvalidArgument(f"no input named {unknown[0]!r}; the model's inputs are {[i.name for i in self._inputs]}")
+        missing = [i.name for i in self._inputs if i.name not in input_feed]
+        if missing:
+            raise InvalidArgument(f"missing input {missing[0]!r} (the model's inputs are {[i.name for i in self._inputs]})")
+        return [_as_input(input_feed[i.name], i) for i in self._inputs]
+
+    def run(
+        self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any], run_options: Any = None
+    ) -> list[np.ndarray]:
+        """The outputs named (None: all, in the model's order) for the inputs in input_feed
+        (name -> numpy array or anything numpy.asarray takes)."""
+        if output_names is not None:
+            for name in output_names:
+                if name not in self._output_index:
+                    raise InvalidArgument(
+                        f"no output named {name!r}; the model's outputs are {[o.name for o in self._outputs]}"
+                    )
+        outputs = self._session.run(self._arrays(input_feed))
+        if output_names is None:
+            return outputs
+        return [outputs[self._output_index[name]] for name in output_names]
+
+    def explain(self, input_feed: Optional[Mapping[str, Any]] = None) -> Optional[dict]:
+        """The fusion report of the plan for input_feed (planned now if need be; nothing runs),
+        or without it of the latest plan: None before the first run of a model with symbolic
+        dims. A dict: signature, kernels_before, kernels_after, launches_per_run, groups (name,
+        kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
+        message), planning_ms (import_ms, passes_ms, compile_ms)."""
+        if input_feed is None:
+            return self._session.explain()
+        return self._session.explain(self._arrays(input_feed))
+
+    def cache_stats(self) -> dict:
+        """The plan cache: hits, plans_made, evictions, size, capacity, planning_ms."""
+        return self._session.cache_stats()

@@ -1,0 +1,361 @@
+// graphfuse's Python extension module (graphfuse._graphfuse): a compiled ONNX model as a
+// session object taking and returning numpy arrays. python/graphfuse/__init__.py builds the
+// onnxruntime-shaped API (InferenceSession, NodeArg) on top of it.
+//
+// Inputs are read in place: each array is wrapped in a TensorView over its own buffer (the
+// Python layer passes C-contiguous, native-order arrays). Outputs are the Tensors Run
+// allocates, handed to numpy without a copy. Run and compilation release the GIL.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "graphfuse/cpu.h"
+#include "graphfuse/model.h"
+#include "graphfuse/target.h"
+
+namespace nb = nanobind;
+namespace gf = graphfuse;
+
+namespace {
+
+using InputArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+
+// One exception type per StatusCode (index = the code), all under graphfuse.Error.
+PyObject* g_errors[static_cast<int>(gf::StatusCode::kInternal) + 1] = {};
+
+[[noreturn]] void Raise(const gf::Status& status) {
+  PyErr_SetString(g_errors[static_cast<int>(status.code())], status.message().c_str());
+  throw nb::python_error();
+}
+
+void RegisterErrors(nb::module_& m) {
+  PyObject* base = PyErr_NewExceptionWithDoc("graphfuse.Error", "Any error graphfuse reports.", PyExc_Exception, nullptr);
+  m.attr("Error") = nb::steal(base);
+  struct Kind {
+    gf::StatusCode code;
+    const char* name;
+    PyObject* builtin;  // the built-in exception it also is, so `except ValueError` catches it
+    const char* doc;
+  };
+  const Kind kinds[] = {
+      {gf::StatusCode::kInvalidArgument, "InvalidArgument", PyExc_ValueError,
+       "Malformed input: a model, an input's dtype or shape, an option."},
+      {gf::StatusCode::kUnimplemented, "Unimplemented", PyExc_NotImplementedError,
+       "Valid input that graphfuse does not support."},
+      {gf::StatusCode::kResourceExhausted, "ResourceExhausted", PyExc_MemoryError,
+       "An allocation that is absurd or failed."},
+      {gf::StatusCode::kNotFound, "NotFound", PyExc_LookupError, "A file, op, target or name that does not exist."},
+      {gf::StatusCode::kInternal, "Internal", PyExc_RuntimeError, "Should not happen; reported rather than crashing."},
+  };
+  for (const Kind& k : kinds) {
+    nb::object bases = nb::make_tuple(nb::handle(base), nb::handle(k.builtin));
+    std::string qualified = std::string("graphfuse.") + k.name;
+    PyObject* type = PyErr_NewExceptionWithDoc(qualified.c_str(), k.doc, bases.ptr(), nullptr);
+    if (!type) throw nb::python_error();
+    m.attr(k.name) = nb::steal(type);
+    g_errors[static_cast<int>(k.code)] = type;
+  }
+  g_errors[static_cast<int>(gf::StatusCode::kOk)] = PyExc_RuntimeError;  // never raised
+}
+
+std::optional<gf::DType> FromDlpack(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  if (t.lanes != 1) return std::nullopt;
+  switch (static_cast<Code>(t.code)) {
+    case Code::Float:
+      if (t.bits == 32) return gf::DType::kF32;
+      if (t.bits == 16) return gf::DType::kF16;
+      break;
+    case Code::Bfloat:
+      if (t.bits == 16) return gf::DType::kBF16;
+      break;
+    case Code::Int:
+      if (t.bits == 32) return gf::DType::kI32;
+      if (t.bits == 64) return gf::DType::kI64;
+      break;
+    case Code::Bool:
+      if (t.bits == 8) return gf::DType::kBool;
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+nb::dlpack::dtype ToDlpack(gf::DType t) {
+  using Code = nb::dlpack::dtype_code;
+  auto make = [](Code code, int bits) { return nb::dlpack::dtype{static_cast<uint8_t>(code), static_cast<uint8_t>(bits), 1}; };
+  switch (t) {
+    case gf::DType::kF32: return make(Code::Float, 32);
+    case gf::DType::kF16: return make(Code::Float, 16);
+    case gf::DType::kBF16: return make(Code::Bfloat, 16);
+    case gf::DType::kI32: return make(Code::Int, 32);
+    case gf::DType::kI64: return make(Code::Int, 64);
+    case gf::DType::kBool: return make(Code::Bool, 8);
+  }
+  return make(Code::Float, 32);
+}
+
+// The element type as onnxruntime's NodeArg.type writes it.
+const char* OrtTypeName(gf::DType t) {
+  switch (t) {
+    case gf::DType::kF32: return "tensor(float)";
+    case gf::DType::kF16: return "tensor(float16)";
+    case gf::DType::kBF16: return "tensor(bfloat16)";
+    case gf::DType::kI32: return "tensor(int32)";
+    case gf::DType::kI64: return "tensor(int64)";
+    case gf::DType::kBool: return "tensor(bool)";
+  }
+  return "tensor(unknown)";
+}
+
+// numpy's name for a DLPack type, for errors about arrays graphfuse cannot take.
+std::string DlpackName(nb::dlpack::dtype t) {
+  using Code = nb::dlpack::dtype_code;
+  const char* kind = "type";
+  switch (static_cast<Code>(t.code)) {
+    case Code::Int: kind = "int"; break;
+    case Code::UInt: kind = "uint"; break;
+    case Code::Float: kind = "float"; break;
+    case Code::Bfloat: kind = "bfloat"; break;
+    case Code::Complex: kind = "complex"; break;
+    case Code::Bool: kind = "bool"; break;
+    default: break;
+  }
+  return gf::StrCat(kind, static_cast<int>(t.bits));
+}
+
+// (name, shape, type) with symbolic dims as their names (None when unnamed), as NodeArg has them.
+nb::tuple InfoTuple(const gf::TensorInfo& info) {
+  nb::list shape;
+  for (size_t k = 0; k < info.shape.size(); ++k) {
+    if (info.shape[k] >= 0) {
+      shape.append(nb::int_(info.shape[k]));
+    } else if (k < info.dim_params.size() && !info.dim_params[k].empty()) {
+      shape.append(nb::str(info.dim_params[k].c_str()));
+    } else {
+      shape.append(nb::none());
+    }
+  }
+  return nb::make_tuple(nb::str(info.name.c_str()), shape, nb::str(OrtTypeName(info.dtype)));
+}
+
+// Hands a Tensor to numpy without a copy (the array owns it). bf16, which numpy lacks, comes
+// back as float32 (exact).
+nb::object ToNumpy(gf::Tensor tensor) {
+  if (tensor.dtype() == gf::DType::kBF16) {
+    auto f32 = gf::Tensor::Empty(gf::DType::kF32, tensor.shape());
+    if (!f32.ok()) Raise(f32.status());
+    const uint16_t* src = tensor.data_as<uint16_t>();
+    float* dst = f32->data_as<float>();
+    for (int64_t i = 0; i < tensor.numel(); ++i) dst[i] = gf::BF16BitsToF32(src[i]);
+    tensor = std::move(*f32);
+  }
+  std::vector<size_t> shape(tensor.shape().begin(), tensor.shape().end());
+  auto* owned = new gf::Tensor(std::move(tensor));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<gf::Tensor*>(p); });
+  // numpy wants a non-null pointer even for an empty array.
+  static char empty_buffer[gf::kTensorAlignment];
+  void* data = owned->numel() == 0 ? static_cast<void*>(empty_buffer) : owned->data();
+  nb::ndarray<nb::numpy> array(data, shape.size(), shape.data(), owner, nullptr, ToDlpack(owned->dtype()));
+  return nb::cast(array, nb::rv_policy::reference);
+}
+
+nb::dict ReportDict(const gf::Plan& plan) {
+  const gf::FusionReport& r = plan.report();
+  nb::list groups;
+  for (const gf::FusedGroupInfo& g : r.groups) {
+    nb::dict d;
+    d["name"] = g.name;
+    d["kind"] = g.kind;
+    d["kernel_name"] = g.kernel_name;
+    d["nodes"] = nb::cast(g.nodes);
+    d["recomputed"] = nb::cast(g.recomputed);
+    d["epilogue"] = g.epilogue;
+    groups.append(d);
+  }
+  nb::list refusals;
+  for (const gf::FusionRefusal& f : r.refusals) {
+    nb::dict d;
+    d["producer"] = f.producer;
+    d["consumer"] = f.consumer;
+    d["code"] = f.code;
+    d["message"] = f.message;
+    refusals.append(d);
+  }
+  nb::dict planning;
+  planning["import_ms"] = plan.planning_time().import_ms;
+  planning["passes_ms"] = plan.planning_time().passes_ms;
+  planning["compile_ms"] = plan.planning_time().compile_ms;
+  nb::dict out;
+  out["signature"] = plan.signature();
+  out["kernels_before"] = r.kernels_before;
+  out["kernels_after"] = r.kernels_after;
+  out["launches_per_run"] = plan.launches_per_run();
+  out["groups"] = groups;
+  out["refusals"] = refusals;
+  out["planning_ms"] = planning;
+  return out;
+}
+
+class Session {
+ public:
+  // `model`: the serialized ModelProto (bytes) or a path (str).
+  Session(nb::object model, const std::string& backend, int threads, bool fusion, int plan_cache_capacity) {
+    gf::TargetOptions target_options;
+    target_options.threads = threads;
+    gf::CompileOptions options;
+    options.fusion.enabled = fusion;
+    options.plan_cache_capacity = plan_cache_capacity;
+    std::optional<std::string> path;
+    std::string_view bytes;
+    if (nb::isinstance<nb::bytes>(model)) {
+      nb::bytes b = nb::borrow<nb::bytes>(model);
+      bytes = std::string_view(b.c_str(), b.size());
+    } else {
+      path = nb::cast<std::string>(model);
+    }
+    gf::Status status = [&] {
+      nb::gil_scoped_release release;  // `model` stays referenced by the caller meanwhile
+      return Load(path, bytes, backend, target_options, options);
+    }();
+    if (!status.ok()) Raise(status);
+  }
+
+  nb::list Inputs() const { return Infos(compiled_->inputs()); }
+  nb::list Outputs() const { return Infos(compiled_->outputs()); }
+  std::string backend() const { return backend_; }
+  bool is_static() const { return is_static_; }
+
+  // One array per model input, in the model's order.
+  nb::list Run(const std::vector<InputArray>& arrays) const {
+    std::vector<gf::TensorView> views = Views(arrays);
+    gf::Result<std::vector<gf::Tensor>> outputs = [&] {
+      nb::gil_scoped_release release;  // `arrays` keeps every buffer alive
+      return compiled_->Run(views);
+    }();
+    if (!outputs.ok()) Raise(outputs.status());
+    nb::list result;
+    for (gf::Tensor& t : *outputs) result.append(ToNumpy(std::move(t)));
+    return result;
+  }
+
+  // The fusion report of the plan for these inputs (planned now if need be), or with no
+  // inputs of the latest plan (None before the first run of a model with symbolic dims).
+  nb::object Explain(const std::optional<std::vector<InputArray>>& arrays) const {
+    std::shared_ptr<const gf::Plan> plan;
+    if (arrays) {
+      std::vector<gf::TensorView> views = Views(*arrays);
+      gf::Result<std::shared_ptr<const gf::Plan>> planned = [&] {
+        nb::gil_scoped_release release;
+        return compiled_->PlanFor(views);
+      }();
+      if (!planned.ok()) Raise(planned.status());
+      plan = *planned;
+    } else {
+      plan = compiled_->plan();
+    }
+    if (!plan) return nb::none();
+    return ReportDict(*plan);
+  }
+
+  nb::dict CacheStats() const {
+    gf::PlanCacheStats s = compiled_->cache_stats();
+    nb::dict d;
+    d["hits"] = s.hits;
+    d["plans_made"] = s.plans_made;
+    d["evictions"] = s.evictions;
+    d["size"] = s.size;
+    d["capacity"] = s.capacity;
+    d["planning_ms"] = s.planning_ms;
+    return d;
+  }
+
+ private:
+  gf::Status Load(const std::optional<std::string>& path, std::string_view bytes, const std::string& backend,
+                  const gf::TargetOptions& target_options, const gf::CompileOptions& options) {
+    GF_ASSIGN_OR_RETURN(gf::Model model, path ? gf::Model::FromOnnxFile(*path) : gf::Model::FromOnnxBytes(bytes));
+    is_static_ = model.is_static();
+    GF_ASSIGN_OR_RETURN(std::unique_ptr<gf::Target> target, gf::MakeTarget(backend, target_options));
+    backend_ = std::string(target->name());
+    GF_ASSIGN_OR_RETURN(compiled_, gf::CompiledModel::Compile(std::move(model), std::move(target), options));
+    return gf::Status::Ok();
+  }
+
+  static nb::list Infos(const std::vector<gf::TensorInfo>& infos) {
+    nb::list list;
+    for (const gf::TensorInfo& info : infos) list.append(InfoTuple(info));
+    return list;
+  }
+
+  // Views over the arrays' own buffers; an array of a type graphfuse lacks is refused naming
+  // the input (a type graphfuse has but the model does not declare is refused by Run).
+  std::vector<gf::TensorView> Views(const std::vector<InputArray>& arrays) const {
+    const std::vector<gf::TensorInfo>& inputs = compiled_->inputs();
+    std::vector<gf::TensorView> views;
+    views.reserve(arrays.size());
+    for (size_t i = 0; i < arrays.size(); ++i) {
+      const InputArray& a = arrays[i];
+      const std::string name = i < inputs.size() ? inputs[i].name : gf::StrCat("#", i);
+      std::optional<gf::DType> dtype = FromDlpack(a.dtype());
+      if (!dtype) {
+        std::string expected = i < inputs.size() ? OrtTypeName(inputs[i].dtype) : "a graphfuse type";
+        Raise(gf::InvalidArgument("input '", name, "': an array of ", DlpackName(a.dtype()), ", expected ", expected));
+      }
+      gf::TensorView v;
+      v.dtype = *dtype;
+      v.shape.resize(a.ndim());
+      for (size_t k = 0; k < a.ndim(); ++k) v.shape[k] = static_cast<int64_t>(a.shape(k));
+      v.data = const_cast<void*>(a.data());
+      views.push_back(std::move(v));
+    }
+    return views;
+  }
+
+  std::unique_ptr<gf::CompiledModel> compiled_;
+  std::string backend_;
+  bool is_static_ = false;
+};
+
+}  // namespace
+
+NB_MODULE(_graphfuse, m) {
+  m.doc() = "graphfuse's compiled core; use the graphfuse package (InferenceSession).";
+  RegisterErrors(m);
+  m.def(
+      "set_blas_threads",
+      [](int n) {
+        gf::Status status = gf::ApplyProcessSettings({.blas_threads = n});
+        if (!status.ok()) Raise(status);
+      },
+      nb::arg("n"), "OpenBLAS's own threads for the whole process (graphfuse's kernels expect 1; 0 leaves it).");
+  m.def("blas_threads", &gf::BlasThreads, "OpenBLAS's thread count now.");
+  m.def("blas_core_name", &gf::BlasCoreName, "The kernels OpenBLAS runs in this process.");
+  m.def(
+      "suggested_blas_core_type",
+      []() -> nb::object {
+        const char* core = gf::SuggestedBlasCoreType();
+        return core ? nb::object(nb::str(core)) : nb::none();
+      },
+      "The OPENBLAS_CORETYPE that names faster kernels for this CPU, when OpenBLAS fell back to generic ones.");
+  m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
+
+  nb::class_<Session>(m, "Session")
+      .def(nb::init<nb::object, const std::string&, int, bool, int>(), nb::arg("model"), nb::arg("backend") = "cpu",
+           nb::arg("threads") = 0, nb::arg("fusion") = true, nb::arg("plan_cache_capacity") = 16)
+      .def("inputs", &Session::Inputs, "(name, shape, type) per input, as the model declares them.")
+      .def("outputs", &Session::Outputs, "(name, shape, type) per output, as the model declares them.")
+      .def("run", &Session::Run, nb::arg("arrays"), "Runs on one array per input (model order); every output.")
+      .def("explain", &Session::Explain, nb::arg("arrays") = nb::none(), "The fusion report as a dict.")
+      .def("cache_stats", &Session::CacheStats)
+      .def_prop_ro("backend", &Session::backend)
+      .def_prop_ro("is_static", &Session::is_static);
+}

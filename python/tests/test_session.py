@@ -1,0 +1,179 @@
+"""Dynamic shapes, input layouts, explain(), errors and threads of graphfuse.InferenceSession."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import graphfuse as gf
+from conftest import assert_outputs_match, data_sets, feeds, model_path
+
+DYNAMIC = "hf/gpt2_ts_dynamic"
+
+
+def test_dynamic_shapes_one_session():
+    session = gf.InferenceSession(model_path(DYNAMIC))
+    sets = data_sets(DYNAMIC)
+    shapes = {tuple(inputs[0].shape) for inputs, _ in sets}
+    assert len(shapes) >= 2, shapes
+    assert session.explain() is None  # nothing planned before the first run
+    for _ in range(2):  # the second round finds every plan in the cache
+        for inputs, expected in sets:
+            assert_outputs_match(DYNAMIC, session.run(None, feeds(session, inputs)), expected)
+            assert session.explain()["signature"].startswith(f"i64[{','.join(map(str, inputs[0].shape))}]")
+    stats = session.cache_stats()
+    assert stats["plans_made"] == len(shapes)
+    assert stats["hits"] == 2 * len(sets) - len(shapes)
+
+
+def test_non_contiguous_and_foreign_layouts():
+    name = "mlp_gelu_opset17"
+    session = gf.InferenceSession(model_path(name))
+    inputs, expected = data_sets(name)[0]
+    x = inputs[0]
+    variants = [
+        np.asfortranarray(x),
+        np.repeat(x, 2, axis=-1)[..., ::2],  # strided view
+        x.astype(x.dtype.newbyteorder(">")),  # big-endian
+        x.tolist(),  # nested lists
+    ]
+    for v in variants:
+        assert_outputs_match(name, session.run(None, {session.get_inputs()[0].name: v}), expected)
+
+
+def test_read_only_input():
+    name = "mlp_gelu_opset17"
+    session = gf.InferenceSession(model_path(name))
+    inputs, expected = data_sets(name)[0]
+    x = inputs[0].copy()
+    x.setflags(write=False)
+    assert_outputs_match(name, session.run(None, {session.get_inputs()[0].name: x}), expected)
+
+
+def test_outputs_are_owned_numpy_arrays():
+    name = "mlp_gelu_opset17"
+    session = gf.InferenceSession(model_path(name))
+    inputs, expected = data_sets(name)[0]
+    first = session.run(None, feeds(session, inputs))[0]
+    second = session.run(None, feeds(session, inputs))[0]
+    assert isinstance(first, np.ndarray) and first.flags.c_contiguous
+    assert not np.shares_memory(first, second)
+    first[...] = 0  # writable, and the session's next run is unaffected
+    assert_outputs_match(name, [second], expected)
+
+
+def test_explain_report():
+    session = gf.InferenceSession(model_path("llama_block_opset17"))
+    report = session.explain()  # static: planned at construction
+    assert set(report) >= {"kernels_before", "kernels_after", "groups", "refusals", "signature", "launches_per_run"}
+    assert 0 < report["kernels_after"] < report["kernels_before"]
+    assert report["groups"], report
+    for g in report["groups"]:
+        assert g["name"] and g["kind"] and g["nodes"], g
+        assert all(isinstance(n, str) and n for n in g["nodes"])
+    kinds = {g["kind"] for g in report["groups"]}
+    assert "elementwise" in kinds or len(kinds) > 1, kinds
+    for r in report["refusals"]:
+        assert set(r) == {"producer", "consumer", "code", "message"}
+        assert r["code"] and r["message"] and r["producer"]
+    unfused = gf.InferenceSession(model_path("llama_block_opset17"), fusion=False).explain()
+    assert unfused["groups"] == []
+    assert unfused["kernels_after"] > report["kernels_after"]
+
+
+def test_explain_for_feeds_plans_without_running():
+    session = gf.InferenceSession(model_path(DYNAMIC))
+    inputs, _ = data_sets(DYNAMIC)[2]
+    report = session.explain(feeds(session, inputs))
+    assert report["signature"].startswith(f"i64[{','.join(map(str, inputs[0].shape))}]")
+    assert report["kernels_after"] < report["kernels_before"]
+    assert session.cache_stats()["plans_made"] == 1
+
+
+def test_errors_name_the_input():
+    session = gf.InferenceSession(model_path(DYNAMIC))
+    ids = np.zeros((1, 3), np.int64)
+    mask = np.ones((1, 3), np.int64)
+    cases = [
+        ({"input_ids": ids.astype(np.float32), "attention_mask": mask}, "input_ids"),  # a dtype graphfuse has
+        ({"input_ids": ids, "attention_mask": mask.astype(np.float64)}, "attention_mask"),  # one it lacks
+        ({"input_ids": ids.reshape(1, 3, 1), "attention_mask": mask}, "input_ids"),  # rank
+        ({"input_ids": ids, "attention_mask": np.ones((1, 4), np.int64)}, "attention_mask"),  # 'seq' twice
+        ({"input_ids": ids}, "attention_mask"),  # missing
+        ({"input_ids": ids, "attention_mask": mask, "extra": mask}, "extra"),  # unknown
+    ]
+    for feed, culprit in cases:
+        with pytest.raises(gf.InvalidArgument, match=f"'{culprit}'"):
+            session.run(None, feed)
+    with pytest.raises(ValueError, match="'nope'"):  # InvalidArgument is a ValueError
+        session.run(["nope"], {"input_ids": ids, "attention_mask": mask})
+    # The session stays usable after every error.
+    inputs, expected = data_sets(DYNAMIC)[0]
+    assert_outputs_match(DYNAMIC, session.run(None, feeds(session, inputs)), expected)
+
+
+def test_static_model_refuses_another_shape():
+    session = gf.InferenceSession(model_path("mlp_gelu_opset17"))
+    arg = session.get_inputs()[0]
+    bad = np.zeros([d + 1 for d in arg.shape], np.float32)
+    with pytest.raises(gf.InvalidArgument, match=f"'{arg.name}'"):
+        session.run(None, {arg.name: bad})
+
+
+def test_load_errors():
+    with pytest.raises(gf.NotFound, match="no_such_model.onnx"):
+        gf.InferenceSession("/nonexistent/no_such_model.onnx")
+    with pytest.raises(gf.InvalidArgument, match="not a valid ONNX model"):
+        gf.InferenceSession(b"not a model")
+    with pytest.raises(ValueError, match="provider"):
+        gf.InferenceSession(model_path(DYNAMIC), providers=["TensorrtExecutionProvider"])
+    with pytest.raises(gf.Error):
+        gf.InferenceSession(model_path(DYNAMIC), backend="tpu")
+    assert issubclass(gf.InvalidArgument, gf.Error) and issubclass(gf.InvalidArgument, ValueError)
+
+
+def test_providers_and_options():
+    session = gf.InferenceSession(model_path(DYNAMIC), providers=["CPUExecutionProvider"])
+    assert session.get_providers() == ["CPUExecutionProvider"] and session.backend == "cpu"
+    options = gf.SessionOptions()
+    options.intra_op_num_threads = 1
+    single = gf.InferenceSession(model_path(DYNAMIC), options, providers=[("CPUExecutionProvider", {})])
+    inputs, expected = data_sets(DYNAMIC)[1]
+    assert_outputs_match(DYNAMIC, single.run(None, feeds(single, inputs)), expected)
+    assert "CPUExecutionProvider" in gf.get_available_providers()
+
+
+@pytest.mark.parametrize("threads", [0, 1])
+def test_two_python_threads_one_session(threads):
+    session = gf.InferenceSession(model_path(DYNAMIC), threads=threads)
+    sets = data_sets(DYNAMIC)
+    errors = []
+    start = threading.Barrier(2)
+
+    def worker(offset):
+        try:
+            start.wait()
+            for i in range(12):
+                inputs, expected = sets[(i + offset) % len(sets)]
+                assert_outputs_match(DYNAMIC, session.run(None, feeds(session, inputs)), expected)
+        except BaseException as e:  # reported on the main thread
+            errors.append(e)
+
+    workers = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    assert not errors, errors
+    # Two threads meeting a new signature at once may both plan it.
+    assert session.cache_stats()["plans_made"] <= 2 * len(sets)
+
+
+def test_import_sets_blas_threads():
+    # graphfuse's GEMMs split over its own pool; OpenBLAS's threads are set to 1 at import
+    # unless GRAPHFUSE_BLAS_THREADS says otherwise.
+    import os
+
+    expected = int(os.environ.get("GRAPHFUSE_BLAS_THREADS", "1"))
+    if expected > 0:
+        assert gf._graphfuse.blas_threads() == expected
