@@ -1,0 +1,641 @@
+"""ATen -> ONNX: one translator per ATen op, writing the ONNX nodes graphfuse imports.
+
+The torch.compile backend (graphfuse.torch_backend) traces Dynamo's graph to ATen with every
+shape concrete, partitions it into the nodes that have a translator here, and hands each
+partition to graphfuse as an ONNX model. Translators emit the forms torch.onnx.export writes
+for the same ops (RMSNorm as Pow/ReduceMean/Sqrt/Div, SiLU as Sigmoid/Mul, attention as
+MatMul/Mul/Add/Softmax/MatMul), so the partitions fuse as the exported models do.
+
+`support(node, info)` says whether a node can be translated (None) or why not (a string the
+compile report shows); `Builder.translate(node)` writes it.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+from onnx import TensorProto, helper
+
+aten = torch.ops.aten
+
+OPSET = 20
+
+# torch dtype -> ONNX element type, for every dtype graphfuse has.
+ONNX_DTYPE = {
+    torch.float32: TensorProto.FLOAT,
+    torch.float16: TensorProto.FLOAT16,
+    torch.bfloat16: TensorProto.BFLOAT16,
+    torch.int32: TensorProto.INT32,
+    torch.int64: TensorProto.INT64,
+    torch.bool: TensorProto.BOOL,
+}
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class Meta:
+    """What a node produced when the graph ran once: (shape, dtype) per tensor output."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape: tuple, dtype: torch.dtype):
+        self.shape = shape
+        self.dtype = dtype
+
+
+def tensor_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().contiguous()
+    if t.dtype == torch.bfloat16:
+        t = t.view(torch.int16)
+    return t.numpy().tobytes()
+
+
+def make_initializer(name: str, t: torch.Tensor) -> TensorProto:
+    proto = TensorProto()
+    proto.name = name
+    proto.data_type = ONNX_DTYPE[t.dtype]
+    proto.dims.extend(t.shape)
+    proto.raw_data = tensor_bytes(t)
+    return proto
+
+
+# --- which nodes translate -------------------------------------------------------------------
+
+
+def _metas(node, info) -> list:
+    m = info.get(node)
+    if m is None:
+        return []
+    return list(m) if isinstance(m, (list, tuple)) else [m]
+
+
+def support(node, info: dict) -> Optional[str]:
+    """None when `node` translates; else why not. `info` maps nodes to their Meta (a list for
+    nodes with several outputs)."""
+    if node.op != "call_function":
+        return "not an op"
+    if node.target is operator.getitem:
+        producer = node.args[0]
+        return None if producer.op == "call_function" and support(producer, info) is None else "getitem of an op not run"
+    entry = _TABLE.get(node.target)
+    if entry is None:
+        return f"no translation of {node.target}"
+    for arg in node.all_input_nodes:
+        for m in _metas(arg, info):
+            if m.dtype not in ONNX_DTYPE:
+                return f"operand dtype {m.dtype}"
+    outs = _metas(node, info)
+    if not outs:
+        return "produces no tensor"
+    for m in outs:
+        if m.dtype not in ONNX_DTYPE:
+            return f"result dtype {m.dtype}"
+    check = entry[1]
+    return check(node, info) if check else None
+
+
+# --- the builder -----------------------------------------------------------------------------
+
+
+class Builder:
+    """Writes one partition as an ONNX graph. `value(arg)` is the ONNX name of an FX node's
+    output (or a new constant for a Python scalar)."""
+
+    def __init__(self, info: dict):
+        self.info = info
+        self.nodes: list = []
+        self.initializers: list = []
+        self.names: dict = {}  # fx node -> ONNX name (or list of names for several outputs)
+        self._count = 0
+
+    def fresh(self, hint: str = "v") -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def meta(self, node) -> Meta:
+        m = self.info[node]
+        return m[0] if isinstance(m, (list, tuple)) else m
+
+    def add(self, op: str, inputs: list, n_out: int = 1, **attrs) -> Any:
+        outs = [self.fresh(op.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op, inputs, outs, name=self.fresh("n_" + op), **attrs))
+        return outs[0] if n_out == 1 else outs
+
+    def const(self, value, dtype: torch.dtype) -> str:
+        t = torch.as_tensor(value, dtype=dtype)
+        name = self.fresh("c")
+        self.initializers.append(make_initializer(name, t))
+        return name
+
+    def ints(self, values) -> str:
+        return self.const(list(values), torch.int64)
+
+    def cast(self, name: str, have: torch.dtype, want: torch.dtype) -> str:
+        if have == want:
+            return name
+        return self.add("Cast", [name], to=ONNX_DTYPE[want])
+
+    def value(self, arg, dtype: Optional[torch.dtype] = None) -> str:
+        """The ONNX name of `arg` (an FX node or a Python number), as `dtype` when given."""
+        if isinstance(arg, torch.fx.Node):
+            name = self.names[arg]
+            return self.cast(name, self.meta(arg).dtype, dtype) if dtype is not None else name
+        if isinstance(arg, (bool, int, float)):
+            return self.const(arg, dtype if dtype is not None else _python_dtype(arg))
+        raise TypeError(f"cannot translate operand {arg!r}")
+
+    def translate(self, node) -> None:
+        if node.target is operator.getitem:
+            self.names[node] = self.names[node.args[0]][node.args[1]]
+            return
+        self.names[node] = _TABLE[node.target][0](self, node)
+
+
+def _python_dtype(v) -> torch.dtype:
+    if isinstance(v, bool):
+        return torch.bool
+    if isinstance(v, int):
+        return torch.int64
+    return torch.float32
+
+
+def _dtype_of(arg, info) -> Any:
+    """A probe for torch.result_type: an empty tensor of the node's rank and dtype, or the
+    Python number itself."""
+    if isinstance(arg, torch.fx.Node):
+        m = info[arg]
+        m = m[0] if isinstance(m, (list, tuple)) else m
+        return torch.empty([0] * len(m.shape), dtype=m.dtype) if m.shape else torch.empty((), dtype=m.dtype)
+    return arg
+
+
+def _compute_dtype(node, info, *args) -> torch.dtype:
+    probes = [_dtype_of(a, info) for a in args]
+    if len(probes) == 1:
+        p = probes[0]
+        return p.dtype if isinstance(p, torch.Tensor) else _python_dtype(p)
+    return torch.result_type(*probes) if isinstance(probes[0], torch.Tensor) else torch.result_type(probes[1], probes[0])
+
+
+def _norm_dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+# --- translators -----------------------------------------------------------------------------
+# Each takes (builder, node) and returns the ONNX name (a list for several outputs).
+
+
+def _unary(op: str) -> Callable:
+    def t(b: Builder, n):
+        dt = b.meta(n).dtype
+        return b.add(op, [b.value(n.args[0], dt)])
+
+    return t
+
+
+def _binary(op: str) -> Callable:
+    def t(b: Builder, n):
+        dt = b.meta(n).dtype
+        return b.add(op, [b.value(n.args[0], dt), b.value(n.args[1], dt)])
+
+    return t
+
+
+def _add_sub(op: str) -> Callable:
+    def t(b: Builder, n):
+        dt = b.meta(n).dtype
+        x, y = b.value(n.args[0], dt), b.value(n.args[1], dt)
+        alpha = n.kwargs.get("alpha", 1)
+        if alpha != 1:
+            y = b.add("Mul", [y, b.const(alpha, dt)])
+        return b.add(op, [x, y])
+
+    return t
+
+
+def _rsub(b: Builder, n):
+    dt = b.meta(n).dtype
+    x, y = b.value(n.args[0], dt), b.value(n.args[1], dt)
+    alpha = n.kwargs.get("alpha", 1)
+    if alpha != 1:
+        x = b.add("Mul", [x, b.const(alpha, dt)])
+    return b.add("Sub", [y, x])
+
+
+def _div(b: Builder, n):
+    dt = b.meta(n).dtype
+    q = b.add("Div", [b.value(n.args[0], dt), b.value(n.args[1], dt)])
+    mode = n.kwargs.get("rounding_mode")
+    if mode == "floor":
+        return b.add("Floor", [q])
+    if mode == "trunc":
+        return b.add("Mul", [b.add("Floor", [b.add("Abs", [q])]), b.add("Sign", [q])])
+    return q
+
+
+def _div_check(n, info):
+    mode = n.kwargs.get("rounding_mode")
+    if mode is not None and info[n].dtype not in _FLOATS:
+        return f"integer division with rounding_mode={mode}"
+    return None
+
+
+def _compare(op: str, negate: bool = False) -> Callable:
+    def t(b: Builder, n):
+        dt = _compute_dtype(n, b.info, n.args[0], n.args[1])
+        out = b.add(op, [b.value(n.args[0], dt), b.value(n.args[1], dt)])
+        return b.add("Not", [out]) if negate else out
+
+    return t
+
+
+def _logical(op: str) -> Callable:
+    def t(b: Builder, n):
+        return b.add(op, [b.value(a, torch.bool) for a in n.args[:2]])
+
+    return t
+
+
+def _bool_only(n, info):
+    for a in n.args[:2]:
+        if isinstance(a, torch.fx.Node) and info[a].dtype != torch.bool:
+            return "bitwise op on integers"
+    return None
+
+
+def _not(b: Builder, n):
+    return b.add("Not", [b.value(n.args[0], torch.bool)])
+
+
+def _rsqrt(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("Div", [b.const(1.0, dt), b.add("Sqrt", [b.value(n.args[0], dt)])])
+
+
+def _silu(b: Builder, n):
+    dt = b.meta(n).dtype
+    x = b.value(n.args[0], dt)
+    return b.add("Mul", [x, b.add("Sigmoid", [x])])
+
+
+def _gelu(b: Builder, n):
+    dt = b.meta(n).dtype
+    approximate = n.kwargs.get("approximate", n.args[1] if len(n.args) > 1 else "none")
+    return b.add("Gelu", [b.value(n.args[0], dt)], approximate=approximate)
+
+
+def _pow(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("Pow", [b.value(n.args[0], dt), b.value(n.args[1], dt)])
+
+
+def _clamp(b: Builder, n):
+    dt = b.meta(n).dtype
+    lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+    hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+    x = b.value(n.args[0], dt)
+    if lo is not None:
+        x = b.add("Max", [x, b.value(lo, dt)])
+    if hi is not None:
+        x = b.add("Min", [x, b.value(hi, dt)])
+    return x
+
+
+def _where(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("Where", [b.value(n.args[0], torch.bool), b.value(n.args[1], dt), b.value(n.args[2], dt)])
+
+
+def _masked_fill(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("Where", [b.value(n.args[1], torch.bool), b.value(n.args[2], dt), b.value(n.args[0], dt)])
+
+
+def _cast(b: Builder, n):
+    return b.value(n.args[0], b.meta(n).dtype) if b.meta(n.args[0]).dtype != b.meta(n).dtype else b.add(
+        "Identity", [b.value(n.args[0])]
+    )
+
+
+def _identity(b: Builder, n):
+    return b.add("Identity", [b.value(n.args[0])])
+
+
+def _reshape(b: Builder, n):
+    """Every view that keeps the elements in order (view, reshape, unsqueeze, squeeze, flatten):
+    the shape it produced, which tracing made concrete."""
+    return b.add("Reshape", [b.value(n.args[0]), b.ints(b.meta(n).shape)])
+
+
+def _expand(b: Builder, n):
+    return b.add("Expand", [b.value(n.args[0]), b.ints(b.meta(n).shape)])
+
+
+def _permute(b: Builder, n):
+    rank = len(b.meta(n).shape)
+    return b.add("Transpose", [b.value(n.args[0])], perm=[_norm_dim(d, rank) for d in n.args[1]])
+
+
+def _transpose(b: Builder, n):
+    rank = len(b.meta(n).shape)
+    perm = list(range(rank))
+    if rank >= 2:
+        d0 = _norm_dim(n.args[1] if len(n.args) > 1 else 0, rank)
+        d1 = _norm_dim(n.args[2] if len(n.args) > 2 else 1, rank)
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    if perm == list(range(rank)):
+        return b.add("Identity", [b.value(n.args[0])])
+    return b.add("Transpose", [b.value(n.args[0])], perm=perm)
+
+
+def _slice(b: Builder, n):
+    shape = b.meta(n.args[0]).shape
+    rank = len(shape)
+    dim = _norm_dim(n.args[1] if len(n.args) > 1 else 0, rank)
+    start = n.args[2] if len(n.args) > 2 else None
+    end = n.args[3] if len(n.args) > 3 else None
+    step = n.args[4] if len(n.args) > 4 else 1
+    size = shape[dim]
+    start = 0 if start is None else start
+    end = size if end is None else end
+    start = max(0, min(size, start + size if start < 0 else start))
+    end = max(0, min(size, end + size if end < 0 else end))
+    return b.add("Slice", [b.value(n.args[0]), b.ints([start]), b.ints([end]), b.ints([dim]), b.ints([step])])
+
+
+def _select(b: Builder, n):
+    rank = len(b.meta(n.args[0]).shape)
+    dim = _norm_dim(n.args[1], rank)
+    index = n.args[2]
+    index = index + b.meta(n.args[0]).shape[dim] if index < 0 else index
+    return b.add("Gather", [b.value(n.args[0]), b.const(index, torch.int64)], axis=dim)
+
+
+def _cat(b: Builder, n):
+    dt = b.meta(n).dtype
+    rank = len(b.meta(n).shape)
+    dim = _norm_dim(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0), rank)
+    parts = [a for a in n.args[0] if not (b.meta(a).shape == (0,) and rank != 1)]
+    return b.add("Concat", [b.value(a, dt) for a in parts], axis=dim)
+
+
+def _split(b: Builder, n):
+    outs = b.info[n]
+    rank = len(outs[0].shape)
+    dim = _norm_dim(n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0), rank)
+    sizes = [m.shape[dim] for m in outs]
+    return b.add("Split", [b.value(n.args[0]), b.ints(sizes)], n_out=len(outs), axis=dim)
+
+
+def _embedding(b: Builder, n):
+    return b.add("Gather", [b.value(n.args[0]), b.value(n.args[1], torch.int64)], axis=0)
+
+
+def _index_check(n, info):
+    indices = n.args[1]
+    present = [k for k, i in enumerate(indices) if i is not None]
+    if len(present) != 1:
+        return "indexing by several tensors"
+    if info[indices[present[0]]].dtype == torch.bool:
+        return "indexing by a boolean mask"
+    return None
+
+
+def _index(b: Builder, n):
+    indices = n.args[1]
+    k = next(k for k, i in enumerate(indices) if i is not None)
+    return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
+
+
+def _gather(b: Builder, n):
+    rank = len(b.meta(n.args[0]).shape)
+    return b.add("GatherElements", [b.value(n.args[0]), b.value(n.args[2], torch.int64)], axis=_norm_dim(n.args[1], rank))
+
+
+def _matmul(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("MatMul", [b.value(n.args[0], dt), b.value(n.args[1], dt)])
+
+
+def _addmm(b: Builder, n):
+    dt = b.meta(n).dtype
+    beta = n.kwargs.get("beta", 1)
+    alpha = n.kwargs.get("alpha", 1)
+    prod = b.add("MatMul", [b.value(n.args[1], dt), b.value(n.args[2], dt)])
+    if alpha != 1:
+        prod = b.add("Mul", [prod, b.const(alpha, dt)])
+    bias = b.value(n.args[0], dt)
+    if beta != 1:
+        bias = b.add("Mul", [bias, b.const(beta, dt)])
+    return b.add("Add", [prod, bias])
+
+
+def _layer_norm(b: Builder, n):
+    x, normalized_shape, weight, bias, eps = n.args[:5]
+    m = b.meta(x)
+    axis = len(m.shape) - len(normalized_shape)
+    w = b.value(weight, m.dtype) if weight is not None else b.const(torch.ones(list(normalized_shape)), m.dtype)
+    inputs = [b.value(x), w]
+    if bias is not None:
+        inputs.append(b.value(bias, m.dtype))
+    return b.add("LayerNormalization", inputs, n_out=3, axis=axis, epsilon=float(eps))
+
+
+def _reduce(op: str) -> Callable:
+    def t(b: Builder, n):
+        x = n.args[0]
+        rank = len(b.meta(x).shape)
+        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+        keepdim = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
+        dt = b.meta(n).dtype
+        inputs = [b.value(x, dt)]
+        if dims is not None and len(dims) > 0:
+            dims = [dims] if isinstance(dims, int) else dims
+            inputs.append(b.ints([_norm_dim(d, rank) for d in dims]))
+        return b.add(op, inputs, keepdims=int(bool(keepdim)))
+
+    return t
+
+
+def _softmax(op: str) -> Callable:
+    def t(b: Builder, n):
+        dt = b.meta(n).dtype
+        rank = len(b.meta(n).shape)
+        return b.add(op, [b.value(n.args[0], dt)], axis=_norm_dim(n.args[1], rank))
+
+    return t
+
+
+def _sdpa_args(n):
+    """(q, k, v, attn_mask, dropout_p, is_causal, scale, enable_gqa) of any SDPA overload."""
+    names = ["query", "key", "value"]
+    q, k, v = (n.args[i] if len(n.args) > i else n.kwargs[names[i]] for i in range(3))
+    if n.target in (aten.scaled_dot_product_attention.default,):
+        mask = n.args[3] if len(n.args) > 3 else n.kwargs.get("attn_mask")
+        dropout = n.args[4] if len(n.args) > 4 else n.kwargs.get("dropout_p", 0.0)
+        causal = n.args[5] if len(n.args) > 5 else n.kwargs.get("is_causal", False)
+        scale = n.kwargs.get("scale")
+        gqa = n.kwargs.get("enable_gqa", False)
+    else:  # _scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal, *, attn_mask, scale)
+        dropout = n.args[3] if len(n.args) > 3 else n.kwargs.get("dropout_p", 0.0)
+        causal = n.args[4] if len(n.args) > 4 else n.kwargs.get("is_causal", False)
+        mask = n.kwargs.get("attn_mask")
+        scale = n.kwargs.get("scale")
+        gqa = True
+    return q, k, v, mask, dropout, causal, scale, gqa
+
+
+def _sdpa_check(n, info):
+    q, k, v, mask, dropout, causal, scale, gqa = _sdpa_args(n)
+    if dropout:
+        return f"attention with dropout_p={dropout}"
+    if len(info[q][0].shape if isinstance(info[q], list) else info[q].shape) < 3:
+        return "attention on fewer than 3 dims"
+    return None
+
+
+def _sdpa(b: Builder, n):
+    """Attention as torch.onnx.export writes it: MatMul(q, kᵀ) * scale + mask -> Softmax ->
+    MatMul(·, v); grouped-query K and V repeated as transformers' repeat_kv does (Unsqueeze,
+    Expand, Reshape), which graphfuse's attention fusion folds back into kv_heads."""
+    q, k, v, mask, _, causal, scale, _ = _sdpa_args(n)
+    qm, km, vm = b.meta(q), b.meta(k), b.meta(v)
+    dt = qm.dtype
+    L, S, d = qm.shape[-2], km.shape[-2], qm.shape[-1]
+    kq, vq = b.value(k), b.value(v)
+    if len(qm.shape) == 4 and km.shape[1] != qm.shape[1]:
+        rep = qm.shape[1] // km.shape[1]
+
+        def repeat(x, shape):
+            bsz, kvh, s, dd = shape
+            u = b.add("Unsqueeze", [x, b.ints([2])])
+            e = b.add("Expand", [u, b.ints([bsz, kvh, rep, s, dd])])
+            return b.add("Reshape", [e, b.ints([bsz, kvh * rep, s, dd])])
+
+        kq, vq = repeat(kq, km.shape), repeat(vq, vm.shape)
+    rank = len(km.shape)
+    perm = list(range(rank))
+    perm[-1], perm[-2] = perm[-2], perm[-1]
+    scores = b.add("MatMul", [b.value(q), b.add("Transpose", [kq], perm=perm)])
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    scores = b.add("Mul", [scores, b.const(scale, dt)])
+    if causal:
+        allowed = torch.ones(L, S, dtype=torch.bool).tril()
+        bias = torch.zeros(L, S, dtype=dt).masked_fill(~allowed, float("-inf"))
+        scores = b.add("Add", [scores, b.const(bias, dt)])
+    if mask is not None:
+        if b.meta(mask).dtype == torch.bool:
+            additive = b.add("Where", [b.value(mask), b.const(0.0, dt), b.const(float("-inf"), dt)])
+        else:
+            additive = b.value(mask, dt)
+        scores = b.add("Add", [scores, additive])
+    probs = b.add("Softmax", [scores], axis=-1)
+    out = b.add("MatMul", [probs, vq])
+    if n.target == aten.scaled_dot_product_attention.default:
+        return out
+    return [out, None]  # the logsumexp output is never translated (see _sdpa_outputs_check)
+
+
+def _sdpa_flash_check(n, info):
+    reason = _sdpa_check(n, info)
+    if reason:
+        return reason
+    for user in n.users:
+        if user.target is not operator.getitem or user.args[1] != 0:
+            return "attention's logsumexp is used"
+    return None
+
+
+# target -> (translator, check or None)
+_TABLE: dict = {}
+
+
+def _register(targets, fn, check=None):
+    for t in targets:
+        _TABLE[t] = (fn, check)
+
+
+def _overloads(*packets):
+    out = []
+    for p in packets:
+        out.extend(getattr(p, o) for o in p.overloads())
+    return out
+
+
+_register(_overloads(aten.add), _add_sub("Add"))
+_register(_overloads(aten.sub), _add_sub("Sub"))
+_register(_overloads(aten.rsub), _rsub)
+_register(_overloads(aten.mul), _binary("Mul"))
+_register([aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode], _div, _div_check)
+_register([aten.maximum.default], _binary("Max"))
+_register([aten.minimum.default], _binary("Min"))
+_register([aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor], _pow)
+for _name, _op in [
+    ("neg", "Neg"), ("abs", "Abs"), ("exp", "Exp"), ("log", "Log"), ("sqrt", "Sqrt"),
+    ("reciprocal", "Reciprocal"), ("sigmoid", "Sigmoid"), ("tanh", "Tanh"), ("relu", "Relu"),
+    ("erf", "Erf"), ("sin", "Sin"), ("cos", "Cos"), ("floor", "Floor"), ("ceil", "Ceil"),
+    ("sign", "Sign"),
+]:
+    _register([getattr(aten, _name).default], _unary(_op))
+_register([aten.rsqrt.default], _rsqrt)
+_register([aten.silu.default], _silu)
+_register([aten.gelu.default], _gelu)
+_register([aten.clamp.default, aten.clamp.Tensor], _clamp)
+_register([aten.eq.Tensor, aten.eq.Scalar], _compare("Equal"))
+_register([aten.ne.Tensor, aten.ne.Scalar], _compare("Equal", negate=True))
+_register([aten.lt.Tensor, aten.lt.Scalar], _compare("Less"))
+_register([aten.le.Tensor, aten.le.Scalar], _compare("LessOrEqual"))
+_register([aten.gt.Tensor, aten.gt.Scalar], _compare("Greater"))
+_register([aten.ge.Tensor, aten.ge.Scalar], _compare("GreaterOrEqual"))
+_register([aten.bitwise_and.Tensor], _logical("And"), _bool_only)
+_register([aten.bitwise_or.Tensor], _logical("Or"), _bool_only)
+_register([aten.bitwise_xor.Tensor], _logical("Xor"), _bool_only)
+_register([aten.bitwise_not.default], _not, lambda n, info: None if info[n.args[0]].dtype == torch.bool else "bitwise not on integers")
+_register([aten.logical_and.default], _logical("And"))
+_register([aten.logical_or.default], _logical("Or"))
+_register([aten.logical_not.default], _not)
+_register([aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar], _where)
+_register([aten.masked_fill.Scalar, aten.masked_fill.Tensor], _masked_fill)
+_register([aten._to_copy.default, aten.to.dtype], _cast)
+_register([aten.clone.default, aten.alias.default, aten.alias_copy.default, aten.detach.default,
+           aten.detach_copy.default, aten.lift_fresh_copy.default, aten.contiguous.default], _identity)
+_register(
+    [aten.view.default, aten._unsafe_view.default, aten.view_copy.default, aten.reshape.default,
+     aten.unsqueeze.default, aten.unsqueeze_copy.default, aten.squeeze.dim, aten.squeeze.dims,
+     aten.squeeze.default, aten.squeeze_copy.dim, aten.squeeze_copy.dims, aten.squeeze_copy.default,
+     aten.flatten.using_ints],
+    _reshape,
+)
+_register([aten.expand.default, aten.expand_copy.default], _expand)
+_register([aten.permute.default, aten.permute_copy.default], _permute)
+_register([aten.t.default, aten.t_copy.default, aten.transpose.int, aten.transpose_copy.int], _transpose)
+_register([aten.slice.Tensor, aten.slice_copy.Tensor], _slice)
+_register([aten.select.int, aten.select_copy.int], _select)
+_register([aten.cat.default], _cat)
+_register([aten.split.Tensor, aten.split_copy.Tensor, aten.split_with_sizes.default,
+           aten.split_with_sizes_copy.default], _split)
+_register([aten.embedding.default], _embedding)
+_register([aten.index.Tensor], _index, _index_check)
+_register([aten.gather.default], _gather)
+_register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul)
+_register([aten.addmm.default], _addmm)
+_register([aten.native_layer_norm.default], _layer_norm)
+_register([aten.mean.dim], _reduce("ReduceMean"))
+_register([aten.sum.dim_IntList], _reduce("ReduceSum"))
+_register([aten.amax.default], _reduce("ReduceMax"))
+_register([aten.amin.default], _reduce("ReduceMin"))
+_register([aten._softmax.default, aten.softmax.int], _softmax("Softmax"))
+_register([aten._log_softmax.default, aten.log_softmax.int], _softmax("LogSoftmax"))
+_register([aten.scaled_dot_product_attention.default], _sdpa, _sdpa_check)
+_register([aten._scaled_dot_product_flash_attention_for_cpu.default], _sdpa, _sdpa_flash_check)
+
+# Ops that move no data worth a kernel: a partition of only these stays in PyTorch.
+VIEW_OPS = sorted(
+    torch.fx.node._get_qualified_name(t)
+    for t, (fn, _) in _TABLE.items()
+    if fn in (_reshape, _expand, _permute, _transpose, _slice, _select, _identity, _cast)
+)

@@ -1,0 +1,465 @@
+"""torch.compile(model, backend="graphfuse"): Dynamo's graphs compiled by graphfuse.
+
+    import torch, graphfuse.torch_backend           # the import is optional: the package
+    compiled = torch.compile(model, backend="graphfuse")   # registers the name as an entry point
+    with torch.no_grad():
+        out = compiled(input_ids)
+    graphfuse.torch_backend.reports()[-1]           # compile time, partitions, kernels, fallbacks
+
+The route, for each graph Dynamo hands over and each new input signature:
+
+1. **ATen, every shape concrete.** The graph is traced again with make_fx on the call's real
+   inputs, functionalized (views become copies, no mutation is left), so every op is an ATen op
+   with known shapes and dtypes. Parameters, and everything computed from parameters and shapes
+   alone (transposed weights, rotary tables, causal masks), are folded into constants: the
+   weights reach graphfuse as constants, which GEMM packing and the projection fusions need.
+2. **Partitions.** torch.fx's CapabilityBasedPartitioner groups the nodes that have an ATen ->
+   ONNX translation (graphfuse._aten_onnx) into the largest acyclic partitions. Everything else
+   stays in PyTorch in the outer graph, so an op graphfuse lacks (or a collective such as
+   all_reduce) costs a partition boundary, never an error.
+3. **One graphfuse session per partition**, built from the partition written as an ONNX model:
+   the same importer, passes and kernels the ONNX route uses, so what fuses in an exported
+   model fuses here.
+
+Why ATen and not torch.onnx.export: export re-traces the whole module (seconds), cannot leave
+part of a graph to PyTorch, and its failures are all-or-nothing; ATen after functionalization
+is a few dozen ops with fixed semantics, each translated on its own, and a partition boundary
+falls wherever a translation is missing.
+
+**Shapes.** Each compiled graph is specialized to the input shapes (and the values of integer
+inputs) of each call, and kept in a small LRU cache (options["cache_size"], default 4). Dynamo's
+own dynamic-shape graphs therefore work too: a call with a new shape compiles again, as a
+recompilation would. Parameters are read at compile time; an in-place change to one (its
+version counter moves) compiles again.
+
+Buffers are constants as parameters are; a graph that writes into one in place runs in
+PyTorch.
+
+**Grad.** graphfuse is an inference compiler: a call with grad enabled and an input that
+requires grad runs the graph in PyTorch, with a warning, so that training stays correct.
+
+options (torch.compile(..., options={...})): "fusion" (default True), "threads" (graphfuse's CPU
+pool; 0: the hardware's), "cache_size" (4).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import operator
+import time
+import warnings
+from typing import Any, Callable, Optional
+
+import torch
+import torch.fx
+from onnx import TensorProto, helper
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from . import InferenceSession
+from . import _aten_onnx as ao
+
+log = logging.getLogger("graphfuse")
+
+__all__ = ["graphfuse_backend", "reports", "clear_reports"]
+
+_REPORTS: list = []
+_MAX_REPORTS = 256
+
+# ONNX's protobuf limit is 2 GiB; a partition whose constants come near it stays in PyTorch.
+_MAX_PARTITION_BYTES = 1_800_000_000
+
+
+def reports() -> list:
+    """One dict per graph signature compiled (the latest last): graph, signature, compile_ms,
+    aten_ops, partitions (each: ops, kernels_before, kernels_after, compile_ms), fallback (op ->
+    count and reason, for the ops left to PyTorch)."""
+    return list(_REPORTS)
+
+
+def clear_reports() -> None:
+    _REPORTS.clear()
+
+
+def _record(report: dict) -> None:
+    _REPORTS.append(report)
+    del _REPORTS[: max(0, len(_REPORTS) - _MAX_REPORTS)]
+
+
+# --- tracing ---------------------------------------------------------------------------------
+
+
+def _trace(gm: torch.fx.GraphModule, args: list, frozen: dict) -> torch.fx.GraphModule:
+    """gm as an ATen graph of the non-frozen tensor args; `frozen` (position -> value) holds the
+    parameters and non-tensor args, which tracing turns into constants."""
+    positions = [i for i in range(len(args)) if i not in frozen]
+
+    def f(*live):
+        full = list(args)
+        for i, v in zip(positions, live):
+            full[i] = v
+        for i, v in frozen.items():
+            full[i] = v
+        return gm(*full)
+
+    from torch.func import functionalize
+
+    traced = make_fx(functionalize(f, remove="mutations_and_views"), tracing_mode="real")(*[args[i] for i in positions])
+    return traced
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the traced graph once, recording each node's (shape, dtype) and keeping the values
+    of the nodes that depend on no input (they become constants)."""
+
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__(gm)
+        self.info: dict = {}
+        self.const_values: dict = {}
+        self.constant: set = set()
+
+    def run_node(self, n):
+        result = super().run_node(n)
+        self.info[n] = _meta_of(result)
+        if n.op == "get_attr":
+            self.constant.add(n)
+        elif n.op == "call_function" and all(a in self.constant for a in n.all_input_nodes) and _foldable(n):
+            self.constant.add(n)
+        if n in self.constant:
+            self.const_values[n] = result
+        return result
+
+
+def _meta_of(value) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ao.Meta(tuple(value.shape), value.dtype)
+    if isinstance(value, (list, tuple)):
+        return [_meta_of(v) for v in value]
+    return None
+
+
+def _foldable(n) -> bool:
+    target = n.target
+    if target is operator.getitem:
+        return True
+    tags = getattr(target, "tags", ())
+    return torch.Tag.nondeterministic_seeded not in tags
+
+
+def _fold_constants(gm: torch.fx.GraphModule, rec: _Recorder) -> int:
+    """Replaces each constant call_function node that a non-constant node (or the output) uses
+    by a get_attr of its value. Returns how many nodes were folded."""
+    graph = gm.graph
+    folded = 0
+    for n in list(graph.nodes):
+        if n.op != "call_function" or n not in rec.constant:
+            continue
+        value = rec.const_values.get(n)
+        if not isinstance(value, torch.Tensor):
+            continue
+        if all(u in rec.constant for u in n.users if u.op != "output") and not any(u.op == "output" for u in n.users):
+            continue
+        name = f"_gf_const_{folded}"
+        while hasattr(gm, name):
+            name += "_"
+        gm.register_buffer(name, value.detach().clone() if value._is_view() else value.detach(), persistent=False)
+        with graph.inserting_before(n):
+            attr = graph.get_attr(name)
+        rec.info[attr] = rec.info[n]
+        rec.constant.add(attr)
+        rec.const_values[attr] = getattr(gm, name)
+        n.replace_all_uses_with(attr)
+        folded += 1
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return folded
+
+
+# --- partitioning ----------------------------------------------------------------------------
+
+
+class _Support(OperatorSupportBase):
+    def __init__(self, info: dict):
+        self.info = info
+        self.refused: dict = {}
+
+    def is_node_supported(self, submodules, node) -> bool:
+        reason = ao.support(node, self.info)
+        if reason is not None and node.op == "call_function" and node.target is not operator.getitem:
+            key = str(node.target)
+            count, _ = self.refused.get(key, (0, reason))
+            self.refused[key] = (count + 1, reason)
+        return reason is None
+
+
+class _Runner(torch.nn.Module):
+    """A partition run by a graphfuse session: torch tensors in, torch tensors out."""
+
+    def __init__(self, session: InferenceSession, out_dtypes: list, tuple_out: bool):
+        super().__init__()
+        self.session = session
+        self.out_dtypes = out_dtypes
+        self.tuple_out = tuple_out
+
+    def forward(self, *tensors):
+        arrays = [t.detach().contiguous() for t in tensors]
+        outs = self.session._session.run([a if a.dtype == torch.bfloat16 else a.numpy() for a in arrays])
+        result = []
+        for o, dt in zip(outs, self.out_dtypes):
+            t = torch.from_numpy(o)
+            result.append(t if t.dtype == dt else t.to(dt))
+        return tuple(result) if self.tuple_out else result[0]
+
+
+def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Recorder, name: str):
+    """The partition `sub` as an ONNX ModelProto, and the positions of its inputs that stay
+    inputs (the others are constants, written as initializers). Every node of `sub` carries
+    meta["gf_orig"], the traced node it copies, whose Meta and constness `rec` knows."""
+    info: dict = {}
+    b = ao.Builder(info)
+    graph_inputs = []
+    live_positions = []
+    placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
+    const_bytes = 0
+    for k, ph in enumerate(placeholders):
+        orig = ph.meta["gf_orig"]
+        info[ph] = info_outer[orig]
+        if orig in rec.constant:
+            value = rec.const_values[orig]
+            init_name = b.fresh("w")
+            b.initializers.append(ao.make_initializer(init_name, value))
+            const_bytes += value.numel() * value.element_size()
+            b.names[ph] = init_name
+        else:
+            m = info[ph]
+            graph_inputs.append(helper.make_tensor_value_info(f"in{k}", ao.ONNX_DTYPE[m.dtype], list(m.shape)))
+            b.names[ph] = f"in{k}"
+            live_positions.append(k)
+    if const_bytes > _MAX_PARTITION_BYTES:
+        raise ValueError(f"{const_bytes / 1e9:.2f} GB of constants, over ONNX's 2 GiB limit")
+    output_node = next(n for n in sub.graph.nodes if n.op == "output")
+    for n in sub.graph.nodes:
+        if n.op == "call_function":
+            info[n] = info_outer[n.meta["gf_orig"]]
+            b.translate(n)
+    ret = output_node.args[0]
+    tuple_out = isinstance(ret, (tuple, list))
+    rets = list(ret) if tuple_out else [ret]
+    graph_outputs = []
+    out_dtypes = []
+    for j, r in enumerate(rets):
+        m = b.meta(r)
+        src = b.names[r]
+        out_name = f"out{j}"
+        b.nodes.append(helper.make_node("Identity", [src], [out_name], name=b.fresh("n_out")))
+        graph_outputs.append(helper.make_tensor_value_info(out_name, ao.ONNX_DTYPE[m.dtype], list(m.shape)))
+        out_dtypes.append(m.dtype)
+    graph = helper.make_graph(b.nodes, name, graph_inputs, graph_outputs, initializer=b.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ao.OPSET)], producer_name="graphfuse.torch_backend")
+    model.ir_version = 9
+    return model, live_positions, out_dtypes, tuple_out
+
+
+def _module_state_positions(gm: torch.fx.GraphModule, example_inputs: list) -> set:
+    """The graph inputs that are a module's parameters or buffers: Parameters, and the tensors
+    whose Dynamo source reads a module's _parameters or _buffers."""
+    positions = {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, n in enumerate(placeholders):
+        grapharg = n.meta.get("grapharg")
+        source = getattr(grapharg, "source", None)
+        while source is not None:
+            if type(source).__name__ in ("UnspecializedParamBufferSource", "ParamBufferSource"):
+                positions.add(i)
+                break
+            if getattr(source, "member", None) in ("_parameters", "_buffers"):
+                positions.add(i)
+                break
+            source = getattr(source, "base", None)
+    return positions
+
+
+def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options: dict, graph_id: int) -> tuple:
+    """(callable taking the live tensor args, report) for these args; `state` holds the
+    positions of the module's parameters and buffers, which become constants."""
+    t0 = time.perf_counter()
+    frozen = {i: a for i, a in enumerate(args) if i in state or not isinstance(a, torch.Tensor)}
+    traced = _trace(gm, args, frozen)
+    for n in traced.graph.nodes:
+        if n.op == "call_function" and n.target in (torch.ops.aten.copy_.default,) and n.args[0].op == "get_attr":
+            raise _Unsupported("the graph writes into a parameter or buffer in place")
+    live = [a for i, a in enumerate(args) if i not in frozen]
+    t_trace = time.perf_counter()
+    rec = _Recorder(traced)
+    with torch.no_grad():
+        rec.run(*live)
+    folded = _fold_constants(traced, rec)
+    for n in traced.graph.nodes:
+        n.meta["gf_orig"] = n
+    aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function")
+    support = _Support(rec.info)
+    # A partition of one op (views, casts and getitems not counted) stays in PyTorch: there is
+    # nothing to fuse, and the crossing costs more than it saves.
+    partitioner = CapabilityBasedPartitioner(
+        traced, support, allows_single_node_partition=False, non_compute_ops=ao.VIEW_OPS
+    )
+    partitions = partitioner.propose_partitions()
+    fused = partitioner.fuse_partitions(partitions) if partitions else traced
+    part_reports = []
+    fallback = collections.Counter()
+    reasons = {}
+    for n in list(fused.graph.nodes):
+        if n.op == "call_function" and n.target is not operator.getitem:
+            key = str(n.target)
+            fallback[key] += 1
+            reasons[key] = support.refused.get(key, (0, "partition too small"))[1]
+        if n.op != "call_module":
+            continue
+        sub = getattr(fused, n.target)
+        tp = time.perf_counter()
+        try:
+            model, live_pos, out_dtypes, tuple_out = _onnx_of_partition(sub, rec.info, rec, n.target)
+            session = InferenceSession(
+                model.SerializeToString(), backend="cpu", threads=options.get("threads", 0),
+                fusion=options.get("fusion", True), plan_cache_capacity=1,
+            )
+        except Exception as e:  # a partition graphfuse refuses runs in PyTorch
+            log.warning("graphfuse: partition %s stays in PyTorch: %s", n.target, e)
+            for s in sub.graph.nodes:
+                if s.op == "call_function" and s.target is not operator.getitem:
+                    fallback[str(s.target)] += 1
+                    reasons[str(s.target)] = f"partition refused: {e}"
+            continue
+        explained = session.explain() or {}
+        runner = _Runner(session, out_dtypes, tuple_out)
+        setattr(fused, n.target, runner)
+        n.args = tuple(n.args[k] for k in live_pos)
+        part_reports.append(
+            {
+                "name": n.target,
+                "ops": sum(1 for s in sub.graph.nodes if s.op == "call_function" and s.target is not operator.getitem),
+                "kernels_before": explained.get("kernels_before"),
+                "kernels_after": explained.get("kernels_after"),
+                "compile_ms": (time.perf_counter() - tp) * 1e3,
+            }
+        )
+    fused.graph.eliminate_dead_code()
+    fused.recompile()
+    report = {
+        "graph": graph_id,
+        "signature": _signature_text(args, frozen),
+        "compile_ms": (time.perf_counter() - t0) * 1e3,
+        "trace_ms": (t_trace - t0) * 1e3,
+        "aten_ops": aten_ops,
+        "constants_folded": folded,
+        "partitions": part_reports,
+        "fallback": {k: {"count": c, "reason": reasons[k]} for k, c in sorted(fallback.items())},
+    }
+    return fused, report
+
+
+def _signature_text(args: list, frozen: dict) -> str:
+    parts = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor) and i not in frozen:
+            parts.append(f"{str(a.dtype).replace('torch.', '')}{list(a.shape)}")
+        elif not isinstance(a, torch.Tensor):
+            parts.append(repr(a))
+    return ";".join(parts)
+
+
+class _Unsupported(Exception):
+    """A graph that graphfuse leaves to PyTorch as a whole."""
+
+
+def _key(args: list, state: set) -> tuple:
+    key = []
+    for i, a in enumerate(args):
+        if i in state:
+            key.append(("p", id(a), a._version))
+        elif isinstance(a, torch.Tensor):
+            key.append((tuple(a.shape), a.dtype, a.device.type))
+        else:
+            key.append(("v", a))
+    return tuple(key)
+
+
+class _CompiledGraph:
+    """What the backend returns for one Dynamo graph: compiles per input signature (LRU)."""
+
+    _next_id = 0
+
+    def __init__(self, gm: torch.fx.GraphModule, state: set, options: dict):
+        self.gm = gm
+        self.state = state
+        self.options = options
+        self.cache: collections.OrderedDict = collections.OrderedDict()
+        self.capacity = max(1, int(options.get("cache_size", 4)))
+        _CompiledGraph._next_id += 1
+        self.graph_id = _CompiledGraph._next_id
+        self.warned_grad = False
+
+    def __call__(self, *args):
+        args = list(args)
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            if not self.warned_grad:
+                warnings.warn("graphfuse compiles for inference; with grad enabled this graph runs in PyTorch",
+                              RuntimeWarning, stacklevel=2)
+                self.warned_grad = True
+            return self.gm(*args)
+        if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+            return self.gm(*args)  # the graphfuse CUDA target is for ONNX sessions, not torch tensors yet
+        key = _key(args, self.state)
+        entry = self.cache.get(key)
+        if entry is None:
+            try:
+                with torch.no_grad():
+                    fn, report = _compile_signature(self.gm, args, self.state, self.options, self.graph_id)
+            except _Unsupported as e:
+                warnings.warn(f"graphfuse: this graph runs in PyTorch: {e}", RuntimeWarning, stacklevel=2)
+                fn, report = self.gm, {"graph": self.graph_id, "signature": "", "compile_ms": 0.0, "aten_ops": 0,
+                                       "partitions": [], "fallback": {"*": {"count": 1, "reason": str(e)}}}
+            _record(report)
+            log.info(
+                "graphfuse: graph %d %s compiled in %.1f ms: %d ATen ops, %d partitions, fallback %s",
+                self.graph_id, report["signature"], report["compile_ms"], report["aten_ops"],
+                len(report["partitions"]), dict((k, v["count"]) for k, v in report["fallback"].items()),
+            )
+            live = list(range(len(args))) if fn is self.gm else [
+                i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.state
+            ]
+            entry = (fn, live)
+            self.cache[key] = entry
+            while len(self.cache) > self.capacity:
+                self.cache.popitem(last=False)
+        else:
+            self.cache.move_to_end(key)
+        fn, live = entry
+        with torch.no_grad():
+            out = fn(*[args[i] for i in live])
+        return out
+
+
+def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Optional[dict] = None) -> Callable:
+    """The Dynamo backend: torch.compile(model, backend="graphfuse", options={...})."""
+    opts = dict(options or {})
+    unknown = set(opts) - {"fusion", "threads", "cache_size"}
+    if unknown:
+        raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes fusion, threads, cache_size")
+    return _CompiledGraph(gm, _module_state_positions(gm, example_inputs), opts)
+
+
+def _register() -> None:
+    """Makes backend="graphfuse" work without the entry point (an uninstalled source tree)."""
+    try:
+        from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+        if "graphfuse" not in _BACKENDS:
+            register_backend(name="graphfuse")(graphfuse_backend)
+    except Exception:  # an older torch without the registry: the entry point still works
+        pass
+
+
+_register()
