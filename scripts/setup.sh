@@ -4,13 +4,13 @@
 set -euo pipefail
 
 PACKAGES=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libgtest-dev libgmock-dev libbenchmark-dev
   libhwy-dev libsleef-dev libopenblas-dev libdnnl-dev
   ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it
   libonnx-dev libprotobuf-dev libonnx-testdata
   clang libclang-rt-14-dev
-  python3 python3-numpy
+  python3 python3-numpy python3-venv python3-dev  # python3-dev: the extension module's headers
   python3-onnx  # tests/onnx/make_cli_models.py writes the command-line test's models
 )
 

@@ -35,14 +35,14 @@ their symbolic dims, the data set shapes, the op types in the graph and which gr
 feed the shape operands of Reshape / Expand / Slice / Range / ...; exports that failed are
 recorded there with their error.
 
-Run it in the venv made by tools/setup_export_venv.sh:
+Run it in the venv made by tools/setup_venv.sh:
 
-    bash tools/setup_export_venv.sh                 # once; /work/.venv-export by default
-    /work/.venv-export/bin/python tools/export_hf_corpus.py [--out tests/models/hf] [--check-ort]
+    bash tools/setup_venv.sh                        # once; ~/.cache/graphfuse/venv by default
+    ~/.cache/graphfuse/venv/bin/python tools/export_hf_corpus.py [--out tests/models/hf] [--check-ort]
 
     # only some models, exporters or variants (other directories and their MANIFEST entries
     # are kept as they are):
-    /work/.venv-export/bin/python tools/export_hf_corpus.py --only llama gpt2 \
+    ~/.cache/graphfuse/venv/bin/python tools/export_hf_corpus.py --only llama gpt2 \
         --exporters ts --variants static dynamic
 
 --check-ort runs every exported model in onnxruntime on its data sets and records the max

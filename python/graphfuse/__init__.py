@@ -119,10 +119,23 @@ _NUMPY_DTYPE = {
 }
 
 
-def _as_input(value: Any, arg: NodeArg) -> np.ndarray:
-    """The array as the extension reads it in place: C-contiguous and in native byte order. An
-    array already so is passed as it is (no copy); an array of another dtype is not converted
-    (the error names the input). Lists and scalars become arrays of the input's dtype."""
+def _as_input(value: Any, arg: NodeArg) -> Any:
+    """The input as the extension reads it in place: a C-contiguous, native-order numpy array, or
+    a DLPack tensor in host memory (a torch tensor: f32, f16, bf16, int, bool). An array or tensor
+    already so is passed as it is (no copy); one of another dtype is not converted (the error
+    names the input). Lists and scalars become arrays of the input's dtype."""
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        device = value.__dlpack_device__()[0] if hasattr(value, "__dlpack_device__") else 1
+        if device != 1:  # kDLCPU
+            raise InvalidArgument(
+                f"input {arg.name!r}: a tensor in device memory (DLPack device type {device}); "
+                "graphfuse sessions read host memory"
+            )
+        if hasattr(value, "is_contiguous"):  # torch: DLPack export refuses tensors that need grad
+            value = value.detach()
+            if not value.is_contiguous():
+                value = value.contiguous()
+        return value
     if isinstance(value, np.ndarray):
         array = value
     else:
@@ -186,7 +199,7 @@ class InferenceSession:
     def backend(self) -> str:
         return self._backend
 
-    def _arrays(self, input_feed: Mapping[str, Any]) -> list[np.ndarray]:
+    def _arrays(self, input_feed: Mapping[str, Any]) -> list[Any]:
         if not isinstance(input_feed, Mapping):
             raise TypeError(f"input_feed must be a dict of input name to array, not {type(input_feed).__name__}")
         names = {i.name for i in self._inputs}
@@ -202,7 +215,8 @@ class InferenceSession:
         self, output_names: Optional[Sequence[str]], input_feed: Mapping[str, Any], run_options: Any = None
     ) -> list[np.ndarray]:
         """The outputs named (None: all, in the model's order) for the inputs in input_feed
-        (name -> numpy array or anything numpy.asarray takes)."""
+        (name -> numpy array, host DLPack tensor such as a torch tensor, or anything
+        numpy.asarray takes). Outputs are numpy arrays; bf16 ones come back as float32."""
         if output_names is not None:
             for name in output_names:
                 if name not in self._output_index:

@@ -416,6 +416,13 @@ def _gather(b: Builder, n):
     return b.add("GatherElements", [b.value(n.args[0]), b.value(n.args[2], torch.int64)], axis=_norm_dim(n.args[1], rank))
 
 
+def _f32_gemm(n, info):
+    """graphfuse's CPU GEMM is f32 (bf16 and f16 GEMMs are planned); others stay in PyTorch."""
+    m = info[n]
+    m = m[0] if isinstance(m, list) else m
+    return None if m.dtype == torch.float32 else f"a {str(m.dtype).replace('torch.', '')} GEMM (graphfuse's CPU GEMM is f32)"
+
+
 def _matmul(b: Builder, n):
     dt = b.meta(n).dtype
     return b.add("MatMul", [b.value(n.args[0], dt), b.value(n.args[1], dt)])
@@ -493,9 +500,9 @@ def _sdpa_check(n, info):
     q, k, v, mask, dropout, causal, scale, gqa = _sdpa_args(n)
     if dropout:
         return f"attention with dropout_p={dropout}"
-    if len(info[q][0].shape if isinstance(info[q], list) else info[q].shape) < 3:
+    if len(info[q].shape) < 3:
         return "attention on fewer than 3 dims"
-    return None
+    return _f32_gemm(n, info)
 
 
 def _sdpa(b: Builder, n):
@@ -621,8 +628,8 @@ _register([aten.split.Tensor, aten.split_copy.Tensor, aten.split_with_sizes.defa
 _register([aten.embedding.default], _embedding)
 _register([aten.index.Tensor], _index, _index_check)
 _register([aten.gather.default], _gather)
-_register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul)
-_register([aten.addmm.default], _addmm)
+_register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
+_register([aten.addmm.default], _addmm, _f32_gemm)
 _register([aten.native_layer_norm.default], _layer_norm)
 _register([aten.mean.dim], _reduce("ReduceMean"))
 _register([aten.sum.dim_IntList], _reduce("ReduceSum"))

@@ -262,13 +262,19 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
     return model, live_positions, out_dtypes, tuple_out
 
 
-def _module_state_positions(gm: torch.fx.GraphModule, example_inputs: list) -> set:
-    """The graph inputs that are a module's parameters or buffers: Parameters, and the tensors
-    whose Dynamo source reads a module's _parameters or _buffers."""
+def _frozen_positions(gm: torch.fx.GraphModule, example_inputs: list) -> tuple:
+    """(state, scalars): the graph inputs that are a module's parameters or buffers (Parameters,
+    and the tensors whose Dynamo source reads a module's _parameters or _buffers), and those that
+    are Python numbers Dynamo passes as 0-d tensors (with dynamic shapes: a layer's eps, a
+    scale). Both become constants; a scalar's value joins the signature."""
     positions = {i for i, a in enumerate(example_inputs) if isinstance(a, torch.nn.Parameter)}
+    scalars = set()
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for i, n in enumerate(placeholders):
         grapharg = n.meta.get("grapharg")
+        if getattr(grapharg, "pass_arg_as_tensor", False):
+            scalars.add(i)
+            continue
         source = getattr(grapharg, "source", None)
         while source is not None:
             if type(source).__name__ in ("UnspecializedParamBufferSource", "ParamBufferSource"):
@@ -278,7 +284,7 @@ def _module_state_positions(gm: torch.fx.GraphModule, example_inputs: list) -> s
                 positions.add(i)
                 break
             source = getattr(source, "base", None)
-    return positions
+    return positions, scalars
 
 
 def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options: dict, graph_id: int) -> tuple:
@@ -298,7 +304,7 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
     folded = _fold_constants(traced, rec)
     for n in traced.graph.nodes:
         n.meta["gf_orig"] = n
-    aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function")
+    aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
     support = _Support(rec.info)
     # A partition of one op (views, casts and getitems not counted) stays in PyTorch: there is
     # nothing to fuse, and the crossing costs more than it saves.
@@ -325,6 +331,7 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
                 model.SerializeToString(), backend="cpu", threads=options.get("threads", 0),
                 fusion=options.get("fusion", True), plan_cache_capacity=1,
             )
+            explained = session.explain() or {}
         except Exception as e:  # a partition graphfuse refuses runs in PyTorch
             log.warning("graphfuse: partition %s stays in PyTorch: %s", n.target, e)
             for s in sub.graph.nodes:
@@ -332,7 +339,6 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
                     fallback[str(s.target)] += 1
                     reasons[str(s.target)] = f"partition refused: {e}"
             continue
-        explained = session.explain() or {}
         runner = _Runner(session, out_dtypes, tuple_out)
         setattr(fused, n.target, runner)
         n.args = tuple(n.args[k] for k in live_pos)
@@ -374,10 +380,12 @@ class _Unsupported(Exception):
     """A graph that graphfuse leaves to PyTorch as a whole."""
 
 
-def _key(args: list, state: set) -> tuple:
+def _key(args: list, state: set, scalars: set) -> tuple:
     key = []
     for i, a in enumerate(args):
-        if i in state:
+        if i in scalars:
+            key.append(("s", a.item() if isinstance(a, torch.Tensor) else a))
+        elif i in state:
             key.append(("p", id(a), a._version))
         elif isinstance(a, torch.Tensor):
             key.append((tuple(a.shape), a.dtype, a.device.type))
@@ -391,9 +399,10 @@ class _CompiledGraph:
 
     _next_id = 0
 
-    def __init__(self, gm: torch.fx.GraphModule, state: set, options: dict):
+    def __init__(self, gm: torch.fx.GraphModule, state: set, scalars: set, options: dict):
         self.gm = gm
-        self.state = state
+        self.scalars = scalars
+        self.state = state | scalars
         self.options = options
         self.cache: collections.OrderedDict = collections.OrderedDict()
         self.capacity = max(1, int(options.get("cache_size", 4)))
@@ -411,7 +420,7 @@ class _CompiledGraph:
             return self.gm(*args)
         if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
             return self.gm(*args)  # the graphfuse CUDA target is for ONNX sessions, not torch tensors yet
-        key = _key(args, self.state)
+        key = _key(args, self.state, self.scalars)
         entry = self.cache.get(key)
         if entry is None:
             try:
@@ -448,7 +457,8 @@ def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: O
     unknown = set(opts) - {"fusion", "threads", "cache_size"}
     if unknown:
         raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes fusion, threads, cache_size")
-    return _CompiledGraph(gm, _module_state_positions(gm, example_inputs), opts)
+    state, scalars = _frozen_positions(gm, example_inputs)
+    return _CompiledGraph(gm, state, scalars, opts)
 
 
 def _register() -> None:

@@ -1,0 +1,383 @@
+#!/usr/bin/env python3
+"""torch.compile backends on the transformer blocks of `graphfuse demo`: PyTorch eager vs
+torch.compile(backend="inductor") vs torch.compile(backend="graphfuse"), CPU, f32, one process.
+
+What it measures, per block (default: the LLaMA-7B block, hidden 4096, 32 heads, ffn 11008, at
+seq 32 and at seq 1 -- a decode step without KV cache -- and the GPT-2 block, 768, seq 128; batch 1):
+
+  * the latency of one call of the block (median and min over N calls) through
+      eager      the nn.Module under torch.inference_mode(),
+      inductor   torch.compile(block, backend="inductor")       (default mode),
+      graphfuse  torch.compile(block, backend="graphfuse", options={"threads": T}),
+    with torch.set_num_threads(T). Each variant is warmed up until a call compiles nothing new;
+    the timed calls are interleaved round-robin (eager, inductor, graphfuse, eager, ...) so that
+    the noise of a shared machine hits the three alike. N defaults to enough calls for about
+    --min-time seconds per variant, at least 5;
+  * the compile time: the wall time of each variant's first call (eager: its plain first call),
+    and for graphfuse also the sum of graphfuse.torch_backend.reports()[...]["compile_ms"];
+  * for graphfuse, the kernels after fusion (sum of the partitions' kernels_after), the ATen ops
+    before, the partitions, and the ops left to PyTorch (fallback);
+  * the error of each compiled output against eager (max abs, and max abs / max |eager|). The run
+    fails (exit status 1, after the table) when graphfuse's output is not within
+    rtol 1e-3, atol 1e-4 * max(1, max |eager|) of eager's; an inductor mismatch is only reported.
+
+The blocks are nn.Modules whose weights are nn.Parameters (requires_grad=False) and whose rotary
+tables and mask are buffers, so that the graphfuse backend folds them into constants (GEMM
+weight packing and the projection fusions need constant weights). Weights are drawn as in
+bench/peers/block_torch.py (same presets, seed, op sequence), whose PRESETS this file imports.
+One module per block serves the three variants (the graphfuse backend copies the constants into
+its sessions); blocks run one after the other and are freed in between.
+
+Inductor's caches go to a fresh temporary directory (TORCHINDUCTOR_CACHE_DIR, removed at the end)
+so that its compile time is a cold compile; --inductor-cache default keeps torch's usual one.
+
+Command (from the repository root):
+
+    PYTHONPATH=python python bench/torch_compile.py [--blocks llama7b-seq32,llama7b-seq1,gpt2]
+        [--threads 2] [--min-time 2] [--json OUT.json]
+
+Block names: PRESET or PRESET-seqN with PRESET in llama7b, llama-small, gpt2, bert (default seq
+of the preset: 32 for llama7b, 128 for the others). Needs the Python venv with torch and
+transformers at the versions pinned in tools/export_requirements.txt (tools/setup_export_venv.sh
+builds it) and graphfuse importable (`pip install .`, or PYTHONPATH=python over a build whose
+extension is in python/graphfuse). The full default run takes several minutes: inductor's compile
+of the 7B block on 2 cores dominates. Peak memory is about 3x the block's weights (808 MB for
+LLaMA-7B in f32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "peers"))
+
+VARIANTS = ("eager", "inductor", "graphfuse")
+DEFAULT_BLOCKS = "llama7b-seq32,llama7b-seq1,gpt2"
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def parse_args():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--blocks", default=DEFAULT_BLOCKS, help=f"comma-separated PRESET[-seqN] (default {DEFAULT_BLOCKS})")
+    ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads and graphfuse's threads (default 2)")
+    ap.add_argument("--min-time", type=float, default=2.0, help="seconds of timed calls per variant (default 2; at least 5 calls)")
+    ap.add_argument("--min-calls", type=int, default=5)
+    ap.add_argument("--json", metavar="OUT", help="write every figure as JSON to OUT")
+    ap.add_argument("--inductor-cache", choices=["fresh", "default"], default="fresh",
+                    help="fresh (default): inductor caches in a new temporary directory, so its compile is cold")
+    return ap.parse_args()
+
+
+args = parse_args()
+_TMP_CACHE = None
+if args.inductor_cache == "fresh":
+    _TMP_CACHE = tempfile.mkdtemp(prefix="gf_inductor_cache_")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _TMP_CACHE
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(_TMP_CACHE, "triton")
+
+import torch  # noqa: E402  (after the cache directory is set)
+import torch.nn.functional as F  # noqa: E402
+
+import graphfuse  # noqa: E402
+import graphfuse.torch_backend as gtb  # noqa: E402
+from block_torch import PRESETS, rms_norm, rotate_half  # noqa: E402
+
+
+# --- the blocks ------------------------------------------------------------------------------
+
+
+class Block(torch.nn.Module):
+    """block_torch.make_block as an nn.Module: the same weights (same generator, same draw order),
+    the same ops; weights are Parameters, the rotary tables and the mask are buffers."""
+
+    def __init__(self, c: dict):
+        super().__init__()
+        d, f, nh = c["hidden"], c["ffn"], c["heads"]
+        self.d, self.nh, self.hd, self.s = d, nh, d // nh, c["seq"]
+        self.family, self.llama, self.eps = c["family"], c["family"] == "llama", c["eps"]
+        hd, s = self.hd, self.s
+        g = torch.Generator().manual_seed(7)
+
+        def w(*shape, scale=1.0):
+            return (torch.rand(*shape, generator=g) * 2 - 1) * scale
+
+        P = {}
+        for name, (i, o) in {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d)}.items():
+            P[name] = w(i, o, scale=d ** -0.5)
+            P[name + "b"] = None if self.llama else w(o, scale=0.1)
+        if self.llama:
+            P["gate"], P["up"], P["down"] = w(d, f, scale=d ** -0.5), w(d, f, scale=d ** -0.5), w(f, d, scale=f ** -0.5)
+        else:
+            P["fc_in"], P["fc_inb"] = w(d, f, scale=d ** -0.5), w(f, scale=0.1)
+            P["fc_out"], P["fc_outb"] = w(f, d, scale=f ** -0.5), w(d, scale=0.1)
+        P["n1"], P["n2"] = 1 + w(d, scale=0.2), 1 + w(d, scale=0.2)
+        P["n1b"], P["n2b"] = w(d, scale=0.1), w(d, scale=0.1)
+        for k, v in P.items():
+            if v is not None:
+                self.register_parameter("p_" + k, torch.nn.Parameter(v, requires_grad=False))
+        self.has = {k for k, v in P.items() if v is not None}
+        pos = torch.arange(s, dtype=torch.float64)[:, None]
+        inv = 10000.0 ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
+        ang = torch.cat((pos * inv, pos * inv), dim=-1)
+        self.register_buffer("cos", ang.cos().float(), persistent=False)
+        self.register_buffer("sin", ang.sin().float(), persistent=False)
+        if self.family == "bert":
+            mask = torch.zeros(1, 1, 1, s)
+            mask[..., s - s // 8:] = -1e9
+        else:
+            mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def linear(self, x, name):
+        y = x @ getattr(self, "p_" + name)
+        return y + getattr(self, "p_" + name + "b") if (name + "b") in self.has else y
+
+    def norm(self, x, which):
+        if self.llama:
+            return rms_norm(x, getattr(self, "p_" + which), self.eps)
+        return F.layer_norm(x, (self.d,), getattr(self, "p_" + which), getattr(self, "p_" + which + "b"), self.eps)
+
+    def attention(self, h):
+        b, s, nh, hd = h.shape[0], self.s, self.nh, self.hd
+        q = self.linear(h, "q").view(b, s, nh, hd).transpose(1, 2)
+        k = self.linear(h, "k").view(b, s, nh, hd).transpose(1, 2)
+        v = self.linear(h, "v").view(b, s, nh, hd).transpose(1, 2)
+        if self.llama:
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
+        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + self.mask
+        o = torch.softmax(scores, dim=-1) @ v
+        return self.linear(o.transpose(1, 2).reshape(b, s, self.d), "o")
+
+    def mlp(self, h):
+        if self.llama:
+            return self.linear(F.silu(self.linear(h, "gate")) * self.linear(h, "up"), "down")
+        act = F.gelu(self.linear(h, "fc_in"), approximate="tanh" if self.family == "gpt2" else "none")
+        return self.linear(act, "fc_out")
+
+    def forward(self, x):
+        if self.family == "bert":
+            h1 = self.norm(self.attention(x) + x, "n1")
+            return self.norm(self.mlp(h1) + h1, "n2")
+        r1 = x + self.attention(self.norm(x, "n1"))
+        return r1 + self.mlp(self.norm(r1, "n2"))
+
+
+def block_config(name: str) -> dict:
+    preset, seq = name, 0
+    if "-seq" in name:
+        preset, _, n = name.rpartition("-seq")
+        seq = int(n)
+    if preset not in PRESETS:
+        raise SystemExit(f"unknown block {name!r}: presets are {sorted(PRESETS)} (optionally -seqN)")
+    c = dict(PRESETS[preset])
+    if seq:
+        c["seq"] = seq
+    c["preset"] = preset
+    return c
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+
+def dynamo_frames() -> int:
+    """A number that moves whenever Dynamo compiles a frame (or a graph)."""
+    from torch._dynamo.utils import counters
+
+    return sum(counters["stats"].values()) + sum(counters["frames"].values())
+
+
+def call_once(fn, x) -> float:
+    t0 = time.perf_counter()
+    fn(x)
+    return time.perf_counter() - t0
+
+
+def warm_up(name, fn, x, log) -> dict:
+    """First call (timed: the compile), then calls until one compiles nothing new, then two more."""
+    n_reports = len(gtb.reports())
+    before = dynamo_frames()
+    t0 = time.perf_counter()
+    out = fn(x)
+    first = time.perf_counter() - t0
+    calls, settled = 1, 0
+    while settled < 3 and calls < 50:
+        mark, mark_r = dynamo_frames(), len(gtb.reports())
+        t = call_once(fn, x)
+        calls += 1
+        settled = settled + 1 if (dynamo_frames() == mark and len(gtb.reports()) == mark_r) else 0
+    reps = gtb.reports()[n_reports:]
+    log(f"  {name:9s} first call {first:8.2f} s, {calls} warm-up calls, last {t * 1e3:.2f} ms"
+        + (f", dynamo events {dynamo_frames() - before}" if name != "eager" else ""))
+    return {"first_call_s": first, "warmup_calls": calls, "last_warmup_s": t, "out": out, "reports": reps}
+
+
+def compare(ref: torch.Tensor, out: torch.Tensor) -> dict:
+    ref, out = ref.double(), out.double()
+    scale = max(1.0, ref.abs().max().item())
+    err = (out - ref).abs()
+    max_abs = err.max().item()
+    ok = bool(torch.all(err <= ATOL * scale + RTOL * ref.abs()).item()) and out.shape == ref.shape and bool(torch.isfinite(out).all())
+    return {"max_abs": max_abs, "max_rel": max_abs / max(ref.abs().max().item(), 1e-30),
+            "max_abs_eager": ref.abs().max().item(), "ok": ok}
+
+
+def gf_summary(reps: list) -> dict:
+    parts = [p for r in reps for p in r["partitions"]]
+    fallback: dict = {}
+    for r in reps:
+        for op, v in r["fallback"].items():
+            e = fallback.setdefault(op, {"count": 0, "reason": v["reason"]})
+            e["count"] += v["count"]
+    return {
+        "graphs": len(reps),
+        "compile_ms": sum(r["compile_ms"] for r in reps),
+        "trace_ms": sum(r.get("trace_ms", 0.0) for r in reps),
+        "aten_ops": sum(r["aten_ops"] for r in reps),
+        "partitions": len(parts),
+        "partition_ops": sum(p["ops"] for p in parts),
+        "kernels_before": sum(p["kernels_before"] or 0 for p in parts),
+        "kernels_after": sum(p["kernels_after"] or 0 for p in parts),
+        "fallback": fallback,
+        "reports": [{k: v for k, v in r.items()} for r in reps],
+    }
+
+
+def run_block(name: str, threads: int, min_time: float, min_calls: int, log) -> dict:
+    c = block_config(name)
+    log(f"\n== {name}: {c['family']} hidden {c['hidden']} heads {c['heads']} ffn {c['ffn']} seq {c['seq']}, "
+        f"f32, {threads} threads")
+    torch._dynamo.reset()
+    t0 = time.perf_counter()
+    block = Block(c).eval()
+    weight_mb = sum(p.numel() * p.element_size() for p in block.parameters()) / 1e6
+    log(f"  built in {time.perf_counter() - t0:.1f} s, weights {weight_mb:.0f} MB")
+    x = torch.rand(1, c["seq"], c["hidden"], generator=torch.Generator().manual_seed(11)) * 2 - 1
+
+    fns = {
+        "eager": block,
+        "inductor": torch.compile(block, backend="inductor"),
+        "graphfuse": torch.compile(block, backend="graphfuse", options={"threads": threads}),
+    }
+    res = {"block": name, "config": {k: c[k] for k in ("preset", "family", "hidden", "heads", "ffn", "seq", "eps")},
+           "weights_mb": weight_mb, "variants": {}}
+    warm = {}
+    with torch.inference_mode():
+        for v in VARIANTS:
+            warm[v] = warm_up(v, fns[v], x, log)
+        ref = warm["eager"]["out"]
+        for v in VARIANTS[1:]:
+            cmp = compare(ref, warm[v]["out"])
+            warm[v]["check"] = cmp
+            log(f"  {v:9s} vs eager: max abs {cmp['max_abs']:.3g}, max abs / max|eager| {cmp['max_rel']:.3g} "
+                f"(max|eager| {cmp['max_abs_eager']:.3g}) -> {'ok' if cmp['ok'] else 'MISMATCH'}")
+        # N: enough calls for ~min_time s per variant at the variants' median warm-up speed.
+        per = statistics.median(warm[v]["last_warmup_s"] for v in VARIANTS)
+        n = max(min_calls, math.ceil(min_time / max(per, 1e-6)))
+        log(f"  timing {n} rounds (round-robin over {', '.join(VARIANTS)})")
+        times = {v: [] for v in VARIANTS}
+        gc.collect()
+        gc.disable()
+        try:
+            events = dynamo_frames()
+            for _ in range(n):
+                for v in VARIANTS:
+                    times[v].append(call_once(fns[v], x))
+            recompiled = dynamo_frames() - events
+        finally:
+            gc.enable()
+    if recompiled:
+        log(f"  WARNING: Dynamo compiled during the timed calls ({recompiled} events)")
+    res["rounds"], res["dynamo_events_while_timing"] = n, recompiled
+    for v in VARIANTS:
+        t = sorted(times[v])
+        entry = {"median_ms": statistics.median(t) * 1e3, "min_ms": t[0] * 1e3, "max_ms": t[-1] * 1e3,
+                 "calls": len(t), "first_call_s": warm[v]["first_call_s"], "warmup_calls": warm[v]["warmup_calls"]}
+        if "check" in warm[v]:
+            entry["check"] = warm[v]["check"]
+        if v == "graphfuse":
+            entry["graphfuse"] = gf_summary(warm[v]["reports"])
+        res["variants"][v] = entry
+        log(f"  {v:9s} median {entry['median_ms']:9.2f} ms  min {entry['min_ms']:9.2f} ms")
+    g = res["variants"]["graphfuse"]["graphfuse"]
+    log(f"  graphfuse: {g['graphs']} graph(s), compile {g['compile_ms']:.0f} ms (trace {g['trace_ms']:.0f} ms), "
+        f"{g['aten_ops']} ATen ops, {g['partitions']} partition(s) of {g['partition_ops']} ops, kernels "
+        f"{g['kernels_before']} -> {g['kernels_after']}, fallback "
+        + (", ".join(f"{k} x{e['count']} ({e['reason']})" for k, e in g["fallback"].items()) or "none"))
+    del fns, warm, block
+    torch._dynamo.reset()
+    gc.collect()
+    return res
+
+
+def table(results: list) -> str:
+    lines = [
+        "| block | eager ms | inductor ms | graphfuse ms | graphfuse/inductor speedup | graphfuse/eager speedup "
+        "| compile s (inductor / graphfuse) | graphfuse kernels (before -> after) | fallback ops |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        v = r["variants"]
+        e, i, g = (v[k]["median_ms"] for k in VARIANTS)
+        gs = v["graphfuse"]["graphfuse"]
+        fb = ", ".join(f"{k.replace('aten.', '')} x{x['count']}" for k, x in gs["fallback"].items()) or "none"
+        lines.append(
+            f"| {r['block']} (seq {r['config']['seq']}) | {e:.2f} | {i:.2f} | {g:.2f} | {i / g:.2f}x | {e / g:.2f}x "
+            f"| {v['inductor']['first_call_s']:.1f} / {v['graphfuse']['first_call_s']:.2f} "
+            f"(gf compile_ms {gs['compile_ms'] / 1e3:.2f}) | {gs['kernels_before']} -> {gs['kernels_after']} | {fb} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    def log(msg):
+        print(msg, flush=True)
+
+    torch.set_num_threads(args.threads)
+    names = [b.strip() for b in args.blocks.split(",") if b.strip()]
+    for b in names:
+        block_config(b)
+    log(f"torch {torch.__version__}, graphfuse {getattr(graphfuse, '__version__', '?')}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, inductor cache "
+        f"{_TMP_CACHE or 'default'}")
+    results = []
+    try:
+        for b in names:
+            results.append(run_block(b, args.threads, args.min_time, args.min_calls, log))
+    finally:
+        if _TMP_CACHE:
+            shutil.rmtree(_TMP_CACHE, ignore_errors=True)
+    print("\nmedian of the timed calls; speedup = time of the other / time of graphfuse; compile s = first call's wall"
+          " time\n")
+    print(table(results))
+    bad = [r["block"] for r in results if not r["variants"]["graphfuse"]["check"]["ok"]]
+    warn = [r["block"] for r in results if not r["variants"]["inductor"]["check"]["ok"]]
+    if args.json:
+        doc = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "torch": torch.__version__,
+               "threads": args.threads, "min_time_s": args.min_time, "cpus": os.cpu_count(),
+               "inductor_cache": args.inductor_cache, "rtol": RTOL, "atol": ATOL,
+               "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "blocks": results}
+        with open(args.json, "w") as fh:
+            json.dump(doc, fh, indent=1, default=str)
+        print(f"\nwrote {args.json}")
+    if warn:
+        print(f"\nwarning: inductor's output differs from eager beyond rtol {RTOL} / atol {ATOL} on: {', '.join(warn)}")
+    if bad:
+        print(f"\nFAILED: graphfuse's output differs from eager beyond rtol {RTOL} / atol {ATOL}*max(1,max|eager|) on: "
+              f"{', '.join(bad)}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
