@@ -6,6 +6,9 @@
     sess.get_inputs()[0].shape                  # ['batch', 'seq'] for dynamic axes
     sess.explain()["groups"]                    # what fusion did in the latest plan
 
+torch.compile(model, backend="graphfuse") runs PyTorch models through graphfuse: see
+graphfuse.torch_backend.
+
 Importing graphfuse sets OpenBLAS's own threads to 1 (graphfuse splits each GEMM over its
 thread pool; OpenBLAS threads on top of it compete for the cores). The OpenBLAS concerned is the
 system one graphfuse links, not numpy's own copy. GRAPHFUSE_BLAS_THREADS=N chooses N instead, 0
@@ -91,22 +94,24 @@ class SessionOptions:
         self.intra_op_num_threads = 0
 
 
-def _backend_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> str:
+def _backends_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> list[str]:
+    """The backends to try, in order: `backend` alone, else the providers' (onnxruntime's names)
+    that this build has, else the CPU."""
     if backend is not None:
         if providers:
             raise ValueError("give providers or backend, not both")
-        return backend
+        return [backend]
     if not providers:
-        return "cpu"
+        return ["cpu"]
     available = set(get_available_backends())
     names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
     for name in names:
         if name not in _PROVIDER_BACKEND:
             raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
-    for name in names:
-        if _PROVIDER_BACKEND[name] in available:
-            return _PROVIDER_BACKEND[name]
-    raise ValueError(f"none of the providers {names} is available in this build (it has {get_available_providers()})")
+    chosen = [_PROVIDER_BACKEND[n] for n in names if _PROVIDER_BACKEND[n] in available]
+    if not chosen:
+        raise ValueError(f"none of the providers {names} is available in this build (it has {get_available_providers()})")
+    return chosen
 
 
 # numpy's dtype for each input type numpy has (lists and scalars are converted to it).
@@ -156,6 +161,12 @@ class InferenceSession:
     threads: threads of the CPU backend's pool (0: the hardware's); sess_options'
       intra_op_num_threads when threads is 0.
     fusion: False compiles the unfused baseline (every node its own kernel).
+    device, cuda_graph: the CUDA backend's device, and whether each run replays its launches as
+      one CUDA graph. emulate_gpu: the CUDA backend runs its plan on the host (slow; checks CUDA
+      plans without a GPU).
+
+    As with onnxruntime, a provider that cannot start (CUDA without a usable device) gives way to
+    the next one in the list, with a warning; `backend=` names one backend and fails instead.
 
     A model with symbolic dims is planned once per input signature (shapes, and the values of
     inputs that become shapes); later runs with a known signature do no planning. run() releases
@@ -173,6 +184,9 @@ class InferenceSession:
         threads: int = 0,
         fusion: bool = True,
         plan_cache_capacity: int = 16,
+        device: int = 0,
+        cuda_graph: bool = False,
+        emulate_gpu: bool = False,
     ):
         if isinstance(path_or_bytes, (bytearray, memoryview)):
             path_or_bytes = bytes(path_or_bytes)
@@ -180,8 +194,20 @@ class InferenceSession:
             path_or_bytes = os.fspath(path_or_bytes)
         if threads == 0 and sess_options is not None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
-        self._backend = _backend_for(providers, backend)
-        self._session = _graphfuse.Session(path_or_bytes, self._backend, threads, fusion, plan_cache_capacity)
+        candidates = _backends_for(providers, backend)
+        for k, name in enumerate(candidates):
+            try:
+                self._session = _graphfuse.Session(
+                    path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu
+                )
+            except NotFound as e:  # the backend cannot start here (no device): the next provider
+                if k + 1 == len(candidates):
+                    raise
+                warnings.warn(f"graphfuse: {name} is unavailable ({e}); using {candidates[k + 1]}", RuntimeWarning,
+                              stacklevel=2)
+                continue
+            self._backend = name
+            break
         self._inputs = [NodeArg(*t) for t in self._session.inputs()]
         self._outputs = [NodeArg(*t) for t in self._session.outputs()]
         self._output_index = {o.name: i for i, o in enumerate(self._outputs)}

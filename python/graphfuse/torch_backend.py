@@ -39,7 +39,8 @@ PyTorch.
 requires grad runs the graph in PyTorch, with a warning, so that training stays correct.
 
 options (torch.compile(..., options={...})): "fusion" (default True), "threads" (graphfuse's CPU
-pool; 0: the hardware's), "cache_size" (4).
+pool; 0: the hardware's), "cache_size" (4), "dump_dir" (writes each partition's ONNX model
+there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`).
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ from __future__ import annotations
 import collections
 import logging
 import operator
+import os
 import time
 import warnings
 from typing import Any, Callable, Optional
 
 import torch
+import onnx
 import torch.fx
-from onnx import TensorProto, helper
+from onnx import helper
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
@@ -327,6 +330,10 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
         tp = time.perf_counter()
         try:
             model, live_pos, out_dtypes, tuple_out = _onnx_of_partition(sub, rec.info, rec, n.target)
+            if options.get("dump_dir"):
+                os.makedirs(options["dump_dir"], exist_ok=True)
+                path = os.path.join(options["dump_dir"], f"graph{graph_id}_{len(_REPORTS)}_{n.target}.onnx")
+                onnx.save(model, path)
             session = InferenceSession(
                 model.SerializeToString(), backend="cpu", threads=options.get("threads", 0),
                 fusion=options.get("fusion", True), plan_cache_capacity=1,
@@ -454,9 +461,10 @@ class _CompiledGraph:
 def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Optional[dict] = None) -> Callable:
     """The Dynamo backend: torch.compile(model, backend="graphfuse", options={...})."""
     opts = dict(options or {})
-    unknown = set(opts) - {"fusion", "threads", "cache_size"}
+    known = {"fusion", "threads", "cache_size", "dump_dir"}
+    unknown = set(opts) - known
     if unknown:
-        raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes fusion, threads, cache_size")
+        raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes {', '.join(sorted(known))}")
     state, scalars = _frozen_positions(gm, example_inputs)
     return _CompiledGraph(gm, state, scalars, opts)
 

@@ -1,6 +1,7 @@
 """Dynamic shapes, input layouts, explain(), errors and threads of graphfuse.InferenceSession."""
 
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -177,3 +178,32 @@ def test_import_sets_blas_threads():
     expected = int(os.environ.get("GRAPHFUSE_BLAS_THREADS", "1"))
     if expected > 0:
         assert gf._graphfuse.blas_threads() == expected
+
+
+def _has_gpu() -> bool:
+    try:
+        gf.InferenceSession(model_path("mlp_gelu_opset17"), backend="cuda")
+        return True
+    except (gf.NotFound, ValueError):
+        return False
+
+
+@pytest.mark.skipif("cuda" not in gf.get_available_backends(), reason="built without the CUDA toolkit")
+def test_cuda_backend_emulated_and_provider_fallback():
+    """The CUDA backend's plan, run on the host (emulate_gpu), matches the stored references; a
+    provider list starting with CUDA gives way to the CPU where no GPU can start."""
+    name = "mlp_gelu_opset17"
+    emulated = gf.InferenceSession(model_path(name), backend="cuda", emulate_gpu=True)
+    assert emulated.backend == "cuda"
+    for inputs, expected in data_sets(name):
+        assert_outputs_match(name, emulated.run(None, feeds(emulated, inputs)), expected)
+    assert emulated.explain()["kernels_after"] < emulated.explain()["kernels_before"]
+    gpu = _has_gpu()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        session = gf.InferenceSession(model_path(name), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert session.backend == ("cuda" if gpu else "cpu")
+    assert gpu or any("unavailable" in str(w.message) for w in caught)
+    if not gpu:
+        with pytest.raises(gf.NotFound, match="CUDA"):
+            gf.InferenceSession(model_path(name), providers=["CUDAExecutionProvider"])
