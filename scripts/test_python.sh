@@ -23,6 +23,17 @@ fi
 start=$(date +%s)
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${config[@]}" .
 echo "pip install .: $(( $(date +%s) - start )) s"
+# The wheel, from the same build: it must carry the extension and the torch.compile entry point.
+rm -rf build-python/wheel
+"$venv/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps "${config[@]}" -w build-python/wheel .
+"$venv/bin/python" - build-python/wheel/graphfuse-*.whl <<'PY'
+import sys, zipfile
+names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert any(n.startswith("graphfuse/_graphfuse") and n.endswith(".so") for n in names), names
+ep = next(n for n in names if n.endswith("entry_points.txt"))
+assert "graphfuse = graphfuse.torch_backend:graphfuse_backend" in zipfile.ZipFile(sys.argv[1]).read(ep).decode(), ep
+print("wheel:", sys.argv[1].split("/")[-1], len(names), "files")
+PY
 # The tests import the installed package, not the source tree.
 cd python/tests
 GRAPHFUSE_REQUIRE_TORCH=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "$@"
