@@ -61,7 +61,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
-from . import InferenceSession
+from . import Error, InferenceSession
 from . import _aten_onnx as ao
 
 log = logging.getLogger("graphfuse")
@@ -433,10 +433,11 @@ class _CompiledGraph:
             try:
                 with torch.no_grad():
                     fn, report = _compile_signature(self.gm, args, self.state, self.options, self.graph_id)
-            except _Unsupported as e:
-                warnings.warn(f"graphfuse: this graph runs in PyTorch: {e}", RuntimeWarning, stacklevel=2)
+            except Exception as e:  # whatever graphfuse cannot compile runs in PyTorch, never fails
+                reason = str(e) if isinstance(e, _Unsupported) else f"{type(e).__name__}: {e}"
+                warnings.warn(f"graphfuse: this graph runs in PyTorch: {reason}", RuntimeWarning, stacklevel=2)
                 fn, report = self.gm, {"graph": self.graph_id, "signature": "", "compile_ms": 0.0, "aten_ops": 0,
-                                       "partitions": [], "fallback": {"*": {"count": 1, "reason": str(e)}}}
+                                       "partitions": [], "fallback": {"*": {"count": 1, "reason": reason}}}
             _record(report)
             log.info(
                 "graphfuse: graph %d %s compiled in %.1f ms: %d ATen ops, %d partitions, fallback %s",
@@ -453,9 +454,16 @@ class _CompiledGraph:
         else:
             self.cache.move_to_end(key)
         fn, live = entry
-        with torch.no_grad():
-            out = fn(*[args[i] for i in live])
-        return out
+        if fn is self.gm:
+            return fn(*[args[i] for i in live])
+        try:
+            with torch.no_grad():
+                return fn(*[args[i] for i in live])
+        except Error as e:  # a plan that fails to run: this signature runs in PyTorch from now on
+            warnings.warn(f"graphfuse: a partition failed to run ({e}); this graph runs in PyTorch", RuntimeWarning,
+                          stacklevel=2)
+            self.cache[key] = (self.gm, list(range(len(args))))
+            return self.gm(*args)
 
 
 def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Optional[dict] = None) -> Callable:

@@ -256,3 +256,33 @@ def test_session_refuses_device_tensors():
     session = gf.InferenceSession(_add_model(TensorProto.FLOAT))
     with pytest.raises(gf.InvalidArgument, match="device memory"):
         session.run(None, {"a": FakeDevice(), "b": np.zeros((1, 8), np.float32)})
+
+
+def test_what_graphfuse_cannot_compile_or_run_falls_back(monkeypatch):
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = torch.randn(3, 8)
+
+    def no_trace(*args, **kwargs):
+        raise RuntimeError("tracing refused")
+
+    with monkeypatch.context() as m:
+        m.setattr(gtb, "_trace", no_trace)
+        compiled = torch.compile(model, backend="graphfuse")
+        with pytest.warns(RuntimeWarning, match="runs in PyTorch: RuntimeError: tracing refused"), torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+    assert gtb.reports()[-1]["fallback"]["*"]["reason"] == "RuntimeError: tracing refused"
+
+    torch._dynamo.reset()
+
+    def failing_run(self, *tensors):
+        raise gf.Internal("plan failed")
+
+    with monkeypatch.context() as m:
+        m.setattr(gtb._Runner, "forward", failing_run)
+        compiled = torch.compile(model, backend="graphfuse")
+        with pytest.warns(RuntimeWarning, match="plan failed"), torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("error")  # the signature now runs in PyTorch, without a new warning
+            torch.testing.assert_close(compiled(x), model(x))
