@@ -10,9 +10,14 @@ seq 32 and at seq 1 -- a decode step without KV cache -- and the GPT-2 block, 76
       inductor   torch.compile(block, backend="inductor")       (default mode),
       graphfuse  torch.compile(block, backend="graphfuse", options={"threads": T}),
     with torch.set_num_threads(T). Each variant is warmed up until a call compiles nothing new;
-    the timed calls are interleaved round-robin (eager, inductor, graphfuse, eager, ...) so that
-    the noise of a shared machine hits the three alike. N defaults to enough calls for about
-    --min-time seconds per variant, at least 5;
+    the timed calls are interleaved round-robin so that the noise of a shared machine hits the
+    three alike: turns of 1 untimed + 3 timed calls (--switch-calls, --turn) of eager, then of
+    inductor, then of graphfuse, again and again. The untimed call absorbs the switch between
+    thread pools: OpenMP's workers (eager, inductor) and graphfuse's spin a while after a call,
+    and the next variant's first call would share the cores with them. N defaults to enough
+    calls for about --min-time seconds per variant, at least 5. The CPU that other processes
+    used during the timed calls is measured (/proc/stat less this process) and a block is
+    marked (noisy) above 0.15 cores; --wait-quiet S waits for a quiet second before timing;
   * the compile time: the wall time of each variant's first call (eager: its plain first call),
     and for graphfuse also the sum of graphfuse.torch_backend.reports()[...]["compile_ms"];
   * for graphfuse, the kernels after fusion (sum of the partitions' kernels_after), the ATen ops
@@ -38,11 +43,11 @@ Command (from the repository root):
 
 Block names: PRESET or PRESET-seqN with PRESET in llama7b, llama-small, gpt2, bert (default seq
 of the preset: 32 for llama7b, 128 for the others). Needs the Python venv with torch and
-transformers at the versions pinned in tools/export_requirements.txt (tools/setup_export_venv.sh
-builds it) and graphfuse importable (`pip install .`, or PYTHONPATH=python over a build whose
-extension is in python/graphfuse). The full default run takes several minutes: inductor's compile
-of the 7B block on 2 cores dominates. Peak memory is about 3x the block's weights (808 MB for
-LLaMA-7B in f32).
+transformers at the versions pinned in tools/requirements.txt (tools/setup_venv.sh builds it)
+and graphfuse importable (`pip install .`, or PYTHONPATH=python over a build whose
+extension is in python/graphfuse). The full default run took 80 s on 2 Zen 4 cores (graphfuse's
+compile of a LLaMA-7B block, ~11 s, is the longest: the 810 MB of weights go through an ONNX
+protobuf and the session packs them); peak RSS 6.2 GB.
 """
 
 from __future__ import annotations
@@ -72,7 +77,16 @@ def parse_args():
     ap.add_argument("--blocks", default=DEFAULT_BLOCKS, help=f"comma-separated PRESET[-seqN] (default {DEFAULT_BLOCKS})")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads and graphfuse's threads (default 2)")
     ap.add_argument("--min-time", type=float, default=2.0, help="seconds of timed calls per variant (default 2; at least 5 calls)")
-    ap.add_argument("--min-calls", type=int, default=5)
+    ap.add_argument("--min-calls", type=int, default=5, help="at least this many timed calls per variant (default 5)")
+    ap.add_argument("--turn", type=int, default=3,
+                    help="timed calls per variant per round-robin turn (default 3)")
+    ap.add_argument("--switch-calls", type=int, default=1,
+                    help="untimed calls at the start of each turn (default 1): the previous variant's idle "
+                         "threads (OpenMP's, graphfuse's pool) spin a while after its last call and would "
+                         "otherwise share the cores with the first timed call of the next")
+    ap.add_argument("--wait-quiet", type=float, default=0.0, metavar="S",
+                    help="before each block's timed calls, wait up to S seconds for a second in which other "
+                         "processes use under 0.15 cores (default 0: do not wait)")
     ap.add_argument("--json", metavar="OUT", help="write every figure as JSON to OUT")
     ap.add_argument("--inductor-cache", choices=["fresh", "default"], default="fresh",
                     help="fresh (default): inductor caches in a new temporary directory, so its compile is cold")
@@ -198,6 +212,34 @@ def dynamo_frames() -> int:
     return sum(counters["stats"].values()) + sum(counters["frames"].values())
 
 
+def cpu_snapshot() -> tuple:
+    """(wall s, the machine's busy CPU s, this process's CPU s): the difference of two tells how
+    much CPU other processes took meanwhile (the noise of a shared machine)."""
+    with open("/proc/stat") as fh:
+        f = [int(v) for v in fh.readline().split()[1:]]
+    busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+    t = os.times()
+    return time.perf_counter(), busy, t.user + t.system
+
+
+def foreign_load(a: tuple, b: tuple) -> float:
+    """Cores' worth of CPU that other processes used between two snapshots."""
+    wall = max(b[0] - a[0], 1e-9)
+    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / wall
+
+
+def wait_quiet(limit_s: float, threshold: float = 0.15) -> float:
+    """Waits (up to limit_s) for a one-second window in which other processes use under
+    `threshold` cores; returns the seconds waited."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < limit_s:
+        a = cpu_snapshot()
+        time.sleep(1.0)
+        if foreign_load(a, cpu_snapshot()) < threshold:
+            break
+    return time.perf_counter() - t0
+
+
 def call_once(fn, x) -> float:
     t0 = time.perf_counter()
     fn(x)
@@ -284,22 +326,38 @@ def run_block(name: str, threads: int, min_time: float, min_calls: int, log) -> 
                 f"(max|eager| {cmp['max_abs_eager']:.3g}) -> {'ok' if cmp['ok'] else 'MISMATCH'}")
         # N: enough calls for ~min_time s per variant at the variants' median warm-up speed.
         per = statistics.median(warm[v]["last_warmup_s"] for v in VARIANTS)
+        turn = max(1, args.turn)
         n = max(min_calls, math.ceil(min_time / max(per, 1e-6)))
-        log(f"  timing {n} rounds (round-robin over {', '.join(VARIANTS)})")
+        rounds = math.ceil(n / turn)
+        n = rounds * turn
+        log(f"  timing {n} calls per variant: {rounds} rounds of {args.switch_calls} untimed + {turn} timed calls "
+            f"of each of {', '.join(VARIANTS)}")
         times = {v: [] for v in VARIANTS}
+        if args.wait_quiet > 0:
+            waited = wait_quiet(args.wait_quiet)
+            log(f"  waited {waited:.0f} s for a quiet machine")
         gc.collect()
         gc.disable()
         try:
             events = dynamo_frames()
-            for _ in range(n):
+            snap = cpu_snapshot()
+            for _ in range(rounds):
                 for v in VARIANTS:
-                    times[v].append(call_once(fns[v], x))
+                    for _ in range(args.switch_calls):
+                        fns[v](x)
+                    for _ in range(turn):
+                        times[v].append(call_once(fns[v], x))
             recompiled = dynamo_frames() - events
+            other = foreign_load(snap, cpu_snapshot())
         finally:
             gc.enable()
     if recompiled:
         log(f"  WARNING: Dynamo compiled during the timed calls ({recompiled} events)")
-    res["rounds"], res["dynamo_events_while_timing"] = n, recompiled
+    res["rounds"], res["turn"], res["switch_calls"] = rounds, turn, args.switch_calls
+    res["dynamo_events_while_timing"] = recompiled
+    res["other_processes_cores"] = other
+    log(f"  other processes used {other:.2f} cores meanwhile (load average {os.getloadavg()[0]:.2f})"
+        + ("  <-- NOISY: the figures of this block are not trustworthy" if other > 0.15 else ""))
     for v in VARIANTS:
         t = sorted(times[v])
         entry = {"median_ms": statistics.median(t) * 1e3, "min_ms": t[0] * 1e3, "max_ms": t[-1] * 1e3,
@@ -333,7 +391,7 @@ def table(results: list) -> str:
         gs = v["graphfuse"]["graphfuse"]
         fb = ", ".join(f"{k.replace('aten.', '')} x{x['count']}" for k, x in gs["fallback"].items()) or "none"
         lines.append(
-            f"| {r['block']} (seq {r['config']['seq']}) | {e:.2f} | {i:.2f} | {g:.2f} | {i / g:.2f}x | {e / g:.2f}x "
+            f"| {r['block']} (seq {r['config']['seq']}){' (noisy)' if r['other_processes_cores'] > 0.15 else ''} | {e:.2f} | {i:.2f} | {g:.2f} | {i / g:.2f}x | {e / g:.2f}x "
             f"| {v['inductor']['first_call_s']:.1f} / {v['graphfuse']['first_call_s']:.2f} "
             f"(gf compile_ms {gs['compile_ms'] / 1e3:.2f}) | {gs['kernels_before']} -> {gs['kernels_after']} | {fb} |"
         )
@@ -348,9 +406,18 @@ def main():
     names = [b.strip() for b in args.blocks.split(",") if b.strip()]
     for b in names:
         block_config(b)
-    log(f"torch {torch.__version__}, graphfuse {getattr(graphfuse, '__version__', '?')}, {platform.machine()}, "
+    log(f"torch {torch.__version__}, graphfuse from {os.path.dirname(graphfuse.__file__)}, {platform.machine()}, "
         f"{os.cpu_count()} CPUs, torch threads {torch.get_num_threads()}, inductor cache "
         f"{_TMP_CACHE or 'default'}")
+    # Dynamo's and inductor's one-time start-up (imports, the C++ compiler's probe) on a toy
+    # function, so that each block's first call times that block's compile only.
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        for backend in ("inductor", "graphfuse"):
+            torch.compile(lambda a: torch.relu(a) + 1, backend=backend)(torch.ones(8))
+    torch._dynamo.reset()
+    gtb.clear_reports()
+    log(f"start-up of Dynamo, inductor and graphfuse on a toy function: {time.perf_counter() - t0:.1f} s")
     results = []
     try:
         for b in names:
@@ -359,13 +426,13 @@ def main():
         if _TMP_CACHE:
             shutil.rmtree(_TMP_CACHE, ignore_errors=True)
     print("\nmedian of the timed calls; speedup = time of the other / time of graphfuse; compile s = first call's wall"
-          " time\n")
+          " time; (noisy): other processes took over 0.15 cores during the timed calls\n")
     print(table(results))
     bad = [r["block"] for r in results if not r["variants"]["graphfuse"]["check"]["ok"]]
     warn = [r["block"] for r in results if not r["variants"]["inductor"]["check"]["ok"]]
     if args.json:
         doc = {"command": " ".join([os.path.basename(sys.executable)] + sys.argv), "torch": torch.__version__,
-               "threads": args.threads, "min_time_s": args.min_time, "cpus": os.cpu_count(),
+               "threads": args.threads, "min_time_s": args.min_time, "turn": args.turn, "switch_calls": args.switch_calls, "cpus": os.cpu_count(),
                "inductor_cache": args.inductor_cache, "rtol": RTOL, "atol": ATOL,
                "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "blocks": results}
         with open(args.json, "w") as fh:

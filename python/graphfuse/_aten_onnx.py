@@ -16,7 +16,7 @@ import math
 import operator
 from typing import Any, Callable, Optional
 
-import numpy as np
+import onnx
 import torch
 from onnx import TensorProto, helper
 
@@ -54,13 +54,11 @@ def tensor_bytes(t: torch.Tensor) -> bytes:
     return t.numpy().tobytes()
 
 
-def make_initializer(name: str, t: torch.Tensor) -> TensorProto:
-    proto = TensorProto()
+def fill_initializer(proto: TensorProto, name: str, t: torch.Tensor) -> None:
     proto.name = name
     proto.data_type = ONNX_DTYPE[t.dtype]
     proto.dims.extend(t.shape)
     proto.raw_data = tensor_bytes(t)
-    return proto
 
 
 # --- which nodes translate -------------------------------------------------------------------
@@ -107,8 +105,10 @@ class Builder:
 
     def __init__(self, info: dict):
         self.info = info
-        self.nodes: list = []
-        self.initializers: list = []
+        # Initializers are written straight into the model's graph: a weight's bytes are copied
+        # once, from the tensor into the message (make_graph / make_model would copy them again).
+        self.model = onnx.ModelProto()
+        self.graph = self.model.graph
         self.names: dict = {}  # fx node -> ONNX name (or list of names for several outputs)
         self._count = 0
 
@@ -122,14 +122,16 @@ class Builder:
 
     def add(self, op: str, inputs: list, n_out: int = 1, **attrs) -> Any:
         outs = [self.fresh(op.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op, inputs, outs, name=self.fresh("n_" + op), **attrs))
+        self.graph.node.append(helper.make_node(op, inputs, outs, name=self.fresh("n_" + op), **attrs))
         return outs[0] if n_out == 1 else outs
 
-    def const(self, value, dtype: torch.dtype) -> str:
-        t = torch.as_tensor(value, dtype=dtype)
-        name = self.fresh("c")
-        self.initializers.append(make_initializer(name, t))
+    def initializer(self, t: torch.Tensor, hint: str = "c") -> str:
+        name = self.fresh(hint)
+        fill_initializer(self.graph.initializer.add(), name, t)
         return name
+
+    def const(self, value, dtype: torch.dtype) -> str:
+        return self.initializer(torch.as_tensor(value, dtype=dtype))
 
     def ints(self, values) -> str:
         return self.const(list(values), torch.int64)

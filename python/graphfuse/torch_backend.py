@@ -231,17 +231,15 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
         info[ph] = info_outer[orig]
         if orig in rec.constant:
             value = rec.const_values[orig]
-            init_name = b.fresh("w")
-            b.initializers.append(ao.make_initializer(init_name, value))
             const_bytes += value.numel() * value.element_size()
-            b.names[ph] = init_name
+            if const_bytes > _MAX_PARTITION_BYTES:
+                raise ValueError(f"over {const_bytes / 1e9:.2f} GB of constants; ONNX's limit is 2 GiB")
+            b.names[ph] = b.initializer(value, "w")
         else:
             m = info[ph]
             graph_inputs.append(helper.make_tensor_value_info(f"in{k}", ao.ONNX_DTYPE[m.dtype], list(m.shape)))
             b.names[ph] = f"in{k}"
             live_positions.append(k)
-    if const_bytes > _MAX_PARTITION_BYTES:
-        raise ValueError(f"{const_bytes / 1e9:.2f} GB of constants, over ONNX's 2 GiB limit")
     output_node = next(n for n in sub.graph.nodes if n.op == "output")
     for n in sub.graph.nodes:
         if n.op == "call_function":
@@ -256,11 +254,15 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
         m = b.meta(r)
         src = b.names[r]
         out_name = f"out{j}"
-        b.nodes.append(helper.make_node("Identity", [src], [out_name], name=b.fresh("n_out")))
+        b.graph.node.append(helper.make_node("Identity", [src], [out_name], name=b.fresh("n_out")))
         graph_outputs.append(helper.make_tensor_value_info(out_name, ao.ONNX_DTYPE[m.dtype], list(m.shape)))
         out_dtypes.append(m.dtype)
-    graph = helper.make_graph(b.nodes, name, graph_inputs, graph_outputs, initializer=b.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ao.OPSET)], producer_name="graphfuse.torch_backend")
+    model = b.model
+    model.graph.name = name
+    model.graph.input.extend(graph_inputs)
+    model.graph.output.extend(graph_outputs)
+    model.opset_import.append(helper.make_opsetid("", ao.OPSET))
+    model.producer_name = "graphfuse.torch_backend"
     model.ir_version = 9
     return model, live_positions, out_dtypes, tuple_out
 
