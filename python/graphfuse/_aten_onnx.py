@@ -36,6 +36,9 @@ ONNX_DTYPE = {
 
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
+# Constants up to this size are compared by content when written (see Builder.initializer).
+_DEDUPE_BYTES = 4 << 20
+
 
 class Meta:
     """What a node produced when the graph ran once: (shape, dtype) per tensor output."""
@@ -110,6 +113,7 @@ class Builder:
         self.model = onnx.ModelProto()
         self.graph = self.model.graph
         self.names: dict = {}  # fx node -> ONNX name (or list of names for several outputs)
+        self._constants: dict = {}  # see initializer()
         self._count = 0
 
     def fresh(self, hint: str = "v") -> str:
@@ -126,8 +130,20 @@ class Builder:
         return outs[0] if n_out == 1 else outs
 
     def initializer(self, t: torch.Tensor, hint: str = "c") -> str:
+        """An initializer holding t. Equal constants share one (tracing gives each use of a
+        buffer its own copy; graphfuse's patterns ask, for instance, that Q and K be roped by the
+        same tables): same storage, or for small ones the same bytes."""
+        t = t.detach()
+        keys = [("ptr", t.dtype, tuple(t.shape), t.stride(), t.storage_offset(), t.untyped_storage().data_ptr())]
+        if t.numel() * t.element_size() <= _DEDUPE_BYTES:
+            keys.append(("bytes", t.dtype, tuple(t.shape), tensor_bytes(t)))
+        for key in keys:
+            if key in self._constants:
+                return self._constants[key][0]
         name = self.fresh(hint)
         fill_initializer(self.graph.initializer.add(), name, t)
+        for key in keys:
+            self._constants[key] = (name, t)  # t held, so that its storage is not reused meanwhile
         return name
 
     def const(self, value, dtype: torch.dtype) -> str:
@@ -451,7 +467,12 @@ def _layer_norm(b: Builder, n):
     inputs = [b.value(x), w]
     if bias is not None:
         inputs.append(b.value(bias, m.dtype))
-    return b.add("LayerNormalization", inputs, n_out=3, axis=axis, epsilon=float(eps))
+    # Mean and InvStdDev only when read: the norm fusions take a LayerNormalization of one output.
+    used = {u.args[1] for u in n.users if u.target is operator.getitem}
+    n_out = 1 + max(used, default=0)
+    outs = b.add("LayerNormalization", inputs, n_out=n_out, axis=axis, epsilon=float(eps))
+    outs = [outs] if n_out == 1 else outs
+    return outs + [None] * (3 - n_out)
 
 
 def _reduce(op: str) -> Callable:

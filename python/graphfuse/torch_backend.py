@@ -180,6 +180,69 @@ def _fold_constants(gm: torch.fx.GraphModule, rec: _Recorder) -> int:
     return folded
 
 
+_VIEWS = {
+    torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.view_copy.default,
+    torch.ops.aten.reshape.default,
+}
+_EXPANDS = {torch.ops.aten.expand.default, torch.ops.aten.expand_copy.default}
+
+
+def _merge_matmul_views(gm: torch.fx.GraphModule, info: dict) -> int:
+    """Undoes ATen's decomposition of matmul: view(mm(view(x), w)) and
+    view(bmm(view(expand(a)), view(expand(b)))) become one matmul of the original operands, with
+    the batch dims broadcast as ONNX's MatMul does. The exported graphs' fusion patterns (linear
+    layers on [B, S, K], attention on [B, H, S, d]) are written for that form. Returns how many
+    were merged."""
+    from math import prod
+
+    def strip(x, kinds):
+        if isinstance(x, torch.fx.Node) and x.op == "call_function" and x.target in kinds and len(x.users) == 1:
+            return x.args[0]
+        return x
+
+    def shape(x):
+        m = info.get(x)
+        return tuple(m.shape) if isinstance(m, ao.Meta) else None
+
+    merged = 0
+    graph = gm.graph
+    for out in list(graph.nodes):
+        if out.op != "call_function" or out.target not in _VIEWS:
+            continue
+        mm = out.args[0]
+        if not (isinstance(mm, torch.fx.Node) and mm.target in (torch.ops.aten.mm.default, torch.ops.aten.bmm.default)
+                and len(mm.users) == 1):
+            continue
+        a3, b3 = mm.args[0], mm.args[1]
+        a, b = strip(strip(a3, _VIEWS), _EXPANDS), strip(strip(b3, _VIEWS), _EXPANDS)
+        sa, sb, sa3, sb3, so = shape(a), shape(b), shape(a3), shape(b3), shape(out)
+        if None in (sa, sb, sa3, sb3, so) or len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
+            continue
+        try:
+            batch = tuple(torch.broadcast_shapes(sa[:-2], sb[:-2]))
+        except RuntimeError:
+            continue
+        m, k, n = sa[-2], sa[-1], sb[-1]
+        if so != batch + (m, n):
+            continue
+        if mm.target == torch.ops.aten.mm.default:
+            # x [..., M, K] as [prod, K] times a 2-D w: only when w is not broadcast.
+            ok = len(sb) == 2 and sa3 == (prod(sa[:-1]), k) and sb3 == (k, n) and batch == sa[:-2]
+        else:
+            ok = sa3 == (prod(batch), m, k) and sb3 == (prod(batch), k, n)
+        if not ok:
+            continue
+        with graph.inserting_before(out):
+            fused = graph.call_function(torch.ops.aten.matmul.default, (a, b))
+        info[fused] = info[out]
+        out.replace_all_uses_with(fused)
+        merged += 1
+    if merged:
+        graph.eliminate_dead_code()
+        gm.recompile()
+    return merged
+
+
 # --- partitioning ----------------------------------------------------------------------------
 
 
@@ -307,6 +370,7 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
     with torch.no_grad():
         rec.run(*live)
     folded = _fold_constants(traced, rec)
+    _merge_matmul_views(traced, rec.info)
     for n in traced.graph.nodes:
         n.meta["gf_orig"] = n
     aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
