@@ -29,7 +29,7 @@ seq 32 and at seq 1 -- a decode step without KV cache -- and the GPT-2 block, 76
 The blocks are nn.Modules whose weights are nn.Parameters (requires_grad=False) and whose rotary
 tables and mask are buffers, so that the graphfuse backend folds them into constants (GEMM
 weight packing and the projection fusions need constant weights). Weights are drawn as in
-bench/peers/block_torch.py (same presets, seed, op sequence), whose PRESETS this file imports.
+bench/peers/block_torch.py (its block_tensors: same presets, seed, draw order, op sequence).
 One module per block serves the three variants (the graphfuse backend copies the constants into
 its sessions); blocks run one after the other and are freed in between.
 
@@ -105,7 +105,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import graphfuse  # noqa: E402
 import graphfuse.torch_backend as gtb  # noqa: E402
-from block_torch import PRESETS, rms_norm, rotate_half  # noqa: E402
+from block_torch import PRESETS, block_tensors, rms_norm, rotate_half  # noqa: E402
 
 
 # --- the blocks ------------------------------------------------------------------------------
@@ -121,36 +121,13 @@ class Block(torch.nn.Module):
         self.d, self.nh, self.hd, self.s = d, nh, d // nh, c["seq"]
         self.family, self.llama, self.eps = c["family"], c["family"] == "llama", c["eps"]
         hd, s = self.hd, self.s
-        g = torch.Generator().manual_seed(7)
-
-        def w(*shape, scale=1.0):
-            return (torch.rand(*shape, generator=g) * 2 - 1) * scale
-
-        P = {}
-        for name, (i, o) in {"q": (d, d), "k": (d, d), "v": (d, d), "o": (d, d)}.items():
-            P[name] = w(i, o, scale=d ** -0.5)
-            P[name + "b"] = None if self.llama else w(o, scale=0.1)
-        if self.llama:
-            P["gate"], P["up"], P["down"] = w(d, f, scale=d ** -0.5), w(d, f, scale=d ** -0.5), w(f, d, scale=f ** -0.5)
-        else:
-            P["fc_in"], P["fc_inb"] = w(d, f, scale=d ** -0.5), w(f, scale=0.1)
-            P["fc_out"], P["fc_outb"] = w(f, d, scale=f ** -0.5), w(d, scale=0.1)
-        P["n1"], P["n2"] = 1 + w(d, scale=0.2), 1 + w(d, scale=0.2)
-        P["n1b"], P["n2b"] = w(d, scale=0.1), w(d, scale=0.1)
+        P, cos, sin, mask = block_tensors(c)
         for k, v in P.items():
             if v is not None:
                 self.register_parameter("p_" + k, torch.nn.Parameter(v, requires_grad=False))
         self.has = {k for k, v in P.items() if v is not None}
-        pos = torch.arange(s, dtype=torch.float64)[:, None]
-        inv = 10000.0 ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
-        ang = torch.cat((pos * inv, pos * inv), dim=-1)
-        self.register_buffer("cos", ang.cos().float(), persistent=False)
-        self.register_buffer("sin", ang.sin().float(), persistent=False)
-        if self.family == "bert":
-            mask = torch.zeros(1, 1, 1, s)
-            mask[..., s - s // 8:] = -1e9
-        else:
-            mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
         self.register_buffer("mask", mask, persistent=False)
 
     def linear(self, x, name):

@@ -34,7 +34,10 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
-def make_block(c, device="cpu", dtype=torch.float32):
+def block_tensors(c):
+    """The block's random weights P (name -> f32 tensor, None where the family has none), its
+    rotary tables cos and sin [seq, head_dim], and its additive mask, drawn from one seeded
+    generator in a fixed order (bench/torch_compile.py builds its nn.Module from the same)."""
     d, f, nh = c["hidden"], c["ffn"], c["heads"]
     hd = d // nh
     s = c["seq"]
@@ -64,6 +67,15 @@ def make_block(c, device="cpu", dtype=torch.float32):
         mask[..., s - s // 8:] = -1e9
     else:
         mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
+    return P, cos, sin, mask
+
+
+def make_block(c, device="cpu", dtype=torch.float32):
+    d, nh = c["hidden"], c["heads"]
+    hd = d // nh
+    s = c["seq"]
+    llama = c["family"] == "llama"
+    P, cos, sin, mask = block_tensors(c)
     eps = c["eps"]
     P = {k: (None if v is None else v.to(device=device, dtype=dtype)) for k, v in P.items()}
     cos, sin, mask = (t.to(device=device, dtype=dtype) for t in (cos, sin, mask))

@@ -223,25 +223,20 @@ def _binary(op: str) -> Callable:
     return t
 
 
-def _add_sub(op: str) -> Callable:
+def _add_sub(op: str, swap: bool = False) -> Callable:
+    """add/sub(x, y, alpha): x op alpha * y; rsub (swap) is y - alpha * x."""
+
     def t(b: Builder, n):
         dt = b.meta(n).dtype
         x, y = b.value(n.args[0], dt), b.value(n.args[1], dt)
+        if swap:
+            x, y = y, x
         alpha = n.kwargs.get("alpha", 1)
         if alpha != 1:
             y = b.add("Mul", [y, b.const(alpha, dt)])
         return b.add(op, [x, y])
 
     return t
-
-
-def _rsub(b: Builder, n):
-    dt = b.meta(n).dtype
-    x, y = b.value(n.args[0], dt), b.value(n.args[1], dt)
-    alpha = n.kwargs.get("alpha", 1)
-    if alpha != 1:
-        x = b.add("Mul", [x, b.const(alpha, dt)])
-    return b.add("Sub", [y, x])
 
 
 def _div(b: Builder, n):
@@ -253,6 +248,21 @@ def _div(b: Builder, n):
     if mode == "trunc":
         return b.add("Mul", [b.add("Floor", [b.add("Abs", [q])]), b.add("Sign", [q])])
     return q
+
+
+def _remainder(b: Builder, n):
+    """Python's remainder (the divisor's sign): Mod for integers; x - floor(x / y) * y for floats,
+    whose ONNX Mod is fmod only."""
+    dt = b.meta(n).dtype
+    x, y = b.value(n.args[0], dt), b.value(n.args[1], dt)
+    if dt not in _FLOATS:
+        return b.add("Mod", [x, y], fmod=0)
+    return b.add("Sub", [x, b.add("Mul", [b.add("Floor", [b.add("Div", [x, y])]), y])])
+
+
+def _fmod(b: Builder, n):
+    dt = b.meta(n).dtype
+    return b.add("Mod", [b.value(n.args[0], dt), b.value(n.args[1], dt)], fmod=1)
 
 
 def _div_check(n, info):
@@ -598,9 +608,11 @@ def _overloads(*packets):
 
 _register(_overloads(aten.add), _add_sub("Add"))
 _register(_overloads(aten.sub), _add_sub("Sub"))
-_register(_overloads(aten.rsub), _rsub)
+_register(_overloads(aten.rsub), _add_sub("Sub", swap=True))
 _register(_overloads(aten.mul), _binary("Mul"))
 _register([aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode], _div, _div_check)
+_register([aten.remainder.Tensor, aten.remainder.Scalar], _remainder)
+_register([aten.fmod.Tensor, aten.fmod.Scalar], _fmod)
 _register([aten.maximum.default], _binary("Max"))
 _register([aten.minimum.default], _binary("Min"))
 _register([aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor], _pow)

@@ -128,7 +128,9 @@ class _Recorder(torch.fx.Interpreter):
         self.info[n] = _meta_of(result)
         if n.op == "get_attr":
             self.constant.add(n)
-        elif n.op == "call_function" and all(a in self.constant for a in n.all_input_nodes) and _foldable(n):
+        elif n.op == "call_function" and _foldable(n) and (
+            n.target in _SHAPE_ONLY or all(a in self.constant for a in n.all_input_nodes)
+        ):
             self.constant.add(n)
         if n in self.constant:
             self.const_values[n] = result
@@ -141,6 +143,13 @@ def _meta_of(value) -> Any:
     if isinstance(value, (list, tuple)):
         return [_meta_of(v) for v in value]
     return None
+
+
+# Ops whose result depends on their operands' shapes and dtypes only, which a signature fixes.
+_SHAPE_ONLY = {
+    torch.ops.aten.ones_like.default, torch.ops.aten.zeros_like.default, torch.ops.aten.full_like.default,
+    torch.ops.aten.new_ones.default, torch.ops.aten.new_zeros.default, torch.ops.aten.new_full.default,
+}
 
 
 def _foldable(n) -> bool:

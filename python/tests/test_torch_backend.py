@@ -286,3 +286,33 @@ def test_what_graphfuse_cannot_compile_or_run_falls_back(monkeypatch):
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("error")  # the signature now runs in PyTorch, without a new warning
             torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_translations_match_eager():
+    """Many ATen ops of the translation table in one graph, none left to PyTorch."""
+
+    class Ops(torch.nn.Module):
+        def forward(self, x, y, idx):
+            a = torch.rsub(x * 2.0, y, alpha=3.0).exp() + torch.sub(x, y, alpha=0.5) * torch.add(x, 1.5, alpha=2)
+            b = torch.where(x > y, torch.clamp(x, -0.5, 0.5), torch.sigmoid(y)) - torch.maximum(x, y) / (y.abs() + 1)
+            c = torch.nn.functional.silu(a).pow(2) + torch.rsqrt(x * x + 1) + torch.erf(y) + torch.cos(x) * torch.sin(y)
+            d = torch.softmax(c, dim=-1) + torch.log_softmax(b, dim=0) + c.mean(-1, keepdim=True) - b.amax(0)
+            e = torch.cat([d[:, 3:], d[:, :3]], dim=1).transpose(0, 1)
+            f = e.reshape(-1, 2).sum(-1) + torch.ones_like(e.reshape(-1, 2)[:, 0])
+            g = torch.nn.functional.embedding(idx, x) * ((x[:2].unsqueeze(0) >= 0) & (y[:2].unsqueeze(0) < 1)).float()
+            h = torch.nn.functional.layer_norm(x, (5,)) + torch.tanh(y).masked_fill(y < -1, 0.25)
+            h = h + torch.remainder(x, 0.7) - torch.fmod(y, 0.6)
+            return f, g.sum(0), h, (x.floor() + y.ceil()).to(torch.int64) % 3
+
+    torch.manual_seed(7)
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    idx = torch.tensor([[0, 3], [2, 1], [1, 1]])
+    model = Ops()
+    compiled = torch.compile(model, backend="graphfuse")
+    with torch.no_grad():
+        for got, want in zip(compiled(x, y, idx), model(x, y, idx)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    [report] = gtb.reports()
+    left = {k: v for k, v in report["fallback"].items() if "partition too small" not in v["reason"]}
+    assert not left, left
+    assert sum(p["ops"] for p in report["partitions"]) >= 0.9 * report["aten_ops"], report
