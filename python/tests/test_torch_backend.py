@@ -316,3 +316,19 @@ def test_translations_match_eager():
     left = {k: v for k, v in report["fallback"].items() if "partition too small" not in v["reason"]}
     assert not left, left
     assert sum(p["ops"] for p in report["partitions"]) >= 0.9 * report["aten_ops"], report
+
+
+def test_generate_with_kv_cache_matches_eager():
+    """transformers' generate() over a KV cache, the model's forward compiled: the same tokens
+    as eager. Every step has a new cache length, so each compiles (specialized per shape)."""
+    torch.manual_seed(8)
+    model = _llama().eval()
+    ids = torch.randint(0, VOCAB, (1, 6))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+        model.forward = torch.compile(model.forward, backend="graphfuse")
+        got = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert got.tolist() == expected.tolist()
+    reports = gtb.reports()
+    assert len(reports) == 4 and all(r["partitions"] for r in reports)  # prefill and three steps
+    assert any("float32[1, 2, 8, 16]" in r["signature"] for r in reports)  # a step over 8 cached keys
