@@ -37,6 +37,7 @@
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
 #include "cpu/executor.h"
+#include "narrow_twin.h"
 
 namespace graphfuse::cuda {
 namespace {
@@ -416,6 +417,61 @@ TEST(CudaCodegen, RowKernelsCompileAndNamesSayWhatTheyFuse) {
   for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
 }
 
+// The pipelined LLaMA block's FusedAttention (RoPE, causal mask) as the CUDA backend runs it:
+// the QKV GEMM apart from the attention.
+Result<std::unique_ptr<Graph>> LlamaAttentionGraph() {
+  const std::filesystem::path model = std::filesystem::path(GF_MODELS_DIR) / "llama_block_opset17" / "model.onnx";
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ImportOnnxFile(model.string()));
+  PipelineOptions two_nodes;
+  two_nodes.fusion.attention_projection = false;
+  GF_RETURN_IF_ERROR(RunPipeline(*g, cuda::DefaultCudaTarget(), two_nodes).status());
+  return g;
+}
+
+// Every row kernel kind -- RMSNorm, LayerNormalization (with its statistics), Softmax, the
+// fused norms and softmaxes, RoPE, attention in one kernel and the GEMM form's prep and softmax
+// kernels -- rebuilt over f32, f16 and bf16 (tests/cuda/narrow_twin.h), generated and compiled
+// with NVRTC; names carry the dtype.
+TEST(CudaCodegen, RowKernelsCompileInEveryFloatDType) {
+  std::vector<CudaKernelSource> kernels;
+  auto add = [&](const Node& n, DType dt, std::optional<DType> out_dt, const std::string& what) {
+    auto twin = NarrowTwin(n, dt, out_dt);
+    ASSERT_TRUE(twin.ok()) << what << ": " << twin.status().ToString();
+    if (n.op() == "FusedAttention" && out_dt) {
+      auto gk = GenerateAttentionGemmKernels(*twin->node);
+      ASSERT_TRUE(gk.ok()) << what << ": " << gk.status().ToString();
+      EXPECT_EQ(gk->prep.input_dtypes[0], dt) << what;
+      kernels.push_back(gk->prep);
+      kernels.push_back(gk->softmax);
+      return;
+    }
+    auto k = GenerateKernelForNode(*twin->node);
+    ASSERT_TRUE(k.ok()) << what << ": " << k.status().ToString();
+    EXPECT_NE(k->name.find(StrCat("_", DTypeName(dt), "_")), std::string::npos) << what << ": " << k->name;
+    EXPECT_EQ(k->output_dtypes[0], dt) << what;
+    kernels.push_back(std::move(*k));
+  };
+  for (const RowCase& c : kRowCases) {
+    auto g = Pipelined(c.ir);
+    ASSERT_TRUE(g.ok()) << c.name << ": " << g.status().ToString();
+    const Node* n = Only(**g, c.op);
+    ASSERT_NE(n, nullptr) << c.name;
+    for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) add(*n, dt, std::nullopt, StrCat(c.name, " ", DTypeName(dt)));
+  }
+  auto lg = LlamaAttentionGraph();
+  ASSERT_TRUE(lg.ok()) << lg.status().ToString();
+  const Node* fa = Only(**lg, "FusedAttention");
+  ASSERT_NE(fa, nullptr);
+  for (DType dt : {DType::kF32, DType::kF16, DType::kBF16}) {
+    add(*fa, dt, std::nullopt, StrCat("attention ", DTypeName(dt)));
+    add(*fa, dt, DType::kF32, StrCat("attention as GEMMs ", DTypeName(dt)));  // cuBLAS's p v writes f32
+  }
+  EXPECT_EQ(kernels.size(), std::size(kRowCases) * 3 + 3 * 3);
+  NvrtcCompiler compiler;
+  double seconds = 0;
+  for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+}
+
 TEST(CudaCodegen, RowKernelsRefuseWhatTheyDoNotGenerate) {
   auto g = ParseGraph(R"(graph @s(%x: f32[4,8]) {
   %y = Softmax(%x) {axis = 0}
@@ -607,6 +663,19 @@ TEST(CudaCodegen, GoldenSources) {
     auto k = GenerateKernelForNode(*Only(**g, c->op));
     ASSERT_TRUE(k.ok()) << k.status().ToString();
     check(name, *k);
+  }
+  {  // one row kernel in bf16: the residual RMSNorm's add rounded as stored, the norm in f32
+    const RowCase* c = nullptr;
+    for (const RowCase& rc : kRowCases)
+      if (std::string(rc.name) == "add_rmsnorm") c = &rc;
+    ASSERT_NE(c, nullptr);
+    auto g = Pipelined(c->ir);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    auto twin = NarrowTwin(*Only(**g, c->op), DType::kBF16);
+    ASSERT_TRUE(twin.ok()) << twin.status().ToString();
+    auto k = GenerateKernelForNode(*twin->node);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    check("add_rmsnorm_bf16", *k);
   }
   {  // the exported LLaMA block's attention (RoPE, causal mask)
     const std::filesystem::path model =

@@ -22,6 +22,7 @@
 #include "cuda/codegen.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/host_emulation.h"
+#include "narrow_twin.h"
 #include "../graph_test_util.h"
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
@@ -522,6 +523,222 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
                 r.model.c_str(), r.fuse ? "fused" : "unfused", r.attention_rows_one_kernel ? "" : ", attention as GEMMs", static_cast<long long>(st.launches), static_cast<long long>(st.generated),
                 static_cast<long long>(st.cublas), static_cast<long long>(st.host_fallbacks),
                 static_cast<long long>(st.activation_bytes), static_cast<long long>(st.activation_bytes_no_reuse));
+  }
+}
+
+// ---- row kernels in f16 and bf16 ----------------------------------------------------------------
+
+// The tolerance a row kernel over `dt` is held to against its reference: a row statistic
+// summed in another order may land an output on the other side of a rounding boundary (one
+// unit in the last place of dt); attention against the f32 CPU also rounds its output once.
+double NarrowRtol(DType dt) { return dt == DType::kBF16 ? 1e-2 : 2e-3; }
+
+// One row-kernel node of a pipelined f32 graph, rebuilt over f16 and bf16 (NarrowTwin), its
+// generated kernel run on the host on the f32 node's random inputs rounded to that dtype,
+// against a reference on the CPU:
+//   - RMSNorm, LayerNormalization, Softmax, Rope: the CPU kernel in that dtype (it loads into
+//     f32 and rounds once when storing, as the generated kernel does);
+//   - FusedNorm, FusedSoftmax: the node's unfused reference graph in that dtype (each op's
+//     result rounded as stored: the rounding points the fused kernel keeps);
+//   - FusedAttention: the CPU's (f32 only) on the rounded inputs, widened to f32.
+void CheckNarrowRowKernel(const Graph& g, const Node& node, DType dt, uint32_t seed, unsigned grid,
+                          const std::string& label) {
+  SCOPED_TRACE(StrCat(label, " in ", DTypeName(dt)));
+  auto run = CaptureNode(g, node, seed);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  auto twin = NarrowTwin(node, dt);
+  ASSERT_TRUE(twin.ok()) << twin.status().ToString();
+  auto k = GenerateKernelForNode(*twin->node);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  EXPECT_EQ(k->output_dtypes[0], dt) << k->name;
+  EXPECT_NE(k->name.find(StrCat("_", DTypeName(dt), "_")), std::string::npos) << k->name;
+  std::vector<Tensor> narrow, widened;  // the inputs in dt, and the same values in f32
+  for (const Tensor& t : run->in) {
+    narrow.push_back(IsFloat(t.dtype()) ? ConvertedTo(t, dt) : ConvertedTo(t, t.dtype()));
+    widened.push_back(IsFloat(t.dtype()) ? ConvertedTo(narrow.back(), DType::kF32) : ConvertedTo(t, t.dtype()));
+  }
+  for (size_t j = 0; j < narrow.size(); ++j) {  // no zeros, but for a dropout keep-mask's dropped elements
+    const Tensor& t = narrow[j];
+    for (int64_t i = 0; IsFloat(t.dtype()) && node.input(j)->name() != "keep" && i < t.numel(); ++i)
+      ASSERT_NE(t.GetAsDouble(i), 0.0) << "input " << j << " holds a zero";
+  }
+  Result<std::vector<Tensor>> want = Internal("no reference");
+  std::shared_ptr<const Graph> ref;
+  std::optional<NodeTwin> wide;
+  if (node.op() == "FusedNorm" || node.op() == "FusedSoftmax") {
+    auto r = RetypedGraph(*node.GetGraph("reference"), dt);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ref = *r;
+    want = Execute(*ref, Views(narrow), CpuContext{});
+  } else if (node.op() == "FusedAttention") {
+    auto w = NarrowTwin(node, DType::kF32);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    wide = std::move(*w);
+    want = Execute(*wide->graph, Views(widened), CpuContext{});
+  } else {
+    want = Execute(*twin->graph, Views(narrow), CpuContext{});
+  }
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  ASSERT_EQ(want->size(), twin->node->outputs().size());
+  auto host = HostKernel::Build(*k);
+  ASSERT_TRUE(host.ok()) << host.status().ToString();
+  std::vector<Tensor> got;
+  std::vector<void*> args;
+  for (Tensor& t : narrow) args.push_back(t.data());
+  for (const Value* o : twin->node->outputs()) {
+    got.push_back(Tensor::Empty(o->dtype(), o->shape()).value());
+    std::memset(got.back().data(), 0xff, got.back().nbytes());  // NaN where nothing is written
+    args.push_back(got.back().data());
+  }
+  (*host)->Launch(args, grid);
+  double worst = 0;
+  for (size_t o = 0; o < got.size(); ++o) {
+    EXPECT_EQ(got[o].dtype(), twin->node->output(o)->dtype());
+    worst = std::max(worst, ExpectClose(got[o], (*want)[o], NarrowRtol(dt), 1e-6, StrCat(label, " output ", o)));
+  }
+  std::printf("[ emulated ] %s in %s: %s, max |err| vs %s %.2g\n", label.c_str(), DTypeName(dt), k->name.c_str(),
+              ref ? "the unfused ops on the CPU" : wide ? "the CPU in f32 on rounded inputs" : "the CPU", worst);
+}
+
+struct NarrowCase {
+  const char* name;
+  const char* op;  // the node to rebuild, after the pipeline
+  const char* ir;  // in f32
+};
+
+// Row lengths off the warp and block widths: 300 and 1000 (a ragged last pass of 256
+// threads), 77, 33, 40, 100.
+const NarrowCase kNarrowCases[] = {
+    {"rmsnorm", "RMSNorm", R"(graph @n(%x: f32[5,300], %w: f32[300]) {
+  %y = RMSNorm(%x, %w) {epsilon = 1e-6}
+  return %y
+})"},
+    {"rmsnorm without scale", "RMSNorm", R"(graph @n(%x: f32[3,77]) {
+  %y = RMSNorm(%x) {epsilon = 1e-5}
+  return %y
+})"},
+    {"layernorm with stats", "LayerNormalization", R"(graph @n(%x: f32[3,520], %g: f32[520], %b: f32[520]) {
+  %y, %mean, %inv = LayerNormalization(%x, %g, %b) {epsilon = 1e-5}
+  return %y, %mean, %inv
+})"},
+    {"layernorm", "LayerNormalization", R"(graph @n(%x: f32[4,33], %g: f32[33], %b: f32[33]) {
+  %y = LayerNormalization(%x, %g, %b) {epsilon = 1e-5}
+  return %y
+})"},
+    {"softmax", "Softmax", R"(graph @s(%x: f32[3,7,300]) {
+  %y = Softmax(%x) {axis = -1}
+  return %y
+})"},
+    {"softmax of 1000", "Softmax", R"(graph @s(%x: f32[2,1000]) {
+  %y = Softmax(%x) {axis = -1}
+  return %y
+})"},
+    {"rope", "Rope", R"(graph @r(%x: f32[1,3,10,16], %c: f32[10,16], %s: f32[10,16]) {
+  %y = Rope(%x, %c, %s)
+  return %y
+})"},
+    {"rope of 40", "Rope", R"(graph @r(%x: f32[2,2,6,40], %c: f32[6,40], %s: f32[6,40]) {
+  %y = Rope(%x, %c, %s)
+  return %y
+})"},
+    {"residual rmsnorm", "FusedNorm", R"(graph @n(%x: f32[4,300], %r: f32[4,300], %w: f32[300]) {
+  %s = Add(%x, %r)
+  %y = RMSNorm(%s, %w) {epsilon = 1e-6}
+  return %y, %s
+})"},
+    {"bias residual layernorm", "FusedNorm", R"(graph @n(%x: f32[8,100], %b: f32[100], %r: f32[8,100], %g: f32[100], %c: f32[100]) {
+  %0 = Add(%x, %b)
+  %1 = Add(%0, %r)
+  %y = LayerNormalization(%1, %g, %c) {epsilon = 1e-5}
+  return %y
+})"},
+    {"scale mask softmax dropout", "FusedSoftmax", R"(graph @a(%s: f32[2,2,16,40], %k: f32[], %m: f32[1,1,16,40], %keep: f32[2,2,16,40]) {
+  %0 = Mul(%s, %k)
+  %1 = Add(%0, %m)
+  %p = Softmax(%1) {axis = -1}
+  %d = Mul(%p, %keep)
+  return %d
+})"},
+    {"scaled softmax", "FusedSoftmax", R"(graph @a(%s: f32[3,300], %k: f32[]) {
+  %0 = Mul(%s, %k)
+  %p = Softmax(%0) {axis = -1}
+  return %p
+})"},
+};
+
+TEST(CudaHostEmulation, RowKernelsInF16AndBf16MatchTheirReference) {
+  for (const NarrowCase& c : kNarrowCases) {
+    auto g = ParseGraph(c.ir);
+    ASSERT_TRUE(g.ok()) << c.name << ": " << g.status().ToString();
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok()) << c.name;
+    const Node* node = nullptr;
+    for (const auto& n : (*g)->nodes())
+      if (n->op() == c.op) node = n.get();
+    ASSERT_NE(node, nullptr) << c.name << "\n" << PrintGraph(**g);
+    for (DType dt : {DType::kF16, DType::kBF16}) CheckNarrowRowKernel(**g, *node, dt, 41, 3, c.name);
+  }
+}
+
+TEST(CudaHostEmulation, AttentionInF16AndBf16MatchesTheCpuOnRoundedInputs) {
+  for (int form : {0, 1, 2}) {
+    auto g = ParseGraph(MaskedAttentionText(form, 1, form == 2));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok());
+    const Node* fa = FindFusedAttention(**g);
+    ASSERT_NE(fa, nullptr) << PrintGraph(**g);
+    for (DType dt : {DType::kF16, DType::kBF16}) CheckNarrowRowKernel(**g, *fa, dt, 43, 5, StrCat("attention form ", form));
+  }
+}
+
+// The GEMM form's prep kernel reads f16 / bf16 operands into the f32 scratch that cuBLAS reads:
+// exactly what the f32 prep kernel writes for the same (rounded) values.
+TEST(CudaHostEmulation, AttentionPrepReadsF16AndBf16IntoTheF32Scratch) {
+  auto g = ParseGraph(MaskedAttentionText(2, 1, true));  // RoPE on q and k
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE(RunPipeline(**g, cuda::DefaultCudaTarget()).ok());
+  const Node* fa = FindFusedAttention(**g);
+  ASSERT_NE(fa, nullptr);
+  auto run = CaptureNode(**g, *fa, 47);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    auto twin = NarrowTwin(*fa, dt, DType::kF32);  // the GEMM form writes an f32 output
+    ASSERT_TRUE(twin.ok()) << twin.status().ToString();
+    auto narrow_k = GenerateAttentionGemmKernels(*twin->node);
+    ASSERT_TRUE(narrow_k.ok()) << narrow_k.status().ToString();
+    auto f32_k = GenerateAttentionGemmKernels(*fa);
+    ASSERT_TRUE(f32_k.ok()) << f32_k.status().ToString();
+    const AttentionGemmKernels& a = *narrow_k;
+    std::vector<Tensor> narrow, widened;
+    for (const Tensor& t : run->in) {
+      narrow.push_back(IsFloat(t.dtype()) ? ConvertedTo(t, dt) : ConvertedTo(t, t.dtype()));
+      widened.push_back(IsFloat(t.dtype()) ? ConvertedTo(narrow.back(), DType::kF32) : ConvertedTo(t, t.dtype()));
+    }
+    auto scratch = [&](const std::vector<Tensor>& ins, const CudaKernelSource& k) {
+      std::vector<std::vector<float>> out = {std::vector<float>(static_cast<size_t>(a.qd_elements), NAN),
+                                             std::vector<float>(static_cast<size_t>(a.kd_elements), NAN),
+                                             std::vector<float>(static_cast<size_t>(a.vd_elements), NAN)};
+      std::vector<void*> args = {const_cast<void*>(ins[0].data()), const_cast<void*>(ins[1].data()),
+                                 const_cast<void*>(ins[2].data())};
+      for (int i : a.rope_inputs) args.push_back(const_cast<void*>(ins[static_cast<size_t>(i)].data()));
+      for (auto& v : out) args.push_back(v.data());
+      auto host = HostKernel::Build(k);
+      EXPECT_TRUE(host.ok()) << host.status().ToString();
+      if (host.ok()) (*host)->Launch(args, 2);
+      return out;
+    };
+    EXPECT_EQ(a.prep.input_dtypes[0], dt);
+    const auto got = scratch(narrow, a.prep), want = scratch(widened, f32_k->prep);
+    for (size_t s = 0; s < got.size(); ++s) {
+      ASSERT_EQ(got[s].size(), want[s].size());
+      EXPECT_EQ(std::memcmp(got[s].data(), want[s].data(), got[s].size() * sizeof(float)), 0) << "scratch " << s;
+    }
+    // An output in dt is the one-kernel form's: the GEMM form refuses it.
+    auto narrow_out = NarrowTwin(*fa, dt);
+    ASSERT_TRUE(narrow_out.ok());
+    auto refused = GenerateAttentionGemmKernels(*narrow_out->node);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented) << refused.status().ToString();
   }
 }
 

@@ -20,7 +20,15 @@ const Graph* GraphAttr(const AttributeMap& attrs, const char* key) {
 // The layouts are shared by inference and the kernels, so that a kernel never indexes past what
 // inference accepted.
 
-Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs) {
+namespace {
+
+bool RowDTypeOk(DType t, RowDTypes rows) { return rows == RowDTypes::kAnyFloat ? IsFloat(t) : t == DType::kF32; }
+const char* RowDTypeWord(RowDTypes rows) { return rows == RowDTypes::kAnyFloat ? "a float dtype" : "f32"; }
+
+}  // namespace
+
+Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs,
+                                  RowDTypes rows) {
   NormLayout l;
   l.body = GraphAttr(attrs, "body");
   if (!l.body) return InvalidArgument(where, ": needs a 'body' graph attribute");
@@ -43,13 +51,14 @@ Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& 
     return InvalidArgument(where, ": norm_input ", l.norm_input, " / prologue_outputs ", l.prologue_outputs,
                            " do not fit a body with ", nout, " outputs");
   l.x = l.body->outputs()[static_cast<size_t>(l.norm_input)];
-  if (l.x->dtype() != DType::kF32 || l.x->shape().empty())
-    return InvalidArgument(where, ": the norm input ", l.x->TypeString(), " must be f32 of rank >= 1");
+  if (!RowDTypeOk(l.x->dtype(), rows) || l.x->shape().empty())
+    return InvalidArgument(where, ": the norm input ", l.x->TypeString(), " must be ", RowDTypeWord(rows),
+                           " of rank >= 1");
   return l;
 }
 
 Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const AttributeMap& attrs,
-                                        const std::vector<const Value*>& inputs) {
+                                        const std::vector<const Value*>& inputs, RowDTypes rows) {
   SoftmaxLayout l;
   l.prologue = GraphAttr(attrs, "prologue");
   l.epilogue = GraphAttr(attrs, "epilogue");
@@ -72,8 +81,9 @@ Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const Attribut
     if (!inputs[0]) return InvalidArgument(where, ": input 0 is missing");
     l.x = {inputs[0]->dtype(), inputs[0]->shape()};
   }
-  if (l.x.dtype != DType::kF32 || l.x.shape.empty())
-    return InvalidArgument(where, ": the softmax input ", TypeStr(l.x.dtype, l.x.shape), " must be f32 of rank >= 1");
+  if (!RowDTypeOk(l.x.dtype, rows) || l.x.shape.empty())
+    return InvalidArgument(where, ": the softmax input ", TypeStr(l.x.dtype, l.x.shape), " must be ", RowDTypeWord(rows),
+                           " of rank >= 1");
   const size_t rest = inputs.size() - l.prologue_inputs;
   if (l.epilogue) {
     const size_t nin = l.epilogue->inputs().size();
@@ -83,10 +93,10 @@ Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const Attribut
                              " inputs and ", rest, " node inputs after the prologue's");
     const Value* p = l.epilogue->inputs()[static_cast<size_t>(l.epilogue_input)];
     const Value* out0 = l.epilogue->outputs().empty() ? nullptr : l.epilogue->outputs()[0];
-    if (p->dtype() != l.x.dtype || p->shape() != l.x.shape || !out0 || out0->dtype() != DType::kF32 ||
+    if (p->dtype() != l.x.dtype || p->shape() != l.x.shape || !out0 || !RowDTypeOk(out0->dtype(), rows) ||
         out0->shape() != l.x.shape)
-      return InvalidArgument(where, ": the epilogue must read and write f32", ShapeToString(l.x.shape),
-                             " (the softmax's rows)");
+      return InvalidArgument(where, ": the epilogue must read the softmax's rows ", TypeStr(l.x.dtype, l.x.shape),
+                             " and write ", RowDTypeWord(rows), ShapeToString(l.x.shape));
     l.main_outputs = l.epilogue->outputs().size();
   } else if (rest != 0) {
     return InvalidArgument(where, ": ", rest, " inputs beyond the prologue's, but no epilogue");

@@ -14,6 +14,12 @@ namespace graphfuse::schemas {
 // A graph-valued attribute, or null.
 const Graph* GraphAttr(const AttributeMap& attrs, const char* key);
 
+// The dtypes a layout accepts for the row op's rows (the norm / softmax input, and the
+// softmax epilogue's probabilities and output 0): f32 for the nodes' inference and the CPU
+// kernels; any float dtype for the CUDA code generator, whose row kernels load f16 / bf16 rows
+// into f32 and round what they store.
+enum class RowDTypes { kF32, kAnyFloat };
+
 struct NormLayout {
   const Graph* body = nullptr;
   bool layer_norm = false;
@@ -22,7 +28,8 @@ struct NormLayout {
   const Value* x = nullptr;  // the body output the norm reads
 };
 
-Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs);
+Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& attrs, size_t num_inputs,
+                                  RowDTypes rows = RowDTypes::kF32);
 
 struct SoftmaxLayout {
   const Graph* prologue = nullptr;
@@ -34,6 +41,6 @@ struct SoftmaxLayout {
 };
 
 Result<SoftmaxLayout> ReadSoftmaxLayout(const std::string& where, const AttributeMap& attrs,
-                                        const std::vector<const Value*>& inputs);
+                                        const std::vector<const Value*>& inputs, RowDTypes rows = RowDTypes::kF32);
 
 }  // namespace graphfuse::schemas
