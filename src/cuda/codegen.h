@@ -85,6 +85,26 @@ struct AttentionGemmKernels {
   std::vector<int> mask_inputs, rope_inputs;  // node input indices: the softmax's, the prep's cos / sin
 };
 Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node);
+// FusedCachedAttention at decode, flash-decoding style (codegen_decode.cc): the keys of each
+// (batch, KV head) split across blocks so that every multiprocessor has work at batch 1.
+//   split    (q, k_new, v_new, past_k, past_v, [mask], [bool mask], [cos, sin], present_k,
+//            present_v, part): one block per (batch, KV head, split of `chunk` keys) for the
+//            KV head's `rows` = (heads / kv_heads) * seq_q query rows; writes the present rows
+//            of its keys and each row's partial softmax to part: per (batch, KV head, split,
+//            row) dv + 2 floats: the chunk's max score m, sum l of exp(s - m), and
+//            acc = sum exp(s - m) v;
+//   combine  (part, out): one block per (batch, head, query row) folds the splits' partials.
+struct DecodeSplitOptions {
+  int sms = 132;  // the device's multiprocessors (an H200's without a device)
+  // Fewer keys than this per split are not worth a block of their own.
+  int64_t min_keys_per_split = 32;
+};
+struct DecodeAttentionKernels {
+  CudaKernelSource split, combine;
+  int64_t splits = 0, chunk = 0, rows = 0;
+  int64_t partial_elements = 0;  // floats of part
+};
+Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, const DecodeSplitOptions& options = {});
 // Transpose (any dtype): parameters x, y.
 Result<CudaKernelSource> GenerateTransposeKernel(const Node& node);
 // Rope (rotate-half): parameters x, cos, sin, y.
@@ -113,6 +133,7 @@ enum class CudaPath {
   kCublasThenKernel, // FusedGemm: cuBLAS GEMM, then its generated epilogue kernel
   kKernel,           // one generated kernel
   kAttentionGemms,   // FusedAttention with many query rows: 2 generated kernels around 2 cuBLAS calls
+  kDecodeAttention,  // FusedCachedAttention at decode: the split kernel, then the combine kernel
 };
 struct CudaNodePlan {
   CudaPath path = CudaPath::kKernel;
@@ -120,11 +141,16 @@ struct CudaNodePlan {
   CublasLtEpilogue cublas_epilogue;
   std::vector<CudaKernelSource> kernels;
   AttentionGemmKernels attention;  // kAttentionGemms: the kernels (also in `kernels`) and operands
+  DecodeAttentionKernels decode;   // kDecodeAttention: the kernels (also in `kernels`) and the scratch
 };
 struct CudaPlanOptions {
   // A FusedAttention with at most this many query rows per head (decode: 1) runs as one
   // generated kernel; with more, as GEMMs (GenerateAttentionGemmKernels).
   int64_t attention_rows_one_kernel = 16;
+  // A FusedCachedAttention with at most attention_rows_one_kernel query rows per head runs as
+  // the decode kernels, split as these say (CudaExecutor sets sms from the device); with more,
+  // its reference graph runs.
+  DecodeSplitOptions decode;
 };
 // Errors name the node and say what is missing (Unimplemented for ops with no CUDA path yet).
 Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options = {});

@@ -60,4 +60,18 @@ Status PlanAttentionGemms(PlanBuilder& pb, const Node& n, const CudaNodePlan& pl
   return Status::Ok();
 }
 
+Status PlanDecodeAttention(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
+  const DecodeAttentionKernels& k = plan.decode;
+  GF_ASSIGN_OR_RETURN(std::vector<void*> bufs, pb.NodeBuffers(n));  // inputs, then out, present_k, present_v
+  const size_t ins = n.inputs().size();
+  GF_ASSIGN_OR_RETURN(void* part, pb.memory.Scratch(static_cast<size_t>(k.partial_elements) * 4,
+                                                   StrCat(n.name(), " decode attention partials")));
+  std::vector<void*> split_args(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(ins));
+  split_args.insert(split_args.end(), {bufs[ins + 1], bufs[ins + 2], part});
+  GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), k.split, std::move(split_args)));
+  GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), k.combine, {part, bufs[ins]}));
+  pb.lines.push_back(StrCat(n.name(), ": ", plan.what, " ", k.split.name, ", ", k.combine.name));
+  return Status::Ok();
+}
+
 }  // namespace graphfuse::cuda

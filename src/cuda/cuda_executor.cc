@@ -1,6 +1,6 @@
 // CudaExecutor: Create plans every node (its buffers in device_memory.h, its steps by path:
-// generated kernels in plan_builder.h, GEMMs in cuda_gemm_plan.h, attention as GEMMs in
-// cuda_attention_plan.h, the rest on the host in host_fallback.h) and captures the plan as a
+// generated kernels in plan_builder.h, GEMMs in cuda_gemm_plan.h, attention as GEMMs and the
+// decode attention's two kernels in cuda_attention_plan.h, the rest on the host in host_fallback.h) and captures the plan as a
 // CUDA graph if asked; Run, Replay and ProfileSteps launch the steps.
 #include "cuda_executor.h"
 
@@ -135,6 +135,8 @@ struct CudaExecutor::Impl {
         return PlanGemm(pb, n, *plan);
       case CudaPath::kAttentionGemms:
         return PlanAttentionGemms(pb, n, *plan);
+      case CudaPath::kDecodeAttention:
+        return PlanDecodeAttention(pb, n, *plan);
     }
     return Internal("unknown CUDA path");
   }
@@ -200,6 +202,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   cudaDeviceProp prop{};
   GF_CUDA(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties");
   pb.sms = std::max(1, prop.multiProcessorCount);
+  x.opts.plan.decode.sms = pb.sms;  // the decode attention's splits fill this device
   NvrtcOptions nv;
   nv.arch = StrCat("compute_", prop.major, prop.minor);
   nv.cache_dir = options.kernel_cache_dir;

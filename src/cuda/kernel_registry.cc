@@ -65,6 +65,23 @@ Result<CudaNodePlan> PlanAttention(const Node& node, const CudaPlanOptions& opti
   return PlanOneKernel<GenerateAttentionKernel, kAttentionKernel>(node, options);
 }
 
+// FusedCachedAttention with few query rows (decode): the flash-decoding kernels. With many
+// (a prefill over a cache) there is no path of its own: the executor runs its reference graph,
+// whose attention takes its GEMM form.
+Result<CudaNodePlan> PlanCachedAttention(const Node& node, const CudaPlanOptions& options) {
+  GF_ASSIGN_OR_RETURN(schemas::Dims dims, schemas::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe())));
+  if (dims.s > options.attention_rows_one_kernel)
+    return Unimplemented("CUDA codegen: ", node.Describe(), ": ", dims.s, " query rows per head > ",
+                         options.attention_rows_one_kernel, ": not a decode step");
+  GF_ASSIGN_OR_RETURN(DecodeAttentionKernels k, GenerateDecodeAttentionKernels(node, options.decode));
+  CudaNodePlan p;
+  p.path = CudaPath::kDecodeAttention;
+  p.what = StrCat("decode attention (", k.splits, " splits of ", k.chunk, " keys): the generated split and combine kernels");
+  p.kernels = {k.split, k.combine};
+  p.decode = std::move(k);
+  return p;
+}
+
 Result<CudaNodePlan> PlanFusedGemm(const Node& node, const CudaPlanOptions&) {
   const CublasLtEpilogue e = CublasLtEpilogueFor(node);
   if (e.kind != CublasLtEpilogue::kNotCovered) {
@@ -99,6 +116,7 @@ constexpr CudaOpRow kCudaOps[] = {
     {"Gemm", PlanCublasGemm},
     {"FusedGemm", PlanFusedGemm},
     {"FusedAttention", PlanAttention},
+    {"FusedCachedAttention", PlanCachedAttention},
     {"RMSNorm", PlanOneKernel<GenerateRowKernel, kRowKernel>},
     {"LayerNormalization", PlanOneKernel<GenerateRowKernel, kRowKernel>},
     {"Softmax", PlanOneKernel<GenerateRowKernel, kRowKernel>},

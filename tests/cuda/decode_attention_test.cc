@@ -1,0 +1,411 @@
+// FusedCachedAttention's decode kernels (src/cuda/codegen_decode.cc): the split and combine
+// kernels compiled through NVRTC (decode shapes up to 16k keys), run on the host (host
+// emulation) against the CPU kernel and a float64 reference on a grid of small shapes (batch,
+// MHA and grouped K / V heads, head_dim, past lengths, one and two new rows), their split
+// choice, and the exported KV-cache LLaMA models through the emulated CUDA executor against
+// the CPU target and torch.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "../graph_test_util.h"
+#include "../onnx/onnx_test_util.h"
+#include "cpu/executor.h"
+#include "cuda/codegen.h"
+#include "cuda/cuda_executor.h"
+#include "cuda/cuda_target.h"
+#include "cuda/host_emulation.h"
+#include "cuda/nvrtc_compile.h"
+#include "graphfuse/model.h"
+#include "ir/text.h"
+#include "passes/pipeline.h"
+
+namespace graphfuse::cuda {
+namespace {
+
+using testing::Comparison;
+using testing::CompareTensors;
+using testing::DataSets;
+using testing::NumberedFiles;
+using testing::ReadDataSetInputs;
+using testing::Tolerance;
+
+struct DecodeSpec {
+  int64_t b = 1, h = 4, kv = 4, past = 7, s = 1, d = 16;
+  bool rope = true;
+  bool inf_mask = false;  // masked keys get -inf (else the lowest float, as transformers exports)
+};
+
+std::string Ints(std::initializer_list<int64_t> v) {
+  std::string s;
+  for (int64_t x : v) s += StrCat(s.empty() ? "" : ", ", x);
+  return s;
+}
+
+// A decoder's attention over a KV cache as transformers exports it (as in
+// tests/fuse_attention_cache_test.cc): q [B,S,H*d], k / v [B,S,KV*d] head-split, K roped, the
+// past rows [B,KV,P,d] appended by Concat, K / V repeated for grouped heads, a constant causal
+// mask over the P+S keys; returns the output and the present K and V rows.
+std::string DecoderText(const DecodeSpec& c) {
+  const int64_t sk = c.past + c.s, r = c.h / c.kv;
+  std::string mask;
+  for (int64_t i = 0; i < c.s; ++i)
+    for (int64_t j = 0; j < sk; ++j) mask += StrCat(mask.empty() ? "" : ", ", j > c.past + i ? (c.inf_mask ? "-inf" : "-3.40282347e+38") : "0");
+  std::string t = StrCat("graph @kv(%q: f32[", Ints({c.b, c.s, c.h * c.d}), "], %k: f32[", Ints({c.b, c.s, c.kv * c.d}),
+                         "], %v: f32[", Ints({c.b, c.s, c.kv * c.d}), "], %past_k: f32[", Ints({c.b, c.kv, c.past, c.d}),
+                         "], %past_v: f32[", Ints({c.b, c.kv, c.past, c.d}), "]");
+  if (c.rope) t += StrCat(", %cos: f32[", Ints({c.b, 1, c.s, c.d}), "], %sin: f32[", Ints({c.b, 1, c.s, c.d}), "]");
+  t += ") {\n";
+  t += StrCat("  %qs: i64[4] = const [", Ints({c.b, c.s, c.h, c.d}), "]\n");
+  t += StrCat("  %ks: i64[4] = const [", Ints({c.b, c.s, c.kv, c.d}), "]\n");
+  t += StrCat("  %os: i64[3] = const [", Ints({c.b, c.s, c.h * c.d}), "]\n");
+  t += StrCat("  %mask: f32[1,1,", c.s, ",", sk, "] = const [", mask, "]\n");
+  t += StrCat("  %c: f32[] = const [", 1.0 / std::sqrt(static_cast<double>(c.d)), "]\n");
+  t += "  %qr = Reshape(%q, %qs)\n  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}\n";
+  t += "  %kr = Reshape(%k, %ks)\n  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}\n";
+  t += "  %vr = Reshape(%v, %ks)\n  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}\n";
+  std::string q = "%q4", k = "%k4";
+  if (c.rope) {
+    t += "  %qe = Rope(%q4, %cos, %sin)\n  %ke = Rope(%k4, %cos, %sin)\n";
+    q = "%qe", k = "%ke";
+  }
+  t += StrCat("  %present_k = Concat(%past_k, ", k, ") {axis = -2}\n");
+  t += "  %present_v = Concat(%past_v, %v4) {axis = -2}\n";
+  std::string kh = "%present_k", vh = "%present_v";
+  if (r > 1) {
+    t += "  %ax: i64[1] = const [2]\n";
+    t += StrCat("  %ex: i64[5] = const [", Ints({c.b, c.kv, r, sk, c.d}), "]\n");
+    t += StrCat("  %rs: i64[4] = const [", Ints({c.b, c.h, sk, c.d}), "]\n");
+    t += "  %ku = Unsqueeze(%present_k, %ax)\n  %kx = Expand(%ku, %ex)\n  %kh = Reshape(%kx, %rs)\n";
+    t += "  %vu = Unsqueeze(%present_v, %ax)\n  %vx = Expand(%vu, %ex)\n  %vh = Reshape(%vx, %rs)\n";
+    kh = "%kh", vh = "%vh";
+  }
+  t += StrCat("  %kt = Transpose(", kh, ") {perm = [0, 1, 3, 2]}\n");
+  t += StrCat("  %s = MatMul(", q, ", %kt)\n  %s1 = Mul(%s, %c)\n  %s2 = Add(%s1, %mask)\n");
+  t += StrCat("  %p = Softmax(%s2) {axis = -1}\n  %o4 = MatMul(%p, ", vh, ")\n");
+  t += "  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}\n  %out = Reshape(%ot, %os)\n";
+  t += "  return %out, %present_k, %present_v\n}";
+  return t;
+}
+
+std::string Label(const DecodeSpec& c) {
+  return StrCat("b", c.b, " h", c.h, " kv", c.kv, " past", c.past, " s", c.s, " d", c.d, c.rope ? "" : " no rope", c.inf_mask ? " -inf mask" : "");
+}
+
+// The spec's graph through the CUDA target's pipeline (one FusedCachedAttention).
+Result<std::unique_ptr<Graph>> DecoderGraph(const DecodeSpec& c) {
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ParseGraph(DecoderText(c)));
+  GF_RETURN_IF_ERROR(RunPipeline(*g, DefaultCudaTarget()).status());
+  return g;
+}
+
+const Node* FindCached(const Graph& g) {
+  for (const auto& n : g.nodes())
+    if (n->op() == "FusedCachedAttention") return n.get();
+  return nullptr;
+}
+
+// The node's inputs (as the CPU plan gives them) and the CPU kernel's outputs, on random data.
+struct NodeRun {
+  std::vector<Tensor> in, out;
+};
+
+Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
+  const std::vector<Tensor> ins = RandomInputs(g, seed, 0.05, 1.5);
+  GF_ASSIGN_OR_RETURN(auto plan, ExecutionPlan::Compile(g));
+  NodeRun run;
+  auto copy = [](const TensorView& v) -> Result<Tensor> {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
+    std::memcpy(t.data(), v.data, t.nbytes());
+    return t;
+  };
+  ExecutionPlan::StepObserver observe = [&](const Node& n, std::span<const TensorView> in,
+                                            std::span<const TensorView> out) -> Status {
+    if (&n != &target) return Status::Ok();
+    for (const TensorView& v : in) {
+      GF_ASSIGN_OR_RETURN(Tensor t, copy(v));
+      run.in.push_back(std::move(t));
+    }
+    for (const TensorView& v : out) {
+      GF_ASSIGN_OR_RETURN(Tensor t, copy(v));
+      run.out.push_back(std::move(t));
+    }
+    return Status::Ok();
+  };
+  std::vector<Tensor> outs;
+  std::vector<TensorView> out_views;
+  for (const Value* v : g.outputs()) outs.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+  for (const Tensor& t : outs) out_views.push_back(t.view());
+  GF_RETURN_IF_ERROR(plan->Run(Views(ins), out_views, CpuContext{}, &observe));
+  if (run.out.size() != 3) return Internal("node ", target.name(), " did not run");
+  return run;
+}
+
+// The attention in float64 from the node's inputs (DecoderText's layout: q bshd, cos / sin
+// [B,1,S,d], the mask [1,1,S,Sk]) over the present rows `pk` / `pv` [B,KV,Sk,d]: [B,S,H*d].
+std::vector<double> Float64Attention(const DecodeSpec& c, const NodeRun& run, const Tensor& pk, const Tensor& pv) {
+  const int64_t sk = c.past + c.s, g = c.h / c.kv, half = c.d / 2;
+  const float* q = run.in[0].data_as<float>();
+  const float* mask = run.in[5].data_as<float>();
+  const float* cs = c.rope ? run.in[6].data_as<float>() : nullptr;
+  const float* sn = c.rope ? run.in[7].data_as<float>() : nullptr;
+  const float* kp = pk.data_as<float>();
+  const float* vp = pv.data_as<float>();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  std::vector<double> out(static_cast<size_t>(c.b * c.s * c.h * c.d));
+  for (int64_t b = 0; b < c.b; ++b)
+    for (int64_t h = 0; h < c.h; ++h)
+      for (int64_t r = 0; r < c.s; ++r) {
+        const float* qr = q + (b * c.s + r) * c.h * c.d + h * c.d;
+        std::vector<double> qe(static_cast<size_t>(c.d));
+        for (int64_t i = 0; i < c.d; ++i) {
+          if (!cs) {
+            qe[i] = qr[i];
+            continue;
+          }
+          const int64_t co = (b * c.s + r) * c.d + i;
+          const double x2 = i < half ? -static_cast<double>(qr[i + half]) : qr[i - half];
+          qe[i] = qr[i] * static_cast<double>(cs[co]) + x2 * sn[co];
+        }
+        const int64_t kh = h / g;
+        std::vector<double> sc(static_cast<size_t>(sk));
+        double m = -INFINITY;
+        for (int64_t j = 0; j < sk; ++j) {
+          double dot = 0;
+          for (int64_t i = 0; i < c.d; ++i) dot += qe[i] * kp[((b * c.kv + kh) * sk + j) * c.d + i];
+          sc[j] = scale * dot + mask[r * sk + j];
+          m = std::max(m, sc[j]);
+        }
+        double sum = 0;
+        for (double& x : sc) sum += (x = std::exp(x - m));
+        for (int64_t i = 0; i < c.d; ++i) {
+          double o = 0;
+          for (int64_t j = 0; j < sk; ++j) o += sc[j] * vp[((b * c.kv + kh) * sk + j) * c.d + i];
+          out[static_cast<size_t>((b * c.s + r) * c.h * c.d + h * c.d + i)] = o / sum;
+        }
+      }
+  return out;
+}
+
+// max |got - want| / (1 + |want|), NaN counting as infinite.
+double WorstRelative(const Tensor& got, const std::vector<double>& want) {
+  double worst = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double e = std::fabs(got.GetAsDouble(i) - want[static_cast<size_t>(i)]) / (1 + std::fabs(want[static_cast<size_t>(i)]));
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+double WorstRelative(const Tensor& got, const Tensor& want) {
+  std::vector<double> w(static_cast<size_t>(want.numel()));
+  for (int64_t i = 0; i < want.numel(); ++i) w[static_cast<size_t>(i)] = want.GetAsDouble(i);
+  return WorstRelative(got, w);
+}
+
+// Runs the spec's decode kernels on the host (split over `opt`) against the CPU kernel: the
+// present rows bit for bit, the output within 1e-5 of the CPU's and of float64.
+void CheckEmulatedDecode(const DecodeSpec& c, const DecodeSplitOptions& opt, uint32_t seed) {
+  SCOPED_TRACE(Label(c));
+  auto g = DecoderGraph(c);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const Node* node = FindCached(**g);
+  ASSERT_NE(node, nullptr) << PrintGraph(**g);
+  auto k = GenerateDecodeAttentionKernels(*node, opt);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  auto run = CaptureNode(**g, *node, seed);
+  ASSERT_TRUE(run.ok()) << run.status().ToString();
+  auto split = HostKernel::Build(k->split);
+  ASSERT_TRUE(split.ok()) << split.status().ToString();
+  auto combine = HostKernel::Build(k->combine);
+  ASSERT_TRUE(combine.ok()) << combine.status().ToString();
+  std::vector<Tensor> got;
+  for (const Tensor& t : run->out) got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
+  std::vector<float> part(static_cast<size_t>(k->partial_elements), NAN);
+  std::vector<void*> args;
+  for (Tensor& t : run->in) args.push_back(t.data());
+  args.insert(args.end(), {got[1].data(), got[2].data(), part.data()});
+  // Fewer blocks than items: the grid-stride loops take the rest.
+  (*split)->Launch(args, static_cast<unsigned>(std::min<int64_t>(k->split.scalar_work_items, 3)));
+  (*combine)->Launch({part.data(), got[0].data()}, 2);
+  EXPECT_EQ(MaxAbsDiff(got[1], run->out[1]), 0.0) << "present K";
+  EXPECT_EQ(MaxAbsDiff(got[2], run->out[2]), 0.0) << "present V";
+  const std::vector<double> f64 = Float64Attention(c, *run, run->out[1], run->out[2]);
+  const double vs_cpu = WorstRelative(got[0], run->out[0]), vs_f64 = WorstRelative(got[0], f64);
+  const double cpu_f64 = WorstRelative(run->out[0], f64);
+  EXPECT_LT(vs_cpu, 1e-5) << "output against the CPU kernel";
+  EXPECT_LT(vs_f64, 1e-5) << "output against float64";
+  EXPECT_LT(cpu_f64, 1e-5) << "the CPU kernel against float64";
+  EXPECT_GT(MaxAbs(run->out[0]), 0.01);
+  std::printf("[ emulated ] %s: %lld splits of %lld keys, %lld rows a block; err vs CPU %.2g, vs f64 %.2g\n",
+              Label(c).c_str(), static_cast<long long>(k->splits), static_cast<long long>(k->chunk),
+              static_cast<long long>(k->rows), vs_cpu, vs_f64);
+}
+
+TEST(CudaDecodeAttention, EmulatedKernelsMatchTheCpuKernel) {
+  // Chunks of a few keys: several splits even at these lengths (the default options split
+  // 1000 keys 32 ways, below).
+  const DecodeSplitOptions small{.sms = 16, .min_keys_per_split = 3};
+  const DecodeSpec specs[] = {
+      {.b = 1, .h = 4, .kv = 4, .past = 0, .s = 1, .d = 16},
+      {.b = 1, .h = 4, .kv = 2, .past = 1, .s = 1, .d = 16},
+      {.b = 2, .h = 4, .kv = 4, .past = 7, .s = 1, .d = 16},
+      {.b = 2, .h = 4, .kv = 2, .past = 7, .s = 2, .d = 64},
+      {.b = 1, .h = 4, .kv = 2, .past = 100, .s = 1, .d = 64},
+      {.b = 2, .h = 4, .kv = 4, .past = 100, .s = 2, .d = 16},
+      {.b = 1, .h = 4, .kv = 4, .past = 1000, .s = 1, .d = 16},
+      {.b = 1, .h = 4, .kv = 2, .past = 1000, .s = 2, .d = 16},
+      {.b = 1, .h = 4, .kv = 2, .past = 0, .s = 2, .d = 64},
+      {.b = 1, .h = 4, .kv = 4, .past = 7, .s = 1, .d = 64, .rope = false},
+  };
+  uint32_t seed = 40;
+  for (const DecodeSpec& c : specs) CheckEmulatedDecode(c, small, seed++);
+  CheckEmulatedDecode({.b = 1, .h = 4, .kv = 2, .past = 1000, .s = 1, .d = 64}, DecodeSplitOptions{}, seed++);
+  // One key per split, two new rows and a -inf mask: the first row's last split is masked whole.
+  CheckEmulatedDecode({.b = 1, .h = 4, .kv = 2, .past = 10, .s = 2, .d = 16, .inf_mask = true},
+                      {.sms = 64, .min_keys_per_split = 1}, seed++);
+}
+
+// The split choice: at batch 1 every multiprocessor gets a block (for long enough caches), a
+// chunk never exceeds what the scores' shared memory holds, and every key lies in one split.
+TEST(CudaDecodeAttention, SplitsFillTheMultiprocessors) {
+  struct Case {
+    DecodeSpec spec;
+    int sms;
+  } cases[] = {{{.b = 1, .h = 32, .kv = 8, .past = 8191, .s = 1, .d = 128}, 132},
+               {{.b = 1, .h = 32, .kv = 32, .past = 8191, .s = 1, .d = 128}, 132},
+               {{.b = 1, .h = 8, .kv = 8, .past = 16383, .s = 1, .d = 64}, 132},
+               {{.b = 1, .h = 8, .kv = 2, .past = 4095, .s = 2, .d = 128}, 108},
+               {{.b = 4, .h = 8, .kv = 8, .past = 999, .s = 1, .d = 64}, 132}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(Label(c.spec));
+    auto g = DecoderGraph(c.spec);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    const Node* node = FindCached(**g);
+    ASSERT_NE(node, nullptr);
+    auto k = GenerateDecodeAttentionKernels(*node, {.sms = c.sms});
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    const int64_t sk = c.spec.past + c.spec.s, heads = c.spec.b * c.spec.kv;
+    EXPECT_GE(heads * k->splits, c.sms);
+    EXPECT_LE(k->chunk, 512);
+    EXPECT_GE(k->chunk * k->splits, sk);
+    EXPECT_LT(k->chunk * (k->splits - 1), sk);
+    EXPECT_EQ(k->rows, c.spec.h / c.spec.kv * c.spec.s);
+  }
+}
+
+// The kernels of decode shapes up to 16k keys compile through NVRTC, and the registry plans the
+// node as them (with more query rows than a decode step, the node keeps its reference graph).
+TEST(CudaDecodeAttention, KernelsCompileThroughNvrtc) {
+  const DecodeSpec specs[] = {{.b = 1, .h = 32, .kv = 8, .past = 8191, .s = 1, .d = 128},
+                              {.b = 2, .h = 32, .kv = 32, .past = 16383, .s = 1, .d = 128},
+                              {.b = 1, .h = 4, .kv = 2, .past = 7, .s = 2, .d = 64},
+                              {.b = 1, .h = 4, .kv = 4, .past = 0, .s = 1, .d = 16, .rope = false}};
+  NvrtcCompiler compiler;
+  for (const DecodeSpec& c : specs) {
+    SCOPED_TRACE(Label(c));
+    auto g = DecoderGraph(c);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    const Node* node = FindCached(**g);
+    ASSERT_NE(node, nullptr);
+    auto plan = PlanNodeForCuda(*node);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->path, CudaPath::kDecodeAttention);
+    ASSERT_EQ(plan->kernels.size(), 2u);
+    for (const CudaKernelSource& k : plan->kernels) {
+      auto compiled = compiler.Compile(k);
+      ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
+      EXPECT_NE(compiled->image.find(k.name), std::string::npos) << k.name;
+    }
+    CudaPlanOptions prefill;
+    prefill.attention_rows_one_kernel = c.s - 1;
+    EXPECT_FALSE(PlanNodeForCuda(*node, prefill).ok()) << "more query rows than a decode step: the reference graph";
+  }
+}
+
+// The kernels' sources for a grouped-query decode step (RoPE, causal mask, 1000 past keys),
+// against tests/golden (GF_UPDATE_GOLDEN=1 rewrites them, as CudaCodegen.GoldenSources).
+TEST(CudaDecodeAttention, GoldenSources) {
+  const char* e = std::getenv("GF_UPDATE_GOLDEN");
+  const bool update = e && std::string(e) == "1";
+  auto g = DecoderGraph({.b = 1, .h = 8, .kv = 2, .past = 1000, .s = 1, .d = 64});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const Node* node = FindCached(**g);
+  ASSERT_NE(node, nullptr);
+  auto k = GenerateDecodeAttentionKernels(*node);
+  ASSERT_TRUE(k.ok()) << k.status().ToString();
+  for (const auto& [name, src] : {std::pair<std::string, const CudaKernelSource*>{"decode_attention_split", &k->split},
+                                  {"decode_attention_combine", &k->combine}}) {
+    const std::filesystem::path file = std::filesystem::path(GF_GOLDEN_DIR) / (name + ".cu");
+    if (update) {
+      std::ofstream(file, std::ios::binary) << src->source;
+      continue;
+    }
+    std::ifstream f(file, std::ios::binary);
+    ASSERT_TRUE(f.good()) << file << " is missing; run with GF_UPDATE_GOLDEN=1 to create it";
+    std::stringstream want;
+    want << f.rdbuf();
+    EXPECT_EQ(src->source, want.str()) << "generated source of '" << name << "' differs from " << file
+                                       << "; if intended, rerun with GF_UPDATE_GOLDEN=1 and review the diff";
+  }
+}
+
+// The exported KV-cache LLaMA models (MHA and grouped-query) through the CUDA executor in
+// emulation, decode kernels included: against the CPU target on the same plan's inputs, and
+// against torch's outputs.
+TEST(CudaDecodeAttention, ExportedKvCacheModelsMatchTheCpu) {
+  const std::filesystem::path corpus = std::filesystem::path(GF_MODELS_DIR) / "hf";
+  auto cuda_target = MakeTarget("cuda", {.emulate = true});
+  ASSERT_TRUE(cuda_target.ok()) << cuda_target.status().ToString();
+  auto cpu_target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(cpu_target.ok()) << cpu_target.status().ToString();
+  const std::shared_ptr<const Target> cuda = std::move(*cuda_target), cpu = std::move(*cpu_target);
+  for (const char* name : {"llama_ts_kv", "llama_gqa_ts_kv"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = (corpus / name).string();
+    auto on_cuda = CompiledModel::Compile(Model::FromOnnxFile(dir + "/model.onnx").value(), cuda);
+    ASSERT_TRUE(on_cuda.ok()) << on_cuda.status().ToString();
+    auto on_cpu = CompiledModel::Compile(Model::FromOnnxFile(dir + "/model.onnx").value(), cpu);
+    ASSERT_TRUE(on_cpu.ok()) << on_cpu.status().ToString();
+    std::vector<std::string> names;
+    for (const TensorInfo& t : (*on_cuda)->inputs()) names.push_back(t.name);
+    const std::string set = DataSets(dir).at(0);
+    auto inputs = ReadDataSetInputs(set, names);
+    ASSERT_TRUE(inputs.ok()) << inputs.status().ToString();
+    const std::vector<TensorView> views = Views(*inputs);
+    auto plan = (*on_cuda)->PlanFor(views);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    int decode_nodes = 0;
+    for (const auto& n : (*plan)->graph().nodes())
+      if (n->op() == "FusedCachedAttention") {
+        auto p = PlanNodeForCuda(*n);
+        ASSERT_TRUE(p.ok()) << p.status().ToString();
+        EXPECT_EQ(p->path, CudaPath::kDecodeAttention) << n->Describe();
+        ++decode_nodes;
+      }
+    EXPECT_GT(decode_nodes, 0) << "the model's attention runs as the decode kernels";
+    auto got = (*on_cuda)->Run(views);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    auto want = (*on_cpu)->Run(views);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    const auto refs = NumberedFiles(set, "output_");
+    ASSERT_EQ(got->size(), want->size());
+    ASSERT_EQ(refs.size(), got->size());
+    for (size_t o = 0; o < got->size(); ++o) {
+      const double vs_cpu = WorstRelative((*got)[o], (*want)[o]);
+      EXPECT_LT(vs_cpu, 1e-5) << "output " << o << " against the CPU target";
+      auto ref = ReadTensorProtoFile(refs[o]);
+      ASSERT_TRUE(ref.ok());
+      const Comparison cmp = CompareTensors((*got)[o], *ref, Tolerance{1e-3, 1e-4});
+      EXPECT_TRUE(cmp.ok) << "output " << o << " against torch: " << cmp.detail;
+      std::printf("[ emulated ] %s output %zu %s: err vs CPU %.2g\n", name, o, ShapeToString((*got)[o].shape()).c_str(),
+                  vs_cpu);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace graphfuse::cuda
