@@ -113,6 +113,30 @@ TEST(FuseGemm, ProjectionsOfOneInputBecomeOneGemm) {
   ExpectClose(unfused.outputs, fused.outputs);
 }
 
+// bf16 projections fuse as f32 ones do (the CUDA target runs them); the CPU, whose GEMMs are
+// f32, refuses the plan when compiling, naming the node and the dtypes.
+TEST(FuseGemm, Bf16ProjectionsFuseAndTheCpuRefusesThem) {
+  Graph g("bf16");
+  Value* x = g.AddInput("x", DType::kBF16, {kM, kK}).value();
+  std::vector<Node*> mms;
+  for (int s = 0; s < 2; ++s) {
+    auto w = std::make_shared<Tensor>(Tensor::Empty(DType::kBF16, {kK, kN}).value());
+    const std::shared_ptr<Tensor> wf = RandomTensor({kK, kN}, 20 + s);
+    for (int64_t i = 0; i < w->numel(); ++i) w->data_as<uint16_t>()[i] = F32ToBF16Bits(wf->data_as<float>()[i]);
+    Value* wv = g.AddConstant(StrCat("w", s), w).value();
+    Node* mm = g.AddNode("MatMul", {x, wv}, {}, StrCat("proj", s)).value();
+    ASSERT_TRUE(g.MarkOutput(mm->output()).ok());
+  }
+  auto piped = RunPipeline(g, cpu::DefaultCpuTarget());
+  ASSERT_TRUE(piped.ok()) << piped.status().ToString();
+  EXPECT_EQ(CountOp(g, "FusedGemm"), 1);
+  for (const Value* o : g.outputs()) EXPECT_EQ(o->dtype(), DType::kBF16);
+  auto plan = ExecutionPlan::Compile(g);
+  ASSERT_FALSE(plan.ok());
+  EXPECT_EQ(plan.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(plan.status().message().find("f32 GEMMs only, not bf16"), std::string::npos) << plan.status().ToString();
+}
+
 TEST(FuseGemm, SwigluRunsAsTheEpilogueOfTheGateUpGemm) {
   auto build = [](Graph& g) {
     Value* h = g.AddInput("h", DType::kF32, {kM, kK}).value();

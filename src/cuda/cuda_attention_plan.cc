@@ -19,7 +19,7 @@ Status PlanAttentionGemms(PlanBuilder& pb, const Node& n, const CudaNodePlan& pl
   prep_args.insert(prep_args.end(), {qd, kd, vd});
   GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), a.prep, std::move(prep_args)));
   const std::string where = StrCat(n.name(), " (attention, ", a.heads, " heads of ", a.s, "x", a.sk, ")");
-  const Sgemm gemm = pb.gemm();
+  const Gemm gemm = pb.gemm();
   const DeviceMemory* mem = &pb.memory;
   if (a.scores_elements > 0 && a.d > 0) {
     pb.steps.push_back({n.name(), [=](cudaStream_t) {

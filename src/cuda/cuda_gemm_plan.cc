@@ -8,14 +8,17 @@
 namespace graphfuse::cuda {
 namespace {
 
+// Element `i` of a buffer of `t`.
+void* At(void* p, int64_t i, DType t) { return static_cast<char*>(p) + i * static_cast<int64_t>(DTypeSize(t)); }
+
 // MatMul: one cuBLAS call, strided-batched over the batch dims A and B share (or broadcast from a
-// matrix); other batch broadcasts and non-f32 operands run on the host.
+// matrix), in f32, f16 or bf16 (f32 sums); other batch broadcasts and other dtypes run on the host.
 Status PlanMatMul(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   const Value* a = n.input(0);
   const Value* b = n.input(1);
   const Value* y = n.output();
   const Shape &as = a->shape(), &bs = b->shape();
-  if (a->dtype() != DType::kF32 || b->dtype() != DType::kF32 || as.size() < 2 || bs.size() < 2)
+  if (a->dtype() != b->dtype() || !GemmTakes(a->dtype(), y->dtype()) || as.size() < 2 || bs.size() < 2)
     return PlanHostFallback(pb, n,
                             Unimplemented("MatMul of ", a->TypeString(), " and ", b->TypeString(), " on the GPU"));
   const int64_t m = as[as.size() - 2], k = as.back(), nn = bs.back();
@@ -41,10 +44,10 @@ Status PlanMatMul(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   GF_ASSIGN_OR_RETURN(void* yp, pb.memory.Buffer(y));
   if (y->numel() == 0) return Status::Ok();
   const std::string where = StrCat(n.name(), " (", batch, " x ", rows, "x", nn, "x", k, ")");
-  const auto* A = static_cast<const float*>(ap);
-  const auto* B = static_cast<const float*>(bp);
-  auto* Y = static_cast<float*>(yp);
-  const Sgemm gemm = pb.gemm();
+  const void* A = ap;
+  const void* B = bp;
+  void* Y = yp;
+  const Gemm gemm = pb.gemm(a->dtype(), y->dtype());
   const DeviceMemory* mem = &pb.memory;
   if (k == 0) {
     const size_t bytes = ValueBytes(y);
@@ -55,7 +58,8 @@ Status PlanMatMul(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
                         }});
   }
   ++pb.stats.launches, ++pb.stats.cublas;
-  pb.lines.push_back(StrCat(n.name(), ": ", plan.what, batch > 1 ? StrCat(" (", batch, " batched)") : ""));
+  pb.lines.push_back(StrCat(n.name(), ": ", plan.what, a->dtype() != DType::kF32 ? StrCat(" in ", DTypeName(a->dtype())) : "",
+                            batch > 1 ? StrCat(" (", batch, " batched)") : ""));
   return Status::Ok();
 }
 
@@ -120,20 +124,26 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   if (n.op() != "FusedGemm") return PlanHostFallback(pb, n, Unimplemented(n.op(), " on the GPU"));
   const Value* a = n.input(0);
   const Value* w = n.input(1);
-  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
-    return PlanHostFallback(pb, n, Unimplemented("non-f32 GEMM"));
+  // The projections are stored in the operands' dtype: f32, or f16 / bf16 (f32 sums, rounded
+  // once), which the epilogue kernel loads like any tensor of that dtype.
+  const DType dt = a->dtype();
+  if (w->dtype() != dt || !GemmTakes(dt, dt))
+    return PlanHostFallback(pb, n, Unimplemented("a GEMM of ", a->TypeString(), " and ", w->TypeString()));
   const int64_t splits = n.GetInt("splits", 1), k = a->shape().back(), nn = w->shape()[1] / splits;
   const int64_t m = k == 0 ? 0 : a->numel() / k;
   const std::vector<int64_t> out_proj = n.GetInts("out_proj");
   GF_ASSIGN_OR_RETURN(void* ap, pb.memory.Buffer(a));
   GF_ASSIGN_OR_RETURN(void* wp, pb.memory.Buffer(w));
-  const float* A = static_cast<const float*>(ap);
-  const float* W = static_cast<const float*>(wp);
+  const void* A = ap;
+  void* W = wp;
+  const size_t esize = DTypeSize(dt);
   const std::string where = StrCat(n.name(), " (", m, "x", nn * splits, "x", k, ")");
-  const Sgemm gemm = pb.gemm();
+  const Gemm gemm = pb.gemm(dt, dt);
+  const std::string in_dt = dt == DType::kF32 ? "" : StrCat(" in ", DTypeName(dt));  // for the plan's lines
 
   if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone) {
-    if (!pb.emu) {
+    // cuBLASLt's epilogue is planned for f32 only; f16 / bf16 take the generated epilogue.
+    if (!pb.emu && dt == DType::kF32) {
       const Status lt_plan = PlanCublasLt(pb, n, plan.cublas_epilogue, m, nn, k);
       // cuBLASLt found no algorithm for this shape and epilogue: GEMM + generated epilogue.
       if (lt_plan.ok() || lt_plan.code() != StatusCode::kUnimplemented) return lt_plan;
@@ -141,8 +151,9 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
     // Emulated (or no cuBLASLt algorithm): the same epilogue as a generated kernel.
     CudaNodePlan generic = plan;
     generic.path = CudaPath::kCublasThenKernel;
-    generic.what = pb.emu ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
-                          : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
+    generic.what = dt != DType::kF32 ? "cuBLAS GEMM, then the generated epilogue (cuBLASLt's epilogue is planned in f32 only)"
+                   : pb.emu         ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
+                                    : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
     GF_ASSIGN_OR_RETURN(CudaKernelSource ek, GenerateGemmEpilogueKernel(n));
     generic.kernels = {std::move(ek)};
     return PlanGemm(pb, n, generic);
@@ -150,7 +161,7 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
 
   // Every projection a node output of its own (q/k/v): the outputs get one [S, M, N] block,
   // so that one strided-batched GEMM writes all of them.
-  std::vector<float*> dst(static_cast<size_t>(splits), nullptr);
+  std::vector<void*> dst(static_cast<size_t>(splits), nullptr);
   std::vector<int64_t> ld(static_cast<size_t>(splits), splits * nn);
   // With many rows, one call per projection instead: each call fills the GPU alone, and the
   // batched call is the faster only for few rows (on an H200, 1 row against 512).
@@ -160,35 +171,34 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   for (size_t o = 0; o < out_proj.size() && batched; ++o)
     batched = out_proj[o] == static_cast<int64_t>(o) && !pb.memory.Has(n.output(o));
   if (batched) {
-    GF_ASSIGN_OR_RETURN(void* p, pb.memory.SharedBuffer(n.outputs(), static_cast<size_t>(splits * m * nn) * 4,
+    GF_ASSIGN_OR_RETURN(void* p, pb.memory.SharedBuffer(n.outputs(), static_cast<size_t>(splits * m * nn) * esize,
                                                         StrCat(n.name(), " outputs")));
-    for (int64_t s = 0; s < splits; ++s)
-      pb.memory.Bind(n.output(static_cast<size_t>(s)), static_cast<float*>(p) + s * m * nn);
-    float* c = static_cast<float*>(p);
+    for (int64_t s = 0; s < splits; ++s) pb.memory.Bind(n.output(static_cast<size_t>(s)), At(p, s * m * nn, dt));
+    void* c = p;
     if (m * nn > 0) {
       pb.steps.push_back({n.name(), [=](cudaStream_t) {
                             return gemm(m, nn, k, A, k, 0, W, splits * nn, nn, c, nn, m * nn, splits, where);
                           }});
       ++pb.stats.launches, ++pb.stats.cublas;
     }
-    pb.lines.push_back(StrCat(n.name(), ": ", plan.what, " (strided-batched over the ", splits, " projections)"));
+    pb.lines.push_back(StrCat(n.name(), ": ", plan.what, in_dt, " (strided-batched over the ", splits, " projections)"));
     return Status::Ok();
   }
   // Otherwise: projection s goes to the node output that IS it, else the workspace.
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0) {
       GF_ASSIGN_OR_RETURN(void* p, pb.memory.Buffer(n.output(o)));
-      dst[static_cast<size_t>(out_proj[o])] = static_cast<float*>(p);
+      dst[static_cast<size_t>(out_proj[o])] = p;
       ld[static_cast<size_t>(out_proj[o])] = nn;
     }
-  float* ws = nullptr;
-  const bool all_in_ws = std::all_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; });
-  if (std::any_of(dst.begin(), dst.end(), [](float* p) { return p == nullptr; })) {
-    GF_ASSIGN_OR_RETURN(void* p,
-                        pb.memory.Scratch(static_cast<size_t>(m * splits * nn) * 4, StrCat(n.name(), " workspace")));
-    ws = static_cast<float*>(p);
+  void* ws = nullptr;
+  const bool all_in_ws = std::all_of(dst.begin(), dst.end(), [](void* p) { return p == nullptr; });
+  if (std::any_of(dst.begin(), dst.end(), [](void* p) { return p == nullptr; })) {
+    GF_ASSIGN_OR_RETURN(void* p, pb.memory.Scratch(static_cast<size_t>(m * splits * nn) * esize,
+                                                   StrCat(n.name(), " workspace")));
+    ws = p;
     for (int64_t s = 0; s < splits; ++s)
-      if (!dst[static_cast<size_t>(s)]) dst[static_cast<size_t>(s)] = ws + s * nn;
+      if (!dst[static_cast<size_t>(s)]) dst[static_cast<size_t>(s)] = At(ws, s * nn, dt);
   }
   if (m * nn > 0) {
     if (all_in_ws) {  // one GEMM over the concatenated weights
@@ -198,10 +208,11 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
       ++pb.stats.launches, ++pb.stats.cublas;
     } else {
       for (int64_t s = 0; s < splits; ++s) {
-        float* c = dst[static_cast<size_t>(s)];
+        void* c = dst[static_cast<size_t>(s)];
         const int64_t ldc = ld[static_cast<size_t>(s)];
+        const void* Ws = At(W, s * nn, dt);
         pb.steps.push_back({n.name(), [=](cudaStream_t) {
-                              return gemm(m, nn, k, A, k, 0, W + s * nn, splits * nn, 0, c, ldc, 0, 1, where);
+                              return gemm(m, nn, k, A, k, 0, Ws, splits * nn, 0, c, ldc, 0, 1, where);
                             }});
         ++pb.stats.launches, ++pb.stats.cublas;
       }
@@ -209,9 +220,9 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   }
   if (plan.path == CudaPath::kCublas) {
     const bool per_projection = splits > 1 && !all_in_ws;
-    pb.lines.push_back(per_projection
-                           ? StrCat(n.name(), ": cuBLAS GEMM, one call per projection (", splits, " of ", m, " rows)")
-                           : StrCat(n.name(), ": ", plan.what));
+    pb.lines.push_back(per_projection ? StrCat(n.name(), ": cuBLAS GEMM", in_dt, ", one call per projection (", splits,
+                                               " of ", m, " rows)")
+                                      : StrCat(n.name(), ": ", plan.what, in_dt));
     return Status::Ok();
   }
   // The epilogue kernel: projections, extra inputs, then the epilogue's outputs.
@@ -225,7 +236,7 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
       GF_ASSIGN_OR_RETURN(void* p, pb.memory.Buffer(n.output(o)));
       args.push_back(p);
     }
-  pb.lines.push_back(StrCat(n.name(), ": ", plan.what, " ", plan.kernels[0].name));
+  pb.lines.push_back(StrCat(n.name(), ": ", plan.what, in_dt, " ", plan.kernels[0].name));
   return pb.AddKernelStep(n.name(), plan.kernels[0], std::move(args));
 }
 

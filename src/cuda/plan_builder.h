@@ -45,8 +45,9 @@ class PlanBuilder {
   // The buffers of a node's inputs, then of its outputs (Unimplemented for an omitted optional
   // input).
   Result<std::vector<void*>> NodeBuffers(const Node& n);
-  // The GEMMs the steps run: cuBLAS on `blas` (none when emulating: on the host).
-  Sgemm gemm() const { return Sgemm{blas}; }
+  // The GEMMs the steps run, of `ab` operands into `c` results: cuBLAS on `blas` (none when
+  // emulating: on the host).
+  Gemm gemm(DType ab = DType::kF32, DType c = DType::kF32) const { return Gemm{blas, ab, c}; }
 
   // The plan and what its steps use: set up by CudaExecutor::Create, appended to by the node
   // planners (cuda_gemm_plan.h, cuda_attention_plan.h, host_fallback.h, cuda_executor.cc).

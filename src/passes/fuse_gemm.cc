@@ -31,12 +31,13 @@
 namespace graphfuse {
 namespace {
 
-// A MatMul the fused GEMM can run: f32 A of rank >= 2 by constant 2-D f32 weights.
+// A MatMul the fused GEMM can run: A of rank >= 2 by constant 2-D weights of the same float
+// dtype (f32; f16 and bf16 where the target runs them: the CUDA target's cuBLAS calls).
 bool IsProjection(const Node* n) {
   if (n->op() != "MatMul") return false;
   const Value* a = n->input(0);
   const Value* b = n->input(1);
-  return a && b && a->dtype() == DType::kF32 && b->dtype() == DType::kF32 && a->shape().size() >= 2 &&
+  return a && b && IsFloat(a->dtype()) && b->dtype() == a->dtype() && a->shape().size() >= 2 &&
          b->shape().size() == 2 && b->constant() != nullptr;
 }
 
@@ -201,7 +202,8 @@ class GemmFuser {
     auto epilogue = std::make_shared<Graph>("epilogue");
     std::map<const Value*, Value*> emap;
     for (int64_t s = 0; s < S; ++s) {
-      GF_ASSIGN_OR_RETURN(emap[projections[s]->output()], epilogue->AddInput(StrCat("p", s), DType::kF32, out_shape));
+      GF_ASSIGN_OR_RETURN(emap[projections[s]->output()],
+                          epilogue->AddInput(StrCat("p", s), projections[s]->output()->dtype(), out_shape));
     }
     for (size_t e = 0; e < extras.size(); ++e) {
       GF_ASSIGN_OR_RETURN(emap[extras[e]], epilogue->AddInput(StrCat("in", e), extras[e]->dtype(), extras[e]->shape()));
@@ -226,11 +228,14 @@ class GemmFuser {
     // Weights: the projection's own constant, or the columns of all S side by side.
     Value* weights = projections.front()->input(1);
     if (S > 1) {
-      GF_ASSIGN_OR_RETURN(Tensor cat, Tensor::Empty(DType::kF32, {k, S * n}));
-      float* dst = cat.data_as<float>();
+      const DType wt = projections.front()->input(1)->dtype();
+      const size_t es = DTypeSize(wt);
+      GF_ASSIGN_OR_RETURN(Tensor cat, Tensor::Empty(wt, {k, S * n}));
+      auto* dst = static_cast<char*>(cat.data());
       for (int64_t s = 0; s < S; ++s) {
-        const float* src = projections[s]->input(1)->constant()->data_as<float>();
-        for (int64_t r = 0; r < k; ++r) std::copy(src + r * n, src + (r + 1) * n, dst + r * S * n + s * n);
+        const auto* src = static_cast<const char*>(projections[s]->input(1)->constant()->data());
+        for (int64_t r = 0; r < k; ++r)
+          std::copy(src + r * n * es, src + (r + 1) * n * es, dst + (r * S * n + s * n) * es);
       }
       GF_ASSIGN_OR_RETURN(weights, g_.AddConstant(g_.FreshName(projections.front()->name() + "_weights_x" +
                                                                std::to_string(S)),
@@ -254,7 +259,7 @@ class GemmFuser {
     auto reference = std::make_shared<Graph>("reference");
     std::map<const Value*, Value*> rmap;
     GF_ASSIGN_OR_RETURN(Value * ra, reference->AddInput("a", a->dtype(), a->shape()));
-    GF_ASSIGN_OR_RETURN(Value * rw, reference->AddInput("w", DType::kF32, weights->shape()));
+    GF_ASSIGN_OR_RETURN(Value * rw, reference->AddInput("w", weights->dtype(), weights->shape()));
     for (size_t e = 0; e < extras.size(); ++e) {
       GF_ASSIGN_OR_RETURN(rmap[extras[e]], reference->AddInput(StrCat("in", e), extras[e]->dtype(), extras[e]->shape()));
     }
@@ -292,8 +297,8 @@ class GemmFuser {
     FusedGroupInfo info;
     info.name = g_.FreshName("fused_gemm");
     info.kind = members.empty() ? "gemm_horizontal" : "gemm_epilogue";
-    info.kernel_name = StrCat("gemm_", m, "x", S * n, "x", k, S > 1 ? StrCat("_split", S) : "", ops, "_f32_",
-                              KernelHash(*epilogue));
+    info.kernel_name = StrCat("gemm_", m, "x", S * n, "x", k, S > 1 ? StrCat("_split", S) : "", ops, "_",
+                              DTypeName(a->dtype()), "_", KernelHash(*epilogue));
     for (Node* p : projections) info.nodes.push_back(p->name());
     for (Node* mem : members) {
       auto it = report_ ? std::find_if(report_->groups.begin(), report_->groups.end(),

@@ -744,3 +744,116 @@ TEST(CudaHostEmulation, AttentionPrepReadsF16AndBf16IntoTheF32Scratch) {
 
 }  // namespace
 }  // namespace graphfuse::cuda
+
+namespace graphfuse::cuda {
+namespace {
+
+// ---- GEMMs in f16 and bf16 ----------------------------------------------------------------------
+
+// A tensor of `dt` holding `values` rounded to dt, and the f32 tensor of the same rounded values.
+std::pair<std::shared_ptr<Tensor>, std::shared_ptr<Tensor>> RoundedPair(DType dt, const Shape& shape, std::mt19937& rng) {
+  auto narrow = std::make_shared<Tensor>(Tensor::Empty(dt, shape).value());
+  auto wide = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, shape).value());
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (int64_t i = 0; i < narrow->numel(); ++i) {
+    const float v = u(rng);
+    const uint16_t bits = dt == DType::kBF16 ? F32ToBF16Bits(v) : F32ToF16Bits(v);
+    narrow->data_as<uint16_t>()[i] = bits;
+    wide->data_as<float>()[i] = dt == DType::kBF16 ? BF16BitsToF32(bits) : F16BitsToF32(bits);
+  }
+  return {narrow, wide};
+}
+
+// x [2,5,24] -> MatMul W1 [24,40] + b1 -> Relu -> MatMul W2 [40,16] -> + x2 [2,5,16], and a batched
+// product of two inputs [2,3,5,8] x [2,3,8,7], all in `dt`.
+struct GemmGraphs {
+  Graph narrow{"narrow"}, wide{"wide"};
+  std::vector<Tensor> narrow_in, wide_in;
+};
+
+void BuildGemmGraphs(DType dt, GemmGraphs& gg) {
+  std::mt19937 rng(dt == DType::kBF16 ? 41 : 42);
+  auto w1 = RoundedPair(dt, {24, 40}, rng), b1 = RoundedPair(dt, {40}, rng), w2 = RoundedPair(dt, {40, 16}, rng);
+  const std::vector<Shape> in_shapes = {{2, 5, 24}, {2, 5, 16}, {2, 3, 5, 8}, {2, 3, 8, 7}};
+  for (const Shape& s : in_shapes) {
+    auto p = RoundedPair(dt, s, rng);
+    gg.narrow_in.push_back(std::move(*p.first));
+    gg.wide_in.push_back(std::move(*p.second));
+  }
+  for (Graph* g : {&gg.narrow, &gg.wide}) {
+    const bool n = g == &gg.narrow;
+    const DType t = n ? dt : DType::kF32;
+    // The f32 reference rounds every op's result to dt, where the narrow plan stores it.
+    auto op = [&](const std::string& name, std::vector<Value*> args) {
+      Value* v = g->AddNode(name == "residual" || name == "bias" ? "Add" : name == "relu" ? "Relu" : "MatMul", args, {},
+                            name).value()->output();
+      if (n) return v;
+      Value* r = g->AddNode("Cast", {v}, {{"to", static_cast<int64_t>(dt)}}, name + "_round").value()->output();
+      return g->AddNode("Cast", {r}, {{"to", static_cast<int64_t>(DType::kF32)}}, name + "_f32").value()->output();
+    };
+    std::vector<Value*> in;
+    for (size_t i = 0; i < in_shapes.size(); ++i) in.push_back(g->AddInput(StrCat("in", i), t, in_shapes[i]).value());
+    Value* h = op("mm1", {in[0], g->AddConstant("w1", n ? w1.first : w1.second).value()});
+    h = op("bias", {h, g->AddConstant("b1", n ? b1.first : b1.second).value()});
+    h = op("relu", {h});
+    h = op("mm2", {h, g->AddConstant("w2", n ? w2.first : w2.second).value()});
+    Value* y = op("residual", {h, in[1]});
+    Value* z = op("batched", {in[2], in[3]});
+    ASSERT_TRUE(g->MarkOutput(y).ok());
+    ASSERT_TRUE(g->MarkOutput(z).ok());
+  }
+}
+
+// The emulated CUDA plans of f16 and bf16 GEMMs (one MatMul batched over heads, and linear layers
+// with their epilogues) against the CPU running the same graph in f32 on the same rounded values,
+// each op's result rounded to the narrow dtype as the plan stores it: they agree to about one
+// unit in the last place (sums in f32 or double may round the other way).
+TEST(CudaHostEmulation, GemmsInF16AndBf16MatchTheCpuOnRoundedValues) {
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    for (bool fuse : {false, true}) {
+      SCOPED_TRACE(fuse ? "fused" : "unfused");
+      GemmGraphs gg;
+      BuildGemmGraphs(dt, gg);
+      Graph& g = gg.narrow;
+      PipelineOptions po;
+      po.fusion.enabled = fuse;
+      auto piped = RunPipeline(g, cuda::DefaultCudaTarget(), po);
+      ASSERT_TRUE(piped.ok()) << piped.status().ToString();
+      auto want = Execute(gg.wide, Views(gg.wide_in), CpuContext{});
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      CudaExecOptions o;
+      o.emulate = true;
+      auto ex = CudaExecutor::Create(g, o);
+      ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+      auto got = (*ex)->Run(Views(gg.narrow_in));
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      ASSERT_EQ(got->size(), 2u);
+      const double ulp = dt == DType::kBF16 ? 1.0 / 128 : 1.0 / 1024;  // 2^-7, 2^-10: twice the unit roundoff
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ((*got)[k].dtype(), dt);
+        const double worst = ExpectClose((*got)[k], (*want)[k], 2 * ulp, ulp / 8, StrCat("output ", k));
+        std::printf("[ emulated ] %s GEMMs %s, output %zu: max |err| vs the rounded CPU run %.3g\n", DTypeName(dt),
+                    fuse ? "fused" : "unfused", k, worst);
+      }
+      std::string plan;
+      for (const std::string& l : (*ex)->describe()) plan += l + "\n";
+      EXPECT_EQ((*ex)->stats().host_fallbacks, 0) << plan;  // every GEMM has its GPU path
+      EXPECT_GE((*ex)->stats().cublas, 3) << plan;
+      // Unfused, every MatMul is one cuBLAS call in dt; fused, the linear layers are GEMMs in dt
+      // whose bias, Relu and residual run as a generated epilogue.
+      int narrow_gemms = 0, epilogues = 0;
+      for (const std::string& l : (*ex)->describe()) {
+        if (l.find("cuBLAS GEMM") == std::string::npos || l.find(StrCat(" in ", DTypeName(dt))) == std::string::npos)
+          continue;
+        ++narrow_gemms;
+        epilogues += l.find("then the generated epilogue") != std::string::npos;
+      }
+      EXPECT_EQ(narrow_gemms, 3) << plan;
+      EXPECT_EQ(epilogues, fuse ? 2 : 0) << plan;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace graphfuse::cuda

@@ -110,6 +110,9 @@ struct PackedProjections {
 Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
   const Value* a = node.input(0);
   const Value* w = node.input(1);
+  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
+    return Unimplemented(node.Describe(), ": the CPU runs f32 GEMMs only, not ", a->TypeString(), " x ",
+                         w->TypeString());
   if (!w->constant() || a->numel() == 0 || w->numel() == 0) return std::shared_ptr<const void>();
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
   auto packed = std::make_shared<PackedProjections>();

@@ -37,8 +37,11 @@ namespace {
 Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
   const Value* a = ctx.input(0);
   const Value* w = ctx.input(1);
-  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
-    return InvalidArgument(ctx.Describe(), ": FusedGemm runs f32 GEMMs only");
+  // A and W of one float dtype; the projections come out in it (sums in f32, rounded once).
+  if (!IsFloat(a->dtype()) || w->dtype() != a->dtype())
+    return InvalidArgument(ctx.Describe(), ": FusedGemm takes A and W of one float dtype, got ", a->TypeString(),
+                           " and ", w->TypeString());
+  const DType pt = a->dtype();
   GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(ctx.Describe(), a->shape(), w->shape(), ctx.GetInt("splits", 1)));
   const std::vector<int64_t> out_proj = ctx.GetInts("out_proj");
   if (out_proj.empty()) return InvalidArgument(ctx.Describe(), ": needs an 'out_proj' attribute (one entry per output)");
@@ -64,7 +67,7 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
     for (size_t i = 0; i < epi->inputs().size(); ++i) {
       const Value* b = epi->inputs()[i];
       const bool proj = i < static_cast<size_t>(g.splits);
-      const DType dt = proj ? DType::kF32 : ctx.inputs[2 + i - g.splits]->dtype();
+      const DType dt = proj ? pt : ctx.inputs[2 + i - g.splits]->dtype();
       const Shape& sh = proj ? g.out_shape : ctx.inputs[2 + i - g.splits]->shape();
       if (b->dtype() != dt || b->shape() != sh)
         return InvalidArgument(ctx.Describe(), ": epilogue input ", i, " must be ", TypeStr(dt, sh));
@@ -77,7 +80,7 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
   for (int64_t s : out_proj) {
     if (s >= 0) {
       if (s >= g.splits) return InvalidArgument(ctx.Describe(), ": out_proj names projection ", s, " of ", g.splits);
-      out.push_back({DType::kF32, g.out_shape});
+      out.push_back({pt, g.out_shape});
     } else {
       if (!epi || next_epi >= epi->outputs().size())
         return InvalidArgument(ctx.Describe(), ": more epilogue outputs in out_proj than the epilogue has");
