@@ -189,9 +189,18 @@ else
   echo "FAIL make_cli_models.py (python3-onnx missing? scripts/setup.sh installs it)"; fail=1
 fi
 check run-no-model 2 "$GF" run
+check run-dtype-unknown 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --dtype f64
+echo "$LAST" | grep -q "f32, bf16 or f16" || { echo "FAIL run --dtype f64: the message does not name the dtypes"; fail=1; }
+check run-dtype-cpu 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --dtype bf16
+echo "$LAST" | grep -q "backend cuda" || { echo "FAIL run --dtype bf16 on the CPU: the message does not say where it runs"; fail=1; }
 if "$GF" --help | grep -q -- "--emulate-gpu"; then
   check run-emulated-gpu 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda --emulate-gpu
   echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --emulate-gpu: no agreement with the CPU"; echo "$LAST"; fail=1; }
+  # --dtype: the model converted to bf16 / f16 for the (emulated) GPU, against the CPU's f32 plan.
+  for dt in bf16 f16; do
+    check run-emulated-gpu-$dt 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" --backend cuda --emulate-gpu --dtype $dt
+    echo "$LAST" | grep -q "cuda ($dt)" && echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --dtype $dt: no $dt plan agreeing with the CPU"; echo "$LAST"; fail=1; }
+  done
 fi
 check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);

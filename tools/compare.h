@@ -15,6 +15,10 @@ namespace graphfuse::cli {
 // The defaults of --rtol / --atol for `run` and `bench`.
 inline constexpr double kDefaultRtol = 1e-4, kDefaultAtol = 1e-5;
 
+// The default tolerance (relative and absolute) of a model computed in bf16 or f16 against its
+// f32 plan: the README's accuracy contract.
+inline double NarrowTolerance(DType t) { return t == DType::kBF16 ? 5e-2 : 1e-2; }
+
 struct OutputReport {
   std::string name;
   double max_abs = 0, max_rel = 0;  // over finite errors

@@ -18,6 +18,7 @@
 #include "fusion_report.h"
 #include "json.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
 #include "cpu/executor.h"
@@ -33,6 +34,8 @@ struct RunOptions {
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   int threads = 0;
   bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
+  bool rtol_set = false, atol_set = false;
+  DType dtype = DType::kF32;  // what the model computes in (--dtype)
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
 };
@@ -50,8 +53,16 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else if (f == "--rtol") {
       GF_ASSIGN_OR_RETURN(o.rtol, args.Float(f, 0, 1e6));
+      o.rtol_set = true;
     } else if (f == "--atol") {
       GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
+      o.atol_set = true;
+    } else if (f == "--dtype") {
+      GF_ASSIGN_OR_RETURN(std::string v, args.Value(f));
+      if (v == "f32") o.dtype = DType::kF32;
+      else if (v == "bf16") o.dtype = DType::kBF16;
+      else if (v == "f16") o.dtype = DType::kF16;
+      else return InvalidArgument("run: --dtype takes f32, bf16 or f16, not '", v, "'");
     } else if (f == "--threads") {
       GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
       o.threads = static_cast<int>(t);
@@ -83,6 +94,16 @@ Result<RunOptions> ParseRun(Args& args) {
   if (!o.data.empty() && !o.shapes.empty())
     return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
   if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
+  if (o.dtype != DType::kF32 && o.backend != "cuda")
+    return InvalidArgument("run: --dtype ", DTypeName(o.dtype), " runs on --backend cuda (--emulate-gpu without a GPU); ",
+                           "the CPU's GEMMs are f32 only so far");
+  // A narrow plan is compared with the f32 CPU plan within its dtype's tolerance (README,
+  // "Accuracy contract"), unless --rtol / --atol say otherwise.
+  if (o.dtype != DType::kF32) {
+    const double tol = NarrowTolerance(o.dtype);
+    if (!o.rtol_set) o.rtol = tol;
+    if (!o.atol_set) o.atol = tol;
+  }
   return o;
 }
 
@@ -222,21 +243,35 @@ int RunModel(Args& args) {
 
 #ifdef GF_HAVE_CUDA
   // --backend cuda: the same plan on the GPU; its outputs are the ones reported, after a
-  // comparison with the CPU's on the same inputs.
+  // comparison with the CPU's on the same inputs. With --dtype bf16 / f16 the GPU runs the model
+  // converted to that dtype (planned afresh), against the CPU's f32 plan.
   std::vector<std::string> cuda_lines;
   std::vector<OutputReport> cuda_vs_cpu;
+  std::unique_ptr<Graph> narrow;
+  if (o.backend == "cuda" && o.dtype != DType::kF32) {
+    auto fresh = (*onnx)->Instantiate(*binding);
+    if (!fresh.ok()) return Fail(fresh.status());
+    auto converted = ConvertPrecision(**fresh, o.dtype);
+    if (!converted.ok()) return Fail(converted.status().WithContext(StrCat(o.model, ": --dtype ", DTypeName(o.dtype))));
+    narrow = std::move(*converted);
+    PipelineOptions narrow_pipeline;
+    narrow_pipeline.fusion = o.fusion;
+    if (auto r = RunPipeline(*narrow, **target, narrow_pipeline); !r.ok())
+      return Fail(r.status().WithContext(StrCat(o.model, ": --dtype ", DTypeName(o.dtype))));
+  }
   if (o.backend == "cuda") {
     cuda::CudaExecOptions co;
     co.cuda_graph = o.cuda_graph;
     co.emulate = o.emulate_gpu;
-    auto ex = cuda::CudaExecutor::Create(g, co);
+    auto ex = cuda::CudaExecutor::Create(narrow ? *narrow : g, co);
     if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
     auto gpu = (*ex)->Run(views);
     if (!gpu.ok()) return Fail(gpu.status().WithContext(StrCat(o.model, ": --backend cuda")));
     for (size_t i = 0; i < outputs.size(); ++i)
       cuda_vs_cpu.push_back(Compare(g.outputs()[i]->name(), (*gpu)[i], outputs[i], o.rtol, o.atol));
     const cuda::CudaExecStats& cs = (*ex)->stats();
-    cuda_lines.push_back(StrCat("cuda: ", cs.launches, " launches per run (", cs.generated, " generated kernels, ",
+    cuda_lines.push_back(StrCat("cuda", narrow ? StrCat(" (", DTypeName(o.dtype), ")") : "", ": ", cs.launches,
+                                " launches per run (", cs.generated, " generated kernels, ",
                                 cs.cublas, " cuBLAS calls, ", cs.host_fallbacks, " on the host)",
                                 o.cuda_graph ? ", replayed as one CUDA graph" : "",
                                 o.emulate_gpu ? "; emulated on the host, no GPU used" : ""));

@@ -1,0 +1,22 @@
+// A model computing in f16 or bf16: the graph rebuilt with its float values in that dtype.
+#pragma once
+
+#include <memory>
+
+#include "graphfuse/dtype.h"
+#include "graphfuse/graph.h"
+#include "graphfuse/status.h"
+
+namespace graphfuse {
+
+// `src` (not yet through the pass pipeline) with every f32 value in `dt` (f16 or bf16):
+//   - f32 constants are converted once (rounded to nearest even), as weights load;
+//   - f32 inputs keep their type and are cast to dt where read; f32 outputs are cast back from
+//     dt, keeping their names, so callers give and get what the model declares;
+//   - each node is rebuilt on its converted inputs; a Cast to f32 of a float becomes a Cast to dt.
+//     A node whose op refuses dt (its inference is f32 only) runs in f32 between casts, so every
+//     op keeps working while the rest of the graph stays narrow.
+// Kernels then load dt, compute in f32 and round what they store. dt == f32 gives a copy.
+Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt);
+
+}  // namespace graphfuse
