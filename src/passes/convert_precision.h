@@ -14,8 +14,6 @@ namespace graphfuse {
 //   - f32 inputs keep their type and are cast to dt where read; f32 outputs are cast back from
 //     dt, keeping their names, so callers give and get what the model declares;
 //   - each node is rebuilt on its converted inputs; a Cast to f32 of a float becomes a Cast to dt.
-//     A node whose op refuses dt (its inference is f32 only) runs in f32 between casts, so every
-//     op keeps working while the rest of the graph stays narrow.
 // Kernels then load dt, compute in f32 and round what they store. dt == f32 gives a copy.
 Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt);
 
