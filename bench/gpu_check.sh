@@ -105,6 +105,21 @@ if part quick; then
   runtime_tests
 fi
 
+# The test blocks computed in bf16 and f16 on the GPU (`run --dtype`), against the CPU's f32
+# plan within the dtype's tolerance: the narrow kernels and GEMMs on a device for the first time.
+narrow_runs() {
+  for m in llama_block_opset17 gpt2_block_opset17 bert_layer_opset17 mlp_gelu_opset17; do
+    for dt in bf16 f16; do
+      step "run_${m}_$dt" 30 $GF run "tests/models/$m/model.onnx" --data "tests/models/$m/test_data_set_0" --backend cuda \
+        --dtype $dt
+    done
+  done
+}
+
+if part quick; then
+  narrow_runs
+fi
+
 if part 1; then
   # What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi; the
   # LLaMA-7B decode block; PyTorch eager and torch.compile on the same block. Then the runtime
@@ -117,11 +132,12 @@ if part 1; then
   runtime_tests
   demo_block 512 11
   torch_block torch_compile_ro_seq1_f32 120 --seq 1 --compile --mode reduce-overhead
+  narrow_runs
 fi
 
 if part 2; then
   step cuda_tests 200 "$TESTS" --gtest_filter='-CudaRuntime.*'
-  # Prefill, and bf16 for PyTorch (graphfuse's GPU GEMMs are f32 only).
+  # Prefill, and bf16 for PyTorch (graphfuse's demo block is f32; `run --dtype` covers bf16).
   for seq in 1 512; do
     for dt in f32 bf16; do
       [ "$seq$dt" = "1f32" ] && continue
