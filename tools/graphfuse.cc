@@ -154,7 +154,8 @@ constexpr HelpSection kCommands[] = {
 )",
      false, true, true},
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
-                 [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu] [fusion flags]
+                 [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu]
+                 [--cuda-attention flash|gemms] [fusion flags]
         imports an ONNX model (opsets 1-21) for the shapes of its inputs (symbolic dims take
         the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
         from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
@@ -167,7 +168,10 @@ constexpr HelpSection kCommands[] = {
         CUDA graph), compares its outputs with the CPU's and reports the GPU's; exits 2 when
         there is no device or the build has no CUDA toolkit. --emulate-gpu runs that same CUDA
         plan on the host instead (generated kernels compiled as C++ by `c++`, one thread per
-        CUDA thread; slow, no GPU needed): a check of the plan and of every generated kernel
+        CUDA thread; slow, no GPU needed): a check of the plan and of every generated kernel.
+        --cuda-attention picks how attention with many query rows per head (prefill) runs on
+        the GPU: one flash-style kernel (flash, the default) or cuBLAS GEMMs around generated
+        prep and softmax kernels (gemms)
 )",
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
