@@ -4,6 +4,7 @@
 // off the tile sizes, grouped K / V heads, two head widths, causal and padding masks (batch
 // entries padded differently, rows whose every key is masked), RoPE and the layouts; and
 // chosen by the plan for prefill, through the emulated CUDA executor on the exported blocks.
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -273,6 +274,71 @@ TEST(FlashAttention, CompilesThroughNvrtcForEveryMaskAndDtype) {
       auto ptx = compiler.Compile(*k);
       ASSERT_TRUE(ptx.ok()) << ptx.status().ToString() << "\n" << k->source;
     }
+  }
+}
+
+// The key tiles a causal mask drops are left out: the kernel, with a counter added where it
+// leaves a tile out, counts them over 130 rows of 4 heads (query tiles of 32 rows, key tiles of
+// 64: the query tiles leave out 2, 2, 1, 1 and 0 key tiles), and still matches the CPU. Under a
+// mask of -1e9 rather than -inf, rows whose every key is masked (batch 1's first 3) keep their
+// query tile's key tiles in: their softmax spreads over every key, as on the CPU.
+TEST(FlashAttention, CausalMaskLeavesKeyTilesOut) {
+  struct Skips {
+    FlashCase c;
+    int64_t tiles;
+  } cases[] = {{{1, 4, 4, 130, 16, MaskKind::kCausal}, 4 * 6},
+               {{2, 4, 4, 130, 16, MaskKind::kCausalPadded}, 4 * 6 + 4 * 4},
+               {{1, 4, 2, 130, 16, MaskKind::kCausalBool}, 4 * 6}};
+  for (const Skips& sk : cases) {
+    const FlashCase& c = sk.c;
+    SCOPED_TRACE(Label(c));
+    auto g = ParseGraph(FlashGraphText(c));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    const Node* fa = OnlyAttention(**g);
+    auto k = GenerateFlashAttentionKernel(*fa);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    ASSERT_NE(k->name.find("_bc64_causal_"), std::string::npos) << k->name;
+    const std::string counted = k->name + "_counted";
+    std::string src = k->source;
+    const size_t name_at = src.find(k->name);
+    ASSERT_NE(name_at, std::string::npos);
+    src.replace(name_at, k->name.size(), counted);
+    const std::string skip = "if (skip) continue;";
+    const size_t skip_at = src.find(skip);
+    ASSERT_NE(skip_at, std::string::npos);
+    src.replace(skip_at, skip.size(), "if (skip) { if (tid == 0) gf_tiles_left_out += 1; continue; }");
+    const size_t kernel_at = src.find("extern \"C\" __global__");
+    ASSERT_NE(kernel_at, std::string::npos);
+    src.insert(kernel_at, "extern \"C\" { long long gf_tiles_left_out = 0; }\n");
+    CudaKernelSource ck = *k;
+    ck.name = counted, ck.source = src;
+    auto host = HostKernel::Build(ck);
+    ASSERT_TRUE(host.ok()) << host.status().ToString();
+    const std::vector<Tensor> ins = FlashInputs(**g, c, 400);
+    std::vector<Tensor> operands;
+    for (const Value* v : fa->inputs()) {
+      const auto& gi = (*g)->inputs();
+      operands.push_back(v->constant() ? ConvertedTo(*v->constant(), v->dtype())
+                                       : ConvertedTo(ins[static_cast<size_t>(std::find(gi.begin(), gi.end(), v) - gi.begin())],
+                                                     v->dtype()));
+    }
+    auto want = Execute(**g, Views(ins), CpuContext{});
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    std::vector<void*> args;
+    for (Tensor& t : operands) args.push_back(t.data());
+    Tensor got = Tensor::Empty(DType::kF32, (*want)[0].shape()).value();
+    args.push_back(got.data());
+    (*host)->Launch(args, 3);
+    const std::filesystem::path so =
+        std::filesystem::temp_directory_path() / "graphfuse_host_emulation" / (counted + "_h1.so");
+    void* h = dlopen(so.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    ASSERT_NE(h, nullptr) << so << ": " << dlerror();
+    const auto* left_out = static_cast<const long long*>(dlsym(h, "gf_tiles_left_out"));
+    ASSERT_NE(left_out, nullptr);
+    EXPECT_EQ(*left_out, sk.tiles);
+    dlclose(h);
+    ExpectClose(got, (*want)[0], 1e-4, 1e-5, "output");
+    std::printf("[ emulated ] %s: %lld key tiles left out\n", Label(c).c_str(), *left_out);
   }
 }
 
