@@ -31,6 +31,7 @@ namespace {
 
 struct RunOptions {
   std::string model, data, json, backend = "cpu";
+  std::string cuda_attention;  // "flash" / "gemms": prefill attention's form on the CUDA backend
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   int threads = 0;
   bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
@@ -76,6 +77,8 @@ Result<RunOptions> ParseRun(Args& args) {
       o.cuda_graph = true;
     } else if (f == "--emulate-gpu") {
       o.emulate_gpu = true;
+    } else if (f == "--cuda-attention") {
+      GF_ASSIGN_OR_RETURN(o.cuda_attention, args.Value(f));
     } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
       return fusion_flag.status();
     } else if (*fusion_flag) {
@@ -89,8 +92,8 @@ Result<RunOptions> ParseRun(Args& args) {
     }
   }
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
-  if ((o.cuda_graph || o.emulate_gpu) && o.backend != "cuda")
-    return InvalidArgument("run: --cuda-graph and --emulate-gpu need --backend cuda");
+  if ((o.cuda_graph || o.emulate_gpu || !o.cuda_attention.empty()) && o.backend != "cuda")
+    return InvalidArgument("run: --cuda-graph, --emulate-gpu and --cuda-attention need --backend cuda");
   if (!o.data.empty() && !o.shapes.empty())
     return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
   if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
@@ -104,6 +107,8 @@ Result<RunOptions> ParseRun(Args& args) {
     if (!o.rtol_set) o.rtol = tol;
     if (!o.atol_set) o.atol = tol;
   }
+  if (!o.cuda_attention.empty() && o.cuda_attention != "flash" && o.cuda_attention != "gemms")
+    return InvalidArgument("run: --cuda-attention '", o.cuda_attention, "': expected flash or gemms");
   return o;
 }
 
@@ -263,6 +268,11 @@ int RunModel(Args& args) {
     cuda::CudaExecOptions co;
     co.cuda_graph = o.cuda_graph;
     co.emulate = o.emulate_gpu;
+    if (!o.cuda_attention.empty()) {
+      auto form = cuda::ParsePrefillAttention(o.cuda_attention);
+      if (!form.ok()) return Fail(form.status().WithContext("run: --cuda-attention"));
+      co.plan.prefill_attention = *form;
+    }
     auto ex = cuda::CudaExecutor::Create(narrow ? *narrow : g, co);
     if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
     auto gpu = (*ex)->Run(views);

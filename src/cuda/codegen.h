@@ -105,6 +105,15 @@ struct DecodeAttentionKernels {
   int64_t partial_elements = 0;  // floats of part
 };
 Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, const DecodeSplitOptions& options = {});
+
+// FusedAttention as one flash-style kernel for many query rows per head (codegen_flash.cc): a
+// thread block per tile of query rows of one head, K / V tiles staged in shared memory, an
+// online softmax, the output accumulated in registers; no scores in memory. Parameters as
+// GenerateAttentionKernel's; launch kCudaBlockSize threads per block, any grid. Named
+// "flash_attention_..._br<rows>_bc<keys>[_causal]_<dtype>_<hash8>" (_causal: key tiles a
+// constant causal mask drops are left out). Unimplemented for heads wider than 256 and empty
+// problems.
+Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node);
 // Transpose (any dtype): parameters x, y.
 Result<CudaKernelSource> GenerateTransposeKernel(const Node& node);
 // Rope (rotate-half): parameters x, cos, sin, y.
@@ -135,6 +144,11 @@ enum class CudaPath {
   kAttentionGemms,   // FusedAttention with many query rows: 2 generated kernels around 2 cuBLAS calls
   kDecodeAttention,  // FusedCachedAttention at decode: the split kernel, then the combine kernel
 };
+// How a FusedAttention with more query rows per head than attention_rows_one_kernel runs.
+enum class PrefillAttention {
+  kFlash,  // one flash-style kernel (GenerateFlashAttentionKernel); the GEMM form where it is refused
+  kGemms,  // the GEMM form (GenerateAttentionGemmKernels)
+};
 struct CudaNodePlan {
   CudaPath path = CudaPath::kKernel;
   std::string what;  // for reports: "generated row kernel", "cuBLASLt GEMM with its epilogue", ...
@@ -145,13 +159,16 @@ struct CudaNodePlan {
 };
 struct CudaPlanOptions {
   // A FusedAttention with at most this many query rows per head (decode: 1) runs as one
-  // generated kernel; with more, as GEMMs (GenerateAttentionGemmKernels).
+  // generated kernel with a block per row; with more, as prefill_attention says.
   int64_t attention_rows_one_kernel = 16;
   // A FusedCachedAttention with at most attention_rows_one_kernel query rows per head runs as
   // the decode kernels, split as these say (CudaExecutor sets sms from the device); with more,
   // its reference graph runs.
   DecodeSplitOptions decode;
+  PrefillAttention prefill_attention = PrefillAttention::kFlash;
 };
+// "flash" / "gemms" (as tools/run's --cuda-attention takes them).
+Result<PrefillAttention> ParsePrefillAttention(const std::string& name);
 // Errors name the node and say what is missing (Unimplemented for ops with no CUDA path yet).
 Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options = {});
 

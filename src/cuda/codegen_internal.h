@@ -1,11 +1,13 @@
 // Pieces of the CUDA code generator shared by its kernel families (codegen.cc: elementwise
-// groups; codegen_rows.cc: norms, softmax, RoPE and GEMM epilogues). Not a public interface.
+// groups; codegen_rows.cc: norms, softmax, RoPE and GEMM epilogues; codegen_attention.cc:
+// FusedAttention's forms). Not a public interface.
 #pragma once
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
+#include "codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/ops.h"
 
@@ -84,5 +86,23 @@ struct BodyFunction {
 };
 Result<BodyFunction> EmitBodyFunction(const Graph& body, const std::string& fn, const std::string& where,
                                       std::vector<bool>& used);
+
+// ---- row kernels and attention (codegen_rows.cc) ----
+
+// Block reductions (gf::block_sum in double, gf::block_max) for kernels of kCudaBlockSize
+// threads, placed inside namespace gf after the op rows.
+extern const char* const kRowPrelude;
+// Float data of any dtype: loaded into f32, computed in f32 (sums in double), rounded once when
+// stored. For f32 these give the plain C text (no conversion calls), for f16 / bf16 the
+// prelude's conversions.
+// The element `ref` (of dtype dt) as a float.
+std::string LoadF32(DType dt, const std::string& ref);
+// The statement storing float `value` at base[off] (of dtype dt).
+std::string StoreTo(DType dt, const std::string& base, const std::string& off, const std::string& value);
+// Float `value` rounded to dt's precision, as storing it to dt and loading it back would.
+std::string RoundedTo(DType dt, const std::string& value);
+// Names the kernel "<base>_<dtype>_<hash8>", the hash over the source without the name.
+CudaKernelSource Finish(const std::string& head, const std::string& tail, const std::string& base, DType dt,
+                        CudaKernelSource k);
 
 }  // namespace graphfuse::cuda::internal

@@ -1,6 +1,6 @@
 // CUDA C for the kernels around the GEMMs: row kernels (RMSNorm, LayerNormalization, Softmax,
-// and FusedNorm / FusedSoftmax with their elementwise bodies), attention, RoPE, transposes and
-// the epilogue of a FusedGemm. (How each node of a plan runs on the GPU, PlanNodeForCuda, is in
+// and FusedNorm / FusedSoftmax with their elementwise bodies), RoPE, transposes and the epilogue
+// of a FusedGemm; FusedAttention's forms are in codegen_attention.cc. (How each node of a plan runs on the GPU, PlanNodeForCuda, is in
 // kernel_registry.cc.)
 //
 // Row kernels: one thread block of kCudaBlockSize threads per row (grid-stride over rows). A
@@ -17,25 +17,18 @@
 // softmax's probabilities as Softmax stores them). For f32 the text is the plain C of before.
 #include <algorithm>
 #include <cctype>
-#include <functional>
 #include <string_view>
 
 #include "core/hash.h"
-#include "../ir/schemas/attention_layout.h"
 #include "../ir/schemas/rowwise_layout.h"
 #include "codegen.h"
 #include "codegen_internal.h"
 #include "device_prelude.h"
 
 namespace graphfuse::cuda {
-namespace {
+namespace internal {
 
-using namespace internal;
-
-constexpr int kMaxRowPerThread = 32;
-
-// Block-wide reductions, inside namespace gf (after the op rows).
-constexpr const char* kRowPrelude = R"(
+extern const char* const kRowPrelude = R"(
 // Block reductions for row kernels (blockDim.x == 256: eight warps). Warp partials by
 // shuffles, then the eight partials summed in a fixed order: every thread gets the same value.
 __forceinline__ double warp_sum(double v) {
@@ -68,23 +61,16 @@ __noinline__ float block_max(float v) {
 }
 )";
 
-// Float data of any dtype: loaded into f32, computed in f32 (sums in double), rounded once when
-// stored. For f32 these give the plain C text (no conversion calls), for f16 / bf16 the
-// prelude's conversions.
-// The element `ref` (of dtype dt) as a float.
 std::string LoadF32(DType dt, const std::string& ref) {
   return dt == DType::kF32 ? ref : StrCat("gf::f32_of(", ref, ")");
 }
-// The statement storing float `value` at base[off] (of dtype dt).
 std::string StoreTo(DType dt, const std::string& base, const std::string& off, const std::string& value) {
   return dt == DType::kF32 ? StrCat(base, "[", off, "] = ", value, ";") : StrCat("gf::store(", base, " + ", off, ", ", value, ");");
 }
-// Float `value` rounded to dt's precision, as storing it to dt and loading it back would.
 std::string RoundedTo(DType dt, const std::string& value) {
   return dt == DType::kF32 ? value : StrCat("gf::round_", DTypeName(dt), "(", value, ")");
 }
 
-// Names the kernel "<base>_<dtype>_<hash8>", the hash over the source without the name.
 CudaKernelSource Finish(const std::string& head, const std::string& tail, const std::string& base, DType dt,
                         CudaKernelSource k) {
   const std::string hash = Hash8(head + tail);
@@ -92,6 +78,14 @@ CudaKernelSource Finish(const std::string& head, const std::string& tail, const 
   k.source = head + k.name + tail;
   return k;
 }
+
+}  // namespace internal
+
+namespace {
+
+using namespace internal;
+
+constexpr int kMaxRowPerThread = 32;
 
 // One input of a row kernel's body: which kernel parameter, read at which offset.
 struct BodyArg {
@@ -452,330 +446,6 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
   }
   t += "    out0[i] = in0[src];\n  }\n}\n";
   return Finish(head, t, "transpose", x->dtype(), std::move(k));
-}
-
-namespace {
-
-// What both attention forms read off a FusedAttention node: its dimensions and layouts, each
-// operand's head access, and the broadcast strides of its masks and RoPE tables.
-struct AttentionParts {
-  schemas::Dims d;
-  schemas::HeadAccess qa{}, ka{}, va{}, oa{};
-  bool kt = false;  // K^T laid out [d, Sk] per head
-  std::vector<int64_t> ms, bms, cq, ck;
-  float scale = 1.f, mask_scale = 1.f;
-  std::string kvh;  // the K / V head of query head h: "h", or "(h / G)" for grouped K / V heads
-  // The operands' float dtypes (loaded into f32; the scores, softmax and weighted sums are f32)
-  // and the output's (rounded once when stored).
-  DType q_dt = DType::kF32, k_dt = DType::kF32, v_dt = DType::kF32, mask_dt = DType::kF32;
-  DType cos_dt = DType::kF32, sin_dt = DType::kF32, out_dt = DType::kF32;
-};
-
-Result<AttentionParts> ReadAttention(const Node& node, const std::string& where) {
-  AttentionParts a;
-  schemas::Dims& d = a.d;
-  GF_ASSIGN_OR_RETURN(d, schemas::ReadDims(node.attrs(), where));
-  if (d.proj)
-    return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
-  if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
-  for (size_t i = 0; i < node.inputs().size(); ++i) {
-    const Value* v = node.input(i);
-    const bool bool_mask = d.mask_select != 0 && static_cast<int>(i) == d.bool_mask_index();  // Where's mask
-    if (!v || (bool_mask ? v->dtype() != DType::kBool : !IsFloat(v->dtype())))
-      return Unimplemented(where, ": float operands only (and a bool mask that selects)");
-  }
-  if (!node.output() || !IsFloat(node.output()->dtype())) return Unimplemented(where, ": a float output only");
-  a.q_dt = node.input(0)->dtype(), a.k_dt = node.input(1)->dtype(), a.v_dt = node.input(2)->dtype();
-  a.out_dt = node.output()->dtype();
-  a.qa = schemas::Access(d.q, d, d.h, d.s, d.d), a.ka = schemas::Access(d.k, d, d.kv_h, d.sk, d.d);
-  a.va = schemas::Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = schemas::Access(d.out, d, d.h, d.s, d.dv);
-  a.kt = d.k == schemas::Layout::kBHDS;
-  size_t next = 3;
-  if (d.mask) {
-    a.mask_dt = node.input(next)->dtype();
-    a.ms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
-  }
-  if (d.mask_select != 0) a.bms = BroadcastStrides(node.input(next++)->shape(), Shape{d.b, d.h, d.s, d.sk});
-  if (d.rope_q || d.rope_k) {
-    a.cos_dt = node.input(next)->dtype(), a.sin_dt = node.input(next + 1)->dtype();
-    a.cq = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.h, d.s, d.d});
-    a.ck = BroadcastStrides(node.input(next)->shape(), Shape{d.b, d.kv_h, d.sk, d.d});
-  }
-  a.kvh = d.kv_h == d.h ? "h" : StrCat("(h / ", d.h / d.kv_h, "LL)");
-  a.scale = node.GetFloat("scale", 1.f), a.mask_scale = node.GetFloat("mask_scale", 1.f);
-  return a;
-}
-
-// Lines that take `sc` (the scaled score of query row r and key j of head (b, h)) through the
-// masks, in the node's order: the f32 mask added (times mask_scale), the bool mask selecting.
-std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent) {
-  const schemas::Dims& d = a.d;
-  std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
-  if (d.mask_select != 0) {
-    const std::string boff = StrCat("b * ", a.bms[0], "LL + h * ", a.bms[1], "LL + r * ", a.bms[2], "LL + j * ", a.bms[3], "LL");
-    select = StrCat(indent, "sc = ", d.mask_select > 0 ? "" : "!", "bmask[", boff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
-  }
-  std::string t;
-  if (d.select_first || !d.mask) t += select;
-  if (d.mask) {
-    const std::string moff = StrCat("b * ", a.ms[0], "LL + h * ", a.ms[1], "LL + r * ", a.ms[2], "LL + j * ", a.ms[3], "LL");
-    const std::string m = LoadF32(a.mask_dt, StrCat("mask[", moff, "]"));
-    t += a.mask_scale == 1.f ? StrCat(indent, "sc = sc + ", m, ";\n")
-                             : StrCat(indent, "sc = sc + ", m, " * ", FloatLiteral(a.mask_scale), ";\n");
-    if (!d.select_first) t += select;
-  }
-  return t;
-}
-
-// "_mask_boolmask"-like: the masks the node's attention applies.
-std::string MaskSuffix(const schemas::Dims& d) {
-  return StrCat(d.mask ? "_mask" : "", d.mask_select != 0 ? "_boolmask" : "");
-}
-
-// "attention_rope_mask_h32_d128"-like: what the node's attention computes.
-std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem) {
-  return StrCat(stem, d.rope_q || d.rope_k ? "_rope" : "", MaskSuffix(d), "_h", d.h,
-                d.kv_h != d.h ? StrCat("_kv", d.kv_h) : std::string(), "_d", d.d);
-}
-
-// Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
-// product rounded, then the add. at(col) reads column `col` of the row as a float; the row's
-// index is named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`; its
-// head is `head`.
-std::string RopedStore(const AttentionParts& a, const std::function<std::string(const std::string&)>& at,
-                       const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
-                       const std::string& indent, const std::string& head = "h") {
-  std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + ", head, " * ", cs[1], "LL + ", row, " * ", cs[2],
-                         "LL + c * ", cs[3], "LL;\n");
-  t += StrCat(indent, "const float x2 = c < kHalf ? -", at("c + kHalf"), " : ", at("c - kHalf"), ";\n");
-  t += StrCat(indent, "const float a = ", at("c"), " * ", LoadF32(a.cos_dt, "cs[co]"), ";\n");
-  t += StrCat(indent, "const float s = x2 * ", LoadF32(a.sin_dt, "sn[co]"), ";\n");
-  return t + StrCat(indent, dst, " = a + s;\n");
-}
-
-// The signature's declaration of a read-only operand.
-std::string ConstPtr(DType dt, const std::string& name) {
-  return StrCat("const ", StorageType(dt), "* __restrict__ ", name);
-}
-
-// The operands q, k, v and the RoPE tables (when roped), as parameters.
-std::string QkvParams(const AttentionParts& a, bool rope) {
-  std::string t = StrCat(ConstPtr(a.q_dt, "q"), ", ", ConstPtr(a.k_dt, "k"), ", ", ConstPtr(a.v_dt, "v"));
-  if (rope) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
-  return t;
-}
-
-// The end of a score loop over keys j and the pass after it, shared by both attention forms:
-// sc = scale * `score` through the masks, stored to `row`[j] and folded into the running max
-// m; the block's max; then each score replaced by its exponential, summed in double (sum).
-std::string ScoresToExponentials(const AttentionParts& a, const std::string& row, const std::string& score) {
-  std::string t = StrCat("      float sc = ", FloatLiteral(a.scale), " * ", score, ";\n");
-  t += AttentionMaskLines(a, "      ");
-  t += StrCat("      ", row, "[j] = sc;\n      m = gf::max(m, sc);\n    }\n");
-  t += "    m = gf::block_max(m);\n";
-  t += "    double sum = 0;\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += StrCat("      const float e = expf(", row, "[j] - m);\n      ", row, "[j] = e;\n      sum += e;\n    }\n");
-  return t;
-}
-
-}  // namespace
-
-// FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
-// (roped) query row goes to shared memory; each thread takes keys j = t, t + 256, ... and
-// forms scale * q.k_j (K roped on the fly) + mask_scale * mask (or, for a bool mask, keeps it
-// or takes mask_fill: mask_select); the row's max and sum of
-// exponentials are block reductions (sum in double); each thread then forms output columns as
-// sum_j p_j v_j[c] and scales them by 1/sum, written in the output layout. Scores of one row
-// live in shared memory: at most kMaxAttentionKeys keys. Float operands of any dtype are read
-// into f32 (the query row and scores stay f32), the output rounded once when stored.
-Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
-  const std::string where = StrCat("CUDA codegen: ", node.Describe());
-  GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
-  const schemas::Dims& d = a.d;
-  constexpr int64_t kMaxAttentionKeys = 8192, kMaxHeadDim = 1024;
-  if (d.sk > kMaxAttentionKeys || d.d > kMaxHeadDim)
-    return Unimplemented(where, ": ", d.sk, " keys of head_dim ", d.d, " exceed the generated kernel's shared memory (",
-                         kMaxAttentionKeys, " keys, head_dim ", kMaxHeadDim, ")");
-  const schemas::HeadAccess &qa = a.qa, &ka = a.ka, &va = a.va, &oa = a.oa;
-  const bool kt = a.kt;
-  const std::vector<int64_t> &cq = a.cq, &ck = a.ck;
-  CudaKernelSource k;
-  k.num_elements = d.b * d.h * d.s * d.dv;
-  k.row_kernel = true;
-  k.scalar_work_items = d.b * d.h * d.s;  // one block per query row
-  for (const Value* v : node.inputs()) k.input_dtypes.push_back(v->dtype());
-  k.output_dtypes = {a.out_dt};
-
-  std::string head = kDevicePrelude;
-  head += kRowPrelude;
-  head += "\n}  // namespace gf\n\n";
-  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = "(" + QkvParams(a, false);
-  if (d.mask) t += ", " + ConstPtr(a.mask_dt, "mask");
-  if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
-  if (d.rope_q || d.rope_k) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
-  t += StrCat(", ", StorageType(a.out_dt), "* __restrict__ out) {\n");
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
-              "LL, kHalf = ", d.d / 2, "LL;\n");
-  t += StrCat("  __shared__ float qs[", std::max<int64_t>(d.d, 1), "];\n  __shared__ float ps[", std::max<int64_t>(d.sk, 1),
-              "];\n");
-  t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");
-  t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h,
-              "LL + r * ", qa.row_stride, "LL;\n");
-  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + b * ", ka.head_stride_b, "LL + ", a.kvh, " * ",
-              ka.head_stride_h, "LL;\n");
-  t += StrCat("    const ", StorageType(a.v_dt), "* vh = v + b * ", va.head_stride_b, "LL + ", a.kvh, " * ",
-              va.head_stride_h, "LL;\n");
-  t += StrCat("    ", StorageType(a.out_dt), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h,
-              "LL + r * ", oa.row_stride, "LL;\n");
-  // The query row (roped: x*cos + rotate_half(x)*sin, each product rounded, then the add).
-  t += "    __syncthreads();  // the previous row's readers are done with qs and ps\n";
-  t += StrCat("    for (long long c = threadIdx.x; c < kD; c += ", kCudaBlockSize, ") {\n");
-  auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
-  if (d.rope_q) {
-    t += RopedStore(a, read_q, cq, "r", "qs[c]", "      ");
-  } else {
-    t += StrCat("      qs[c] = ", read_q("c"), ";\n");
-  }
-  t += "    }\n    __syncthreads();\n";
-  // Scores.
-  t += "    float m = -__int_as_float(0x7f800000);\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += "      float acc = 0.f;\n";
-  if (d.rope_k) {
-    auto kr = [&](const std::string& col) { return LoadF32(a.k_dt, StrCat("kr[", col, "]")); };
-    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", ka.row_stride, "LL;\n");
-    t += StrCat("      const long long co = b * ", ck[0], "LL + ", a.kvh, " * ", ck[1], "LL + j * ", ck[2], "LL;\n");
-    t += "      for (long long c = 0; c < kD; ++c) {\n";
-    t += StrCat("        const float x2 = c < kHalf ? -", kr("c + kHalf"), " : ", kr("c - kHalf"), ";\n");
-    t += StrCat("        const float a = ", kr("c"), " * ", LoadF32(a.cos_dt, StrCat("cs[co + c * ", ck[3], "LL]")), ";\n");
-    t += StrCat("        const float s = x2 * ", LoadF32(a.sin_dt, StrCat("sn[co + c * ", ck[3], "LL]")), ";\n");
-    t += "        acc += qs[c] * (a + s);\n      }\n";
-  } else if (kt) {
-    t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ",
-                LoadF32(a.k_dt, StrCat("kh[c * ", ka.row_stride, "LL + j]")), ";\n");
-  } else {
-    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", ka.row_stride, "LL;\n");
-    t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ", LoadF32(a.k_dt, "kr[c]"), ";\n");
-  }
-  t += ScoresToExponentials(a, "ps", "acc");
-  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));  // also orders ps's writes before the reads\n";
-  t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
-  t += "      float o = 0.f;\n";
-  t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ps[j] * ",
-              LoadF32(a.v_dt, StrCat("vh[j * ", va.row_stride, "LL + c]")), ";\n");
-  t += StrCat("      ", StoreTo(a.out_dt, "oh", "c", "o * inv"), "\n    }\n  }\n}\n");
-  return Finish(head, t, AttentionBaseName(d, "attention"), a.q_dt, std::move(k));
-}
-
-// The GEMM form's two kernels (see codegen.h). The prep kernel is three grid-stride loops in
-// the scratch's order (coalesced stores): q and k roped as in GenerateAttentionKernel, v
-// copied. The softmax kernel is the one-kernel form's score pass on rows that cuBLAS filled
-// with q.k: scale, masks, max, exponentials summed in double, then p = e / sum. The scratch is
-// f32 whatever the operands' dtype (the prep kernel converts), and so is the output that
-// cuBLAS's p v writes: an f16 / bf16 output is refused (the one-kernel form takes it).
-Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
-  const std::string where = StrCat("CUDA codegen: ", node.Describe());
-  GF_ASSIGN_OR_RETURN(AttentionParts a, ReadAttention(node, where));
-  const schemas::Dims& d = a.d;
-  if (d.out == schemas::Layout::kBHDS)
-    return Unimplemented(where, ": the GEMM form stores rows of the output; it is laid out transposed");
-  if (a.out_dt != DType::kF32)
-    return Unimplemented(where, ": the GEMM form's p v GEMM writes an f32 output, not ", DTypeName(a.out_dt));
-  const bool rope = d.rope_q || d.rope_k;
-  AttentionGemmKernels out;
-  out.heads = d.b * d.h;
-  out.qd_elements = out.heads * d.s * d.d, out.kd_elements = out.heads * d.d * d.sk, out.vd_elements = out.heads * d.sk * d.dv;
-  out.scores_elements = out.heads * d.s * d.sk;
-
-  CudaKernelSource& prep = out.prep;
-  prep.num_elements = std::max({out.qd_elements, out.kd_elements, out.vd_elements});
-  prep.scalar_work_items = prep.num_elements;
-  prep.input_dtypes = {a.q_dt, a.k_dt, a.v_dt};
-  if (rope) prep.input_dtypes.insert(prep.input_dtypes.end(), {a.cos_dt, a.sin_dt});
-  prep.output_dtypes.assign(3, DType::kF32);
-  std::string head = kDevicePrelude;
-  head += "\n}  // namespace gf\n\n";
-  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = "(" + QkvParams(a, rope);
-  t += ", float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {\n";
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
-              "LL, kHalf = ", d.d / 2, "LL;\n");
-  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
-  t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
-  // q: qd[bh][r][c].
-  t += StrCat("  for (long long i = first; i < ", out.qd_elements, "LL; i += step) {\n");
-  t += "    const long long c = i % kD, r = i / kD % kS, bh = i / (kD * kS), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + b * ", a.qa.head_stride_b, "LL + h * ", a.qa.head_stride_h,
-              "LL + r * ", a.qa.row_stride, "LL;\n");
-  auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
-  if (d.rope_q) {
-    t += RopedStore(a, read_q, a.cq, "r", "qd[i]", "    ");
-  } else {
-    t += StrCat("    qd[i] = ", read_q("c"), ";\n");
-  }
-  t += "  }\n";
-  // k: kd[bh][j][c] = k_j[c] (roped).
-  t += StrCat("  for (long long i = first; i < ", out.kd_elements, "LL; i += step) {\n");
-  t += "    const long long c = i % kD, j = i / kD % kSk, bh = i / (kD * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + b * ", a.ka.head_stride_b, "LL + ", a.kvh, " * ",
-              a.ka.head_stride_h, "LL;\n");
-  auto kat = [&](const std::string& col) {
-    return LoadF32(a.k_dt, a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]")
-                                : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]"));
-  };
-  if (d.rope_k) {
-    t += RopedStore(a, kat, a.ck, "j", "kd[i]", "    ", a.kvh);
-  } else {
-    t += StrCat("    kd[i] = ", kat("c"), ";\n");
-  }
-  t += "  }\n";
-  // v: vd[bh][j][c].
-  t += StrCat("  for (long long i = first; i < ", out.vd_elements, "LL; i += step) {\n");
-  t += "    const long long c = i % kDv, j = i / kDv % kSk, bh = i / (kDv * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    vd[i] = ",
-              LoadF32(a.v_dt, StrCat("v[b * ", a.va.head_stride_b, "LL + ", a.kvh, " * ", a.va.head_stride_h, "LL + j * ",
-                                     a.va.row_stride, "LL + c]")),
-              ";\n  }\n}\n");
-  prep = Finish(head, t, AttentionBaseName(d, "attention_prep"), a.q_dt, std::move(prep));
-
-  CudaKernelSource& soft = out.softmax;
-  soft.num_elements = out.scores_elements;
-  soft.row_kernel = true;
-  soft.scalar_work_items = out.heads * d.s;  // one block per score row
-  if (d.mask) soft.input_dtypes.push_back(a.mask_dt);
-  if (d.mask_select != 0) soft.input_dtypes.push_back(DType::kBool);
-  soft.output_dtypes = {DType::kF32};
-  head = kDevicePrelude;
-  head += kRowPrelude;
-  head += "\n}  // namespace gf\n\n";
-  head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  t = "(";
-  if (d.mask) t += ConstPtr(a.mask_dt, "mask") + ", ";
-  if (d.mask_select != 0) t += "const unsigned char* __restrict__ bmask, ";
-  t += "float* __restrict__ p) {\n";
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL;\n");
-  t += StrCat("  for (long long item = blockIdx.x; item < ", out.heads * d.s, "LL; item += gridDim.x) {\n");
-  t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
-  t += "    (void)r, (void)h, (void)b;\n";
-  t += "    float* row = p + item * kSk;\n";
-  t += "    float m = -__int_as_float(0x7f800000);\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += ScoresToExponentials(a, "row", "row[j]");
-  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = row[j] * inv;\n");
-  t += "  }\n}\n";
-  soft = Finish(head, t, StrCat("attention_softmax", MaskSuffix(d), "_h", d.h), DType::kF32, std::move(soft));
-
-  // cuBLAS's operands, per head bh = b * H + h (see codegen.h).
-  out.s = d.s, out.sk = d.sk, out.d = d.d, out.dv = d.dv, out.b = d.b, out.h = d.h;
-  out.out_head_stride_b = a.oa.head_stride_b, out.out_head_stride_h = a.oa.head_stride_h;
-  out.out_row_stride = a.oa.row_stride;
-  for (int i = 0; i < (d.mask ? 1 : 0) + (d.mask_select != 0 ? 1 : 0); ++i) out.mask_inputs.push_back(d.first_extra() + i);
-  if (rope) out.rope_inputs = {d.num_inputs() - 2, d.num_inputs() - 1};
-  return out;
 }
 
 namespace {

@@ -8,8 +8,9 @@
 // epilogue it does not cover runs as one generated kernel right after the GEMM. A fused node
 // whose kernel cannot be generated (say, attention over more keys than the generated kernel
 // holds) runs its "reference" graph, each op by its own path; attention with many query rows
-// per head runs as two generated kernels around two strided-batched cuBLAS GEMMs
-// (GenerateAttentionGemmKernels); an op with no CUDA path at all runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
+// per head runs as one flash-style kernel (GenerateFlashAttentionKernel), or as two generated
+// kernels around two strided-batched cuBLAS GEMMs (GenerateAttentionGemmKernels) when
+// CudaPlanOptions::prefill_attention asks for them or the flash kernel refuses the node; an op with no CUDA path at all runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
 // outputs and constants get device buffers of their own (constants uploaded once); views share
 // their input's; values between nodes and per-node scratch share pooled blocks by liveness
 // (device_memory.h, with the planner of src/target/memory_plan.h).

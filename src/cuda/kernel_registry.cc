@@ -47,9 +47,21 @@ constexpr char kAttentionKernel[] = "generated attention kernel";
 
 Result<CudaNodePlan> PlanAttention(const Node& node, const CudaPlanOptions& options) {
   // Many query rows per head: the one-kernel form would read each head's K and V once per
-  // row, so the scores go through cuBLAS instead.
+  // row; the flash kernel reads them once per tile of rows, and the GEMM form through cuBLAS.
   auto dims = schemas::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
   if (dims.ok() && !dims->proj && dims->s > options.attention_rows_one_kernel) {
+    if (options.prefill_attention == PrefillAttention::kFlash) {
+      auto flash = GenerateFlashAttentionKernel(node);
+      if (flash.ok()) {
+        CudaNodePlan p;
+        p.path = CudaPath::kKernel;
+        p.what = StrCat("flash attention (", dims->s, " query rows per head > ", options.attention_rows_one_kernel,
+                        "): one generated kernel");
+        p.kernels.push_back(std::move(*flash));
+        return p;
+      }
+      if (flash.status().code() != StatusCode::kUnimplemented) return flash.status();
+    }
     auto gemm_form = GenerateAttentionGemmKernels(node);
     if (gemm_form.ok()) {
       CudaNodePlan p;
@@ -155,6 +167,12 @@ CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   if (act.op() == "Relu") return {CublasLtEpilogue::kReluBias, 2};
   if (act.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, 2};
   return none;
+}
+
+Result<PrefillAttention> ParsePrefillAttention(const std::string& name) {
+  if (name == "flash") return PrefillAttention::kFlash;
+  if (name == "gemms") return PrefillAttention::kGemms;
+  return InvalidArgument("prefill attention '", name, "': expected flash or gemms");
 }
 
 Result<CudaNodePlan> PlanNodeForCuda(const Node& node, const CudaPlanOptions& options) {

@@ -585,11 +585,12 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
     ASSERT_TRUE(run.ok()) << label << ": " << run.status().ToString();
     // A node without a CUDA path of its own runs its reference graph there (the executor's
     // PlanReference): the projected attention runs as the QKV GEMM and the attention. Walked
-    // twice: as planned at these sizes (attention in one kernel), and with every attention
-    // in its GEMM form (as at prefill sizes).
-    for (int64_t rows_one_kernel : {int64_t{16}, int64_t{0}}) {
+    // three times: as planned at these sizes (attention in one kernel), and with every
+    // attention planned as at prefill sizes, in the flash kernel and in its GEMM form.
+    for (int variant : {0, 1, 2}) {
       CudaPlanOptions po;
-      po.attention_rows_one_kernel = rows_one_kernel;
+      po.attention_rows_one_kernel = variant == 0 ? 16 : 0;
+      po.prefill_attention = variant == 2 ? PrefillAttention::kGemms : PrefillAttention::kFlash;
       const Status walked = ForEachCudaPlan(
           *g,
           [&](const Node& n, Result<CudaNodePlan>& plan, int) {
@@ -599,7 +600,9 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
               ++unplanned[n.op()];
               ADD_FAILURE() << label << ": " << plan.status().ToString();
             } else {
-              ++paths[plan->path == CudaPath::kAttentionGemms ? "attention as GEMMs" : plan->what];
+              ++paths[plan->path == CudaPath::kAttentionGemms                ? "attention as GEMMs"
+                      : plan->what.rfind("flash attention", 0) == 0 ? "flash attention"
+                                                                     : plan->what];
               for (CudaKernelSource& k : plan->kernels) kernels.push_back(std::move(k));
             }
             return Status::Ok();
@@ -613,6 +616,7 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
   EXPECT_GT(paths["cuBLAS GEMM, then the generated epilogue"], 0);
   EXPECT_GT(paths["generated attention kernel"], 0);
   EXPECT_GT(paths["attention as GEMMs"], 0);
+  EXPECT_GT(paths["flash attention"], 0);
   NvrtcCompiler compiler;
   double seconds = 0;
   for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
@@ -693,6 +697,24 @@ TEST(CudaCodegen, GoldenSources) {
     check("llama_attention_prep", gk->prep);
     check("llama_attention_softmax", gk->softmax);
   }
+  {  // the flash kernel: 96 rows over grouped K / V heads, RoPE, a constant causal mask (key
+     // tiles left out)
+    const int64_t s = 96;
+    std::string mask;
+    for (int64_t i = 0; i < s * s; ++i) mask += StrCat(i ? ", " : "", i % s > i / s ? "-inf" : "0");
+    auto fg = ParseGraph(StrCat(
+        "graph @flash(%q: f32[1,4,96,64], %k: f32[1,2,96,64], %v: f32[1,2,96,64], %cos: f32[96,64], %sin: f32[96,64]) {\n",
+        "  %mask: f32[1,1,96,96] = const [", mask, "]\n",
+        "  %o = FusedAttention(%q, %k, %v, %mask, %cos, %sin) {batch = 1, heads = 4, kv_heads = 2, seq_q = 96, "
+        "seq_k = 96, head_dim = 64, scale = 0.125, q_layout = \"bhsd\", k_layout = \"bhsd\", v_layout = \"bhsd\", "
+        "out_layout = \"bshd\", output_shape = [1, 96, 256], has_mask = 1, rope_q = 1, rope_k = 1}\n",
+        "  return %o\n}"));
+    ASSERT_TRUE(fg.ok()) << fg.status().ToString();
+    auto fk = GenerateFlashAttentionKernel(*Only(**fg, "FusedAttention"));
+    ASSERT_TRUE(fk.ok()) << fk.status().ToString();
+    EXPECT_NE(fk->name.find("_causal_"), std::string::npos) << fk->name;
+    check("flash_attention_causal_gqa", *fk);
+  }
   auto g = GemmGraph("", false, true);  // MatMul + residual Add: a generated epilogue
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   auto k = GenerateKernelForNode(*Only(**g, "FusedGemm"));
@@ -738,10 +760,12 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
     sources.push_back({entry.path().filename().string(), [path]() { return ImportOnnxFile(path); }});
   }
   for (const auto& [label, make] : sources) {
-    // Fused plans also with every attention in its GEMM form (rows_one_kernel 0).
-    for (int variant : {0, 1, 2}) {
+    // Fused plans also with every attention planned as at prefill sizes (rows_one_kernel 0):
+    // in its GEMM form (variant 2) and in the flash kernel (variant 3).
+    for (int variant : {0, 1, 2, 3}) {
       const bool fuse = variant > 0;
-      const int64_t rows_one_kernel = variant == 2 ? 0 : 16;
+      const int64_t rows_one_kernel = variant >= 2 ? 0 : 16;
+      const char* form = variant == 2 ? ", attention as GEMMs" : variant == 3 ? ", flash attention" : "";
       for (bool graph : {false, true}) {
         auto g = make();
         ASSERT_TRUE(g.ok()) << label << ": " << g.status().ToString();
@@ -755,6 +779,7 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
         CudaExecOptions o;
         o.cuda_graph = graph;
         o.plan.attention_rows_one_kernel = rows_one_kernel;
+        o.plan.prefill_attention = variant == 2 ? PrefillAttention::kGemms : PrefillAttention::kFlash;
         o.kernel_cache_dir = (std::filesystem::temp_directory_path() / "graphfuse_test_kernels").string();
         auto ex = CudaExecutor::Create(**g, o);
         if (!ex.ok() && graph && ex.status().message().find("runs on the host") != std::string::npos) continue;
@@ -769,11 +794,11 @@ TEST(CudaRuntime, CorpusRunsOnTheGpuAsOnTheCpu) {
             const double err = std::fabs(a - b) / (1e-4 + 1e-3 * std::fabs(b));
             worst = std::max(worst, std::isnan(err) ? 1e9 : err);
           }
-          EXPECT_LE(worst, 1.0) << label << (fuse ? " fused" : " unfused") << (variant == 2 ? ", attention as GEMMs" : "")
+          EXPECT_LE(worst, 1.0) << label << (fuse ? " fused" : " unfused") << form
                                 << (graph ? " (CUDA graph)" : "") << ": output " << k << " differs from the CPU's";
         }
         std::printf("[ cuda     ] %s %s%s%s: %lld launches (%lld generated, %lld cuBLAS, %lld host)\n", label.c_str(),
-                    fuse ? "fused" : "unfused", variant == 2 ? ", attention as GEMMs" : "", graph ? " + CUDA graph" : "",
+                    fuse ? "fused" : "unfused", form, graph ? " + CUDA graph" : "",
                     static_cast<long long>((*ex)->stats().launches), static_cast<long long>((*ex)->stats().generated),
                     static_cast<long long>((*ex)->stats().cublas), static_cast<long long>((*ex)->stats().host_fallbacks));
       }

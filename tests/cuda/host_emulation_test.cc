@@ -419,6 +419,7 @@ TEST(CudaHostEmulation, AttentionAsGemmsMatchesTheCpu) {
       CudaExecOptions o;
       o.emulate = true;
       o.plan.attention_rows_one_kernel = rows_one_kernel;
+      o.plan.prefill_attention = PrefillAttention::kGemms;
       auto ex = CudaExecutor::Create(**g, o);
       ASSERT_TRUE(ex.ok()) << ex.status().ToString();
       auto got = (*ex)->Run(views);
@@ -438,7 +439,8 @@ TEST(CudaHostEmulation, AttentionAsGemmsMatchesTheCpu) {
 }
 
 // A LLaMA block at a prefill-like size, as the demo plans it for the GPU (norms not folded):
-// 72 rows, so q, k and v take one cuBLAS call each and the attention its GEMM form.
+// 72 rows, so q, k and v take one cuBLAS call each and the attention its prefill form: the
+// flash kernel (the default; its causal mask leaves key tiles out), or the GEMM form.
 TEST(CudaHostEmulation, PrefillSizedLlamaBlockMatchesTheCpu) {
   auto block = SmallLlamaBlock(72, 64, 2, 172, 5);
   ASSERT_TRUE(block.ok()) << block.status().ToString();
@@ -451,22 +453,31 @@ TEST(CudaHostEmulation, PrefillSizedLlamaBlockMatchesTheCpu) {
   const std::vector<TensorView> views = Views(ins);
   auto want = Execute(g, views, CpuContext{&pool});
   ASSERT_TRUE(want.ok()) << want.status().ToString();
-  CudaExecOptions o;
-  o.emulate = true;
-  auto ex = CudaExecutor::Create(g, o);
-  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
-  auto got = (*ex)->Run(views);
-  ASSERT_TRUE(got.ok()) << got.status().ToString();
-  const double worst = ExpectClose((*got)[0], (*want)[0], 1e-4, 1e-5, "block output");
-  std::string plan;
-  for (const std::string& l : (*ex)->describe()) plan += l + "\n";
-  EXPECT_NE(plan.find("one call per projection (3 of 72 rows)"), std::string::npos) << plan;
-  EXPECT_NE(plan.find("attention as GEMMs"), std::string::npos) << plan;
-  const CudaExecStats& st = (*ex)->stats();
-  EXPECT_EQ(st.host_fallbacks, 0);
-  std::printf("[ emulated ] LLaMA block, 72 rows: %lld launches (%lld generated, %lld GEMM), max |err| vs CPU %.2g\n",
-              static_cast<long long>(st.launches), static_cast<long long>(st.generated), static_cast<long long>(st.cublas),
-              worst);
+  for (PrefillAttention form : {PrefillAttention::kFlash, PrefillAttention::kGemms}) {
+    const bool flash = form == PrefillAttention::kFlash;
+    SCOPED_TRACE(flash ? "flash attention" : "attention as GEMMs");
+    CudaExecOptions o;
+    o.emulate = true;
+    o.plan.prefill_attention = form;
+    auto ex = CudaExecutor::Create(g, o);
+    ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+    auto got = (*ex)->Run(views);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    const double worst = ExpectClose((*got)[0], (*want)[0], 1e-4, 1e-5, "block output");
+    std::string plan;
+    for (const std::string& l : (*ex)->describe()) plan += l + "\n";
+    EXPECT_NE(plan.find("one call per projection (3 of 72 rows)"), std::string::npos) << plan;
+    EXPECT_EQ(plan.find("attention as GEMMs") != std::string::npos, !flash) << plan;
+    EXPECT_EQ(plan.find("flash attention (72 query rows per head > 16)") != std::string::npos, flash) << plan;
+    if (flash) {
+      EXPECT_NE(plan.find("_causal_f32_"), std::string::npos) << plan;
+    }
+    const CudaExecStats& st = (*ex)->stats();
+    EXPECT_EQ(st.host_fallbacks, 0);
+    std::printf("[ emulated ] LLaMA block, 72 rows, %s: %lld launches (%lld generated, %lld GEMM), max |err| vs CPU %.2g\n",
+                flash ? "flash attention" : "attention as GEMMs", static_cast<long long>(st.launches),
+                static_cast<long long>(st.generated), static_cast<long long>(st.cublas), worst);
+  }
 }
 
 // Whole plans through the CUDA executor, emulated on the host: every node's path (generated
@@ -477,7 +488,7 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
   struct Run {
     std::string model;
     bool fuse;
-    int64_t attention_rows_one_kernel = 16;  // 0: attention as GEMMs
+    int64_t attention_rows_one_kernel = 16;  // 0: attention as GEMMs (the flash kernel: FlashAttention tests)
   } runs[] = {{"llama_block_opset17", true}, {"llama_block_opset13", false}, {"gpt2_block_opset17", true},
               {"bert_layer_opset17", true},  {"mlp_gelu_opset13", true},     {"attention_layernorm_opset13", true},
               {"gpt2_where_block_opset13", true}, {"llama_block_opset17", true, 0}, {"gpt2_where_block_opset13", true, 0},
@@ -496,6 +507,7 @@ TEST(CudaHostEmulation, ExecutorPlansMatchTheCpu) {
     CudaExecOptions o;
     o.emulate = true;
     o.plan.attention_rows_one_kernel = r.attention_rows_one_kernel;
+    o.plan.prefill_attention = PrefillAttention::kGemms;
     auto ex = CudaExecutor::Create(**g, o);
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     auto got = (*ex)->Run(views);

@@ -1,0 +1,49 @@
+// What FusedAttention's generated forms share (codegen_attention.cc, codegen_flash.cc): how they
+// read the node, and the lines of CUDA C that mask, rope and name. Not a public interface.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../ir/schemas/attention_layout.h"
+#include "codegen.h"
+
+namespace graphfuse::cuda::internal {
+
+// What both attention forms read off a FusedAttention node: its dimensions and layouts, each
+// operand's head access, and the broadcast strides of its masks and RoPE tables.
+struct AttentionParts {
+  schemas::Dims d;
+  schemas::HeadAccess qa{}, ka{}, va{}, oa{};
+  bool kt = false;  // K^T laid out [d, Sk] per head
+  std::vector<int64_t> ms, bms, cq, ck;
+  float scale = 1.f, mask_scale = 1.f;
+  std::string kvh;  // the K / V head of query head h: "h", or "(h / G)" for grouped K / V heads
+  // The operands' float dtypes (loaded into f32; the scores, softmax and weighted sums are f32)
+  // and the output's (rounded once when stored).
+  DType q_dt = DType::kF32, k_dt = DType::kF32, v_dt = DType::kF32, mask_dt = DType::kF32;
+  DType cos_dt = DType::kF32, sin_dt = DType::kF32, out_dt = DType::kF32;
+};
+
+// The node's problem, operands and attributes; refuses the projected form and non-float
+// operands (Unimplemented). Errors name `where`.
+Result<AttentionParts> ReadAttention(const Node& node, const std::string& where);
+// Lines that take `sc` (the scaled score of query row r and key j of head (b, h)) through the
+// masks, in the node's order: the f32 mask added (times mask_scale), the bool mask selecting.
+std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent);
+// "_mask_boolmask"-like: the masks the node's attention applies.
+std::string MaskSuffix(const schemas::Dims& d);
+// "attention_rope_mask_h32_d128"-like: what the node's attention computes.
+std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem);
+// Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
+// product rounded, then the add. at(col) reads column `col` of the row as a float; the row's
+// index is named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`; its
+// head is `head`.
+std::string RopedStore(const AttentionParts& a, const std::function<std::string(const std::string&)>& at,
+                       const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
+                       const std::string& indent, const std::string& head = "h");
+// The signature's declaration of a read-only operand.
+std::string ConstPtr(DType dt, const std::string& name);
+
+}  // namespace graphfuse::cuda::internal
