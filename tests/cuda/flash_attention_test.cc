@@ -20,6 +20,7 @@
 #include "cuda/nvrtc_compile.h"
 #include "cpu/executor.h"
 #include "ir/text.h"
+#include "expect_close.h"
 #include "narrow_twin.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
@@ -133,20 +134,6 @@ std::vector<Tensor> FlashInputs(const Graph& g, const FlashCase& c, uint32_t see
     if (v.name() == "mask" && j >= c.s - 2 * bb) return -1e4;
     return std::nullopt;
   });
-}
-
-double ExpectClose(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  double worst = 0;
-  int reported = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double a = got.GetAsDouble(i), b = want.GetAsDouble(i);
-    if (std::isnan(b) && std::isnan(a)) continue;
-    const double err = std::fabs(a - b);
-    worst = std::max(worst, std::isnan(err) ? INFINITY : err);
-    if (!(err <= atol + rtol * std::fabs(b)) && reported++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " is " << a << ", the CPU gives " << b;
-  }
-  return worst;
 }
 
 const Node* OnlyAttention(const Graph& g) {

@@ -22,6 +22,7 @@
 #include "cuda/codegen.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/host_emulation.h"
+#include "expect_close.h"
 #include "narrow_twin.h"
 #include "../graph_test_util.h"
 #include "graphfuse/thread_pool.h"
@@ -74,22 +75,6 @@ Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
   GF_RETURN_IF_ERROR(plan->Run(views, out_views, CpuContext{}, &observe));
   if (run.out.empty()) return Internal("node ", target.name(), " did not run");
   return run;
-}
-
-// |got - want| <= atol + rtol * |want| everywhere (NaN only where want is NaN); returns the
-// worst |got - want|.
-double ExpectClose(const Tensor& got, const Tensor& want, double rtol, double atol, const std::string& what) {
-  double worst = 0;
-  int reported = 0;
-  for (int64_t i = 0; i < want.numel(); ++i) {
-    const double a = got.GetAsDouble(i), b = want.GetAsDouble(i);
-    if (std::isnan(b) && std::isnan(a)) continue;
-    const double err = std::fabs(a - b);
-    worst = std::max(worst, std::isnan(err) ? INFINITY : err);
-    if (!(err <= atol + rtol * std::fabs(b)) && reported++ < 3)
-      ADD_FAILURE() << what << ": element " << i << " is " << a << ", the CPU gives " << b;
-  }
-  return worst;
 }
 
 struct Case {
