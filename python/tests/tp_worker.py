@@ -57,6 +57,8 @@ def main():
         out = compiled(x)
         again = compiled(x)
     torch.save({"out": out, "again": again, "reports": gtb.reports()}, f"{out_dir}/rank{rank}.pt")
+    # Both ranks are done with the group before either tears it down.
+    dist.barrier()
     dist.destroy_process_group()
 
 
