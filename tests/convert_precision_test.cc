@@ -76,6 +76,46 @@ TEST(ConvertPrecision, ModelComputesInNarrowDTypesWithItsInterfaceKept) {
   }
 }
 
+TEST(ConvertPrecision, NarrowIoMovesTheInterfaceToTheDTypeWithoutCasts) {
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    std::mt19937 rng(5);
+    auto src = SmallModel(rng);
+    auto narrow = ConvertPrecision(*src, dt, {.narrow_io = true});
+    ASSERT_TRUE(narrow.ok()) << narrow.status().ToString();
+    const Graph& g = **narrow;
+    ASSERT_TRUE(g.Verify().ok());
+    EXPECT_EQ(g.inputs()[0]->name(), "x");
+    EXPECT_EQ(g.inputs()[0]->dtype(), dt);
+    EXPECT_EQ(g.outputs()[0]->name(), "y");
+    EXPECT_EQ(g.outputs()[0]->dtype(), dt);
+    EXPECT_EQ(g.outputs()[1]->dtype(), DType::kI64);
+    // Only the exporter's upcast is a Cast; the edges have none.
+    int casts = 0;
+    for (const auto& n : g.nodes()) casts += n->op() == "Cast";
+    EXPECT_EQ(casts, 1);
+    // Same numbers as the edge-cast form on inputs the dtype holds exactly.
+    auto edges = ConvertPrecision(*src, dt);
+    ASSERT_TRUE(edges.ok());
+    std::uniform_real_distribution<float> u(-2, 2);
+    Tensor x = Tensor::Empty(DType::kF32, {3, 8}).value();
+    Tensor xn = Tensor::Empty(dt, {3, 8}).value();
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const uint16_t b = dt == DType::kBF16 ? F32ToBF16Bits(u(rng)) : F32ToF16Bits(u(rng));
+      xn.data_as<uint16_t>()[i] = b;
+      x.data_as<float>()[i] = dt == DType::kBF16 ? BF16BitsToF32(b) : F16BitsToF32(b);
+    }
+    const std::vector<TensorView> in = {x.view()}, in_n = {xn.view()};
+    auto want = Execute(**edges, in, CpuContext{});
+    auto got = Execute(g, in_n, CpuContext{});
+    ASSERT_TRUE(want.ok() && got.ok());
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const uint16_t b = (*got)[0].data_as<uint16_t>()[i];
+      EXPECT_EQ(dt == DType::kBF16 ? BF16BitsToF32(b) : F16BitsToF32(b), (*want)[0].data_as<float>()[i]) << i;
+    }
+  }
+}
+
 TEST(ConvertPrecision, F32IsACopyAndOtherDTypesAreRefused) {
   std::mt19937 rng(4);
   auto src = SmallModel(rng);

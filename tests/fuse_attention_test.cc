@@ -778,17 +778,28 @@ TEST(FuseAttention, RefusesWhenProbabilitiesHaveAnotherReader) {
   EXPECT_TRUE(HasRefusal(r, "attention-intermediate-escapes"));
 }
 
-TEST(FuseAttention, RefusesNonF32) {
+// f16 attention fuses only where the target's kernels take it (FusionOptions::narrow_row_kernels).
+TEST(FuseAttention, NarrowAttentionFusesOnlyWhereTheTargetTakesIt) {
   Spec sp;
   sp.dtype = DType::kF16;
   sp.mask = MaskForm::kCausal;
   Built b = Build(sp);
   FusionReport r;
-  auto formed = FuseAttention(*b.g, FusionOptions{}, &r);
+  FusionOptions f32_only;
+  f32_only.narrow_row_kernels = false;
+  auto formed = FuseAttention(*b.g, f32_only, &r);
   ASSERT_TRUE(formed.ok()) << formed.status().ToString();
   EXPECT_EQ(*formed, 0);
   EXPECT_EQ(CountOp(*b.g, "FusedAttention"), 0);
   EXPECT_TRUE(HasRefusal(r, "attention-unsupported-dtype"));
+
+  Built n = Build(sp);
+  FusionReport rn;
+  EXPECT_EQ(Formed(FuseAttention(*n.g, FusionOptions{}, &rn)), 1);
+  ASSERT_EQ(CountOp(*n.g, "FusedAttention"), 1);
+  EXPECT_FALSE(HasRefusal(rn, "attention-unsupported-dtype"));
+  for (const auto& node : n.g->nodes())
+    if (node->op() == "FusedAttention") EXPECT_EQ(node->output()->dtype(), DType::kF16);
 }
 
 TEST(FuseAttention, DisabledOrExcludedChangesNothing) {

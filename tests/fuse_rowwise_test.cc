@@ -292,15 +292,25 @@ TEST(FuseRowwise, RefusesScaleComputedFromThePrologue) {
   EXPECT_NE(FindRefusal(r, refusal::kWouldCreateCycle), nullptr);
 }
 
-TEST(FuseRowwise, RefusesNonF32Rows) {
-  auto g = Parse(R"(graph @h(%x: f16[4,64], %r: f16[4,64], %w: f16[64]) {
+// f16 rows fuse only where the target's row kernels take them (FusionOptions::narrow_row_kernels).
+TEST(FuseRowwise, NarrowRowsFuseOnlyWhereTheTargetTakesThem) {
+  constexpr char kIr[] = R"(graph @h(%x: f16[4,64], %r: f16[4,64], %w: f16[64]) {
   %h = Add(%x, %r)
   %y = RMSNorm(%h, %w)
   return %y
-})");
-  FusionReport r = Plan(*g);
+})";
+  auto g = Parse(kIr);
+  FusionOptions f32_only;
+  f32_only.narrow_row_kernels = false;
+  FusionReport r = Plan(*g, f32_only);
   EXPECT_EQ(CountOp(*g, "FusedNorm"), 0);
   EXPECT_NE(FindRefusal(r, "rowwise-dtype-unsupported"), nullptr);
+
+  auto narrow = Parse(kIr);
+  r = Plan(*narrow);
+  ASSERT_EQ(CountOp(*narrow, "FusedNorm"), 1) << PrintGraph(*narrow);
+  EXPECT_EQ(FindRefusal(r, "rowwise-dtype-unsupported"), nullptr);
+  EXPECT_EQ(narrow->outputs()[0]->dtype(), DType::kF16);
 }
 
 TEST(FuseRowwise, DisabledChangesNothing) {

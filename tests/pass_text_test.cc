@@ -1145,21 +1145,37 @@ CHECK-NEXT: return %p
 )");
 }
 
-TEST(PassTextFuseRowwise, RowOpsOverAnotherAxisOrDtypeStay) {
-  ExpectPassOutput(RunFuseRowwise, R"(graph @s(%x: f32[8,16], %b: f32[16], %y: f16[4,8], %r: f16[4,8], %w: f16[8]) {
+Status RunFuseRowwiseF32Only(Graph& g) {
+  FusionOptions o;
+  o.narrow_row_kernels = false;  // a target without f16 / bf16 row kernels (the CPU)
+  return FuseRowwise(g, o, nullptr).status();
+}
+
+constexpr char kOtherAxisAndF16[] = R"(graph @s(%x: f32[8,16], %b: f32[16], %y: f16[4,8], %r: f16[4,8], %w: f16[8]) {
   %0 = Add(%x, %b)
   %a = Softmax(%0) {axis = 0}
   %h = Add(%y, %r)
   %n = RMSNorm(%h, %w)
   return %a, %n
-})",
-                   R"(
+})";
+
+TEST(PassTextFuseRowwise, RowOpsOverAnotherAxisOrDtypeStay) {
+  ExpectPassOutput(RunFuseRowwiseF32Only, kOtherAxisAndF16, R"(
 CHECK-NOT: Fused
 CHECK: %0: f32[8,16] = Add(%x, %b)
 CHECK-NEXT: %a: f32[8,16] = Softmax(%0) {axis = 0}
 CHECK-NEXT: %h: f16[4,8] = Add(%y, %r)
 CHECK-NEXT: %n: f16[4,8] = RMSNorm(%h, %w)
 CHECK-NOT: Fused
+)");
+}
+
+// Where the target has narrow row kernels, the f16 norm takes its prologue; the other axis stays.
+TEST(PassTextFuseRowwise, NarrowRowsFuseWhereTheTargetTakesThem) {
+  ExpectPassOutput(RunFuseRowwise, kOtherAxisAndF16, R"(
+CHECK: %a: f32[8,16] = Softmax(%0) {axis = 0}
+CHECK-NEXT: %n: f16[4,8] = FusedNorm(%y, %r, %w) {body = graph @fused_norm_0(%y: f16[4,8], %r: f16[4,8]) {
+CHECK-NEXT: %h: f16[4,8] = Add(%y, %r)
 )");
 }
 

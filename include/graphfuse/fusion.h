@@ -30,6 +30,9 @@ struct FusionOptions {
   // An RMSNorm between two GEMMs folds into them (FoldNormIntoGemm): the producer writes each
   // row's 1/rms, the consumer's weights take the norm's scale.
   bool norm_into_gemm = true;
+  // Norms, softmax and attention over f16 / bf16 fuse as they do over f32
+  // (TargetForms::narrow_row_kernels).
+  bool narrow_row_kernels = true;
 };
 
 struct FusedGroupInfo {

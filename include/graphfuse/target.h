@@ -35,6 +35,10 @@ struct TargetForms {
   bool norm_into_gemm = false;
   // The QKV projection GEMM moved inside the attention kernel (FuseAttentionProjections).
   bool attention_projection = false;
+  // Fused norm, softmax and attention kernels (FusedNorm, FusedSoftmax, FusedAttention,
+  // FusedCachedAttention) over f16 / bf16 tensors, loading them into f32; without it those
+  // fusions take f32 tensors only.
+  bool narrow_row_kernels = false;
 };
 
 // A graph compiled for a target: runs it on host tensors.

@@ -17,7 +17,7 @@ class CudaTarget final : public Target {
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
   // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
   TargetCosts costs() const override { return {1.2, 4000.0}; }
-  TargetForms forms() const override { return {}; }
+  TargetForms forms() const override { return {.narrow_row_kernels = true}; }
   bool HasKernel(const Node& node) const override;
   Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                         std::span<const TensorView> out) const override;

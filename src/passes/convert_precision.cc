@@ -22,11 +22,13 @@ Result<std::shared_ptr<const Tensor>> Converted(const Tensor& t, DType dt) {
 
 class Converter {
  public:
-  Converter(const Graph& src, DType dt) : src_(src), dt_(dt), g_(std::make_unique<Graph>(src.name())) {}
+  Converter(const Graph& src, DType dt, const PrecisionOptions& o)
+      : src_(src), dt_(dt), o_(o), g_(std::make_unique<Graph>(src.name())) {}
 
   Result<std::unique_ptr<Graph>> Run() {
     for (const Value* v : src_.inputs()) {
-      GF_ASSIGN_OR_RETURN(Value * in, g_->AddInput(v->name(), v->dtype(), v->shape()));
+      const DType in_dt = o_.narrow_io && v->dtype() == DType::kF32 ? dt_ : v->dtype();
+      GF_ASSIGN_OR_RETURN(Value * in, g_->AddInput(v->name(), in_dt, v->shape()));
       map_[v] = v->dtype() == DType::kF32 ? Cast(in, dt_, v->name()) : in;
       if (!map_[v]) return Internal("ConvertPrecision: could not cast input '", v->name(), "'");
     }
@@ -40,7 +42,7 @@ class Converter {
     for (const auto& n : src_.nodes()) GF_RETURN_IF_ERROR(AddNode(*n));
     for (const Value* o : src_.outputs()) {
       Value* v = map_.at(o);
-      if (o->dtype() == DType::kF32 && v->dtype() != DType::kF32) {
+      if (!o_.narrow_io && o->dtype() == DType::kF32 && v->dtype() != DType::kF32) {
         // The narrow value gives its name up to the output, which keeps the model's.
         GF_RETURN_IF_ERROR(g_->RenameValue(v, g_->FreshName(StrCat(o->name(), "_", DTypeName(dt_)))));
         GF_ASSIGN_OR_RETURN(Node * c, g_->AddNode("Cast", {v}, {{"to", DTypeAttr(DType::kF32)}},
@@ -80,16 +82,17 @@ class Converter {
 
   const Graph& src_;
   const DType dt_;
+  const PrecisionOptions o_;
   std::unique_ptr<Graph> g_;
   std::map<const Value*, Value*> map_;
 };
 
 }  // namespace
 
-Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt) {
+Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt, const PrecisionOptions& options) {
   if (dt != DType::kF32 && dt != DType::kF16 && dt != DType::kBF16)
     return InvalidArgument("--dtype: a model computes in f32, f16 or bf16, not ", DTypeName(dt));
-  Converter c(src, dt);  // with f32, a copy: one code path for callers
+  Converter c(src, dt, options);  // with f32, a copy: one code path for callers
   return c.Run();
 }
 

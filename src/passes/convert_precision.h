@@ -15,6 +15,12 @@ namespace graphfuse {
 //     dt, keeping their names, so callers give and get what the model declares;
 //   - each node is rebuilt on its converted inputs; a Cast to f32 of a float becomes a Cast to dt.
 // Kernels then load dt, compute in f32 and round what they store. dt == f32 gives a copy.
-Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt);
+//
+// With `narrow_io`, f32 inputs and outputs take dt themselves instead (no casts at the edges):
+// the form a serving stack runs, whose activations arrive and leave in the narrow dtype.
+struct PrecisionOptions {
+  bool narrow_io = false;
+};
+Result<std::unique_ptr<Graph>> ConvertPrecision(const Graph& src, DType dt, const PrecisionOptions& options = {});
 
 }  // namespace graphfuse

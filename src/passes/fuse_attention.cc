@@ -62,7 +62,7 @@ namespace {
 // Stable refusal codes of this pass (the --json contract: never renamed, only added to).
 constexpr const char* kIntermediateEscapes = "attention-intermediate-escapes";  // scores/probs read elsewhere
 constexpr const char* kUnsupportedLayout = "attention-unsupported-layout";      // ranks, broadcast batches, axis
-constexpr const char* kUnsupportedDtype = "attention-unsupported-dtype";        // not f32
+constexpr const char* kUnsupportedDtype = "attention-unsupported-dtype";        // a dtype the kernel does not take
 constexpr const char* kUnsupportedPattern = "attention-unsupported-pattern";    // an op between QK^T and softmax
 
 using match::BroadcastsTo;
@@ -207,7 +207,9 @@ class AttentionFuser {
     const Value* x = r.input(0);
     const Value* c = r.input(1);
     const Value* s = r.input(2);
-    if (!x || !c || !s || c->shape() != s->shape() || c->dtype() != DType::kF32 || s->dtype() != DType::kF32) return false;
+    if (!x || !c || !s || c->shape() != s->shape() || c->dtype() != x->dtype() || s->dtype() != x->dtype() ||
+        !RowKernelTakes(x->dtype(), o_))
+      return false;
     if (c->shape().empty() || c->shape().back() != cols || x->shape().size() != 4) return false;
     if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, cols})) return false;
     if (rope_like && rope_like->rope && (rope_like->rope->input(1) != c || rope_like->rope->input(2) != s)) return false;
@@ -313,9 +315,10 @@ class AttentionFuser {
     std::vector<const Value*> all = {q4, kt, v4, p, pv->output()};
     if (m->mask) all.push_back(m->mask);  // (the selecting mask is bool: MatchAt checks)
     for (const Value* x : all)
-      if (x->dtype() != DType::kF32) {
+      if (!RowKernelTakes(x->dtype(), o_) || x->dtype() != q4->dtype()) {
         Refuse(qk, pv->name(), kUnsupportedDtype,
-               StrCat("attention runs in f32 only; '", x->name(), "' is ", x->TypeString()));
+               StrCat("attention runs in f32", o_.narrow_row_kernels ? ", f16 or bf16 (one dtype for all operands)" : " only",
+                      "; '", x->name(), "' is ", x->TypeString(), ", '", q4->name(), "' ", q4->TypeString()));
         return false;
       }
     const Shape &qs = q4->shape(), &ks = kt->shape(), &vs = v4->shape();
@@ -463,7 +466,7 @@ class AttentionFuser {
       }
     }
     for (const Operand* op : {&m->q, &m->k, &m->v})
-      if (op->input->dtype() != DType::kF32) {  // a Rope / Reshape never changes the dtype; be safe
+      if (op->input->dtype() != m->qk->input(0)->dtype()) {  // a Rope / Reshape never changes the dtype; be safe
         Refuse(m->qk, m->pv->name(), kUnsupportedDtype, StrCat("'", op->input->name(), "' is ", op->input->TypeString()));
         return false;
       }

@@ -87,7 +87,7 @@ Node* AppendOf(const Value* present, const Shape& want) {
   if (!c || c->inputs().size() != 2 || present->shape() != want) return nullptr;
   const int64_t axis = c->GetInt("axis", 0);
   if (axis != 2 && axis != -2) return nullptr;
-  return c->input(0)->dtype() == DType::kF32 && c->input(1)->dtype() == DType::kF32 ? c : nullptr;
+  return c->input(0)->dtype() == present->dtype() && c->input(1)->dtype() == present->dtype() ? c : nullptr;
 }
 
 // The node's operands as FusedCachedAttention's inference checks them.
@@ -96,7 +96,7 @@ Status CheckOperands(const AttributeMap& attrs, const std::vector<Value*>& input
   std::vector<DType> dtypes;
   std::vector<Shape> shapes;
   for (const Value* v : inputs) dtypes.push_back(v->dtype()), shapes.push_back(v->shape());
-  return schemas::CheckCacheOperands(c, dtypes, shapes, where);
+  return schemas::CheckCacheOperands(c, dtypes, shapes, where, schemas::AttentionDTypes::kAnyFloat);
 }
 
 class CacheFuser {

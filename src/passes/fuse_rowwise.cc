@@ -46,7 +46,7 @@ namespace {
 // Refusal codes of this pass (stable: part of the --json contract), beside refusal:: ones.
 constexpr const char* kAxisNotLast = "rowwise-axis-not-last";            // the row op reduces another axis
 constexpr const char* kBroadcastExpansion = "rowwise-broadcast-expansion";  // the group's space != the row op's shape
-constexpr const char* kDtypeUnsupported = "rowwise-dtype-unsupported";  // fused row kernels run f32 only
+constexpr const char* kDtypeUnsupported = "rowwise-dtype-unsupported";  // a dtype the fused row kernel does not take
 constexpr const char* kStatisticsUsed = "rowwise-norm-statistics-used";  // LayerNorm's Mean / InvStdDev are read
 constexpr const char* kOutputShared = "rowwise-softmax-output-shared";   // the probabilities have other readers
 
@@ -254,8 +254,9 @@ class RowwiseFuser {
     std::optional<Side> p = AsSide(x->producer());
     if (!p) return false;  // a GEMM, attention or another row op: nothing to absorb
     const std::string where = StrCat(p->node->Describe(), " -> ", r->Describe(), " reading ", x->TypeString());
-    if (x->dtype() != DType::kF32 || r->output()->dtype() != DType::kF32) {
-      Refuse(p->node, r, kDtypeUnsupported, StrCat(where, ": the fused norm kernel runs f32 only"));
+    if (!RowKernelTakes(x->dtype(), o_) || r->output()->dtype() != x->dtype()) {
+      Refuse(p->node, r, kDtypeUnsupported,
+             StrCat(where, ": the fused norm kernel runs f32", o_.narrow_row_kernels ? ", f16 or bf16" : " only"));
       return false;
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
@@ -376,9 +377,9 @@ class RowwiseFuser {
     if (!p && !e) return false;
     const Node* other = p ? p->node : e->node;
     const std::string where = StrCat(s->Describe(), " over ", x->TypeString());
-    if (x->dtype() != DType::kF32 || y->dtype() != DType::kF32) {
+    if (!RowKernelTakes(x->dtype(), o_) || y->dtype() != x->dtype()) {
       Refuse(p ? p->node : s, p ? s : e->node, kDtypeUnsupported,
-             StrCat(where, ": the fused softmax kernel runs f32 only"));
+             StrCat(where, ": the fused softmax kernel runs f32", o_.narrow_row_kernels ? ", f16 or bf16" : " only"));
       return false;
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
@@ -401,10 +402,11 @@ class RowwiseFuser {
       if (p) from.push_back(p->node);
       if (ei < 0) {
         e.reset();
-      } else if (e->outs[0]->dtype() != DType::kF32) {
+      } else if (!RowKernelTakes(e->outs[0]->dtype(), o_)) {
         Refuse(s, e->node, kDtypeUnsupported,
                StrCat(e->node->Describe(), " writes ", e->outs[0]->TypeString(), " after ", where,
-                      ": the fused softmax kernel keeps the probabilities in its first output, which must be f32"));
+                      ": the fused softmax kernel keeps the probabilities in its first output, which must be a float "
+                      "dtype its kernel takes"));
         e.reset();
       } else if (Reaches(from, others)) {
         Refuse(s, e->node, refusal::kWouldCreateCycle,

@@ -56,4 +56,10 @@ FusionDecision CheckMerge(const GroupSummary& a, const GroupSummary& b, const Gr
 FusionDecision PolicyAllowsMerge(const GroupSummary& a, const GroupSummary& b, const GroupSummary& merged,
                                  const FusionOptions& options, double* saving_us = nullptr);
 
+// Whether a fused norm, softmax or attention kernel takes tensors of dtype t: f32 always, f16 and
+// bf16 where the target's kernels do (FusionOptions::narrow_row_kernels).
+inline bool RowKernelTakes(DType t, const FusionOptions& options) {
+  return t == DType::kF32 || (options.narrow_row_kernels && (t == DType::kF16 || t == DType::kBF16));
+}
+
 }  // namespace graphfuse

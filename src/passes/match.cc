@@ -63,7 +63,11 @@ bool IsScalarConstant(const Value* v, double c, ScalarRule rule) {
   const std::optional<double> got = ScalarConstant(v, rule);
   if (!got) return false;
   const float want = static_cast<float>(c);
-  return std::fabs(static_cast<float>(*got) - want) <= kScalarRelTol * std::fabs(want);
+  if (std::fabs(static_cast<float>(*got) - want) <= kScalarRelTol * std::fabs(want)) return true;
+  // A narrow constant holds c as its dtype rounds it (sqrt(2) in bf16 is 1.4140625).
+  if (v->dtype() == DType::kBF16) return static_cast<float>(*got) == BF16BitsToF32(F32ToBF16Bits(want));
+  if (v->dtype() == DType::kF16) return static_cast<float>(*got) == F16BitsToF32(F32ToF16Bits(want));
+  return false;
 }
 
 std::optional<std::vector<int64_t>> IntConstant(const Value* v) {

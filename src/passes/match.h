@@ -65,7 +65,8 @@ struct ScalarRule {
 std::optional<double> ScalarConstant(const Value* v, ScalarRule rule = {});
 
 // Whether v is a scalar constant (per `rule`) equal to `c`, compared in f32 with relative
-// tolerance kScalarRelTol: 0.5001 is not 0.5, an exporter's rounding of 1/sqrt(2) is.
+// tolerance kScalarRelTol: 0.5001 is not 0.5, an exporter's rounding of 1/sqrt(2) is. An f16 /
+// bf16 constant also matches when it is c rounded to its dtype.
 inline constexpr float kScalarRelTol = 1e-6f;
 bool IsScalarConstant(const Value* v, double c, ScalarRule rule = {});
 

@@ -15,6 +15,7 @@ FusionOptions FusionOptionsFor(const Target& target, const FusionOptions& option
   const TargetForms forms = target.forms();
   o.attention_projection = options.attention_projection && forms.attention_projection;
   o.norm_into_gemm = options.norm_into_gemm && forms.norm_into_gemm;
+  o.narrow_row_kernels = options.narrow_row_kernels && forms.narrow_row_kernels;
   return o;
 }
 

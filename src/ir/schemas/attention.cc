@@ -85,7 +85,7 @@ HeadAccess Access(Layout l, const Dims&, int64_t heads, int64_t rows, int64_t co
 }
 
 Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
-                              const std::string& where) {
+                              const std::string& where, AttentionDTypes accept) {
   if (static_cast<int>(shapes.size()) != d.num_inputs())
     return InvalidArgument(where, ": expects ", d.num_inputs(),
                            d.proj ? (d.proj_bias ? " inputs (x, W, qkv bias" : " inputs (x, W") : " inputs (q, k, v",
@@ -99,8 +99,11 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
                                DTypeName(dtypes[i]));
       continue;
     }
-    if (dtypes[i] != DType::kF32)
-      return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+    if (accept == AttentionDTypes::kF32 && dtypes[i] != DType::kF32)
+      return Unimplemented(where, ": this attention kernel runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+    if (!IsFloat(dtypes[i]) || dtypes[i] != dtypes[0])
+      return InvalidArgument(where, ": attention operands share one float dtype; input 0 is ", DTypeName(dtypes[0]),
+                             ", input ", i, " is ", DTypeName(dtypes[i]));
   }
   auto check = [&](size_t i, const char* name, Layout l, int64_t heads, int64_t rows, int64_t cols) -> Status {
     const Shape& s = shapes[i];
@@ -173,8 +176,8 @@ Result<std::vector<ValueType>> InferAttention(const InferContext& ctx) {
     dtypes.push_back(v->dtype());
     shapes.push_back(v->shape());
   }
-  GF_RETURN_IF_ERROR(CheckAttentionOperands(d, dtypes, shapes, ctx.Describe()));
-  return std::vector<ValueType>{{DType::kF32, d.out_shape}};
+  GF_RETURN_IF_ERROR(CheckAttentionOperands(d, dtypes, shapes, ctx.Describe(), AttentionDTypes::kAnyFloat));
+  return std::vector<ValueType>{{dtypes[0], d.out_shape}};
 }
 
 }  // namespace

@@ -44,16 +44,20 @@ Shape PresentShape(const CacheDims& c, bool v) {
 }
 
 Status CheckCacheOperands(const CacheDims& c, std::span<const DType> dtypes, std::span<const Shape> shapes,
-                          const std::string& where) {
+                          const std::string& where, AttentionDTypes accept) {
   const Dims& d = c.att;
   const size_t n = static_cast<size_t>(d.num_inputs() + 2);
   if (shapes.size() != n || dtypes.size() != n)
     return InvalidArgument(where, ": expects ", n, " inputs (q, k_new, v_new, past_k, past_v",
                            d.mask ? ", mask" : "", d.mask_select != 0 ? ", bool mask" : "",
                            d.rope_q ? ", cos, sin" : "", "), got ", shapes.size());
-  for (size_t i = 1; i < 5; ++i)
-    if (dtypes[i] != DType::kF32)
-      return Unimplemented(where, ": attention runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+  for (size_t i = 1; i < 5; ++i) {
+    if (accept == AttentionDTypes::kF32 && dtypes[i] != DType::kF32)
+      return Unimplemented(where, ": this attention kernel runs in f32 only; input ", i, " is ", DTypeName(dtypes[i]));
+    if (dtypes[i] != dtypes[0])
+      return InvalidArgument(where, ": attention operands share one float dtype; input 0 is ", DTypeName(dtypes[0]),
+                             ", input ", i, " is ", DTypeName(dtypes[i]));
+  }
   for (int i = 0; i < 4; ++i) {
     const bool v = i % 2 == 1, is_new = i < 2;
     const Shape& s = shapes[static_cast<size_t>(1 + i)];
@@ -68,10 +72,10 @@ Status CheckCacheOperands(const CacheDims& c, std::span<const DType> dtypes, std
                                                 : ShapeToString(want));
   }
   // The attention's own operands: q, present_k, present_v, then the extras.
-  std::vector<DType> att_dtypes = {dtypes[0], DType::kF32, DType::kF32};
+  std::vector<DType> att_dtypes = {dtypes[0], dtypes[3], dtypes[4]};
   std::vector<Shape> att_shapes = {shapes[0], PresentShape(c, false), PresentShape(c, true)};
   for (size_t i = CacheDims::kFirstExtra; i < n; ++i) att_dtypes.push_back(dtypes[i]), att_shapes.push_back(shapes[i]);
-  GF_RETURN_IF_ERROR(CheckAttentionOperands(d, att_dtypes, att_shapes, where));
+  GF_RETURN_IF_ERROR(CheckAttentionOperands(d, att_dtypes, att_shapes, where, accept));
   if (c.rope_new_k) {
     const Shape& cos = shapes[n - 2];
     const Shape both[2] = {cos, Shape{d.b, d.kv_h, c.rows, d.d}};
@@ -94,9 +98,9 @@ Result<std::vector<ValueType>> InferCachedAttention(const InferContext& ctx) {
     dtypes.push_back(v->dtype());
     shapes.push_back(v->shape());
   }
-  GF_RETURN_IF_ERROR(CheckCacheOperands(c, dtypes, shapes, ctx.Describe()));
-  return std::vector<ValueType>{
-      {DType::kF32, c.att.out_shape}, {DType::kF32, PresentShape(c, false)}, {DType::kF32, PresentShape(c, true)}};
+  GF_RETURN_IF_ERROR(CheckCacheOperands(c, dtypes, shapes, ctx.Describe(), AttentionDTypes::kAnyFloat));
+  const DType dt = dtypes[0];
+  return std::vector<ValueType>{{dt, c.att.out_shape}, {dt, PresentShape(c, false)}, {dt, PresentShape(c, true)}};
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ Result<CacheDims> ReadCacheDims(const AttributeMap& a, const std::string& where)
 // Checks q, k_new, v_new, the past rows and the attention's extras (dtypes and shapes, in input
 // order); inference and the kernel check alike. Errors name `where`.
 Status CheckCacheOperands(const CacheDims& c, std::span<const DType> dtypes, std::span<const Shape> shapes,
-                          const std::string& where);
+                          const std::string& where, AttentionDTypes accept = AttentionDTypes::kF32);
 
 // The present K / V shapes: [B,KV,P+N,d] and [B,KV,P+N,dv].
 Shape PresentShape(const CacheDims& c, bool v);

@@ -72,9 +72,13 @@ struct HeadAccess {
 };
 HeadAccess Access(Layout l, const Dims& d, int64_t heads, int64_t rows, int64_t cols);
 
+// Which float dtypes a check accepts: f32 only (the CPU kernels), or any one float dtype shared
+// by every float operand (inference; the CUDA kernels load f16 / bf16 and compute in f32).
+enum class AttentionDTypes { kF32, kAnyFloat };
+
 // Checks the node's operands (dtypes and shapes, in input order) against the problem `d`
 // describes; inference and the kernel check alike. Errors name `where`.
 Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std::span<const Shape> shapes,
-                              const std::string& where);
+                              const std::string& where, AttentionDTypes accept = AttentionDTypes::kF32);
 
 }  // namespace graphfuse::schemas

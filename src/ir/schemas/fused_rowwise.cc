@@ -125,18 +125,21 @@ std::vector<const Value*> ConstInputs(const InferContext& ctx) { return {ctx.inp
 
 Result<std::vector<ValueType>> InferFusedNorm(const InferContext& ctx) {
   const std::string where = ctx.Describe();
-  GF_ASSIGN_OR_RETURN(NormLayout l, ReadNormLayout(where, ctx.attrs, ctx.inputs.size()));
+  // Any float rows: the CUDA kernels load f16 / bf16 and compute in f32; the CPU kernels read the
+  // layout again with RowDTypes::kF32 and refuse others.
+  GF_ASSIGN_OR_RETURN(NormLayout l, ReadNormLayout(where, ctx.attrs, ctx.inputs.size(), RowDTypes::kAnyFloat));
   GF_RETURN_IF_ERROR(CheckBodyInputs(where, "body", *l.body, ConstInputs(ctx), 0));
   const int64_t d = l.x->shape().back();
   for (size_t i = 0; i < l.params; ++i) {
     const Value* p = ctx.input(l.body_inputs + i);
     if (!p) return InvalidArgument(where, ": input ", l.body_inputs + i, " (norm parameter) is missing");
     const Shape& s = p->shape();
-    if (p->dtype() != DType::kF32 || s.size() > 1 || (s.size() == 1 && s[0] != 1 && s[0] != d))
-      return InvalidArgument(where, ": norm parameter ", p->TypeString(), " must be f32[", d,
-                             "], f32[1] or a scalar (the rows are ", l.x->TypeString(), ")");
+    const char* dt = DTypeName(l.x->dtype());
+    if (p->dtype() != l.x->dtype() || s.size() > 1 || (s.size() == 1 && s[0] != 1 && s[0] != d))
+      return InvalidArgument(where, ": norm parameter ", p->TypeString(), " must be ", dt, "[", d, "], ", dt,
+                             "[1] or a scalar (the rows are ", l.x->TypeString(), ")");
   }
-  std::vector<ValueType> out{{DType::kF32, l.x->shape()}};
+  std::vector<ValueType> out{{l.x->dtype(), l.x->shape()}};
   for (int64_t k = 0; k < l.prologue_outputs; ++k) {
     const Value* o = l.body->outputs()[static_cast<size_t>(k)];
     out.push_back({o->dtype(), o->shape()});
@@ -147,7 +150,7 @@ Result<std::vector<ValueType>> InferFusedNorm(const InferContext& ctx) {
 Result<std::vector<ValueType>> InferFusedSoftmax(const InferContext& ctx) {
   const std::string where = ctx.Describe();
   const std::vector<const Value*> inputs = ConstInputs(ctx);
-  GF_ASSIGN_OR_RETURN(SoftmaxLayout l, ReadSoftmaxLayout(where, ctx.attrs, inputs));
+  GF_ASSIGN_OR_RETURN(SoftmaxLayout l, ReadSoftmaxLayout(where, ctx.attrs, inputs, RowDTypes::kAnyFloat));
   if (l.prologue) GF_RETURN_IF_ERROR(CheckBodyInputs(where, "prologue", *l.prologue, inputs, 0));
   if (l.epilogue)
     GF_RETURN_IF_ERROR(CheckBodyInputs(where, "epilogue", *l.epilogue, inputs, l.prologue_inputs, l.epilogue_input));
