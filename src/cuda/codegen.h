@@ -94,15 +94,22 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node);
 //            row) dv + 2 floats: the chunk's max score m, sum l of exp(s - m), and
 //            acc = sum exp(s - m) v;
 //   combine  (part, out): one block per (batch, head, query row) folds the splits' partials.
+// With DecodeSplitOptions::one_launch (the default) the split kernel also takes (tickets, out)
+// and its last block per (batch, KV head) does the combine: one launch, no combine kernel.
 struct DecodeSplitOptions {
   int sms = 132;  // the device's multiprocessors (an H200's without a device)
   // Fewer keys than this per split are not worth a block of their own.
   int64_t min_keys_per_split = 32;
+  // One kernel: the last split of each (batch, KV head) combines (its parameters end with
+  // `tickets`, one zeroed int per batch x KV head that the kernel leaves zeroed, and the
+  // output); off: the split kernel, then the combine kernel.
+  bool one_launch = true;
 };
 struct DecodeAttentionKernels {
-  CudaKernelSource split, combine;
+  CudaKernelSource split, combine;  // combine: empty with one_launch
   int64_t splits = 0, chunk = 0, rows = 0;
   int64_t partial_elements = 0;  // floats of part
+  int64_t tickets = 0;           // int counters (one_launch)
 };
 Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, const DecodeSplitOptions& options = {});
 

@@ -14,13 +14,20 @@
 //          through the masks. Per row: the chunk's max m, the exponentials e_j = exp(s_j - m)
 //          summed in double (l), and acc[c] = sum_j e_j v_j[c] (threads on consecutive columns:
 //          coalesced V rows). The partial (m, l, acc) goes to scratch.
-// combine  one block per (batch, head, query row): M = max of the splits' m, then
-//          out = sum_s acc_s exp(m_s - M) / sum_s l_s exp(m_s - M), stored in the output layout.
+// combine  M = max of the splits' m, then out = sum_s acc_s exp(m_s - M) / sum_s l_s exp(m_s - M),
+//          stored in the output layout. Done by the split kernel itself: each block, having
+//          written its partial, fences and takes a ticket from its (batch, KV head)'s counter; the
+//          block with the last ticket combines that head's rows (partials read past L1) and sets
+//          the counter back to 0 for the next run, so a decode step is one launch. The separate
+//          combine kernel (one block per (batch, head, query row)) serves where the counters do
+//          not (DecodeSplitOptions::one_launch off).
 //
 // A chunk whose keys are all masked to -inf has m = -inf: its exponentials are taken against 0
 // (all 0) and its weight exp(-inf - M) is 0; a row masked everywhere gives NaN, as on the CPU.
-// Loads go through gf::f32_of and stores through gf::store, so f16 / bf16 storage can follow
-// (accumulation stays f32, sums in double); the node is f32 today (its schema says so).
+// Operands and outputs are f32, f16 or bf16 (one dtype, the node's): loads go through gf::f32_of
+// and stores through gf::store; accumulation stays f32, sums in double. A new key roped in f32 is
+// rounded to the cache's dtype before its scores, so that the scores read the key present_k
+// keeps (the next step reads it from there).
 #include <algorithm>
 
 #include "../ir/schemas/attention_cache.h"
@@ -41,8 +48,9 @@ using namespace internal;
 constexpr int64_t kQueryFloats = 4096, kScoreFloats = 4096, kTileFloats = 2048;
 constexpr int64_t kMaxChunk = 512, kMaxTileKeys = 64, kStatThreads = 32;
 
-CudaKernelSource Named(const std::string& head, const std::string& tail, const std::string& base, CudaKernelSource k) {
-  k.name = StrCat(base, "_f32_", Hash8(head + tail));
+CudaKernelSource Named(const std::string& head, const std::string& tail, const std::string& base, DType dt,
+                       CudaKernelSource k) {
+  k.name = StrCat(base, "_", DTypeName(dt), "_", Hash8(head + tail));
   k.source = head + k.name + tail;
   return k;
 }
@@ -58,11 +66,12 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   const schemas::Dims& d = c.att;
   if (static_cast<int>(node.inputs().size()) != d.num_inputs() + 2 || node.outputs().size() != 3)
     return InvalidArgument(where, ": input / output count");
+  const DType dt = node.input(0) ? node.input(0)->dtype() : DType::kF32;
   for (size_t i = 0; i < node.inputs().size(); ++i) {
     const Value* v = node.input(i);
     const bool bool_mask = d.mask_select != 0 && static_cast<int>(i) == d.bool_mask_index() + 2;
-    if (!v || v->dtype() != (bool_mask ? DType::kBool : DType::kF32))
-      return Unimplemented(where, ": f32 operands only (and a bool mask that selects)");
+    if (!v || !IsFloat(dt) || v->dtype() != (bool_mask ? DType::kBool : dt))
+      return Unimplemented(where, ": float operands of one dtype only (and a bool mask that selects)");
   }
   if (d.q == schemas::Layout::kBHDS || d.out == schemas::Layout::kBHDS)
     return Unimplemented(where, ": q and the output are read and stored as rows");
@@ -124,7 +133,9 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   if (d.mask) t += StrCat(", const ", type(next++), "* __restrict__ mask");
   if (d.mask_select != 0) t += StrCat(", const ", type(next++), "* __restrict__ bmask");
   if (d.rope_q) t += StrCat(", const ", type(next), "* __restrict__ cs, const ", type(next + 1), "* __restrict__ sn");
-  t += StrCat(", ", otype(1), "* __restrict__ present_k, ", otype(2), "* __restrict__ present_v, float* __restrict__ part) {\n");
+  t += StrCat(", ", otype(1), "* __restrict__ present_k, ", otype(2), "* __restrict__ present_v, float* __restrict__ part");
+  if (opt.one_launch) t += StrCat(", int* __restrict__ tickets, ", otype(0), "* __restrict__ out");
+  t += ") {\n";
   t += StrCat("  constexpr long long kKv = ", d.kv_h, "LL, kG = ", group, "LL, kS = ", d.s, "LL, kP = ", c.past,
               "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
   t += StrCat("  constexpr long long kR = ", rows, "LL, kChunk = ", chunk, "LL, kSplits = ", splits, "LL, kT = ", tile,
@@ -170,7 +181,7 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
     t += "          const float x2 = c < kHalf ? -gf::f32_of(kr[c + kHalf]) : gf::f32_of(kr[c - kHalf]);\n";
     t += "          const float a = gf::f32_of(kr[c]) * gf::f32_of(cs[co]);\n";
     t += "          const float s = x2 * gf::f32_of(sn[co]);\n";
-    t += "          x = a + s;\n";
+    t += dt == DType::kF32 ? "          x = a + s;\n" : StrCat("          x = gf::round_", DTypeName(dt), "(a + s);\n");
   } else {
     t += "          x = gf::f32_of(kr[c]);\n";
   }
@@ -235,8 +246,39 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
               va.row_stride, "LL + c]);\n");
   t += "        if (rr == 0) gf::store(&present_v[(bk * kSk + j) * kDv + c], x);\n";
   t += "        o += pr[jj] * x;\n      }\n";
-  t += "      pi[rr * (kDv + 2) + 2 + c] = o;\n    }\n  }\n}\n";
-  sk = Named(head, t, StrCat("decode_attention_split", name_part), std::move(sk));
+  t += "      pi[rr * (kDv + 2) + 2 + c] = o;\n    }\n";
+  if (opt.one_launch) {
+    // The last of the head's splits to finish combines (the threadFenceReduction pattern).
+    t += "    __shared__ bool last;\n";
+    t += "    __threadfence();  // this block's partials are visible device-wide before its ticket\n";
+    t += "    __syncthreads();\n";
+    t += "    if (tid == 0) last = atomicAdd(&tickets[bk], 1) == kSplits - 1;\n";
+    t += "    __syncthreads();\n";
+    t += "    if (last) {\n";
+    t += "      __threadfence();\n";
+    t += "      const float* p0 = part + bk * kSplits * kR * (kDv + 2);  // split 0, row 0 of the head\n";
+    t += "      constexpr long long kStep = kR * (kDv + 2);  // from one split's partial of a row to the next\n";
+    t += StrCat("      for (long long i = tid; i < kR * kDv; i += ", kCudaBlockSize, ") {\n");
+    t += "        const long long c = i % kDv, rr = i / kDv, r = rr % kS, h = kh * kG + rr / kS;\n";
+    t += "        const float* pr = p0 + rr * (kDv + 2);\n";
+    t += "        float mx = -__int_as_float(0x7f800000);\n";
+    t += "        for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, __ldcg(pr + s * kStep));\n";
+    t += "        double l = 0;\n        float o = 0.f;\n";
+    t += "        for (long long s = 0; s < kSplits; ++s) {\n";
+    t += "          const float w = expf(__ldcg(pr + s * kStep) - mx);\n";
+    t += "          l += static_cast<double>(__ldcg(pr + s * kStep + 1)) * w;\n";
+    t += "          o += __ldcg(pr + s * kStep + 2 + c) * w;\n        }\n";
+    t += StrCat("        gf::store(&out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
+                "LL + c], o * static_cast<float>(1.0 / l));\n      }\n");
+    t += "      if (tid == 0) tickets[bk] = 0;  // ready for the next run\n";
+    t += "    }\n";
+  }
+  t += "  }\n}\n";
+  if (opt.one_launch) sk.output_dtypes.insert(sk.output_dtypes.end(), {DType::kI32, node.output(0)->dtype()});
+  sk = Named(head, t, StrCat(opt.one_launch ? "decode_attention" : "decode_attention_split", name_part), dt,
+             std::move(sk));
+  out.tickets = opt.one_launch ? heads : 0;
+  if (opt.one_launch) return out;
 
   // ---- the combine kernel ----
   CudaKernelSource& ck_ = out.combine;
@@ -263,7 +305,7 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += "        const float w = expf(ps[0] - mx);\n";
   t += "        l += static_cast<double>(ps[1]) * w;\n        o += ps[2 + c] * w;\n      }\n";
   t += "      gf::store(&oh[c], o * static_cast<float>(1.0 / l));\n    }\n  }\n}\n";
-  ck_ = Named(head, t, StrCat("decode_attention_combine", name_part), std::move(ck_));
+  ck_ = Named(head, t, StrCat("decode_attention_combine", name_part), dt, std::move(ck_));
   return out;
 }
 

@@ -68,6 +68,18 @@ Status PlanDecodeAttention(PlanBuilder& pb, const Node& n, const CudaNodePlan& p
                                                    StrCat(n.name(), " decode attention partials")));
   std::vector<void*> split_args(bufs.begin(), bufs.begin() + static_cast<std::ptrdiff_t>(ins));
   split_args.insert(split_args.end(), {bufs[ins + 1], bufs[ins + 2], part});
+  if (k.tickets > 0) {
+    // The counters are the node's own for the plan's life: zeroed once, left zeroed by every run.
+    const size_t bytes = static_cast<size_t>(k.tickets) * sizeof(int32_t);
+    const std::string what = StrCat(n.name(), " decode attention tickets");
+    GF_ASSIGN_OR_RETURN(void* tickets, pb.memory.Alloc(bytes, what));
+    GF_RETURN_IF_ERROR(pb.memory.Zero(tickets, bytes, nullptr, what));
+    GF_RETURN_IF_ERROR(pb.memory.Sync(nullptr));
+    split_args.insert(split_args.end(), {tickets, bufs[ins]});
+    GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), k.split, std::move(split_args)));
+    pb.lines.push_back(StrCat(n.name(), ": ", plan.what, " ", k.split.name));
+    return Status::Ok();
+  }
   GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), k.split, std::move(split_args)));
   GF_RETURN_IF_ERROR(pb.AddKernelStep(n.name(), k.combine, {part, bufs[ins]}));
   pb.lines.push_back(StrCat(n.name(), ": ", plan.what, " ", k.split.name, ", ", k.combine.name));

@@ -31,6 +31,9 @@ static std::barrier<>* g_barrier = nullptr;
 #define __restrict__ __restrict
 #define __shared__ static
 static inline void __syncthreads() { g_barrier->arrive_and_wait(); }
+static inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+static inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline float __ldcg(const float* p) { float v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
 static inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 static inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 static double g_shfl_d[1024];

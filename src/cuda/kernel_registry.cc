@@ -88,8 +88,14 @@ Result<CudaNodePlan> PlanCachedAttention(const Node& node, const CudaPlanOptions
   GF_ASSIGN_OR_RETURN(DecodeAttentionKernels k, GenerateDecodeAttentionKernels(node, options.decode));
   CudaNodePlan p;
   p.path = CudaPath::kDecodeAttention;
-  p.what = StrCat("decode attention (", k.splits, " splits of ", k.chunk, " keys): the generated split and combine kernels");
-  p.kernels = {k.split, k.combine};
+  if (options.decode.one_launch) {
+    p.what = StrCat("decode attention (", k.splits, " splits of ", k.chunk,
+                    " keys, the last split of each head combining): the generated kernel");
+    p.kernels = {k.split};
+  } else {
+    p.what = StrCat("decode attention (", k.splits, " splits of ", k.chunk, " keys): the generated split and combine kernels");
+    p.kernels = {k.split, k.combine};
+  }
   p.decode = std::move(k);
   return p;
 }

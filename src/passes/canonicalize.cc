@@ -35,6 +35,7 @@
 // written without the max subtraction is left alone.
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <set>
@@ -554,17 +555,18 @@ Result<int> SplitLinearGemms(Graph& g) {
     Value* a = n->input(0);
     Value* w = n->input(1);
     Value* c = n->input(2);
-    if (!w->constant() || a->dtype() != DType::kF32 || w->dtype() != DType::kF32) continue;
+    if (!w->constant() || !IsFloat(a->dtype()) || w->dtype() != a->dtype()) continue;
     if (n->GetInt("transA", 0) != 0 || n->GetFloat("alpha", 1.f) != 1.f) continue;
     if (c && (!c->constant() || n->GetFloat("beta", 1.f) != 1.f)) continue;
     std::shared_ptr<const Tensor> weights = w->constant();
     if (n->GetInt("transB", 0) != 0) {  // fold the transpose: [N, K] -> [K, N]
       const int64_t nn = w->shape()[0], kk = w->shape()[1];
-      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, {kk, nn}));
-      const float* src = weights->data_as<float>();
-      float* dst = t.data_as<float>();
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(w->dtype(), {kk, nn}));
+      const size_t es = DTypeSize(w->dtype());
+      const auto* src = static_cast<const std::byte*>(weights->data());
+      auto* dst = static_cast<std::byte*>(t.data());
       for (int64_t i = 0; i < nn; ++i)
-        for (int64_t j = 0; j < kk; ++j) dst[j * nn + i] = src[i * kk + j];
+        for (int64_t j = 0; j < kk; ++j) std::memcpy(dst + (j * nn + i) * es, src + (i * kk + j) * es, es);
       weights = std::make_shared<const Tensor>(std::move(t));
     }
     GF_ASSIGN_OR_RETURN(Value * wk, g.AddConstant(g.FreshName(w->name() + "_kn"), weights));

@@ -22,6 +22,7 @@
 #include "cuda/nvrtc_compile.h"
 #include "graphfuse/model.h"
 #include "ir/text.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 
 namespace graphfuse::cuda {
@@ -206,43 +207,69 @@ double WorstRelative(const Tensor& got, const Tensor& want) {
   return WorstRelative(got, w);
 }
 
-// Runs the spec's decode kernels on the host (split over `opt`) against the CPU kernel: the
-// present rows bit for bit, the output within 1e-5 of the CPU's and of float64.
+// Runs decode kernels `k` on the host on `in` (fewer blocks than items: the grid-stride loops
+// take the rest), into tensors shaped as `like` (output, present K, present V) in dtype dt. The
+// one-launch form runs twice, and must leave its tickets zeroed after each run.
+Result<std::vector<Tensor>> EmulateDecode(const DecodeAttentionKernels& k, std::vector<Tensor>& in,
+                                          const std::vector<Tensor>& like, DType dt) {
+  GF_ASSIGN_OR_RETURN(auto split, HostKernel::Build(k.split));
+  std::vector<Tensor> got;
+  for (const Tensor& t : like) got.push_back(Tensor::Empty(dt, t.shape()).value());
+  std::vector<float> part(static_cast<size_t>(k.partial_elements), NAN);
+  std::vector<void*> args;
+  for (Tensor& t : in) args.push_back(t.data());
+  args.insert(args.end(), {got[1].data(), got[2].data(), part.data()});
+  const unsigned grid = static_cast<unsigned>(std::min<int64_t>(k.split.scalar_work_items, 3));
+  if (k.tickets > 0) {
+    std::vector<int> tickets(static_cast<size_t>(k.tickets), 0);
+    args.insert(args.end(), {tickets.data(), got[0].data()});
+    for (int run = 0; run < 2; ++run) {
+      if (run == 1) std::memset(got[0].data(), 0xff, got[0].nbytes());  // NaNs: the second run must write it all
+      split->Launch(args, grid);
+      for (int t : tickets)
+        if (t != 0) return Internal("run ", run, ": a ticket counter is ", t, " after the run, not 0");
+    }
+    return got;
+  }
+  GF_ASSIGN_OR_RETURN(auto combine, HostKernel::Build(k.combine));
+  split->Launch(args, grid);
+  combine->Launch({part.data(), got[0].data()}, 2);
+  return got;
+}
+
+// Runs the spec's decode kernels on the host (split over `opt`), as two kernels and as one
+// launch, against the CPU kernel: the present rows bit for bit, the output within 1e-5 of the
+// CPU's and of float64.
 void CheckEmulatedDecode(const DecodeSpec& c, const DecodeSplitOptions& opt, uint32_t seed) {
   SCOPED_TRACE(Label(c));
   auto g = DecoderGraph(c);
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const Node* node = FindCached(**g);
   ASSERT_NE(node, nullptr) << PrintGraph(**g);
-  auto k = GenerateDecodeAttentionKernels(*node, opt);
-  ASSERT_TRUE(k.ok()) << k.status().ToString();
   auto run = CaptureNode(**g, *node, seed);
   ASSERT_TRUE(run.ok()) << run.status().ToString();
-  auto split = HostKernel::Build(k->split);
-  ASSERT_TRUE(split.ok()) << split.status().ToString();
-  auto combine = HostKernel::Build(k->combine);
-  ASSERT_TRUE(combine.ok()) << combine.status().ToString();
-  std::vector<Tensor> got;
-  for (const Tensor& t : run->out) got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
-  std::vector<float> part(static_cast<size_t>(k->partial_elements), NAN);
-  std::vector<void*> args;
-  for (Tensor& t : run->in) args.push_back(t.data());
-  args.insert(args.end(), {got[1].data(), got[2].data(), part.data()});
-  // Fewer blocks than items: the grid-stride loops take the rest.
-  (*split)->Launch(args, static_cast<unsigned>(std::min<int64_t>(k->split.scalar_work_items, 3)));
-  (*combine)->Launch({part.data(), got[0].data()}, 2);
-  EXPECT_EQ(MaxAbsDiff(got[1], run->out[1]), 0.0) << "present K";
-  EXPECT_EQ(MaxAbsDiff(got[2], run->out[2]), 0.0) << "present V";
   const std::vector<double> f64 = Float64Attention(c, *run, run->out[1], run->out[2]);
-  const double vs_cpu = WorstRelative(got[0], run->out[0]), vs_f64 = WorstRelative(got[0], f64);
   const double cpu_f64 = WorstRelative(run->out[0], f64);
-  EXPECT_LT(vs_cpu, 1e-5) << "output against the CPU kernel";
-  EXPECT_LT(vs_f64, 1e-5) << "output against float64";
   EXPECT_LT(cpu_f64, 1e-5) << "the CPU kernel against float64";
   EXPECT_GT(MaxAbs(run->out[0]), 0.01);
-  std::printf("[ emulated ] %s: %lld splits of %lld keys, %lld rows a block; err vs CPU %.2g, vs f64 %.2g\n",
-              Label(c).c_str(), static_cast<long long>(k->splits), static_cast<long long>(k->chunk),
-              static_cast<long long>(k->rows), vs_cpu, vs_f64);
+  for (bool one_launch : {false, true}) {
+    SCOPED_TRACE(one_launch ? "one launch" : "split and combine kernels");
+    DecodeSplitOptions o = opt;
+    o.one_launch = one_launch;
+    auto k = GenerateDecodeAttentionKernels(*node, o);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    EXPECT_EQ(k->tickets, one_launch ? c.b * c.kv : 0);
+    auto got = EmulateDecode(*k, run->in, run->out, DType::kF32);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    EXPECT_EQ(MaxAbsDiff((*got)[1], run->out[1]), 0.0) << "present K";
+    EXPECT_EQ(MaxAbsDiff((*got)[2], run->out[2]), 0.0) << "present V";
+    const double vs_cpu = WorstRelative((*got)[0], run->out[0]), vs_f64 = WorstRelative((*got)[0], f64);
+    EXPECT_LT(vs_cpu, 1e-5) << "output against the CPU kernel";
+    EXPECT_LT(vs_f64, 1e-5) << "output against float64";
+    std::printf("[ emulated ] %s%s: %lld splits of %lld keys, %lld rows a block; err vs CPU %.2g, vs f64 %.2g\n",
+                Label(c).c_str(), one_launch ? ", one launch" : "", static_cast<long long>(k->splits),
+                static_cast<long long>(k->chunk), static_cast<long long>(k->rows), vs_cpu, vs_f64);
+  }
 }
 
 TEST(CudaDecodeAttention, EmulatedKernelsMatchTheCpuKernel) {
@@ -267,6 +294,88 @@ TEST(CudaDecodeAttention, EmulatedKernelsMatchTheCpuKernel) {
   // One key per split, two new rows and a -inf mask: the first row's last split is masked whole.
   CheckEmulatedDecode({.b = 1, .h = 4, .kv = 2, .past = 10, .s = 2, .d = 16, .inf_mask = true},
                       {.sms = 64, .min_keys_per_split = 1}, seed++);
+}
+
+// The spec's decode step computed in dt (f16 / bf16): the f32 graph converted with its inputs and
+// outputs in dt, through the CUDA target's pipeline.
+Result<std::unique_ptr<Graph>> NarrowDecoderGraph(const DecodeSpec& c, DType dt) {
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> f32, ParseGraph(DecoderText(c)));
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> g, ConvertPrecision(*f32, dt, {.narrow_io = true}));
+  GF_RETURN_IF_ERROR(RunPipeline(*g, DefaultCudaTarget()).status());
+  return g;
+}
+
+// v rounded to dt (nearest even), as f32 and as dt's bits.
+float RoundF32(float v, DType dt) {
+  return dt == DType::kBF16 ? BF16BitsToF32(F32ToBF16Bits(v)) : F16BitsToF32(F32ToF16Bits(v));
+}
+Tensor ToNarrow(const Tensor& t, DType dt) {
+  Tensor out = Tensor::Empty(dt, t.shape()).value();
+  for (int64_t i = 0; i < t.numel(); ++i)
+    out.data_as<uint16_t>()[i] = dt == DType::kBF16 ? F32ToBF16Bits(t.data_as<float>()[i]) : F32ToF16Bits(t.data_as<float>()[i]);
+  return out;
+}
+
+// The decode kernels in f16 / bf16 (K / V caches, q, masks and tables in that dtype), against
+// the f32 kernels on the same rounded inputs: the present K rows are the f32 kernel's rounded to
+// dt (bit for bit), the present V rows the inputs; the output within dt's rounding of float64
+// over those present rows.
+TEST(CudaDecodeAttention, EmulatedInF16AndBf16MatchesF32OnRoundedInputs) {
+  const DecodeSplitOptions small{.sms = 16, .min_keys_per_split = 3};
+  const DecodeSpec specs[] = {{.b = 1, .h = 4, .kv = 2, .past = 100, .s = 1, .d = 64},
+                              {.b = 2, .h = 4, .kv = 4, .past = 7, .s = 2, .d = 16}};
+  uint32_t seed = 70;
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const DecodeSpec& c : specs) {
+      SCOPED_TRACE(StrCat(DTypeName(dt), " ", Label(c)));
+      auto g32 = DecoderGraph(c);
+      ASSERT_TRUE(g32.ok()) << g32.status().ToString();
+      auto gn = NarrowDecoderGraph(c, dt);
+      ASSERT_TRUE(gn.ok()) << gn.status().ToString();
+      const Node* n32 = FindCached(**g32);
+      const Node* nn = FindCached(**gn);
+      ASSERT_TRUE(n32 && nn) << PrintGraph(**gn);
+      ASSERT_EQ(nn->inputs().size(), n32->inputs().size());
+      for (const Value* o : nn->outputs()) EXPECT_EQ(o->dtype(), dt);
+      auto k32 = GenerateDecodeAttentionKernels(*n32, small);
+      auto kn = GenerateDecodeAttentionKernels(*nn, small);
+      ASSERT_TRUE(k32.ok() && kn.ok()) << kn.status().ToString();
+      EXPECT_NE(kn->split.name.find(DTypeName(dt)), std::string::npos) << kn->split.name;
+      for (const CudaKernelSource* k : {&kn->split, &kn->combine}) {
+        auto compiled = NvrtcCompiler().Compile(*k);
+        EXPECT_TRUE(compiled.ok()) << compiled.status().ToString();
+      }
+      auto run = CaptureNode(**g32, *n32, seed++);
+      ASSERT_TRUE(run.ok()) << run.status().ToString();
+      // The f32 node's inputs rounded to dt, and the same values stored in dt.
+      std::vector<Tensor> narrow_in;
+      for (Tensor& t : run->in) {
+        for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = RoundF32(t.data_as<float>()[i], dt);
+        narrow_in.push_back(ToNarrow(t, dt));
+      }
+      auto want = EmulateDecode(*k32, run->in, run->out, DType::kF32);
+      ASSERT_TRUE(want.ok()) << want.status().ToString();
+      auto got = EmulateDecode(*kn, narrow_in, run->out, dt);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      for (int o : {1, 2}) {
+        int64_t diff = 0;
+        for (int64_t i = 0; i < (*got)[o].numel(); ++i)
+          diff += (*got)[o].GetAsDouble(i) != RoundF32((*want)[o].data_as<float>()[i], dt);
+        EXPECT_EQ(diff, 0) << (o == 1 ? "present K" : "present V");
+      }
+      // float64 over the present rows the narrow kernel keeps.
+      Tensor pk = Tensor::Empty(DType::kF32, (*got)[1].shape()).value();
+      Tensor pv = Tensor::Empty(DType::kF32, (*got)[2].shape()).value();
+      for (int64_t i = 0; i < pk.numel(); ++i) pk.data_as<float>()[i] = static_cast<float>((*got)[1].GetAsDouble(i));
+      for (int64_t i = 0; i < pv.numel(); ++i) pv.data_as<float>()[i] = static_cast<float>((*got)[2].GetAsDouble(i));
+      const std::vector<double> f64 = Float64Attention(c, *run, pk, pv);
+      const double err = WorstRelative((*got)[0], f64);
+      // One rounding of the output (2^-9 of bf16, 2^-12 of f16) over f32 sums.
+      EXPECT_LT(err, dt == DType::kBF16 ? 4e-3 : 5e-4) << "output against float64";
+      EXPECT_GT(MaxAbs((*got)[0]), 0.01);
+      std::printf("[ emulated ] %s %s: err vs f64 %.2g\n", DTypeName(dt), Label(c).c_str(), err);
+    }
+  }
 }
 
 // The split choice: at batch 1 every multiprocessor gets a block (for long enough caches), a
@@ -314,8 +423,15 @@ TEST(CudaDecodeAttention, KernelsCompileThroughNvrtc) {
     auto plan = PlanNodeForCuda(*node);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     EXPECT_EQ(plan->path, CudaPath::kDecodeAttention);
-    ASSERT_EQ(plan->kernels.size(), 2u);
-    for (const CudaKernelSource& k : plan->kernels) {
+    ASSERT_EQ(plan->kernels.size(), 1u) << "one launch: the last split combines";
+    CudaPlanOptions two;
+    two.decode.one_launch = false;
+    auto two_plan = PlanNodeForCuda(*node, two);
+    ASSERT_TRUE(two_plan.ok()) << two_plan.status().ToString();
+    ASSERT_EQ(two_plan->kernels.size(), 2u);
+    std::vector<CudaKernelSource> all = plan->kernels;
+    all.insert(all.end(), two_plan->kernels.begin(), two_plan->kernels.end());
+    for (const CudaKernelSource& k : all) {
       auto compiled = compiler.Compile(k);
       ASSERT_TRUE(compiled.ok()) << compiled.status().ToString();
       EXPECT_NE(compiled->image.find(k.name), std::string::npos) << k.name;
@@ -326,8 +442,8 @@ TEST(CudaDecodeAttention, KernelsCompileThroughNvrtc) {
   }
 }
 
-// The kernels' sources for a grouped-query decode step (RoPE, causal mask, 1000 past keys),
-// against tests/golden (GF_UPDATE_GOLDEN=1 rewrites them, as CudaCodegen.GoldenSources).
+// The kernels' sources for a grouped-query decode step (RoPE, causal mask, 1000 past keys), as
+// two kernels and as one launch, against tests/golden (GF_UPDATE_GOLDEN=1 rewrites them, as CudaCodegen.GoldenSources).
 TEST(CudaDecodeAttention, GoldenSources) {
   const char* e = std::getenv("GF_UPDATE_GOLDEN");
   const bool update = e && std::string(e) == "1";
@@ -335,10 +451,13 @@ TEST(CudaDecodeAttention, GoldenSources) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const Node* node = FindCached(**g);
   ASSERT_NE(node, nullptr);
-  auto k = GenerateDecodeAttentionKernels(*node);
+  auto k = GenerateDecodeAttentionKernels(*node, {.one_launch = false});
   ASSERT_TRUE(k.ok()) << k.status().ToString();
+  auto one = GenerateDecodeAttentionKernels(*node);
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
   for (const auto& [name, src] : {std::pair<std::string, const CudaKernelSource*>{"decode_attention_split", &k->split},
-                                  {"decode_attention_combine", &k->combine}}) {
+                                  {"decode_attention_combine", &k->combine},
+                                  {"decode_attention_one_launch", &one->split}}) {
     const std::filesystem::path file = std::filesystem::path(GF_GOLDEN_DIR) / (name + ".cu");
     if (update) {
       std::ofstream(file, std::ios::binary) << src->source;
