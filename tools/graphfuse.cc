@@ -164,13 +164,14 @@ constexpr HelpSection kCommands[] = {
         --past L (llama7b, llama-small, gpt2) gives the block a KV cache as exported decoders
         have it: inputs past_key / past_value [batch, heads, L, head_dim], the new K (after
         RoPE) and V rows appended to them before attention, outputs present_key /
-        present_value beside y, a causal mask over the L + N keys; the fused plan runs it as
-        one FusedCachedAttention (kernel kvcache_attention_...); --seq 1 --past L is one decode
-        step. --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the block
+        present_value beside y, a causal mask over the L + N keys; the fused f32 plan runs it
+        as one FusedCachedAttention (kernel kvcache_attention_...); --seq 1 --past L is one
+        decode step. --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the block
         converted to that dtype, compared with the CPU's f32 unfused plan within the dtype's
         tolerance (5e-2 for bf16, 1e-2 for f16, unless --rtol / --atol are given); the CPU's
-        plans stay f32 (its GEMMs are f32 only). The JSON records preset, seq, past, dtype and
-        every output's error.
+        plans stay f32 (its GEMMs are f32 only). The attention fusions are f32 only so far: in
+        bf16 / f16 attention runs as its own ops, and the cache's Concat on the host. The JSON
+        records preset, seq, past, dtype, every output's error and the fused plan's ops.
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
