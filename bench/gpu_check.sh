@@ -1,27 +1,49 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs a GPU for, in one run (meant for one call on a lent GPU
-# machine): build, the runtime tests, every exported model on the GPU against the CPU, and the
-# LLaMA-7B block at decode (seq 1) and prefill (seq 512), unfused / fused / fused + CUDA graph,
-# beside PyTorch eager and torch.compile on the same shapes (f32 and bf16).
+# machine): build, the runtime tests, every exported model on the GPU against the CPU in f32,
+# bf16 and f16, and the LLaMA-7B block at decode (seq 1 over a KV cache of 2048 rows, one
+# FusedCachedAttention in the fused plan) in f32, bf16 and f16 and at prefill (seq 512) in bf16
+# and f16, unfused / fused / fused + CUDA graph, beside PyTorch eager and torch.compile (default,
+# reduce-overhead, max-autotune) on the same shapes and cache, and the device memory the demo's
+# plans hold against their buffers without reuse.
 #
 #   bench/gpu_check.sh [OUT_DIR]      # default bench/results/gpu: summary.txt and raw.tar.gz
 #   GF_GPU_PART=1|2|quick|all GF_GPU_BUDGET=SECONDS bench/gpu_check.sh OUT_DIR   # a part, a time budget
+#
+# Parts (each a separate device command; the budgets are the defaults of GF_GPU_BUDGET, and
+# each step's own limit below keeps one slow step from taking a part's whole budget; the
+# figures are planned, not yet measured on an H200):
+#   quick  ~3 min: the five demo block runs (decode f32 / bf16 / f16, prefill bf16 / f16, each
+#          with --profile and --json), their device memory, torch.compile on the bf16 decode
+#          step and prefill, the runtime tests
+#   1      ~5 min: the same demo runs with more repeats, device memory, PyTorch eager and
+#          torch.compile (default, reduce-overhead, max-autotune) on the decode step, the
+#          runtime tests, prefill peers, the test blocks in bf16 / f16
+#   2      ~5 min: every tests/models model (tests/models/hf too) on the GPU in f32 (also as a
+#          CUDA graph), bf16 and f16 against the CPU's f32 plan and the reference outputs, the
+#          other CUDA tests, f16 and max-autotune prefill peers, the other elementwise presets
+#   all    1 then 2 (~10 min: one device command's limit)
+# The ONNX node tests (build/tests/onnx_node_tests) run on the CPU only and need Debian's
+# libonnx-testdata, which the GPU image lacks: part 2 runs the model corpus instead.
 #
 # Each step is time-boxed and its failure is reported without stopping the others, so that one
 # run brings back as much as it can. The GPU machine's image has CUDA, CMake and PyTorch but not
 # this project's Debian libraries, and nothing can be installed there: make gpu_bundle.tar.xz here
 # (bench/gpu_bundle.sh) and carry it; without it the script tries to build in ./build.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 OUT=${1:-bench/results/gpu}
 mkdir -p "$OUT"
 # Two files come back: OUT/summary.txt (every step's exit status and output tail) and
 # OUT/raw.tar.gz (every step's whole output and JSON), packed as each step ends.
 RAW=$(mktemp -d)
 log() { echo "[gpu_check $(date -u +%H:%M:%S)] $*" | tee -a "$OUT/summary.txt"; }
-# One device command may run 10 minutes: every step shares one budget (GF_GPU_BUDGET seconds,
-# default 540), the most important first; a step gets at most what is left.
-DEADLINE=$((SECONDS + ${GF_GPU_BUDGET:-540}))
+# One device command may run 10 minutes: every step shares one budget (GF_GPU_BUDGET seconds;
+# default 180 for quick, 300 for part 1 or 2, 540 for all), the most important first; a step
+# gets at most what is left.
+PART=${GF_GPU_PART:-all}
+case "$PART" in quick) BUDGET=180 ;; 1 | 2) BUDGET=300 ;; *) BUDGET=540 ;; esac
+DEADLINE=$((SECONDS + ${GF_GPU_BUDGET:-$BUDGET}))
 step() {  # step NAME SECONDS CMD... : runs CMD with a time limit, output to RAW/NAME.txt
   local name=$1 secs=$2; shift 2
   local left=$((DEADLINE - SECONDS))
@@ -55,7 +77,7 @@ if [ -f gpu_bundle.tar.xz ]; then
   # for it in the toolkit's and the Python packages' folders.
   for lib in $(ldd "$GF" "$TESTS" | awk '/not found/ {print $1}' | sort -u); do
     hit=$(find /usr/local /usr/lib /opt -name "$lib" 2> /dev/null | head -1)
-    if [ -n "$hit" ]; then export LD_LIBRARY_PATH=$(dirname "$hit"):$LD_LIBRARY_PATH; log "found $hit"; else log "missing: $lib"; fi
+    if [ -n "$hit" ]; then LD_LIBRARY_PATH=$(dirname "$hit"):$LD_LIBRARY_PATH; export LD_LIBRARY_PATH; log "found $hit"; else log "missing: $lib"; fi
   done
 elif [ ! -x build/graphfuse ] || [ ! -x build/tests/graphfuse_cuda_tests ]; then
   step configure 300 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release || { log "configure failed"; exit 1; }
@@ -71,24 +93,31 @@ for p in python3 /usr/bin/python3 /usr/local/bin/python3 python; do
 done
 log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' 2>&1 | tail -1))"
 
-# GF_GPU_PART picks the steps: 1 (what "done" asks for, the runtime tests, prefill), 2 (the
-# rest: bf16 and prefill peers, the other presets, every exported model), all (default: 1 then
-# 2), or quick (a re-check after a change, about 2 minutes: the done-when figures, prefill,
-# torch.compile at both sizes, the runtime tests).
-PART=${GF_GPU_PART:-all}
+# GF_GPU_PART picks the steps (see the header): quick, 1, 2 or all (1 then 2).
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 
 # The steps parts share. bench_preset P: P at 64 Mi elements beside a same-run device copy.
-# demo_block SEQ REPEATS: the LLaMA-7B block, unfused / fused / fused + CUDA graph, against the
-# CPU, every step's device time. torch_block NAME SECONDS ARGS...: PyTorch on the same block.
 bench_preset() {
   step "bench_$1_64Mi" 90 $GF bench --preset "$1" --elements 67108864 --repeats 21 --backend cuda \
     --json "$RAW/bench_$1_64Mi.json"
 }
+# demo_block NAME SECONDS FLAGS...: the LLaMA-7B block on the GPU (unfused / fused / fused + CUDA
+# graph, against the CPU's f32 plan, every step's device time), its JSON in RAW/NAME.json.
 demo_block() {
-  step "demo_llama7b_seq$1" 150 $GF demo --preset llama7b --seq "$1" --threads "$(nproc)" --repeats "$2" \
-    --backend cuda --profile --json "$RAW/demo_llama7b_seq$1.json"
+  local name=$1 secs=$2
+  shift 2
+  step "$name" "$secs" $GF demo --preset llama7b --threads "$(nproc)" --backend cuda --profile \
+    --json "$RAW/$name.json" "$@"
 }
+# The decode step (seq 1 over a KV cache of 2048 rows) in f32, bf16, f16, and prefill (seq 512)
+# in bf16 and f16; then the device memory of their plans (bench/gpu_memory_check.py).
+DECODE=(--seq 1 --past 2048)
+demo_blocks() {  # demo_blocks DECODE_REPEATS PREFILL_REPEATS
+  for dt in f32 bf16 f16; do demo_block "demo_llama7b_decode2048_$dt" 75 "${DECODE[@]}" --dtype $dt --repeats "$1"; done
+  for dt in bf16 f16; do demo_block "demo_llama7b_prefill512_$dt" 90 --seq 512 --dtype $dt --repeats "$2"; done
+  step device_memory 20 "$PY" bench/gpu_memory_check.py "$RAW"/demo_llama7b_*.json
+}
+# torch_block NAME SECONDS ARGS...: PyTorch on the same block (bench/peers/block_torch.py).
 torch_block() {
   local name=$1 secs=$2
   shift 2
@@ -97,16 +126,14 @@ torch_block() {
 runtime_tests() { step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'; }
 
 if part quick; then
-  bench_preset chain
-  for seq in 1 512; do
-    demo_block $seq 21
-    torch_block "torch_compile_seq${seq}_f32" 120 --seq $seq --compile
-  done
+  demo_blocks 11 5
+  torch_block torch_compile_decode2048_bf16 120 "${DECODE[@]}" --dtype bf16 --compile
+  torch_block torch_compile_prefill512_bf16 90 --seq 512 --dtype bf16 --compile
   runtime_tests
 fi
 
 # The test blocks computed in bf16 and f16 on the GPU (`run --dtype`), against the CPU's f32
-# plan within the dtype's tolerance: the narrow kernels and GEMMs on a device for the first time.
+# plan within the dtype's tolerance.
 narrow_runs() {
   for m in llama_block_opset17 gpt2_block_opset17 bert_layer_opset17 mlp_gelu_opset17; do
     for dt in bf16 f16; do
@@ -116,42 +143,62 @@ narrow_runs() {
   done
 }
 
-if part quick; then
-  narrow_runs
-fi
-
 if part 1; then
   # What "done" asks for first: fused elementwise against a same-run device copy at 64 Mi; the
-  # LLaMA-7B decode block; PyTorch eager and torch.compile on the same block. Then the runtime
-  # tests (demo presets and exported models, unfused / fused, stream / CUDA graph, against the
-  # CPU; the codegen and NVRTC tests run in CI, and in part 2 here), and prefill.
+  # LLaMA-7B decode step and prefill in every dtype and their memory; PyTorch eager and
+  # torch.compile on the same decode step. Then the runtime tests (demo presets and exported
+  # models, unfused / fused, stream / CUDA graph, against the CPU; the codegen and NVRTC tests
+  # run in CI, and in part 2 here), the slow max-autotune compile, the prefill peers.
   bench_preset chain
-  demo_block 1 21
-  torch_block torch_eager_seq1_f32 60 --seq 1
-  torch_block torch_compile_seq1_f32 120 --seq 1 --compile
+  demo_blocks 21 11
+  for dt in f32 bf16 f16; do torch_block "torch_eager_decode2048_$dt" 45 "${DECODE[@]}" --dtype $dt; done
+  torch_block torch_compile_decode2048_f32 120 "${DECODE[@]}" --compile
+  torch_block torch_compile_decode2048_bf16 120 "${DECODE[@]}" --dtype bf16 --compile
+  torch_block torch_compile_ro_decode2048_bf16 120 "${DECODE[@]}" --dtype bf16 --compile --mode reduce-overhead
   runtime_tests
-  demo_block 512 11
-  torch_block torch_compile_ro_seq1_f32 120 --seq 1 --compile --mode reduce-overhead
+  torch_block torch_compile_ma_decode2048_bf16 180 "${DECODE[@]}" --dtype bf16 --compile --mode max-autotune
+  torch_block torch_eager_prefill512_bf16 45 --seq 512 --dtype bf16
+  torch_block torch_compile_prefill512_bf16 120 --seq 512 --dtype bf16 --compile
   narrow_runs
 fi
 
-if part 2; then
-  step cuda_tests 200 "$TESTS" --gtest_filter='-CudaRuntime.*'
-  # Prefill, and bf16 for PyTorch (graphfuse's demo block is f32; `run --dtype` covers bf16).
-  for seq in 1 512; do
-    for dt in f32 bf16; do
-      [ "$seq$dt" = "1f32" ] && continue
-      torch_block "torch_eager_seq${seq}_$dt" 60 --seq $seq --dtype $dt
-      torch_block "torch_compile_seq${seq}_$dt" 120 --seq $seq --dtype $dt --compile
+# corpus DT: every tests/models model (tests/models/hf too) with its first data set on the GPU
+# in DT (f32: also replayed as one CUDA graph), 4 at a time, each model limited to 60 s; one
+# line per model ("ok" or the exit status and its last lines), then the counts. `run` compares
+# the GPU's outputs with the CPU's f32 plan and with the reference outputs (within the dtype's
+# tolerance in bf16 / f16).
+corpus_one() {  # corpus_one MODEL_DIR DT EXTRA_FLAG
+  local m=${1%/} dt=$2 extra=${3:-}
+  local name
+  name=$(echo "${m#tests/models/}" | tr / _)$( [ -n "$extra" ] && echo _graph)
+  timeout 60 "$GF" run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --dtype "$dt" ${extra:+"$extra"} \
+    > "$RAW/corpus_$dt/$name.txt" 2>&1
+  local rc=$?
+  if [ $rc -eq 0 ]; then echo "ok    $name"; else echo "exit $rc $name: $(tail -n 3 "$RAW/corpus_$dt/$name.txt" | tr '\n' ' ')"; fi
+}
+corpus() {
+  local dt=$1
+  mkdir -p "$RAW/corpus_$dt"
+  {
+    for m in tests/models/*/ tests/models/hf/*/; do
+      [ -f "$m/model.onnx" ] || continue
+      echo "$m $dt"
+      [ "$dt" = f32 ] && echo "$m $dt --cuda-graph"
     done
-  done
-  # The other elementwise presets, and every exported model with its reference outputs on the
-  # GPU (launched, and as a CUDA graph).
+  } | xargs -P 4 -L 1 bash -c 'corpus_one "$@"' _ | tee "$RAW/corpus_$dt.list"
+  echo "corpus $dt: $(grep -c '^ok' "$RAW/corpus_$dt.list") ok, $(grep -vc '^ok' "$RAW/corpus_$dt.list") not"
+  ! grep -vq '^ok' "$RAW/corpus_$dt.list"
+}
+export -f corpus_one corpus
+export GF RAW
+
+if part 2; then
+  for dt in f32 bf16 f16; do step "corpus_$dt" 90 bash -c "corpus $dt"; done
+  step cuda_tests 120 "$TESTS" --gtest_filter='-CudaRuntime.*'
+  torch_block torch_eager_decode2048_f16 45 "${DECODE[@]}" --dtype f16
+  torch_block torch_compile_decode2048_f16 120 "${DECODE[@]}" --dtype f16 --compile
+  torch_block torch_compile_prefill512_f16 120 --seq 512 --dtype f16 --compile
+  torch_block torch_compile_ma_prefill512_bf16 150 --seq 512 --dtype bf16 --compile --mode max-autotune
   for preset in gelu silu residual; do bench_preset $preset; done
-  for m in tests/models/*/; do
-    name=$(basename "$m")
-    step "run_$name" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda
-    step "run_${name}_graph" 30 $GF run "$m/model.onnx" --data "$m/test_data_set_0" --backend cuda --cuda-graph
-  done
 fi
 log "done; every output in $OUT/raw.tar.gz"

@@ -202,6 +202,61 @@ if "$GF" --help | grep -q -- "--emulate-gpu"; then
     echo "$LAST" | grep -q "cuda ($dt)" && echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --dtype $dt: no $dt plan agreeing with the CPU"; echo "$LAST"; fail=1; }
   done
 fi
+# --dtype for demo / bench / explain: run's parsing; a narrow dtype needs --backend cuda, said
+# before any work.
+check demo-dtype-unknown 2 "$GF" demo --preset llama-small --dtype f64
+echo "$LAST" | grep -q "f32, bf16 or f16" || { echo "FAIL demo --dtype f64: the message does not name the dtypes"; fail=1; }
+check demo-dtype-cpu 2 "$GF" demo --preset llama-small --dtype bf16
+echo "$LAST" | grep -q "backend cuda" && ! echo "$LAST" | grep -q "generating" || { echo "FAIL demo --dtype bf16 on the CPU: $LAST"; fail=1; }
+check bench-dtype-cpu 2 "$GF" bench --preset chain --dtype f16
+echo "$LAST" | grep -q "backend cuda" || { echo "FAIL bench --dtype f16 on the CPU: $LAST"; fail=1; }
+check bench-block-dtype-cpu 2 "$GF" bench --preset llama-small --dtype f16
+check demo-emulate-needs-cuda 2 "$GF" demo --preset llama-small --emulate-gpu
+check bench-emulate-needs-cuda 2 "$GF" bench --preset chain --emulate-gpu
+check explain-dtype-unknown 2 "$GF" explain "$MODELS/mlp_gelu_opset17/model.onnx" --dtype fp8
+echo "$LAST" | grep -q "^graphfuse explain: --dtype takes f32, bf16 or f16" || { echo "FAIL explain --dtype fp8: $LAST"; fail=1; }
+# explain --dtype: the model converted before planning; with --cuda-src the CUDA plan is the bf16 one.
+check explain-dtype 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype bf16 --cuda-src /tmp/graphfuse_cuda_src_bf16 --json /tmp/graphfuse_plan_bf16.json
+echo "$LAST" | grep -q "computing in bf16" && echo "$LAST" | grep -q "generated row kernel rmsnorm_bf16_" \
+  || { echo "FAIL explain --dtype bf16: no bf16 plan: $LAST"; fail=1; }
+python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_plan_bf16.json'))
+assert j['dtype'] == 'bf16' and j['target'] == 'cuda', j
+" || { echo "FAIL explain --dtype --json does not record the dtype"; fail=1; }
+# --past: the block with a KV cache; the fused plan appends to the cache inside one
+# FusedCachedAttention and agrees with the unfused plan on y and the present rows.
+check demo-past-bert 2 "$GF" demo --preset bert --past 4
+for preset in llama-small gpt2; do
+  check demo-past-$preset 0 "$GF" demo --preset $preset --seq 2 --past 16 --repeats 3 --json /tmp/graphfuse_block_past.json
+  echo "$LAST" | grep -q "FusedCachedAttention" || { echo "FAIL demo --past ($preset): no FusedCachedAttention in the fused plan"; fail=1; }
+  python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_block_past.json'))
+assert j['config']['past'] == 16 and j['config']['seq'] == 2 and j['dtype'] == 'f32', j['config']
+assert [o['name'] for o in j['outputs']] == ['y', 'present_key', 'present_value'], j['outputs']
+assert all(o['ok'] for o in j['outputs']), j['outputs']
+ops = [n['op'] for n in j['fused_plan_ops']]
+assert ops.count('FusedCachedAttention') == 1 and 'Concat' not in ops, ops
+" || { echo "FAIL demo --past ($preset) --json: outputs, check or fused ops"; fail=1; }
+done
+if "$GF" --help | grep -q -- "--emulate-gpu"; then
+  # The decode step's CUDA plans (emulated) in every dtype, against the CPU's f32 plan.
+  for dt in f32 bf16 f16; do
+    check demo-emulated-gpu-$dt 0 "$GF" demo --preset llama-small --seq 1 --past 8 --backend cuda --emulate-gpu --dtype $dt --repeats 1 --json /tmp/graphfuse_block_emu.json
+    python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_block_emu.json'))
+assert j['dtype'] == '$dt' and j['emulate_gpu'], j
+rows = j['cuda']
+assert [r['plan'] for r in rows] == ['unfused', 'fused'] and all(r['ok'] and r['dtype'] == '$dt' for r in rows), rows
+" || { echo "FAIL demo --emulate-gpu --dtype $dt: $LAST" | tail -20; fail=1; }
+    # f32: the GPU's fused plan runs the cache's attention as one decode-attention node.
+    if [ $dt = f32 ]; then
+      echo "$LAST" | grep -q "fused_attention_0: decode attention" || { echo "FAIL demo --emulate-gpu: no decode attention on the GPU"; fail=1; }
+    fi
+  done
+  check bench-emulated-gpu-bf16 0 "$GF" bench --preset gelu --elements 4096 --repeats 3 --backend cuda --emulate-gpu --dtype bf16 --json /tmp/graphfuse_bench_emu.json
+  echo "$LAST" | grep -q "in bf16, outputs within" || { echo "FAIL bench --emulate-gpu --dtype bf16: $LAST"; fail=1; }
+  grep -q '"dtype": *"bf16"' /tmp/graphfuse_bench_emu.json || { echo "FAIL bench --json lacks the dtype"; fail=1; }
+fi
 check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
 # with a GPU, the GPU's outputs agree with the CPU's.

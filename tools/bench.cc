@@ -19,6 +19,7 @@
 #include "ir/text.h"
 #include "json.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
 #include "cpu/executor.h"
@@ -61,7 +62,8 @@ int Bench(Args& args) {
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
   double rtol = kDefaultRtol, atol = kDefaultAtol;
-  bool native = false;
+  bool native = false, emulate_gpu = false, rtol_set = false, atol_set = false;
+  DType dtype = DType::kF32;  // what the GPU's plans compute in (--dtype)
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
   while (!args.Done()) {
@@ -72,6 +74,12 @@ int Bench(Args& args) {
       if (Status st = ParseShapeFlag(*v, &shapes); !st.ok()) return Fail(st);
     } else if (f == "--cpu-codegen") {
       native = true;
+    } else if (f == "--emulate-gpu") {
+      emulate_gpu = true;
+    } else if (f == "--dtype") {
+      auto v = args.Dtype(f);
+      if (!v.ok()) return Fail(v.status());
+      dtype = *v;
     } else if (f == "--backend") {
       auto v = args.Backend(f);
       if (!v.ok()) return Fail(v.status());
@@ -88,6 +96,7 @@ int Bench(Args& args) {
       auto v = args.Float(f, 0, 1e6);
       if (!v.ok()) return Fail(v.status());
       (f == "--rtol" ? rtol : atol) = *v;
+      (f == "--rtol" ? rtol_set : atol_set) = true;
     } else if (f == "--threads" || f == "--repeats") {
       auto v = args.Int(f, 1, f == "--threads" ? 256 : 1001);
       if (!v.ok()) return Fail(v.status());
@@ -108,7 +117,9 @@ int Bench(Args& args) {
   if (model.empty() == preset.empty())
     return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
 
-  if (backend == "cuda")
+  if (emulate_gpu && backend != "cuda") return Fail(InvalidArgument("--emulate-gpu needs --backend cuda"));
+  if (Status st = CheckDtypeBackend("bench", dtype, backend); !st.ok()) return Fail(st);
+  if (backend == "cuda" && !emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
   // Two copies of the graph: one planned without fusion (the baseline), one with; the fused
@@ -276,42 +287,73 @@ int Bench(Args& args) {
 #ifdef GF_HAVE_CUDA
   // --backend cuda: both plans on GPU 0 (checked against the CPU's outputs), median device
   // time of `repeats` replays each, beside a same-run device-to-device copy of one tensor.
+  // --dtype bf16 / f16: the GPU's plans are of the model converted to that dtype before the
+  // passes (as `run` converts it), checked against the CPU's f32 plans within that dtype's
+  // tolerance unless --rtol / --atol are given. --emulate-gpu: the plans on the host (no GPU;
+  // the times are the host's, of one run, and there is no copy to compare with).
   double cuda_unfused_ms = 0, cuda_fused_ms = 0, cuda_copy_gbps = 0;
+  const double gpu_rtol = dtype != DType::kF32 && !rtol_set ? NarrowTolerance(dtype) : rtol;
+  const double gpu_atol = dtype != DType::kF32 && !atol_set ? NarrowTolerance(dtype) : atol;
   if (backend == "cuda") {
     double ms[2] = {0, 0};
-    const Graph* graphs[2] = {base.get(), fused.get()};
+    std::unique_ptr<Graph> narrow[2];
+    if (dtype != DType::kF32) {
+      PipelineOptions narrow_on = on;
+      narrow_on.fusion_report = nullptr;  // the report is the f32 plan's
+      for (int k = 0; k < 2; ++k) {
+        auto src = load();
+        if (!src.ok()) return Fail(src.status());
+        auto converted = ConvertPrecision(**src, dtype);
+        if (!converted.ok()) return Fail(converted.status().WithContext(StrCat("--dtype ", DTypeName(dtype))));
+        narrow[k] = std::move(*converted);
+        if (auto r = RunPipeline(*narrow[k], **target, k == 0 ? off : narrow_on); !r.ok())
+          return Fail(r.status().WithContext(StrCat("--dtype ", DTypeName(dtype))));
+      }
+    }
+    const Graph* graphs[2] = {narrow[0] ? narrow[0].get() : base.get(), narrow[1] ? narrow[1].get() : fused.get()};
     const std::vector<Tensor>* want[2] = {&out_a, &out_b};
     for (int k = 0; k < 2; ++k) {
-      auto ex = cuda::CudaExecutor::Create(*graphs[k]);
+      cuda::CudaExecOptions co;
+      co.emulate = emulate_gpu;
+      auto ex = cuda::CudaExecutor::Create(*graphs[k], co);
       if (!ex.ok()) return Fail(ex.status().WithContext("--backend cuda"));
       auto got = (*ex)->Run(iv);
       if (!got.ok()) return Fail(got.status().WithContext("--backend cuda"));
       for (size_t o = 0; o < got->size(); ++o) {
-        const OutputReport c = Compare(base->outputs()[o]->name(), (*got)[o], (*want[k])[o], rtol, atol);
+        const OutputReport c = Compare(base->outputs()[o]->name(), (*got)[o], (*want[k])[o], gpu_rtol, gpu_atol);
         if (!c.ok) {
           std::fprintf(stderr, "graphfuse bench: the GPU's output '%s' differs from the CPU's: max |err| %.3g, max rel %.3g, %lld mismatches\n",
                        c.name.c_str(), c.max_abs, c.max_rel, static_cast<long long>(c.mismatches));
           return kExitMismatch;
         }
       }
-      auto median_ms = (*ex)->MedianReplayMs(repeats);
+      auto median_ms = (*ex)->MedianReplayMs(emulate_gpu ? 1 : repeats);
       if (!median_ms.ok()) return Fail(median_ms.status());
       ms[k] = *median_ms;
     }
     cuda_unfused_ms = ms[0], cuda_fused_ms = ms[1];
-    auto copy_ms = cuda::DeviceCopyMs(elements * 4, repeats);
-    if (!copy_ms.ok()) return Fail(copy_ms.status());
-    cuda_copy_gbps = 8.0 * elements / (*copy_ms * 1e-3) / 1e9;
-    std::printf("  GPU 0: unfused %.4f ms (%.1f GB/s), fused %.4f ms (%.1f GB/s; %.0f%% of copy), "
-                "device copy %.1f GB/s (read + write); outputs == CPU's\n",
-                cuda_unfused_ms, bytes / (cuda_unfused_ms * 1e-3) / 1e9, cuda_fused_ms,
-                bytes / (cuda_fused_ms * 1e-3) / 1e9, 100 * bytes / (cuda_fused_ms * 1e-3) / 1e9 / cuda_copy_gbps,
-                cuda_copy_gbps);
+    const std::string agree = dtype == DType::kF32 ? "outputs == CPU's"
+                                                   : StrCat("in ", DTypeName(dtype), ", outputs within ", gpu_atol, " + ",
+                                                            gpu_rtol, " * |CPU's f32|");
+    if (emulate_gpu) {
+      std::printf("  GPU plans emulated on the host (no GPU used): unfused %.1f ms, fused %.1f ms (host time of one run); %s\n",
+                  cuda_unfused_ms, cuda_fused_ms, agree.c_str());
+    } else {
+      auto copy_ms = cuda::DeviceCopyMs(elements * 4, repeats);
+      if (!copy_ms.ok()) return Fail(copy_ms.status());
+      cuda_copy_gbps = 8.0 * elements / (*copy_ms * 1e-3) / 1e9;
+      std::printf("  GPU 0: unfused %.4f ms (%.1f GB/s), fused %.4f ms (%.1f GB/s; %.0f%% of copy), "
+                  "device copy %.1f GB/s (read + write); %s\n",
+                  cuda_unfused_ms, bytes / (cuda_unfused_ms * 1e-3) / 1e9, cuda_fused_ms,
+                  bytes / (cuda_fused_ms * 1e-3) / 1e9, 100 * bytes / (cuda_fused_ms * 1e-3) / 1e9 / cuda_copy_gbps,
+                  cuda_copy_gbps, agree.c_str());
+    }
   }
 #endif
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
+    j.Key("dtype").Str(DTypeName(dtype)).Key("backend").Str(backend).Key("emulate_gpu").Bool(emulate_gpu);
     j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
     AddFusionJson(j, report);
     j.Key("planning_ms").Num(planning_ms);
@@ -333,7 +375,8 @@ int Bench(Args& args) {
 #ifdef GF_HAVE_CUDA
     if (backend == "cuda")
       j.Key("cuda").BeginObject().Key("latency_ms").BeginObject().Key("unfused").Num(cuda_unfused_ms)
-          .Key("fused").Num(cuda_fused_ms).EndObject().Key("copy_gbps").Num(cuda_copy_gbps).EndObject();
+          .Key("fused").Num(cuda_fused_ms).EndObject().Key("copy_gbps").Num(cuda_copy_gbps)
+          .Key("rtol").Num(gpu_rtol).Key("atol").Num(gpu_atol).EndObject();
 #endif
     j.EndObject();
     if (!j.WriteFile(json)) return Fail(InvalidArgument("cannot write --json file '", json, "'"));

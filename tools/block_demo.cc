@@ -6,15 +6,18 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "cli_common.h"
+#include "compare.h"
 #include "cpu/elementwise_kernels.h"
 #include "fusion_report.h"
 #include "json.h"
 #include "ir/op_registry.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "graphfuse/cpu_codegen.h"
 #include "runtime/blocks.h"
@@ -33,11 +36,15 @@ namespace {
 struct BlockDemoOptions {
   std::string preset = "llama7b";
   int64_t seq = -1;  // preset's
+  int64_t past = 0;  // rows of a KV cache before them (--past)
   int threads = 0;
   int repeats = 11;
   bool profile = false;
   bool cpu_codegen = false;  // the fused plan's elementwise programs as native loops
   double rtol = 1e-3, atol = 1e-4;
+  bool rtol_set = false, atol_set = false;
+  bool emulate_gpu = false;  // --backend cuda's plans on the host (host_emulation.h)
+  DType dtype = DType::kF32;  // what the GPU's plans compute in (--dtype)
   std::string json, backend = "cpu";
 };
 
@@ -49,6 +56,12 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(o.preset, args.Value(f));
     } else if (f == "--seq") {
       GF_ASSIGN_OR_RETURN(o.seq, args.Int(f, 1, 8192));
+    } else if (f == "--past") {
+      GF_ASSIGN_OR_RETURN(o.past, args.Int(f, 0, 32768));
+    } else if (f == "--dtype") {
+      GF_ASSIGN_OR_RETURN(o.dtype, args.Dtype(f));
+    } else if (f == "--emulate-gpu") {
+      o.emulate_gpu = true;
     } else if (f == "--threads") {
       GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
       o.threads = static_cast<int>(t);
@@ -57,8 +70,10 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       o.repeats = static_cast<int>(r);
     } else if (f == "--rtol") {
       GF_ASSIGN_OR_RETURN(o.rtol, args.Float(f, 0, 1));
+      o.rtol_set = true;
     } else if (f == "--atol") {
       GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
+      o.atol_set = true;
     } else if (f == "--json") {
       GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
     } else if (f == "--profile") {
@@ -69,10 +84,12 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else {
       return InvalidArgument("demo: unknown flag '", f,
-                             "' (flags: --preset NAME --seq N --threads T --repeats R --rtol R --atol A --profile "
-                             "--cpu-codegen --backend cpu|cuda --json FILE)");
+                             "' (flags: --preset NAME --seq N --past L --threads T --repeats R --rtol R --atol A "
+                             "--profile --cpu-codegen --backend cpu|cuda --emulate-gpu --dtype f32|bf16|f16 --json FILE)");
     }
   }
+  if (o.emulate_gpu && o.backend != "cuda") return InvalidArgument("demo: --emulate-gpu needs --backend cuda");
+  GF_RETURN_IF_ERROR(CheckDtypeBackend("demo", o.dtype, o.backend));
   return o;
 }
 
@@ -202,7 +219,8 @@ int RunDemo(Args& args) {
   if (!preset.ok()) return fail(preset.status().WithContext("--preset (or 'elementwise' for the op library)"));
   BlockConfig cfg = *preset;
   if (o.seq > 0) cfg.seq = o.seq;
-  if (o.backend == "cuda")
+  cfg.past = o.past;
+  if (o.backend == "cuda" && !o.emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return fail(st);
 
   ThreadPool pool(o.threads);
@@ -223,7 +241,18 @@ int RunDemo(Args& args) {
   Graph unfused("unfused"), fused("fused");
   for (Graph* g : {&unfused, &fused})
     if (Status st = BuildBlock(*g, cfg, *weights); !st.ok()) return fail(st);
-  FusionReport report;
+  // --dtype bf16 / f16: the GPU runs both plans of the block converted to that dtype (before
+  // the passes), checked against the CPU's f32 unfused plan. Its inputs and outputs (x, y and
+  // the KV cache) are in that dtype too, as a serving stack holds them: no casts at the edges.
+  std::unique_ptr<Graph> narrow_u, narrow_f;
+  if (o.dtype != DType::kF32) {
+    for (auto [src, dst] : {std::pair{&unfused, &narrow_u}, {&fused, &narrow_f}}) {
+      auto converted = ConvertPrecision(*src, o.dtype, {.narrow_io = true});
+      if (!converted.ok()) return fail(converted.status().WithContext(StrCat("--dtype ", DTypeName(o.dtype))));
+      *dst = std::move(*converted);
+    }
+  }
+  FusionReport report, narrow_report;
   PipelineOptions off, on;
   off.fusion.enabled = false;
   on.fusion_report = &report;
@@ -232,6 +261,13 @@ int RunDemo(Args& args) {
   std::fprintf(stderr, "  planning (fusion passes)...\n");
   if (auto r = RunPipeline(unfused, **target, off); !r.ok()) return fail(r.status());
   if (auto r = RunPipeline(fused, **target, on); !r.ok()) return fail(r.status());
+  if (narrow_u) {
+    PipelineOptions narrow_on;
+    narrow_on.fusion_report = &narrow_report;
+    if (auto r = RunPipeline(*narrow_u, **target, off); !r.ok()) return fail(r.status().WithContext(DTypeName(o.dtype)));
+    if (auto r = RunPipeline(*narrow_f, **target, narrow_on); !r.ok())
+      return fail(r.status().WithContext(DTypeName(o.dtype)));
+  }
   auto plan_u = ExecutionPlan::Compile(unfused);
   if (!plan_u.ok()) return fail(plan_u.status());
   auto plan_f = ExecutionPlan::Compile(fused);
@@ -247,35 +283,76 @@ int RunDemo(Args& args) {
     std::fprintf(stderr, "  native loops for the fused plan (kernel cache: %s)\n", codegen->cache_dir().c_str());
   }
 
-  // Input: fresh random activations (not zeros), one output buffer per plan.
-  Tensor x = Tensor::Empty(DType::kF32, {cfg.batch, cfg.seq, cfg.hidden}).value();
+  // Inputs: fresh random activations (not zeros) for x and the cache rows, in the order the
+  // block declares them (x, then past_key and past_value); one set of output buffers per plan.
+  for (size_t i = 0; i < unfused.inputs().size(); ++i)
+    if (fused.inputs().size() != unfused.inputs().size() || fused.inputs()[i]->name() != unfused.inputs()[i]->name())
+      return fail(Internal("the fused and unfused blocks declare different inputs"));
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> u(-1, 1);
-  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = u(rng);
-  Tensor yu = Tensor::Empty(DType::kF32, x.shape()).value(), yf = Tensor::Empty(DType::kF32, x.shape()).value();
-  const TensorView in[] = {x.view()};
-  const TensorView out_u[] = {yu.view()}, out_f[] = {yf.view()};
+  std::vector<Tensor> xs, ys_u, ys_f;
+  std::vector<TensorView> in_v, out_u_v, out_f_v;
+  for (const Value* v : unfused.inputs()) {
+    Tensor t = Tensor::Empty(DType::kF32, v->shape()).value();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
+    xs.push_back(std::move(t));
+  }
+  for (const Value* v : unfused.outputs()) {
+    ys_u.push_back(Tensor::Empty(DType::kF32, v->shape()).value());
+    ys_f.push_back(Tensor::Empty(DType::kF32, v->shape()).value());
+  }
+  for (const Tensor& t : xs) in_v.push_back(t.view());
+  for (const Tensor& t : ys_u) out_u_v.push_back(t.view());
+  for (const Tensor& t : ys_f) out_f_v.push_back(t.view());
+  const std::span<const TensorView> in = in_v, out_u = out_u_v, out_f = out_f_v;
+  // The same inputs rounded to --dtype, for the GPU's narrow plans.
+  std::vector<Tensor> xs_narrow;
+  std::vector<TensorView> in_narrow;
+  if (o.dtype != DType::kF32) {
+    for (const Tensor& t : xs) {
+      Tensor n = Tensor::Empty(o.dtype, t.shape()).value();
+      for (int64_t i = 0; i < t.numel(); ++i) n.SetFromDouble(i, t.data_as<float>()[i]);
+      xs_narrow.push_back(std::move(n));
+    }
+    for (const Tensor& t : xs_narrow) in_narrow.push_back(t.view());
+  }
 
   std::fprintf(stderr, "  checking fused against unfused...\n");
   if (Status st = (*plan_u)->Run(in, out_u, ctx); !st.ok()) return fail(st);
   if (Status st = (*plan_f)->Run(in, out_f, ctx_f); !st.ok()) return fail(st);
+  // Every output (y, and the present rows with a cache), one figure over all.
+  struct OutputCheck {
+    std::string name;
+    double max_abs = 0, max_rel = 0;
+    bool ok = true;
+  };
+  std::vector<OutputCheck> output_checks;
   double max_abs = 0, max_rel = 0;
-  int64_t bad = 0, nonfinite_u = 0, nonfinite_f = 0;
-  for (int64_t i = 0; i < yu.numel(); ++i) {
-    const double a = yf.data_as<float>()[i], b = yu.data_as<float>()[i];
-    nonfinite_f += !std::isfinite(a);
-    nonfinite_u += !std::isfinite(b);
-    const double err = std::fabs(a - b);
-    max_abs = std::max(max_abs, err);
-    max_rel = std::max(max_rel, err / std::max(std::fabs(b), 1e-30));
-    bad += err > o.atol + o.rtol * std::fabs(b);
+  int64_t bad = 0, nonfinite_u = 0, nonfinite_f = 0, compared = 0;
+  for (size_t k = 0; k < ys_u.size(); ++k) {
+    const Tensor &yu = ys_u[k], &yf = ys_f[k];
+    OutputCheck c{unfused.outputs()[k]->name()};
+    compared += yu.numel();
+    for (int64_t i = 0; i < yu.numel(); ++i) {
+      const double a = yf.data_as<float>()[i], b = yu.data_as<float>()[i];
+      nonfinite_f += !std::isfinite(a);
+      nonfinite_u += !std::isfinite(b);
+      const double err = std::fabs(a - b);
+      c.max_abs = std::max(c.max_abs, err);
+      c.max_rel = std::max(c.max_rel, err / std::max(std::fabs(b), 1e-30));
+      const bool bad_here = !(err <= o.atol + o.rtol * std::fabs(b));
+      bad += bad_here;
+      c.ok &= !bad_here;
+    }
+    max_abs = std::max(max_abs, c.max_abs), max_rel = std::max(max_rel, c.max_rel);
+    output_checks.push_back(c);
   }
   const bool ok = bad == 0 && nonfinite_u == 0 && nonfinite_f == 0;
   // NaN / inf make no error figure: say how many there are instead.
   const std::string nonfinite =
       nonfinite_u + nonfinite_f == 0
           ? std::string()
-          : StrCat("; NaN or inf values: ", nonfinite_f, " fused, ", nonfinite_u, " unfused, of ", yu.numel());
+          : StrCat("; NaN or inf values: ", nonfinite_f, " fused, ", nonfinite_u, " unfused, of ", compared);
 
   std::fprintf(stderr, "  timing (%d interleaved repeats)...\n", o.repeats);
   std::vector<std::function<void()>> variants = {[&] { (void)(*plan_u)->Run(in, out_u, ctx); },
@@ -308,11 +385,14 @@ int RunDemo(Args& args) {
   const Timing dispatch = MeasureMedian([&] { pool.Run(pool.num_threads(), [](void*, int, int) {}, nullptr); }, 21);
   const double per_launch_us = dispatch.median_s * 1e6;
 
-  std::printf("graphfuse demo: %s block (%s shapes: hidden %lld, %lld heads, ffn %lld, seq %lld, batch %lld), f32, "
+  std::printf("graphfuse demo: %s block (%s shapes: hidden %lld, %lld heads, ffn %lld, seq %lld%s, batch %lld), f32%s, "
               "%d thread(s), %s\n",
               FamilyName(cfg).c_str(), cfg.preset.c_str(), static_cast<long long>(cfg.hidden),
               static_cast<long long>(cfg.heads), static_cast<long long>(cfg.ffn), static_cast<long long>(cfg.seq),
-              static_cast<long long>(cfg.batch), pool.num_threads(), cpu::SimdTargetName());
+              cfg.past > 0 ? StrCat(" after a KV cache of ", cfg.past, " rows").c_str() : "",
+              static_cast<long long>(cfg.batch),
+              o.dtype != DType::kF32 ? StrCat(" on the CPU, ", DTypeName(o.dtype), " on the GPU").c_str() : "",
+              pool.num_threads(), cpu::SimdTargetName());
   std::printf("\n%-34s %12s %12s %9s\n", "", "unfused", "fused", "ratio");
   auto row = [](const char* what, double a, double b, const char* fmt) {
     char sa[32], sb[32];
@@ -350,7 +430,10 @@ int RunDemo(Args& args) {
   }
 #ifdef GF_HAVE_CUDA
   // --backend cuda: both plans on GPU 0, launched one by one and replayed as one CUDA graph;
-  // outputs checked against the CPU's unfused result; latency = median device time (events).
+  // outputs checked against the CPU's unfused f32 result (within --rtol / --atol, or for --dtype
+  // bf16 / f16 within that dtype's tolerance unless they are given); latency = median device
+  // time (events). --emulate-gpu runs the launched plans on the host (no CUDA graph, no device
+  // times: its "device ms" is the host's time of one emulated run).
   struct GpuRow {
     std::string plan;
     bool graph = false;
@@ -359,35 +442,51 @@ int RunDemo(Args& args) {
     bool ok = false;
   };
   std::vector<GpuRow> gpu_rows;
+  const bool narrow = o.dtype != DType::kF32;
+  const double gpu_rtol = narrow && !o.rtol_set ? NarrowTolerance(o.dtype) : o.rtol;
+  const double gpu_atol = narrow && !o.atol_set ? NarrowTolerance(o.dtype) : o.atol;
+  const int gpu_repeats = o.emulate_gpu ? 1 : std::max(3, o.repeats);
   if (o.backend == "cuda") {
-    std::fprintf(stderr, "  running on the GPU (compiling kernels with NVRTC)...\n");
-    for (const auto& [label, graph] : {std::pair<const char*, const Graph*>{"unfused", &unfused}, {"fused", &fused}}) {
+    std::fprintf(stderr, o.emulate_gpu ? "  running the CUDA plans emulated on the host...\n"
+                                       : "  running on the GPU (compiling kernels with NVRTC)...\n");
+    const Graph* gpu_unfused = narrow ? narrow_u.get() : &unfused;
+    const Graph* gpu_fused = narrow ? narrow_f.get() : &fused;
+    for (const auto& [label, graph] : {std::pair<const char*, const Graph*>{"unfused", gpu_unfused}, {"fused", gpu_fused}}) {
       for (bool use_graph : {false, true}) {
+        if (use_graph && o.emulate_gpu) continue;  // a CUDA graph cannot be emulated
         cuda::CudaExecOptions co;
         co.cuda_graph = use_graph;
+        co.emulate = o.emulate_gpu;
         auto ex = cuda::CudaExecutor::Create(*graph, co);
         if (!ex.ok()) return fail(ex.status().WithContext(StrCat("--backend cuda, ", label, " plan")));
-        auto y = (*ex)->Run(in);
+        auto y = (*ex)->Run(narrow ? std::span<const TensorView>(in_narrow) : in);
         if (!y.ok()) return fail(y.status().WithContext(StrCat("--backend cuda, ", label, " plan")));
         GpuRow r;
         r.plan = StrCat(label, use_graph ? " + CUDA graph" : "");
         r.graph = use_graph;
         int64_t bad_gpu = 0;
-        for (int64_t i = 0; i < yu.numel(); ++i) {
-          const double a = (*y)[0].data_as<float>()[i], b = yu.data_as<float>()[i];
-          const double err = std::fabs(a - b);
-          r.max_abs = std::isfinite(err) ? std::max(r.max_abs, err) : INFINITY;
-          bad_gpu += !(err <= o.atol + o.rtol * std::fabs(b));
+        if (y->size() != ys_u.size()) return fail(Internal("--backend cuda, ", label, " plan: ", y->size(), " outputs"));
+        for (size_t k = 0; k < ys_u.size(); ++k) {
+          const Tensor& yu = ys_u[k];
+          for (int64_t i = 0; i < yu.numel(); ++i) {
+            const double a = (*y)[k].GetAsDouble(i), b = yu.data_as<float>()[i];
+            const double err = std::fabs(a - b);
+            r.max_abs = std::isfinite(err) ? std::max(r.max_abs, err) : INFINITY;
+            bad_gpu += !(err <= gpu_atol + gpu_rtol * std::fabs(b));
+          }
         }
         r.ok = bad_gpu == 0;
-        auto median_ms = (*ex)->MedianReplayMs(std::max(3, o.repeats), &r.wall_ms);
+        auto median_ms = (*ex)->MedianReplayMs(gpu_repeats, &r.wall_ms);
         if (!median_ms.ok()) return fail(median_ms.status());
         r.ms = *median_ms;
         if (!use_graph) {
-          std::printf("GPU 0, %s plan, step by step%s:\n", label, o.profile ? " (median device ms over the replays)" : "");
+          const bool profile = o.profile && !o.emulate_gpu;  // an emulated plan has no device times
+          std::printf("GPU 0%s, %s plan%s, step by step%s:\n", o.emulate_gpu ? " (emulated)" : "", label,
+                      narrow ? StrCat(" in ", DTypeName(o.dtype)).c_str() : "",
+                      profile ? " (median device ms over the replays)" : "");
           std::vector<std::pair<std::string, double>> prof;
-          if (o.profile) {
-            auto p = (*ex)->ProfileSteps(std::max(3, o.repeats));
+          if (profile) {
+            auto p = (*ex)->ProfileSteps(gpu_repeats);
             if (!p.ok()) return fail(p.status());
             prof = std::move(*p);
           }
@@ -412,28 +511,51 @@ int RunDemo(Args& args) {
       if (!r.graph)  // the same buffers as the launched plan
         std::printf("       %-22s device memory %.1f MB, of which activations and scratch %.1f MB (%.1f MB without reuse)\n",
                     r.plan.c_str(), r.device_bytes / 1e6, r.act_bytes / 1e6, r.act_no_reuse / 1e6);
-    std::printf("(medians of %d replays: device ms between CUDA events around the launches; wall ms on the host\n"
-                " from the first launch to the end of the wait, as a framework's call-then-synchronize timing\n"
-                " sees it; launches include cuBLAS calls)\n\n",
-                std::max(3, o.repeats));
+    std::printf("(%s; max|err| of every output against the CPU's f32 unfused plan, within %.0e + %.0e*|ref|)\n\n",
+                o.emulate_gpu ? "emulated on the host, no GPU used: \"device ms\" is the host's time of one run"
+                              : StrCat("medians of ", gpu_repeats,
+                                       " replays: device ms between CUDA events around the launches; wall ms on the\n"
+                                       " host from the first launch to the end of the wait, as a framework's\n"
+                                       " call-then-synchronize timing sees it; launches include cuBLAS calls").c_str(),
+                gpu_atol, gpu_rtol);
   }
 #endif
+  // Each group's node in the fused plan is named after it: its op says what runs
+  // (FusedAttention, FusedCachedAttention with a KV cache, FusedGemm, ...).
+  std::map<std::string, std::string> fused_ops;
+  for (const auto& n : fused.nodes()) fused_ops[n->name()] = n->op();
   std::printf("fused plan: %zu groups (graphfuse explain prints them with every refusal)\n", report.groups.size());
   for (const FusedGroupInfo& g : report.groups) {
     std::string members;
     for (const std::string& n : g.nodes) members += (members.empty() ? "" : ", ") + n;
-    std::printf("  %-16s %-16s %s\n      %s\n", g.name.c_str(), g.kind.c_str(), g.kernel_name.c_str(), members.c_str());
+    const auto op = fused_ops.find(g.name);
+    std::printf("  %-16s %-16s %-20s %s\n      %s\n", g.name.c_str(), g.kind.c_str(),
+                op == fused_ops.end() ? "" : op->second.c_str(), g.kernel_name.c_str(), members.c_str());
+  }
+  if (narrow_f) {
+    std::string kinds;
+    for (const FusedGroupInfo& g : narrow_report.groups) kinds += (kinds.empty() ? "" : ", ") + g.kind;
+    std::printf("fused plan in %s (the GPU's): %zu groups: %s\n", DTypeName(o.dtype), narrow_report.groups.size(),
+                kinds.c_str());
   }
 
   if (!o.json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("demo").Key("preset").Str(cfg.preset);
     j.Key("config").BeginObject().Key("hidden").Int(cfg.hidden).Key("heads").Int(cfg.heads).Key("ffn").Int(cfg.ffn);
-    j.Key("seq").Int(cfg.seq).Key("batch").Int(cfg.batch).Key("threads").Int(pool.num_threads());
+    j.Key("seq").Int(cfg.seq).Key("past").Int(cfg.past).Key("batch").Int(cfg.batch).Key("threads").Int(pool.num_threads());
     j.Key("simd").Str(cpu::SimdTargetName()).EndObject();
+    // The CPU's plans compute in f32; the GPU's (--backend cuda) in `dtype`.
+    j.Key("dtype").Str(DTypeName(o.dtype)).Key("backend").Str(o.backend).Key("emulate_gpu").Bool(o.emulate_gpu);
     AddFusionJson(j, report);
-    j.Key("outputs").BeginArray().BeginObject().Key("name").Str("y").Key("max_abs_err").Num(max_abs);
-    j.Key("max_rel_err").Num(max_rel).Key("ok").Bool(ok).EndObject().EndArray();
+    j.Key("fused_plan_ops").BeginArray();  // the fused plan's nodes in order: {name, op}
+    for (const auto& n : fused.nodes()) j.BeginObject().Key("name").Str(n->name()).Key("op").Str(n->op()).EndObject();
+    j.EndArray();
+    j.Key("outputs").BeginArray();
+    for (const OutputCheck& c : output_checks)
+      j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)
+          .Key("ok").Bool(c.ok && nonfinite_u + nonfinite_f == 0).EndObject();
+    j.EndArray();
     j.Key("latency_ms").BeginObject().Key("unfused").Num(fu.latency_ms).Key("fused").Num(ff.latency_ms).EndObject();
     j.Key("outside_gemm_ms").BeginObject().Key("unfused").Num(fu.outside_gemm_ms).Key("fused").Num(ff.outside_gemm_ms);
     j.EndObject();
@@ -445,9 +567,15 @@ int RunDemo(Args& args) {
     j.Key("bytes_moved").BeginObject().Key("unfused").Num(fu.bytes).Key("fused").Num(ff.bytes).EndObject();
 #ifdef GF_HAVE_CUDA
     if (!gpu_rows.empty()) {
+      j.Key("cuda_tolerance").BeginObject().Key("rtol").Num(gpu_rtol).Key("atol").Num(gpu_atol).EndObject();
+      if (narrow_f) {
+        j.Key("cuda_fused_groups").BeginArray();
+        for (const FusedGroupInfo& g : narrow_report.groups) j.BeginObject().Key("name").Str(g.name).Key("kind").Str(g.kind).EndObject();
+        j.EndArray();
+      }
       j.Key("cuda").BeginArray();
       for (const GpuRow& r : gpu_rows)
-        j.BeginObject().Key("plan").Str(r.plan).Key("launches").Int(r.launches).Key("generated").Int(r.generated)
+        j.BeginObject().Key("plan").Str(r.plan).Key("dtype").Str(DTypeName(o.dtype)).Key("launches").Int(r.launches).Key("generated").Int(r.generated)
             .Key("cublas").Int(r.cublas).Key("host").Int(r.host).Key("latency_ms").Num(r.ms).Key("wall_ms").Num(r.wall_ms)
             .Key("device_bytes").Int(r.device_bytes).Key("activation_bytes").Int(r.act_bytes)
             .Key("activation_bytes_no_reuse").Int(r.act_no_reuse)

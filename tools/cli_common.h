@@ -8,6 +8,7 @@
 
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
+#include "graphfuse/dtype.h"
 #include "graphfuse/status.h"
 #include "graphfuse/thread_pool.h"
 
@@ -32,6 +33,11 @@ int FailUsage(const std::string& command, const Status& s);
 // or a build without the CUDA toolkit). Call it before any long work.
 Status CheckCudaBackend();
 
+// --dtype: what a model computes in. Anything but f32 runs on --backend cuda only (with
+// --emulate-gpu where there is no GPU) because the CPU's GEMMs are f32 only so far: an error
+// naming the command otherwise.
+Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend);
+
 // The same-run bandwidth ceiling that demo and bench report beside the kernels: STREAM triad
 // a = b + 0.5 * c over n floats, split over `threads` threads of the pool (12 bytes/element).
 inline void StreamTriad(ThreadPool& pool, int threads, float* a, const float* b, const float* c, int64_t n) {
@@ -55,6 +61,8 @@ class Args {
   Result<double> Float(const std::string& name, double lo, double hi);
   // A backend name: "cpu" or "cuda".
   Result<std::string> Backend(const std::string& name);
+  // A compute dtype (--dtype): "f32", "bf16" or "f16".
+  Result<DType> Dtype(const std::string& name);
   // A file the command will write when it ends (--json, --dot), checked now so that a long
   // run does not end in "cannot write": its directory exists and is writable, and the path is
   // not a directory nor an existing file without write permission. Nothing is created.

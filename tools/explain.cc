@@ -11,6 +11,7 @@
 #include "fusion_report.h"
 #include "ir/text.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
 #ifdef GF_HAVE_CUDA
@@ -22,6 +23,7 @@ namespace graphfuse::cli {
 int Explain(Args& args) {
   std::string model, dot, json, cuda_src;
   bool print_ir = false;
+  DType dtype = DType::kF32;  // what the model computes in (--dtype): converted before planning
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
   auto fail = [](const Status& s) { return FailUsage("explain", s); };
@@ -35,6 +37,10 @@ int Explain(Args& args) {
       auto v = f == "--cuda-src" ? args.Value(f) : args.OutputFile(f);
       if (!v.ok()) return fail(v.status());
       (f == "--dot" ? dot : f == "--json" ? json : cuda_src) = *v;
+    } else if (f == "--dtype") {
+      auto v = args.Dtype(f);
+      if (!v.ok()) return fail(v.status());
+      dtype = *v;
     } else if (f == "--print-ir") {
       print_ir = true;
     } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
@@ -53,6 +59,11 @@ int Explain(Args& args) {
   InputBinding binding;
   auto g = ImportOnnxFileWithShapes(model, shapes, &binding);
   if (!g.ok()) return fail(g.status());
+  if (dtype != DType::kF32) {
+    auto converted = ConvertPrecision(**g, dtype);
+    if (!converted.ok()) return fail(converted.status().WithContext(StrCat(model, ": --dtype ", DTypeName(dtype))));
+    *g = std::move(*converted);
+  }
   FusionReport report;
   PipelineOptions pipeline;
   pipeline.fusion = fusion;
@@ -63,7 +74,8 @@ int Explain(Args& args) {
   if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
-  std::printf("model %s%s\n", model.c_str(), shapes.empty() ? "" : StrCat(" for ", binding.key).c_str());
+  std::printf("model %s%s%s\n", model.c_str(), shapes.empty() ? "" : StrCat(" for ", binding.key).c_str(),
+              dtype == DType::kF32 ? "" : StrCat(", computing in ", DTypeName(dtype)).c_str());
   PrintFusionReport(stdout, report);
   if (!dot.empty()) {
     std::ofstream f(dot);
@@ -106,6 +118,7 @@ int Explain(Args& args) {
     Json j;
     j.BeginObject().Key("command").Str("explain").Key("model").Str(model);
     if (!shapes.empty()) j.Key("signature").Str(binding.key);
+    j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(cuda_src.empty() ? "cpu" : "cuda");
     AddFusionJson(j, report);
     j.EndObject();
     if (!j.WriteFile(json)) return fail(InvalidArgument("cannot write --json file '", json, "'"));

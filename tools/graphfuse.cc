@@ -34,6 +34,12 @@ Status CheckCudaBackend() {
 #endif
 }
 
+Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend) {
+  if (dtype == DType::kF32 || backend == "cuda") return Status::Ok();
+  return InvalidArgument(command, ": --dtype ", DTypeName(dtype), " runs on --backend cuda (--emulate-gpu without a GPU); ",
+                         "the CPU's GEMMs are f32 only so far");
+}
+
 int FailUsage(const std::string& command, const Status& s) {
   std::string m = s.message();
   if (m.rfind(command + ": ", 0) == 0) m.erase(0, command.size() + 2);
@@ -66,6 +72,14 @@ Result<std::string> Args::Backend(const std::string& name) {
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : " or ") + n;
   return InvalidArgument(command_, ": ", name, " must be ", list, ", got '", v, "'");
+}
+
+Result<DType> Args::Dtype(const std::string& name) {
+  GF_ASSIGN_OR_RETURN(std::string v, Value(name));
+  if (v == "f32") return DType::kF32;
+  if (v == "bf16") return DType::kBF16;
+  if (v == "f16") return DType::kF16;
+  return InvalidArgument(command_, ": ", name, " takes f32, bf16 or f16, not '", v, "'");
 }
 
 Result<std::string> Args::OutputFile(const std::string& name) {
@@ -131,8 +145,8 @@ struct HelpSection {
 };
 
 constexpr HelpSection kCommands[] = {
-    {"demo", R"(  demo [--preset NAME] [--seq N] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
-       [--cpu-codegen] [--backend cpu|cuda] [--json FILE]
+    {"demo", R"(  demo [--preset NAME] [--seq N] [--past L] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
+       [--cpu-codegen] [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16] [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
@@ -145,7 +159,19 @@ constexpr HelpSection kCommands[] = {
         on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints each plan's
         steps, launches, median device latency, median wall latency (first launch to the
         end of the wait) and the error against the CPU; with --profile, every step's median
-        device time (exit 2 without a device)
+        device time (exit 2 without a device); --emulate-gpu runs those CUDA plans on the host
+        instead (as for run: slow, no GPU needed, no CUDA graph, no device times).
+        --past L (llama7b, llama-small, gpt2) gives the block a KV cache as exported decoders
+        have it: inputs past_key / past_value [batch, heads, L, head_dim], the new K (after
+        RoPE) and V rows appended to them before attention, outputs present_key /
+        present_value beside y, a causal mask over the L + N keys; the fused f32 plan runs it
+        as one FusedCachedAttention (kernel kvcache_attention_...); --seq 1 --past L is one
+        decode step. --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the block
+        converted to that dtype, compared with the CPU's f32 unfused plan within the dtype's
+        tolerance (5e-2 for bf16, 1e-2 for f16, unless --rtol / --atol are given); the CPU's
+        plans stay f32 (its GEMMs are f32 only). The GPU's block takes and gives x, y and the
+        cache in that dtype (no casts at the edges), and fuses as in f32. The JSON
+        records preset, seq, past, dtype, every output's error and the fused plan's ops.
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
         (default N = 1048576 f32 elements, T = all cores), checks each against the float64
@@ -180,7 +206,7 @@ constexpr HelpSection kCommands[] = {
 )",
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
-                     [fusion flags]
+                     [--dtype f32|bf16|f16] [fusion flags]
         the fusion plan (for the shapes --shape binds where the model's dims are symbolic:
         NAME an input and its whole shape, or a symbolic dim and its size): groups, member nodes, kernel names, how each GEMM's epilogue runs on
         the CPU (added as the GEMM stores, per block while in L2, or a pass over whole rows;
@@ -188,12 +214,16 @@ constexpr HelpSection kCommands[] = {
         --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
-        writes every generated kernel's CUDA source to DIR (no GPU needed)
+        writes every generated kernel's CUDA source to DIR (no GPU needed); --dtype bf16|f16
+        plans the model converted to that dtype (as run --dtype converts it), so that with
+        --cuda-src the plan and sources printed are the ones run --backend cuda --dtype runs
+        (without --cuda-src it is the CPU target's plan of the converted model, which no command
+        runs yet); the JSON records the dtype and target
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] | --preset NAME) [--elements N] [--threads T] [--repeats R]
                                      [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--backend cpu|cuda]
-                                     [fusion flags]
+                                     [--emulate-gpu] [--dtype f32|bf16|f16] [fusion flags]
         times the unfused and the fused plan (of the shapes --shape binds, as for explain;
         the time planning them is printed) (medians of interleaved samples) after checking
         they agree as `run` checks (|fused - unfused| <= atol + rtol*|unfused|; defaults rtol
@@ -203,7 +233,12 @@ constexpr HelpSection kCommands[] = {
         presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table;
         --cpu-codegen adds a third row, the fused plan with native loops, checked bit for bit;
         --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
-        device-to-device copy, after checking the GPU's outputs against the CPU's
+        device-to-device copy, after checking the GPU's outputs against the CPU's;
+        --emulate-gpu runs those CUDA plans on the host instead (host times of one run, no copy);
+        --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the model converted to
+        that dtype, checked against the CPU's f32 plans within the dtype's tolerance (5e-2 for
+        bf16, 1e-2 for f16, unless --rtol / --atol are given); the block presets take the demo's
+        --past, --dtype and --emulate-gpu; the JSON records the dtype
 )",
      true, true, true},
     {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract

@@ -59,11 +59,7 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(o.atol, args.Float(f, 0, 1e6));
       o.atol_set = true;
     } else if (f == "--dtype") {
-      GF_ASSIGN_OR_RETURN(std::string v, args.Value(f));
-      if (v == "f32") o.dtype = DType::kF32;
-      else if (v == "bf16") o.dtype = DType::kBF16;
-      else if (v == "f16") o.dtype = DType::kF16;
-      else return InvalidArgument("run: --dtype takes f32, bf16 or f16, not '", v, "'");
+      GF_ASSIGN_OR_RETURN(o.dtype, args.Dtype(f));
     } else if (f == "--threads") {
       GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
       o.threads = static_cast<int>(t);
@@ -97,9 +93,7 @@ Result<RunOptions> ParseRun(Args& args) {
   if (!o.data.empty() && !o.shapes.empty())
     return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
   if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
-  if (o.dtype != DType::kF32 && o.backend != "cuda")
-    return InvalidArgument("run: --dtype ", DTypeName(o.dtype), " runs on --backend cuda (--emulate-gpu without a GPU); ",
-                           "the CPU's GEMMs are f32 only so far");
+  GF_RETURN_IF_ERROR(CheckDtypeBackend("run", o.dtype, o.backend));
   // A narrow plan is compared with the f32 CPU plan within its dtype's tolerance (README,
   // "Accuracy contract"), unless --rtol / --atol say otherwise.
   if (o.dtype != DType::kF32) {

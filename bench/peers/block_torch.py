@@ -1,13 +1,18 @@
 #!/usr/bin/python3
 """PyTorch eager timing of the transformer blocks that `graphfuse demo` builds (same presets,
-shapes, op sequence and thread count; random weights; f32; inference mode).
+shapes, op sequence and thread count; random weights; inference mode).
 
-usage: /usr/bin/python3 bench/peers/block_torch.py --preset llama7b [--seq N] [--threads T] [--repeats R]
-                                                   [--device cpu|cuda] [--dtype f32|bf16] [--compile [--mode M]]
-prints one JSON object: {"preset", "seq", "threads", "device", "dtype", "compiled", "latency_ms"
-(median), "min_ms", "repeats"}. On cuda every timed call is bracketed by synchronizations;
---compile times torch.compile's graph of the same block (after its warm-up compilations); --mode
-passes torch.compile's mode (reduce-overhead replays CUDA graphs).
+usage: /usr/bin/python3 bench/peers/block_torch.py --preset llama7b [--seq N] [--past L] [--threads T] [--repeats R]
+                                                   [--device cpu|cuda] [--dtype f32|bf16|f16] [--compile [--mode M]]
+prints one JSON object: {"preset", "seq", "past", "threads", "device", "dtype", "compiled", "mode",
+"latency_ms" (median), "min_ms", "repeats"}. On cuda every timed call is bracketed by
+synchronizations; --compile times torch.compile's graph of the same block (after its warm-up
+compilations); --mode passes torch.compile's mode (reduce-overhead replays CUDA graphs,
+max-autotune also tunes its GEMM and Triton kernels while compiling). --past L (llama, gpt2)
+runs the step that `graphfuse demo --past L` builds: random past K / V rows [1, heads, L,
+head_dim] concatenated with the new ones before attention (the present rows returned beside the
+output, as a decoder with a cache returns them), a causal mask over L + seq keys and RoPE at
+positions L .. L + seq - 1; --seq 1 --past L is one decode step.
 """
 import argparse
 import json
@@ -36,11 +41,13 @@ def rotate_half(x):
 
 def block_tensors(c):
     """The block's random weights P (name -> f32 tensor, None where the family has none), its
-    rotary tables cos and sin [seq, head_dim], and its additive mask, drawn from one seeded
+    rotary tables cos and sin [seq, head_dim] (at positions past .. past + seq - 1), and its
+    additive mask ([seq, past + seq] causal; BERT's padding mask), drawn from one seeded
     generator in a fixed order (bench/torch_compile.py builds its nn.Module from the same)."""
     d, f, nh = c["hidden"], c["ffn"], c["heads"]
     hd = d // nh
     s = c["seq"]
+    past = c.get("past", 0)
     llama = c["family"] == "llama"
     g = torch.Generator().manual_seed(7)
 
@@ -58,7 +65,7 @@ def block_tensors(c):
         P["fc_out"], P["fc_outb"] = w(f, d, scale=f ** -0.5), w(d, scale=0.1)
     P["n1"], P["n2"] = 1 + w(d, scale=0.2), 1 + w(d, scale=0.2)
     P["n1b"], P["n2b"] = w(d, scale=0.1), w(d, scale=0.1)
-    pos = torch.arange(s, dtype=torch.float64)[:, None]
+    pos = torch.arange(past, past + s, dtype=torch.float64)[:, None]
     inv = 10000.0 ** (-2.0 * torch.arange(hd // 2, dtype=torch.float64) / hd)
     ang = torch.cat((pos * inv, pos * inv), dim=-1)
     cos, sin = ang.cos().float(), ang.sin().float()
@@ -66,7 +73,7 @@ def block_tensors(c):
         mask = torch.zeros(1, 1, 1, s)
         mask[..., s - s // 8:] = -1e9
     else:
-        mask = torch.triu(torch.full((s, s), -1e9), diagonal=1)
+        mask = torch.triu(torch.full((s, past + s), -1e9), diagonal=past + 1)  # row i sees keys up to past + i
     return P, cos, sin, mask
 
 
@@ -89,7 +96,7 @@ def make_block(c, device="cpu", dtype=torch.float32):
             return rms_norm(x, P[which], eps)
         return F.layer_norm(x, (d,), P[which], P[which + "b"], eps)
 
-    def attention(h):
+    def attention(h, cache):
         b = h.shape[0]
         q = linear(h, "q").view(b, s, nh, hd).transpose(1, 2)
         k = linear(h, "k").view(b, s, nh, hd).transpose(1, 2)
@@ -97,9 +104,12 @@ def make_block(c, device="cpu", dtype=torch.float32):
         if llama:
             q = q * cos + rotate_half(q) * sin
             k = k * cos + rotate_half(k) * sin
+        if cache is not None:  # the KV cache: past rows, then the new ones
+            k = torch.cat((cache[0], k), dim=-2)
+            v = torch.cat((cache[1], v), dim=-2)
         scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + mask
         o = torch.softmax(scores, dim=-1) @ v
-        return linear(o.transpose(1, 2).reshape(b, s, d), "o")
+        return linear(o.transpose(1, 2).reshape(b, s, d), "o"), (k, v)
 
     def mlp(h):
         if llama:
@@ -107,12 +117,17 @@ def make_block(c, device="cpu", dtype=torch.float32):
         act = F.gelu(linear(h, "fc_in"), approximate="tanh" if c["family"] == "gpt2" else "none")
         return linear(act, "fc_out")
 
-    def block(x):
+    def block(x, past_k=None, past_v=None):
+        """y, or with a cache (y, present_k, present_v)."""
+        cache = None if past_k is None else (past_k, past_v)
         if c["family"] == "bert":
-            h1 = norm(attention(x) + x, "n1")
+            a, _ = attention(x, None)
+            h1 = norm(a + x, "n1")
             return norm(mlp(h1) + h1, "n2")
-        r1 = x + attention(norm(x, "n1"))
-        return r1 + mlp(norm(r1, "n2"))
+        a, present = attention(norm(x, "n1"), cache)
+        r1 = x + a
+        y = r1 + mlp(norm(r1, "n2"))
+        return y if cache is None else (y, present[0], present[1])
 
     return block
 
@@ -124,32 +139,40 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=11)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16"])
+    ap.add_argument("--past", type=int, default=0, help="rows of a KV cache before the seq new ones (llama, gpt2)")
+    ap.add_argument("--dtype", default="f32", choices=["f32", "bf16", "f16"])
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--mode", default=None, help="torch.compile's mode (e.g. reduce-overhead: CUDA graphs)")
     a = ap.parse_args()
-    dtype = torch.float32 if a.dtype == "f32" else torch.bfloat16
+    dtype = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}[a.dtype]
     c = dict(PRESETS[a.preset])
     if a.seq:
         c["seq"] = a.seq
+    if a.past < 0 or (a.past and c["family"] == "bert"):
+        ap.error("--past takes L >= 0, for llama and gpt2 presets (BERT is an encoder)")
+    c["past"] = a.past
     torch.set_num_threads(a.threads)
     block = make_block(c, a.device, dtype)
     if a.compile:
         block = torch.compile(block, mode=a.mode)
     x = (torch.rand(1, c["seq"], c["hidden"]) * 2 - 1).to(device=a.device, dtype=dtype)
+    args = [x]
+    if a.past:
+        hd = c["hidden"] // c["heads"]
+        args += [(torch.rand(1, c["heads"], a.past, hd) * 2 - 1).to(device=a.device, dtype=dtype) for _ in range(2)]
     sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     with torch.inference_mode():
         for _ in range(5 if a.compile else 2):  # reduce-overhead records its CUDA graph in these
-            block(x)
+            block(*args)
         sync()
         times = []
         for _ in range(a.repeats):
             t0 = time.perf_counter()
-            block(x)
+            block(*args)
             sync()
             times.append(time.perf_counter() - t0)
     times.sort()
-    print(json.dumps(dict(preset=a.preset, seq=c["seq"], threads=a.threads, repeats=a.repeats, device=a.device,
+    print(json.dumps(dict(preset=a.preset, seq=c["seq"], past=a.past, threads=a.threads, repeats=a.repeats, device=a.device,
                           dtype=a.dtype, compiled=a.compile, mode=a.mode,
                           latency_ms=times[len(times) // 2] * 1e3, min_ms=times[0] * 1e3,
                           torch=torch.__version__)))

@@ -55,7 +55,7 @@ std::vector<Spec> WeightSpecs(const BlockConfig& c) {
     proj("fc_out", f, d, in_f);
   }
   if (c.family == BlockFamily::kBert) w.push_back({"attention.mask", {c.batch, 1, 1, s}, Spec::kPadding});
-  else w.push_back({"attention.mask", {s, s}, Spec::kCausal});
+  else w.push_back({"attention.mask", {s, c.past + s}, Spec::kCausal});
   return w;
 }
 
@@ -77,12 +77,16 @@ void Fill(const Spec& sp, const BlockConfig& c, uint32_t seed, float* p, int64_t
       case Spec::kZeros: p[i] = 0; break;
       case Spec::kCos:
       case Spec::kSin: {
-        const int64_t pos = i / hd, j = i % hd % (hd / 2);
+        const int64_t pos = c.past + i / hd, j = i % hd % (hd / 2);
         const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * static_cast<double>(j) / hd);
         p[i] = static_cast<float>(sp.kind == Spec::kCos ? std::cos(angle) : std::sin(angle));
         break;
       }
-      case Spec::kCausal: p[i] = (i % c.seq) <= (i / c.seq) ? 0.f : kMasked; break;
+      case Spec::kCausal: {  // [seq, past + seq]: row i sees keys up to past + i
+        const int64_t keys = c.past + c.seq;
+        p[i] = (i % keys) <= c.past + i / keys ? 0.f : kMasked;
+        break;
+      }
       case Spec::kPadding: p[i] = (i % c.seq) < c.seq - c.seq / 8 ? 0.f : kMasked; break;  // last 1/8 padded
     }
   }
@@ -156,6 +160,14 @@ class BlockBuilder {
       GF_ASSIGN_OR_RETURN(q4, Op("Rope", {q4, cos, sin}, "/attn/q/Rope"));
       GF_ASSIGN_OR_RETURN(k4, Op("Rope", {k4, cos, sin}, "/attn/k/Rope"));
     }
+    if (c_.past > 0) {  // the KV cache: past rows, then the new ones
+      const Shape cache = {c_.batch, c_.heads, c_.past, c_.head_dim()};
+      GF_ASSIGN_OR_RETURN(Value * past_k, g_.AddInput("past_key", DType::kF32, cache));
+      GF_ASSIGN_OR_RETURN(Value * past_v, g_.AddInput("past_value", DType::kF32, cache));
+      GF_ASSIGN_OR_RETURN(k4, Op("Concat", {past_k, k4}, "/attn/k/Concat", {{"axis", int64_t{-2}}}));
+      GF_ASSIGN_OR_RETURN(v4, Op("Concat", {past_v, v4}, "/attn/v/Concat", {{"axis", int64_t{-2}}}));
+      present_k_ = k4, present_v_ = v4;
+    }
     GF_ASSIGN_OR_RETURN(Value * kt, Op("Transpose", {k4}, "/attn/k/Transpose_T", {{"perm", std::vector<int64_t>{0, 1, 3, 2}}}));
     GF_ASSIGN_OR_RETURN(Value * s, Op("MatMul", {q4, kt}, "/attn/scores/MatMul"));
     const float scale = static_cast<float>(1 / std::sqrt(static_cast<double>(c_.head_dim())));
@@ -208,13 +220,21 @@ class BlockBuilder {
       GF_ASSIGN_OR_RETURN(y, Op("Add", {r1, m}, "/mlp/residual/Add"));
     }
     GF_RETURN_IF_ERROR(g_.RenameValue(y, "y"));
-    return g_.MarkOutput(y);
+    GF_RETURN_IF_ERROR(g_.MarkOutput(y));
+    if (c_.past > 0) {
+      GF_RETURN_IF_ERROR(g_.RenameValue(present_k_, "present_key"));
+      GF_RETURN_IF_ERROR(g_.RenameValue(present_v_, "present_value"));
+      GF_RETURN_IF_ERROR(g_.MarkOutput(present_k_));
+      GF_RETURN_IF_ERROR(g_.MarkOutput(present_v_));
+    }
+    return Status::Ok();
   }
 
  private:
   Graph& g_;
   const BlockConfig& c_;
   const BlockWeights& w_;
+  Value *present_k_ = nullptr, *present_v_ = nullptr;  // with a KV cache
 };
 
 }  // namespace
@@ -262,6 +282,9 @@ Result<BlockWeights> MakeBlockWeights(const BlockConfig& c, uint32_t seed, const
     return InvalidArgument("block: hidden ", c.hidden, " must split into ", c.heads, " heads of even size");
   if (c.seq <= 0 || c.ffn <= 0 || c.batch <= 0)
     return InvalidArgument("block: seq, ffn and batch must be positive (seq ", c.seq, ", ffn ", c.ffn, ")");
+  if (c.past < 0) return InvalidArgument("block: past ", c.past, " must not be negative");
+  if (c.past > 0 && c.family == BlockFamily::kBert)
+    return InvalidArgument("block: the BERT block is an encoder (no causal attention): it takes no KV cache (past ", c.past, ")");
   const std::vector<Spec> specs = WeightSpecs(c);
   int64_t total = 0, done = 0;
   for (const Spec& s : specs) {
