@@ -532,8 +532,11 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
       {"Relu", false, false, CublasLtEpilogue::kReluBias},
       // GELU (erf) is not cuBLASLt's GELU (tanh): a generated epilogue, never an approximation.
       {"Gelu", false, false, CublasLtEpilogue::kNotCovered},
-      // A residual add is not in the enum either.
-      {"", false, true, CublasLtEpilogue::kNotCovered},
+      // A residual add is cuBLASLt's C operand (beta = 1), in either operand order.
+      {"", false, true, CublasLtEpilogue::kNone},
+      {"", true, true, CublasLtEpilogue::kNone},
+      // ... but not under an activation (cuBLASLt applies it after C).
+      {"Relu", false, true, CublasLtEpilogue::kNotCovered},
   };
   std::vector<CudaKernelSource> kernels;
   for (const Case& c : cases) {
@@ -543,6 +546,8 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
     const Node* n = Only(**g, "FusedGemm");
     ASSERT_NE(n, nullptr) << what;
     EXPECT_EQ(CublasLtEpilogueFor(*n).kind, c.want) << what;
+    EXPECT_EQ(CublasLtEpilogueFor(*n).residual_input, c.residual && c.want != CublasLtEpilogue::kNotCovered ? 2 : -1)
+        << what;
     auto plan = PlanNodeForCuda(*n);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     const bool covered = c.want != CublasLtEpilogue::kNotCovered;
@@ -553,6 +558,47 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
   NvrtcCompiler compiler;
   double seconds = 0;
   for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+}
+
+// x @ w + b + r (bias, then a residual of the output's shape): cuBLASLt's BIAS epilogue with the
+// residual as C; a residual added before the bias, or a broadcast "residual", is not taken.
+TEST(CudaCodegen, BiasThenResidualIsCublasLtBiasWithC) {
+  struct Case {
+    bool residual_first;
+    Shape r_shape;
+    bool covered;
+  } cases[] = {{false, {8, 64}, true}, {true, {8, 64}, false}, {false, {1, 64}, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(StrCat("residual first ", c.residual_first, ", r ", ShapeToString(c.r_shape)));
+    Graph g("gemm_bias_res");
+    auto filled = [](const Shape& s) {
+      auto t = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, s).value());
+      for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+      return t;
+    };
+    Value* x = g.AddInput("x", DType::kF32, {8, 32}).value();
+    Value* r = g.AddInput("r", DType::kF32, c.r_shape).value();
+    Value* p = g.AddNode("MatMul", {x, g.AddConstant("w", filled({32, 64})).value()}, {}, "mm").value()->output();
+    Value* b = g.AddConstant("b", filled({64})).value();
+    Value* s1 = g.AddNode("Add", {p, c.residual_first ? r : b}, {}, "add1").value()->output();
+    Value* y = g.AddNode("Add", {c.residual_first ? b : r, s1}, {}, "add2").value()->output();
+    ASSERT_TRUE(g.MarkOutput(y).ok());
+    ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
+    const Node* n = Only(g, "FusedGemm");
+    ASSERT_NE(n, nullptr) << PrintGraph(g);
+    const CublasLtEpilogue e = CublasLtEpilogueFor(*n);
+    if (!c.covered) {
+      EXPECT_EQ(e.kind, CublasLtEpilogue::kNotCovered) << PrintGraph(g);
+      continue;
+    }
+    ASSERT_EQ(e.kind, CublasLtEpilogue::kBias) << PrintGraph(g);
+    EXPECT_EQ(n->input(static_cast<size_t>(e.bias_input))->shape(), Shape({64}));
+    EXPECT_EQ(n->input(static_cast<size_t>(e.residual_input))->shape(), Shape({8, 64}));
+    auto plan = PlanNodeForCuda(*n);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->path, CudaPath::kCublas);
+    EXPECT_TRUE(plan->kernels.empty());
+  }
 }
 
 // Every node of the demo presets' and the exported models' fused plans has a CUDA path, and
