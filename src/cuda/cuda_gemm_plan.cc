@@ -195,9 +195,10 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
 
   const CublasLtEpilogue& lt = plan.cublas_epilogue;
   if (plan.path == CudaPath::kCublas && (lt.kind != CublasLtEpilogue::kNone || lt.residual_input >= 0)) {
-    // On a GPU: one cuBLASLt call (its bias epilogues are planned for f32 only; the residual as
-    // C for f32, f16 and bf16). Emulated: the residual forms as the same one step on the host.
-    const bool lt_call = pb.emu ? lt.residual_input >= 0 : dt == DType::kF32 || lt.kind == CublasLtEpilogue::kNone;
+    // On a GPU: one cuBLASLt call, in f32, f16 or bf16 (the bias in D's type). Emulated: the
+    // residual forms as the same one step on the host; the bias / activation epilogues as the
+    // generated epilogue kernel (cuBLASLt's activations are not emulated).
+    const bool lt_call = !pb.emu || lt.residual_input >= 0;
     if (lt_call) {
       const Status lt_plan = PlanCublasLt(pb, n, lt, m, nn, k, dt);
       // cuBLASLt found no algorithm for this shape and epilogue: GEMM + generated epilogue.
@@ -206,10 +207,8 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
     // Emulated (or no cuBLASLt algorithm): the same epilogue as a generated kernel.
     CudaNodePlan generic = plan;
     generic.path = CudaPath::kCublasThenKernel;
-    generic.what = dt != DType::kF32 && lt.residual_input < 0
-                       ? "cuBLAS GEMM, then the generated epilogue (cuBLASLt's epilogue is planned in f32 only)"
-                   : pb.emu ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
-                            : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
+    generic.what = pb.emu && !lt_call ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
+                                      : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
     GF_ASSIGN_OR_RETURN(CudaKernelSource ek, GenerateGemmEpilogueKernel(n));
     generic.kernels = {std::move(ek)};
     return PlanGemm(pb, n, generic);

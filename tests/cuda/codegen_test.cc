@@ -601,6 +601,92 @@ TEST(CudaCodegen, BiasThenResidualIsCublasLtBiasWithC) {
   }
 }
 
+// x @ w + b, then `act` (none, Relu, GeluTanh), all in f16 or bf16 (the bias in the GEMM's
+// dtype, which is cuBLASLt's bias type for such outputs): cuBLASLt's BIAS / RELU_BIAS /
+// GELU_BIAS epilogue on a GPU, as in f32. The emulated plan takes the generated epilogue (and
+// says that a GPU runs cuBLASLt's) and matches a float64 reference within four units of the
+// dtype; with a GPU, the cuBLASLt call's outputs match the emulated plan's within two (the
+// emulation rounds the product before the bias, cuBLASLt does not; GELU's tanh may round apart).
+TEST(CudaCodegen, NarrowBiasEpiloguesGoToCublasLt) {
+  std::string why;
+  const bool gpu = CudaDeviceAvailable(0, &why);
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (const char* act : {"", "Relu", "GeluTanh"}) {
+      SCOPED_TRACE(StrCat(DTypeName(dt), " act '", act, "'"));
+      Graph g("narrow_gemm");
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> u(-1, 1);
+      auto filled = [&](const Shape& s) {
+        Tensor t = Tensor::Empty(DType::kF32, s).value();
+        for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
+        return std::make_shared<Tensor>(ConvertedTo(t, dt));
+      };
+      Value* x = g.AddInput("x", dt, {8, 32}).value();
+      Value* p = g.AddNode("MatMul", {x, g.AddConstant("w", filled({32, 64})).value()}, {}, "mm").value()->output();
+      Value* y = g.AddNode("Add", {p, g.AddConstant("b", filled({64})).value()}, {}, "add").value()->output();
+      if (*act) y = g.AddNode(act, {y}, {}, "act").value()->output();
+      ASSERT_TRUE(g.MarkOutput(y).ok());
+      ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
+      const Node* n = Only(g, "FusedGemm");
+      ASSERT_NE(n, nullptr) << PrintGraph(g);
+      const CublasLtEpilogue e = CublasLtEpilogueFor(*n);
+      const CublasLtEpilogue::Kind want = !*act                       ? CublasLtEpilogue::kBias
+                                          : std::string(act) == "Relu" ? CublasLtEpilogue::kReluBias
+                                                                       : CublasLtEpilogue::kGeluTanhBias;
+      EXPECT_EQ(e.kind, want) << PrintGraph(g);
+      EXPECT_EQ(e.bias_input, 2);
+      auto plan = PlanNodeForCuda(*n);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      EXPECT_EQ(plan->path, CudaPath::kCublas);
+      std::shared_ptr<Tensor> xin = filled({8, 32});
+      const std::vector<TensorView> views = {xin->view()};
+      // The CPU's GEMMs are f32 only: a float64 reference on the same dt values.
+      const Tensor& wt = *n->input(1)->constant();
+      const Tensor& bt = *n->input(2)->constant();
+      Tensor ref = Tensor::Empty(DType::kF32, {8, 64}).value();
+      for (int64_t i = 0; i < 8; ++i)
+        for (int64_t j = 0; j < 64; ++j) {
+          double v = bt.GetAsDouble(j);
+          for (int64_t q = 0; q < 32; ++q) v += xin->GetAsDouble(i * 32 + q) * wt.GetAsDouble(q * 64 + j);
+          if (std::string(act) == "Relu") v = std::max(v, 0.0);
+          if (std::string(act) == "GeluTanh")
+            v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+          ref.data_as<float>()[i * 64 + j] = static_cast<float>(v);
+        }
+      CudaExecOptions o;
+      o.emulate = true;
+      auto emu = CudaExecutor::Create(g, o);
+      ASSERT_TRUE(emu.ok()) << emu.status().ToString();
+      EXPECT_NE((*emu)->describe().back().find("GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"),
+                std::string::npos)
+          << (*emu)->describe().back();
+      auto emulated = (*emu)->Run(views);
+      ASSERT_TRUE(emulated.ok()) << emulated.status().ToString();
+      const double unit = dt == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+      auto expect_close = [&](const Tensor& got, const Tensor& ref, double units, const char* what) {
+        for (int64_t i = 0; i < ref.numel(); ++i)
+          ASSERT_LE(std::fabs(got.GetAsDouble(i) - ref.GetAsDouble(i)), units * unit * (1 + std::fabs(ref.GetAsDouble(i))))
+              << what << " element " << i;
+      };
+      expect_close((*emulated)[0], ref, 4, "emulated vs float64");  // the product rounded, then the output
+      if (!gpu) continue;
+      CudaExecOptions go;
+      go.kernel_cache_dir = (std::filesystem::temp_directory_path() / "graphfuse_test_kernels").string();
+      auto dev = CudaExecutor::Create(g, go);
+      ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+      const std::string line = (*dev)->describe().back();
+      // cuBLASLt may have no algorithm for a shape: then the generated epilogue, and the line says so.
+      EXPECT_TRUE(line.find(StrCat("cuBLASLt GEMM in ", DTypeName(dt), " with its ")) != std::string::npos ||
+                  line.find("cuBLASLt had no algorithm") != std::string::npos)
+          << line;
+      std::printf("[ cuda     ] %s\n", line.c_str());
+      auto got = (*dev)->Run(views);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      expect_close((*got)[0], (*emulated)[0], 2, "GPU vs emulated");
+    }
+  }
+}
+
 // Every node of the demo presets' and the exported models' fused plans has a CUDA path, and
 // every kernel they need compiles.
 TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
