@@ -201,6 +201,9 @@ if "$GF" --help | grep -q -- "--emulate-gpu"; then
     check run-emulated-gpu-$dt 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" --backend cuda --emulate-gpu --dtype $dt
     echo "$LAST" | grep -q "cuda ($dt)" && echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --dtype $dt: no $dt plan agreeing with the CPU"; echo "$LAST"; fail=1; }
   done
+  # --tf32: the f32 GEMMs in TF32 (emulated: operands rounded to 10-bit mantissas), within TF32's tolerance.
+  check run-emulated-gpu-tf32 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" --backend cuda --emulate-gpu --tf32
+  echo "$LAST" | grep -q "f32 GEMMs in TF32" && echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --tf32: no TF32 plan agreeing with the CPU"; echo "$LAST"; fail=1; }
 fi
 # --dtype for demo / bench / explain: run's parsing; a narrow dtype needs --backend cuda, said
 # before any work.
@@ -258,6 +261,7 @@ assert [r['plan'] for r in rows] == ['unfused', 'fused'] and all(r['ok'] and r['
   grep -q '"dtype": *"bf16"' /tmp/graphfuse_bench_emu.json || { echo "FAIL bench --json lacks the dtype"; fail=1; }
 fi
 check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
+check run-tf32-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --tf32
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
 # with a GPU, the GPU's outputs agree with the CPU's.
 out=$("$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda 2>&1); rc=$?

@@ -19,6 +19,12 @@ inline constexpr double kDefaultRtol = 1e-4, kDefaultAtol = 1e-5;
 // f32 plan: the README's accuracy contract.
 inline double NarrowTolerance(DType t) { return t == DType::kBF16 ? 5e-2 : 1e-2; }
 
+// The default tolerance (relative and absolute) of an f32 model whose GEMMs run in TF32 (`run
+// --tf32`) against the CPU's f32 plan: TF32 keeps a 10-bit mantissa of each GEMM operand
+// (relative rounding 2^-11), so a GEMM's error is about 1e-3 of the sum of |products| and
+// grows through the layers that follow.
+inline constexpr double kTf32Tolerance = 1e-2;
+
 struct OutputReport {
   std::string name;
   double max_abs = 0, max_rel = 0;  // over finite errors

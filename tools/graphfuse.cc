@@ -181,7 +181,7 @@ constexpr HelpSection kCommands[] = {
      false, true, true},
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
                  [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu]
-                 [--dtype f32|bf16|f16] [--cuda-attention flash|gemms] [fusion flags]
+                 [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [fusion flags]
         imports an ONNX model (opsets 1-21) for the shapes of its inputs (symbolic dims take
         the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
         from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
@@ -200,6 +200,10 @@ constexpr HelpSection kCommands[] = {
         the narrow dtype and summing in f32; compared with the CPU's f32 plan within the dtype's
         tolerance (defaults rtol = atol = 5e-2 for bf16, 1e-2 for f16). The CPU's GEMMs are f32
         only, so --dtype other than f32 needs --backend cuda.
+        --tf32 (with --backend cuda) runs the f32 GEMMs (cuBLAS and cuBLASLt) in TF32
+        (CUBLAS_COMPUTE_32F_FAST_TF32: each operand rounded to a 10-bit mantissa, f32 sums;
+        --emulate-gpu rounds them so on the host) and compares within rtol = atol = 1e-2
+        unless --rtol / --atol say otherwise; f16 / bf16 GEMMs are unaffected.
         --cuda-attention picks how attention with many query rows per head (prefill) runs on
         the GPU: one flash-style kernel (flash, the default) or cuBLAS GEMMs around generated
         prep and softmax kernels (gemms)

@@ -1,6 +1,7 @@
 // `graphfuse run MODEL.onnx [--data DIR | --shape NAME=D0xD1...] ...`: plans a model for the
 // inputs' shapes, runs it on the CPU and compares its outputs with the expected ones
 // (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -35,6 +36,7 @@ struct RunOptions {
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   int threads = 0;
   bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
+  bool tf32 = false;  // f32 GEMMs in TF32 on the CUDA backend (--tf32)
   bool rtol_set = false, atol_set = false;
   DType dtype = DType::kF32;  // what the model computes in (--dtype)
   FusionOptions fusion;
@@ -73,6 +75,8 @@ Result<RunOptions> ParseRun(Args& args) {
       o.cuda_graph = true;
     } else if (f == "--emulate-gpu") {
       o.emulate_gpu = true;
+    } else if (f == "--tf32") {
+      o.tf32 = true;
     } else if (f == "--cuda-attention") {
       GF_ASSIGN_OR_RETURN(o.cuda_attention, args.Value(f));
     } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
@@ -88,16 +92,17 @@ Result<RunOptions> ParseRun(Args& args) {
     }
   }
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
-  if ((o.cuda_graph || o.emulate_gpu || !o.cuda_attention.empty()) && o.backend != "cuda")
-    return InvalidArgument("run: --cuda-graph, --emulate-gpu and --cuda-attention need --backend cuda");
+  if ((o.cuda_graph || o.emulate_gpu || o.tf32 || !o.cuda_attention.empty()) && o.backend != "cuda")
+    return InvalidArgument("run: --cuda-graph, --emulate-gpu, --tf32 and --cuda-attention need --backend cuda");
   if (!o.data.empty() && !o.shapes.empty())
     return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
   if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
   GF_RETURN_IF_ERROR(CheckDtypeBackend("run", o.dtype, o.backend));
   // A narrow plan is compared with the f32 CPU plan within its dtype's tolerance (README,
   // "Accuracy contract"), unless --rtol / --atol say otherwise.
-  if (o.dtype != DType::kF32) {
-    const double tol = NarrowTolerance(o.dtype);
+  // f32 GEMMs in TF32: within TF32's tolerance likewise.
+  if (o.dtype != DType::kF32 || o.tf32) {
+    const double tol = std::max(o.dtype != DType::kF32 ? NarrowTolerance(o.dtype) : 0.0, o.tf32 ? kTf32Tolerance : 0.0);
     if (!o.rtol_set) o.rtol = tol;
     if (!o.atol_set) o.atol = tol;
   }
@@ -262,6 +267,7 @@ int RunModel(Args& args) {
     cuda::CudaExecOptions co;
     co.cuda_graph = o.cuda_graph;
     co.emulate = o.emulate_gpu;
+    co.plan.tf32 = o.tf32;
     if (!o.cuda_attention.empty()) {
       auto form = cuda::ParsePrefillAttention(o.cuda_attention);
       if (!form.ok()) return Fail(form.status().WithContext("run: --cuda-attention"));
@@ -278,6 +284,7 @@ int RunModel(Args& args) {
                                 " launches per run (", cs.generated, " generated kernels, ",
                                 cs.cublas, " cuBLAS calls, ", cs.host_fallbacks, " on the host)",
                                 o.cuda_graph ? ", replayed as one CUDA graph" : "",
+                                o.tf32 ? ", f32 GEMMs in TF32" : "",
                                 o.emulate_gpu ? "; emulated on the host, no GPU used" : ""));
     for (const std::string& l : (*ex)->describe()) cuda_lines.push_back("  " + l);
     outputs = std::move(*gpu);

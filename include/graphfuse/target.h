@@ -66,6 +66,9 @@ struct TargetOptions {
   bool cuda_graph = false;
   // CUDA: run the plan on the host instead of a GPU (slow; checks plans without a GPU).
   bool emulate = false;
+  // CUDA: f32 GEMMs in TF32 (10-bit mantissa products, f32 sums): faster on tensor cores, about
+  // 1e-3 relative error instead of f32's 1e-7. Off: f32 GEMMs are exact f32.
+  bool cuda_tf32 = false;
 };
 
 class Target {

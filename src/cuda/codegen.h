@@ -133,12 +133,17 @@ Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node);
 
 // ---- how each node runs: the CUDA kernel registry (kernel_registry.cc) ----
 
-// Whether cuBLASLt's own epilogue enum computes a FusedGemm's epilogue exactly: no epilogue,
-// bias, ReLU(+bias), or GELU-tanh(+bias) (cuBLASLt's GELU is the tanh form; an erf Gelu is
-// never mapped onto it), for one projection whose only output is the epilogue's.
+// Whether one cuBLASLt call computes a FusedGemm's epilogue exactly: no epilogue, bias,
+// ReLU(+bias), or GELU-tanh(+bias) (cuBLASLt's GELU is the tanh form; an erf Gelu is never
+// mapped onto it), for one projection whose only output is the epilogue's; or a residual added
+// to the product, alone or after a bias (out = p + r, out = (p + bias) + r, either operand
+// order of each Add; r of the output's shape and dtype), which cuBLASLt adds as its C operand
+// with beta = 1 (D = A W + bias + C, C and D distinct). The bias is of the output's dtype
+// (cuBLASLt's bias type for f32, f16 and bf16 outputs).
 struct CublasLtEpilogue {
   enum Kind { kNotCovered, kNone, kBias, kReluBias, kGeluTanhBias } kind = kNotCovered;
-  int64_t bias_input = -1;  // the node input holding the [N] bias
+  int64_t bias_input = -1;      // the node input holding the [N] bias
+  int64_t residual_input = -1;  // the node input added as C (kNone or kBias only)
 };
 CublasLtEpilogue CublasLtEpilogueFor(const Node& fused_gemm);
 
@@ -173,6 +178,10 @@ struct CudaPlanOptions {
   // its reference graph runs.
   DecodeSplitOptions decode;
   PrefillAttention prefill_attention = PrefillAttention::kFlash;
+  // f32 GEMMs (cuBLAS and cuBLASLt) with CUBLAS_COMPUTE_32F_FAST_TF32: A and B rounded to TF32's
+  // 10-bit mantissa on the tensor cores (about 1e-3 relative error per product); emulated plans
+  // round them so on the host. f16 / bf16 GEMMs are unaffected.
+  bool tf32 = false;
 };
 // "flash" / "gemms" (as tools/run's --cuda-attention takes them).
 Result<PrefillAttention> ParsePrefillAttention(const std::string& name);

@@ -191,6 +191,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   auto impl = std::make_unique<Impl>(g, options);
   Impl& x = *impl;
   PlanBuilder& pb = x.pb;
+  pb.tf32 = options.plan.tf32;
   if (options.emulate) {
     if (options.cuda_graph) return InvalidArgument("a CUDA graph cannot be emulated on the host");
     GF_RETURN_IF_ERROR(x.PlanTop(g));

@@ -45,7 +45,8 @@ struct CudaExecOptions {
   CudaPlanOptions plan;          // which path a node takes where it has two (attention)
   // Run the plan on the host instead (no GPU needed, slow): host memory, the generated kernels
   // compiled as C++ and run by host threads (host_emulation.h), GEMMs in double on the host,
-  // cuBLASLt's epilogues as generated kernels. Checks the plan and every kernel it launches.
+  // cuBLASLt's epilogues as generated kernels (a residual as cuBLASLt's C: the same one step, on
+  // the host). Checks the plan and every kernel it launches.
   bool emulate = false;
 };
 

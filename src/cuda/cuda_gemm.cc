@@ -1,5 +1,7 @@
 #include "cuda_gemm.h"
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 
 #include "cuda_status.h"
@@ -23,7 +25,7 @@ Status RowMajorGemm(cublasHandle_t h, const Gemm& g, int64_t m, int64_t n, int64
   const float one = 1.f, zero = 0.f;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const int in = static_cast<int>(n), im = static_cast<int>(m), ik = static_cast<int>(k);
-  if (g.ab == DType::kF32 && g.c == DType::kF32) {
+  if (g.ab == DType::kF32 && g.c == DType::kF32 && !g.tf32) {
     const auto* fa = static_cast<const float*>(a);
     const auto* fb = static_cast<const float*>(b);
     auto* fc = static_cast<float*>(c);
@@ -40,16 +42,17 @@ Status RowMajorGemm(cublasHandle_t h, const Gemm& g, int64_t m, int64_t n, int64
     return Status::Ok();
   }
   const cudaDataType_t tab = CudaType(g.ab), tc = CudaType(g.c);
+  const cublasComputeType_t compute =
+      g.ab == DType::kF32 && g.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   if (batch == 1) {
     GF_BLAS(cublasGemmEx(h, op_b, CUBLAS_OP_N, in, im, ik, &one, b, tab, static_cast<int>(ldb), a, tab,
-                         static_cast<int>(lda), &zero, c, tc, static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT),
+                         static_cast<int>(lda), &zero, c, tc, static_cast<int>(ldc), compute, CUBLAS_GEMM_DEFAULT),
             where);
     return Status::Ok();
   }
   GF_BLAS(cublasGemmStridedBatchedEx(h, op_b, CUBLAS_OP_N, in, im, ik, &one, b, tab, static_cast<int>(ldb), stride_b, a,
                                      tab, static_cast<int>(lda), stride_a, &zero, c, tc, static_cast<int>(ldc),
-                                     stride_c, static_cast<int>(batch), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                     stride_c, static_cast<int>(batch), compute, CUBLAS_GEMM_DEFAULT),
           where);
   return Status::Ok();
 }
@@ -70,6 +73,12 @@ void Store(void* p, int64_t i, DType t, float v) {
   }
 }
 
+// An operand of g as the GEMM multiplies it: TF32-rounded f32 with g.tf32.
+float LoadOperand(const Gemm& g, const void* p, int64_t i) {
+  const float v = Load(p, i, g.ab);
+  return g.tf32 && g.ab == DType::kF32 ? RoundToTf32(v) : v;
+}
+
 // The same arithmetic on the host, accumulating in double, C rounded once.
 void HostGemm(const Gemm& g, int64_t m, int64_t n, int64_t k, const void* a, int64_t lda, int64_t stride_a,
               const void* b, int64_t ldb, int64_t stride_b, void* c, int64_t ldc, int64_t stride_c, int64_t batch,
@@ -79,13 +88,33 @@ void HostGemm(const Gemm& g, int64_t m, int64_t n, int64_t k, const void* a, int
       for (int64_t j = 0; j < n; ++j) {
         double acc = 0;
         for (int64_t q = 0; q < k; ++q)
-          acc += static_cast<double>(Load(a, t * stride_a + i * lda + q, g.ab)) *
-                 Load(b, t * stride_b + (trans_b ? j * ldb + q : q * ldb + j), g.ab);
+          acc += static_cast<double>(LoadOperand(g, a, t * stride_a + i * lda + q)) *
+                 LoadOperand(g, b, t * stride_b + (trans_b ? j * ldb + q : q * ldb + j));
         Store(c, t * stride_c + i * ldc + j, g.c, static_cast<float>(acc));
       }
 }
 
 }  // namespace
+
+float RoundToTf32(float x) {
+  if (!std::isfinite(x)) return x;
+  uint32_t u = std::bit_cast<uint32_t>(x);
+  u += 0xFFFu + ((u >> 13) & 1u);  // to nearest, ties to even, on the 13 bits dropped
+  return std::bit_cast<float>(u & ~0x1FFFu);
+}
+
+void HostGemmAddend(const Gemm& g, int64_t m, int64_t n, int64_t k, const void* a, const void* w, const void* bias,
+                    const void* c, void* d) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = 0;
+      for (int64_t q = 0; q < k; ++q)
+        acc += static_cast<double>(LoadOperand(g, a, i * k + q)) * LoadOperand(g, w, q * n + j);
+      if (bias) acc += Load(bias, j, g.c);
+      if (c) acc += Load(c, i * n + j, g.c);
+      Store(d, i * n + j, g.c, static_cast<float>(acc));
+    }
+}
 
 bool GemmTakes(DType ab, DType c) { return IsFloat(ab) && (c == ab || c == DType::kF32); }
 

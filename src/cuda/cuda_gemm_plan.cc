@@ -63,31 +63,84 @@ Status PlanMatMul(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   return Status::Ok();
 }
 
-// A FusedGemm with one projection whose epilogue cuBLASLt's epilogue enum computes exactly: one
-// cuBLASLt call. Unimplemented when cuBLASLt has no algorithm for it.
-Status PlanCublasLt(PlanBuilder& pb, const Node& n, const CublasLtEpilogue& e, int64_t m, int64_t nn, int64_t k) {
+cudaDataType_t LtType(DType t) {
+  return t == DType::kF16 ? CUDA_R_16F : t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
+// A FusedGemm with one projection that one cuBLASLt call computes (CublasLtEpilogueFor): the
+// bias and activation by its epilogue enum, a residual as its C operand with beta = 1 (C and D
+// distinct: the residual is read in place and no copy of it is made). Emulated plans run the
+// forms without an activation as the same one step on the host (HostGemmAddend). Unimplemented
+// when cuBLASLt has no algorithm for it.
+Status PlanCublasLt(PlanBuilder& pb, const Node& n, const CublasLtEpilogue& e, int64_t m, int64_t nn, int64_t k,
+                    DType dt) {
   GF_ASSIGN_OR_RETURN(void* ap, pb.memory.Buffer(n.input(0)));
   GF_ASSIGN_OR_RETURN(void* wp, pb.memory.Buffer(n.input(1)));
-  GF_ASSIGN_OR_RETURN(void* bp, pb.memory.Buffer(n.input(static_cast<size_t>(e.bias_input))));
+  void* bp = nullptr;
+  void* rp = nullptr;
+  if (e.bias_input >= 0) {
+    GF_ASSIGN_OR_RETURN(bp, pb.memory.Buffer(n.input(static_cast<size_t>(e.bias_input))));
+  }
+  if (e.residual_input >= 0) {
+    GF_ASSIGN_OR_RETURN(rp, pb.memory.Buffer(n.input(static_cast<size_t>(e.residual_input))));
+  }
   GF_ASSIGN_OR_RETURN(void* cp, pb.memory.Buffer(n.output(0)));
   const std::string where = StrCat(n.name(), ": cuBLASLt");
+  const cublasLtEpilogue_t epi = e.kind == CublasLtEpilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
+                                 : e.kind == CublasLtEpilogue::kReluBias ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                 : e.kind == CublasLtEpilogue::kGeluTanhBias ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                                                             : CUBLASLT_EPILOGUE_DEFAULT;
+  const std::string line =
+      StrCat(n.name(), ": cuBLASLt GEMM", dt == DType::kF32 ? "" : StrCat(" in ", DTypeName(dt)),
+             epi == CUBLASLT_EPILOGUE_BIAS        ? " with its BIAS epilogue"
+             : epi == CUBLASLT_EPILOGUE_RELU_BIAS ? " with its RELU_BIAS epilogue"
+             : epi == CUBLASLT_EPILOGUE_GELU_BIAS ? " with its GELU_BIAS epilogue"
+                                                  : "",
+             rp ? ", residual added as C (beta = 1)" : "");
+  const void* A = ap;
+  const void* W = wp;
+  const void* bias = bp;
+  const void* R = rp;
+  void* D = cp;
+  if (pb.emu) {
+    if (epi == CUBLASLT_EPILOGUE_RELU_BIAS || epi == CUBLASLT_EPILOGUE_GELU_BIAS)
+      return Unimplemented(where, ": an activation epilogue is not emulated");
+    const Gemm g = pb.gemm(dt, dt);
+    if (m * nn > 0) {
+      pb.steps.push_back({n.name(), [=](cudaStream_t) {
+                            HostGemmAddend(g, m, nn, k, A, W, bias, R, D);
+                            return Status::Ok();
+                          }});
+      ++pb.stats.launches, ++pb.stats.cublas;
+    }
+    pb.lines.push_back(line);
+    return Status::Ok();
+  }
+  if (m * nn == 0 || k == 0) return Unimplemented(where, ": an empty GEMM");
   // Column-major D[N,M] = W^T-as-stored [N,K] * A^T-as-stored [K,M]: row-major C[M,N] = A W.
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t wl = nullptr, al = nullptr, cl = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
-  GF_BLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), where);
+  const cublasComputeType_t compute =
+      dt == DType::kF32 && pb.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  GF_BLAS(cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), where);
   pb.cleanups.push_back([op] { cublasLtMatmulDescDestroy(op); });
-  const cublasLtEpilogue_t epi = e.kind == CublasLtEpilogue::kBias       ? CUBLASLT_EPILOGUE_BIAS
-                                 : e.kind == CublasLtEpilogue::kReluBias ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                                                         : CUBLASLT_EPILOGUE_GELU_BIAS;
   GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi), where);
-  const void* bias = bp;
-  GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where);
-  GF_BLAS(cublasLtMatrixLayoutCreate(&wl, CUDA_R_32F, static_cast<uint64_t>(nn), static_cast<uint64_t>(k), nn), where);
+  if (bias) {
+    GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), where);
+    // The bias is of D's type (the epilogue's matcher requires it), which is what cuBLASLt
+    // takes for f32, f16 and bf16 outputs.
+    const int32_t bias_type = LtType(dt);
+    GF_BLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type),
+            where);
+  }
+  const cudaDataType_t t = LtType(dt);
+  GF_BLAS(cublasLtMatrixLayoutCreate(&wl, t, static_cast<uint64_t>(nn), static_cast<uint64_t>(k), nn), where);
   pb.cleanups.push_back([wl] { cublasLtMatrixLayoutDestroy(wl); });
-  GF_BLAS(cublasLtMatrixLayoutCreate(&al, CUDA_R_32F, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k), where);
+  GF_BLAS(cublasLtMatrixLayoutCreate(&al, t, static_cast<uint64_t>(k), static_cast<uint64_t>(m), k), where);
   pb.cleanups.push_back([al] { cublasLtMatrixLayoutDestroy(al); });
-  GF_BLAS(cublasLtMatrixLayoutCreate(&cl, CUDA_R_32F, static_cast<uint64_t>(nn), static_cast<uint64_t>(m), nn), where);
+  // C (the residual) and D share one layout: D's.
+  GF_BLAS(cublasLtMatrixLayoutCreate(&cl, t, static_cast<uint64_t>(nn), static_cast<uint64_t>(m), nn), where);
   pb.cleanups.push_back([cl] { cublasLtMatrixLayoutDestroy(cl); });
   GF_BLAS(cublasLtMatmulPreferenceCreate(&pref), where);
   pb.cleanups.push_back([pref] { cublasLtMatmulPreferenceDestroy(pref); });
@@ -102,18 +155,17 @@ Status PlanCublasLt(PlanBuilder& pb, const Node& n, const CublasLtEpilogue& e, i
   cublasLtHandle_t handle = pb.lt;
   void* ws = pb.blas_workspace;
   const size_t wsb = pb.blas_workspace_bytes;
+  // Without a residual C is not read (beta = 0); D is passed for it.
+  const float beta = R ? 1.f : 0.f;
+  const void* C = R ? R : D;
   pb.steps.push_back(
       {n.name(), [=](cudaStream_t s) {
-         const float one = 1.f, zero = 0.f;
-         return BlasStatus(
-             cublasLtMatmul(handle, op, &one, wp, wl, ap, al, &zero, cp, cl, cp, cl, &result.algo, ws, wsb, s), where);
+         const float one = 1.f;
+         return BlasStatus(cublasLtMatmul(handle, op, &one, W, wl, A, al, &beta, C, cl, D, cl, &result.algo, ws, wsb, s),
+                           where);
        }});
   ++pb.stats.launches, ++pb.stats.cublas;
-  pb.lines.push_back(StrCat(n.name(), ": cuBLASLt GEMM with its ",
-                            epi == CUBLASLT_EPILOGUE_BIAS        ? "BIAS"
-                            : epi == CUBLASLT_EPILOGUE_RELU_BIAS ? "RELU_BIAS"
-                                                                 : "GELU_BIAS",
-                            " epilogue"));
+  pb.lines.push_back(line);
   return Status::Ok();
 }
 
@@ -141,19 +193,22 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   const Gemm gemm = pb.gemm(dt, dt);
   const std::string in_dt = dt == DType::kF32 ? "" : StrCat(" in ", DTypeName(dt));  // for the plan's lines
 
-  if (plan.path == CudaPath::kCublas && plan.cublas_epilogue.kind != CublasLtEpilogue::kNone) {
-    // cuBLASLt's epilogue is planned for f32 only; f16 / bf16 take the generated epilogue.
-    if (!pb.emu && dt == DType::kF32) {
-      const Status lt_plan = PlanCublasLt(pb, n, plan.cublas_epilogue, m, nn, k);
+  const CublasLtEpilogue& lt = plan.cublas_epilogue;
+  if (plan.path == CudaPath::kCublas && (lt.kind != CublasLtEpilogue::kNone || lt.residual_input >= 0)) {
+    // On a GPU: one cuBLASLt call, in f32, f16 or bf16 (the bias in D's type). Emulated: the
+    // residual forms as the same one step on the host; the bias / activation epilogues as the
+    // generated epilogue kernel (cuBLASLt's activations are not emulated).
+    const bool lt_call = !pb.emu || lt.residual_input >= 0;
+    if (lt_call) {
+      const Status lt_plan = PlanCublasLt(pb, n, lt, m, nn, k, dt);
       // cuBLASLt found no algorithm for this shape and epilogue: GEMM + generated epilogue.
       if (lt_plan.ok() || lt_plan.code() != StatusCode::kUnimplemented) return lt_plan;
     }
     // Emulated (or no cuBLASLt algorithm): the same epilogue as a generated kernel.
     CudaNodePlan generic = plan;
     generic.path = CudaPath::kCublasThenKernel;
-    generic.what = dt != DType::kF32 ? "cuBLAS GEMM, then the generated epilogue (cuBLASLt's epilogue is planned in f32 only)"
-                   : pb.emu         ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
-                                    : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
+    generic.what = pb.emu && !lt_call ? "GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"
+                                      : "cuBLAS GEMM, then the generated epilogue (cuBLASLt had no algorithm)";
     GF_ASSIGN_OR_RETURN(CudaKernelSource ek, GenerateGemmEpilogueKernel(n));
     generic.kernels = {std::move(ek)};
     return PlanGemm(pb, n, generic);

@@ -54,6 +54,7 @@ Result<std::unique_ptr<Executable>> CudaTarget::Compile(std::shared_ptr<const Gr
   o.device = options_.device;
   o.cuda_graph = options_.cuda_graph;
   o.emulate = options_.emulate;
+  o.plan.tf32 = options_.cuda_tf32;
   if (!o.emulate) {
     std::string why;
     if (!CudaDeviceAvailable(o.device, &why)) return NotFound("CUDA target: ", why);

@@ -11,7 +11,7 @@ namespace graphfuse::cuda {
 
 class CudaTarget final : public Target {
  public:
-  // Reads options.device, options.cuda_graph and options.emulate.
+  // Reads options.device, options.cuda_graph, options.emulate and options.cuda_tf32.
   explicit CudaTarget(const TargetOptions& options = {}) : options_(options) {}
   std::string_view name() const override { return "cuda"; }
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA

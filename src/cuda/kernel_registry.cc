@@ -106,7 +106,8 @@ Result<CudaNodePlan> PlanFusedGemm(const Node& node, const CudaPlanOptions&) {
     CudaNodePlan p;
     p.path = CudaPath::kCublas;
     p.cublas_epilogue = e;
-    p.what = e.kind == CublasLtEpilogue::kNone
+    p.what = e.residual_input >= 0 ? "cuBLASLt GEMM, residual added as C (beta = 1)"
+             : e.kind == CublasLtEpilogue::kNone
                  ? StrCat("cuBLAS GEMM (", node.GetInt("splits", 1), " projections in one call)")
                  : "cuBLASLt GEMM with its epilogue";
     return p;
@@ -154,24 +155,60 @@ CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   if (!epi) return {CublasLtEpilogue::kNone, -1};
   if (node.GetInt("splits", 1) != 1) return none;
   const std::vector<int64_t> out_proj = node.GetInts("out_proj");
-  if (out_proj != std::vector<int64_t>{-1} || epi->inputs().size() != 2 || epi->outputs().size() != 1) return none;
-  const Value* proj = epi->inputs()[0];
-  const Value* bias = epi->inputs()[1];
-  if (bias->shape().size() != 1 || proj->shape().empty() || bias->shape()[0] != proj->shape().back() ||
-      bias->dtype() != DType::kF32)
+  if (out_proj != std::vector<int64_t>{-1} || epi->outputs().size() != 1 || epi->inputs().size() < 2 ||
+      epi->inputs().size() > 3)
     return none;
+  const Value* proj = epi->inputs()[0];
+  const Value* out = epi->outputs()[0];
+  if (proj->shape().empty() || proj->dtype() != out->dtype() || proj->shape() != out->shape()) return none;
   std::vector<const Node*> nodes;
   for (const auto& n : epi->nodes()) nodes.push_back(n.get());
-  if (nodes.empty() || nodes.size() > 2 || nodes[0]->op() != "Add") return none;
-  const Node& add = *nodes[0];
-  const bool reads = (add.input(0) == proj && add.input(1) == bias) || (add.input(0) == bias && add.input(1) == proj);
-  if (!reads) return none;
-  if (nodes.size() == 1) return {CublasLtEpilogue::kBias, 2};
-  const Node& act = *nodes[1];
-  if (act.input(0) != add.output() || epi->outputs()[0] != act.output()) return none;
+  if (nodes.empty() || nodes.size() > 2) return none;
+  // The other operand of an Add of x, or null.
+  auto added_to = [](const Node& add, const Value* x) -> const Value* {
+    if (add.op() != "Add" || add.inputs().size() != 2) return nullptr;
+    if (add.input(0) == x) return add.input(1);
+    if (add.input(1) == x) return add.input(0);
+    return nullptr;
+  };
+  auto is_bias = [&](const Value* v) {
+    return v && v->shape().size() == 1 && v->shape()[0] == proj->shape().back() && v->dtype() == out->dtype();
+  };
+  auto is_residual = [&](const Value* v) { return v && v->shape() == out->shape() && v->dtype() == out->dtype(); };
+  // Epilogue input j is node input j + 1 (the projection is input 0, A and W are the node's 0, 1).
+  auto node_input = [&](const Value* v) -> int64_t {
+    for (size_t j = 1; j < epi->inputs().size(); ++j)
+      if (epi->inputs()[j] == v) return static_cast<int64_t>(j) + 1;
+    return -1;
+  };
+  const Value* first = added_to(*nodes[0], proj);
+  if (!first || node_input(first) < 0) return none;
+  // p + r, and (p + bias) + r.
+  if (epi->inputs().size() == 2 && nodes.size() == 1 && nodes[0]->output() == out && first->shape() == out->shape()) {
+    if (!is_residual(first)) return none;
+    CublasLtEpilogue e{CublasLtEpilogue::kNone, -1};
+    e.residual_input = node_input(first);
+    return e;
+  }
+  if (!is_bias(first)) return none;
+  const int64_t bias_input = node_input(first);
+  if (nodes.size() == 1) {
+    if (epi->inputs().size() != 2 || nodes[0]->output() != out) return none;
+    return {CublasLtEpilogue::kBias, bias_input};
+  }
+  const Node& second = *nodes[1];
+  if (second.output() != out) return none;
+  if (epi->inputs().size() == 3) {
+    const Value* r = added_to(second, nodes[0]->output());
+    if (!is_residual(r) || node_input(r) < 0 || r == first) return none;
+    CublasLtEpilogue e{CublasLtEpilogue::kBias, bias_input};
+    e.residual_input = node_input(r);
+    return e;
+  }
+  if (second.inputs().size() != 1 || second.input(0) != nodes[0]->output()) return none;
   // cuBLASLt's GELU epilogue is the tanh form: an erf Gelu is never mapped onto it.
-  if (act.op() == "Relu") return {CublasLtEpilogue::kReluBias, 2};
-  if (act.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, 2};
+  if (second.op() == "Relu") return {CublasLtEpilogue::kReluBias, bias_input};
+  if (second.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, bias_input};
   return none;
 }
 

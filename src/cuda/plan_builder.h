@@ -46,8 +46,8 @@ class PlanBuilder {
   // input).
   Result<std::vector<void*>> NodeBuffers(const Node& n);
   // The GEMMs the steps run, of `ab` operands into `c` results: cuBLAS on `blas` (none when
-  // emulating: on the host).
-  Gemm gemm(DType ab = DType::kF32, DType c = DType::kF32) const { return Gemm{blas, ab, c}; }
+  // emulating: on the host); f32 ones in TF32 with `tf32`.
+  Gemm gemm(DType ab = DType::kF32, DType c = DType::kF32) const { return Gemm{blas, ab, c, tf32}; }
 
   // The plan and what its steps use: set up by CudaExecutor::Create, appended to by the node
   // planners (cuda_gemm_plan.h, cuda_attention_plan.h, host_fallback.h, cuda_executor.cc).
@@ -60,6 +60,7 @@ class PlanBuilder {
   size_t blas_workspace_bytes = size_t{32} << 20;
   std::unique_ptr<NvrtcCompiler> compiler;      // on a GPU
   int sms = 1;                                  // the device's multiprocessors (grid sizes)
+  bool tf32 = false;                            // f32 GEMMs in TF32 (CudaPlanOptions::tf32)
   std::vector<std::function<void()>> cleanups;  // cuBLASLt descriptors, released with the plan
 
   std::vector<Step> steps;

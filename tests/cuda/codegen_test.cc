@@ -532,8 +532,11 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
       {"Relu", false, false, CublasLtEpilogue::kReluBias},
       // GELU (erf) is not cuBLASLt's GELU (tanh): a generated epilogue, never an approximation.
       {"Gelu", false, false, CublasLtEpilogue::kNotCovered},
-      // A residual add is not in the enum either.
-      {"", false, true, CublasLtEpilogue::kNotCovered},
+      // A residual add is cuBLASLt's C operand (beta = 1), in either operand order.
+      {"", false, true, CublasLtEpilogue::kNone},
+      {"", true, true, CublasLtEpilogue::kNone},
+      // ... but not under an activation (cuBLASLt applies it after C).
+      {"Relu", false, true, CublasLtEpilogue::kNotCovered},
   };
   std::vector<CudaKernelSource> kernels;
   for (const Case& c : cases) {
@@ -543,6 +546,8 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
     const Node* n = Only(**g, "FusedGemm");
     ASSERT_NE(n, nullptr) << what;
     EXPECT_EQ(CublasLtEpilogueFor(*n).kind, c.want) << what;
+    EXPECT_EQ(CublasLtEpilogueFor(*n).residual_input, c.residual && c.want != CublasLtEpilogue::kNotCovered ? 2 : -1)
+        << what;
     auto plan = PlanNodeForCuda(*n);
     ASSERT_TRUE(plan.ok()) << plan.status().ToString();
     const bool covered = c.want != CublasLtEpilogue::kNotCovered;
@@ -553,6 +558,133 @@ TEST(CudaCodegen, GemmEpiloguesGoToCublasLtOnlyWhereItsEnumIsExact) {
   NvrtcCompiler compiler;
   double seconds = 0;
   for (const std::string& f : CompileAll(kernels, compiler, &seconds)) ADD_FAILURE() << f;
+}
+
+// x @ w + b + r (bias, then a residual of the output's shape): cuBLASLt's BIAS epilogue with the
+// residual as C; a residual added before the bias, or a broadcast "residual", is not taken.
+TEST(CudaCodegen, BiasThenResidualIsCublasLtBiasWithC) {
+  struct Case {
+    bool residual_first;
+    Shape r_shape;
+    bool covered;
+  } cases[] = {{false, {8, 64}, true}, {true, {8, 64}, false}, {false, {1, 64}, false}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(StrCat("residual first ", c.residual_first, ", r ", ShapeToString(c.r_shape)));
+    Graph g("gemm_bias_res");
+    auto filled = [](const Shape& s) {
+      auto t = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, s).value());
+      for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = 0.01f * static_cast<float>(i % 97) - 0.4f;
+      return t;
+    };
+    Value* x = g.AddInput("x", DType::kF32, {8, 32}).value();
+    Value* r = g.AddInput("r", DType::kF32, c.r_shape).value();
+    Value* p = g.AddNode("MatMul", {x, g.AddConstant("w", filled({32, 64})).value()}, {}, "mm").value()->output();
+    Value* b = g.AddConstant("b", filled({64})).value();
+    Value* s1 = g.AddNode("Add", {p, c.residual_first ? r : b}, {}, "add1").value()->output();
+    Value* y = g.AddNode("Add", {c.residual_first ? b : r, s1}, {}, "add2").value()->output();
+    ASSERT_TRUE(g.MarkOutput(y).ok());
+    ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
+    const Node* n = Only(g, "FusedGemm");
+    ASSERT_NE(n, nullptr) << PrintGraph(g);
+    const CublasLtEpilogue e = CublasLtEpilogueFor(*n);
+    if (!c.covered) {
+      EXPECT_EQ(e.kind, CublasLtEpilogue::kNotCovered) << PrintGraph(g);
+      continue;
+    }
+    ASSERT_EQ(e.kind, CublasLtEpilogue::kBias) << PrintGraph(g);
+    EXPECT_EQ(n->input(static_cast<size_t>(e.bias_input))->shape(), Shape({64}));
+    EXPECT_EQ(n->input(static_cast<size_t>(e.residual_input))->shape(), Shape({8, 64}));
+    auto plan = PlanNodeForCuda(*n);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    EXPECT_EQ(plan->path, CudaPath::kCublas);
+    EXPECT_TRUE(plan->kernels.empty());
+  }
+}
+
+// x @ w + b, then `act` (none, Relu, GeluTanh), all in f16 or bf16 (the bias in the GEMM's
+// dtype, which is cuBLASLt's bias type for such outputs): cuBLASLt's BIAS / RELU_BIAS /
+// GELU_BIAS epilogue on a GPU, as in f32. The emulated plan takes the generated epilogue (and
+// says that a GPU runs cuBLASLt's) and matches a float64 reference within four units of the
+// dtype; with a GPU, the cuBLASLt call's outputs match the emulated plan's within two (the
+// emulation rounds the product before the bias, cuBLASLt does not; GELU's tanh may round apart).
+TEST(CudaCodegen, NarrowBiasEpiloguesGoToCublasLt) {
+  std::string why;
+  const bool gpu = CudaDeviceAvailable(0, &why);
+  for (DType dt : {DType::kF16, DType::kBF16}) {
+    for (const char* act : {"", "Relu", "GeluTanh"}) {
+      SCOPED_TRACE(StrCat(DTypeName(dt), " act '", act, "'"));
+      Graph g("narrow_gemm");
+      std::mt19937 rng(5);
+      std::uniform_real_distribution<float> u(-1, 1);
+      auto filled = [&](const Shape& s) {
+        Tensor t = Tensor::Empty(DType::kF32, s).value();
+        for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = u(rng);
+        return std::make_shared<Tensor>(ConvertedTo(t, dt));
+      };
+      Value* x = g.AddInput("x", dt, {8, 32}).value();
+      Value* p = g.AddNode("MatMul", {x, g.AddConstant("w", filled({32, 64})).value()}, {}, "mm").value()->output();
+      Value* y = g.AddNode("Add", {p, g.AddConstant("b", filled({64})).value()}, {}, "add").value()->output();
+      if (*act) y = g.AddNode(act, {y}, {}, "act").value()->output();
+      ASSERT_TRUE(g.MarkOutput(y).ok());
+      ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
+      const Node* n = Only(g, "FusedGemm");
+      ASSERT_NE(n, nullptr) << PrintGraph(g);
+      const CublasLtEpilogue e = CublasLtEpilogueFor(*n);
+      const CublasLtEpilogue::Kind want = !*act                       ? CublasLtEpilogue::kBias
+                                          : std::string(act) == "Relu" ? CublasLtEpilogue::kReluBias
+                                                                       : CublasLtEpilogue::kGeluTanhBias;
+      EXPECT_EQ(e.kind, want) << PrintGraph(g);
+      EXPECT_EQ(e.bias_input, 2);
+      auto plan = PlanNodeForCuda(*n);
+      ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+      EXPECT_EQ(plan->path, CudaPath::kCublas);
+      std::shared_ptr<Tensor> xin = filled({8, 32});
+      const std::vector<TensorView> views = {xin->view()};
+      // The CPU's GEMMs are f32 only: a float64 reference on the same dt values.
+      const Tensor& wt = *n->input(1)->constant();
+      const Tensor& bt = *n->input(2)->constant();
+      Tensor ref = Tensor::Empty(DType::kF32, {8, 64}).value();
+      for (int64_t i = 0; i < 8; ++i)
+        for (int64_t j = 0; j < 64; ++j) {
+          double v = bt.GetAsDouble(j);
+          for (int64_t q = 0; q < 32; ++q) v += xin->GetAsDouble(i * 32 + q) * wt.GetAsDouble(q * 64 + j);
+          if (std::string(act) == "Relu") v = std::max(v, 0.0);
+          if (std::string(act) == "GeluTanh")
+            v = 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+          ref.data_as<float>()[i * 64 + j] = static_cast<float>(v);
+        }
+      CudaExecOptions o;
+      o.emulate = true;
+      auto emu = CudaExecutor::Create(g, o);
+      ASSERT_TRUE(emu.ok()) << emu.status().ToString();
+      EXPECT_NE((*emu)->describe().back().find("GEMM, then the generated epilogue (cuBLASLt's epilogue on a GPU)"),
+                std::string::npos)
+          << (*emu)->describe().back();
+      auto emulated = (*emu)->Run(views);
+      ASSERT_TRUE(emulated.ok()) << emulated.status().ToString();
+      const double unit = dt == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+      auto expect_close = [&](const Tensor& got, const Tensor& ref, double units, const char* what) {
+        for (int64_t i = 0; i < ref.numel(); ++i)
+          ASSERT_LE(std::fabs(got.GetAsDouble(i) - ref.GetAsDouble(i)), units * unit * (1 + std::fabs(ref.GetAsDouble(i))))
+              << what << " element " << i;
+      };
+      expect_close((*emulated)[0], ref, 4, "emulated vs float64");  // the product rounded, then the output
+      if (!gpu) continue;
+      CudaExecOptions go;
+      go.kernel_cache_dir = (std::filesystem::temp_directory_path() / "graphfuse_test_kernels").string();
+      auto dev = CudaExecutor::Create(g, go);
+      ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+      const std::string line = (*dev)->describe().back();
+      // cuBLASLt may have no algorithm for a shape: then the generated epilogue, and the line says so.
+      EXPECT_TRUE(line.find(StrCat("cuBLASLt GEMM in ", DTypeName(dt), " with its ")) != std::string::npos ||
+                  line.find("cuBLASLt had no algorithm") != std::string::npos)
+          << line;
+      std::printf("[ cuda     ] %s\n", line.c_str());
+      auto got = (*dev)->Run(views);
+      ASSERT_TRUE(got.ok()) << got.status().ToString();
+      expect_close((*got)[0], (*emulated)[0], 2, "GPU vs emulated");
+    }
+  }
 }
 
 // Every node of the demo presets' and the exported models' fused plans has a CUDA path, and

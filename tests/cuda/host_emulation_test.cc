@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -21,6 +22,7 @@
 #include "cuda/cuda_target.h"
 #include "cuda/codegen.h"
 #include "cuda/cuda_executor.h"
+#include "cuda/cuda_gemm.h"
 #include "cuda/host_emulation.h"
 #include "expect_close.h"
 #include "narrow_twin.h"
@@ -28,6 +30,7 @@
 #include "graphfuse/thread_pool.h"
 #include "ir/text.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "runtime/blocks.h"
 #include "cpu/executor.h"
@@ -762,13 +765,15 @@ std::pair<std::shared_ptr<Tensor>, std::shared_ptr<Tensor>> RoundedPair(DType dt
 }
 
 // x [2,5,24] -> MatMul W1 [24,40] + b1 -> Relu -> MatMul W2 [40,16] -> + x2 [2,5,16], and a batched
-// product of two inputs [2,3,5,8] x [2,3,8,7], all in `dt`.
+// product of two inputs [2,3,5,8] x [2,3,8,7], all in `dt`. With `residual_in_gemm` the f32
+// reference does not round W2's product before the residual add: the fused plan adds the
+// residual inside the GEMM (cuBLASLt's C) and rounds once.
 struct GemmGraphs {
   Graph narrow{"narrow"}, wide{"wide"};
   std::vector<Tensor> narrow_in, wide_in;
 };
 
-void BuildGemmGraphs(DType dt, GemmGraphs& gg) {
+void BuildGemmGraphs(DType dt, GemmGraphs& gg, bool residual_in_gemm) {
   std::mt19937 rng(dt == DType::kBF16 ? 41 : 42);
   auto w1 = RoundedPair(dt, {24, 40}, rng), b1 = RoundedPair(dt, {40}, rng), w2 = RoundedPair(dt, {40, 16}, rng);
   const std::vector<Shape> in_shapes = {{2, 5, 24}, {2, 5, 16}, {2, 3, 5, 8}, {2, 3, 8, 7}};
@@ -784,7 +789,7 @@ void BuildGemmGraphs(DType dt, GemmGraphs& gg) {
     auto op = [&](const std::string& name, std::vector<Value*> args) {
       Value* v = g->AddNode(name == "residual" || name == "bias" ? "Add" : name == "relu" ? "Relu" : "MatMul", args, {},
                             name).value()->output();
-      if (n) return v;
+      if (n || (residual_in_gemm && name == "mm2")) return v;
       Value* r = g->AddNode("Cast", {v}, {{"to", static_cast<int64_t>(dt)}}, name + "_round").value()->output();
       return g->AddNode("Cast", {r}, {{"to", static_cast<int64_t>(DType::kF32)}}, name + "_f32").value()->output();
     };
@@ -811,7 +816,7 @@ TEST(CudaHostEmulation, GemmsInF16AndBf16MatchTheCpuOnRoundedValues) {
     for (bool fuse : {false, true}) {
       SCOPED_TRACE(fuse ? "fused" : "unfused");
       GemmGraphs gg;
-      BuildGemmGraphs(dt, gg);
+      BuildGemmGraphs(dt, gg, fuse);
       Graph& g = gg.narrow;
       PipelineOptions po;
       po.fusion.enabled = fuse;
@@ -837,19 +842,188 @@ TEST(CudaHostEmulation, GemmsInF16AndBf16MatchTheCpuOnRoundedValues) {
       for (const std::string& l : (*ex)->describe()) plan += l + "\n";
       EXPECT_EQ((*ex)->stats().host_fallbacks, 0) << plan;  // every GEMM has its GPU path
       EXPECT_GE((*ex)->stats().cublas, 3) << plan;
-      // Unfused, every MatMul is one cuBLAS call in dt; fused, the linear layers are GEMMs in dt
-      // whose bias, Relu and residual run as a generated epilogue.
-      int narrow_gemms = 0, epilogues = 0;
+      // Unfused, every MatMul is one cuBLAS call in dt; fused, the linear layers are GEMMs in dt:
+      // the first's bias and Relu run as a generated epilogue (emulated; cuBLASLt's on a GPU), the
+      // second's residual is cuBLASLt's C (one call, no epilogue kernel).
+      int narrow_gemms = 0, epilogues = 0, residual_as_c = 0;
       for (const std::string& l : (*ex)->describe()) {
-        if (l.find("cuBLAS GEMM") == std::string::npos || l.find(StrCat(" in ", DTypeName(dt))) == std::string::npos)
+        if ((l.find("cuBLAS GEMM") == std::string::npos && l.find("cuBLASLt GEMM") == std::string::npos &&
+             l.find(": GEMM") == std::string::npos) ||
+            l.find(StrCat(" in ", DTypeName(dt))) == std::string::npos)
           continue;
         ++narrow_gemms;
         epilogues += l.find("then the generated epilogue") != std::string::npos;
+        residual_as_c += l.find("residual added as C (beta = 1)") != std::string::npos;
       }
       EXPECT_EQ(narrow_gemms, 3) << plan;
-      EXPECT_EQ(epilogues, fuse ? 2 : 0) << plan;
+      EXPECT_EQ(epilogues, fuse ? 1 : 0) << plan;
+      EXPECT_EQ(residual_as_c, fuse ? 1 : 0) << plan;
+      EXPECT_EQ((*ex)->stats().launches, fuse ? 4 : 6) << plan;  // fused: mm1 + its epilogue, mm2 + r, batched
     }
   }
+}
+
+// The exported LLaMA block's residual adds after the attention's output projection and after
+// the MLP's down projection: each one cuBLASLt call with the residual as C (beta = 1), no
+// epilogue kernel: 8 launches in f32 (10 with the residual in a generated epilogue) and in
+// bf16 with the block's input and output in bf16; 9 in bf16 with them in f32 (`run --dtype`:
+// the down projection's epilogue also casts the output back to f32, which stays a generated
+// epilogue; the input's cast runs in the norm's prologue). The outputs agree with the CPU's
+// f32 run (bf16 within the CLI's --dtype tolerance).
+TEST(CudaHostEmulation, ResidualAddsRunInsideTheLlamaBlocksGemms) {
+  const std::filesystem::path models = std::filesystem::path(GF_MODELS_DIR);
+  struct Run {
+    DType dt;
+    bool narrow_io;
+    int64_t launches, cublas, residual_as_c;
+    double tol;
+  } runs[] = {{DType::kF32, false, 8, 4, 2, 1e-4}, {DType::kBF16, false, 9, 4, 1, 5e-2}, {DType::kBF16, true, 8, 4, 2, 5e-2}};
+  for (const Run& r : runs) {
+    SCOPED_TRACE(StrCat(DTypeName(r.dt), r.narrow_io ? ", bf16 input and output" : ""));
+    auto g = ImportOnnxFile((models / "llama_block_opset17" / "model.onnx").string());
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    const std::vector<Tensor> ins = MaskedInputs(**g, 23);
+    const std::vector<TensorView> views = Views(ins);
+    std::unique_ptr<Graph> planned = std::move(*g);
+    auto want = Execute(*planned, views, CpuContext{});
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    if (r.dt != DType::kF32) {
+      auto narrow = ConvertPrecision(*planned, r.dt, {.narrow_io = r.narrow_io});
+      ASSERT_TRUE(narrow.ok()) << narrow.status().ToString();
+      planned = std::move(*narrow);
+    }
+    ASSERT_TRUE(RunPipeline(*planned, cuda::DefaultCudaTarget()).ok());
+    CudaExecOptions o;
+    o.emulate = true;
+    auto ex = CudaExecutor::Create(*planned, o);
+    ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+    std::vector<Tensor> narrow_ins;  // the inputs in bf16, where the plan takes them so
+    for (const Tensor& t : ins) {
+      narrow_ins.push_back(Tensor::Empty(r.narrow_io && IsFloat(t.dtype()) ? r.dt : t.dtype(), t.shape()).value());
+      for (int64_t i = 0; i < t.numel(); ++i) narrow_ins.back().SetFromDouble(i, t.GetAsDouble(i));
+    }
+    auto got = (*ex)->Run(Views(narrow_ins));
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    ASSERT_EQ(got->size(), want->size());
+    for (size_t k = 0; k < got->size(); ++k) ExpectClose((*got)[k], (*want)[k], r.tol, r.tol / 10, StrCat("output ", k));
+    std::string plan;
+    int residual_as_c = 0;
+    for (const std::string& l : (*ex)->describe()) {
+      plan += l + "\n";
+      residual_as_c += l.find("cuBLASLt GEMM") != std::string::npos &&
+                       l.find("residual added as C (beta = 1)") != std::string::npos;
+    }
+    const CudaExecStats& st = (*ex)->stats();
+    EXPECT_EQ(residual_as_c, r.residual_as_c) << plan;
+    EXPECT_EQ(st.launches, r.launches) << plan;
+    EXPECT_EQ(st.cublas, r.cublas) << plan;
+    EXPECT_EQ(st.host_fallbacks, 0) << plan;
+  }
+}
+
+// ---- TF32 ---------------------------------------------------------------------------------------
+
+TEST(CudaHostEmulation, RoundToTf32KeepsTenMantissaBitsToNearestEven) {
+  EXPECT_EQ(RoundToTf32(1.f + 0x1p-10f), 1.f + 0x1p-10f);              // representable
+  EXPECT_EQ(RoundToTf32(1.f + 0x1p-11f), 1.f);                         // a tie: to the even 1
+  EXPECT_EQ(RoundToTf32(1.f + 3 * 0x1p-11f), 1.f + 0x1p-9f);           // a tie: to the even 1 + 2^-9
+  EXPECT_EQ(RoundToTf32(1.f + 0x1p-11f + 0x1p-20f), 1.f + 0x1p-10f);   // above the tie
+  EXPECT_EQ(RoundToTf32(-(1.f + 0x1p-11f + 0x1p-20f)), -(1.f + 0x1p-10f));
+  EXPECT_TRUE(std::isinf(RoundToTf32(INFINITY)));
+  EXPECT_TRUE(std::isnan(RoundToTf32(NAN)));
+}
+
+// An f32 MatMul and an f32 GEMM with a residual (cuBLASLt's C), emulated with and without TF32,
+// against a float64 reference on the same f32 values: without TF32 within f32's rounding; with
+// it the error is TF32's (it differs from the f32 plan's), bounded by the operands' rounding,
+// |err| <= (2 * 2^-11 + 2^-22) * sum_q |a_q w_q| + 2^-24 |y| + |r| 2^-24. The CUDA target's
+// TargetOptions::cuda_tf32 gives the same plan.
+TEST(CudaHostEmulation, Tf32GemmsAreEmulatedWithTheirRoundingError) {
+  const int64_t m = 12, k = 96, n = 40;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1, 1);
+  auto random = [&](const Shape& s) {
+    auto t = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, s).value());
+    for (int64_t i = 0; i < t->numel(); ++i) t->data_as<float>()[i] = u(rng);
+    return t;
+  };
+  auto w = random({k, n});
+  Graph g("tf32");
+  Value* x = g.AddInput("x", DType::kF32, {m, k}).value();
+  Value* r = g.AddInput("r", DType::kF32, {m, n}).value();
+  Value* wv = g.AddConstant("w", w).value();
+  Value* p = g.AddNode("MatMul", {x, wv}, {}, "mm").value()->output();
+  Value* y = g.AddNode("Add", {p, r}, {}, "res").value()->output();
+  Value* x2 = g.AddInput("x2", DType::kF32, {m, k}).value();  // a GEMM of its own (no shared A)
+  Value* z = g.AddNode("MatMul", {x2, wv}, {}, "mm_plain").value()->output();
+  ASSERT_TRUE(g.MarkOutput(y).ok());
+  ASSERT_TRUE(g.MarkOutput(z).ok());
+  ASSERT_TRUE(RunPipeline(g, cuda::DefaultCudaTarget()).ok());
+  std::vector<Tensor> ins;
+  ins.push_back(std::move(*random({m, k})));
+  ins.push_back(std::move(*random({m, n})));
+  ins.push_back(std::move(*random({m, k})));
+  const std::vector<TensorView> views = Views(ins);
+  const float* ra = ins[1].data_as<float>();
+  const float* wa = w->data_as<float>();
+  // Output o (0: with the residual, 1: without) of f32 plan `got`: the largest error against
+  // float64, and whether every element is within `bound(sum |products|, |y|)`.
+  auto check = [&](const std::vector<Tensor>& got, bool tf32) {
+    double worst = 0;
+    for (int o = 0; o < 2; ++o)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          const float* xa = ins[o == 0 ? 0 : 2].data_as<float>();
+          double acc = o == 0 ? ra[i * n + j] : 0.0, mag = 0;
+          for (int64_t q = 0; q < k; ++q) {
+            acc += double(xa[i * k + q]) * wa[q * n + j];
+            mag += std::fabs(double(xa[i * k + q]) * wa[q * n + j]);
+          }
+          const double err = std::fabs(got[o].data_as<float>()[i * n + j] - acc);
+          const double rounding = 0x1p-24 * (std::fabs(acc) + (o == 0 ? std::fabs(ra[i * n + j]) : 0.0));
+          const double bound = (tf32 ? (2 * 0x1p-11 + 0x1p-22) : 0x1p-40) * mag + rounding + 1e-12;
+          EXPECT_LE(err, bound) << (tf32 ? "tf32" : "f32") << " output " << o << " at " << i << "," << j;
+          worst = std::max(worst, err);
+        }
+    return worst;
+  };
+  double worst[2] = {0, 0};
+  std::vector<Tensor> results[2];
+  for (bool tf32 : {false, true}) {
+    SCOPED_TRACE(tf32 ? "tf32" : "f32");
+    CudaExecOptions o;
+    o.emulate = true;
+    o.plan.tf32 = tf32;
+    auto ex = CudaExecutor::Create(g, o);
+    ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+    auto got = (*ex)->Run(views);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    std::string plan;
+    for (const std::string& l : (*ex)->describe()) plan += l + "\n";
+    EXPECT_NE(plan.find("residual added as C (beta = 1)"), std::string::npos) << plan;
+    worst[tf32] = check(*got, tf32);
+    results[tf32] = std::move(*got);
+  }
+  // TF32's error is visible (orders of magnitude over f32's) and within TF32's own bound.
+  EXPECT_GT(worst[1], 100 * worst[0] + 1e-6) << "f32 " << worst[0] << ", tf32 " << worst[1];
+  EXPECT_LT(worst[1], 1e-2);
+  std::printf("[ emulated ] %lldx%lldx%lld GEMMs: max |err| vs float64 %.3g in f32, %.3g in TF32\n",
+              static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n), worst[0], worst[1]);
+  // The target's option reaches the plan: the same bits as o.plan.tf32 above.
+  TargetOptions to;
+  to.emulate = true;
+  to.cuda_tf32 = true;
+  auto target = MakeTarget("cuda", to);
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  auto exe = (*target)->Compile(std::shared_ptr<const Graph>(&g, [](const Graph*) {}));
+  ASSERT_TRUE(exe.ok()) << exe.status().ToString();
+  std::vector<Tensor> outs;
+  for (const Value* v : g.outputs()) outs.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+  std::vector<TensorView> out_views;
+  for (const Tensor& t : outs) out_views.push_back(t.view());
+  ASSERT_TRUE((*exe)->Run(views, out_views).ok());
+  for (int o = 0; o < 2; ++o)
+    EXPECT_EQ(std::memcmp(outs[o].data(), results[1][o].data(), outs[o].nbytes()), 0) << "output " << o;
 }
 
 }  // namespace
