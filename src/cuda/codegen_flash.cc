@@ -85,7 +85,7 @@ std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts&
   if (!mv || !mv->constant()) return std::nullopt;
   const Tensor& m = *mv->constant();
   const std::vector<int64_t>& st = d.mask ? a.ms : a.bms;
-  if (d.mask ? m.dtype() != DType::kF32 : (m.dtype() != DType::kBool || !(d.mask_fill <= kSkippableMask)))
+  if (d.mask ? !IsFloat(m.dtype()) : (m.dtype() != DType::kBool || !(d.mask_fill <= kSkippableMask)))
     return std::nullopt;
   const int64_t nb = st[0] ? d.b : 1, nh = st[1] ? d.h : 1;
   if (nb * nh * d.s * d.sk > (int64_t{1} << 26)) return std::nullopt;
@@ -94,7 +94,7 @@ std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts&
   // value(b, h, r, j) after mask_scale, rounded as the kernel rounds it; dropped(..) says the
   // key may be left out of row r.
   auto value = [&](int64_t off) {
-    const float x = m.data_as<float>()[off];
+    const float x = static_cast<float>(m.GetAsDouble(off));  // f32, or f16 / bf16 widened exactly
     return a.mask_scale == 1.f ? x : x * a.mask_scale;
   };
   auto dropped = [&](int64_t off) {

@@ -23,6 +23,7 @@
 #include "expect_close.h"
 #include "narrow_twin.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 
 namespace graphfuse::cuda {
@@ -326,6 +327,25 @@ TEST(FlashAttention, CausalMaskLeavesKeyTilesOut) {
     dlclose(h);
     ExpectClose(got, (*want)[0], 1e-4, 1e-5, "output");
     std::printf("[ emulated ] %s: %lld key tiles left out\n", Label(c).c_str(), *left_out);
+  }
+}
+
+// A constant causal mask in f16 / bf16 (a converted model's) leaves the same key tiles out.
+TEST(FlashAttention, NarrowCausalMaskLeavesKeyTilesOutToo) {
+  const FlashCase c{1, 4, 4, 130, 16, MaskKind::kCausal};
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(DTypeName(dt));
+    auto g = ParseGraph(FlashGraphText(c));
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    auto narrow = ConvertPrecision(**g, dt, {.narrow_io = true});
+    ASSERT_TRUE(narrow.ok()) << narrow.status().ToString();
+    const Node* fa = OnlyAttention(**narrow);
+    ASSERT_NE(fa, nullptr);
+    EXPECT_EQ(fa->output()->dtype(), dt);
+    auto k = GenerateFlashAttentionKernel(*fa);
+    ASSERT_TRUE(k.ok()) << k.status().ToString();
+    EXPECT_NE(k->name.find("_bc64_causal_"), std::string::npos) << k->name;
+    EXPECT_NE(k->name.find(DTypeName(dt)), std::string::npos) << k->name;
   }
 }
 
