@@ -13,10 +13,11 @@
 # Parts (each a separate device command; the budgets are the defaults of GF_GPU_BUDGET, and
 # each step's own limit below keeps one slow step from taking a part's whole budget; the
 # figures are planned, not yet measured on an H200):
-#   quick  ~3 min: the five demo block runs (decode f32 / bf16 / f16, prefill bf16 / f16, each
-#          with --profile and --json), their device memory, torch.compile on the bf16 decode
-#          step and prefill, the runtime tests
-#   1      ~5 min: the same demo runs with more repeats, device memory, PyTorch eager and
+#   quick  ~3 min: the chain preset in bf16 against a device copy, the five demo block runs
+#          (decode f32 / bf16 / f16, prefill bf16 / f16, each with --profile and --json), their
+#          device memory, torch.compile on the bf16 decode step and prefill, the runtime tests
+#   1      ~5 min: the chain preset in f32 and bf16, the same demo runs with more repeats,
+#          device memory, PyTorch eager and
 #          torch.compile (default, reduce-overhead, max-autotune) on the decode step, the
 #          runtime tests, prefill peers, the test blocks in bf16 / f16
 #   2      ~5 min: every tests/models model (tests/models/hf too) on the GPU in f32 (also as a
@@ -96,10 +97,12 @@ log "python: $PY ($("$PY" -c 'import torch; print("torch", torch.__version__, "c
 # GF_GPU_PART picks the steps (see the header): quick, 1, 2 or all (1 then 2).
 part() { [ "$PART" = all ] || [ "$PART" = "$1" ]; }
 
-# The steps parts share. bench_preset P: P at 64 Mi elements beside a same-run device copy.
+# The steps parts share. bench_preset P [DT]: P at 64 Mi elements (f32, or DT) beside a
+# same-run device copy.
 bench_preset() {
-  step "bench_$1_64Mi" 90 $GF bench --preset "$1" --elements 67108864 --repeats 21 --backend cuda \
-    --json "$RAW/bench_$1_64Mi.json"
+  local dt=${2:-f32}
+  step "bench_$1_64Mi_$dt" 90 $GF bench --preset "$1" --elements 67108864 --repeats 21 --backend cuda --dtype "$dt" \
+    --json "$RAW/bench_$1_64Mi_$dt.json"
 }
 # demo_block NAME SECONDS FLAGS...: the LLaMA-7B block on the GPU (unfused / fused / fused + CUDA
 # graph, against the CPU's f32 plan, every step's device time), its JSON in RAW/NAME.json.
@@ -126,6 +129,7 @@ torch_block() {
 runtime_tests() { step cuda_runtime_tests 150 "$TESTS" --gtest_filter='CudaRuntime.*'; }
 
 if part quick; then
+  bench_preset chain bf16
   demo_blocks 11 5
   torch_block torch_compile_decode2048_bf16 120 "${DECODE[@]}" --dtype bf16 --compile
   torch_block torch_compile_prefill512_bf16 90 --seq 512 --dtype bf16 --compile
@@ -150,6 +154,7 @@ if part 1; then
   # models, unfused / fused, stream / CUDA graph, against the CPU; the codegen and NVRTC tests
   # run in CI, and in part 2 here), the slow max-autotune compile, the prefill peers.
   bench_preset chain
+  bench_preset chain bf16
   demo_blocks 21 11
   for dt in f32 bf16 f16; do torch_block "torch_eager_decode2048_$dt" 45 "${DECODE[@]}" --dtype $dt; done
   torch_block torch_compile_decode2048_f32 120 "${DECODE[@]}" --compile
