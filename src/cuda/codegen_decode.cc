@@ -57,6 +57,23 @@ CudaKernelSource Named(const std::string& head, const std::string& tail, const s
 
 int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Element c of one query row's output from the splits' partials: `pr` points at split 0's
+// partial of the row (kStep floats to the next split's), `load` reads one float of them, `dst`
+// is the output element. M = max of the splits' m; out = sum_s acc_s e_s / sum_s l_s e_s with
+// e_s = exp(m_s - M), the denominator summed in double.
+std::string FoldSplits(const std::string& in, const std::string& load, const std::string& dst) {
+  auto ld = [&](const std::string& off) { return StrCat(load, "(pr + s * kStep", off, ")"); };
+  std::string t = StrCat(in, "float mx = -__int_as_float(0x7f800000);\n");
+  t += StrCat(in, "for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, ", ld(""), ");\n");
+  t += StrCat(in, "double l = 0;\n", in, "float o = 0.f;\n");
+  t += StrCat(in, "for (long long s = 0; s < kSplits; ++s) {\n");
+  t += StrCat(in, "  const float w = expf(", ld(""), " - mx);\n");
+  t += StrCat(in, "  l += static_cast<double>(", ld(" + 1"), ") * w;\n");
+  t += StrCat(in, "  o += ", ld(" + 2 + c"), " * w;\n", in, "}\n");
+  t += StrCat(in, "gf::store(&", dst, ", o * static_cast<float>(1.0 / l));\n");
+  return t;
+}
+
 }  // namespace
 
 Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, const DecodeSplitOptions& opt) {
@@ -261,15 +278,9 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
     t += StrCat("      for (long long i = tid; i < kR * kDv; i += ", kCudaBlockSize, ") {\n");
     t += "        const long long c = i % kDv, rr = i / kDv, r = rr % kS, h = kh * kG + rr / kS;\n";
     t += "        const float* pr = p0 + rr * (kDv + 2);\n";
-    t += "        float mx = -__int_as_float(0x7f800000);\n";
-    t += "        for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, __ldcg(pr + s * kStep));\n";
-    t += "        double l = 0;\n        float o = 0.f;\n";
-    t += "        for (long long s = 0; s < kSplits; ++s) {\n";
-    t += "          const float w = expf(__ldcg(pr + s * kStep) - mx);\n";
-    t += "          l += static_cast<double>(__ldcg(pr + s * kStep + 1)) * w;\n";
-    t += "          o += __ldcg(pr + s * kStep + 2 + c) * w;\n        }\n";
-    t += StrCat("        gf::store(&out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
-                "LL + c], o * static_cast<float>(1.0 / l));\n      }\n");
+    t += FoldSplits("        ", "__ldcg",
+                    StrCat("out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride, "LL + c]"));
+    t += "      }\n";
     t += "      if (tid == 0) tickets[bk] = 0;  // ready for the next run\n";
     t += "    }\n";
   }
@@ -292,19 +303,13 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
               "LL, kDv = ", d.dv, "LL, kR = ", rows, "LL, kSplits = ", splits, "LL;\n");
   t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");
   t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH, kh = h / kG, rr = (h % kG) * kS + r;\n";
-  t += "    const float* p0 = part + ((b * kKv + kh) * kSplits * kR + rr) * (kDv + 2);  // split 0 of the row\n";
+  t += "    const float* pr = part + ((b * kKv + kh) * kSplits * kR + rr) * (kDv + 2);  // split 0 of the row\n";
   t += "    constexpr long long kStep = kR * (kDv + 2);  // from one split's partial of the row to the next\n";
-  t += "    float mx = -__int_as_float(0x7f800000);\n";
-  t += "    for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, p0[s * kStep]);\n";
   t += StrCat("    ", otype(0), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
               "LL;\n");
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
-  t += "      double l = 0;\n      float o = 0.f;\n";
-  t += "      for (long long s = 0; s < kSplits; ++s) {\n";
-  t += "        const float* ps = p0 + s * kStep;\n";
-  t += "        const float w = expf(ps[0] - mx);\n";
-  t += "        l += static_cast<double>(ps[1]) * w;\n        o += ps[2 + c] * w;\n      }\n";
-  t += "      gf::store(&oh[c], o * static_cast<float>(1.0 / l));\n    }\n  }\n}\n";
+  t += FoldSplits("      ", "*", "oh[c]");
+  t += "    }\n  }\n}\n";
   ck_ = Named(head, t, StrCat("decode_attention_combine", name_part), dt, std::move(ck_));
   return out;
 }

@@ -191,23 +191,22 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) decode_attention_combine_rope_mask_h8_kv2_d64_f32_674f6706(const float* __restrict__ part, float* __restrict__ out) {
+extern "C" __global__ void __launch_bounds__(256) decode_attention_combine_rope_mask_h8_kv2_d64_f32_e5c7d742(const float* __restrict__ part, float* __restrict__ out) {
   constexpr long long kH = 8LL, kKv = 2LL, kG = 4LL, kS = 1LL, kDv = 64LL, kR = 4LL, kSplits = 32LL;
   for (long long item = blockIdx.x; item < 8LL; item += gridDim.x) {
     const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH, kh = h / kG, rr = (h % kG) * kS + r;
-    const float* p0 = part + ((b * kKv + kh) * kSplits * kR + rr) * (kDv + 2);  // split 0 of the row
+    const float* pr = part + ((b * kKv + kh) * kSplits * kR + rr) * (kDv + 2);  // split 0 of the row
     constexpr long long kStep = kR * (kDv + 2);  // from one split's partial of the row to the next
-    float mx = -__int_as_float(0x7f800000);
-    for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, p0[s * kStep]);
     float* oh = out + b * 512LL + h * 64LL + r * 512LL;
     for (long long c = threadIdx.x; c < kDv; c += 256) {
+      float mx = -__int_as_float(0x7f800000);
+      for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, *(pr + s * kStep));
       double l = 0;
       float o = 0.f;
       for (long long s = 0; s < kSplits; ++s) {
-        const float* ps = p0 + s * kStep;
-        const float w = expf(ps[0] - mx);
-        l += static_cast<double>(ps[1]) * w;
-        o += ps[2 + c] * w;
+        const float w = expf(*(pr + s * kStep) - mx);
+        l += static_cast<double>(*(pr + s * kStep + 1)) * w;
+        o += *(pr + s * kStep + 2 + c) * w;
       }
       gf::store(&oh[c], o * static_cast<float>(1.0 / l));
     }
