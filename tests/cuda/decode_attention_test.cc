@@ -13,6 +13,8 @@
 #include <sstream>
 
 #include "../graph_test_util.h"
+#include "capture_node.h"
+#include "narrow_twin.h"
 #include "../onnx/onnx_test_util.h"
 #include "cpu/executor.h"
 #include "cuda/codegen.h"
@@ -111,38 +113,9 @@ const Node* FindCached(const Graph& g) {
 }
 
 // The node's inputs (as the CPU plan gives them) and the CPU kernel's outputs, on random data.
-struct NodeRun {
-  std::vector<Tensor> in, out;
-};
-
 Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
-  const std::vector<Tensor> ins = RandomInputs(g, seed, 0.05, 1.5);
-  GF_ASSIGN_OR_RETURN(auto plan, ExecutionPlan::Compile(g));
-  NodeRun run;
-  auto copy = [](const TensorView& v) -> Result<Tensor> {
-    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
-    std::memcpy(t.data(), v.data, t.nbytes());
-    return t;
-  };
-  ExecutionPlan::StepObserver observe = [&](const Node& n, std::span<const TensorView> in,
-                                            std::span<const TensorView> out) -> Status {
-    if (&n != &target) return Status::Ok();
-    for (const TensorView& v : in) {
-      GF_ASSIGN_OR_RETURN(Tensor t, copy(v));
-      run.in.push_back(std::move(t));
-    }
-    for (const TensorView& v : out) {
-      GF_ASSIGN_OR_RETURN(Tensor t, copy(v));
-      run.out.push_back(std::move(t));
-    }
-    return Status::Ok();
-  };
-  std::vector<Tensor> outs;
-  std::vector<TensorView> out_views;
-  for (const Value* v : g.outputs()) outs.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
-  for (const Tensor& t : outs) out_views.push_back(t.view());
-  GF_RETURN_IF_ERROR(plan->Run(Views(ins), out_views, CpuContext{}, &observe));
-  if (run.out.size() != 3) return Internal("node ", target.name(), " did not run");
+  GF_ASSIGN_OR_RETURN(NodeRun run, graphfuse::cuda::CaptureNode(g, target, RandomInputs(g, seed, 0.05, 1.5)));
+  if (run.out.size() != 3) return Internal("node ", target.name(), " gave ", run.out.size(), " outputs");
   return run;
 }
 
@@ -309,12 +282,6 @@ Result<std::unique_ptr<Graph>> NarrowDecoderGraph(const DecodeSpec& c, DType dt)
 float RoundF32(float v, DType dt) {
   return dt == DType::kBF16 ? BF16BitsToF32(F32ToBF16Bits(v)) : F16BitsToF32(F32ToF16Bits(v));
 }
-Tensor ToNarrow(const Tensor& t, DType dt) {
-  Tensor out = Tensor::Empty(dt, t.shape()).value();
-  for (int64_t i = 0; i < t.numel(); ++i)
-    out.data_as<uint16_t>()[i] = dt == DType::kBF16 ? F32ToBF16Bits(t.data_as<float>()[i]) : F32ToF16Bits(t.data_as<float>()[i]);
-  return out;
-}
 
 // The decode kernels in f16 / bf16 (K / V caches, q, masks and tables in that dtype), against
 // the f32 kernels on the same rounded inputs: the present K rows are the f32 kernel's rounded to
@@ -351,7 +318,7 @@ TEST(CudaDecodeAttention, EmulatedInF16AndBf16MatchesF32OnRoundedInputs) {
       std::vector<Tensor> narrow_in;
       for (Tensor& t : run->in) {
         for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = RoundF32(t.data_as<float>()[i], dt);
-        narrow_in.push_back(ToNarrow(t, dt));
+        narrow_in.push_back(ConvertedTo(t, dt));
       }
       auto want = EmulateDecode(*k32, run->in, run->out, DType::kF32);
       ASSERT_TRUE(want.ok()) << want.status().ToString();

@@ -24,6 +24,7 @@
 #include "cuda/cuda_executor.h"
 #include "cuda/cuda_gemm.h"
 #include "cuda/host_emulation.h"
+#include "capture_node.h"
 #include "expect_close.h"
 #include "narrow_twin.h"
 #include "../graph_test_util.h"
@@ -41,43 +42,14 @@ namespace {
 
 
 // A node's inputs and outputs as the CPU executor sees them, on fresh random data.
-struct NodeRun {
-  std::vector<Tensor> in, out;
-};
-
 Result<NodeRun> CaptureNode(const Graph& g, const Node& target, uint32_t seed) {
   // "keep" is a dropout keep-mask (1.25 or 0); integer inputs hold small non-negative values.
-  const std::vector<Tensor> ins =
-      RandomInputs(g, seed, 0.05, 2.0, [](const Value& v, int64_t, std::mt19937& rng) -> std::optional<double> {
-        if (v.name() == "keep") return (rng() % 5) ? 1.25 : 0.0;
-        if (!IsFloat(v.dtype())) return double(rng() % 9);
-        return std::nullopt;
-      });
-  const std::vector<TensorView> views = Views(ins);
-  GF_ASSIGN_OR_RETURN(auto plan, ExecutionPlan::Compile(g));
-  NodeRun run;
-  ExecutionPlan::StepObserver observe = [&](const Node& n, std::span<const TensorView> in,
-                                            std::span<const TensorView> out) -> Status {
-    if (&n != &target) return Status::Ok();
-    for (const TensorView& v : in) {
-      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
-      std::memcpy(t.data(), v.data, t.nbytes());
-      run.in.push_back(std::move(t));
-    }
-    for (const TensorView& v : out) {
-      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v.dtype, v.shape));
-      std::memcpy(t.data(), v.data, t.nbytes());
-      run.out.push_back(std::move(t));
-    }
-    return Status::Ok();
-  };
-  std::vector<Tensor> outs;
-  std::vector<TensorView> out_views;
-  for (const Value* v : g.outputs()) outs.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
-  for (const Tensor& t : outs) out_views.push_back(t.view());
-  GF_RETURN_IF_ERROR(plan->Run(views, out_views, CpuContext{}, &observe));
-  if (run.out.empty()) return Internal("node ", target.name(), " did not run");
-  return run;
+  return graphfuse::cuda::CaptureNode(g, target,
+                     RandomInputs(g, seed, 0.05, 2.0, [](const Value& v, int64_t, std::mt19937& rng) -> std::optional<double> {
+                       if (v.name() == "keep") return (rng() % 5) ? 1.25 : 0.0;
+                       if (!IsFloat(v.dtype())) return double(rng() % 9);
+                       return std::nullopt;
+                     }));
 }
 
 struct Case {

@@ -13,19 +13,13 @@
 #include "cuda/cuda_executor.h"
 #include "cuda/cuda_target.h"
 #include "expect_close.h"
+#include "narrow_twin.h"
 #include "onnx/import.h"
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 
 namespace graphfuse::cuda {
 namespace {
-
-// t's values rounded to dt, stored in dt.
-Tensor Narrowed(const Tensor& t, DType dt) {
-  Tensor out = Tensor::Empty(dt, t.shape()).value();
-  for (int64_t i = 0; i < t.numel(); ++i) out.SetFromDouble(i, t.GetAsDouble(i));
-  return out;
-}
 
 // The README's accuracy contract for a model computing in dt (tools/compare.h NarrowTolerance).
 double Tolerance(DType dt) { return dt == DType::kBF16 ? 5e-2 : 1e-2; }
@@ -74,8 +68,8 @@ TEST(CudaNarrowPlans, ModelsFuseAsInF32AndMatchTheCpu) {
       // The same values in both plans: the inputs rounded to dt, and those widened to f32.
       std::vector<Tensor> narrow_in, wide_in;
       for (const Tensor& t : ins) {
-        narrow_in.push_back(IsFloat(t.dtype()) ? Narrowed(t, dt) : Narrowed(t, t.dtype()));
-        wide_in.push_back(IsFloat(t.dtype()) ? Narrowed(narrow_in.back(), DType::kF32) : Narrowed(t, t.dtype()));
+        narrow_in.push_back(IsFloat(t.dtype()) ? ConvertedTo(t, dt) : ConvertedTo(t, t.dtype()));
+        wide_in.push_back(IsFloat(t.dtype()) ? ConvertedTo(narrow_in.back(), DType::kF32) : ConvertedTo(t, t.dtype()));
       }
       auto want = Execute(**wide, Views(wide_in), CpuContext{});
       ASSERT_TRUE(want.ok()) << want.status().ToString();
