@@ -1,12 +1,17 @@
 #include "packed_gemm.h"
 
+#include <hwy/aligned_allocator.h>
+#include <hwy/highway.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unistd.h>
 
 #include <algorithm>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
+
+#include "graphfuse/dtype.h"
 
 extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime here
 extern "C" int omp_get_max_threads(void);
@@ -63,12 +68,27 @@ const dnnl::engine& Engine() {
   return engine;
 }
 
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr int64_t kLanes = static_cast<int64_t>(HWY_LANES(float));
+// Columns of a streamed panel: two vectors, so that M <= 8 rows keep 2M accumulators in
+// registers (16 of AVX-512's 32; AVX2's 16 as well).
+constexpr int64_t kStreamPanel = 2 * kLanes;
+
 }  // namespace
 
 struct PackedGemm::Impl {
   int64_t m = 0, k = 0, n = 0, ldc = 0, block_cols = 0, blocks = 0;
   std::vector<PostOp> post_ops;
   bool bias = false;  // post_ops[0] is the matmul's bias
+  WeightStorage storage = WeightStorage::kF32;
+  // The streaming loop's weights (m <= kStreamRows): block b's panels from offset b * block_stride,
+  // panel q's K rows of kStreamPanel values contiguous (columns past n zero).
+  bool streamed = false;
+  int64_t block_stride = 0;
+  hwy::AlignedFreeUniquePtr<float[]> stream_f32;
+  hwy::AlignedFreeUniquePtr<uint16_t[]> stream_bf16;
   // [0]: a full block, [1]: the last one when narrower.
   std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<dnnl::matmul> prims;
@@ -81,17 +101,119 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
+bool PackedGemm::streamed() const { return impl_->streamed; }
+PackedGemm::WeightStorage PackedGemm::storage() const { return impl_->storage; }
+
+namespace {
+
+// M rows of A against one block of streamed weights (W: float or bf16 bits), the post-ops
+// applied as each panel is stored: C[i, j0 + j] for j < width.
+template <int M, typename W>
+void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a, float* c,
+                 std::span<const float* const> operands) {
+  const DF df;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  const int64_t k = p.k;
+  auto load = [&](const W* w) {
+    if constexpr (std::is_same_v<W, float>) {
+      return hn::LoadU(df, w);
+    } else {
+      return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(w)));
+    }
+  };
+  const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
+  for (int64_t q = 0; q < panels; ++q) {
+    const W* wp = wb + q * k * kStreamPanel;
+    VF acc[M][2];
+    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = hn::Zero(df);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const VF w0 = load(wp + kk * kStreamPanel), w1 = load(wp + kk * kStreamPanel + kLanes);
+      for (int i = 0; i < M; ++i) {
+        const VF x = hn::Set(df, a[i * k + kk]);
+        acc[i][0] = hn::MulAdd(x, w0, acc[i][0]);
+        acc[i][1] = hn::MulAdd(x, w1, acc[i][1]);
+      }
+    }
+    for (int v = 0; v < 2; ++v) {
+      const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
+      const int64_t valid = std::min<int64_t>(kLanes, width - col);
+      if (valid <= 0) break;
+      const auto mask = hn::FirstN(df, static_cast<size_t>(valid));
+      for (int i = 0; i < M; ++i) {
+        VF r = acc[i][v];
+        for (size_t o = 0; o < p.post_ops.size(); ++o) {
+          const bool row = o == 0 && p.bias;
+          const float* src = operands[o] + (row ? 0 : i * p.ldc) + j0 + col;
+          const VF x = hn::MaskedLoad(mask, df, src);
+          r = p.post_ops[o].kind == PackedGemm::PostOp::Kind::kAdd ? hn::Add(r, x) : hn::Mul(r, x);
+        }
+        hn::BlendedStore(r, mask, df, c + i * p.ldc + j0 + col);
+      }
+    }
+  }
+}
+
+template <typename W>
+void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a, float* c,
+                     std::span<const float* const> operands) {
+  switch (p.m) {
+    case 1: return StreamBlock<1>(p, wb, width, j0, a, c, operands);
+    case 2: return StreamBlock<2>(p, wb, width, j0, a, c, operands);
+    case 3: return StreamBlock<3>(p, wb, width, j0, a, c, operands);
+    case 4: return StreamBlock<4>(p, wb, width, j0, a, c, operands);
+    case 5: return StreamBlock<5>(p, wb, width, j0, a, c, operands);
+    case 6: return StreamBlock<6>(p, wb, width, j0, a, c, operands);
+    case 7: return StreamBlock<7>(p, wb, width, j0, a, c, operands);
+    default: return StreamBlock<8>(p, wb, width, j0, a, c, operands);
+  }
+}
+
+}  // namespace
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
                                                              int64_t ldb, int64_t ldc, std::vector<PostOp> post_ops,
-                                                             int64_t block_cols) {
+                                                             int64_t block_cols, WeightStorage storage) {
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
-  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops);
+  p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops), p.storage = storage;
   p.bias = !p.post_ops.empty() && p.post_ops[0].row && p.post_ops[0].kind == PostOp::Kind::kAdd;
   p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
+  for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
+    if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
+  const bool bf16 = storage == WeightStorage::kBF16;
+  if (m <= kStreamRows) {
+    // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block).
+    p.streamed = true;
+    p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * k;
+    const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
+    if (bf16) p.stream_bf16 = hwy::AllocateAligned<uint16_t>(total);
+    else p.stream_f32 = hwy::AllocateAligned<float>(total);
+    if (!p.stream_bf16 && !p.stream_f32) return ResourceExhausted("packing GEMM weights: ", total, " elements");
+    for (int64_t blk = 0; blk < p.blocks; ++blk) {
+      const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
+      for (int64_t q = 0; q * kStreamPanel < width; ++q) {
+        const int64_t base = blk * p.block_stride + q * k * kStreamPanel;
+        for (int64_t kk = 0; kk < k; ++kk)
+          for (int64_t j = 0; j < kStreamPanel; ++j) {
+            const int64_t col = q * kStreamPanel + j;
+            const float v = col < width ? b[kk * ldb + j0 + col] : 0.f;
+            const size_t at = static_cast<size_t>(base + kk * kStreamPanel + j);
+            if (bf16) p.stream_bf16[at] = F32ToBF16Bits(v);
+            else p.stream_f32[at] = v;
+          }
+      }
+    }
+    return std::shared_ptr<const PackedGemm>(std::move(g));
+  }
+  std::vector<float> rounded;  // kBF16 at oneDNN's sizes: B's values rounded to bf16, held as f32
+  if (bf16) {
+    rounded.resize(static_cast<size_t>(k * n));
+    for (int64_t kk = 0; kk < k; ++kk)
+      for (int64_t j = 0; j < n; ++j) rounded[static_cast<size_t>(kk * n + j)] = BF16BitsToF32(F32ToBF16Bits(b[kk * ldb + j]));
+    b = rounded.data(), ldb = n;
+  }
   try {
     const OneOmpThread one_thread;
     dnnl::stream stream(Engine());
@@ -142,6 +264,14 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   const Impl& p = *impl_;
   const int64_t j0 = block * p.block_cols;
   const int64_t width = std::min(p.block_cols, p.n - j0);
+  GF_CHECK(operands.size() == p.post_ops.size(), "packed GEMM block: ", operands.size(), " operands for ",
+           p.post_ops.size(), " post-ops");
+  if (p.streamed) {
+    const size_t at = static_cast<size_t>(block * p.block_stride);
+    if (p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+    else StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    return;
+  }
   const size_t which = p.Which(width);
   const OneOmpThread one_thread;
   thread_local dnnl::stream stream(Engine());
@@ -155,8 +285,6 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
                                                 {DNNL_ARG_WEIGHTS, p.weights[static_cast<size_t>(block)]},
                                                 {DNNL_ARG_DST, dst},
                                                 {DNNL_ARG_SCRATCHPAD, pad}};
-  GF_CHECK(operands.size() == p.post_ops.size(), "packed GEMM block: ", operands.size(), " operands for ",
-           p.post_ops.size(), " post-ops");
   if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(RowDesc(width), Engine(), const_cast<float*>(operands[0] + j0)));
   for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
     args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(static_cast<int>(i - (p.bias ? 1 : 0))) | DNNL_ARG_SRC_1,

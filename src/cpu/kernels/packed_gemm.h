@@ -7,6 +7,15 @@
 // The columns are cut into fixed blocks; RunBlock computes one block on the calling thread
 // (oneDNN's own OpenMP threading is held to one thread there), so the caller spreads blocks
 // over graphfuse's pool: one thread pool, as everywhere else.
+//
+// Up to kStreamRows rows of A (decode, small batches) the product is a stream of the weights
+// with a few FMAs per element, bound by memory bandwidth: there the weights are packed into
+// panels of kStreamPanel columns, each panel's K rows contiguous, and the block's panels run
+// through one loop of our own (A's rows broadcast, M x 2 vector accumulators, the post-ops
+// applied as each panel is stored), which reads the weights in one sequential pass. With
+// bf16 weights (WeightStorage::kBF16: rounded to nearest even once, when packed) that stream is
+// half as long; each element is widened to f32 as it is loaded and the sums stay f32. More rows
+// take oneDNN's packed matmul (on bf16-rounded weights held as f32, when kBF16).
 #pragma once
 
 #include <cstdint>
@@ -20,6 +29,9 @@ namespace graphfuse::kernels {
 
 class PackedGemm {
  public:
+  // Rows of A up to which the weights are streamed by our own loop (see above).
+  static constexpr int64_t kStreamRows = 8;
+  enum class WeightStorage { kF32, kBF16 };
   // What the GEMM does with further operands as it stores each block, in order: C = ((A @ B)
   // op1 R1) op2 R2 ..., op an Add or a Mul, each R [m, n] laid out as C (leading dimension ldc;
   // oneDNN's binary post-ops), except that the first may be an Add of one row of n values
@@ -34,19 +46,24 @@ class PackedGemm {
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
   // A with lda = k, C written with leading dimension ldc.
   // block_cols > 0 sets the width of the column blocks (else BlockCols in packed_gemm.cc).
+  // storage: how the packed weights are held (kBF16: B rounded to bf16 once, here).
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
                                                           int64_t ldc, std::vector<PostOp> post_ops = {},
-                                                          int64_t block_cols = 0);
+                                                          int64_t block_cols = 0,
+                                                          WeightStorage storage = WeightStorage::kF32);
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
+  bool streamed() const;       // run by the weight-streaming loop (m <= kStreamRows)
+  WeightStorage storage() const;
   // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
   // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {}) const;
 
+  struct Impl;  // packed_gemm.cc (named here for its streaming loop's helpers)
+
  private:
   PackedGemm();
-  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,0 +1,114 @@
+// PackedGemm (src/cpu/kernels/packed_gemm.h): the weight-streaming loop (up to kStreamRows rows
+// of A) and oneDNN's packed matmul (more rows), with f32 and bf16 weights and the post-ops
+// (a bias row, then a residual add and a multiply), against a float64 reference on random data.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu/kernels/packed_gemm.h"
+#include "graphfuse/dtype.h"
+
+namespace graphfuse::kernels {
+namespace {
+
+using Storage = PackedGemm::WeightStorage;
+using PostOp = PackedGemm::PostOp;
+
+std::vector<float> Random(size_t n, std::mt19937& rng, float lo = -1, float hi = 1) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+struct Case {
+  int64_t m, k, n;
+  Storage storage;
+  bool post_ops;
+};
+
+// C = ((A @ B) + bias) + R) * S, every block run; the float64 reference uses B as packed (rounded
+// to bf16 for kBF16). The error bound is f32's over a K-term dot: K * 2^-24 * sum |a b| (plus the
+// post-ops' roundings).
+void Check(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << (c.storage == Storage::kBF16 ? " bf16" : " f32")
+                                    << (c.post_ops ? " + bias, residual, scale" : ""));
+  std::mt19937 rng(seed);
+  const int64_t ldb = c.n + 3, ldc = c.n + 5;  // B and C wider than n: the leading dimensions count
+  const std::vector<float> a = Random(static_cast<size_t>(c.m * c.k), rng);
+  const std::vector<float> b = Random(static_cast<size_t>(c.k * ldb), rng);
+  const std::vector<float> bias = Random(static_cast<size_t>(c.n), rng);
+  const std::vector<float> r = Random(static_cast<size_t>(c.m * ldc), rng);
+  const std::vector<float> s = Random(static_cast<size_t>(c.m * ldc), rng, 0.5f, 2.f);
+  std::vector<PostOp> ops;
+  std::vector<const float*> operands;
+  if (c.post_ops) {
+    ops = {{PostOp::Kind::kAdd, true}, {PostOp::Kind::kAdd, false}, {PostOp::Kind::kMul, false}};
+    operands = {bias.data(), r.data(), s.data()};
+  }
+  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, 0, c.storage);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ((*g)->streamed(), c.m <= PackedGemm::kStreamRows);
+  EXPECT_EQ((*g)->storage(), c.storage);
+  std::vector<float> out(static_cast<size_t>(c.m * ldc), NAN);
+  for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), out.data(), operands);
+  double worst = 0;
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = 0; j < c.n; ++j) {
+      double dot = 0, mag = 0;
+      for (int64_t kk = 0; kk < c.k; ++kk) {
+        float w = b[static_cast<size_t>(kk * ldb + j)];
+        if (c.storage == Storage::kBF16) w = BF16BitsToF32(F32ToBF16Bits(w));
+        dot += double(a[static_cast<size_t>(i * c.k + kk)]) * w;
+        mag += std::fabs(double(a[static_cast<size_t>(i * c.k + kk)]) * w);
+      }
+      double want = dot;
+      const size_t at = static_cast<size_t>(i * ldc + j);
+      if (c.post_ops) want = (want + bias[static_cast<size_t>(j)] + r[at]) * s[at];
+      const double tol = (c.k * 0x1p-24 * mag + 4 * 0x1p-24 * (std::fabs(want) + 4)) * (c.post_ops ? 2 : 1);
+      const double err = std::fabs(out[at] - want);
+      worst = std::max(worst, err / tol);
+      ASSERT_LE(err, tol) << "C[" << i << ", " << j << "] = " << out[at] << ", float64 " << want;
+    }
+  // Columns past n (within ldc) are not written.
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t j = c.n; j < ldc; ++j) ASSERT_TRUE(std::isnan(out[static_cast<size_t>(i * ldc + j)])) << i << ", " << j;
+}
+
+TEST(PackedGemm, StreamedAndOneDnnFormsMatchFloat64) {
+  uint32_t seed = 1;
+  for (Storage st : {Storage::kF32, Storage::kBF16})
+    for (bool post : {false, true}) {
+      // Rows 1..8 stream (widths not a multiple of a panel, several blocks); 9 and 33 take oneDNN.
+      for (int64_t m : {1, 2, 5, 8, 9, 33}) Check({m, 67, 1000, st, post}, seed++);
+      Check({1, 4096, 70, st, post}, seed++);
+      Check({3, 5, 17, st, post}, seed++);
+    }
+}
+
+// bf16 weights change the result by the weights' rounding only: against the f32 form on the
+// same data, within K * 2^-9 * sum |a b|, and not equal to it.
+TEST(PackedGemm, Bf16WeightsDifferFromF32ByTheirRounding) {
+  std::mt19937 rng(9);
+  const int64_t m = 1, k = 512, n = 256;
+  const std::vector<float> a = Random(static_cast<size_t>(m * k), rng), b = Random(static_cast<size_t>(k * n), rng);
+  std::vector<float> c32(static_cast<size_t>(m * n)), c16(static_cast<size_t>(m * n));
+  for (auto [st, out] : {std::pair{Storage::kF32, &c32}, {Storage::kBF16, &c16}}) {
+    auto g = PackedGemm::Create(m, k, n, b.data(), n, n, {}, 0, st);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), out->data());
+  }
+  int64_t differ = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    double mag = 0;
+    for (int64_t kk = 0; kk < k; ++kk) mag += std::fabs(double(a[static_cast<size_t>(kk)]) * b[static_cast<size_t>(kk * n + j)]);
+    EXPECT_LE(std::fabs(c16[static_cast<size_t>(j)] - c32[static_cast<size_t>(j)]), 0x1p-9 * mag) << j;
+    differ += c16[static_cast<size_t>(j)] != c32[static_cast<size_t>(j)];
+  }
+  EXPECT_GT(differ, n / 2);
+}
+
+}  // namespace
+}  // namespace graphfuse::kernels
