@@ -48,7 +48,7 @@ void Check(const Case& c, uint32_t seed) {
     ops = {{PostOp::Kind::kAdd, true}, {PostOp::Kind::kAdd, false}, {PostOp::Kind::kMul, false}};
     operands = {bias.data(), r.data(), s.data()};
   }
-  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, 0, c.storage);
+  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, {.storage = c.storage});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   EXPECT_EQ((*g)->streamed(), c.m <= PackedGemm::kStreamRows);
   EXPECT_EQ((*g)->storage(), c.storage);
@@ -88,6 +88,38 @@ TEST(PackedGemm, StreamedAndOneDnnFormsMatchFloat64) {
     }
 }
 
+// A row operand after another post-op: the streaming loop takes it (C = (A @ B) * S + bias);
+// oneDNN's form only as the first post-op, so more rows are refused.
+TEST(PackedGemm, StreamingTakesARowOperandAnywhere) {
+  std::mt19937 rng(5);
+  const int64_t k = 40, n = 100;
+  const std::vector<float> b = Random(static_cast<size_t>(k * n), rng), bias = Random(static_cast<size_t>(n), rng);
+  const std::vector<PostOp> ops = {{PostOp::Kind::kMul, false}, {PostOp::Kind::kAdd, true}};
+  for (int64_t m : {int64_t{3}, PackedGemm::kStreamRows + 1}) {
+    const std::vector<float> a = Random(static_cast<size_t>(m * k), rng), sc = Random(static_cast<size_t>(m * n), rng);
+    auto g = PackedGemm::Create(m, k, n, b.data(), n, n, ops);
+    if (m > PackedGemm::kStreamRows) {
+      ASSERT_FALSE(g.ok());
+      EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented);
+      continue;
+    }
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    std::vector<float> c(static_cast<size_t>(m * n));
+    const std::vector<const float*> operands = {sc.data(), bias.data()};
+    for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), c.data(), operands);
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double dot = 0, mag = 0;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          dot += double(a[static_cast<size_t>(i * k + kk)]) * b[static_cast<size_t>(kk * n + j)];
+          mag += std::fabs(double(a[static_cast<size_t>(i * k + kk)]) * b[static_cast<size_t>(kk * n + j)]);
+        }
+        const double want = dot * sc[static_cast<size_t>(i * n + j)] + bias[static_cast<size_t>(j)];
+        EXPECT_NEAR(c[static_cast<size_t>(i * n + j)], want, k * 0x1p-23 * mag + 0x1p-21 * (std::fabs(want) + 2));
+      }
+  }
+}
+
 // bf16 weights change the result by the weights' rounding only: against the f32 form on the
 // same data, within K * 2^-9 * sum |a b|, and not equal to it.
 TEST(PackedGemm, Bf16WeightsDifferFromF32ByTheirRounding) {
@@ -96,7 +128,7 @@ TEST(PackedGemm, Bf16WeightsDifferFromF32ByTheirRounding) {
   const std::vector<float> a = Random(static_cast<size_t>(m * k), rng), b = Random(static_cast<size_t>(k * n), rng);
   std::vector<float> c32(static_cast<size_t>(m * n)), c16(static_cast<size_t>(m * n));
   for (auto [st, out] : {std::pair{Storage::kF32, &c32}, {Storage::kBF16, &c16}}) {
-    auto g = PackedGemm::Create(m, k, n, b.data(), n, n, {}, 0, st);
+    auto g = PackedGemm::Create(m, k, n, b.data(), n, n, {}, {.storage = st});
     ASSERT_TRUE(g.ok()) << g.status().ToString();
     for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), out->data());
   }

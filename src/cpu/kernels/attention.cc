@@ -132,7 +132,7 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
       // One block of all the group's columns, so that a task projects its units in one GEMM
       // call (narrower blocks run slower).
       GF_ASSIGN_OR_RETURN(auto packed,
-                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, wg));
+                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, {.block_cols = wg}));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

@@ -142,8 +142,7 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
       for (int i = 0; i < M; ++i) {
         VF r = acc[i][v];
         for (size_t o = 0; o < p.post_ops.size(); ++o) {
-          const bool row = o == 0 && p.bias;
-          const float* src = operands[o] + (row ? 0 : i * p.ldc) + j0 + col;
+          const float* src = operands[o] + (p.post_ops[o].row ? 0 : i * p.ldc) + j0 + col;
           const VF x = hn::MaskedLoad(mask, df, src);
           r = p.post_ops[o].kind == PackedGemm::PostOp::Kind::kAdd ? hn::Add(r, x) : hn::Mul(r, x);
         }
@@ -172,7 +171,9 @@ void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int6
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
                                                              int64_t ldb, int64_t ldc, std::vector<PostOp> post_ops,
-                                                             int64_t block_cols, WeightStorage storage) {
+                                                             const Options& options) {
+  const int64_t block_cols = options.block_cols;
+  const WeightStorage storage = options.storage;
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
@@ -180,10 +181,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   p.bias = !p.post_ops.empty() && p.post_ops[0].row && p.post_ops[0].kind == PostOp::Kind::kAdd;
   p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
-  for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
-    if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
   const bool bf16 = storage == WeightStorage::kBF16;
-  if (m <= kStreamRows) {
+  if (m <= std::min(options.stream_rows, kStreamRows)) {
     // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block).
     p.streamed = true;
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * k;
@@ -207,6 +206,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     }
     return std::shared_ptr<const PackedGemm>(std::move(g));
   }
+  for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
+    if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
   std::vector<float> rounded;  // kBF16 at oneDNN's sizes: B's values rounded to bf16, held as f32
   if (bf16) {
     rounded.resize(static_cast<size_t>(k * n));

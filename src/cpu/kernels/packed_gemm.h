@@ -27,11 +27,22 @@
 
 namespace graphfuse::kernels {
 
+// How PackedGemm holds its weights.
+enum class GemmWeightStorage { kF32, kBF16 };
+// Rows of A up to which the weights are streamed by our own loop (see above).
+inline constexpr int64_t kGemmStreamRows = 8;
+
+struct PackedGemmOptions {
+  int64_t block_cols = 0;  // > 0: the width of the column blocks (else BlockCols in packed_gemm.cc)
+  GemmWeightStorage storage = GemmWeightStorage::kF32;  // kBF16: B rounded to bf16 once, when packed
+  int64_t stream_rows = kGemmStreamRows;  // the streaming loop up to this many rows (0: oneDNN always)
+};
+
 class PackedGemm {
  public:
-  // Rows of A up to which the weights are streamed by our own loop (see above).
-  static constexpr int64_t kStreamRows = 8;
-  enum class WeightStorage { kF32, kBF16 };
+  static constexpr int64_t kStreamRows = kGemmStreamRows;
+  using WeightStorage = GemmWeightStorage;
+  using Options = PackedGemmOptions;
   // What the GEMM does with further operands as it stores each block, in order: C = ((A @ B)
   // op1 R1) op2 R2 ..., op an Add or a Mul, each R [m, n] laid out as C (leading dimension ldc;
   // oneDNN's binary post-ops), except that the first may be an Add of one row of n values
@@ -44,13 +55,11 @@ class PackedGemm {
     bool row = false;  // an [n] vector broadcast over the rows, else [m, n] laid out as C
   };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
-  // A with lda = k, C written with leading dimension ldc.
-  // block_cols > 0 sets the width of the column blocks (else BlockCols in packed_gemm.cc).
-  // storage: how the packed weights are held (kBF16: B rounded to bf16 once, here).
+  // A with lda = k, C written with leading dimension ldc. The streaming loop takes a row
+  // operand at any place among the post-ops; oneDNN only as the first.
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
                                                           int64_t ldc, std::vector<PostOp> post_ops = {},
-                                                          int64_t block_cols = 0,
-                                                          WeightStorage storage = WeightStorage::kF32);
+                                                          const Options& options = {});
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one

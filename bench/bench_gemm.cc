@@ -1,0 +1,138 @@
+// The CPU GEMM against constant weights (kernels::PackedGemm) on the LLaMA-7B block's shapes,
+// beside a same-run read of the same number of bytes (the weight stream's ceiling), in
+// interleaved samples on graphfuse's thread pool: per shape, the median time of the GEMM (its
+// blocks claimed by the pool's threads, as the kernels run them) and of the read, GB/s of the
+// weights, and the GEMM's share of the read bandwidth. With bf16 weights the stream is half as
+// long. Decode rows (M <= 8) are the memory-bound case the streaming loop serves.
+//
+//   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/kernels/packed_gemm.h"
+#include "graphfuse/thread_pool.h"
+
+namespace {
+
+using graphfuse::ThreadPool;
+using graphfuse::kernels::PackedGemm;
+using Clock = std::chrono::steady_clock;
+
+double Ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Sums `n` floats split over the pool's threads (8-way unrolled, so that the loads, not the
+// adds, bound it): the read bandwidth a stream of n floats can have here.
+float ReadAll(ThreadPool& pool, int threads, const float* x, int64_t n) {
+  std::vector<float> partial(static_cast<size_t>(threads) * 16, 0.f);
+  pool.Parallel(threads, [&](int tid, int nt) {
+    const int64_t lo = n * tid / nt, hi = n * (tid + 1) / nt;
+    float s[16] = {};
+    int64_t i = lo;
+    for (; i + 16 <= hi; i += 16)
+      for (int j = 0; j < 16; ++j) s[j] += x[i + j];
+    for (; i < hi; ++i) s[0] += x[i];
+    for (int j = 0; j < 16; ++j) partial[static_cast<size_t>(tid) * 16 + static_cast<size_t>(j)] = s[j];
+  });
+  float t = 0;
+  for (float v : partial) t += v;
+  return t;
+}
+
+void RunGemm(ThreadPool& pool, int threads, const PackedGemm& g, const float* a, float* c) {
+  std::atomic<int64_t> next{0};
+  const int nt = static_cast<int>(std::min<int64_t>(threads, g.blocks()));
+  pool.Parallel(nt, [&](int, int) {
+    for (int64_t b = next.fetch_add(1); b < g.blocks(); b = next.fetch_add(1)) g.RunBlock(b, a, c);
+  });
+}
+
+std::vector<int64_t> ParseList(const char* s) {
+  std::vector<int64_t> v;
+  for (const char* p = s; *p;) {
+    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
+    if (*p == ',') ++p;
+  }
+  return v;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 2, samples = 15;
+  std::vector<int64_t> rows = {1, 4, 8, 32};
+  std::string storage = "both";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    if (f == "--threads") threads = std::atoi(argv[i + 1]);
+    else if (f == "--samples") samples = std::atoi(argv[i + 1]);
+    else if (f == "--rows") rows = ParseList(argv[i + 1]);
+    else if (f == "--storage") storage = argv[i + 1];
+    else {
+      std::fprintf(stderr, "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n");
+      return 2;
+    }
+  }
+  struct Shape {
+    const char* name;
+    int64_t k, n;
+  } shapes[] = {{"q/k/v/o 4096x4096", 4096, 4096}, {"gate/up 4096x11008", 4096, 11008}, {"down 11008x4096", 11008, 4096}};
+  ThreadPool pool(threads);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::printf("PackedGemm against a same-run read of its weights, %d threads, medians of %d interleaved samples\n",
+              threads, samples);
+  std::printf("%-20s %4s %10s %9s %9s %9s %9s %8s\n", "shape", "M", "weights", "gemm ms", "GB/s", "read ms", "GB/s", "of read");
+  for (const Shape& s : shapes) {
+    std::vector<float> b(static_cast<size_t>(s.k * s.n));
+    for (float& x : b) x = u(rng);
+    for (int64_t m : rows) {
+      std::vector<float> a(static_cast<size_t>(m * s.k)), c(static_cast<size_t>(m * s.n));
+      for (float& x : a) x = u(rng);
+      for (const char* st : {"f32", "bf16", "f32 oneDNN"}) {
+        const bool bf16 = std::string(st) == "bf16", onednn = std::string(st) == "f32 oneDNN";
+        if (storage != "both" && storage != (bf16 ? "bf16" : "f32")) continue;
+        if (onednn && m > PackedGemm::kStreamRows) continue;  // the same as the f32 row
+        PackedGemm::Options o;
+        o.storage = bf16 ? PackedGemm::WeightStorage::kBF16 : PackedGemm::WeightStorage::kF32;
+        o.stream_rows = onednn ? 0 : PackedGemm::kStreamRows;
+        auto g = PackedGemm::Create(m, s.k, s.n, b.data(), s.n, s.n, {}, o);
+        if (!g.ok()) {
+          std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
+          return 1;
+        }
+        // The read covers as many bytes as the packed weights: b itself (f32), or its first half.
+        const int64_t floats = bf16 ? s.k * s.n / 2 : s.k * s.n;
+        const double bytes = static_cast<double>(floats) * 4;
+        std::vector<double> tg, tr;
+        volatile float sink = 0;
+        RunGemm(pool, threads, **g, a.data(), c.data());  // warm
+        sink = sink + ReadAll(pool, threads, b.data(), floats);
+        for (int i = 0; i < samples; ++i) {
+          auto t0 = Clock::now();
+          RunGemm(pool, threads, **g, a.data(), c.data());
+          auto t1 = Clock::now();
+          sink = sink + ReadAll(pool, threads, b.data(), floats);
+          auto t2 = Clock::now();
+          tg.push_back(Ms(t0, t1));
+          tr.push_back(Ms(t1, t2));
+        }
+        const double mg = Median(tg), mr = Median(tr);
+        std::printf("%-20s %4lld %10s %9.3f %9.1f %9.3f %9.1f %7.0f%%%s\n", s.name, static_cast<long long>(m), st, mg,
+                    bytes / mg / 1e6, mr, bytes / mr / 1e6, 100 * mr / mg, (*g)->streamed() ? "" : "  (oneDNN)");
+      }
+    }
+  }
+  return 0;
+}
