@@ -191,8 +191,11 @@ fi
 check run-no-model 2 "$GF" run
 check run-dtype-unknown 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --dtype f64
 echo "$LAST" | grep -q "f32, bf16 or f16" || { echo "FAIL run --dtype f64: the message does not name the dtypes"; fail=1; }
-check run-dtype-cpu 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --dtype bf16
-echo "$LAST" | grep -q "backend cuda" || { echo "FAIL run --dtype bf16 on the CPU: the message does not say where it runs"; fail=1; }
+check run-dtype-cpu 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --dtype f16
+echo "$LAST" | grep -q "backend cuda" || { echo "FAIL run --dtype f16 on the CPU: the message does not say where it runs"; fail=1; }
+# --dtype bf16 on the CPU: the GEMM weights in bf16, against the stored references within bf16's tolerance.
+check run-dtype-bf16-cpu 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" --dtype bf16
+echo "$LAST" | grep -qE "^y .* ok$" || { echo "FAIL run --dtype bf16 on the CPU: $LAST"; fail=1; }
 if "$GF" --help | grep -q -- "--emulate-gpu"; then
   check run-emulated-gpu 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda --emulate-gpu
   echo "$LAST" | grep -q "cuda vs cpu" && ! echo "$LAST" | grep -q DIFFERS || { echo "FAIL run --emulate-gpu: no agreement with the CPU"; echo "$LAST"; fail=1; }
@@ -209,8 +212,10 @@ fi
 # before any work.
 check demo-dtype-unknown 2 "$GF" demo --preset llama-small --dtype f64
 echo "$LAST" | grep -q "f32, bf16 or f16" || { echo "FAIL demo --dtype f64: the message does not name the dtypes"; fail=1; }
-check demo-dtype-cpu 2 "$GF" demo --preset llama-small --dtype bf16
-echo "$LAST" | grep -q "backend cuda" && ! echo "$LAST" | grep -q "generating" || { echo "FAIL demo --dtype bf16 on the CPU: $LAST"; fail=1; }
+check demo-dtype-cpu 2 "$GF" demo --preset llama-small --dtype f16
+echo "$LAST" | grep -q "backend cuda" && ! echo "$LAST" | grep -q "generating" || { echo "FAIL demo --dtype f16 on the CPU: $LAST"; fail=1; }
+check bench-dtype-bf16-preset-cpu 2 "$GF" bench --preset chain --dtype bf16
+echo "$LAST" | grep -q "has no GEMM" || { echo "FAIL bench --preset chain --dtype bf16 on the CPU: $LAST"; fail=1; }
 check bench-dtype-cpu 2 "$GF" bench --preset chain --dtype f16
 echo "$LAST" | grep -q "backend cuda" || { echo "FAIL bench --dtype f16 on the CPU: $LAST"; fail=1; }
 check bench-block-dtype-cpu 2 "$GF" bench --preset llama-small --dtype f16

@@ -119,6 +119,12 @@ int Bench(Args& args) {
 
   if (emulate_gpu && backend != "cuda") return Fail(InvalidArgument("--emulate-gpu needs --backend cuda"));
   if (Status st = CheckDtypeBackend("bench", dtype, backend); !st.ok()) return Fail(st);
+  // On the CPU --dtype bf16 holds GEMM weights in bf16: an elementwise preset has none.
+  const bool cpu_bf16 = backend == "cpu" && dtype == DType::kBF16;
+  if (cpu_bf16 && !preset.empty())
+    return Fail(InvalidArgument("--dtype bf16 on the CPU holds GEMM weights in bf16, and preset '", preset,
+                                "' has no GEMM; it computes in bf16 on --backend cuda"));
+  const PrepareOptions prepare{.bf16_weights = cpu_bf16};
   if (backend == "cuda" && !emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
@@ -147,14 +153,14 @@ int Bench(Args& args) {
   if (!loaded.ok()) return Fail(loaded.status());
   std::unique_ptr<Graph> base = std::move(*loaded);
   if (auto r = RunPipeline(*base, **target, off); !r.ok()) return Fail(r.status());
-  auto base_plan = ExecutionPlan::Compile(*base);
+  auto base_plan = ExecutionPlan::Compile(*base, prepare);
   if (!base_plan.ok()) return Fail(base_plan.status());
   const auto planning_start = std::chrono::steady_clock::now();
   loaded = load();
   if (!loaded.ok()) return Fail(loaded.status());
   std::unique_ptr<Graph> fused = std::move(*loaded);
   if (auto r = RunPipeline(*fused, **target, on); !r.ok()) return Fail(r.status());
-  auto fused_plan = ExecutionPlan::Compile(*fused);
+  auto fused_plan = ExecutionPlan::Compile(*fused, prepare);
   if (!fused_plan.ok()) return Fail(fused_plan.status());
   const double planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();
@@ -193,7 +199,7 @@ int Bench(Args& args) {
     auto cg = AttachCodegen(native_ctx);
     if (!cg.ok()) return Fail(cg.status());
     codegen = std::move(*cg);
-    auto np = ExecutionPlan::Compile(*fused);
+    auto np = ExecutionPlan::Compile(*fused, prepare);
     if (!np.ok()) return Fail(np.status());
     native_plan = std::move(*np);
     for (const Value* v : base->outputs()) out_c.push_back(Tensor::Empty(v->dtype(), v->shape()).value());

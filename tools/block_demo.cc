@@ -245,7 +245,7 @@ int RunDemo(Args& args) {
   // the passes), checked against the CPU's f32 unfused plan. Its inputs and outputs (x, y and
   // the KV cache) are in that dtype too, as a serving stack holds them: no casts at the edges.
   std::unique_ptr<Graph> narrow_u, narrow_f;
-  if (o.dtype != DType::kF32) {
+  if (o.dtype != DType::kF32 && o.backend == "cuda") {
     for (auto [src, dst] : {std::pair{&unfused, &narrow_u}, {&fused, &narrow_f}}) {
       auto converted = ConvertPrecision(*src, o.dtype, {.narrow_io = true});
       if (!converted.ok()) return fail(converted.status().WithContext(StrCat("--dtype ", DTypeName(o.dtype))));
@@ -268,9 +268,11 @@ int RunDemo(Args& args) {
     if (auto r = RunPipeline(*narrow_f, **target, narrow_on); !r.ok())
       return fail(r.status().WithContext(DTypeName(o.dtype)));
   }
-  auto plan_u = ExecutionPlan::Compile(unfused);
+  // --dtype bf16 on the CPU: both plans hold their GEMMs' weights in bf16.
+  const PrepareOptions cpu_prepare{.bf16_weights = o.backend == "cpu" && o.dtype == DType::kBF16};
+  auto plan_u = ExecutionPlan::Compile(unfused, cpu_prepare);
   if (!plan_u.ok()) return fail(plan_u.status());
-  auto plan_f = ExecutionPlan::Compile(fused);
+  auto plan_f = ExecutionPlan::Compile(fused, cpu_prepare);
   if (!plan_f.ok()) return fail(plan_f.status());
   // --cpu-codegen: the fused plan's elementwise programs (groups, GEMM and norm epilogues) run
   // as native loops, compiled on their first run (cached on disk).
@@ -391,7 +393,9 @@ int RunDemo(Args& args) {
               static_cast<long long>(cfg.heads), static_cast<long long>(cfg.ffn), static_cast<long long>(cfg.seq),
               cfg.past > 0 ? StrCat(" after a KV cache of ", cfg.past, " rows").c_str() : "",
               static_cast<long long>(cfg.batch),
-              o.dtype != DType::kF32 ? StrCat(" on the CPU, ", DTypeName(o.dtype), " on the GPU").c_str() : "",
+              o.dtype == DType::kF32  ? ""
+              : o.backend == "cpu"    ? " with bf16 GEMM weights"
+                                      : StrCat(" on the CPU, ", DTypeName(o.dtype), " on the GPU").c_str(),
               pool.num_threads(), cpu::SimdTargetName());
   std::printf("\n%-34s %12s %12s %9s\n", "", "unfused", "fused", "ratio");
   auto row = [](const char* what, double a, double b, const char* fmt) {

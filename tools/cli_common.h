@@ -33,9 +33,9 @@ int FailUsage(const std::string& command, const Status& s);
 // or a build without the CUDA toolkit). Call it before any long work.
 Status CheckCudaBackend();
 
-// --dtype: what a model computes in. Anything but f32 runs on --backend cuda only (with
-// --emulate-gpu where there is no GPU) because the CPU's GEMMs are f32 only so far: an error
-// naming the command otherwise.
+// --dtype: what a model computes in. On --backend cuda (with --emulate-gpu where there is no
+// GPU) the model is converted to bf16 / f16; on the CPU, bf16 holds the GEMMs' constant weights
+// in bf16 (TargetOptions::cpu_bf16_weights) and f16 is an error naming the command.
 Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend);
 
 // The same-run bandwidth ceiling that demo and bench report beside the kernels: STREAM triad

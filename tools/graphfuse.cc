@@ -35,9 +35,9 @@ Status CheckCudaBackend() {
 }
 
 Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend) {
-  if (dtype == DType::kF32 || backend == "cuda") return Status::Ok();
+  if (dtype == DType::kF32 || backend == "cuda" || dtype == DType::kBF16) return Status::Ok();
   return InvalidArgument(command, ": --dtype ", DTypeName(dtype), " runs on --backend cuda (--emulate-gpu without a GPU); ",
-                         "the CPU's GEMMs are f32 only so far");
+                         "on the CPU, --dtype bf16 holds the GEMM weights in bf16");
 }
 
 int FailUsage(const std::string& command, const Status& s) {
@@ -169,8 +169,10 @@ constexpr HelpSection kCommands[] = {
         decode step. --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the block
         converted to that dtype, compared with the CPU's f32 unfused plan within the dtype's
         tolerance (5e-2 for bf16, 1e-2 for f16, unless --rtol / --atol are given); the CPU's
-        plans stay f32 (its GEMMs are f32 only). The GPU's block takes and gives x, y and the
-        cache in that dtype (no casts at the edges), and fuses as in f32. The JSON
+        plans stay f32 there. The GPU's block takes and gives x, y and the cache in that dtype
+        (no casts at the edges), and fuses as in f32. On the CPU (--backend cpu), --dtype bf16
+        holds both plans' GEMM weights in bf16 (rounded once; activations and sums f32): half
+        the weight stream at decode. The JSON
         records preset, seq, past, dtype, every output's error and the fused plan's ops.
   demo --preset elementwise [--elements N] [--threads T] [--repeats R] [--json FILE]
         runs every op of the elementwise library as one kernel on random data
@@ -198,8 +200,10 @@ constexpr HelpSection kCommands[] = {
         --dtype bf16|f16 (with --backend cuda) runs the model converted to that dtype on the
         GPU: weights converted once, f32 inputs and outputs cast at the edges, kernels loading
         the narrow dtype and summing in f32; compared with the CPU's f32 plan within the dtype's
-        tolerance (defaults rtol = atol = 5e-2 for bf16, 1e-2 for f16). The CPU's GEMMs are f32
-        only, so --dtype other than f32 needs --backend cuda.
+        tolerance (defaults rtol = atol = 5e-2 for bf16, 1e-2 for f16). Without --backend cuda,
+        --dtype bf16 runs the CPU plan with its GEMMs' weights held in bf16 (rounded once when
+        planned; activations and sums stay f32), compared with the references within bf16's
+        tolerance; f16 needs --backend cuda.
         --tf32 (with --backend cuda) runs the f32 GEMMs (cuBLAS and cuBLASLt) in TF32
         (CUBLAS_COMPUTE_32F_FAST_TF32: each operand rounded to a 10-bit mantissa, f32 sums;
         --emulate-gpu rounds them so on the host) and compares within rtol = atol = 1e-2
@@ -241,8 +245,9 @@ constexpr HelpSection kCommands[] = {
         --emulate-gpu runs those CUDA plans on the host instead (host times of one run, no copy);
         --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the model converted to
         that dtype, checked against the CPU's f32 plans within the dtype's tolerance (5e-2 for
-        bf16, 1e-2 for f16, unless --rtol / --atol are given); the block presets take the demo's
-        --past, --dtype and --emulate-gpu; the JSON records the dtype
+        bf16, 1e-2 for f16, unless --rtol / --atol are given); on the CPU, --dtype bf16 (a
+        model or a block preset) holds the GEMM weights in bf16 in both plans; the block presets
+        take the demo's --past, --dtype and --emulate-gpu; the JSON records the dtype
 )",
      true, true, true},
     {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract

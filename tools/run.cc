@@ -196,7 +196,8 @@ int RunModel(Args& args) {
   if (!target.ok()) return Fail(target.status());
   auto passes = RunPipeline(g, **target, pipeline);
   if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
-  auto plan = ExecutionPlan::Compile(g);
+  // --dtype bf16 on the CPU: the GEMMs' weights in bf16 (on CUDA the CPU's plan is the f32 reference).
+  auto plan = ExecutionPlan::Compile(g, {.bf16_weights = o.backend == "cpu" && o.dtype == DType::kBF16});
   if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
   const double planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();

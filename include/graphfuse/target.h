@@ -61,6 +61,10 @@ struct TargetOptions {
   // CPU: fused elementwise loops compiled to native code by the host compiler at run time
   // (graphfuse/cpu_codegen.h); off: the tile executor interprets them.
   bool cpu_codegen = false;
+  // CPU: GEMMs against constant weights hold them in bf16, rounded once when the plan is
+  // compiled; activations, sums and every other kernel stay f32 (`--dtype bf16` on the CPU).
+  // Halves a decode step's weight stream; accurate to the bf16 tolerance of the README.
+  bool cpu_bf16_weights = false;
   // CUDA: the device, and whether each run replays its launches as one CUDA graph.
   int device = 0;
   bool cuda_graph = false;

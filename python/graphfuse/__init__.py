@@ -164,6 +164,9 @@ class InferenceSession:
     device, cuda_graph: the CUDA backend's device, and whether each run replays its launches as
       one CUDA graph. emulate_gpu: the CUDA backend runs its plan on the host (slow; checks CUDA
       plans without a GPU).
+    bf16_weights: the CPU backend holds its GEMMs' constant weights in bf16 (rounded once, when
+      planned; activations and sums stay f32): half the weight stream of a decode step, within
+      the bf16 tolerance of the README's accuracy contract.
 
     As with onnxruntime, a provider that cannot start (CUDA without a usable device) gives way to
     the next one in the list, with a warning; `backend=` names one backend and fails instead.
@@ -187,6 +190,7 @@ class InferenceSession:
         device: int = 0,
         cuda_graph: bool = False,
         emulate_gpu: bool = False,
+        bf16_weights: bool = False,
     ):
         if isinstance(path_or_bytes, (bytearray, memoryview)):
             path_or_bytes = bytes(path_or_bytes)
@@ -198,7 +202,8 @@ class InferenceSession:
         for k, name in enumerate(candidates):
             try:
                 self._session = _graphfuse.Session(
-                    path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu
+                    path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu,
+                    bf16_weights,
                 )
             except NotFound as e:  # the backend cannot start here (no device): the next provider
                 if k + 1 == len(candidates):

@@ -207,3 +207,17 @@ def test_cuda_backend_emulated_and_provider_fallback():
     if not gpu:
         with pytest.raises(gf.NotFound, match="CUDA"):
             gf.InferenceSession(model_path(name), providers=["CUDAExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", ["llama_block_opset17", "hf/llama_ts_kv"])
+def test_bf16_weights_on_the_cpu(name):
+    # The GEMMs' weights rounded to bf16: the stored float64-checked references within the bf16
+    # tolerance of the accuracy contract, and not the f32 session's bits (the option acts).
+    f32 = gf.InferenceSession(model_path(name), threads=2)
+    bf16 = gf.InferenceSession(model_path(name), threads=2, bf16_weights=True)
+    for inputs, expected in data_sets(name):
+        want = f32.run(None, feeds(f32, inputs))
+        got = bf16.run(None, feeds(bf16, inputs))
+        for k, (g, w, e) in enumerate(zip(got, want, expected)):
+            np.testing.assert_allclose(g, e.astype(g.dtype), rtol=5e-2, atol=5e-2, err_msg=f"{name} output {k}")
+        assert any(not np.array_equal(g, w) for g, w in zip(got, want))

@@ -53,7 +53,8 @@ Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Gra
   if (options_.cpu_codegen) {
     GF_ASSIGN_OR_RETURN(codegen, CpuCodegen::Create());
   }
-  GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan, ExecutionPlan::Compile(*graph));
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan,
+                      ExecutionPlan::Compile(*graph, {.bf16_weights = options_.cpu_bf16_weights}));
   auto pool = std::make_unique<ThreadPool>(options_.threads);
   return std::unique_ptr<Executable>(
       new CpuExecutable(std::move(graph), std::move(pool), std::move(codegen), std::move(plan)));

@@ -54,7 +54,7 @@ Status RunKernel(const Node& n, const CpuKernel* k, std::span<const TensorView> 
 
 }  // namespace
 
-Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
+Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, const PrepareOptions& options) {
   std::unique_ptr<ExecutionPlan> plan(new ExecutionPlan());
   plan->graph_ = &g;
 
@@ -95,7 +95,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g) {
       return Unimplemented(n.Describe(), ": has no kernel and was not folded (is an input non-constant?)");
     }
     if (step.kernel && step.kernel->prepare) {
-      auto prepared = step.kernel->prepare(n);
+      auto prepared = step.kernel->prepare(n, options);
       if (!prepared.ok()) return prepared.status().WithContext(n.Describe());
       step.state = std::move(*prepared);
     }

@@ -11,6 +11,7 @@
 
 #include "../cpu/tile_program.h"
 #include "graphfuse/cpu.h"
+#include "kernel_registry.h"
 #include "graphfuse/graph.h"
 
 namespace graphfuse {
@@ -23,8 +24,9 @@ struct ExecStats {
 
 class ExecutionPlan {
  public:
-  // Plans `g` (which must stay alive and unchanged while the plan is used).
-  static Result<std::unique_ptr<ExecutionPlan>> Compile(const Graph& g);
+  // Plans `g` (which must stay alive and unchanged while the plan is used); `options` say how
+  // the kernels prepare their nodes (bf16 GEMM weights).
+  static Result<std::unique_ptr<ExecutionPlan>> Compile(const Graph& g, const PrepareOptions& options = {});
 
   // Called after each kernel with its node and buffers (for checks; slows the run down).
   using StepObserver =

@@ -27,9 +27,15 @@ struct KernelContext {
 };
 
 using KernelFn = Status (*)(const KernelContext& ctx);
+// How a plan's kernels prepare their nodes (ExecutionPlan::Compile's options).
+struct PrepareOptions {
+  // GEMMs against constant weights hold them in bf16 (rounded once, when packed; activations and
+  // sums stay f32): half the weight stream of a decode step.
+  bool bf16_weights = false;
+};
 // Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
 // kernel must also run without it (nullptr state: constant folding, one-off runs).
-using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node);
+using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node, const PrepareOptions& options);
 
 struct CpuKernel {
   const char* op;

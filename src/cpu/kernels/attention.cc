@@ -112,7 +112,7 @@ int64_t HeadGroup(const Dims& d, int64_t k) {
   return g;
 }
 
-Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
+Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const PrepareOptions& options) {
   GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
   auto state = std::make_shared<AttentionState>();
   state->mask = PrepareMaskRows(node, d);
@@ -132,7 +132,8 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node) {
       // One block of all the group's columns, so that a task projects its units in one GEMM
       // call (narrower blocks run slower).
       GF_ASSIGN_OR_RETURN(auto packed,
-                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, {.block_cols = wg}));
+                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {},
+                                             {.block_cols = wg, .storage = WeightStorageFor(options)}));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

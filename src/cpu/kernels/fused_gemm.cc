@@ -107,7 +107,7 @@ struct PackedProjections {
   mutable std::optional<cpu::TileRunner> runner;
 };
 
-Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
+Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node, const PrepareOptions& options) {
   const Value* a = node.input(0);
   const Value* w = node.input(1);
   if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32)
@@ -138,7 +138,8 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node) {
           ops.push_back({PostOp::Kind::kAdd, l.row});
       if (packed->bias_in_gemm) ops.push_back({PostOp::Kind::kAdd, true});
       GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
-                                                     g.splits * g.n, ld[static_cast<size_t>(s)], std::move(ops)));
+                                                     g.splits * g.n, ld[static_cast<size_t>(s)], std::move(ops),
+                                                     {.storage = WeightStorageFor(options)}));
       packed->proj.push_back(std::move(p));
     }
     return Status::Ok();

@@ -68,14 +68,16 @@ void Sgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_
 }
 
 // A MatMul by constant 2-D weights with A's rows flattened: the weights are packed once.
-Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node) {
+Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const PrepareOptions& options) {
   const Value* a = node.input(0);
   const Value* b = node.input(1);
   if (!b->constant() || b->shape().size() != 2 || a->shape().size() < 2 || a->dtype() != DType::kF32 ||
       b->dtype() != DType::kF32 || a->numel() == 0 || b->numel() == 0)
     return std::shared_ptr<const void>();
   const int64_t k = b->shape()[0], n = b->shape()[1], m = a->numel() / k;
-  GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(m, k, n, b->constant()->data_as<float>(), n, n));
+  GF_ASSIGN_OR_RETURN(auto packed,
+                      PackedGemm::Create(m, k, n, b->constant()->data_as<float>(), n, n, {},
+                                         {.storage = WeightStorageFor(options)}));
   return std::shared_ptr<const void>(packed);
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "graphfuse/status.h"
+#include "../kernel_registry.h"
 
 namespace graphfuse::kernels {
 
@@ -75,6 +76,11 @@ class PackedGemm {
   PackedGemm();
   std::unique_ptr<Impl> impl_;
 };
+
+// The weight storage a plan's options ask for.
+inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
+  return o.bf16_weights ? GemmWeightStorage::kBF16 : GemmWeightStorage::kF32;
+}
 
 // The per-core L2 size in bytes (glibc reads it from CPUID); 2 MiB where it is not known. The
 // packed blocks' widths and the attention's head groups scale with it.
