@@ -269,17 +269,21 @@ def wait_quiet(limit_s: float, threshold: float = 0.15) -> float:
 
 
 def machine() -> dict:
-    model, flags = "?", set()
+    model, flags, ident = "?", set(), {}
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
                 k, _, v = line.partition(":")
                 if k.strip() == "model name" and model == "?":
                     model = v.strip()
+                elif k.strip() in ("cpu family", "model") and k.strip() not in ident:
+                    ident[k.strip()] = v.strip()
                 elif k.strip() == "flags" and not flags:
                     flags = set(v.split())
     except OSError:
         pass
+    if ident:  # a VM's model name can be as bare as "AMD EPYC"
+        model += f" (family {ident.get('cpu family', '?')} model {ident.get('model', '?')})"
     want = ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
     try:
         commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True,
