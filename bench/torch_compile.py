@@ -29,7 +29,7 @@ seq 32 and at seq 1 -- a decode step without KV cache -- and the GPT-2 block, 76
 The blocks are nn.Modules whose weights are nn.Parameters (requires_grad=False) and whose rotary
 tables and mask are buffers, so that the graphfuse backend folds them into constants (GEMM
 weight packing and the projection fusions need constant weights). Weights are drawn as in
-bench/peers/block_torch.py (its block_tensors: same presets, seed, draw order, op sequence).
+bench/peers/block_torch.py (its Block and block_tensors: same presets, seed, draw order, op sequence).
 One module per block serves the three variants (the graphfuse backend copies the constants into
 its sessions); blocks run one after the other and are freed in between.
 
@@ -101,68 +101,13 @@ if args.inductor_cache == "fresh":
     os.environ["TRITON_CACHE_DIR"] = os.path.join(_TMP_CACHE, "triton")
 
 import torch  # noqa: E402  (after the cache directory is set)
-import torch.nn.functional as F  # noqa: E402
 
 import graphfuse  # noqa: E402
 import graphfuse.torch_backend as gtb  # noqa: E402
-from block_torch import PRESETS, block_tensors, rms_norm, rotate_half  # noqa: E402
+from block_torch import PRESETS, Block  # noqa: E402
 
 
 # --- the blocks ------------------------------------------------------------------------------
-
-
-class Block(torch.nn.Module):
-    """block_torch.make_block as an nn.Module: the same weights (same generator, same draw order),
-    the same ops; weights are Parameters, the rotary tables and the mask are buffers."""
-
-    def __init__(self, c: dict):
-        super().__init__()
-        d, f, nh = c["hidden"], c["ffn"], c["heads"]
-        self.d, self.nh, self.hd, self.s = d, nh, d // nh, c["seq"]
-        self.family, self.llama, self.eps = c["family"], c["family"] == "llama", c["eps"]
-        hd, s = self.hd, self.s
-        P, cos, sin, mask = block_tensors(c)
-        for k, v in P.items():
-            if v is not None:
-                self.register_parameter("p_" + k, torch.nn.Parameter(v, requires_grad=False))
-        self.has = {k for k, v in P.items() if v is not None}
-        self.register_buffer("cos", cos, persistent=False)
-        self.register_buffer("sin", sin, persistent=False)
-        self.register_buffer("mask", mask, persistent=False)
-
-    def linear(self, x, name):
-        y = x @ getattr(self, "p_" + name)
-        return y + getattr(self, "p_" + name + "b") if (name + "b") in self.has else y
-
-    def norm(self, x, which):
-        if self.llama:
-            return rms_norm(x, getattr(self, "p_" + which), self.eps)
-        return F.layer_norm(x, (self.d,), getattr(self, "p_" + which), getattr(self, "p_" + which + "b"), self.eps)
-
-    def attention(self, h):
-        b, s, nh, hd = h.shape[0], self.s, self.nh, self.hd
-        q = self.linear(h, "q").view(b, s, nh, hd).transpose(1, 2)
-        k = self.linear(h, "k").view(b, s, nh, hd).transpose(1, 2)
-        v = self.linear(h, "v").view(b, s, nh, hd).transpose(1, 2)
-        if self.llama:
-            q = q * self.cos + rotate_half(q) * self.sin
-            k = k * self.cos + rotate_half(k) * self.sin
-        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + self.mask
-        o = torch.softmax(scores, dim=-1) @ v
-        return self.linear(o.transpose(1, 2).reshape(b, s, self.d), "o")
-
-    def mlp(self, h):
-        if self.llama:
-            return self.linear(F.silu(self.linear(h, "gate")) * self.linear(h, "up"), "down")
-        act = F.gelu(self.linear(h, "fc_in"), approximate="tanh" if self.family == "gpt2" else "none")
-        return self.linear(act, "fc_out")
-
-    def forward(self, x):
-        if self.family == "bert":
-            h1 = self.norm(self.attention(x) + x, "n1")
-            return self.norm(self.mlp(h1) + h1, "n2")
-        r1 = x + self.attention(self.norm(x, "n1"))
-        return r1 + self.mlp(self.norm(r1, "n2"))
 
 
 def block_config(name: str) -> dict:

@@ -132,6 +132,60 @@ def make_block(c, device="cpu", dtype=torch.float32):
     return block
 
 
+class Block(torch.nn.Module):
+    """make_block as an nn.Module (without a KV cache): the same weights (same generator, same
+    draw order), the same ops; weights are Parameters, the rotary tables and the mask are
+    buffers. bench/torch_compile.py and bench/peers/cpu_peers.py build their blocks with it."""
+
+    def __init__(self, c: dict):
+        super().__init__()
+        d, nh = c["hidden"], c["heads"]
+        self.d, self.nh, self.hd, self.s = d, nh, d // nh, c["seq"]
+        self.family, self.llama, self.eps = c["family"], c["family"] == "llama", c["eps"]
+        P, cos, sin, mask = block_tensors(c)
+        for k, v in P.items():
+            if v is not None:
+                self.register_parameter("p_" + k, torch.nn.Parameter(v, requires_grad=False))
+        self.has = {k for k, v in P.items() if v is not None}
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def linear(self, x, name):
+        y = x @ getattr(self, "p_" + name)
+        return y + getattr(self, "p_" + name + "b") if (name + "b") in self.has else y
+
+    def norm(self, x, which):
+        if self.llama:
+            return rms_norm(x, getattr(self, "p_" + which), self.eps)
+        return F.layer_norm(x, (self.d,), getattr(self, "p_" + which), getattr(self, "p_" + which + "b"), self.eps)
+
+    def attention(self, h):
+        b, s, nh, hd = h.shape[0], self.s, self.nh, self.hd
+        q = self.linear(h, "q").view(b, s, nh, hd).transpose(1, 2)
+        k = self.linear(h, "k").view(b, s, nh, hd).transpose(1, 2)
+        v = self.linear(h, "v").view(b, s, nh, hd).transpose(1, 2)
+        if self.llama:
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
+        scores = (q @ k.transpose(-1, -2)) * (1 / math.sqrt(hd)) + self.mask
+        o = torch.softmax(scores, dim=-1) @ v
+        return self.linear(o.transpose(1, 2).reshape(b, s, self.d), "o")
+
+    def mlp(self, h):
+        if self.llama:
+            return self.linear(F.silu(self.linear(h, "gate")) * self.linear(h, "up"), "down")
+        act = F.gelu(self.linear(h, "fc_in"), approximate="tanh" if self.family == "gpt2" else "none")
+        return self.linear(act, "fc_out")
+
+    def forward(self, x):
+        if self.family == "bert":
+            h1 = self.norm(self.attention(x) + x, "n1")
+            return self.norm(self.mlp(h1) + h1, "n2")
+        r1 = x + self.attention(self.norm(x, "n1"))
+        return r1 + self.mlp(self.norm(r1, "n2"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="llama7b", choices=sorted(PRESETS))
