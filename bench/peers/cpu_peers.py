@@ -25,9 +25,9 @@ Exit status 1 when a peer failed (other than a bf16 model it has no kernels for)
 Threads: torch.set_num_threads(T), InferenceSession(threads=T), onnxruntime intra_op T, inter_op
 1, sequential, ORT_ENABLE_ALL. --dtype bf16 runs the module in bf16 behind f32 casts at its input
 and output (the same for every peer; the ONNX file is the export of that module): graphfuse's
-InferenceSession has no bf16 option: it runs the bf16 model as its types say, and where its CPU
-kernels lack bf16 (GEMMs today) the table says "not supported yet"; onnxruntime likewise runs
-it if its CPU kernels take bf16, else "no bf16 kernels"; the error goes below the table.
+graphfuse runs the f32 model with its GEMM weights held in bf16 (InferenceSession(bf16_weights=True):
+weights rounded once, activations and sums f32); onnxruntime runs the bf16 export if its CPU kernels
+take bf16, else "no bf16 kernels"; the error goes below the table.
 
 Command (from the repository root; graphfuse importable: the venv after `pip install .`, or
 PYTHONPATH over a build whose extension sits beside python/graphfuse):
@@ -134,13 +134,13 @@ def build_module(c: dict, dtype: str) -> torch.nn.Module:
     return Cast(block, torch.bfloat16).eval() if dtype == "bf16" else block
 
 
-def onnx_path(name: str, c: dict) -> str:
+def onnx_path(name: str, c: dict, dtype: str) -> str:
     """The cache file of this block's export: its key covers what changes the file."""
     with open(os.path.join(HERE, "block_torch.py"), "rb") as fh:
         src = fh.read()
-    key = json.dumps([c, args.dtype, args.exporter, torch.__version__], sort_keys=True).encode()
+    key = json.dumps([c, dtype, args.exporter, torch.__version__], sort_keys=True).encode()
     digest = hashlib.sha256(key + src).hexdigest()[:12]
-    return os.path.join(args.cache_dir, f"{name}{'-tiny' if args.tiny else ''}-{args.dtype}-{args.exporter}-{digest}.onnx")
+    return os.path.join(args.cache_dir, f"{name}{'-tiny' if args.tiny else ''}-{dtype}-{args.exporter}-{digest}.onnx")
 
 
 def export(module: torch.nn.Module, x: torch.Tensor, path: str, log) -> dict:
@@ -181,7 +181,7 @@ def export(module: torch.nn.Module, x: torch.Tensor, path: str, log) -> dict:
 # --- the peers -------------------------------------------------------------------------------
 
 
-def make_peer(peer: str, module, path: str, threads: int):
+def make_peer(peer: str, module, path: str, threads: int, f32_path: str):
     """A callable x (torch f32 tensor) -> output (torch or numpy)."""
     if peer == "eager":
         return module
@@ -190,7 +190,11 @@ def make_peer(peer: str, module, path: str, threads: int):
     if peer == "graphfuse":
         import graphfuse
 
-        sess = graphfuse.InferenceSession(path, threads=threads)
+        # bf16 on the CPU: the f32 model with its GEMM weights held in bf16 (bf16_weights).
+        if args.dtype == "bf16":
+            sess = graphfuse.InferenceSession(f32_path, threads=threads, bf16_weights=True)
+        else:
+            sess = graphfuse.InferenceSession(path, threads=threads)
         name = sess.get_inputs()[0].name
         return lambda x: sess.run(None, {name: x})[0]
     if peer == "onnxruntime":
@@ -319,11 +323,14 @@ def run_block(name: str, peers: list, log) -> dict:
     xn = x.numpy()
     res = {"block": name, "config": {k: c[k] for k in ("preset", "family", "hidden", "heads", "ffn", "seq")},
            "weights_mb": sum(p.numel() * p.element_size() for p in module.parameters()) / 1e6, "peers": {}}
-    path = onnx_path(name, c)
+    path = onnx_path(name, c, args.dtype)
+    f32_path = onnx_path(name, c, "f32")
     onnx_error = None
     if any(p in peers for p in ("graphfuse", "onnxruntime")):
         try:
             res["onnx"] = export(module, x, path, log)
+            if args.dtype == "bf16" and "graphfuse" in peers:  # graphfuse reads the f32 model (bf16_weights)
+                res["onnx_f32"] = export(build_module(c, "f32"), x, f32_path, log)
         except Exception as e:  # noqa: BLE001
             onnx_error = f"ONNX export failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             res["onnx"] = {"error": onnx_error, "traceback": traceback.format_exc()}
@@ -339,7 +346,7 @@ def run_block(name: str, peers: list, log) -> dict:
                 continue
             try:
                 t0 = time.perf_counter()
-                fn = make_peer(p, module, path, args.threads)
+                fn = make_peer(p, module, path, args.threads, f32_path)
                 entry["build_s"] = time.perf_counter() - t0
                 arg = xn if p in ("graphfuse", "onnxruntime") else x
                 out, first, calls = warm_up(fn, arg)
@@ -443,7 +450,7 @@ def main():
     log(f"{m['cpu']}, {m['cpus']} CPUs, flags {', '.join(f for f, on in m['flags'].items() if on) or 'none'}; "
         f"{', '.join(f'{k} {v}' for k, v in m['versions'].items())}; commit {m['commit']}; {m['date']}")
     if args.dtype == "bf16":
-        log("bf16: graphfuse.InferenceSession has no bf16 option; it runs the bf16 export as its types say")
+        log("bf16: graphfuse runs the f32 export with bf16 GEMM weights (InferenceSession(bf16_weights=True))")
     results = []
     try:
         for b in names:
