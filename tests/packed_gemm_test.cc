@@ -30,7 +30,8 @@ struct Case {
 };
 
 // C = ((A @ B) + bias) + R) * S, every block run; the float64 reference uses B as packed (rounded
-// to bf16 for kBF16). The error bound is f32's over a K-term dot: K * 2^-24 * sum |a b| (plus the
+// to bf16 for kBF16) and, for kBF16 past the streaming rows (oneDNN's bf16 matmul), A rounded to
+// bf16 too. The error bound is f32's over a K-term dot: K * 2^-24 * sum |a b| (plus the
 // post-ops' roundings).
 void Check(const Case& c, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << (c.storage == Storage::kBF16 ? " bf16" : " f32")
@@ -58,11 +59,13 @@ void Check(const Case& c, uint32_t seed) {
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double dot = 0, mag = 0;
+      const bool bf16 = c.storage == Storage::kBF16, bf16_a = bf16 && c.m > PackedGemm::kStreamRows;
       for (int64_t kk = 0; kk < c.k; ++kk) {
-        float w = b[static_cast<size_t>(kk * ldb + j)];
-        if (c.storage == Storage::kBF16) w = BF16BitsToF32(F32ToBF16Bits(w));
-        dot += double(a[static_cast<size_t>(i * c.k + kk)]) * w;
-        mag += std::fabs(double(a[static_cast<size_t>(i * c.k + kk)]) * w);
+        float w = b[static_cast<size_t>(kk * ldb + j)], x = a[static_cast<size_t>(i * c.k + kk)];
+        if (bf16) w = BF16BitsToF32(F32ToBF16Bits(w));
+        if (bf16_a) x = BF16BitsToF32(F32ToBF16Bits(x));
+        dot += double(x) * w;
+        mag += std::fabs(double(x) * w);
       }
       double want = dot;
       const size_t at = static_cast<size_t>(i * ldc + j);

@@ -208,13 +208,9 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   }
   for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
     if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
-  std::vector<float> rounded;  // kBF16 at oneDNN's sizes: B's values rounded to bf16, held as f32
-  if (bf16) {
-    rounded.resize(static_cast<size_t>(k * n));
-    for (int64_t kk = 0; kk < k; ++kk)
-      for (int64_t j = 0; j < n; ++j) rounded[static_cast<size_t>(kk * n + j)] = BF16BitsToF32(F32ToBF16Bits(b[kk * ldb + j]));
-    b = rounded.data(), ldb = n;
-  }
+  // kBF16 at oneDNN's sizes: a bf16 x bf16 matmul summing in f32 (AVX512-BF16 / AMX where the
+  // CPU has them); A is rounded to bf16 as each block reads it, the weights once, here.
+  const dt wdt = bf16 ? dt::bf16 : dt::f32;
   try {
     const OneOmpThread one_thread;
     dnnl::stream stream(Engine());
@@ -236,14 +232,15 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
                           dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
       }
       if (ops.len() > 0) attr.set_post_ops(ops);
-      dnnl::memory::desc src_md({m, k}, dt::f32, {k, 1});
-      dnnl::memory::desc wei_md({k, width}, dt::f32, dnnl::memory::format_tag::any);
+      dnnl::memory::desc src_md({m, k}, wdt, {k, 1});
+      dnnl::memory::desc wei_md({k, width}, wdt, dnnl::memory::format_tag::any);
       dnnl::memory::desc dst_md({m, width}, dt::f32, {ldc, 1});
       p.pds.emplace_back(p.bias ? dnnl::matmul::desc(src_md, wei_md, RowDesc(width), dst_md)
                                 : dnnl::matmul::desc(src_md, wei_md, dst_md),
                          attr, Engine());
-      if (!p.post_ops.empty() && std::string(p.pds.back().impl_info_str()).rfind("ref", 0) == 0)
-        return Unimplemented("packed GEMM: oneDNN has only its reference matmul for these post-ops here");
+      if ((!p.post_ops.empty() || bf16) && std::string(p.pds.back().impl_info_str()).rfind("ref", 0) == 0)
+        return Unimplemented("packed GEMM: oneDNN has only its reference matmul for ",
+                             bf16 ? "bf16 on this CPU" : "these post-ops", " here");
       p.prims.emplace_back(p.pds.back());
       p.scratch_bytes = std::max(p.scratch_bytes, p.pds.back().scratchpad_desc().get_size());
     }
@@ -279,7 +276,31 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
   const dnnl::matmul::primitive_desc& pd = p.pds[which];
-  dnnl::memory src(pd.src_desc(), Engine(), const_cast<float*>(a));
+  void* src_data = const_cast<float*>(a);
+  if (p.storage == WeightStorage::kBF16) {  // A rounded to bf16 for the bf16 matmul
+    thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> a16;
+    thread_local size_t a16_size = 0;
+    const size_t na = static_cast<size_t>(p.m * p.k);
+    if (a16_size < na) a16 = hwy::AllocateAligned<uint16_t>(na), a16_size = na;
+    // Round to nearest even, as F32ToBF16Bits (NaN stays a quiet NaN): bits + 0x7fff + lsb, top half.
+    const DF df;
+    const hn::RebindToUnsigned<DF> du;
+    const hn::RebindToSigned<DF> di;
+    const hn::Rebind<uint16_t, DF> d16;
+    size_t i = 0;
+    for (; i + kLanes <= na; i += kLanes) {
+      const VF v = hn::LoadU(df, a + i);
+      const auto bits = hn::BitCast(du, v);
+      const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
+      const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+      const auto top = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, top)), d16, a16.get() + i);
+    }
+    for (; i < na; ++i) a16[i] = F32ToBF16Bits(a[i]);
+    src_data = a16.get();
+  }
+  dnnl::memory src(pd.src_desc(), Engine(), src_data);
   dnnl::memory dst(pd.dst_desc(), Engine(), c + j0);
   dnnl::memory pad(pd.scratchpad_desc(), Engine(), scratch.data());
   std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, src},
