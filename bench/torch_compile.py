@@ -105,6 +105,7 @@ import torch  # noqa: E402  (after the cache directory is set)
 import graphfuse  # noqa: E402
 import graphfuse.torch_backend as gtb  # noqa: E402
 from block_torch import PRESETS, Block  # noqa: E402
+from machine_load import cpu_snapshot, dynamo_frames, foreign_load, wait_quiet  # noqa: E402
 
 
 # --- the blocks ------------------------------------------------------------------------------
@@ -127,39 +128,12 @@ def block_config(name: str) -> dict:
 # --- measuring -------------------------------------------------------------------------------
 
 
-def dynamo_frames() -> int:
-    """A number that moves whenever Dynamo compiles a frame (or a graph)."""
-    from torch._dynamo.utils import counters
-
-    return sum(counters["stats"].values()) + sum(counters["frames"].values())
 
 
-def cpu_snapshot() -> tuple:
-    """(wall s, the machine's busy CPU s, this process's CPU s): the difference of two tells how
-    much CPU other processes took meanwhile (the noise of a shared machine)."""
-    with open("/proc/stat") as fh:
-        f = [int(v) for v in fh.readline().split()[1:]]
-    busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
-    t = os.times()
-    return time.perf_counter(), busy, t.user + t.system
 
 
-def foreign_load(a: tuple, b: tuple) -> float:
-    """Cores' worth of CPU that other processes used between two snapshots."""
-    wall = max(b[0] - a[0], 1e-9)
-    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / wall
 
 
-def wait_quiet(limit_s: float, threshold: float = 0.15) -> float:
-    """Waits (up to limit_s) for a one-second window in which other processes use under
-    `threshold` cores; returns the seconds waited."""
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        a = cpu_snapshot()
-        time.sleep(1.0)
-        if foreign_load(a, cpu_snapshot()) < threshold:
-            break
-    return time.perf_counter() - t0
 
 
 def call_once(fn, x) -> float:

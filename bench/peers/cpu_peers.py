@@ -96,6 +96,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from block_torch import PRESETS, Block  # noqa: E402
+from machine_load import cpu_snapshot, dynamo_frames, foreign_load, wait_quiet  # noqa: E402
 
 
 # --- the blocks ------------------------------------------------------------------------------
@@ -211,10 +212,6 @@ def make_peer(peer: str, module, path: str, threads: int, f32_path: str):
     raise ValueError(peer)
 
 
-def dynamo_frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return sum(counters["stats"].values()) + sum(counters["frames"].values())
 
 
 def warm_up(fn, x) -> tuple:
@@ -248,28 +245,10 @@ def compare(ref: torch.Tensor, out) -> dict:
 # --- the machine -----------------------------------------------------------------------------
 
 
-def cpu_snapshot() -> tuple:
-    """(wall s, the machine's busy CPU s, this process's CPU s), as bench/torch_compile.py."""
-    with open("/proc/stat") as fh:
-        f = [int(v) for v in fh.readline().split()[1:]]
-    busy = (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")
-    t = os.times()
-    return time.perf_counter(), busy, t.user + t.system
 
 
-def foreign_load(a: tuple, b: tuple) -> float:
-    """Cores' worth of CPU that other processes used between two snapshots."""
-    return max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / max(b[0] - a[0], 1e-9)
 
 
-def wait_quiet(limit_s: float, threshold: float = 0.15) -> float:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < limit_s:
-        a = cpu_snapshot()
-        time.sleep(1.0)
-        if foreign_load(a, cpu_snapshot()) < threshold:
-            break
-    return time.perf_counter() - t0
 
 
 def machine() -> dict:
