@@ -147,3 +147,39 @@ TEST(PackedGemm, Bf16WeightsDifferFromF32ByTheirRounding) {
 
 }  // namespace
 }  // namespace graphfuse::kernels
+
+namespace graphfuse::kernels {
+namespace {
+
+// A converted once by the caller (ToBF16) gives the bits the matmul gets converting it per block;
+// ToBF16 rounds to nearest even as F32ToBF16Bits does, NaN included.
+TEST(PackedGemm, Bf16AConvertedOnceMatchesPerBlock) {
+  std::mt19937 rng(12);
+  const int64_t m = 20, k = 70, n = 300;
+  std::vector<float> a = Random(static_cast<size_t>(m * k), rng), b = Random(static_cast<size_t>(k * n), rng);
+  auto g = PackedGemm::Create(m, k, n, b.data(), n, n, {}, {.storage = Storage::kBF16});
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  ASSERT_TRUE((*g)->reads_bf16_a());
+  EXPECT_EQ((*g)->a_elements(), m * k);
+  std::vector<uint16_t> a16(static_cast<size_t>(m * k));
+  PackedGemm::ToBF16(a.data(), m * k, a16.data());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a16[i], F32ToBF16Bits(a[i])) << i;
+  std::vector<float> per_block(static_cast<size_t>(m * n)), once(static_cast<size_t>(m * n));
+  for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) {
+    (*g)->RunBlock(blk, a.data(), per_block.data());
+    (*g)->RunBlock(blk, a.data(), once.data(), {}, a16.data());
+  }
+  EXPECT_EQ(per_block, once);
+  const float special[] = {NAN, -NAN, INFINITY, -0.f, 1.00390625f, 1.01171875f, 3.4e38f};
+  std::vector<float> s(special, special + 7);
+  for (int i = 0; i < 20; ++i) s.push_back(Random(1, rng)[0]);  // past one vector: the loop and the tail
+  std::vector<uint16_t> s16(s.size());
+  PackedGemm::ToBF16(s.data(), static_cast<int64_t>(s.size()), s16.data());
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (std::isnan(s[i])) EXPECT_TRUE(std::isnan(BF16BitsToF32(s16[i]))) << i;
+    else EXPECT_EQ(s16[i], F32ToBF16Bits(s[i])) << i << ": " << s[i];
+  }
+}
+
+}  // namespace
+}  // namespace graphfuse::kernels

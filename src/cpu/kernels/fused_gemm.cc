@@ -369,6 +369,14 @@ Status RunFusedGemm(const KernelContext& ctx) {
 
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
+  // bf16 weights past the streaming rows: A rounded to bf16 once here, for every block.
+  thread_local std::vector<uint16_t> a16_buf;
+  const uint16_t* a16 = nullptr;
+  if (packed && !packed->proj.empty() && packed->proj[0]->reads_bf16_a()) {
+    a16_buf.resize(static_cast<size_t>(packed->proj[0]->a_elements()));
+    PackedGemm::ToBF16(a, packed->proj[0]->a_elements(), a16_buf.data());
+    a16 = a16_buf.data();
+  }
   auto run_block = [&](int64_t b) {
     const ScopedNs task_time(TaskCounter(ctx.cpu));
     const int64_t cb = b % col_blocks, rb = b / col_blocks;
@@ -378,7 +386,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
         float* act = proj[gate->act];
         {
           const ScopedNs blas_time(BlasCounter(ctx.cpu));
-          packed->proj[gate->act]->RunBlock(q, a, act);
+          packed->proj[gate->act]->RunBlock(q, a, act, {}, a16);
         }
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
         for (int64_t i = 0; i < m; ++i) {
@@ -388,7 +396,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
         }
         const ScopedNs blas_time(BlasCounter(ctx.cpu));
         const float* const mul[] = {act};
-        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], mul);
+        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], mul, a16);
       }
       return;
     }
@@ -398,7 +406,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
           const ScopedNs blas_time(BlasCounter(ctx.cpu));
           const float* const gemm_bias[] = {bias};
           packed->proj[0]->RunBlock(q, a, proj[0],
-                                    std::span<const float* const>(gemm_bias, packed->bias_in_gemm ? 1 : 0));
+                                    std::span<const float* const>(gemm_bias, packed->bias_in_gemm ? 1 : 0), a16);
         }
         const int64_t c0 = q * pb, width = std::min(pb, n - c0);
         for (int64_t i = 0; i < m; ++i) {
@@ -414,7 +422,7 @@ Status RunFusedGemm(const KernelContext& ctx) {
         for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
           {
             const ScopedNs blas_time(BlasCounter(ctx.cpu));
-            packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)]);
+            packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)], a16);
           }
           const int64_t c0 = q * pb, width = std::min(pb, n - c0);
           if (rs)

@@ -258,7 +258,30 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
-void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands) const {
+bool PackedGemm::reads_bf16_a() const { return impl_->storage == WeightStorage::kBF16 && !impl_->streamed; }
+int64_t PackedGemm::a_elements() const { return impl_->m * impl_->k; }
+
+void PackedGemm::ToBF16(const float* a, int64_t n, uint16_t* out) {
+  // Round to nearest even, as F32ToBF16Bits: bits + 0x7fff + lsb, the top half.
+  const DF df;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<uint16_t, DF> d16;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const VF v = hn::LoadU(df, a + i);
+    const auto bits = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+    const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
+    const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+    const auto top = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
+    hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, top)), d16, out + i);
+  }
+  for (; i < n; ++i) out[i] = F32ToBF16Bits(a[i]);
+}
+
+void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands,
+                          const uint16_t* a_bf16) const {
   const Impl& p = *impl_;
   const int64_t j0 = block * p.block_cols;
   const int64_t width = std::min(p.block_cols, p.n - j0);
@@ -277,28 +300,17 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
   const dnnl::matmul::primitive_desc& pd = p.pds[which];
   void* src_data = const_cast<float*>(a);
-  if (p.storage == WeightStorage::kBF16) {  // A rounded to bf16 for the bf16 matmul
-    thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> a16;
-    thread_local size_t a16_size = 0;
-    const size_t na = static_cast<size_t>(p.m * p.k);
-    if (a16_size < na) a16 = hwy::AllocateAligned<uint16_t>(na), a16_size = na;
-    // Round to nearest even, as F32ToBF16Bits (NaN stays a quiet NaN): bits + 0x7fff + lsb, top half.
-    const DF df;
-    const hn::RebindToUnsigned<DF> du;
-    const hn::RebindToSigned<DF> di;
-    const hn::Rebind<uint16_t, DF> d16;
-    size_t i = 0;
-    for (; i + kLanes <= na; i += kLanes) {
-      const VF v = hn::LoadU(df, a + i);
-      const auto bits = hn::BitCast(du, v);
-      const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-      const auto rounded = hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
-      const auto quiet = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
-      const auto top = hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet, rounded);
-      hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, top)), d16, a16.get() + i);
+  if (p.storage == WeightStorage::kBF16) {  // the bf16 matmul reads A rounded to bf16
+    if (a_bf16) {
+      src_data = const_cast<uint16_t*>(a_bf16);
+    } else {
+      thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> a16;
+      thread_local size_t a16_size = 0;
+      const size_t na = static_cast<size_t>(p.m * p.k);
+      if (a16_size < na) a16 = hwy::AllocateAligned<uint16_t>(na), a16_size = na;
+      ToBF16(a, p.m * p.k, a16.get());
+      src_data = a16.get();
     }
-    for (; i < na; ++i) a16[i] = F32ToBF16Bits(a[i]);
-    src_data = a16.get();
   }
   dnnl::memory src(pd.src_desc(), Engine(), src_data);
   dnnl::memory dst(pd.dst_desc(), Engine(), c + j0);

@@ -68,7 +68,15 @@ class PackedGemm {
   WeightStorage storage() const;
   // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
   // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
-  void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {}) const;
+  // With bf16 weights past the streaming rows the matmul reads A in bf16: `a_bf16` is A already
+  // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
+  void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
+                const uint16_t* a_bf16 = nullptr) const;
+  // Whether RunBlock reads A in bf16 (then pass it converted, a_rows() x k values).
+  bool reads_bf16_a() const;
+  int64_t a_elements() const;  // m * k
+  // a[0, n) rounded to bf16 (nearest even; NaN stays a quiet NaN) into out.
+  static void ToBF16(const float* a, int64_t n, uint16_t* out);
 
   struct Impl;  // packed_gemm.cc (named here for its streaming loop's helpers)
 
