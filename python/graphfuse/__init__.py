@@ -199,6 +199,11 @@ class InferenceSession:
         if threads == 0 and sess_options is not None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
         candidates = _backends_for(providers, backend)
+        if bf16_weights and candidates and candidates[0] != "cpu":
+            raise InvalidArgument(
+                f"bf16_weights holds the CPU backend's GEMM weights in bf16; the {candidates[0]} backend computes a "
+                "model in bf16 once it is converted (graphfuse run --backend cuda --dtype bf16)"
+            )
         for k, name in enumerate(candidates):
             try:
                 self._session = _graphfuse.Session(

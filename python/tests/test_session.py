@@ -221,3 +221,8 @@ def test_bf16_weights_on_the_cpu(name):
         for k, (g, w, e) in enumerate(zip(got, want, expected)):
             np.testing.assert_allclose(g, e.astype(g.dtype), rtol=5e-2, atol=5e-2, err_msg=f"{name} output {k}")
         assert any(not np.array_equal(g, w) for g, w in zip(got, want))
+
+
+def test_bf16_weights_is_a_cpu_option():
+    with pytest.raises(gf.InvalidArgument, match="CPU backend"):
+        gf.InferenceSession(model_path("llama_block_opset17"), backend="cuda", bf16_weights=True)
