@@ -5,7 +5,8 @@
 // weights, and the GEMM's share of the read bandwidth. With bf16 weights the stream is half as
 // long. Decode rows (M <= 8) are the memory-bound case the streaming loop serves.
 //
-//   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]
+//   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both] [--block-cols C]
+// (--block-cols: the width of the column blocks instead of PackedGemm's rule)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -73,14 +74,17 @@ int main(int argc, char** argv) {
   int threads = 2, samples = 15;
   std::vector<int64_t> rows = {1, 4, 8, 32};
   std::string storage = "both";
+  int64_t block_cols = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
     else if (f == "--samples") samples = std::atoi(argv[i + 1]);
     else if (f == "--rows") rows = ParseList(argv[i + 1]);
     else if (f == "--storage") storage = argv[i + 1];
+    else if (f == "--block-cols") block_cols = std::atoll(argv[i + 1]);
     else {
-      std::fprintf(stderr, "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both] [--block-cols C]\n");
       return 2;
     }
   }
@@ -107,6 +111,7 @@ int main(int argc, char** argv) {
         PackedGemm::Options o;
         o.storage = bf16 ? PackedGemm::WeightStorage::kBF16 : PackedGemm::WeightStorage::kF32;
         o.stream_rows = onednn ? 0 : PackedGemm::kStreamRows;
+        o.block_cols = block_cols;
         auto g = PackedGemm::Create(m, s.k, s.n, b.data(), s.n, s.n, {}, o);
         if (!g.ok()) {
           std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
