@@ -101,6 +101,17 @@ std::string ConstPtr(DType dt, const std::string& name) {
   return StrCat("const ", StorageType(dt), "* __restrict__ ", name);
 }
 
+std::string WholeNodeParamsAndDims(const AttentionParts& a) {
+  const schemas::Dims& d = a.d;
+  std::string t = StrCat("(", ConstPtr(a.q_dt, "q"), ", ", ConstPtr(a.k_dt, "k"), ", ", ConstPtr(a.v_dt, "v"));
+  if (d.mask) t += ", " + ConstPtr(a.mask_dt, "mask");
+  if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
+  if (d.rope_q || d.rope_k) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
+  t += StrCat(", ", StorageType(a.out_dt), "* __restrict__ out) {\n");
+  return t + StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d,
+                    "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
+}
+
 }  // namespace internal
 
 namespace {
@@ -158,13 +169,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   head += kRowPrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = "(" + QkvParams(a, false);
-  if (d.mask) t += ", " + ConstPtr(a.mask_dt, "mask");
-  if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
-  if (d.rope_q || d.rope_k) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
-  t += StrCat(", ", StorageType(a.out_dt), "* __restrict__ out) {\n");
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
-              "LL, kHalf = ", d.d / 2, "LL;\n");
+  std::string t = WholeNodeParamsAndDims(a);
   t += StrCat("  __shared__ float qs[", std::max<int64_t>(d.d, 1), "];\n  __shared__ float ps[", std::max<int64_t>(d.sk, 1),
               "];\n");
   t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");

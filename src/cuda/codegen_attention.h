@@ -45,5 +45,9 @@ std::string RopedStore(const AttentionParts& a, const std::function<std::string(
                        const std::string& indent, const std::string& head = "h");
 // The signature's declaration of a read-only operand.
 std::string ConstPtr(DType dt, const std::string& name);
+// The parameters of a kernel that computes the whole node (q, k, v, [mask], [bool mask],
+// [cos, sin], out), the opening brace, and the problem's dims as constants (kH, kS, kSk, kD,
+// kDv, kHalf): the head of the one-row and the flash kernels.
+std::string WholeNodeParamsAndDims(const AttentionParts& a);
 
 }  // namespace graphfuse::cuda::internal

@@ -150,13 +150,7 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   std::string head = kDevicePrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = StrCat("(", ConstPtr(a.q_dt, "q"), ", ", ConstPtr(a.k_dt, "k"), ", ", ConstPtr(a.v_dt, "v"));
-  if (d.mask) t += ", " + ConstPtr(a.mask_dt, "mask");
-  if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
-  if (d.rope_q || d.rope_k) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
-  t += StrCat(", ", StorageType(a.out_dt), "* __restrict__ out) {\n");
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
-              "LL, kHalf = ", d.d / 2, "LL;\n");
+  std::string t = WholeNodeParamsAndDims(a);
   t += StrCat("  constexpr int kBr = ", tl.br, ", kBc = ", tl.bc, ", kTpr = ", tl.tpr, ", kAcc = ", tl.acc, ";\n");
   t += "  __shared__ float qs[kBr * (kD + 1)];\n  __shared__ float ks[kBc * (kD + 1)];\n";
   t += "  __shared__ float vs[kBc * kDv];\n  __shared__ float ps[kBr * (kBc + 1)];\n";
