@@ -86,14 +86,14 @@ std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem) {
                 d.kv_h != d.h ? StrCat("_kv", d.kv_h) : std::string(), "_d", d.d);
 }
 
-std::string RopedStore(const AttentionParts& a, const std::function<std::string(const std::string&)>& at,
+std::string RopedStore(DType cos_dt, DType sin_dt, const std::function<std::string(const std::string&)>& at,
                        const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
                        const std::string& indent, const std::string& head) {
   std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + ", head, " * ", cs[1], "LL + ", row, " * ", cs[2],
                          "LL + c * ", cs[3], "LL;\n");
   t += StrCat(indent, "const float x2 = c < kHalf ? -", at("c + kHalf"), " : ", at("c - kHalf"), ";\n");
-  t += StrCat(indent, "const float a = ", at("c"), " * ", LoadF32(a.cos_dt, "cs[co]"), ";\n");
-  t += StrCat(indent, "const float s = x2 * ", LoadF32(a.sin_dt, "sn[co]"), ";\n");
+  t += StrCat(indent, "const float a = ", at("c"), " * ", LoadF32(cos_dt, "cs[co]"), ";\n");
+  t += StrCat(indent, "const float s = x2 * ", LoadF32(sin_dt, "sn[co]"), ";\n");
   return t + StrCat(indent, dst, " = a + s;\n");
 }
 
@@ -187,7 +187,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += StrCat("    for (long long c = threadIdx.x; c < kD; c += ", kCudaBlockSize, ") {\n");
   auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a, read_q, cq, "r", "qs[c]", "      ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, cq, "r", "qs[c]", "      ");
   } else {
     t += StrCat("      qs[c] = ", read_q("c"), ";\n");
   }
@@ -264,7 +264,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
               "LL + r * ", a.qa.row_stride, "LL;\n");
   auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a, read_q, a.cq, "r", "qd[i]", "    ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "r", "qd[i]", "    ");
   } else {
     t += StrCat("    qd[i] = ", read_q("c"), ";\n");
   }
@@ -279,7 +279,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
                                 : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]"));
   };
   if (d.rope_k) {
-    t += RopedStore(a, kat, a.ck, "j", "kd[i]", "    ", a.kvh);
+    t += RopedStore(a.cos_dt, a.sin_dt, kat, a.ck, "j", "kd[i]", "    ", a.kvh);
   } else {
     t += StrCat("    kd[i] = ", kat("c"), ";\n");
   }

@@ -38,9 +38,9 @@ std::string MaskSuffix(const schemas::Dims& d);
 std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem);
 // Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
 // product rounded, then the add. at(col) reads column `col` of the row as a float; the row's
-// index is named `row` (r or j) in the cos / sin offset, whose broadcast strides are `cs`; its
-// head is `head`.
-std::string RopedStore(const AttentionParts& a, const std::function<std::string(const std::string&)>& at,
+// index is named `row` in the cos / sin offset, whose broadcast strides are `cs`; its head is
+// `head`; the tables' dtypes are cos_dt and sin_dt.
+std::string RopedStore(DType cos_dt, DType sin_dt, const std::function<std::string(const std::string&)>& at,
                        const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
                        const std::string& indent, const std::string& head = "h");
 // The signature's declaration of a read-only operand.

@@ -32,6 +32,7 @@
 
 #include "../ir/schemas/attention_cache.h"
 #include "codegen.h"
+#include "codegen_attention.h"
 #include "codegen_internal.h"
 #include "core/hash.h"
 #include "device_prelude.h"
@@ -173,11 +174,8 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += StrCat("      const ", type(0), "* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h, "LL + r * ",
               qa.row_stride, "LL;\n");
   if (d.rope_q) {
-    t += StrCat("      const long long co = b * ", cq[0], "LL + h * ", cq[1], "LL + r * ", cq[2], "LL + c * ", cq[3], "LL;\n");
-    t += "      const float x2 = c < kHalf ? -gf::f32_of(qh[c + kHalf]) : gf::f32_of(qh[c - kHalf]);\n";
-    t += "      const float a = gf::f32_of(qh[c]) * gf::f32_of(cs[co]);\n";
-    t += "      const float s = x2 * gf::f32_of(sn[co]);\n";
-    t += "      qs[i] = a + s;\n";
+    t += RopedStore(dt, dt, [](const std::string& col) { return StrCat("gf::f32_of(qh[", col, "])"); }, cq, "r", "qs[i]",
+                    "      ");
   } else {
     t += "      qs[i] = gf::f32_of(qh[c]);\n";
   }
@@ -193,12 +191,9 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += "        if (j < kP) {\n          x = gf::f32_of(past_k[(bk * kP + j) * kD + c]);\n        } else {\n";
   t += StrCat("          const long long n = j - kP;\n          const ", type(1), "* kr = kn + n * ", ka.row_stride, "LL;\n");
   if (c.rope_new_k) {
-    t += StrCat("          const long long co = b * ", ck[0], "LL + kh * ", ck[1], "LL + n * ", ck[2], "LL + c * ", ck[3],
-                "LL;\n");
-    t += "          const float x2 = c < kHalf ? -gf::f32_of(kr[c + kHalf]) : gf::f32_of(kr[c - kHalf]);\n";
-    t += "          const float a = gf::f32_of(kr[c]) * gf::f32_of(cs[co]);\n";
-    t += "          const float s = x2 * gf::f32_of(sn[co]);\n";
-    t += dt == DType::kF32 ? "          x = a + s;\n" : StrCat("          x = gf::round_", DTypeName(dt), "(a + s);\n");
+    t += RopedStore(dt, dt, [](const std::string& col) { return StrCat("gf::f32_of(kr[", col, "])"); }, ck, "n", "x",
+                    "          ", "kh");
+    if (dt != DType::kF32) t += StrCat("          x = gf::round_", DTypeName(dt), "(x);\n");
   } else {
     t += "          x = gf::f32_of(kr[c]);\n";
   }

@@ -173,7 +173,7 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   t += "      const long long rq = r0 + e / kD, c = e % kD;\n      float x = 0.f;\n      if (rq < kS) {\n";
   auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[rq * ", qa.row_stride, "LL + ", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a, read_q, a.cq, "rq", "x", "        ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "rq", "x", "        ");
   } else {
     t += StrCat("        x = ", read_q("c"), ";\n");
   }
@@ -199,7 +199,7 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
                                 : StrCat("kh[j * ", ka.row_stride, "LL + ", col, "]"));
   };
   if (d.rope_k) {
-    t += RopedStore(a, read_k, a.ck, "j", "x", "          ", a.kvh);
+    t += RopedStore(a.cos_dt, a.sin_dt, read_k, a.ck, "j", "x", "          ", a.kvh);
   } else {
     t += StrCat("          x = ", read_k("c"), ";\n");
   }

@@ -191,7 +191,7 @@ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigne
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) decode_attention_split_rope_mask_h8_kv2_d64_f32_a905302d(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new, const float* __restrict__ past_k, const float* __restrict__ past_v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ present_k, float* __restrict__ present_v, float* __restrict__ part) {
+extern "C" __global__ void __launch_bounds__(256) decode_attention_split_rope_mask_h8_kv2_d64_f32_aaa415e5(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new, const float* __restrict__ past_k, const float* __restrict__ past_v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ present_k, float* __restrict__ present_v, float* __restrict__ part) {
   constexpr long long kKv = 2LL, kG = 4LL, kS = 1LL, kP = 1000LL, kSk = 1001LL, kD = 64LL, kDv = 64LL, kHalf = 32LL;
   constexpr long long kR = 4LL, kChunk = 32LL, kSplits = 32LL, kT = 16LL, kTs = kD + 1, kStat = 32LL;
   __shared__ float qs[kR * kD];      // the block's query rows, roped
@@ -209,8 +209,8 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_split_rope_ma
       const float* qh = q + b * 512LL + h * 64LL + r * 512LL;
       const long long co = b * 64LL + h * 0LL + r * 64LL + c * 1LL;
       const float x2 = c < kHalf ? -gf::f32_of(qh[c + kHalf]) : gf::f32_of(qh[c - kHalf]);
-      const float a = gf::f32_of(qh[c]) * gf::f32_of(cs[co]);
-      const float s = x2 * gf::f32_of(sn[co]);
+      const float a = gf::f32_of(qh[c]) * cs[co];
+      const float s = x2 * sn[co];
       qs[i] = a + s;
     }
     const float* kn = k_new + b * 128LL + kh * 64LL;
@@ -227,8 +227,8 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_split_rope_ma
           const float* kr = kn + n * 128LL;
           const long long co = b * 64LL + kh * 0LL + n * 64LL + c * 1LL;
           const float x2 = c < kHalf ? -gf::f32_of(kr[c + kHalf]) : gf::f32_of(kr[c - kHalf]);
-          const float a = gf::f32_of(kr[c]) * gf::f32_of(cs[co]);
-          const float s = x2 * gf::f32_of(sn[co]);
+          const float a = gf::f32_of(kr[c]) * cs[co];
+          const float s = x2 * sn[co];
           x = a + s;
         }
         ks[jj * kTs + c] = x;
