@@ -159,15 +159,19 @@ TEST(PackedGemm, Bf16AConvertedOnceMatchesPerBlock) {
   std::vector<float> a = Random(static_cast<size_t>(m * k), rng), b = Random(static_cast<size_t>(k * n), rng);
   auto g = PackedGemm::Create(m, k, n, b.data(), n, n, {}, {.storage = Storage::kBF16});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  ASSERT_TRUE((*g)->reads_bf16_a());
-  EXPECT_EQ((*g)->a_elements(), m * k);
-  std::vector<uint16_t> a16(static_cast<size_t>(m * k));
-  PackedGemm::ToBF16(a.data(), m * k, a16.data());
+  std::vector<uint16_t> a16;
+  const uint16_t* converted = (*g)->ConvertA(a.data(), a16);
+  ASSERT_NE(converted, nullptr);
+  ASSERT_EQ(a16.size(), static_cast<size_t>(m * k));
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a16[i], F32ToBF16Bits(a[i])) << i;
+  std::vector<uint16_t> unused;
+  auto f32 = PackedGemm::Create(m, k, n, b.data(), n, n);
+  ASSERT_TRUE(f32.ok());
+  EXPECT_EQ((*f32)->ConvertA(a.data(), unused), nullptr) << "f32 weights read A as it is";
   std::vector<float> per_block(static_cast<size_t>(m * n)), once(static_cast<size_t>(m * n));
   for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) {
     (*g)->RunBlock(blk, a.data(), per_block.data());
-    (*g)->RunBlock(blk, a.data(), once.data(), {}, a16.data());
+    (*g)->RunBlock(blk, a.data(), once.data(), {}, converted);
   }
   EXPECT_EQ(per_block, once);
   const float special[] = {NAN, -NAN, INFINITY, -0.f, 1.00390625f, 1.01171875f, 3.4e38f};

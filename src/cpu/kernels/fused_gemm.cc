@@ -369,14 +369,10 @@ Status RunFusedGemm(const KernelContext& ctx) {
 
   const float* a = ctx.inputs[0].as<const float>();
   const float* w = ctx.inputs[1].as<const float>();
-  // bf16 weights past the streaming rows: A rounded to bf16 once here, for every block.
+  // bf16 weights past the streaming rows: A converted once for every block (the projections
+  // share A and the weights' storage).
   thread_local std::vector<uint16_t> a16_buf;
-  const uint16_t* a16 = nullptr;
-  if (packed && !packed->proj.empty() && packed->proj[0]->reads_bf16_a()) {
-    a16_buf.resize(static_cast<size_t>(packed->proj[0]->a_elements()));
-    PackedGemm::ToBF16(a, packed->proj[0]->a_elements(), a16_buf.data());
-    a16 = a16_buf.data();
-  }
+  const uint16_t* a16 = packed && !packed->proj.empty() ? packed->proj[0]->ConvertA(a, a16_buf) : nullptr;
   auto run_block = [&](int64_t b) {
     const ScopedNs task_time(TaskCounter(ctx.cpu));
     const int64_t cb = b % col_blocks, rb = b / col_blocks;

@@ -84,13 +84,8 @@ Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const Prepar
 // Blocks of a packed GEMM spread over the pool, one claim at a time.
 void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
   const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
-  // bf16 weights past the streaming rows: A rounded to bf16 once here, for every block.
-  thread_local std::vector<uint16_t> a16;
-  if (g.reads_bf16_a()) {
-    a16.resize(static_cast<size_t>(g.a_elements()));
-    PackedGemm::ToBF16(a, g.a_elements(), a16.data());
-  }
-  const uint16_t* a16p = g.reads_bf16_a() ? a16.data() : nullptr;
+  thread_local std::vector<uint16_t> a16_buf;  // bf16 weights past the streaming rows: A converted once
+  const uint16_t* a16p = g.ConvertA(a, a16_buf);
   ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c, {}, a16p); });
 }
 

@@ -258,8 +258,12 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
-bool PackedGemm::reads_bf16_a() const { return impl_->storage == WeightStorage::kBF16 && !impl_->streamed; }
-int64_t PackedGemm::a_elements() const { return impl_->m * impl_->k; }
+const uint16_t* PackedGemm::ConvertA(const float* a, std::vector<uint16_t>& buf) const {
+  if (impl_->storage != WeightStorage::kBF16 || impl_->streamed) return nullptr;
+  buf.resize(static_cast<size_t>(impl_->m * impl_->k));
+  ToBF16(a, impl_->m * impl_->k, buf.data());
+  return buf.data();
+}
 
 void PackedGemm::ToBF16(const float* a, int64_t n, uint16_t* out) {
   // Round to nearest even, as F32ToBF16Bits: bits + 0x7fff + lsb, the top half.

@@ -72,9 +72,9 @@ class PackedGemm {
   // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
-  // Whether RunBlock reads A in bf16 (then pass it converted, a_rows() x k values).
-  bool reads_bf16_a() const;
-  int64_t a_elements() const;  // m * k
+  // A as the blocks read it: when they read it in bf16, A converted once into `buf` (for every
+  // block of one GEMM: pass it to RunBlock); else nullptr.
+  const uint16_t* ConvertA(const float* a, std::vector<uint16_t>& buf) const;
   // a[0, n) rounded to bf16 (nearest even; NaN stays a quiet NaN) into out.
   static void ToBF16(const float* a, int64_t n, uint16_t* out);
 
