@@ -870,10 +870,7 @@ TEST(CudaHostEmulation, ResidualAddsRunInsideTheLlamaBlocksGemms) {
     auto ex = CudaExecutor::Create(*planned, o);
     ASSERT_TRUE(ex.ok()) << ex.status().ToString();
     std::vector<Tensor> narrow_ins;  // the inputs in bf16, where the plan takes them so
-    for (const Tensor& t : ins) {
-      narrow_ins.push_back(Tensor::Empty(r.narrow_io && IsFloat(t.dtype()) ? r.dt : t.dtype(), t.shape()).value());
-      for (int64_t i = 0; i < t.numel(); ++i) narrow_ins.back().SetFromDouble(i, t.GetAsDouble(i));
-    }
+    for (const Tensor& t : ins) narrow_ins.push_back(ConvertedTo(t, r.narrow_io && IsFloat(t.dtype()) ? r.dt : t.dtype()));
     auto got = (*ex)->Run(Views(narrow_ins));
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ASSERT_EQ(got->size(), want->size());
