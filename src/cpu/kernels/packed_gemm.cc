@@ -209,7 +209,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
     if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
   // kBF16 at oneDNN's sizes: a bf16 x bf16 matmul summing in f32 (AVX512-BF16 / AMX where the
-  // CPU has them); A is rounded to bf16 as each block reads it, the weights once, here.
+  // CPU has them); A is rounded to bf16 once per GEMM (ConvertA) or as each block reads it, the
+  // weights once, here.
   const dt wdt = bf16 ? dt::bf16 : dt::f32;
   try {
     const OneOmpThread one_thread;
@@ -226,7 +227,6 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       // rounding, and a copy of R).
       dnnl::post_ops ops;
       for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i) {
-        if (p.post_ops[i].row) return Unimplemented("packed GEMM: a row operand other than a first add (the bias)");
         ops.append_binary(p.post_ops[i].kind == PostOp::Kind::kAdd ? dnnl::algorithm::binary_add
                                                                    : dnnl::algorithm::binary_mul,
                           dnnl::memory::desc({m, width}, dt::f32, {ldc, 1}));
