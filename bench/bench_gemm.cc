@@ -1,11 +1,14 @@
-// The CPU GEMM against constant weights (kernels::PackedGemm) on the LLaMA-7B block's shapes,
-// beside a same-run read of the same number of bytes (the weight stream's ceiling), in
-// interleaved samples on graphfuse's thread pool: per shape, the median time of the GEMM (its
-// blocks claimed by the pool's threads, as the kernels run them) and of the read, GB/s of the
-// weights, and the GEMM's share of the read bandwidth. With bf16 weights the stream is half as
-// long. Decode rows (M <= 8) are the memory-bound case the streaming loop serves.
+// The CPU GEMM against constant weights (kernels::PackedGemm) on the LLaMA-7B block's shapes (or
+// GPT-2 / BERT's: --shapes gpt2), beside a same-run read of the same number of bytes (the weight
+// stream's ceiling), in interleaved samples on graphfuse's thread pool: per shape and engine
+// (graphfuse's own loops or oneDNN's matmul, f32 or bf16 weights), the median time of the GEMM
+// (its blocks claimed by the pool's threads, as the kernels run them) and of the read, GB/s of
+// the weights, the GEMM's share of the read bandwidth, GFLOP/s, and a * on the engine that
+// PackedGemm::AutoEngine takes. With bf16 weights the stream is half as long. Decode rows
+// (M <= 8) are the memory-bound case the streaming loop serves; past them the FMAs count more.
 //
-//   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both] [--block-cols C]
+//   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]
+//              [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]
 // (--block-cols: the width of the column blocks instead of PackedGemm's rule)
 #include <algorithm>
 #include <atomic>
@@ -23,6 +26,7 @@
 namespace {
 
 using graphfuse::ThreadPool;
+using graphfuse::kernels::GemmEngine;
 using graphfuse::kernels::PackedGemm;
 using Clock = std::chrono::steady_clock;
 
@@ -74,6 +78,7 @@ int main(int argc, char** argv) {
   int threads = 2, samples = 15;
   std::vector<int64_t> rows = {1, 4, 8, 32};
   std::string storage = "both";
+  std::string engine = "both", which_shapes = "llama";
   int64_t block_cols = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
@@ -82,35 +87,49 @@ int main(int argc, char** argv) {
     else if (f == "--rows") rows = ParseList(argv[i + 1]);
     else if (f == "--storage") storage = argv[i + 1];
     else if (f == "--block-cols") block_cols = std::atoll(argv[i + 1]);
+    else if (f == "--engine") engine = argv[i + 1];
+    else if (f == "--shapes") which_shapes = argv[i + 1];
     else {
       std::fprintf(stderr,
-                   "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both] [--block-cols C]\n");
+                   "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n"
+                   "                  [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]\n");
       return 2;
     }
   }
   struct Shape {
     const char* name;
     int64_t k, n;
-  } shapes[] = {{"q/k/v/o 4096x4096", 4096, 4096}, {"gate/up 4096x11008", 4096, 11008}, {"down 11008x4096", 11008, 4096}};
+    bool llama;
+  };
+  const Shape all_shapes[] = {{"q/k/v/o 4096x4096", 4096, 4096, true}, {"gate/up 4096x11008", 4096, 11008, true},
+                              {"down 11008x4096", 11008, 4096, true},  {"qkv 768x2304", 768, 2304, false},
+                              {"proj 768x768", 768, 768, false},       {"fc 768x3072", 768, 3072, false},
+                              {"fc2 3072x768", 3072, 768, false}};
+  std::vector<Shape> shapes;
+  for (const Shape& s : all_shapes)
+    if (which_shapes == "all" || (which_shapes == "llama") == s.llama) shapes.push_back(s);
   ThreadPool pool(threads);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("PackedGemm against a same-run read of its weights, %d threads, medians of %d interleaved samples\n",
               threads, samples);
-  std::printf("%-20s %4s %10s %9s %9s %9s %9s %8s\n", "shape", "M", "weights", "gemm ms", "GB/s", "read ms", "GB/s", "of read");
+  std::printf("%-20s %4s %11s %9s %9s %9s %9s %8s %8s %s\n", "shape", "M", "engine", "gemm ms", "GB/s", "read ms",
+              "GB/s", "of read", "GFLOP/s", "auto");
   for (const Shape& s : shapes) {
     std::vector<float> b(static_cast<size_t>(s.k * s.n));
     for (float& x : b) x = u(rng);
     for (int64_t m : rows) {
       std::vector<float> a(static_cast<size_t>(m * s.k)), c(static_cast<size_t>(m * s.n));
       for (float& x : a) x = u(rng);
-      for (const char* st : {"f32", "bf16", "f32 oneDNN"}) {
-        const bool bf16 = std::string(st) == "bf16", onednn = std::string(st) == "f32 oneDNN";
+      for (const std::string st : {"f32 own", "f32 oneDNN", "bf16 own", "bf16 oneDNN"}) {
+        const bool bf16 = st.rfind("bf16", 0) == 0;
+        const bool onednn = st.find("oneDNN") != std::string::npos;
         if (storage != "both" && storage != (bf16 ? "bf16" : "f32")) continue;
-        if (onednn && m > PackedGemm::kStreamRows) continue;  // the same as the f32 row
+        if (engine != "both" && engine != (onednn ? "onednn" : "own")) continue;
         PackedGemm::Options o;
         o.storage = bf16 ? PackedGemm::WeightStorage::kBF16 : PackedGemm::WeightStorage::kF32;
-        o.stream_rows = onednn ? 0 : PackedGemm::kStreamRows;
+        o.engine = onednn ? GemmEngine::kOneDnn : GemmEngine::kOwn;
+        const bool chosen = PackedGemm::AutoEngine(m, o.storage) == o.engine;
         o.block_cols = block_cols;
         auto g = PackedGemm::Create(m, s.k, s.n, b.data(), s.n, s.n, {}, o);
         if (!g.ok()) {
@@ -134,8 +153,9 @@ int main(int argc, char** argv) {
           tr.push_back(Ms(t1, t2));
         }
         const double mg = Median(tg), mr = Median(tr);
-        std::printf("%-20s %4lld %10s %9.3f %9.1f %9.3f %9.1f %7.0f%%%s\n", s.name, static_cast<long long>(m), st, mg,
-                    bytes / mg / 1e6, mr, bytes / mr / 1e6, 100 * mr / mg, (*g)->streamed() ? "" : "  (oneDNN)");
+        const double gflops = 2.0 * static_cast<double>(m * s.k * s.n) / mg / 1e6;
+        std::printf("%-20s %4lld %11s %9.3f %9.1f %9.3f %9.1f %7.0f%% %8.1f %s\n", s.name, static_cast<long long>(m),
+                    st.c_str(), mg, bytes / mg / 1e6, mr, bytes / mr / 1e6, 100 * mr / mg, gflops, chosen ? "*" : "");
       }
     }
   }

@@ -1,10 +1,12 @@
-// PackedGemm (src/cpu/kernels/packed_gemm.h): the weight-streaming loop (up to kStreamRows rows
-// of A) and oneDNN's packed matmul (more rows), with f32 and bf16 weights and the post-ops
-// (a bias row, then a residual add and a multiply), against a float64 reference on random data.
+// PackedGemm (src/cpu/kernels/packed_gemm.h): the own engine (the weight-streaming loop up to
+// kStreamRows rows of A, tiles past them) and oneDNN's packed matmul, with f32 and bf16 weights
+// and the post-ops (a bias row, then a residual add and a multiply), against a float64
+// reference on random data.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cpu/kernels/packed_gemm.h"
@@ -27,15 +29,16 @@ struct Case {
   int64_t m, k, n;
   Storage storage;
   bool post_ops;
+  GemmEngine engine = GemmEngine::kAuto;
 };
 
 // C = ((A @ B) + bias) + R) * S, every block run; the float64 reference uses B as packed (rounded
-// to bf16 for kBF16) and, for kBF16 past the streaming rows (oneDNN's bf16 matmul), A rounded to
-// bf16 too. The error bound is f32's over a K-term dot: K * 2^-24 * sum |a b| (plus the
+// to bf16 for kBF16) and, for kBF16 in oneDNN's bf16 matmul, A rounded to bf16 too. The error bound is f32's over a K-term dot: K * 2^-24 * sum |a b| (plus the
 // post-ops' roundings).
 void Check(const Case& c, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << (c.storage == Storage::kBF16 ? " bf16" : " f32")
-                                    << (c.post_ops ? " + bias, residual, scale" : ""));
+                                    << (c.post_ops ? " + bias, residual, scale" : "") << " engine "
+                                    << static_cast<int>(c.engine));
   std::mt19937 rng(seed);
   const int64_t ldb = c.n + 3, ldc = c.n + 5;  // B and C wider than n: the leading dimensions count
   const std::vector<float> a = Random(static_cast<size_t>(c.m * c.k), rng);
@@ -49,9 +52,11 @@ void Check(const Case& c, uint32_t seed) {
     ops = {{PostOp::Kind::kAdd, true}, {PostOp::Kind::kAdd, false}, {PostOp::Kind::kMul, false}};
     operands = {bias.data(), r.data(), s.data()};
   }
-  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, {.storage = c.storage});
+  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, {.storage = c.storage, .engine = c.engine});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  EXPECT_EQ((*g)->streamed(), c.m <= PackedGemm::kStreamRows);
+  const GemmEngine engine = c.engine == GemmEngine::kAuto ? PackedGemm::AutoEngine(c.m, c.storage) : c.engine;
+  EXPECT_EQ((*g)->engine(), engine);
+  EXPECT_EQ((*g)->streamed(), engine == GemmEngine::kOwn && c.m <= PackedGemm::kStreamRows);
   EXPECT_EQ((*g)->storage(), c.storage);
   std::vector<float> out(static_cast<size_t>(c.m * ldc), NAN);
   for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), out.data(), operands);
@@ -59,7 +64,7 @@ void Check(const Case& c, uint32_t seed) {
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double dot = 0, mag = 0;
-      const bool bf16 = c.storage == Storage::kBF16, bf16_a = bf16 && c.m > PackedGemm::kStreamRows;
+      const bool bf16 = c.storage == Storage::kBF16, bf16_a = bf16 && engine == GemmEngine::kOneDnn;
       for (int64_t kk = 0; kk < c.k; ++kk) {
         float w = b[static_cast<size_t>(kk * ldb + j)], x = a[static_cast<size_t>(i * c.k + kk)];
         if (bf16) w = BF16BitsToF32(F32ToBF16Bits(w));
@@ -80,33 +85,53 @@ void Check(const Case& c, uint32_t seed) {
     for (int64_t j = c.n; j < ldc; ++j) ASSERT_TRUE(std::isnan(out[static_cast<size_t>(i * ldc + j)])) << i << ", " << j;
 }
 
-TEST(PackedGemm, StreamedAndOneDnnFormsMatchFloat64) {
+TEST(PackedGemm, EveryEngineMatchesFloat64) {
   uint32_t seed = 1;
   for (Storage st : {Storage::kF32, Storage::kBF16})
     for (bool post : {false, true}) {
-      // Rows 1..8 stream (widths not a multiple of a panel, several blocks); 9 and 33 take oneDNN.
-      for (int64_t m : {1, 2, 5, 8, 9, 33}) Check({m, 67, 1000, st, post}, seed++);
+      // The engine kAuto takes: rows 1..8 stream (widths not a multiple of a panel, several
+      // blocks); past them f32 takes the own tiles up to 63 rows, bf16 and 64 rows oneDNN.
+      for (int64_t m : {1, 2, 5, 8, 9, 33, 64}) Check({m, 67, 1000, st, post}, seed++);
       Check({1, 4096, 70, st, post}, seed++);
       Check({3, 5, 17, st, post}, seed++);
+      // Each engine forced, past the stream: the tiles' row groups end short (9 = 8 + 1, 21 =
+      // 8 + 8 + 5) and K runs over several chunks, the last one short (600 = 256 + 256 + 88).
+      for (GemmEngine e : {GemmEngine::kOwn, GemmEngine::kOneDnn})
+        for (int64_t m : {9, 21, 70}) Check({m, 600, 300, st, post, e}, seed++);
     }
 }
 
-// A row operand after another post-op: the streaming loop takes it (C = (A @ B) * S + bias);
-// oneDNN's form only as the first post-op, so more rows are refused.
-TEST(PackedGemm, StreamingTakesARowOperandAnywhere) {
+// kAuto's choice by rows and storage (bench/bench_gemm measures it), with a reason for each.
+TEST(PackedGemm, AutoEngineFollowsTheRowsAndTheStorage) {
+  const char* why = nullptr;
+  EXPECT_EQ(PackedGemm::AutoEngine(1, Storage::kF32, &why), GemmEngine::kOwn);
+  EXPECT_NE(std::string(why).find("stream"), std::string::npos) << why;
+  EXPECT_EQ(PackedGemm::AutoEngine(8, Storage::kBF16), GemmEngine::kOwn);
+  EXPECT_EQ(PackedGemm::AutoEngine(9, Storage::kBF16, &why), GemmEngine::kOneDnn);
+  EXPECT_NE(std::string(why).find("bf16"), std::string::npos) << why;
+  EXPECT_EQ(PackedGemm::AutoEngine(32, Storage::kF32, &why), GemmEngine::kOwn);
+  EXPECT_NE(std::string(why).find("tiles"), std::string::npos) << why;
+  EXPECT_EQ(PackedGemm::AutoEngine(kOneDnnRowsF32 - 1, Storage::kF32), GemmEngine::kOwn);
+  EXPECT_EQ(PackedGemm::AutoEngine(kOneDnnRowsF32, Storage::kF32, &why), GemmEngine::kOneDnn);
+  EXPECT_NE(std::string(why).find("oneDNN"), std::string::npos) << why;
+}
+
+// A row operand after another post-op: the own loops take it (C = (A @ B) * S + bias), oneDNN's
+// form only as the first post-op, so oneDNN forced refuses it and kAuto takes the own tiles
+// where it would have taken oneDNN (70 rows).
+TEST(PackedGemm, OwnLoopsTakeARowOperandAnywhere) {
   std::mt19937 rng(5);
   const int64_t k = 40, n = 100;
   const std::vector<float> b = Random(static_cast<size_t>(k * n), rng), bias = Random(static_cast<size_t>(n), rng);
   const std::vector<PostOp> ops = {{PostOp::Kind::kMul, false}, {PostOp::Kind::kAdd, true}};
-  for (int64_t m : {int64_t{3}, PackedGemm::kStreamRows + 1}) {
+  for (int64_t m : {int64_t{3}, int64_t{20}, int64_t{70}}) {
     const std::vector<float> a = Random(static_cast<size_t>(m * k), rng), sc = Random(static_cast<size_t>(m * n), rng);
+    auto refused = PackedGemm::Create(m, k, n, b.data(), n, n, ops, {.engine = GemmEngine::kOneDnn});
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
     auto g = PackedGemm::Create(m, k, n, b.data(), n, n, ops);
-    if (m > PackedGemm::kStreamRows) {
-      ASSERT_FALSE(g.ok());
-      EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented);
-      continue;
-    }
     ASSERT_TRUE(g.ok()) << g.status().ToString();
+    EXPECT_EQ((*g)->engine(), GemmEngine::kOwn);
     std::vector<float> c(static_cast<size_t>(m * n));
     const std::vector<const float*> operands = {sc.data(), bias.data()};
     for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), c.data(), operands);

@@ -83,9 +83,10 @@ struct PackedGemm::Impl {
   std::vector<PostOp> post_ops;
   bool bias = false;  // post_ops[0] is the matmul's bias
   WeightStorage storage = WeightStorage::kF32;
-  // The streaming loop's weights (m <= kStreamRows): block b's panels from offset b * block_stride,
-  // panel q's K rows of kStreamPanel values contiguous (columns past n zero).
-  bool streamed = false;
+  // The own engine's weights: block b's panels from offset b * block_stride, panel q's K rows of
+  // kStreamPanel values contiguous (columns past n zero).
+  GemmEngine engine = GemmEngine::kOwn;
+  bool streamed = false;  // own, m <= kStreamRows
   int64_t block_stride = 0;
   hwy::AlignedFreeUniquePtr<float[]> stream_f32;
   hwy::AlignedFreeUniquePtr<uint16_t[]> stream_bf16;
@@ -102,9 +103,23 @@ PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
 bool PackedGemm::streamed() const { return impl_->streamed; }
+GemmEngine PackedGemm::engine() const { return impl_->engine; }
 PackedGemm::WeightStorage PackedGemm::storage() const { return impl_->storage; }
 
 namespace {
+
+// Row i of C at columns [col, col + min(kLanes, valid)): the sums `r` through the post-ops, stored.
+inline void StoreSums(const PackedGemm::Impl& p, VF r, int64_t i, int64_t col, int64_t valid, float* c,
+                      std::span<const float* const> operands) {
+  const DF df;
+  const auto mask = hn::FirstN(df, static_cast<size_t>(std::min(kLanes, valid)));
+  for (size_t o = 0; o < p.post_ops.size(); ++o) {
+    const float* src = operands[o] + (p.post_ops[o].row ? 0 : i * p.ldc) + col;
+    const VF x = hn::MaskedLoad(mask, df, src);
+    r = p.post_ops[o].kind == PackedGemm::PostOp::Kind::kAdd ? hn::Add(r, x) : hn::Mul(r, x);
+  }
+  hn::BlendedStore(r, mask, df, c + i * p.ldc + col);
+}
 
 // M rows of A against one block of streamed weights (W: float or bf16 bits), the post-ops
 // applied as each panel is stored: C[i, j0 + j] for j < width.
@@ -136,18 +151,8 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
     }
     for (int v = 0; v < 2; ++v) {
       const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
-      const int64_t valid = std::min<int64_t>(kLanes, width - col);
-      if (valid <= 0) break;
-      const auto mask = hn::FirstN(df, static_cast<size_t>(valid));
-      for (int i = 0; i < M; ++i) {
-        VF r = acc[i][v];
-        for (size_t o = 0; o < p.post_ops.size(); ++o) {
-          const float* src = operands[o] + (p.post_ops[o].row ? 0 : i * p.ldc) + j0 + col;
-          const VF x = hn::MaskedLoad(mask, df, src);
-          r = p.post_ops[o].kind == PackedGemm::PostOp::Kind::kAdd ? hn::Add(r, x) : hn::Mul(r, x);
-        }
-        hn::BlendedStore(r, mask, df, c + i * p.ldc + j0 + col);
-      }
+      if (col >= width) break;
+      for (int i = 0; i < M; ++i) StoreSums(p, acc[i][v], i, j0 + col, width - col, c, operands);
     }
   }
 }
@@ -167,6 +172,104 @@ void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int6
   }
 }
 
+
+// Past the streaming rows each panel's K rows are taken in chunks of kTileK (kTileK x
+// kStreamPanel f32, 32 KiB, read from L1 / L2 by every group of kTileRows rows of A in turn),
+// the sums of all M rows kept in a per-thread buffer of M x kStreamPanel between chunks, and the
+// chunk kAheadChunks on prefetched into L2 while the first row group runs, so that the weights
+// keep streaming beside the FMAs. bf16 weights are widened once per chunk into an f32 copy.
+constexpr int kTileRows = 8;
+constexpr int64_t kTileK = 256;
+constexpr int64_t kAheadChunks = 2;
+
+// R rows of A (lda apart, at the chunk's first column) against kc rows of a chunk of one panel:
+// sums[R][kStreamPanel] += a @ w (set, not added to, when `first`). `ahead`, when not null, is
+// the chunk to prefetch, `ahead_row` bytes a row.
+template <int R>
+void TileRows(const float* w, int64_t kc, const float* a, int64_t lda, float* sums, bool first, const char* ahead,
+              int64_t ahead_row) {
+  const DF df;
+  VF acc[R][2];
+  for (int i = 0; i < R; ++i) {
+    acc[i][0] = first ? hn::Zero(df) : hn::Load(df, sums + i * kStreamPanel);
+    acc[i][1] = first ? hn::Zero(df) : hn::Load(df, sums + i * kStreamPanel + kLanes);
+  }
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    if (ahead) {
+      __builtin_prefetch(ahead + kk * ahead_row, 0, 2);
+      if (ahead_row > 64) __builtin_prefetch(ahead + kk * ahead_row + 64, 0, 2);
+    }
+    const VF w0 = hn::Load(df, w + kk * kStreamPanel), w1 = hn::Load(df, w + kk * kStreamPanel + kLanes);
+    for (int i = 0; i < R; ++i) {
+      const VF x = hn::Set(df, a[i * lda + kk]);
+      acc[i][0] = hn::MulAdd(x, w0, acc[i][0]);
+      acc[i][1] = hn::MulAdd(x, w1, acc[i][1]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    hn::Store(acc[i][0], df, sums + i * kStreamPanel);
+    hn::Store(acc[i][1], df, sums + i * kStreamPanel + kLanes);
+  }
+}
+
+void TileRowsAnyR(int64_t r, const float* w, int64_t kc, const float* a, int64_t lda, float* sums, bool first,
+                  const char* ahead, int64_t ahead_row) {
+  switch (r) {
+    case 1: return TileRows<1>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 2: return TileRows<2>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 3: return TileRows<3>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 4: return TileRows<4>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 5: return TileRows<5>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 6: return TileRows<6>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 7: return TileRows<7>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    default: return TileRows<8>(w, kc, a, lda, sums, first, ahead, ahead_row);
+  }
+}
+
+// All M rows of A against one block of packed weights (W: float or bf16 bits), in tiles.
+template <typename W>
+void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a, float* c,
+                std::span<const float* const> operands) {
+  const DF df;
+  const hn::Rebind<hwy::bfloat16_t, DF> dbf;
+  const int64_t m = p.m, k = p.k;
+  thread_local hwy::AlignedFreeUniquePtr<float[]> sums, wide;
+  thread_local size_t sums_size = 0;
+  const size_t need = static_cast<size_t>(m * kStreamPanel);
+  if (sums_size < need) sums = hwy::AllocateAligned<float>(need), sums_size = need;
+  if constexpr (!std::is_same_v<W, float>) {
+    if (!wide) wide = hwy::AllocateAligned<float>(static_cast<size_t>(kTileK * kStreamPanel));
+  }
+  const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
+  const W* end = wb + panels * k * kStreamPanel;
+  for (int64_t q = 0; q < panels; ++q) {
+    const W* wp = wb + q * k * kStreamPanel;
+    for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+      const int64_t kc = std::min(kTileK, k - k0);
+      const float* w;
+      if constexpr (std::is_same_v<W, float>) {
+        w = wp + k0 * kStreamPanel;
+      } else {
+        const auto* src = reinterpret_cast<const hwy::bfloat16_t*>(wp + k0 * kStreamPanel);
+        for (int64_t e = 0; e < kc * kStreamPanel; e += kLanes)
+          hn::Store(hn::PromoteTo(df, hn::LoadU(dbf, src + e)), df, wide.get() + e);
+        w = wide.get();
+      }
+      const W* next = wp + (k0 + kAheadChunks * kTileK) * kStreamPanel;
+      const char* ahead = next + kc * kStreamPanel <= end ? reinterpret_cast<const char*>(next) : nullptr;
+      for (int64_t r0 = 0; r0 < m; r0 += kTileRows)
+        TileRowsAnyR(std::min<int64_t>(kTileRows, m - r0), w, kc, a + r0 * k + k0, k, sums.get() + r0 * kStreamPanel,
+                     k0 == 0, r0 == 0 ? ahead : nullptr, static_cast<int64_t>(kStreamPanel * sizeof(W)));
+    }
+    for (int v = 0; v < 2; ++v) {
+      const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
+      if (col >= width) break;
+      for (int64_t i = 0; i < m; ++i)
+        StoreSums(p, hn::Load(df, sums.get() + i * kStreamPanel + v * kLanes), i, j0 + col, width - col, c, operands);
+    }
+  }
+}
+
 }  // namespace
 
 Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
@@ -175,6 +278,17 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   const int64_t block_cols = options.block_cols;
   const WeightStorage storage = options.storage;
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
+  if (options.engine == GemmEngine::kAuto) {
+    Options chosen = options;
+    chosen.engine = AutoEngine(m, storage);
+    auto made = Create(m, k, n, b, ldb, ldc, post_ops, chosen);
+    const bool refused = !made.ok() && made.status().code() == StatusCode::kUnimplemented;
+    if (!refused || chosen.engine == GemmEngine::kOwn) return made;
+    // oneDNN has no kernel for the case (only its reference matmul for bf16 on a CPU without bf16
+    // instructions, or a row operand past the first post-op): the own loops take every case.
+    chosen.engine = GemmEngine::kOwn;
+    return Create(m, k, n, b, ldb, ldc, std::move(post_ops), chosen);
+  }
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
   p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops), p.storage = storage;
@@ -182,9 +296,10 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   const bool bf16 = storage == WeightStorage::kBF16;
-  if (m <= std::min(options.stream_rows, kStreamRows)) {
+  p.engine = options.engine;
+  if (p.engine == GemmEngine::kOwn) {
     // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block).
-    p.streamed = true;
+    p.streamed = m <= kStreamRows;
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
     if (bf16) p.stream_bf16 = hwy::AllocateAligned<uint16_t>(total);
@@ -258,8 +373,28 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
+GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char** why) {
+  // Measured with bench/bench_gemm on the LLaMA-7B and GPT-2 shapes (bench/RESULTS.md, "The
+  // GEMMs by shape"): up to 8 rows the weights' read sets the time and the own stream reads at
+  // the read bandwidth, oneDNN at 50-75% of it; from 9 to 63 rows in f32 the own tiles keep the
+  // weights streaming beside the FMAs; from 64 rows the FMAs alone set it and oneDNN's kernels are
+  // a few percent faster. With bf16 weights past the stream, oneDNN's bf16 dot products do twice
+  // the work per instruction of the widened f32 FMAs.
+  GemmEngine e = GemmEngine::kOwn;
+  const char* reason = "own stream: up to 8 rows the weights' read sets the time";
+  if (m > kStreamRows && storage == WeightStorage::kBF16) {
+    e = GemmEngine::kOneDnn, reason = "oneDNN bf16 matmul: bf16 dot products past 8 rows";
+  } else if (m >= kOneDnnRowsF32) {
+    e = GemmEngine::kOneDnn, reason = "oneDNN matmul: from 64 rows the FMAs alone set the time";
+  } else if (m > kStreamRows) {
+    reason = "own tiles: from 9 to 63 rows the weights stream beside the FMAs";
+  }
+  if (why) *why = reason;
+  return e;
+}
+
 const uint16_t* PackedGemm::ConvertA(const float* a, std::vector<uint16_t>& buf) const {
-  if (impl_->storage != WeightStorage::kBF16 || impl_->streamed) return nullptr;
+  if (impl_->storage != WeightStorage::kBF16 || impl_->engine == GemmEngine::kOwn) return nullptr;
   buf.resize(static_cast<size_t>(impl_->m * impl_->k));
   ToBF16(a, impl_->m * impl_->k, buf.data());
   return buf.data();
@@ -291,10 +426,12 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   const int64_t width = std::min(p.block_cols, p.n - j0);
   GF_CHECK(operands.size() == p.post_ops.size(), "packed GEMM block: ", operands.size(), " operands for ",
            p.post_ops.size(), " post-ops");
-  if (p.streamed) {
+  if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
-    if (p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
-    else StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    if (p.streamed && p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+    else if (p.streamed) StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    else if (p.stream_bf16) TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+    else TiledBlock(p, p.stream_f32.get() + at, width, j0, a, c, operands);
     return;
   }
   const size_t which = p.Which(width);

@@ -14,8 +14,12 @@
 // through one loop of our own (A's rows broadcast, M x 2 vector accumulators, the post-ops
 // applied as each panel is stored), which reads the weights in one sequential pass. With
 // bf16 weights (WeightStorage::kBF16: rounded to nearest even once, when packed) that stream is
-// half as long; each element is widened to f32 as it is loaded and the sums stay f32. More rows
-// take oneDNN's packed matmul (on bf16-rounded weights held as f32, when kBF16).
+// half as long; each element is widened to f32 as it is loaded and the sums stay f32.
+//
+// Past those rows the FMAs set the time more and more: the same panels run through tiles of
+// our own (8 rows x 2 vectors, K in chunks), or oneDNN's packed matmul, whichever was measured
+// faster for the rows and the weights' storage (PackedGemm::AutoEngine; oneDNN's bf16 matmul
+// reads A rounded to bf16 too).
 #pragma once
 
 #include <cstdint>
@@ -32,11 +36,18 @@ namespace graphfuse::kernels {
 enum class GemmWeightStorage { kF32, kBF16 };
 // Rows of A up to which the weights are streamed by our own loop (see above).
 inline constexpr int64_t kGemmStreamRows = 8;
+// Rows of A from which kAuto takes oneDNN's f32 matmul (PackedGemm::AutoEngine).
+inline constexpr int64_t kOneDnnRowsF32 = 64;
+
+// Which code computes the products: graphfuse's own loops over panels packed for them (the
+// stream up to kGemmStreamRows rows, the tiles past them) or oneDNN's packed matmul. kAuto takes
+// the one measured faster (PackedGemm::AutoEngine), and the own loops where oneDNN has no kernel.
+enum class GemmEngine { kAuto, kOwn, kOneDnn };
 
 struct PackedGemmOptions {
   int64_t block_cols = 0;  // > 0: the width of the column blocks (else BlockCols in packed_gemm.cc)
   GemmWeightStorage storage = GemmWeightStorage::kF32;  // kBF16: B rounded to bf16 once, when packed
-  int64_t stream_rows = kGemmStreamRows;  // the streaming loop up to this many rows (0: oneDNN always)
+  GemmEngine engine = GemmEngine::kAuto;
 };
 
 class PackedGemm {
@@ -56,19 +67,22 @@ class PackedGemm {
     bool row = false;  // an [n] vector broadcast over the rows, else [m, n] laid out as C
   };
   // C[m, n] = A[m, k] @ B[k, n]; B read with leading dimension ldb (copied: B may go away),
-  // A with lda = k, C written with leading dimension ldc. The streaming loop takes a row
-  // operand at any place among the post-ops; oneDNN only as the first.
+  // A with lda = k, C written with leading dimension ldc. The own loops take a row operand at
+  // any place among the post-ops; oneDNN only as the first.
   static Result<std::shared_ptr<const PackedGemm>> Create(int64_t m, int64_t k, int64_t n, const float* b, int64_t ldb,
                                                           int64_t ldc, std::vector<PostOp> post_ops = {},
                                                           const Options& options = {});
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  bool streamed() const;       // run by the weight-streaming loop (m <= kStreamRows)
+  bool streamed() const;       // run by the weight-streaming loop (own engine, m <= kStreamRows)
+  GemmEngine engine() const;   // kOwn or kOneDnn
   WeightStorage storage() const;
+  // The engine kAuto takes for m rows of A with these weights, and why, in a few words.
+  static GemmEngine AutoEngine(int64_t m, WeightStorage storage, const char** why = nullptr);
   // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
   // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
-  // With bf16 weights past the streaming rows the matmul reads A in bf16: `a_bf16` is A already
+  // With bf16 weights oneDNN's matmul reads A in bf16: `a_bf16` is A already
   // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
