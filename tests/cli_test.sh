@@ -99,6 +99,20 @@ check explain 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dot /tm
 grep -q "subgraph cluster_" /tmp/graphfuse_plan.dot || { echo "FAIL explain --dot has no group clusters"; fail=1; }
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_plan.json')); assert j['groups'] and j['refusals'], j" \
   || { echo "FAIL explain --json lacks groups or refusals"; fail=1; }
+# Which engine runs each GEMM on the CPU, and why: the test block's 16 rows take the own f32
+# tiles; with --dtype bf16 (f32 with bf16 weights, as `run` on the CPU) oneDNN's bf16 matmul.
+echo "$LAST" | grep -q "how the CPU runs the GEMMs" && echo "$LAST" | grep -q "fused_gemm_.*16x64 @ 64x64 (f32 weights, packed once): own tiles" \
+  || { echo "FAIL explain does not name the GEMM engines: $LAST"; fail=1; }
+python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_plan.json'))
+ops = sorted({g['op'] for g in j['cpu_gemms']})
+assert ops == ['FusedAttention', 'FusedGemm'] and all('own tiles' in g['how'] for g in j['cpu_gemms']), j['cpu_gemms']
+" || { echo "FAIL explain --json lacks the CPU GEMM engines"; fail=1; }
+check explain-cpu-bf16 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype bf16
+echo "$LAST" | grep -q "computing in f32 with bf16 GEMM weights" && echo "$LAST" | grep -q "(bf16 weights, packed once): oneDNN bf16 matmul" \
+  || { echo "FAIL explain --dtype bf16 on the CPU: $LAST"; fail=1; }
+check explain-cpu-f16 2 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype f16
+echo "$LAST" | grep -q "add --cuda-src" || { echo "FAIL explain --dtype f16 on the CPU: $LAST"; fail=1; }
 if "$GF" --help | grep -q -- "--cuda-src" && "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --cuda-src /tmp/graphfuse_cuda_src > /tmp/graphfuse_cuda_plan.txt 2>&1; then
   grep -q "generated attention kernel" /tmp/graphfuse_cuda_plan.txt && ls /tmp/graphfuse_cuda_src/attention_*.cu > /dev/null \
     && echo "ok   explain-cuda-src" || { echo "FAIL explain --cuda-src: no attention kernel or no sources"; fail=1; }

@@ -1,6 +1,7 @@
 // `graphfuse explain MODEL.onnx`: the fusion plan without running anything: groups, their
-// member nodes and kernel names, every refused fusion with its reason code; with --cuda-src,
-// how each node would run on a GPU and the CUDA source generated for it (no GPU needed).
+// member nodes and kernel names, every refused fusion with its reason code, and which engine
+// runs each GEMM on the CPU and why; with --cuda-src, how each node would run on a GPU and the
+// CUDA source generated for it (no GPU needed).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -8,6 +9,7 @@
 #include <string>
 
 #include "cli_common.h"
+#include "cpu/kernel_registry.h"
 #include "fusion_report.h"
 #include "ir/text.h"
 #include "onnx/import.h"
@@ -56,10 +58,16 @@ int Explain(Args& args) {
     }
   }
   if (model.empty()) return fail(InvalidArgument("no model given (usage: graphfuse explain MODEL.onnx)"));
+  // The plan explained is the CPU's, unless --cuda-src asks for the GPU's; --dtype means what it
+  // means to `run` on that backend (on the CPU: f32 with bf16 GEMM weights).
+  const bool cpu = cuda_src.empty();
+  if (cpu && dtype == DType::kF16)
+    return fail(InvalidArgument("--dtype f16 is a GPU plan (add --cuda-src DIR); on the CPU, --dtype bf16 holds the ",
+                                "GEMM weights in bf16"));
   InputBinding binding;
   auto g = ImportOnnxFileWithShapes(model, shapes, &binding);
   if (!g.ok()) return fail(g.status());
-  if (dtype != DType::kF32) {
+  if (dtype != DType::kF32 && !cpu) {
     auto converted = ConvertPrecision(**g, dtype);
     if (!converted.ok()) return fail(converted.status().WithContext(StrCat(model, ": --dtype ", DTypeName(dtype))));
     *g = std::move(*converted);
@@ -69,14 +77,22 @@ int Explain(Args& args) {
   pipeline.fusion = fusion;
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
-  // With --cuda-src the plan explained is the CUDA backend's.
-  auto target = MakeTarget(cuda_src.empty() ? "cpu" : "cuda");
+  auto target = MakeTarget(cpu ? "cpu" : "cuda");
   if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
   std::printf("model %s%s%s\n", model.c_str(), shapes.empty() ? "" : StrCat(" for ", binding.key).c_str(),
-              dtype == DType::kF32 ? "" : StrCat(", computing in ", DTypeName(dtype)).c_str());
+              dtype == DType::kF32 ? ""
+              : cpu                ? ", computing in f32 with bf16 GEMM weights"
+                                   : StrCat(", computing in ", DTypeName(dtype)).c_str());
   PrintFusionReport(stdout, report);
+  std::vector<KernelChoice> choices;
+  if (cpu) {
+    choices = DescribeCpuKernels(**g, {.bf16_weights = dtype == DType::kBF16});
+    if (!choices.empty()) std::printf("\nhow the CPU runs the GEMMs:\n");
+    for (const KernelChoice& c : choices)
+      std::printf("  %-28s %-15s %s\n", c.node.c_str(), c.op.c_str(), c.how.c_str());
+  }
   if (!dot.empty()) {
     std::ofstream f(dot);
     f << FusionDot(**g, report);
@@ -120,6 +136,12 @@ int Explain(Args& args) {
     if (!shapes.empty()) j.Key("signature").Str(binding.key);
     j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(cuda_src.empty() ? "cpu" : "cuda");
     AddFusionJson(j, report);
+    if (cpu) {
+      j.Key("cpu_gemms").BeginArray();
+      for (const KernelChoice& c : choices)
+        j.BeginObject().Key("node").Str(c.node).Key("op").Str(c.op).Key("how").Str(c.how).EndObject();
+      j.EndArray();
+    }
     j.EndObject();
     if (!j.WriteFile(json)) return fail(InvalidArgument("cannot write --json file '", json, "'"));
   }

@@ -222,11 +222,12 @@ constexpr HelpSection kCommands[] = {
         --dot writes Graphviz with groups as clusters; --print-ir prints the IR after
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
-        writes every generated kernel's CUDA source to DIR (no GPU needed); --dtype bf16|f16
-        plans the model converted to that dtype (as run --dtype converts it), so that with
-        --cuda-src the plan and sources printed are the ones run --backend cuda --dtype runs
-        (without --cuda-src it is the CPU target's plan of the converted model, which no command
-        runs yet); the JSON records the dtype and target
+        writes every generated kernel's CUDA source to DIR (no GPU needed); without --cuda-src,
+        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN, OpenBLAS) and why;
+        --dtype means what it means to run on that backend: with --cuda-src the model converted
+        to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
+        the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the
+        target and (CPU) the GEMM engines
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] | --preset NAME) [--elements N] [--threads T] [--repeats R]

@@ -46,3 +46,18 @@ std::vector<const CpuKernel*> AllCpuKernels() {
 }
 
 }  // namespace graphfuse
+
+namespace graphfuse {
+
+std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& options) {
+  std::vector<KernelChoice> out;
+  for (const auto& n : g.nodes()) {
+    const CpuKernel* k = FindCpuKernel(n->op());
+    if (!k || !k->describe) continue;
+    std::string how = k->describe(*n, options);
+    if (!how.empty()) out.push_back({n->name(), n->op(), std::move(how)});
+  }
+  return out;
+}
+
+}  // namespace graphfuse

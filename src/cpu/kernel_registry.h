@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -36,12 +37,23 @@ struct PrepareOptions {
 // Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
 // kernel must also run without it (nullptr state: constant folding, one-off runs).
 using PrepareFn = Result<std::shared_ptr<const void>> (*)(const Node& node, const PrepareOptions& options);
+// How the kernel runs `node` where it chooses among ways (which library or loop runs its GEMMs,
+// and why), in one line for `graphfuse explain`; empty where it has nothing to choose.
+using DescribeFn = std::string (*)(const Node& node, const PrepareOptions& options);
 
 struct CpuKernel {
   const char* op;
   KernelFn run;
   PrepareFn prepare = nullptr;
+  DescribeFn describe = nullptr;
 };
+
+// A node whose kernel chooses how to run it, and the choice (DescribeFn).
+struct KernelChoice {
+  std::string node, op, how;
+};
+// Every node of `g` whose CPU kernel tells how it runs it with these options, in graph order.
+std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& options);
 
 // The kernel of `op`, or nullptr (a view, or an op the CPU does not run).
 const CpuKernel* FindCpuKernel(std::string_view op);

@@ -112,13 +112,20 @@ int64_t HeadGroup(const Dims& d, int64_t k) {
   return g;
 }
 
+// The projection weights PrepareAttention packs: constant f32 [K, proj_cols], else nullptr.
+const Value* PackedProjectionWeights(const Node& node, const Dims& d) {
+  const Value* w = d.proj && node.inputs().size() > 1 ? node.input(1) : nullptr;
+  if (w && w->constant() && w->dtype() == DType::kF32 && w->shape().size() == 2 && d.s > 0 && d.d > 0 &&
+      w->shape()[0] > 0 && w->shape()[1] == d.proj_cols())
+    return w;
+  return nullptr;
+}
+
 Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const PrepareOptions& options) {
   GF_ASSIGN_OR_RETURN(Dims d, ReadDims(node.attrs(), node.Describe()));
   auto state = std::make_shared<AttentionState>();
   state->mask = PrepareMaskRows(node, d);
-  const Value* w = d.proj && node.inputs().size() > 1 ? node.input(1) : nullptr;
-  if (w && w->constant() && w->dtype() == DType::kF32 && w->shape().size() == 2 && d.s > 0 && d.d > 0 &&
-      w->shape()[0] > 0 && w->shape()[1] == d.proj_cols()) {
+  if (const Value* w = PackedProjectionWeights(node, d)) {
     const int64_t k = w->shape()[0], ldw = d.proj_cols(), group = HeadGroup(d, k), slots = UnitSlots(d);
     const int64_t wg = slots * d.d * group;
     const float* wp = w->constant()->data_as<float>();
@@ -140,6 +147,17 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const Pre
   }
   if (!state->mask && state->heads.empty()) return std::shared_ptr<const void>();
   return std::shared_ptr<const void>(std::move(state));
+}
+
+std::string DescribeAttention(const Node& node, const PrepareOptions& options) {
+  auto d = ReadDims(node.attrs(), node.Describe());
+  if (!d.ok()) return "";
+  const std::string products = StrCat("scores and weighted values: ", kActivationGemms);
+  const Value* w = PackedProjectionWeights(node, *d);
+  if (!w) return products;
+  const int64_t k = w->shape()[0], group = HeadGroup(*d, k), wg = UnitSlots(*d) * d->d * group;
+  return StrCat("projections: ", d->kv_h / group, " GEMMs per sequence, each ",
+                DescribePackedGemm(d->s, k, wg, WeightStorageFor(options)), "; ", products);
 }
 
 // One launch: the problem, where its operands lie, and how it is cut into tasks. Built once
@@ -625,7 +643,7 @@ Status AttentionKernel(const KernelContext& ctx) {
 
 std::vector<CpuKernel> AttentionKernels() {
   return {
-      {"FusedAttention", AttentionKernel, PrepareAttention},
+      {"FusedAttention", AttentionKernel, PrepareAttention, DescribeAttention},
   };
 }
 

@@ -490,8 +490,21 @@ Status RunFusedGemm(const KernelContext& ctx) {
   return Status::Ok();
 }
 
+std::string DescribeFusedGemm(const Node& node, const PrepareOptions& options) {
+  const Value* a = node.input(0);
+  const Value* w = node.input(1);
+  if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32) return "";
+  auto g = Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1));
+  if (!g.ok()) return g.status().message();
+  const std::string each = g->splits > 1 ? StrCat(g->splits, " projections, each ") : "";
+  if (!w->constant()) return StrCat(each, kActivationGemms, " (the weights are not a constant)");
+  return each + DescribePackedGemm(g->m, g->k, g->n, WeightStorageFor(options));
+}
+
 }  // namespace
 
-std::vector<CpuKernel> FusedGemmKernels() { return {{"FusedGemm", RunFusedGemm, PrepareFusedGemm}}; }
+std::vector<CpuKernel> FusedGemmKernels() {
+  return {{"FusedGemm", RunFusedGemm, PrepareFusedGemm, DescribeFusedGemm}};
+}
 
 }  // namespace graphfuse::kernels

@@ -81,6 +81,15 @@ Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const Prepar
   return std::shared_ptr<const void>(packed);
 }
 
+std::string DescribeMatMul(const Node& node, const PrepareOptions& options) {
+  const Value* a = node.input(0);
+  const Value* b = node.input(1);
+  if (a->dtype() != DType::kF32 || b->dtype() != DType::kF32) return "";
+  if (b->constant() && b->shape().size() == 2 && a->shape().size() >= 2 && a->numel() > 0 && b->numel() > 0)
+    return DescribePackedGemm(a->numel() / b->shape()[0], b->shape()[0], b->shape()[1], WeightStorageFor(options));
+  return StrCat(kActivationGemms, " (the second operand is not a constant)");
+}
+
 // Blocks of a packed GEMM spread over the pool, one claim at a time.
 void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
   const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
@@ -172,8 +181,8 @@ Status GemmKernel(const KernelContext& ctx) {
 
 std::vector<CpuKernel> GemmKernels() {
   return {
-      {"MatMul", MatMulKernel, PrepareMatMul},
-      {"Gemm", GemmKernel},
+      {"MatMul", MatMulKernel, PrepareMatMul, DescribeMatMul},
+      {"Gemm", GemmKernel, nullptr, [](const Node&, const PrepareOptions&) { return std::string(kActivationGemms); }},
   };
 }
 

@@ -393,6 +393,13 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   return e;
 }
 
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage) {
+  const char* why = nullptr;
+  PackedGemm::AutoEngine(m, storage, &why);
+  return StrCat(m, "x", k, " @ ", k, "x", n, " (", storage == GemmWeightStorage::kBF16 ? "bf16" : "f32",
+                " weights, packed once): ", why);
+}
+
 const uint16_t* PackedGemm::ConvertA(const float* a, std::vector<uint16_t>& buf) const {
   if (impl_->storage != WeightStorage::kBF16 || impl_->engine == GemmEngine::kOwn) return nullptr;
   buf.resize(static_cast<size_t>(impl_->m * impl_->k));

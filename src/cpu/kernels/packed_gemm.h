@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "graphfuse/status.h"
@@ -98,6 +99,13 @@ class PackedGemm {
   PackedGemm();
   std::unique_ptr<Impl> impl_;
 };
+
+// One line for `graphfuse explain`: the engine that runs an m x k x n GEMM against constant
+// weights held in `storage`, and why (PackedGemm::AutoEngine).
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage);
+// The library that runs the GEMMs of two activations (attention's products, a MatMul whose
+// second operand is computed), in the same lines.
+inline constexpr const char* kActivationGemms = "OpenBLAS sgemm per call";
 
 // The weight storage a plan's options ask for.
 inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
