@@ -209,7 +209,6 @@ void BM_PlanElementwise(benchmark::State& state) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  (void)gf::ApplyProcessSettings({.blas_threads = 1});  // as the graphfuse command runs
   benchmark::RegisterBenchmark("BM_PlanElementwise", BM_PlanElementwise)->Arg(125)->Arg(250)->Arg(500)->Arg(1000)
       ->Unit(benchmark::kMillisecond);
   for (const gf::ElementwisePreset& p : gf::ElementwisePresets()) {

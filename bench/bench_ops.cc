@@ -316,7 +316,6 @@ std::string Name(const char* base, int64_t n, int threads) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  (void)gf::ApplyProcessSettings({.blas_threads = 1});  // as the graphfuse command runs
   BenchEnv env;
   BenchEnv* e = &env;
   using benchmark::RegisterBenchmark;

@@ -599,7 +599,6 @@ void Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  (void)gf::ApplyProcessSettings({.blas_threads = 1});  // as the graphfuse command runs
   std::string json_path;
   int samples = 31;
   QuietGuard guard;

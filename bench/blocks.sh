@@ -9,8 +9,9 @@ GF=${GF:-./build/graphfuse}  # GF=./build-avx2/graphfuse: another build
 OUT=bench/results
 mkdir -p "$OUT"
 REPEATS=${REPEATS:-11}
-# PyTorch uses the same OpenBLAS: name its kernels as graphfuse does for itself.
-CORE=$($GF --blas-core 2>/dev/null || true)
+# Debian's PyTorch runs its GEMMs on Debian's OpenBLAS 0.3.21, which falls back to generic SSE3
+# kernels on CPUs it does not know (newer Xeons): name the kernels for the CPU's vector width.
+CORE=$(grep -qw avx512f /proc/cpuinfo && echo SkylakeX || echo Haswell)
 for spec in "llama7b 32" "llama7b 1" "llama-small 128" "gpt2 128" "bert 128"; do
   set -- $spec
   tag="$1_seq$2"

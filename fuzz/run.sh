@@ -21,7 +21,7 @@
 # in $GF_FUZZ_OUT/artifacts/ (default build/fuzz/artifacts/).
 #
 # Debian packages: clang-14, libclang-rt-14-dev (libFuzzer and the sanitizer runtimes),
-# libonnx-dev, libprotobuf-dev, libhwy-dev, libsleef-dev, libopenblas-dev, libdnnl-dev, and optionally
+# libonnx-dev, libprotobuf-dev, libhwy-dev, libsleef-dev, libdnnl-dev, and optionally
 # libonnx-testdata (seed corpus).
 set -euo pipefail
 
@@ -88,7 +88,7 @@ LIB_OBJS=()
 for src in "${LIB_SRCS[@]}"; do LIB_OBJS+=("$(object_of "$src")"); done
 for t in $TARGETS; do
   "$CXX" -fsanitize=fuzzer,address,undefined -fno-sanitize=vptr "$(object_of "$ROOT/fuzz/$t.cc")" "${LIB_OBJS[@]}" \
-    -o "$OUT/$t" -lonnx_proto -lprotobuf "${PKG_LIBS[@]}" -ldnnl -lgomp -lopenblas -lmvec -lm -lpthread
+    -o "$OUT/$t" -lonnx_proto -lprotobuf "${PKG_LIBS[@]}" -ldnnl -lgomp -lmvec -lm -lpthread
 done
 
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache
   libgtest-dev libgmock-dev libbenchmark-dev
-  libhwy-dev libsleef-dev libopenblas-dev libdnnl-dev
+  libhwy-dev libsleef-dev libdnnl-dev
   ocl-icd-opencl-dev  # dnnl-config.cmake requires OpenCL; libdnnl-dev only recommends it
   libonnx-dev libprotobuf-dev libonnx-testdata
   clang libclang-rt-14-dev

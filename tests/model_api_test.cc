@@ -145,10 +145,9 @@ TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
   EXPECT_EQ(std::memcmp(again->at(0).data(), want->at(0).data(), want->at(0).nbytes()), 0);
 }
 
-// Compiling and running a model with GEMMs (OpenBLAS, oneDNN's packed weights) and attention
-// leaves the process's settings as the program set them.
+// Compiling and running a model with GEMMs (oneDNN's sgemm and packed weights, the own loops)
+// and attention leaves the process's settings as the program set them: OpenMP's thread count.
 TEST(ModelApi, LeavesProcessSettingsAlone) {
-  ASSERT_TRUE(ApplyProcessSettings({.blas_threads = 2}).ok());
   omp_set_num_threads(3);
   const Fixture f = MakeFixture();
   auto target = MakeTarget("cpu", {.threads = 2});
@@ -158,11 +157,7 @@ TEST(ModelApi, LeavesProcessSettingsAlone) {
   const Tensor x = Input(f.cfg, 3);
   const TensorView in[] = {x.view()};
   ASSERT_TRUE((*model)->Run(in).ok());
-  EXPECT_EQ(BlasThreads(), 2);
   EXPECT_EQ(omp_get_max_threads(), 3);
-  EXPECT_FALSE(ApplyProcessSettings({.blas_threads = -1}).ok());
-  ASSERT_TRUE(ApplyProcessSettings({.blas_threads = 1}).ok());
-  EXPECT_EQ(BlasThreads(), 1);
 }
 
 TEST(ModelApi, FromGraphVerifiesAndFromOnnxBytesRejectsGarbage) {

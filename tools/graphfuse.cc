@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <unistd.h>
 #include <string>
 #include <vector>
 
@@ -255,7 +254,6 @@ constexpr HelpSection kCommands[] = {
 )",
      false, false, false},
     {"help", R"(  help  this text (also -h, --help); COMMAND --help prints one command's part
-  --blas-core   prints the OpenBLAS kernels in use (see OPENBLAS_CORETYPE in the README)
 )",
      false, false, false},
 };
@@ -274,8 +272,7 @@ constexpr const char* kCodegen = R"(--cpu-codegen: every f32 elementwise program
 )";
 
 constexpr const char* kEnvironment = R"(environment: GF_KERNEL_CACHE=DIR keeps NVRTC-compiled CUDA kernels on disk between runs, and
-             holds the native loops' cache (DIR/cpu instead of ~/.cache/graphfuse/cpu);
-             OPENBLAS_CORETYPE names OpenBLAS's kernels (set automatically when it falls back)
+             holds the native loops' cache (DIR/cpu instead of ~/.cache/graphfuse/cpu)
 )";
 
 constexpr const char* kExitCodes = "exit codes: 0 ok, 1 results differ from the reference, 2 bad input or usage\n";
@@ -334,19 +331,6 @@ int ListOps(Args& args) {
 
 int main(int argc, char** argv) {
   using namespace graphfuse::cli;
-  // OpenBLAS fell back to generic kernels on a CPU it does not know: start again with the
-  // right ones named (once: the child has the variable set). See SuggestedBlasCoreType. Only
-  // for the commands that run GEMMs (or report their kernels): starting costs about 0.1 s
-  // here (mapping the CUDA libraries), and help, ops and explain need no BLAS.
-  bool computes = argc >= 2 && (std::strcmp(argv[1], "demo") == 0 || std::strcmp(argv[1], "run") == 0 ||
-                                std::strcmp(argv[1], "bench") == 0 || std::strcmp(argv[1], "--blas-core") == 0);
-  for (int i = 2; i < argc; ++i) computes &= std::strcmp(argv[i], "--help") != 0 && std::strcmp(argv[i], "-h") != 0;
-  if (const char* core = computes ? graphfuse::SuggestedBlasCoreType() : nullptr) {
-    setenv("OPENBLAS_CORETYPE", core, 1);
-    execv("/proc/self/exe", argv);  // returns only on failure: then run as we are
-  }
-  // graphfuse's kernels split GEMMs over their own pool: OpenBLAS runs one thread per call.
-  if (computes) (void)graphfuse::ApplyProcessSettings({.blas_threads = 1});
   if (argc < 2) {
     PrintHelp(stderr, nullptr);
     return kExitBadInput;
@@ -363,10 +347,6 @@ int main(int argc, char** argv) {
       PrintHelp(stdout, cmd.c_str());
       return kExitOk;
     }
-  if (cmd == "--blas-core") {  // for scripts that run peers on the same BLAS kernels
-    std::printf("%s\n", graphfuse::BlasCoreName());
-    return kExitOk;
-  }
   if (cmd == "demo") return RunDemo(args);
   if (cmd == "ops") return ListOps(args);
   if (cmd == "run") return RunModel(args);

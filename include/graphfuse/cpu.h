@@ -14,32 +14,8 @@ namespace graphfuse {
 // a 2-thread dispatch costs ~1 us here, the time a 1-thread add spends on ~30K elements.
 inline constexpr int64_t kDefaultMinWorkPerThread = 48 * 1024;
 
-// GEMMs run through OpenBLAS, which picks its kernels from the CPU model when it is loaded.
-// OpenBLAS 0.3.21 does not know newer Xeons (Sapphire Rapids, for one) and falls back to its
-// SSE3 "Prescott" kernels: 4.3x slower than its AVX-512 ones on this project's machines. This
-// returns the OPENBLAS_CORETYPE value that names the right kernels ("SkylakeX" with AVX-512,
-// "Haswell" with AVX2) when that fallback happened and the variable is not set; else nullptr.
-// The variable only takes effect in a process started with it (the `graphfuse` command
-// re-executes itself once).
-const char* SuggestedBlasCoreType();
-// The kernels OpenBLAS runs in this process ("SkylakeX", "Prescott", ...).
-const char* BlasCoreName();
-
-// Settings that belong to the whole process. The library never changes them on its own (an
-// embedding program may depend on them); a program applies them once, before any work, as the
-// graphfuse command does with blas_threads = 1.
-struct ProcessSettings {
-  // OpenBLAS's own threads (openblas_set_num_threads). graphfuse splits every GEMM over its
-  // thread pool, each task one sgemm: OpenBLAS threads on top of that compete with the pool for
-  // the cores, so 1 is what graphfuse's kernels expect. 0: leave OpenBLAS as it is.
-  int blas_threads = 0;
-};
-Status ApplyProcessSettings(const ProcessSettings& settings);
-// OpenBLAS's thread count now.
-int BlasThreads();
-
-// Profiling counters of kernels that run BLAS inside a larger kernel (a GEMM with its
-// epilogue, attention): thread-time spent inside the BLAS calls and in the kernel's tasks in
+// Profiling counters of kernels that run GEMMs inside a larger kernel (a GEMM with its
+// epilogue, attention): thread-time spent inside the GEMM calls and in the kernel's tasks in
 // all. A profiler reads blas_ns / task_ns after a kernel to split its time into GEMM work and
 // the rest (the epilogue, softmax, RoPE), then resets both. Counted only when a CpuContext
 // points here: no cost otherwise.

@@ -9,10 +9,8 @@
 torch.compile(model, backend="graphfuse") runs PyTorch models through graphfuse: see
 graphfuse.torch_backend.
 
-Importing graphfuse sets OpenBLAS's own threads to 1 (graphfuse splits each GEMM over its
-thread pool; OpenBLAS threads on top of it compete for the cores). The OpenBLAS concerned is the
-system one graphfuse links, not numpy's own copy. GRAPHFUSE_BLAS_THREADS=N chooses N instead, 0
-leaves OpenBLAS as it is.
+Importing graphfuse changes no process-wide setting: its kernels (GEMMs included) run on the
+session's own thread pool.
 
 Errors raise graphfuse.Error subclasses carrying graphfuse's message: InvalidArgument (also a
 ValueError), Unimplemented (NotImplementedError), ResourceExhausted (MemoryError), NotFound
@@ -44,17 +42,6 @@ __all__ = [
     "NotFound",
     "Internal",
 ]
-
-_blas_threads = int(os.environ.get("GRAPHFUSE_BLAS_THREADS", "1"))
-if _blas_threads > 0:
-    _graphfuse.set_blas_threads(_blas_threads)
-if _graphfuse.suggested_blas_core_type() and "OPENBLAS_CORETYPE" not in os.environ:
-    warnings.warn(
-        f"OpenBLAS runs its generic {_graphfuse.blas_core_name()} kernels on this CPU; start Python with "
-        f"OPENBLAS_CORETYPE={_graphfuse.suggested_blas_core_type()} for its fast ones",
-        RuntimeWarning,
-        stacklevel=2,
-    )
 
 # onnxruntime's execution providers and the graphfuse backend each one names.
 _PROVIDER_BACKEND = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cuda"}

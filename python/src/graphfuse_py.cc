@@ -335,22 +335,6 @@ class Session {
 NB_MODULE(_graphfuse, m) {
   m.doc() = "graphfuse's compiled core; use the graphfuse package (InferenceSession).";
   RegisterErrors(m);
-  m.def(
-      "set_blas_threads",
-      [](int n) {
-        gf::Status status = gf::ApplyProcessSettings({.blas_threads = n});
-        if (!status.ok()) Raise(status);
-      },
-      nb::arg("n"), "OpenBLAS's own threads for the whole process (graphfuse's kernels expect 1; 0 leaves it).");
-  m.def("blas_threads", &gf::BlasThreads, "OpenBLAS's thread count now.");
-  m.def("blas_core_name", &gf::BlasCoreName, "The kernels OpenBLAS runs in this process.");
-  m.def(
-      "suggested_blas_core_type",
-      []() -> nb::object {
-        const char* core = gf::SuggestedBlasCoreType();
-        return core ? nb::object(nb::str(core)) : nb::none();
-      },
-      "The OPENBLAS_CORETYPE that names faster kernels for this CPU, when OpenBLAS fell back to generic ones.");
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
 
   nb::class_<Session>(m, "Session")

@@ -170,16 +170,6 @@ def test_two_python_threads_one_session(threads):
     assert session.cache_stats()["plans_made"] <= 2 * len(sets)
 
 
-def test_import_sets_blas_threads():
-    # graphfuse's GEMMs split over its own pool; OpenBLAS's threads are set to 1 at import
-    # unless GRAPHFUSE_BLAS_THREADS says otherwise.
-    import os
-
-    expected = int(os.environ.get("GRAPHFUSE_BLAS_THREADS", "1"))
-    if expected > 0:
-        assert gf._graphfuse.blas_threads() == expected
-
-
 def _has_gpu() -> bool:
     try:
         gf.InferenceSession(model_path("mlp_gelu_opset17"), backend="cuda")

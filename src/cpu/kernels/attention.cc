@@ -35,8 +35,6 @@
 // OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
 // is split over graphfuse's pool. The masked softmax rows are in attention_mask.cc; the
 // attributes' reading and the inference in src/ir/schemas/attention.cc.
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -53,6 +51,7 @@
 #include "kernel_util.h"
 #include "norm_rows.h"
 #include "packed_gemm.h"
+#include "sgemm.h"
 #include "softmax_row.h"
 #include "rope_row.h"
 
@@ -382,10 +381,7 @@ void ScoreProduct(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOper
     return;
   }
   const ScopedNs blas_time(BlasCounter(*a.cpu));
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, d.k == Layout::kBHDS ? CblasNoTrans : CblasTrans,
-              static_cast<int>(hb.rows), static_cast<int>(kend), static_cast<int>(d.d), a.scale, op.q,
-              static_cast<int>(std::max<int64_t>(op.lda, 1)), op.k, static_cast<int>(std::max<int64_t>(op.ldb, 1)),
-              0.f, scores, static_cast<int>(d.sk));
+  Sgemm(false, d.k != Layout::kBHDS, hb.rows, kend, d.d, a.scale, op.q, op.lda, op.k, op.ldb, 0.f, scores, d.sk);
 }
 
 // The block's scores over keys [0, kend), masked and exponentiated row by row (MaskExpRow);
@@ -430,10 +426,7 @@ void WeightedValues(const AttentionLaunch& a, const HeadBlock& hb, int64_t kend,
   if (d.dv == 0) return;
   {
     const ScopedNs blas_time(BlasCounter(*a.cpu));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(hb.rows), static_cast<int>(d.dv),
-                static_cast<int>(kend), 1.f, scores, static_cast<int>(d.sk), hb.v,
-                static_cast<int>(std::max<int64_t>(hb.lv, 1)), 0.f, hb.o,
-                static_cast<int>(std::max<int64_t>(a.oa.row_stride, 1)));
+    Sgemm(false, false, hb.rows, d.dv, kend, 1.f, scores, d.sk, hb.v, hb.lv, 0.f, hb.o, a.oa.row_stride);
   }
   if (!normalize_p) scale_rows(hb.o, a.oa.row_stride, d.dv);
 }
@@ -483,9 +476,8 @@ void ProjectHeads(const AttentionLaunch& a, int64_t u0, const float* xb, float* 
   } else {
     for (int64_t g = 0; g < a.group; ++g)
       for (int64_t i = 0; i < UnitSlots(d); ++i)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(d.s), static_cast<int>(d.d),
-                    static_cast<int>(a.kx), 1.f, xb, static_cast<int>(a.kx), a.w + SlotColumn(d, u0 + g, i),
-                    static_cast<int>(d.proj_cols()), 0.f, qkv + g * a.wu + i * d.d, static_cast<int>(a.wg));
+        Sgemm(false, false, d.s, d.d, a.kx, 1.f, xb, a.kx, a.w + SlotColumn(d, u0 + g, i), d.proj_cols(), 0.f,
+              qkv + g * a.wu + i * d.d, a.wg);
   }
 }
 

@@ -35,8 +35,6 @@
 // output itself.
 // Blocks and chunks are spread over the pool, one claim each.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/fused_gemm.cc.
-#include <cblas.h>
-
 #include <algorithm>
 #include <climits>
 #include <limits>
@@ -53,6 +51,7 @@
 #include "kernel_util.h"
 #include "norm_rows.h"
 #include "packed_gemm.h"
+#include "sgemm.h"
 #include "passes/gemm_epilogue_form.h"
 
 namespace graphfuse::kernels {
@@ -436,10 +435,8 @@ Status RunFusedGemm(const KernelContext& ctx) {
           for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
         continue;
       }
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(i1 - i0), static_cast<int>(j1 - j0),
-                  static_cast<int>(k), 1.f, a + i0 * k, static_cast<int>(k), w + s * n + j0, static_cast<int>(ldw),
-                  accumulate ? 1.f : 0.f,
-                  proj[s] + i0 * proj_ld[s] + j0, static_cast<int>(proj_ld[s]));
+      Sgemm(false, false, i1 - i0, j1 - j0, k, 1.f, a + i0 * k, k, w + s * n + j0, ldw, accumulate ? 1.f : 0.f,
+            proj[s] + i0 * proj_ld[s] + j0, proj_ld[s]);
       if (rs)
         for (int64_t i = i0; i < i1; ++i) simd::ScaleRow(proj[s] + i * proj_ld[s] + j0, j1 - j0, rs[i]);
     }

@@ -1,23 +1,16 @@
 // MatMul (numpy matmul semantics: batched broadcasting, 1-D operands) and Gemm (alpha, beta,
-// transA, transB, C broadcast) through OpenBLAS's cblas_sgemm. Never a hand-written GEMM.
-//
-// OpenBLAS threads each sgemm itself (its own pool, sized by OPENBLAS_NUM_THREADS), so the
-// batch loop here runs on the calling thread: splitting batches over graphfuse's pool as well
-// would oversubscribe the cores.
+// transA, transB, C broadcast): by constant 2-D weights through PackedGemm (packed_gemm.h),
+// else through oneDNN's sgemm (sgemm.h), each GEMM's columns split over graphfuse's pool.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/gemm.cc.
-#include <cblas.h>
-
-#include <cctype>
 #include <climits>
-#include <cstdlib>
 #include <string>
-#include <cstring>
 #include <vector>
 
 #include "ir/schemas/gemm.h"
 #include "kernel_lists.h"
 #include "kernel_util.h"
 #include "packed_gemm.h"
+#include "sgemm.h"
 
 namespace graphfuse::kernels {
 namespace {
@@ -41,19 +34,12 @@ Status RequireF32(const KernelContext& ctx) {
   return Status::Ok();
 }
 
-// C[m,n] = alpha * op(A) op(B) + beta * C, row-major, through OpenBLAS.
-//
-// The columns of C are split over graphfuse's pool, each task one sgemm. OpenBLAS's own
-// threads on top of that compete with the pool for the cores; the program decides whether it
-// has them (ProcessSettings::blas_threads, graphfuse/cpu.h: the graphfuse command sets 1).
-void Sgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// C[m,n] = alpha * op(A) op(B) + beta * C, row-major: the columns of C split over graphfuse's
+// pool, each task one sgemm on its thread.
+void ParallelSgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha,
+                   const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   auto run = [&](int64_t j0, int64_t j1) {
-    if (j1 <= j0) return;
-    const float* bj = b + (tb ? j0 * ldb : j0);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, static_cast<int>(m),
-                static_cast<int>(j1 - j0), static_cast<int>(k), alpha, a, static_cast<int>(std::max<int64_t>(lda, 1)),
-                bj, static_cast<int>(std::max<int64_t>(ldb, 1)), beta, c + j0, static_cast<int>(std::max<int64_t>(ldc, 1)));
+    if (j1 > j0) Sgemm(ta, tb, m, j1 - j0, k, alpha, a, lda, b + (tb ? j0 * ldb : j0), ldb, beta, c + j0, ldc);
   };
   // Work in multiply-adds / 8 against the pool's per-thread grain; column blocks of 64.
   const int threads = static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(m * n * std::max<int64_t>(k, 1) / 8), n / 64));
@@ -125,7 +111,7 @@ Status MatMulKernel(const KernelContext& ctx) {
       RunPackedBlocks(ctx.cpu, *static_cast<const PackedGemm*>(ctx.state), nbatch * m * n * k / 8, a, y);
       return Status::Ok();
     }
-    Sgemm(ctx.cpu, false, false, nbatch * m, n, k, 1.f, a, k, b, n, 0.f, y, n);
+    ParallelSgemm(ctx.cpu, false, false, nbatch * m, n, k, 1.f, a, k, b, n, 0.f, y, n);
     return Status::Ok();
   }
   // General case: one GEMM per batch, operands located through broadcast strides.
@@ -134,7 +120,7 @@ Status MatMulKernel(const KernelContext& ctx) {
   for (int64_t t = 0; t < nbatch; ++t) {
     int64_t oa = 0, ob = 0;
     for (size_t i = 0; i < idx.size(); ++i) oa += idx[i] * sa[i], ob += idx[i] * sb[i];
-    Sgemm(ctx.cpu, false, false, m, n, k, 1.f, a + oa * m * k, k, b + ob * k * n, n, 0.f, y + t * m * n, n);
+    ParallelSgemm(ctx.cpu, false, false, m, n, k, 1.f, a + oa * m * k, k, b + ob * k * n, n, 0.f, y + t * m * n, n);
     for (size_t i = idx.size(); i-- > 0;) {
       if (++idx[i] < d.batch[i]) break;
       idx[i] = 0;
@@ -172,8 +158,8 @@ Status GemmKernel(const KernelContext& ctx) {
     if (!has_c) std::fill(y, y + d.m * d.n, 0.f);
     return Status::Ok();
   }
-  Sgemm(ctx.cpu, ta, tb, d.m, d.n, d.k, alpha, A.as<const float>(), ta ? d.m : d.k, B.as<const float>(), tb ? d.k : d.n,
-        has_c ? 1.f : 0.f, y, d.n);
+  ParallelSgemm(ctx.cpu, ta, tb, d.m, d.n, d.k, alpha, A.as<const float>(), ta ? d.m : d.k, B.as<const float>(),
+                tb ? d.k : d.n, has_c ? 1.f : 0.f, y, d.n);
   return Status::Ok();
 }
 
@@ -187,34 +173,3 @@ std::vector<CpuKernel> GemmKernels() {
 }
 
 }  // namespace graphfuse::kernels
-
-namespace graphfuse {
-
-Status ApplyProcessSettings(const ProcessSettings& settings) {
-  if (settings.blas_threads < 0)
-    return InvalidArgument("ProcessSettings: blas_threads must be >= 0 (0: leave as is), got ", settings.blas_threads);
-  if (settings.blas_threads > 0) openblas_set_num_threads(settings.blas_threads);
-  return Status::Ok();
-}
-
-int BlasThreads() { return openblas_get_num_threads(); }
-
-const char* BlasCoreName() {
-  const char* core = openblas_get_corename();
-  return core ? core : "unknown";
-}
-
-const char* SuggestedBlasCoreType() {
-  if (std::getenv("OPENBLAS_CORETYPE") != nullptr) return nullptr;
-  const char* core = openblas_get_corename();
-  std::string name = core ? core : "";
-  for (char& ch : name) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
-  const bool generic = name == "prescott" || name == "core2" || name == "nehalem" || name == "unknown";
-  if (!generic) return nullptr;
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-  return nullptr;
-}
-
-}  // namespace graphfuse

@@ -12,28 +12,9 @@
 #include <vector>
 
 #include "graphfuse/dtype.h"
-
-extern "C" void omp_set_num_threads(int);  // libgomp, oneDNN's threading runtime here
-extern "C" int omp_get_max_threads(void);
+#include "sgemm.h"
 
 namespace graphfuse::kernels {
-namespace {
-
-// oneDNN runs a block inline on the calling thread when that thread's OpenMP setting is one
-// thread (the pool already spreads the blocks). The setting is the thread's, and the calling
-// thread may be the program's: it is put back as it was.
-class OneOmpThread {
- public:
-  OneOmpThread() : previous_(omp_get_max_threads()) { omp_set_num_threads(1); }
-  ~OneOmpThread() { omp_set_num_threads(previous_); }
-  OneOmpThread(const OneOmpThread&) = delete;
-  OneOmpThread& operator=(const OneOmpThread&) = delete;
-
- private:
-  int previous_;
-};
-
-}  // namespace
 
 int64_t L2Bytes() {
   static const int64_t bytes = [] {

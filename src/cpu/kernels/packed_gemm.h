@@ -105,7 +105,7 @@ class PackedGemm {
 std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage);
 // The library that runs the GEMMs of two activations (attention's products, a MatMul whose
 // second operand is computed), in the same lines.
-inline constexpr const char* kActivationGemms = "OpenBLAS sgemm per call";
+inline constexpr const char* kActivationGemms = "oneDNN sgemm per call";
 
 // The weight storage a plan's options ask for.
 inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
