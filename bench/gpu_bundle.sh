@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs what bench/gpu_check.sh needs to run on a lent GPU machine whose image lacks this
-# project's Debian libraries (Highway, SLEEF, OpenBLAS, oneDNN, ONNX, protobuf, GoogleTest) and
+# project's Debian libraries (Highway, SLEEF, oneDNN, ONNX, protobuf, GoogleTest) and
 # cannot install them: the built `graphfuse` and `graphfuse_cuda_tests` and every shared library
 # they load except glibc's and CUDA's own, as gpu_bundle.tar.xz (git-ignored; name it in the
 # device call's `carry`). gpu_check.sh unpacks it when present.

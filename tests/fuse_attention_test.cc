@@ -215,7 +215,7 @@ bool HasRefusal(const FusionReport& r, const std::string& code) {
 }
 
 // Tolerance of fused vs unfused and vs float64, per element: |got - want| <= kAtol + kRtol*|want|.
-// Both f32 paths use the same vector exp and OpenBLAS; what differs is rounding order: the scale
+// Both f32 paths use the same vector exp and sgemm; what differs is rounding order: the scale
 // rides on sgemm's alpha (s*(1/c) rather than s/c), the per-head sgemm may sum the d-long dot
 // products in another order than the batched MatMul, and the softmax sum divides O's rows rather
 // than P's (when Sk >= dv). A score error delta becomes a relative error delta on exp(s), and the output is a convex

@@ -262,8 +262,8 @@ TEST(FuseGemm, GemmWithScaledProductIsLeftAlone) {
   ExpectClose(unfused.outputs, fused.outputs);
 }
 
-// A compiled plan packs constant weights once (oneDNN); a one-off run (RunNodeOnce, constant
-// folding) uses the unpacked OpenBLAS path. Both must give the same results, for the fused
+// A compiled plan packs constant weights once; a one-off run (RunNodeOnce, constant folding)
+// uses the unpacked sgemm path. Both must give the same results, for the fused
 // GEMM with an epilogue and for a plain MatMul, with widths that leave a ragged last block.
 TEST(FuseGemm, PackedWeightsGiveTheResultsOfTheUnpackedPath) {
   for (const int64_t n : {int64_t{80}, int64_t{1000}}) {

@@ -1,4 +1,4 @@
-// GEMM on graphfuse's pool: columns split over threads (OpenBLAS single-threaded) give the
+// GEMM on graphfuse's pool: columns split over threads (each sgemm on its thread) give the
 // same product as one thread, checked against float64, for plain and transposed B.
 #include <gtest/gtest.h>
 

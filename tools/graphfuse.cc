@@ -222,7 +222,7 @@ constexpr HelpSection kCommands[] = {
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
         writes every generated kernel's CUDA source to DIR (no GPU needed); without --cuda-src,
-        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN, OpenBLAS) and why;
+        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why;
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the

@@ -32,7 +32,7 @@
 // Grouped-query attention (kv_heads < heads): query head h reads K / V head h / (heads /
 // kv_heads), where the K / V operands hold kv_heads heads.
 //
-// OpenBLAS is kept single-threaded (as in gemm.cc): the (batch, head, row block) tasks are what
+// Each sgemm runs on its task's thread (sgemm.h): the (batch, head, row block) tasks are what
 // is split over graphfuse's pool. The masked softmax rows are in attention_mask.cc; the
 // attributes' reading and the inference in src/ir/schemas/attention.cc.
 #include <algorithm>

@@ -16,7 +16,7 @@
 // Execution, in two phases of one launch:
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
 //     L2); a block runs S single-threaded GEMMs (one per projection: oneDNN on weights packed
-//     once, else OpenBLAS, as in gemm.cc). A projection that is a node
+//     once, else oneDNN's sgemm, as in gemm.cc). A projection that is a node
 //     output is computed straight into that output; the others go to a workspace.
 //  2. the epilogue program runs over whole rows of the output, a chunk of rows per claim,
 //     reading the workspace back from L2 / L3 as long contiguous streams.

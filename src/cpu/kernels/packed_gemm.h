@@ -1,7 +1,7 @@
-// GEMMs against constant weights packed once (oneDNN's matmul with weights in the layout it
-// prefers, reordered when the plan is compiled), so no call repacks the weights: OpenBLAS
-// spends about half of a LLaMA-7B block at M=32 packing them on every call (perf), and
-// packing once gains most at decode (M=1): bench/history/2026-12.md, "Notes moved out of
+// GEMMs against constant weights packed once, when the plan is compiled (into panels for the
+// own loops, or into the layout oneDNN's matmul prefers), so no call repacks the weights: a
+// BLAS sgemm spent about half of a LLaMA-7B block at M=32 packing them on every call (perf),
+// and packing once gains most at decode (M=1): bench/history/2026-12.md, "Notes moved out of
 // code comments".
 //
 // The columns are cut into fixed blocks; RunBlock computes one block on the calling thread
