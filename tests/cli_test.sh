@@ -228,6 +228,10 @@ check demo-dtype-unknown 2 "$GF" demo --preset llama-small --dtype f64
 echo "$LAST" | grep -q "f32, bf16 or f16" || { echo "FAIL demo --dtype f64: the message does not name the dtypes"; fail=1; }
 check demo-dtype-cpu 2 "$GF" demo --preset llama-small --dtype f16
 echo "$LAST" | grep -q "backend cuda" && ! echo "$LAST" | grep -q "generating" || { echo "FAIL demo --dtype f16 on the CPU: $LAST"; fail=1; }
+# A model with bf16 GEMM weights on the CPU: fused and unfused round different GEMM inputs to
+# bf16, so they are compared within bf16's tolerance (f32's default failed them).
+check bench-model-bf16-cpu 0 "$GF" bench "$MODELS/llama_block_opset17/model.onnx" --dtype bf16 --repeats 3
+echo "$LAST" | grep -q "within 0.05 + 0.05" || { echo "FAIL bench MODEL --dtype bf16 on the CPU: $LAST"; fail=1; }
 check bench-dtype-bf16-preset-cpu 2 "$GF" bench --preset chain --dtype bf16
 echo "$LAST" | grep -q "has no GEMM" || { echo "FAIL bench --preset chain --dtype bf16 on the CPU: $LAST"; fail=1; }
 check bench-dtype-cpu 2 "$GF" bench --preset chain --dtype f16

@@ -246,7 +246,8 @@ constexpr HelpSection kCommands[] = {
         --dtype bf16|f16 (with --backend cuda) runs the GPU's plans on the model converted to
         that dtype, checked against the CPU's f32 plans within the dtype's tolerance (5e-2 for
         bf16, 1e-2 for f16, unless --rtol / --atol are given); on the CPU, --dtype bf16 (a
-        model or a block preset) holds the GEMM weights in bf16 in both plans; the block presets
+        model or a block preset) holds the GEMM weights in bf16 in both plans, which then agree
+        within bf16's tolerance (they round different GEMM inputs to bf16); the block presets
         take the demo's --past, --dtype and --emulate-gpu; the JSON records the dtype
 )",
      true, true, true},
