@@ -189,6 +189,7 @@ struct AttentionLaunch {
   int64_t kx = 0, group = 1, wu = 0, wg = 0, tasks = 0;
   const AttentionState* state = nullptr;
   bool packed_heads = false;       // the state holds W packed per group of heads for this S
+  const uint16_t* x_bf16 = nullptr;  // x rounded to bf16 once, when the packed heads read A in bf16
   const float* inv_rms = nullptr;  // a folded RMSNorm's 1/rms per row of x (RowInvRms)
   const float* qkv_bias = nullptr;  // the projected form's biases, ordered as W's columns
 };
@@ -465,12 +466,12 @@ void RunItems(const AttentionLaunch& a, int64_t begin, int64_t end, float* scrat
 // The projected form's q, k and v of units [u0, u0 + group) of batch b: x's rows of the batch
 // (xb) times the units' columns of W, into qkv ([S, (R+2)d*G], each row the group's slots side
 // by side).
-void ProjectHeads(const AttentionLaunch& a, int64_t u0, const float* xb, float* qkv) {
+void ProjectHeads(const AttentionLaunch& a, int64_t u0, const float* xb, const uint16_t* xb_bf16, float* qkv) {
   const Dims& d = a.d;
   const ScopedNs blas_time(BlasCounter(*a.cpu));
   if (a.packed_heads) {
     const PackedGemm& g = *a.state->heads[static_cast<size_t>(u0 / a.group)];
-    for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, xb, qkv);
+    for (int64_t blk = 0; blk < g.blocks(); ++blk) g.RunBlock(blk, xb, qkv, {}, xb_bf16);
   } else if (a.kx == 0) {
     std::fill(qkv, qkv + d.s * a.wg, 0.f);
   } else {
@@ -538,7 +539,7 @@ void RunProjectedHeads(const AttentionLaunch& a, int64_t task, float* scratch) {
   const int64_t per_kv = QueryHeadsPerKv(d);
   const int64_t b = task / (d.kv_h / a.group), u0 = task % (d.kv_h / a.group) * a.group;
   float* qkv = scratch + a.scores_floats + a.qg_floats + a.kg_floats;
-  ProjectHeads(a, u0, a.x + b * d.s * a.kx, qkv);
+  ProjectHeads(a, u0, a.x + b * d.s * a.kx, a.x_bf16 ? a.x_bf16 + b * d.s * a.kx : nullptr, qkv);
   AddHeadBiases(a, b, u0, qkv);
   RopeHeadsInPlace(a, b, u0, qkv);
   for (int64_t g = 0; g < a.group; ++g) {
@@ -626,6 +627,14 @@ Status AttentionKernel(const KernelContext& ctx) {
   if (d.proj && d.rms_eps >= 0) {
     inv_rms = RowInvRms(a, threads);
     a.inv_rms = inv_rms.data();
+  }
+  // Every group of heads of a batch projects the same rows of x: rounded to bf16 once here,
+  // not by each group's GEMM.
+  thread_local std::vector<uint16_t> x_bf16;
+  if (a.packed_heads && a.state->heads[0]->ReadsA16()) {
+    x_bf16.resize(static_cast<size_t>(d.b * d.s * a.kx));
+    PackedGemm::ToBF16(a.x, d.b * d.s * a.kx, x_bf16.data());
+    a.x_bf16 = x_bf16.data();
   }
   RunTasks(a, threads);
   return Status::Ok();

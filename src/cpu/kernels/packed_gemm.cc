@@ -381,8 +381,12 @@ std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorag
                 " weights, packed once): ", why);
 }
 
+bool PackedGemm::ReadsA16() const {
+  return impl_->storage == WeightStorage::kBF16 && impl_->engine == GemmEngine::kOneDnn;
+}
+
 const uint16_t* PackedGemm::ConvertA(const float* a, std::vector<uint16_t>& buf) const {
-  if (impl_->storage != WeightStorage::kBF16 || impl_->engine == GemmEngine::kOwn) return nullptr;
+  if (!ReadsA16()) return nullptr;
   buf.resize(static_cast<size_t>(impl_->m * impl_->k));
   ToBF16(a, impl_->m * impl_->k, buf.data());
   return buf.data();

@@ -87,6 +87,8 @@ class PackedGemm {
   // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
+  // Whether the blocks read A rounded to bf16 (oneDNN's bf16 matmul).
+  bool ReadsA16() const;
   // A as the blocks read it: when they read it in bf16, A converted once into `buf` (for every
   // block of one GEMM: pass it to RunBlock); else nullptr.
   const uint16_t* ConvertA(const float* a, std::vector<uint16_t>& buf) const;
