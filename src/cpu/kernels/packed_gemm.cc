@@ -153,7 +153,6 @@ void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int6
   }
 }
 
-
 // Past the streaming rows each panel's K rows are taken in chunks of kTileK (kTileK x
 // kStreamPanel f32, 32 KiB, read from L1 / L2 by every group of kTileRows rows of A in turn),
 // the sums of all M rows kept in a per-thread buffer of M x kStreamPanel between chunks, and the
@@ -357,7 +356,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
 GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char** why) {
   // Measured with bench/bench_gemm on the LLaMA-7B and GPT-2 shapes (bench/RESULTS.md, "The
   // GEMMs by shape"): up to 8 rows the weights' read sets the time and the own stream reads at
-  // the read bandwidth, oneDNN at 50-75% of it; from 9 to 63 rows in f32 the own tiles keep the
+  // the read bandwidth, oneDNN 2.6 at 24-75% of it; from 9 to 63 rows in f32 the own tiles keep the
   // weights streaming beside the FMAs; from 64 rows the FMAs alone set it and oneDNN's kernels are
   // a few percent faster. With bf16 weights past the stream, oneDNN's bf16 dot products do twice
   // the work per instruction of the widened f32 FMAs.
