@@ -136,8 +136,9 @@ std::unique_ptr<Graph> FusedMatchesUnfused(const CacheSpec& c, int64_t kernels) 
   EXPECT_TRUE(RunNodeOnce(*node, views, outs, ctx).ok());
   auto ref = Execute(*node->GetGraph("reference"), views, ctx);
   EXPECT_TRUE(ref.ok()) << ref.status().ToString();
-  if (ref.ok())
+  if (ref.ok()) {
     for (size_t o = 0; o < 3; ++o) EXPECT_LT(MaxAbsDiff(once[o], (*ref)[o]), kTol) << names[o] << " against the reference";
+  }
   return std::move(*fused);
 }
 

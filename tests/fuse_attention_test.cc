@@ -798,8 +798,11 @@ TEST(FuseAttention, NarrowAttentionFusesOnlyWhereTheTargetTakesIt) {
   EXPECT_EQ(Formed(FuseAttention(*n.g, FusionOptions{}, &rn)), 1);
   ASSERT_EQ(CountOp(*n.g, "FusedAttention"), 1);
   EXPECT_FALSE(HasRefusal(rn, "attention-unsupported-dtype"));
-  for (const auto& node : n.g->nodes())
-    if (node->op() == "FusedAttention") EXPECT_EQ(node->output()->dtype(), DType::kF16);
+  for (const auto& node : n.g->nodes()) {
+    if (node->op() == "FusedAttention") {
+      EXPECT_EQ(node->output()->dtype(), DType::kF16);
+    }
+  }
 }
 
 TEST(FuseAttention, DisabledOrExcludedChangesNothing) {
