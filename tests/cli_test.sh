@@ -105,8 +105,8 @@ echo "$LAST" | grep -q "how the CPU runs the GEMMs" && echo "$LAST" | grep -q "f
   || { echo "FAIL explain does not name the GEMM engines: $LAST"; fail=1; }
 python3 -c "
 import json; j=json.load(open('/tmp/graphfuse_plan.json'))
-ops = sorted({g['op'] for g in j['cpu_gemms']})
-assert ops == ['FusedAttention', 'FusedGemm'] and all('own tiles' in g['how'] for g in j['cpu_gemms']), j['cpu_gemms']
+ops = sorted({g['op'] for g in j['kernel_choices']})
+assert ops == ['FusedAttention', 'FusedGemm'] and all('own tiles' in g['how'] for g in j['kernel_choices']), j['kernel_choices']
 " || { echo "FAIL explain --json lacks the CPU GEMM engines"; fail=1; }
 check explain-cpu-bf16 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype bf16
 echo "$LAST" | grep -q "computing in f32 with bf16 GEMM weights" && echo "$LAST" | grep -q "(bf16 weights, packed once): oneDNN bf16 matmul" \

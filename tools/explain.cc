@@ -9,7 +9,6 @@
 #include <string>
 
 #include "cli_common.h"
-#include "cpu/kernel_registry.h"
 #include "fusion_report.h"
 #include "ir/text.h"
 #include "onnx/import.h"
@@ -77,7 +76,7 @@ int Explain(Args& args) {
   pipeline.fusion = fusion;
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
-  auto target = MakeTarget(cpu ? "cpu" : "cuda");
+  auto target = MakeTarget(cpu ? "cpu" : "cuda", {.cpu_bf16_weights = cpu && dtype == DType::kBF16});
   if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
@@ -86,9 +85,8 @@ int Explain(Args& args) {
               : cpu                ? ", computing in f32 with bf16 GEMM weights"
                                    : StrCat(", computing in ", DTypeName(dtype)).c_str());
   PrintFusionReport(stdout, report);
-  std::vector<KernelChoice> choices;
+  const std::vector<KernelChoice> choices = (*target)->DescribeKernels(**g);
   if (cpu) {
-    choices = DescribeCpuKernels(**g, {.bf16_weights = dtype == DType::kBF16});
     if (!choices.empty()) std::printf("\nhow the CPU runs the GEMMs:\n");
     for (const KernelChoice& c : choices)
       std::printf("  %-28s %-15s %s\n", c.node.c_str(), c.op.c_str(), c.how.c_str());
@@ -137,7 +135,7 @@ int Explain(Args& args) {
     j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(cuda_src.empty() ? "cpu" : "cuda");
     AddFusionJson(j, report);
     if (cpu) {
-      j.Key("cpu_gemms").BeginArray();
+      j.Key("kernel_choices").BeginArray();
       for (const KernelChoice& c : choices)
         j.BeginObject().Key("node").Str(c.node).Key("op").Str(c.op).Key("how").Str(c.how).EndObject();
       j.EndArray();

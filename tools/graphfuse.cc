@@ -226,7 +226,7 @@ constexpr HelpSection kCommands[] = {
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the
-        target and (CPU) the GEMM engines
+        target and (CPU) the GEMM engines (kernel_choices)
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] | --preset NAME) [--elements N] [--threads T] [--repeats R]

@@ -101,6 +101,8 @@ class Plan {
   const Graph& graph() const { return *graph_; }
   // Kernel launches one run makes.
   int64_t launches_per_run() const { return executable_->launches_per_run(); }
+  // How the target's kernels run the nodes where they choose (the CPU: each GEMM's engine).
+  const std::vector<KernelChoice>& kernel_choices() const { return kernel_choices_; }
   const PlanningTime& planning_time() const { return planning_; }
   // The input signature it was made for: "f32[2,7];i64[3]={2,7,64}".
   const std::string& signature() const { return signature_; }
@@ -111,6 +113,7 @@ class Plan {
   std::shared_ptr<const Graph> graph_;
   std::unique_ptr<Executable> executable_;
   FusionReport report_;
+  std::vector<KernelChoice> kernel_choices_;
   std::vector<TensorInfo> inputs_, outputs_;
   std::vector<int> graph_input_;  // per model input: its graph input, or -1 (became a constant)
   PlanningTime planning_;

@@ -41,6 +41,12 @@ struct TargetForms {
   bool narrow_row_kernels = false;
 };
 
+// How a target's kernel runs a node where it chooses among ways: which engine runs a GEMM, and
+// why ("16x64 @ 64x64 (f32 weights, packed once): own tiles: ...").
+struct KernelChoice {
+  std::string node, op, how;
+};
+
 // A graph compiled for a target: runs it on host tensors.
 class Executable {
  public:
@@ -96,6 +102,10 @@ class Target {
   // Compiles a graph the pipeline planned for this target. The executable shares ownership of
   // the graph and does not refer to the target afterwards.
   virtual Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const = 0;
+
+  // The choices its kernels make for the nodes of a graph it planned, in graph order (the CPU:
+  // the engine of each GEMM); none by default.
+  virtual std::vector<KernelChoice> DescribeKernels(const Graph& graph) const { return {}; }
 };
 
 // The targets this build has: "cpu", and "cuda" when built with the CUDA toolkit.

@@ -256,7 +256,8 @@ class InferenceSession:
         or without it of the latest plan: None before the first run of a model with symbolic
         dims. A dict: signature, kernels_before, kernels_after, launches_per_run, groups (name,
         kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
-        message), planning_ms (import_ms, passes_ms, compile_ms)."""
+        message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
+        why), planning_ms (import_ms, passes_ms, compile_ms)."""
         if input_feed is None:
             return self._session.explain()
         return self._session.explain(self._arrays(input_feed))

@@ -202,6 +202,15 @@ nb::dict ReportDict(const gf::Plan& plan) {
   out["launches_per_run"] = plan.launches_per_run();
   out["groups"] = groups;
   out["refusals"] = refusals;
+  nb::list choices;
+  for (const gf::KernelChoice& c : plan.kernel_choices()) {
+    nb::dict e;
+    e["node"] = c.node;
+    e["op"] = c.op;
+    e["how"] = c.how;
+    choices.append(e);
+  }
+  out["kernel_choices"] = choices;
   out["planning_ms"] = planning;
   return out;
 }

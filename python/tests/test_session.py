@@ -82,6 +82,18 @@ def test_explain_report():
     assert unfused["kernels_after"] > report["kernels_after"]
 
 
+def test_explain_names_the_gemm_engines():
+    # On the CPU every GEMM against constant weights says which engine runs it and why: the test
+    # block's 16 rows take the own f32 tiles, or oneDNN's bf16 matmul with bf16 weights.
+    for bf16, engine in [(False, "own tiles"), (True, "oneDNN bf16 matmul")]:
+        report = gf.InferenceSession(model_path("llama_block_opset17"), bf16_weights=bf16).explain()
+        choices = report["kernel_choices"]
+        assert {c["op"] for c in choices} == {"FusedAttention", "FusedGemm"}, choices
+        for c in choices:
+            assert c["node"] and engine in c["how"], c
+            assert ("bf16 weights" if bf16 else "f32 weights") in c["how"], c
+
+
 def test_explain_for_feeds_plans_without_running():
     session = gf.InferenceSession(model_path(DYNAMIC))
     inputs, _ = data_sets(DYNAMIC)[2]

@@ -173,6 +173,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& 
   std::shared_ptr<const Graph> planned = std::move(g);
   p->graph_ = planned;
   GF_ASSIGN_OR_RETURN(p->executable_, target_->Compile(planned));
+  p->kernel_choices_ = target_->DescribeKernels(*planned);
   p->planning_.compile_ms = MsSince(t);
   return std::shared_ptr<const Plan>(std::move(p));
 }

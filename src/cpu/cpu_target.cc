@@ -60,6 +60,10 @@ Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Gra
       new CpuExecutable(std::move(graph), std::move(pool), std::move(codegen), std::move(plan)));
 }
 
+std::vector<KernelChoice> CpuTarget::DescribeKernels(const Graph& graph) const {
+  return DescribeCpuKernels(graph, {.bf16_weights = options_.cpu_bf16_weights});
+}
+
 const Target& DefaultCpuTarget() {
   static const CpuTarget target;
   return target;

@@ -22,6 +22,8 @@ class CpuTarget final : public Target {
   // An ExecutionPlan on a thread pool of its own; calls from several threads take turns (each
   // run already uses every thread of the pool).
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
+  // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
+  std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
 
  private:
   TargetOptions options_;

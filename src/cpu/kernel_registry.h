@@ -14,6 +14,7 @@
 
 #include "graphfuse/cpu.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/target.h"
 
 namespace graphfuse {
 
@@ -48,10 +49,6 @@ struct CpuKernel {
   DescribeFn describe = nullptr;
 };
 
-// A node whose kernel chooses how to run it, and the choice (DescribeFn).
-struct KernelChoice {
-  std::string node, op, how;
-};
 // Every node of `g` whose CPU kernel tells how it runs it with these options, in graph order.
 std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& options);
 

@@ -239,9 +239,11 @@ TEST(DynamicShapes, TheCacheDropsTheLeastRecentlyUsedPlan) {
   EXPECT_EQ(c.fused->cache_stats().plans_made, 3) << "seq 1 was used more recently than seq 2";
   run(2);
   EXPECT_EQ(c.fused->cache_stats().plans_made, 4) << "seq 2 was dropped";
-  EXPECT_FALSE(CompiledModel::Compile(Model::FromOnnxBytes(MaskedGemmModel()).value(), MakeTarget("cpu").value(),
-                                      CompileOptions{.plan_cache_capacity = 0})
-                   .ok());
+  CompileOptions no_cache;
+  no_cache.plan_cache_capacity = 0;
+  EXPECT_FALSE(
+      CompiledModel::Compile(Model::FromOnnxBytes(MaskedGemmModel()).value(), MakeTarget("cpu").value(), no_cache)
+          .ok());
 }
 
 // Inputs that contradict the model are refused with InvalidArgument naming the input and the
