@@ -45,10 +45,6 @@ std::vector<const CpuKernel*> AllCpuKernels() {
   return out;
 }
 
-}  // namespace graphfuse
-
-namespace graphfuse {
-
 std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& options) {
   std::vector<KernelChoice> out;
   for (const auto& n : g.nodes()) {

@@ -3,6 +3,7 @@
 // else through oneDNN's sgemm (sgemm.h), each GEMM's columns split over graphfuse's pool.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/gemm.cc.
 #include <climits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,26 +54,33 @@ void ParallelSgemm(const CpuContext& cpu, bool ta, bool tb, int64_t m, int64_t n
   });
 }
 
-// A MatMul by constant 2-D weights with A's rows flattened: the weights are packed once.
-Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const PrepareOptions& options) {
+// A MatMul by constant 2-D f32 weights, A's rows flattened: its m, k, n, the weights packed
+// once (PrepareMatMul); nullopt for any other MatMul.
+struct PackedDims {
+  int64_t m, k, n;
+};
+std::optional<PackedDims> PackedMatMulDims(const Node& node) {
   const Value* a = node.input(0);
   const Value* b = node.input(1);
   if (!b->constant() || b->shape().size() != 2 || a->shape().size() < 2 || a->dtype() != DType::kF32 ||
       b->dtype() != DType::kF32 || a->numel() == 0 || b->numel() == 0)
-    return std::shared_ptr<const void>();
-  const int64_t k = b->shape()[0], n = b->shape()[1], m = a->numel() / k;
-  GF_ASSIGN_OR_RETURN(auto packed,
-                      PackedGemm::Create(m, k, n, b->constant()->data_as<float>(), n, n, {},
-                                         {.storage = WeightStorageFor(options)}));
+    return std::nullopt;
+  const int64_t k = b->shape()[0];
+  return PackedDims{a->numel() / k, k, b->shape()[1]};
+}
+
+Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const PrepareOptions& options) {
+  const std::optional<PackedDims> d = PackedMatMulDims(node);
+  if (!d) return std::shared_ptr<const void>();
+  GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d->m, d->k, d->n, node.input(1)->constant()->data_as<float>(),
+                                                      d->n, d->n, {}, {.storage = WeightStorageFor(options)}));
   return std::shared_ptr<const void>(packed);
 }
 
 std::string DescribeMatMul(const Node& node, const PrepareOptions& options) {
-  const Value* a = node.input(0);
-  const Value* b = node.input(1);
-  if (a->dtype() != DType::kF32 || b->dtype() != DType::kF32) return "";
-  if (b->constant() && b->shape().size() == 2 && a->shape().size() >= 2 && a->numel() > 0 && b->numel() > 0)
-    return DescribePackedGemm(a->numel() / b->shape()[0], b->shape()[0], b->shape()[1], WeightStorageFor(options));
+  if (node.input(0)->dtype() != DType::kF32 || node.input(1)->dtype() != DType::kF32) return "";
+  if (const std::optional<PackedDims> d = PackedMatMulDims(node))
+    return DescribePackedGemm(d->m, d->k, d->n, WeightStorageFor(options));
   return StrCat(kActivationGemms, " (the second operand is not a constant)");
 }
 

@@ -67,7 +67,6 @@ struct PackedGemm::Impl {
   // The own engine's weights: block b's panels from offset b * block_stride, panel q's K rows of
   // kStreamPanel values contiguous (columns past n zero).
   GemmEngine engine = GemmEngine::kOwn;
-  bool streamed = false;  // own, m <= kStreamRows
   int64_t block_stride = 0;
   hwy::AlignedFreeUniquePtr<float[]> stream_f32;
   hwy::AlignedFreeUniquePtr<uint16_t[]> stream_bf16;
@@ -83,7 +82,7 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
-bool PackedGemm::streamed() const { return impl_->streamed; }
+bool PackedGemm::streamed() const { return impl_->engine == GemmEngine::kOwn && impl_->m <= kStreamRows; }
 GemmEngine PackedGemm::engine() const { return impl_->engine; }
 PackedGemm::WeightStorage PackedGemm::storage() const { return impl_->storage; }
 
@@ -279,7 +278,6 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   p.engine = options.engine;
   if (p.engine == GemmEngine::kOwn) {
     // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block).
-    p.streamed = m <= kStreamRows;
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
     if (bf16) p.stream_bf16 = hwy::AllocateAligned<uint16_t>(total);
@@ -419,8 +417,9 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
            p.post_ops.size(), " post-ops");
   if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
-    if (p.streamed && p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
-    else if (p.streamed) StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    const bool streamed = p.m <= kStreamRows;
+    if (streamed && p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+    else if (streamed) StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
     else if (p.stream_bf16) TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
     else TiledBlock(p, p.stream_f32.get() + at, width, j0, a, c, operands);
     return;
@@ -432,17 +431,9 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
   const dnnl::matmul::primitive_desc& pd = p.pds[which];
   void* src_data = const_cast<float*>(a);
-  if (p.storage == WeightStorage::kBF16) {  // the bf16 matmul reads A rounded to bf16
-    if (a_bf16) {
-      src_data = const_cast<uint16_t*>(a_bf16);
-    } else {
-      thread_local hwy::AlignedFreeUniquePtr<uint16_t[]> a16;
-      thread_local size_t a16_size = 0;
-      const size_t na = static_cast<size_t>(p.m * p.k);
-      if (a16_size < na) a16 = hwy::AllocateAligned<uint16_t>(na), a16_size = na;
-      ToBF16(a, p.m * p.k, a16.get());
-      src_data = a16.get();
-    }
+  if (ReadsA16()) {  // the bf16 matmul reads A rounded to bf16: as given, or converted here
+    thread_local std::vector<uint16_t> a16;
+    src_data = const_cast<uint16_t*>(a_bf16 ? a_bf16 : ConvertA(a, a16));
   }
   dnnl::memory src(pd.src_desc(), Engine(), src_data);
   dnnl::memory dst(pd.dst_desc(), Engine(), c + j0);
