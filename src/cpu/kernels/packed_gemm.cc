@@ -1,11 +1,14 @@
 #include "packed_gemm.h"
 
 #include <hwy/aligned_allocator.h>
+#include <cpuid.h>
 #include <hwy/highway.h>
+#include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -65,8 +68,12 @@ struct PackedGemm::Impl {
   bool bias = false;  // post_ops[0] is the matmul's bias
   WeightStorage storage = WeightStorage::kF32;
   // The own engine's weights: block b's panels from offset b * block_stride, panel q's K rows of
-  // kStreamPanel values contiguous (columns past n zero).
+  // kStreamPanel values contiguous (columns past n zero). With `dot` (bf16 weights past the
+  // stream, on a CPU with AVX512-BF16) each panel holds pairs of K rows instead, the two values
+  // of a column side by side (K rounded up to even, the last pair's second row zero when K is
+  // odd): the layout of the bf16 dot-product instruction.
   GemmEngine engine = GemmEngine::kOwn;
+  bool dot = false;
   int64_t block_stride = 0;
   hwy::AlignedFreeUniquePtr<float[]> stream_f32;
   hwy::AlignedFreeUniquePtr<uint16_t[]> stream_bf16;
@@ -160,6 +167,7 @@ void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int6
 constexpr int kTileRows = 8;
 constexpr int64_t kTileK = 256;
 constexpr int64_t kAheadChunks = 2;
+constexpr int64_t kRowBlock = 64;
 
 // R rows of A (lda apart, at the chunk's first column) against kc rows of a chunk of one panel:
 // sums[R][kStreamPanel] += a @ w (set, not added to, when `first`). `ahead`, when not null, is
@@ -205,46 +213,131 @@ void TileRowsAnyR(int64_t r, const float* w, int64_t kc, const float* a, int64_t
   }
 }
 
-// All M rows of A against one block of packed weights (W: float or bf16 bits), in tiles.
-template <typename W>
-void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a, float* c,
-                std::span<const float* const> operands) {
+// With AVX512-BF16, bf16 weights past the stream run through tiles of bf16 dot products: each
+// instruction multiplies a pair of K rows of the weights (16 columns) by the same pair of one row
+// of A (rounded to bf16 once per GEMM, ConvertA) and adds both products to f32 sums, twice the
+// work of a widened f32 FMA. The tiles are those of TileRows (R rows x 2 vectors, K in chunks),
+// on weights packed in pairs of K rows (Impl::dot).
+#if defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+static_assert(kStreamPanel == 32, "the dot-product tiles are written for 16-lane vectors");
+
+// R rows of A in bf16 (lda apart, at the chunk's first column) against kc rows (in pairs) of a
+// chunk of one panel: sums[R][kStreamPanel] += a @ w (set when `first`); `ahead` as in TileRows.
+template <int R>
+void TileRowsDot(const uint16_t* w, int64_t kc, const uint16_t* a, int64_t lda, float* sums, bool first,
+                 const char* ahead, int64_t ahead_row) {
+  __m512 acc[R][2];
+  for (int i = 0; i < R; ++i) {
+    acc[i][0] = first ? _mm512_setzero_ps() : _mm512_load_ps(sums + i * kStreamPanel);
+    acc[i][1] = first ? _mm512_setzero_ps() : _mm512_load_ps(sums + i * kStreamPanel + 16);
+  }
+  // One pair of K rows: A's pair of each row as one 32-bit lane (`x(i)`) times the weights' pair.
+  auto step = [&](int64_t q, auto x) {
+    if (ahead) {
+      __builtin_prefetch(ahead + q * ahead_row, 0, 2);
+      __builtin_prefetch(ahead + q * ahead_row + 64, 0, 2);
+    }
+    const __m512i w0 = _mm512_load_si512(w + q * 2 * kStreamPanel);
+    const __m512i w1 = _mm512_load_si512(w + q * 2 * kStreamPanel + kStreamPanel);
+    for (int i = 0; i < R; ++i) {
+      const __m512i xi = _mm512_set1_epi32(static_cast<int>(x(i)));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)xi, (__m512bh)w0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)xi, (__m512bh)w1);
+    }
+  };
+  const int64_t pairs = kc / 2;
+  for (int64_t q = 0; q < pairs; ++q) {
+    step(q, [&](int i) {
+      uint32_t pair;
+      std::memcpy(&pair, a + i * lda + 2 * q, sizeof(pair));
+      return pair;
+    });
+  }
+  // An odd K's last row: the second half of A's pair is +0 (the weights' row there is zero too,
+  // and A's next row may hold an infinity).
+  if (kc % 2) step(pairs, [&](int i) { return uint32_t{a[i * lda + kc - 1]}; });
+  for (int i = 0; i < R; ++i) {
+    _mm512_store_ps(sums + i * kStreamPanel, acc[i][0]);
+    _mm512_store_ps(sums + i * kStreamPanel + 16, acc[i][1]);
+  }
+}
+
+void TileRowsDotAnyR(int64_t r, const uint16_t* w, int64_t kc, const uint16_t* a, int64_t lda, float* sums,
+                     bool first, const char* ahead, int64_t ahead_row) {
+  switch (r) {
+    case 1: return TileRowsDot<1>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 2: return TileRowsDot<2>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 3: return TileRowsDot<3>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 4: return TileRowsDot<4>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 5: return TileRowsDot<5>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 6: return TileRowsDot<6>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    case 7: return TileRowsDot<7>(w, kc, a, lda, sums, first, ahead, ahead_row);
+    default: return TileRowsDot<8>(w, kc, a, lda, sums, first, ahead, ahead_row);
+  }
+}
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+// All M rows of A against one block of packed weights, in tiles: W float or bf16 bits widened to
+// f32 per chunk (A f32), or with kDot bf16 pairs of K rows in dot products (A: `a16`, bf16).
+template <typename W, bool kDot = false>
+void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a,
+                const uint16_t* a16, float* c, std::span<const float* const> operands) {
   const DF df;
   const hn::Rebind<hwy::bfloat16_t, DF> dbf;
   const int64_t m = p.m, k = p.k;
+  // Each panel's K rows, rounded up to pairs for the dot products.
+  const int64_t panel_k = kDot ? (k + 1) / 2 * 2 : k;
   thread_local hwy::AlignedFreeUniquePtr<float[]> sums, wide;
   thread_local size_t sums_size = 0;
-  const size_t need = static_cast<size_t>(m * kStreamPanel);
+  const size_t need = static_cast<size_t>(std::min(m, kRowBlock) * kStreamPanel);
   if (sums_size < need) sums = hwy::AllocateAligned<float>(need), sums_size = need;
-  if constexpr (!std::is_same_v<W, float>) {
+  if constexpr (!kDot && !std::is_same_v<W, float>) {
     if (!wide) wide = hwy::AllocateAligned<float>(static_cast<size_t>(kTileK * kStreamPanel));
   }
   const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
-  const W* end = wb + panels * k * kStreamPanel;
+  const W* end = wb + panels * panel_k * kStreamPanel;
   for (int64_t q = 0; q < panels; ++q) {
-    const W* wp = wb + q * k * kStreamPanel;
-    for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
-      const int64_t kc = std::min(kTileK, k - k0);
-      const float* w;
-      if constexpr (std::is_same_v<W, float>) {
-        w = wp + k0 * kStreamPanel;
-      } else {
-        const auto* src = reinterpret_cast<const hwy::bfloat16_t*>(wp + k0 * kStreamPanel);
-        for (int64_t e = 0; e < kc * kStreamPanel; e += kLanes)
-          hn::Store(hn::PromoteTo(df, hn::LoadU(dbf, src + e)), df, wide.get() + e);
-        w = wide.get();
+    const W* wp = wb + q * panel_k * kStreamPanel;
+    for (int64_t rb = 0; rb < m; rb += kRowBlock) {
+      const int64_t mb = std::min(kRowBlock, m - rb);
+      for (int64_t k0 = 0; k0 < k; k0 += kTileK) {
+        const int64_t kc = std::min(kTileK, k - k0);
+        const W* next = wp + (k0 + kAheadChunks * kTileK) * kStreamPanel;
+        const char* ahead =
+            rb == 0 && next + kc * kStreamPanel <= end ? reinterpret_cast<const char*>(next) : nullptr;
+        if constexpr (kDot) {
+#if defined(__AVX512BF16__)
+          for (int64_t r0 = rb; r0 < rb + mb; r0 += kTileRows)
+            TileRowsDotAnyR(std::min<int64_t>(kTileRows, rb + mb - r0), wp + k0 * kStreamPanel, kc, a16 + r0 * k + k0,
+                            k, sums.get() + (r0 - rb) * kStreamPanel, k0 == 0, r0 == rb ? ahead : nullptr,
+                            static_cast<int64_t>(2 * kStreamPanel * sizeof(W)));
+#endif
+        } else {
+          const float* w;
+          if constexpr (std::is_same_v<W, float>) {
+            w = wp + k0 * kStreamPanel;
+          } else {
+            const auto* src = reinterpret_cast<const hwy::bfloat16_t*>(wp + k0 * kStreamPanel);
+            for (int64_t e = 0; e < kc * kStreamPanel; e += kLanes)
+              hn::Store(hn::PromoteTo(df, hn::LoadU(dbf, src + e)), df, wide.get() + e);
+            w = wide.get();
+          }
+          for (int64_t r0 = rb; r0 < rb + mb; r0 += kTileRows)
+            TileRowsAnyR(std::min<int64_t>(kTileRows, rb + mb - r0), w, kc, a + r0 * k + k0, k,
+                         sums.get() + (r0 - rb) * kStreamPanel, k0 == 0, r0 == rb ? ahead : nullptr,
+                         static_cast<int64_t>(kStreamPanel * sizeof(W)));
+        }
       }
-      const W* next = wp + (k0 + kAheadChunks * kTileK) * kStreamPanel;
-      const char* ahead = next + kc * kStreamPanel <= end ? reinterpret_cast<const char*>(next) : nullptr;
-      for (int64_t r0 = 0; r0 < m; r0 += kTileRows)
-        TileRowsAnyR(std::min<int64_t>(kTileRows, m - r0), w, kc, a + r0 * k + k0, k, sums.get() + r0 * kStreamPanel,
-                     k0 == 0, r0 == 0 ? ahead : nullptr, static_cast<int64_t>(kStreamPanel * sizeof(W)));
-    }
-    for (int v = 0; v < 2; ++v) {
-      const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
-      if (col >= width) break;
-      for (int64_t i = 0; i < m; ++i)
-        StoreSums(p, hn::Load(df, sums.get() + i * kStreamPanel + v * kLanes), i, j0 + col, width - col, c, operands);
+      for (int v = 0; v < 2; ++v) {
+        const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
+        if (col >= width) break;
+        for (int64_t i = 0; i < mb; ++i)
+          StoreSums(p, hn::Load(df, sums.get() + i * kStreamPanel + v * kLanes), rb + i, j0 + col, width - col, c,
+                    operands);
+      }
     }
   }
 }
@@ -277,8 +370,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   const bool bf16 = storage == WeightStorage::kBF16;
   p.engine = options.engine;
   if (p.engine == GemmEngine::kOwn) {
-    // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block).
-    p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * k;
+    // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block), or
+    // for the dot products pairs of K rows, each column's two values side by side (Impl::dot).
+    p.dot = bf16 && m > kStreamRows && kBf16Dot;
+    const int64_t panel_k = p.dot ? (k + 1) / 2 * 2 : k;
+    p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * panel_k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
     if (bf16) p.stream_bf16 = hwy::AllocateAligned<uint16_t>(total);
     else p.stream_f32 = hwy::AllocateAligned<float>(total);
@@ -286,12 +382,13 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     for (int64_t blk = 0; blk < p.blocks; ++blk) {
       const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
       for (int64_t q = 0; q * kStreamPanel < width; ++q) {
-        const int64_t base = blk * p.block_stride + q * k * kStreamPanel;
-        for (int64_t kk = 0; kk < k; ++kk)
+        const int64_t base = blk * p.block_stride + q * panel_k * kStreamPanel;
+        for (int64_t kk = 0; kk < panel_k; ++kk)
           for (int64_t j = 0; j < kStreamPanel; ++j) {
             const int64_t col = q * kStreamPanel + j;
-            const float v = col < width ? b[kk * ldb + j0 + col] : 0.f;
-            const size_t at = static_cast<size_t>(base + kk * kStreamPanel + j);
+            const float v = col < width && kk < k ? b[kk * ldb + j0 + col] : 0.f;
+            const int64_t in_panel = p.dot ? (kk / 2 * kStreamPanel + j) * 2 + kk % 2 : kk * kStreamPanel + j;
+            const size_t at = static_cast<size_t>(base + in_panel);
             if (bf16) p.stream_bf16[at] = F32ToBF16Bits(v);
             else p.stream_f32[at] = v;
           }
@@ -356,12 +453,18 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   // GEMMs by shape"): up to 8 rows the weights' read sets the time and the own stream reads at
   // the read bandwidth, oneDNN 2.6 at 24-75% of it; from 9 to 63 rows in f32 the own tiles keep the
   // weights streaming beside the FMAs; from 64 rows the FMAs alone set it and oneDNN's kernels are
-  // a few percent faster. With bf16 weights past the stream, oneDNN's bf16 dot products do twice
-  // the work per instruction of the widened f32 FMAs.
+  // a few percent faster. With bf16 weights past the stream the own dot-product tiles ran 1.2-2.2x
+  // oneDNN 2.6's bf16 matmul up to 64 rows and tie with it from 128 (AVX512-BF16, no AMX); with
+  // AMX, oneDNN's matmul runs its tile instructions, which no own loop has.
   GemmEngine e = GemmEngine::kOwn;
   const char* reason = "own stream: up to 8 rows the weights' read sets the time";
   if (m > kStreamRows && storage == WeightStorage::kBF16) {
-    e = GemmEngine::kOneDnn, reason = "oneDNN bf16 matmul: bf16 dot products past 8 rows";
+    if (OwnBf16Dot() && !CpuHasAmxBf16()) {
+      reason = "own bf16 dot-product tiles: past 8 rows with bf16 weights (AVX512-BF16)";
+    } else {
+      e = GemmEngine::kOneDnn;
+      reason = CpuHasAmxBf16() ? "oneDNN bf16 matmul: AMX tiles past 8 rows" : "oneDNN bf16 matmul: past 8 rows";
+    }
   } else if (m >= kOneDnnRowsF32) {
     e = GemmEngine::kOneDnn, reason = "oneDNN matmul: from 64 rows the FMAs alone set the time";
   } else if (m > kStreamRows) {
@@ -369,6 +472,15 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   }
   if (why) *why = reason;
   return e;
+}
+
+bool CpuHasAmxBf16() {
+  static const bool amx = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    // CPUID leaf 7, sub-leaf 0: EDX bit 22 is AMX-BF16.
+    return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1u);
+  }();
+  return amx;
 }
 
 std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage) {
@@ -379,8 +491,10 @@ std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorag
 }
 
 bool PackedGemm::ReadsA16() const {
-  return impl_->storage == WeightStorage::kBF16 && impl_->engine == GemmEngine::kOneDnn;
+  return impl_->dot || (impl_->storage == WeightStorage::kBF16 && impl_->engine == GemmEngine::kOneDnn);
 }
+
+bool PackedGemm::OwnBf16Dot() { return kBf16Dot; }
 
 const uint16_t* PackedGemm::ConvertA(const float* a, std::vector<uint16_t>& buf) const {
   if (!ReadsA16()) return nullptr;
@@ -418,10 +532,19 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
     const bool streamed = p.m <= kStreamRows;
-    if (streamed && p.stream_bf16) StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
-    else if (streamed) StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
-    else if (p.stream_bf16) TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
-    else TiledBlock(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    if (streamed && p.stream_bf16) {
+      StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+    } else if (streamed) {
+      StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+    } else if (p.dot) {
+      thread_local std::vector<uint16_t> a16;
+      TiledBlock<uint16_t, true>(p, p.stream_bf16.get() + at, width, j0, a, a_bf16 ? a_bf16 : ConvertA(a, a16), c,
+                                 operands);
+    } else if (p.stream_bf16) {
+      TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, nullptr, c, operands);
+    } else {
+      TiledBlock(p, p.stream_f32.get() + at, width, j0, a, nullptr, c, operands);
+    }
     return;
   }
   const size_t which = p.Which(width);

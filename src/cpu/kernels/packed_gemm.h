@@ -17,9 +17,10 @@
 // half as long; each element is widened to f32 as it is loaded and the sums stay f32.
 //
 // Past those rows the FMAs set the time more and more: the same panels run through tiles of
-// our own (8 rows x 2 vectors, K in chunks), or oneDNN's packed matmul, whichever was measured
-// faster for the rows and the weights' storage (PackedGemm::AutoEngine; oneDNN's bf16 matmul
-// reads A rounded to bf16 too).
+// our own (8 rows x 2 vectors, K in chunks, rows in blocks of 64), or oneDNN's packed matmul,
+// whichever was measured faster for the rows and the weights' storage (PackedGemm::AutoEngine).
+// With bf16 weights on a CPU with AVX512-BF16 the own tiles are bf16 dot products, on weights
+// packed in pairs of K rows; they, and oneDNN's bf16 matmul, read A rounded to bf16.
 #pragma once
 
 #include <cstdint>
@@ -87,8 +88,12 @@ class PackedGemm {
   // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
-  // Whether the blocks read A rounded to bf16 (oneDNN's bf16 matmul).
+  // Whether the blocks read A rounded to bf16 (bf16 weights past the stream: the own dot-product
+  // tiles or oneDNN's bf16 matmul).
   bool ReadsA16() const;
+  // Whether the own tiles run bf16 weights as bf16 dot products (a build for AVX512-BF16); else
+  // they widen the weights to f32.
+  static bool OwnBf16Dot();
   // A as the blocks read it: when they read it in bf16, A converted once into `buf` (for every
   // block of one GEMM: pass it to RunBlock); else nullptr.
   const uint16_t* ConvertA(const float* a, std::vector<uint16_t>& buf) const;
@@ -113,6 +118,9 @@ inline constexpr const char* kActivationGemms = "oneDNN sgemm per call";
 inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
   return o.bf16_weights ? GemmWeightStorage::kBF16 : GemmWeightStorage::kF32;
 }
+
+// Whether the CPU has AMX-BF16 (CPUID), whose tile instructions oneDNN's bf16 matmul uses.
+bool CpuHasAmxBf16();
 
 // The per-core L2 size in bytes (glibc reads it from CPUID); 2 MiB where it is not known. The
 // packed blocks' widths and the attention's head groups scale with it.
