@@ -55,11 +55,15 @@ float ReadAll(ThreadPool& pool, int threads, const float* x, int64_t n) {
   return t;
 }
 
+// One GEMM as the kernels run it: A converted to bf16 once where the blocks read it so
+// (PackedGemm::ConvertA), then the blocks spread over the pool.
 void RunGemm(ThreadPool& pool, int threads, const PackedGemm& g, const float* a, float* c) {
   std::atomic<int64_t> next{0};
+  thread_local std::vector<uint16_t> a16_buf;
+  const uint16_t* a16 = g.ConvertA(a, a16_buf);
   const int nt = static_cast<int>(std::min<int64_t>(threads, g.blocks()));
   pool.Parallel(nt, [&](int, int) {
-    for (int64_t b = next.fetch_add(1); b < g.blocks(); b = next.fetch_add(1)) g.RunBlock(b, a, c);
+    for (int64_t b = next.fetch_add(1); b < g.blocks(); b = next.fetch_add(1)) g.RunBlock(b, a, c, {}, a16);
   });
 }
 

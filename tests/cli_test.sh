@@ -100,7 +100,8 @@ grep -q "subgraph cluster_" /tmp/graphfuse_plan.dot || { echo "FAIL explain --do
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_plan.json')); assert j['groups'] and j['refusals'], j" \
   || { echo "FAIL explain --json lacks groups or refusals"; fail=1; }
 # Which engine runs each GEMM on the CPU, and why: the test block's 16 rows take the own f32
-# tiles; with --dtype bf16 (f32 with bf16 weights, as `run` on the CPU) oneDNN's bf16 matmul.
+# tiles; with --dtype bf16 (f32 with bf16 weights, as `run` on the CPU) the engine the CPU's bf16
+# instructions decide (the own dot products, oneDNN's bf16 matmul, or the own tiles widening).
 echo "$LAST" | grep -q "how the CPU runs the GEMMs" && echo "$LAST" | grep -q "fused_gemm_.*16x64 @ 64x64 (f32 weights, packed once): own tiles" \
   || { echo "FAIL explain does not name the GEMM engines: $LAST"; fail=1; }
 python3 -c "
@@ -109,7 +110,8 @@ ops = sorted({g['op'] for g in j['kernel_choices']})
 assert ops == ['FusedAttention', 'FusedGemm'] and all('own tiles' in g['how'] for g in j['kernel_choices']), j['kernel_choices']
 " || { echo "FAIL explain --json lacks the CPU GEMM engines"; fail=1; }
 check explain-cpu-bf16 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype bf16
-echo "$LAST" | grep -q "computing in f32 with bf16 GEMM weights" && echo "$LAST" | grep -q "(bf16 weights, packed once): oneDNN bf16 matmul" \
+echo "$LAST" | grep -q "computing in f32 with bf16 GEMM weights" \
+  && echo "$LAST" | grep -Eq "\(bf16 weights, packed once\): (own bf16 dot-product tiles|oneDNN bf16 matmul|own tiles, bf16 weights widened)" \
   || { echo "FAIL explain --dtype bf16 on the CPU: $LAST"; fail=1; }
 check explain-cpu-f16 2 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype f16
 echo "$LAST" | grep -q "add --cuda-src" || { echo "FAIL explain --dtype f16 on the CPU: $LAST"; fail=1; }

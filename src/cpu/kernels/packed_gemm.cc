@@ -459,11 +459,15 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   GemmEngine e = GemmEngine::kOwn;
   const char* reason = "own stream: up to 8 rows the weights' read sets the time";
   if (m > kStreamRows && storage == WeightStorage::kBF16) {
-    if (OwnBf16Dot() && !CpuHasAmxBf16()) {
+    if (CpuHasAmxBf16()) {
+      e = GemmEngine::kOneDnn, reason = "oneDNN bf16 matmul: AMX tiles past 8 rows";
+    } else if (OwnBf16Dot()) {
       reason = "own bf16 dot-product tiles: past 8 rows with bf16 weights (AVX512-BF16)";
+    } else if (kLanes >= 16) {
+      e = GemmEngine::kOneDnn, reason = "oneDNN bf16 matmul: past 8 rows, without bf16 dot products";
     } else {
-      e = GemmEngine::kOneDnn;
-      reason = CpuHasAmxBf16() ? "oneDNN bf16 matmul: AMX tiles past 8 rows" : "oneDNN bf16 matmul: past 8 rows";
+      // oneDNN 2.6 has only its reference bf16 matmul below AVX-512.
+      reason = "own tiles, bf16 weights widened to f32: no bf16 instructions";
     }
   } else if (m >= kOneDnnRowsF32) {
     e = GemmEngine::kOneDnn, reason = "oneDNN matmul: from 64 rows the FMAs alone set the time";
