@@ -30,6 +30,7 @@ struct Case {
   Storage storage;
   bool post_ops;
   GemmEngine engine = GemmEngine::kAuto;
+  bool bf16_dot = true;
 };
 
 // C = ((A @ B) + bias) + R) * S, every block run; the float64 reference uses B as packed (rounded
@@ -37,6 +38,7 @@ struct Case {
 // post-ops' roundings).
 void Check(const Case& c, uint32_t seed) {
   SCOPED_TRACE(::testing::Message() << c.m << "x" << c.n << "x" << c.k << (c.storage == Storage::kBF16 ? " bf16" : " f32")
+                                    << (c.bf16_dot ? "" : " widened")
                                     << (c.post_ops ? " + bias, residual, scale" : "") << " engine "
                                     << static_cast<int>(c.engine));
   std::mt19937 rng(seed);
@@ -52,23 +54,25 @@ void Check(const Case& c, uint32_t seed) {
     ops = {{PostOp::Kind::kAdd, true}, {PostOp::Kind::kAdd, false}, {PostOp::Kind::kMul, false}};
     operands = {bias.data(), r.data(), s.data()};
   }
-  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops, {.storage = c.storage, .engine = c.engine});
+  auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops,
+                              {.storage = c.storage, .engine = c.engine, .bf16_dot = c.bf16_dot});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const GemmEngine engine = c.engine == GemmEngine::kAuto ? PackedGemm::AutoEngine(c.m, c.storage) : c.engine;
   EXPECT_EQ((*g)->engine(), engine);
-  EXPECT_EQ((*g)->streamed(), engine == GemmEngine::kOwn && c.m <= PackedGemm::kStreamRows);
+  // bf16 weights meet A rounded to bf16 in oneDNN's bf16 matmul, and in the own loops where they
+  // are dot products (AVX512-BF16, at every rows); else the own loops widen the weights.
+  const bool bf16 = c.storage == Storage::kBF16;
+  const bool dots = bf16 && engine == GemmEngine::kOwn && PackedGemm::OwnBf16Dot() && c.bf16_dot;
+  EXPECT_EQ((*g)->streamed(), engine == GemmEngine::kOwn && c.m <= PackedGemm::kStreamRows && !dots);
   EXPECT_EQ((*g)->storage(), c.storage);
-  // Past the stream, bf16 weights meet A rounded to bf16: in oneDNN's bf16 matmul, and in the own
-  // tiles where they are dot products (AVX512-BF16); the own f32 tiles widen the weights instead.
-  const bool past_stream = !(*g)->streamed() && c.storage == Storage::kBF16;
-  EXPECT_EQ((*g)->ReadsA16(), past_stream && (engine == GemmEngine::kOneDnn || PackedGemm::OwnBf16Dot()));
+  EXPECT_EQ((*g)->ReadsA16(), dots || (bf16 && engine == GemmEngine::kOneDnn));
   std::vector<float> out(static_cast<size_t>(c.m * ldc), NAN);
   for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), out.data(), operands);
   double worst = 0;
   for (int64_t i = 0; i < c.m; ++i)
     for (int64_t j = 0; j < c.n; ++j) {
       double dot = 0, mag = 0;
-      const bool bf16 = c.storage == Storage::kBF16, bf16_a = (*g)->ReadsA16();
+      const bool bf16_a = (*g)->ReadsA16();
       for (int64_t kk = 0; kk < c.k; ++kk) {
         float w = b[static_cast<size_t>(kk * ldb + j)], x = a[static_cast<size_t>(i * c.k + kk)];
         if (bf16) w = BF16BitsToF32(F32ToBF16Bits(w));
@@ -93,12 +97,19 @@ TEST(PackedGemm, EveryEngineMatchesFloat64) {
   uint32_t seed = 1;
   for (Storage st : {Storage::kF32, Storage::kBF16})
     for (bool post : {false, true}) {
-      // The engine kAuto takes: rows 1..8 stream (widths not a multiple of a panel, several
-      // blocks); past them f32 takes the own tiles up to 63 rows and oneDNN from 64, bf16 the own
-      // dot-product tiles or oneDNN (AutoEngine).
-      for (int64_t m : {1, 2, 5, 8, 9, 33, 64}) Check({m, 67, 1000, st, post}, seed++);
-      Check({1, 4096, 70, st, post}, seed++);
-      Check({3, 5, 17, st, post}, seed++);
+      // The engine kAuto takes: f32 rows 1..8 stream (widths not a multiple of a panel, several
+      // blocks), the own tiles up to 63 rows and oneDNN from 64; bf16 the own dot-product tiles
+      // (AVX512-BF16) or the stream up to 8 rows, past them the dot products or oneDNN
+      // (AutoEngine). bf16 runs once more with the weights widened as a CPU without bf16 dot
+      // products does: the stream, then the tiles.
+      for (bool dots : {true, false}) {
+        if (!dots && st != Storage::kBF16) continue;
+        for (int64_t m : {1, 2, 5, 8, 9, 33, 64})
+          Check({m, 67, 1000, st, post, GemmEngine::kAuto, dots}, seed++);
+        Check({1, 4096, 70, st, post, GemmEngine::kAuto, dots}, seed++);
+        Check({3, 5, 17, st, post, GemmEngine::kAuto, dots}, seed++);
+        Check({21, 600, 300, st, post, GemmEngine::kOwn, dots}, seed++);
+      }
       // Each engine forced, past the stream: the tiles' row groups end short (9 = 8 + 1, 21 =
       // 8 + 8 + 5), the rows run in two blocks (70 = 64 + 6) and K over several chunks, the last
       // one short (600 = 256 + 256 + 88).

@@ -68,8 +68,8 @@ struct PackedGemm::Impl {
   bool bias = false;  // post_ops[0] is the matmul's bias
   WeightStorage storage = WeightStorage::kF32;
   // The own engine's weights: block b's panels from offset b * block_stride, panel q's K rows of
-  // kStreamPanel values contiguous (columns past n zero). With `dot` (bf16 weights past the
-  // stream, on a CPU with AVX512-BF16) each panel holds pairs of K rows instead, the two values
+  // kStreamPanel values contiguous (columns past n zero). With `dot` (bf16 weights on a CPU with
+  // AVX512-BF16, at any rows) each panel holds pairs of K rows instead, the two values
   // of a column side by side (K rounded up to even, the last pair's second row zero when K is
   // odd): the layout of the bf16 dot-product instruction.
   GemmEngine engine = GemmEngine::kOwn;
@@ -89,7 +89,9 @@ PackedGemm::PackedGemm() : impl_(std::make_unique<Impl>()) {}
 PackedGemm::~PackedGemm() = default;
 int64_t PackedGemm::blocks() const { return impl_->blocks; }
 int64_t PackedGemm::block_cols() const { return impl_->block_cols; }
-bool PackedGemm::streamed() const { return impl_->engine == GemmEngine::kOwn && impl_->m <= kStreamRows; }
+bool PackedGemm::streamed() const {
+  return impl_->engine == GemmEngine::kOwn && impl_->m <= kStreamRows && !impl_->dot;
+}
 GemmEngine PackedGemm::engine() const { return impl_->engine; }
 PackedGemm::WeightStorage PackedGemm::storage() const { return impl_->storage; }
 
@@ -213,11 +215,13 @@ void TileRowsAnyR(int64_t r, const float* w, int64_t kc, const float* a, int64_t
   }
 }
 
-// With AVX512-BF16, bf16 weights past the stream run through tiles of bf16 dot products: each
+// With AVX512-BF16, bf16 weights run through tiles of bf16 dot products at any rows: each
 // instruction multiplies a pair of K rows of the weights (16 columns) by the same pair of one row
 // of A (rounded to bf16 once per GEMM, ConvertA) and adds both products to f32 sums, twice the
 // work of a widened f32 FMA. The tiles are those of TileRows (R rows x 2 vectors, K in chunks),
-// on weights packed in pairs of K rows (Impl::dot).
+// on weights packed in pairs of K rows (Impl::dot). Up to 8 rows they read the weights at the
+// read bandwidth as the stream does, where the stream's widened FMAs could not keep up past 2-4
+// rows.
 #if defined(__AVX512BF16__)
 constexpr bool kBf16Dot = true;
 static_assert(kStreamPanel == 32, "the dot-product tiles are written for 16-lane vectors");
@@ -372,7 +376,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   if (p.engine == GemmEngine::kOwn) {
     // Panels of kStreamPanel columns, each the K rows of its columns (zeros past the block), or
     // for the dot products pairs of K rows, each column's two values side by side (Impl::dot).
-    p.dot = bf16 && m > kStreamRows && kBf16Dot;
+    p.dot = bf16 && kBf16Dot && options.bf16_dot;
     const int64_t panel_k = p.dot ? (k + 1) / 2 * 2 : k;
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * panel_k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
@@ -453,12 +457,15 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   // GEMMs by shape"): up to 8 rows the weights' read sets the time and the own stream reads at
   // the read bandwidth, oneDNN 2.6 at 24-75% of it; from 9 to 63 rows in f32 the own tiles keep the
   // weights streaming beside the FMAs; from 64 rows the FMAs alone set it and oneDNN's kernels are
-  // a few percent faster. With bf16 weights past the stream the own dot-product tiles ran 1.2-2.2x
-  // oneDNN 2.6's bf16 matmul up to 64 rows and tie with it from 128 (AVX512-BF16, no AMX); with
-  // AMX, oneDNN's matmul runs its tile instructions, which no own loop has.
+  // a few percent faster. With bf16 weights the own dot-product tiles read the weights at the read
+  // bandwidth up to 8 rows, ran 1.2-2.2x oneDNN 2.6's bf16 matmul from 9 to 64 rows and 1.0-1.15x
+  // at 128 (AVX512-BF16, no AMX); with AMX, oneDNN's matmul runs its tile instructions, which no
+  // own loop has.
   GemmEngine e = GemmEngine::kOwn;
-  const char* reason = "own stream: up to 8 rows the weights' read sets the time";
-  if (m > kStreamRows && storage == WeightStorage::kBF16) {
+  const bool bf16 = storage == WeightStorage::kBF16;
+  const char* reason = bf16 && OwnBf16Dot() ? "own bf16 dot-product tiles: up to 8 rows the weights' read sets the time"
+                                            : "own stream: up to 8 rows the weights' read sets the time";
+  if (m > kStreamRows && bf16) {
     if (CpuHasAmxBf16()) {
       e = GemmEngine::kOneDnn, reason = "oneDNN bf16 matmul: AMX tiles past 8 rows";
     } else if (OwnBf16Dot()) {
@@ -535,7 +542,7 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
            p.post_ops.size(), " post-ops");
   if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
-    const bool streamed = p.m <= kStreamRows;
+    const bool streamed = p.m <= kStreamRows && !p.dot;
     if (streamed && p.stream_bf16) {
       StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
     } else if (streamed) {

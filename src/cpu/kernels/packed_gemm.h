@@ -14,7 +14,8 @@
 // through one loop of our own (A's rows broadcast, M x 2 vector accumulators, the post-ops
 // applied as each panel is stored), which reads the weights in one sequential pass. With
 // bf16 weights (WeightStorage::kBF16: rounded to nearest even once, when packed) that stream is
-// half as long; each element is widened to f32 as it is loaded and the sums stay f32.
+// half as long; each element is widened to f32 as it is loaded and the sums stay f32 (on a CPU
+// with AVX512-BF16 the dot-product tiles below take bf16 weights at every rows instead).
 //
 // Past those rows the FMAs set the time more and more: the same panels run through tiles of
 // our own (8 rows x 2 vectors, K in chunks, rows in blocks of 64), or oneDNN's packed matmul,
@@ -50,6 +51,9 @@ struct PackedGemmOptions {
   int64_t block_cols = 0;  // > 0: the width of the column blocks (else BlockCols in packed_gemm.cc)
   GemmWeightStorage storage = GemmWeightStorage::kF32;  // kBF16: B rounded to bf16 once, when packed
   GemmEngine engine = GemmEngine::kAuto;
+  // bf16 weights in the own loops: dot products where the build has them (OwnBf16Dot); false
+  // widens the weights to f32 as on a CPU without them (the tests run both).
+  bool bf16_dot = true;
 };
 
 class PackedGemm {
@@ -77,7 +81,7 @@ class PackedGemm {
   ~PackedGemm();
   int64_t blocks() const;
   int64_t block_cols() const;  // every block but the last one
-  bool streamed() const;       // run by the weight-streaming loop (own engine, m <= kStreamRows)
+  bool streamed() const;  // run by the weight-streaming loop (own engine, m <= kStreamRows, no dot products)
   GemmEngine engine() const;   // kOwn or kOneDnn
   WeightStorage storage() const;
   // The engine kAuto takes for m rows of A with these weights, and why, in a few words.
@@ -88,8 +92,8 @@ class PackedGemm {
   // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
-  // Whether the blocks read A rounded to bf16 (bf16 weights past the stream: the own dot-product
-  // tiles or oneDNN's bf16 matmul).
+  // Whether the blocks read A rounded to bf16 (bf16 weights in the own dot-product tiles or
+  // oneDNN's bf16 matmul).
   bool ReadsA16() const;
   // Whether the own tiles run bf16 weights as bf16 dot products (a build for AVX512-BF16); else
   // they widen the weights to f32.
