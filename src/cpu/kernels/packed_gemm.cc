@@ -110,6 +110,22 @@ inline void StoreSums(const PackedGemm::Impl& p, VF r, int64_t i, int64_t col, i
   hn::BlendedStore(r, mask, df, c + i * p.ldc + col);
 }
 
+// f(std::integral_constant<int, R>{}) for R = r in 1..8 (8 past it): the row counts the stream
+// and the tiles are compiled for.
+template <typename F>
+void ForRows(int64_t r, F&& f) {
+  switch (r) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    case 5: return f(std::integral_constant<int, 5>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    case 7: return f(std::integral_constant<int, 7>{});
+    default: return f(std::integral_constant<int, 8>{});
+  }
+}
+
 // M rows of A against one block of streamed weights (W: float or bf16 bits), the post-ops
 // applied as each panel is stored: C[i, j0 + j] for j < width.
 template <int M, typename W>
@@ -143,21 +159,6 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
       if (col >= width) break;
       for (int i = 0; i < M; ++i) StoreSums(p, acc[i][v], i, j0 + col, width - col, c, operands);
     }
-  }
-}
-
-template <typename W>
-void StreamBlockAnyM(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j0, const float* a, float* c,
-                     std::span<const float* const> operands) {
-  switch (p.m) {
-    case 1: return StreamBlock<1>(p, wb, width, j0, a, c, operands);
-    case 2: return StreamBlock<2>(p, wb, width, j0, a, c, operands);
-    case 3: return StreamBlock<3>(p, wb, width, j0, a, c, operands);
-    case 4: return StreamBlock<4>(p, wb, width, j0, a, c, operands);
-    case 5: return StreamBlock<5>(p, wb, width, j0, a, c, operands);
-    case 6: return StreamBlock<6>(p, wb, width, j0, a, c, operands);
-    case 7: return StreamBlock<7>(p, wb, width, j0, a, c, operands);
-    default: return StreamBlock<8>(p, wb, width, j0, a, c, operands);
   }
 }
 
@@ -198,20 +199,6 @@ void TileRows(const float* w, int64_t kc, const float* a, int64_t lda, float* su
   for (int i = 0; i < R; ++i) {
     hn::Store(acc[i][0], df, sums + i * kStreamPanel);
     hn::Store(acc[i][1], df, sums + i * kStreamPanel + kLanes);
-  }
-}
-
-void TileRowsAnyR(int64_t r, const float* w, int64_t kc, const float* a, int64_t lda, float* sums, bool first,
-                  const char* ahead, int64_t ahead_row) {
-  switch (r) {
-    case 1: return TileRows<1>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 2: return TileRows<2>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 3: return TileRows<3>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 4: return TileRows<4>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 5: return TileRows<5>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 6: return TileRows<6>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 7: return TileRows<7>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    default: return TileRows<8>(w, kc, a, lda, sums, first, ahead, ahead_row);
   }
 }
 
@@ -267,19 +254,6 @@ void TileRowsDot(const uint16_t* w, int64_t kc, const uint16_t* a, int64_t lda, 
   }
 }
 
-void TileRowsDotAnyR(int64_t r, const uint16_t* w, int64_t kc, const uint16_t* a, int64_t lda, float* sums,
-                     bool first, const char* ahead, int64_t ahead_row) {
-  switch (r) {
-    case 1: return TileRowsDot<1>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 2: return TileRowsDot<2>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 3: return TileRowsDot<3>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 4: return TileRowsDot<4>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 5: return TileRowsDot<5>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 6: return TileRowsDot<6>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    case 7: return TileRowsDot<7>(w, kc, a, lda, sums, first, ahead, ahead_row);
-    default: return TileRowsDot<8>(w, kc, a, lda, sums, first, ahead, ahead_row);
-  }
-}
 #else
 constexpr bool kBf16Dot = false;
 #endif
@@ -315,9 +289,11 @@ void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j
         if constexpr (kDot) {
 #if defined(__AVX512BF16__)
           for (int64_t r0 = rb; r0 < rb + mb; r0 += kTileRows)
-            TileRowsDotAnyR(std::min<int64_t>(kTileRows, rb + mb - r0), wp + k0 * kStreamPanel, kc, a16 + r0 * k + k0,
-                            k, sums.get() + (r0 - rb) * kStreamPanel, k0 == 0, r0 == rb ? ahead : nullptr,
-                            static_cast<int64_t>(2 * kStreamPanel * sizeof(W)));
+            ForRows(std::min<int64_t>(kTileRows, rb + mb - r0), [&](auto rows) {
+              TileRowsDot<rows()>(wp + k0 * kStreamPanel, kc, a16 + r0 * k + k0, k,
+                                  sums.get() + (r0 - rb) * kStreamPanel, k0 == 0, r0 == rb ? ahead : nullptr,
+                                  static_cast<int64_t>(2 * kStreamPanel * sizeof(W)));
+            });
 #endif
         } else {
           const float* w;
@@ -330,9 +306,10 @@ void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j
             w = wide.get();
           }
           for (int64_t r0 = rb; r0 < rb + mb; r0 += kTileRows)
-            TileRowsAnyR(std::min<int64_t>(kTileRows, rb + mb - r0), w, kc, a + r0 * k + k0, k,
-                         sums.get() + (r0 - rb) * kStreamPanel, k0 == 0, r0 == rb ? ahead : nullptr,
-                         static_cast<int64_t>(kStreamPanel * sizeof(W)));
+            ForRows(std::min<int64_t>(kTileRows, rb + mb - r0), [&](auto rows) {
+              TileRows<rows()>(w, kc, a + r0 * k + k0, k, sums.get() + (r0 - rb) * kStreamPanel, k0 == 0,
+                               r0 == rb ? ahead : nullptr, static_cast<int64_t>(kStreamPanel * sizeof(W)));
+            });
         }
       }
       for (int v = 0; v < 2; ++v) {
@@ -544,9 +521,9 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
     const size_t at = static_cast<size_t>(block * p.block_stride);
     const bool streamed = p.m <= kStreamRows && !p.dot;
     if (streamed && p.stream_bf16) {
-      StreamBlockAnyM(p, p.stream_bf16.get() + at, width, j0, a, c, operands);
+      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_bf16.get() + at, width, j0, a, c, operands); });
     } else if (streamed) {
-      StreamBlockAnyM(p, p.stream_f32.get() + at, width, j0, a, c, operands);
+      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_f32.get() + at, width, j0, a, c, operands); });
     } else if (p.dot) {
       thread_local std::vector<uint16_t> a16;
       TiledBlock<uint16_t, true>(p, p.stream_bf16.get() + at, width, j0, a, a_bf16 ? a_bf16 : ConvertA(a, a16), c,
