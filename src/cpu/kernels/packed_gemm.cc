@@ -435,7 +435,7 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
   // the read bandwidth, oneDNN 2.6 at 24-75% of it; from 9 to 63 rows in f32 the own tiles keep the
   // weights streaming beside the FMAs; from 64 rows the FMAs alone set it and oneDNN's kernels are
   // a few percent faster. With bf16 weights the own dot-product tiles read the weights at the read
-  // bandwidth up to 8 rows, ran 1.2-2.2x oneDNN 2.6's bf16 matmul from 9 to 64 rows and 1.0-1.15x
+  // bandwidth up to 8 rows, ran 1.0-3.3x oneDNN 2.6's bf16 matmul from 9 to 64 rows and 0.97-1.11x
   // at 128 (AVX512-BF16, no AMX); with AMX, oneDNN's matmul runs its tile instructions, which no
   // own loop has.
   GemmEngine e = GemmEngine::kOwn;
