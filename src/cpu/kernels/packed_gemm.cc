@@ -1,7 +1,7 @@
 #include "packed_gemm.h"
 
-#include <hwy/aligned_allocator.h>
 #include <cpuid.h>
+#include <hwy/aligned_allocator.h>
 #include <hwy/highway.h>
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -517,17 +517,17 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   const int64_t width = std::min(p.block_cols, p.n - j0);
   GF_CHECK(operands.size() == p.post_ops.size(), "packed GEMM block: ", operands.size(), " operands for ",
            p.post_ops.size(), " post-ops");
+  // A in bf16 where the blocks read it so: as given, or converted here for this block.
+  thread_local std::vector<uint16_t> a16_buf;
+  const uint16_t* a16 = !ReadsA16() ? nullptr : a_bf16 ? a_bf16 : ConvertA(a, a16_buf);
   if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
-    const bool streamed = p.m <= kStreamRows && !p.dot;
-    if (streamed && p.stream_bf16) {
+    if (streamed() && p.stream_bf16) {
       ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_bf16.get() + at, width, j0, a, c, operands); });
-    } else if (streamed) {
+    } else if (streamed()) {
       ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_f32.get() + at, width, j0, a, c, operands); });
     } else if (p.dot) {
-      thread_local std::vector<uint16_t> a16;
-      TiledBlock<uint16_t, true>(p, p.stream_bf16.get() + at, width, j0, a, a_bf16 ? a_bf16 : ConvertA(a, a16), c,
-                                 operands);
+      TiledBlock<uint16_t, true>(p, p.stream_bf16.get() + at, width, j0, a, a16, c, operands);
     } else if (p.stream_bf16) {
       TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, nullptr, c, operands);
     } else {
@@ -541,11 +541,8 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   thread_local std::vector<char> scratch;
   if (scratch.size() < p.scratch_bytes) scratch.resize(p.scratch_bytes);
   const dnnl::matmul::primitive_desc& pd = p.pds[which];
-  void* src_data = const_cast<float*>(a);
-  if (ReadsA16()) {  // the bf16 matmul reads A rounded to bf16: as given, or converted here
-    thread_local std::vector<uint16_t> a16;
-    src_data = const_cast<uint16_t*>(a_bf16 ? a_bf16 : ConvertA(a, a16));
-  }
+  // The bf16 matmul reads A rounded to bf16.
+  void* src_data = a16 ? static_cast<void*>(const_cast<uint16_t*>(a16)) : static_cast<void*>(const_cast<float*>(a));
   dnnl::memory src(pd.src_desc(), Engine(), src_data);
   dnnl::memory dst(pd.dst_desc(), Engine(), c + j0);
   dnnl::memory pad(pd.scratchpad_desc(), Engine(), scratch.data());

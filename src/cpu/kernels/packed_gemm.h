@@ -88,8 +88,8 @@ class PackedGemm {
   static GemmEngine AutoEngine(int64_t m, WeightStorage storage, const char** why = nullptr);
   // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
   // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
-  // With bf16 weights oneDNN's matmul reads A in bf16: `a_bf16` is A already
-  // converted (ToBF16, once per GEMM for all its blocks); nullptr converts it here, per block.
+  // Where the blocks read A in bf16 (ReadsA16), `a_bf16` is A already converted (ConvertA, once
+  // per GEMM for all its blocks); nullptr converts it here, per block. Else it is not read.
   void RunBlock(int64_t block, const float* a, float* c, std::span<const float* const> operands = {},
                 const uint16_t* a_bf16 = nullptr) const;
   // Whether the blocks read A rounded to bf16 (bf16 weights in the own dot-product tiles or
