@@ -1389,5 +1389,132 @@ TEST(FuseAttention, GroupedQueryHeadsOverACacheMatchUnfused) {
                               1);
 }
 
+// SDPA with a mask as graphfuse's ATen translation and the ONNX exporters write it: grouped
+// K / V heads repeated, the scores scaled, an f32 mask of 0 / -inf added (transformers' bool
+// mask through Where(mask, 0, -inf)), and, when `guard`, Where(IsNaN(P), 0, P) after the
+// softmax. B = 2, H = 4 over 2 K / V heads of 8, S = Sk = `seq`.
+std::string MaskedSdpaText(int64_t seq, bool guard) {
+  std::string text = StrCat("graph @sdpa(%q: f32[2,", seq, ",32], %k: f32[2,", seq, ",16], %v: f32[2,", seq,
+                            ",16], %mask: f32[2,1,", seq, ",", seq, "]) {\n");
+  text += StrCat("  %qs: i64[4] = const [2, ", seq, ", 4, 8]\n  %ks: i64[4] = const [2, ", seq, ", 2, 8]\n",
+                 "  %ax: i64[1] = const [2]\n  %ex: i64[5] = const [2, 2, 2, ", seq, ", 8]\n",
+                 "  %rs: i64[4] = const [2, 4, ", seq, ", 8]\n  %os: i64[3] = const [2, ", seq, ", 32]\n",
+                 "  %c: f32[] = const [0.35355339]\n  %zero: f32[] = const [0]\n");
+  text += R"(  %qr = Reshape(%q, %qs)
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %kr = Reshape(%k, %ks)
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %vr = Reshape(%v, %ks)
+  %v4 = Transpose(%vr) {perm = [0, 2, 1, 3]}
+  %ku = Unsqueeze(%k4, %ax)
+  %kx = Expand(%ku, %ex)
+  %kh = Reshape(%kx, %rs)
+  %vu = Unsqueeze(%v4, %ax)
+  %vx = Expand(%vu, %ex)
+  %vh = Reshape(%vx, %rs)
+  %kt = Transpose(%kh) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%q4, %kt)
+  %s1 = Mul(%s, %c)
+  %s2 = Add(%s1, %mask)
+  %p = Softmax(%s2) {axis = -1}
+)";
+  text += guard ? "  %isn = IsNaN(%p)\n  %pg = Where(%isn, %zero, %p)\n  %o4 = MatMul(%pg, %vh)\n"
+                : "  %o4 = MatMul(%p, %vh)\n";
+  return text + R"(  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}
+  %out = Reshape(%ot, %os)
+  return %out
+})";
+}
+
+// A query row whose every key is masked to -inf is a softmax over -inf alone, NaN: left padding
+// under a causal mask (the padded positions see no key), or a sequence padded everywhere.
+// PyTorch's SDPA gives 0 there, and so does the guard Where(IsNaN(P), 0, P) that its exports and
+// graphfuse's ATen translation write after the softmax. The guard fuses into the one attention
+// kernel (zero_nan_rows), which then gives those rows 0 as the unfused plan does; without the
+// guard both plans give NaN there. Every other row matches the unfused plan and float64, with
+// and without the plan's prepared mask rows (a row block's keys left out).
+TEST(FuseAttention, RowsMaskedEverywhereFollowTheSoftmaxNaNGuard) {
+  constexpr int64_t kSeq = 13, kHeads = 4, kKv = 2, kD = 8;
+  for (const bool causal : {true, false})
+    for (const bool guard : {true, false}) {
+      SCOPED_TRACE(StrCat(causal ? "causal + left padding" : "padding (batch 1 padded everywhere)",
+                          guard ? ", guarded" : ", no guard"));
+      const std::string text = MaskedSdpaText(kSeq, guard);
+      auto unfused = ParseGraph(text);
+      auto fused = ParseGraph(text);
+      ASSERT_TRUE(unfused.ok() && fused.ok()) << unfused.status().ToString();
+      ASSERT_EQ(Formed(FuseAttention(**fused, FusionOptions{}, nullptr)), 1);
+      EXPECT_EQ(CountKernels(**fused), 1) << PrintGraph(**fused);
+      const Node* fa = FindOp(**fused, "FusedAttention");
+      ASSERT_NE(fa, nullptr);
+      EXPECT_EQ(fa->GetInt("zero_nan_rows", 0), guard ? 1 : 0);
+      // Batch b's first pad[b] keys are padding; causal: key j > row r is masked too.
+      const int64_t pad[2] = {3, causal ? 0 : kSeq};
+      auto masked = [&](int64_t b, int64_t r, int64_t j) { return j < pad[b] || (causal && j > r); };
+      const std::vector<Tensor> ins =
+          RandomInputs(**unfused, 31, 0.05, 1.5, [&](const Value& v, int64_t i, std::mt19937&) -> std::optional<double> {
+            if (v.name() != "mask") return std::nullopt;
+            return masked(i / (kSeq * kSeq), i / kSeq % kSeq, i % kSeq) ? -INFINITY : 0.0;
+          });
+      ThreadPool pool(2);
+      auto a = Execute(**unfused, Views(ins), CpuContext{&pool});
+      auto b = Execute(**fused, Views(ins), CpuContext{&pool});
+      ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString() << b.status().ToString();
+      EXPECT_TRUE(SameValues((*b)[0], RunUnprepared(**fused, ins, 2))) << "prepared vs unprepared";
+      // float64, row by row: softmax(0.35355339 q.k + mask) v, or the guard's 0 (NaN without it).
+      const float* q = ins[0].data_as<float>();
+      const float* k = ins[1].data_as<float>();
+      const float* v = ins[2].data_as<float>();
+      int64_t dead_rows = 0;
+      for (int64_t bb = 0; bb < 2; ++bb)
+        for (int64_t h = 0; h < kHeads; ++h)
+          for (int64_t r = 0; r < kSeq; ++r) {
+            const int64_t kh = h / (kHeads / kKv);
+            std::vector<double> p(kSeq);
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < kSeq; ++j) {
+              double dot = 0;
+              for (int64_t c = 0; c < kD; ++c)
+                dot += double(q[(bb * kSeq + r) * kHeads * kD + h * kD + c]) * k[(bb * kSeq + j) * kKv * kD + kh * kD + c];
+              p[j] = masked(bb, r, j) ? -INFINITY : double(0.35355339f) * dot;
+              m = std::max(m, p[j]);
+            }
+            const bool dead = m == -INFINITY;
+            dead_rows += dead && h == 0;
+            for (double& x : p) sum += (x = dead ? 0 : std::exp(x - m));
+            for (int64_t c = 0; c < kD; ++c) {
+              double want = 0;
+              for (int64_t j = 0; j < kSeq; ++j) want += p[j] * v[(bb * kSeq + j) * kKv * kD + kh * kD + c];
+              want = dead ? (guard ? 0.0 : NAN) : want / sum;
+              const int64_t i = (bb * kSeq + r) * kHeads * kD + h * kD + c;
+              const double got = (*b)[0].GetAsDouble(i), base = (*a)[0].GetAsDouble(i);
+              if (std::isnan(want)) {
+                EXPECT_TRUE(std::isnan(got) && std::isnan(base)) << "element " << i << ": fused " << got << ", unfused " << base;
+                continue;
+              }
+              if (dead) {
+                EXPECT_EQ(got, 0.0) << "element " << i << " (fused)";
+                EXPECT_EQ(base, 0.0) << "element " << i << " (unfused)";
+                continue;
+              }
+              EXPECT_NEAR(got, want, kAtol + kRtol * std::fabs(want)) << "element " << i << " vs float64";
+              EXPECT_NEAR(got, base, kAtol + kRtol * std::fabs(base)) << "element " << i << " vs unfused";
+            }
+          }
+      EXPECT_EQ(dead_rows, causal ? 3 : kSeq);  // the rows masked everywhere, per head
+    }
+}
+
+// The guard fuses only as written: Where(IsNaN(P), 0, P) with nothing else reading IsNaN's
+// result; a guard whose fill is not 0 stays outside, and the attention does not fuse.
+TEST(FuseAttention, NaNGuardFusesOnlyWithAZeroFill) {
+  std::string text = MaskedSdpaText(5, true);
+  const std::string zero = "%zero: f32[] = const [0]";
+  text.replace(text.find(zero), zero.size(), "%zero: f32[] = const [0.5]");
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_EQ(Formed(FuseAttention(**g, FusionOptions{}, nullptr)), 0) << PrintGraph(**g);
+}
+
 }  // namespace
 }  // namespace graphfuse

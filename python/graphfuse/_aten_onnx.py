@@ -539,9 +539,10 @@ def _sdpa_check(n, info):
 
 
 def _sdpa(b: Builder, n):
-    """Attention as torch.onnx.export writes it: MatMul(q, kᵀ) * scale + mask -> Softmax ->
-    MatMul(·, v); grouped-query K and V repeated as transformers' repeat_kv does (Unsqueeze,
-    Expand, Reshape), which graphfuse's attention fusion folds back into kv_heads."""
+    """Attention as torch.onnx.export writes it: MatMul(q, kᵀ) * scale + mask -> Softmax (with
+    the exporters' Where(IsNaN(p), 0, p) guard under a mask) -> MatMul(·, v); grouped-query K
+    and V repeated as transformers' repeat_kv does (Unsqueeze, Expand, Reshape), which
+    graphfuse's attention fusion folds back into kv_heads."""
     q, k, v, mask, _, causal, scale, _ = _sdpa_args(n)
     qm, km, vm = b.meta(q), b.meta(k), b.meta(v)
     dt = qm.dtype
@@ -574,6 +575,11 @@ def _sdpa(b: Builder, n):
             additive = b.value(mask, dt)
         scores = b.add("Add", [scores, additive])
     probs = b.add("Softmax", [scores], axis=-1)
+    if mask is not None:
+        # A query row whose keys are all masked (left padding under a causal mask) is a softmax
+        # over -inf alone, NaN; PyTorch's SDPA gives 0 there, and so does this guard, as the
+        # ONNX exporters write it. graphfuse's attention fusion absorbs it (zero_nan_rows).
+        probs = b.add("Where", [b.add("IsNaN", [probs]), b.const(0.0, dt), probs])
     out = b.add("MatMul", [probs, vq])
     if n.target == aten.scaled_dot_product_attention.default:
         return out

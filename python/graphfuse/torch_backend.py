@@ -40,7 +40,11 @@ requires grad runs the graph in PyTorch, with a warning, so that training stays 
 
 options (torch.compile(..., options={...})): "fusion" (default True), "threads" (graphfuse's CPU
 pool; 0: the hardware's), "cache_size" (4), "dump_dir" (writes each partition's ONNX model
-there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`).
+there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`), "check" (default
+False; also on with the environment variable GRAPHFUSE_CHECK=1): on the first call of each
+compiled signature, every partition is also run in PyTorch on the same inputs and compared; the
+first that differs (NaN where eager has none, or past the dtype's tolerance) is named in a
+RuntimeWarning, and each partition's report carries "check" (ok, max_abs_err, output, why).
 """
 
 from __future__ import annotations
@@ -270,13 +274,16 @@ class _Support(OperatorSupportBase):
 
 
 class _Runner(torch.nn.Module):
-    """A partition run by a graphfuse session: torch tensors in, torch tensors out."""
+    """A partition run by a graphfuse session: torch tensors in, torch tensors out. With a
+    `check` (the check option), its first call also runs the partition's ATen ops in PyTorch on
+    the same inputs and compares (_check_partition)."""
 
-    def __init__(self, session: InferenceSession, out_dtypes: list, tuple_out: bool):
+    def __init__(self, session: InferenceSession, out_dtypes: list, tuple_out: bool, check: Optional[dict] = None):
         super().__init__()
         self.session = session
         self.out_dtypes = out_dtypes
         self.tuple_out = tuple_out
+        self.check = check
 
     def forward(self, *tensors):
         arrays = [t.detach().contiguous() for t in tensors]
@@ -285,7 +292,52 @@ class _Runner(torch.nn.Module):
         for o, dt in zip(outs, self.out_dtypes):
             t = torch.from_numpy(o)
             result.append(t if t.dtype == dt else t.to(dt))
+        if self.check is not None:
+            check, self.check = self.check, None
+            _check_partition(check, tensors, result)
         return tuple(result) if self.tuple_out else result[0]
+
+
+# The check option's tolerance per output dtype: |graphfuse - eager| <= atol + rtol * |eager|.
+_CHECK_TOLERANCE = {torch.float32: (1e-3, 1e-4), torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
+def _check_partition(check: dict, tensors: tuple, got: list) -> None:
+    """Runs the partition's own ATen graph (check["module"]) in PyTorch on the inputs the
+    session got (constants where the partition folded them) and compares each output with the
+    session's: NaN where the other is not, or past the dtype's tolerance, is a mismatch. Fills
+    check["result"] (the report's entry); a mismatch warns, naming the graph, the partition, the
+    output and the first element that differs."""
+    live = iter(tensors)
+    args = [c if c is not None else next(live) for c in check["constants"]]
+    with torch.no_grad():
+        want = check["module"](*args)
+    want = list(want) if isinstance(want, (tuple, list)) else [want]
+    result = check["result"]
+    result.update({"checked": True, "ok": True, "max_abs_err": 0.0})
+    for j, (g, w) in enumerate(zip(got, want)):
+        if not isinstance(w, torch.Tensor) or g.shape != w.shape:
+            result.update({"ok": False, "output": j, "why": f"shape {tuple(g.shape)}, eager {tuple(getattr(w, 'shape', ()))}"})
+            break
+        if not g.dtype.is_floating_point:
+            bad = g != w
+        else:
+            rtol, atol = _CHECK_TOLERANCE.get(g.dtype, (1e-3, 1e-4))
+            gd, wd = g.double(), w.double()
+            err = (gd - wd).abs()
+            finite = torch.isfinite(err)
+            if finite.any():
+                result["max_abs_err"] = max(result["max_abs_err"], err[finite].max().item())
+            same_special = (gd == wd) | (torch.isnan(gd) & torch.isnan(wd))
+            bad = ~(same_special | (err <= atol + rtol * wd.abs()))
+        if bad.any():
+            at = tuple(int(i) for i in bad.nonzero()[0])
+            result.update({"ok": False, "output": j, "why": f"element {list(at)} is {g[at].item()!r}, eager gives {w[at].item()!r}"})
+            break
+    if not result["ok"]:
+        warnings.warn(
+            f"graphfuse check: graph {check['graph']} partition {check['name']} differs from eager at output "
+            f"{result['output']}: {result['why']}", RuntimeWarning, stacklevel=3)
 
 
 def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Recorder, name: str):
@@ -369,11 +421,15 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
     positions of the module's parameters and buffers, which become constants."""
     t0 = time.perf_counter()
     frozen = {i: a for i, a in enumerate(args) if i in state or not isinstance(a, torch.Tensor)}
-    traced = _trace(gm, args, frozen)
+    # Tracing and recording run the graph for real, twice: each on its own copy of the live
+    # inputs, since a graph may write into them in place (transformers' static KV cache writes
+    # its rows and advances its length counter). On the inputs themselves those writes would
+    # happen three times for one call.
+    traced = _trace(gm, _copies(args, frozen), frozen)
     for n in traced.graph.nodes:
         if n.op == "call_function" and n.target in (torch.ops.aten.copy_.default,) and n.args[0].op == "get_attr":
             raise _Unsupported("the graph writes into a parameter or buffer in place")
-    live = [a for i, a in enumerate(args) if i not in frozen]
+    live = [a for i, a in enumerate(_copies(args, frozen)) if i not in frozen]
     t_trace = time.perf_counter()
     rec = _Recorder(traced)
     with torch.no_grad():
@@ -421,7 +477,15 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
                     fallback[str(s.target)] += 1
                     reasons[str(s.target)] = f"partition refused: {e}"
             continue
-        runner = _Runner(session, out_dtypes, tuple_out)
+        check = None
+        if options.get("check"):
+            placeholders = [p for p in sub.graph.nodes if p.op == "placeholder"]
+            check = {
+                "graph": graph_id, "name": n.target, "module": sub, "result": {"checked": False},
+                "constants": [None if k in live_pos else rec.const_values[p.meta["gf_orig"]]
+                              for k, p in enumerate(placeholders)],
+            }
+        runner = _Runner(session, out_dtypes, tuple_out, check)
         setattr(fused, n.target, runner)
         n.args = tuple(n.args[k] for k in live_pos)
         part_reports.append(
@@ -433,6 +497,8 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
                 "compile_ms": (time.perf_counter() - tp) * 1e3,
             }
         )
+        if check is not None:
+            part_reports[-1]["check"] = check["result"]
     fused.graph.eliminate_dead_code()
     fused.recompile()
     report = {
@@ -446,6 +512,11 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
         "fallback": {k: {"count": c, "reason": reasons[k]} for k, c in sorted(fallback.items())},
     }
     return fused, report
+
+
+def _copies(args: list, frozen: dict) -> list:
+    """args with each live tensor replaced by a copy (same shape, strides and values)."""
+    return [a.clone() if isinstance(a, torch.Tensor) and i not in frozen else a for i, a in enumerate(args)]
 
 
 def _signature_text(args: list, frozen: dict) -> str:
@@ -544,7 +615,9 @@ class _CompiledGraph:
 def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: Optional[dict] = None) -> Callable:
     """The Dynamo backend: torch.compile(model, backend="graphfuse", options={...})."""
     opts = dict(options or {})
-    known = {"fusion", "threads", "cache_size", "dump_dir"}
+    if os.environ.get("GRAPHFUSE_CHECK", "") not in ("", "0"):
+        opts.setdefault("check", True)
+    known = {"fusion", "threads", "cache_size", "dump_dir", "check"}
     unknown = set(opts) - known
     if unknown:
         raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes {', '.join(sorted(known))}")

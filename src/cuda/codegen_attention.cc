@@ -137,6 +137,26 @@ std::string ScoresToExponentials(const AttentionParts& a, const std::string& row
   return t;
 }
 
+// After ScoresToExponentials: the row's sum (every thread holds it; the reduction also orders
+// the exponentials' writes before any read) and inv = 1 / sum. Under zero_nan_rows a NaN row
+// (sum NaN: every key masked to -inf, or a NaN or +inf score) has its exponentials read as 0,
+// as the guard Where(IsNaN(P), 0, P) gives: `nan_row` says so, and inv is 0.
+std::string RowSumAndInverse(const AttentionParts& a) {
+  std::string t = "    const double total = gf::block_sum(sum);\n";
+  if (a.d.zero_nan_rows) {
+    t += "    const bool nan_row = total != total;  // zero_nan_rows: this row of P is zeros\n";
+    t += "    const float inv = nan_row ? 0.f : static_cast<float>(1.0 / total);\n";
+  } else {
+    t += "    const float inv = static_cast<float>(1.0 / total);\n";
+  }
+  return t;
+}
+
+// Exponential j of `row` as P V reads it: 0 in a NaN row under zero_nan_rows.
+std::string Weight(const AttentionParts& a, const std::string& e) {
+  return a.d.zero_nan_rows ? StrCat("(nan_row ? 0.f : ", e, ")") : e;
+}
+
 }  // namespace
 
 // FusedAttention: one thread block per (batch, head, query row), grid-stride over them. The
@@ -213,10 +233,10 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ", LoadF32(a.k_dt, "kr[c]"), ";\n");
   }
   t += ScoresToExponentials(a, "ps", "acc");
-  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));  // also orders ps's writes before the reads\n";
+  t += RowSumAndInverse(a);
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
   t += "      float o = 0.f;\n";
-  t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ps[j] * ",
+  t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ", Weight(a, "ps[j]"), " * ",
               LoadF32(a.v_dt, StrCat("vh[j * ", va.row_stride, "LL + c]")), ";\n");
   t += StrCat("      ", StoreTo(a.out_dt, "oh", "c", "o * inv"), "\n    }\n  }\n}\n");
   return Finish(head, t, AttentionBaseName(d, "attention"), a.q_dt, std::move(k));
@@ -316,8 +336,9 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   t += "    float m = -__int_as_float(0x7f800000);\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
   t += ScoresToExponentials(a, "row", "row[j]");
-  t += "    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));\n";
-  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = row[j] * inv;\n");
+  t += RowSumAndInverse(a);
+  t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = ",
+              Weight(a, "row[j] * inv"), ";\n");
   t += "  }\n}\n";
   soft = Finish(head, t, StrCat("attention_softmax", MaskSuffix(d), "_h", d.h), DType::kF32, std::move(soft));
 

@@ -23,7 +23,8 @@
 //          not (DecodeSplitOptions::one_launch off).
 //
 // A chunk whose keys are all masked to -inf has m = -inf: its exponentials are taken against 0
-// (all 0) and its weight exp(-inf - M) is 0; a row masked everywhere gives NaN, as on the CPU.
+// (all 0) and its weight exp(-inf - M) is 0; a row masked everywhere gives NaN, as on the CPU,
+// or 0 under zero_nan_rows (FoldSplits).
 // Operands and outputs are f32, f16 or bf16 (one dtype, the node's): loads go through gf::f32_of
 // and stores through gf::store; accumulation stays f32, sums in double. A new key roped in f32 is
 // rounded to the cache's dtype before its scores, so that the scores read the key present_k
@@ -62,16 +63,23 @@ int64_t Ceil(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // partial of the row (kStep floats to the next split's), `load` reads one float of them, `dst`
 // is the output element. M = max of the splits' m; out = sum_s acc_s e_s / sum_s l_s e_s with
 // e_s = exp(m_s - M), the denominator summed in double.
-std::string FoldSplits(const std::string& in, const std::string& load, const std::string& dst) {
+// zero_nan_rows (the guard Where(IsNaN(P), 0, P) absorbed): a row masked everywhere (M = -inf)
+// weighs its splits against 0 (each e_s = 0, l = 0) and stores sum_s acc_s * 0, which is the
+// guard's 0 . V (0 for finite V); a row that met a NaN or +inf score (l NaN) stores 0.
+std::string FoldSplits(const std::string& in, const std::string& load, const std::string& dst, bool zero_nan_rows) {
   auto ld = [&](const std::string& off) { return StrCat(load, "(pr + s * kStep", off, ")"); };
   std::string t = StrCat(in, "float mx = -__int_as_float(0x7f800000);\n");
   t += StrCat(in, "for (long long s = 0; s < kSplits; ++s) mx = gf::max(mx, ", ld(""), ");\n");
+  if (zero_nan_rows) t += StrCat(in, "if (mx == -__int_as_float(0x7f800000)) mx = 0.f;\n");
   t += StrCat(in, "double l = 0;\n", in, "float o = 0.f;\n");
   t += StrCat(in, "for (long long s = 0; s < kSplits; ++s) {\n");
   t += StrCat(in, "  const float w = expf(", ld(""), " - mx);\n");
   t += StrCat(in, "  l += static_cast<double>(", ld(" + 1"), ") * w;\n");
   t += StrCat(in, "  o += ", ld(" + 2 + c"), " * w;\n", in, "}\n");
-  t += StrCat(in, "gf::store(&", dst, ", o * static_cast<float>(1.0 / l));\n");
+  if (zero_nan_rows)
+    t += StrCat(in, "gf::store(&", dst, ", l != l ? 0.f : l == 0 ? o : o * static_cast<float>(1.0 / l));\n");
+  else
+    t += StrCat(in, "gf::store(&", dst, ", o * static_cast<float>(1.0 / l));\n");
   return t;
 }
 
@@ -274,7 +282,8 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
     t += "        const long long c = i % kDv, rr = i / kDv, r = rr % kS, h = kh * kG + rr / kS;\n";
     t += "        const float* pr = p0 + rr * (kDv + 2);\n";
     t += FoldSplits("        ", "__ldcg",
-                    StrCat("out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride, "LL + c]"));
+                    StrCat("out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride, "LL + c]"),
+                    d.zero_nan_rows);
     t += "      }\n";
     t += "      if (tid == 0) tickets[bk] = 0;  // ready for the next run\n";
     t += "    }\n";
@@ -303,7 +312,7 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += StrCat("    ", otype(0), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
               "LL;\n");
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
-  t += FoldSplits("      ", "*", "oh[c]");
+  t += FoldSplits("      ", "*", "oh[c]", d.zero_nan_rows);
   t += "    }\n  }\n}\n";
   ck_ = Named(head, t, StrCat("decode_attention_combine", name_part), dt, std::move(ck_));
   return out;

@@ -14,7 +14,8 @@
 //      thread accumulates columns lane, lane + kTpr, ... of its row's output in registers.
 //   3. out = acc * (1 / l), rounded once to the output's dtype.
 // A row with no finite score so far subtracts 0 instead of -inf (its exponentials are then 0,
-// not NaN); a row whose every score is -inf ends with l = 0 and is NaN, as on the CPU.
+// not NaN); a row whose every score is -inf ends with l = 0 and is NaN, as on the CPU, or 0
+// under zero_nan_rows (the softmax's NaN guard absorbed).
 //
 // Causal tiles: when the node's mask (an f32 mask alone, or a bool mask alone) is a constant
 // that drops every key from r + 1 + kOff on from row r (at most; mask_scale * mask <= -1e4, or
@@ -268,10 +269,19 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   t += "        for (int jj = 0; jj < kBc; ++jj) o += ps[i * (kBc + 1) + jj] * vs[jj * kDv + c];\n";
   t += "        acc[u] = o;\n      }\n    }\n";
   // 3. The rows' outputs.
-  t += "    if (rv) {\n      const float inv = static_cast<float>(1.0 / l);\n";
+  // Under zero_nan_rows (the guard Where(IsNaN(P), 0, P)): a row whose every score is -inf has
+  // l = 0 and acc = 0 . V already (its exponentials were 0), which is what the guard gives; a
+  // row that met a NaN or +inf score has l NaN and stores 0 (0 . V for finite V).
+  std::string value = "acc[u] * inv";
+  if (d.zero_nan_rows) {
+    t += "    if (rv) {\n      const float inv = l == 0 ? 1.f : static_cast<float>(1.0 / l);\n";
+    value = "(l != l ? 0.f : acc[u] * inv)";
+  } else {
+    t += "    if (rv) {\n      const float inv = static_cast<float>(1.0 / l);\n";
+  }
   t += "      for (int u = 0; u < kAcc; ++u) {\n";
   t += "        const long long c = lane + u * kTpr;\n        if (c >= kDv) break;\n";
-  t += StrCat("        ", StoreTo(a.out_dt, "oh", StrCat("r * ", oa.row_stride, "LL + c"), "acc[u] * inv"), "\n");
+  t += StrCat("        ", StoreTo(a.out_dt, "oh", StrCat("r * ", oa.row_stride, "LL + c"), value), "\n");
   t += "      }\n    }\n  }\n}\n";
   const std::string base =
       StrCat(AttentionBaseName(d, "flash_attention"), "_br", tl.br, "_bc", tl.bc, causal ? "_causal" : "");

@@ -10,7 +10,9 @@
 //            scalar constant, e.g. -inf; Not / Cast-to-bool of the mask that nothing else reads
 //            come inside, as a flip)
 //   %p  = Softmax(%s2, axis -1)
-//   %o4 = MatMul(%p, %v4)
+//   %p1 = Where(IsNaN(%p), 0, %p)           (optional: the exporters' and SDPA's guard, which turns
+//                                             a row masked everywhere into zeros, not NaN)
+//   %o4 = MatMul(%p1, %v4)
 //   %o  = Reshape(Transpose(%o4, perm [0,2,1,3]), [B,S,H*d])      (optional)
 //
 // Note on the algorithm. Each Softmax over the last axis anchors a match: its input chain is
@@ -84,6 +86,8 @@ struct Match {
   Node* qk = nullptr;
   Node* pv = nullptr;
   std::vector<Node*> core;  // scale, mask and softmax nodes between the MatMuls
+  Node* nan_test = nullptr;   // the guard after the softmax: IsNaN(p) ...
+  Node* nan_guard = nullptr;  // ... and Where(IsNaN(p), 0, p), which the P V MatMul reads
   Operand q, k, v;
   Value* mask = nullptr;       // added (f32)
   Value* bool_mask = nullptr;  // selecting (Where)
@@ -218,8 +222,11 @@ class AttentionFuser {
 
   bool MatchAt(Node* sm, Match* m) {
     m->softmax = sm;
-    // The P V MatMul: the first reader of the probabilities that multiplies them from the left.
+    // The P V MatMul: the first reader of the probabilities (or of their NaN guard) that
+    // multiplies them from the left.
     Value* p = sm->output();
+    MatchNanGuard(p, m);
+    if (m->nan_guard) p = m->nan_guard->output();
     for (const Use& u : p->uses())
       if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
     if (!m->pv) return false;
@@ -304,6 +311,23 @@ class AttentionFuser {
     return CheckCore(m) && MatchOperands(m);
   }
 
+  // Where(IsNaN(p), 0, p) reading the softmax's output p, as the exporters write after the
+  // softmax of a masked SDPA (and graphfuse's ATen translation of it): the IsNaN read by that
+  // Where alone, the Where's 0 a scalar constant. CheckCore checks who else reads them.
+  void MatchNanGuard(Value* p, Match* m) {
+    for (const Use& u : p->uses()) {
+      Node* test = u.node;
+      if (test->op() != "IsNaN") continue;
+      const Use* w = SingleUse(test->output());
+      if (!w || w->node->op() != "Where" || w->input_index != 0 || w->node->input(2) != p) continue;
+      const std::optional<double> fill = ScalarConstant(w->node->input(1));
+      if (!fill || *fill != 0) continue;
+      m->nan_test = test;
+      m->nan_guard = w->node;
+      return;
+    }
+  }
+
   // Shapes, dtypes and privacy of everything between the two MatMuls.
   bool CheckCore(Match* m) {
     Node* qk = m->qk;
@@ -345,7 +369,9 @@ class AttentionFuser {
              StrCat("softmax over axis ", axis, " of ", p->TypeString(), ", not the key axis"));
       return false;
     }
-    for (const Node* n : m->core)
+    std::vector<const Node*> shaped(m->core.begin(), m->core.end());
+    if (m->nan_guard) shaped.insert(shaped.end(), {m->nan_test, m->nan_guard});
+    for (const Node* n : shaped)
       if (n->output()->shape() != scores) {
         Refuse(n, pv->name(), kUnsupportedLayout,
                StrCat(n->Describe(), " gives ", n->output()->TypeString(), ", not the scores' shape ",
@@ -358,14 +384,16 @@ class AttentionFuser {
                StrCat("mask '", mk->name(), "' ", mk->TypeString(), " does not broadcast to ", ShapeToString(scores)));
         return false;
       }
-    // Every value from Q K^T to the probabilities is read by the next step of the pattern only.
+    // Every value from Q K^T to the probabilities is read by the next step of the pattern only
+    // (the probabilities by the guard's IsNaN and Where, when guarded).
     std::vector<Node*> chain = {qk};
     chain.insert(chain.end(), m->core.begin(), m->core.end());
+    if (m->nan_guard) chain.insert(chain.end(), {m->nan_test, m->nan_guard});
     for (size_t i = 0; i < chain.size(); ++i) {
       const Value* o = chain[i]->output();
       const Node* next = i + 1 < chain.size() ? chain[i + 1] : pv;
       for (const Use& u : o->uses())
-        if (u.node != next) {
+        if (u.node != next && !(chain[i] == m->softmax && u.node == m->nan_guard)) {
           Refuse(chain[i], u.node->name(), kIntermediateEscapes,
                  StrCat("'", o->name(), "' is also read by ", u.node->Describe(),
                         ": the attention kernel never materializes it"));
@@ -479,6 +507,7 @@ class AttentionFuser {
     for (const Operand* op : {&m.q, &m.k, &m.v}) all.insert(all.end(), op->nodes.begin(), op->nodes.end());
     all.insert(all.end(), m.out_nodes.begin(), m.out_nodes.end());
     all.insert(all.end(), m.mask_nodes.begin(), m.mask_nodes.end());
+    if (m.nan_guard) all.insert(all.end(), {m.nan_test, m.nan_guard});
     std::sort(all.begin(), all.end(), [&](Node* a, Node* b) { return index_.at(a) < index_.at(b); });
     all.erase(std::unique(all.begin(), all.end()), all.end());
     return all;
@@ -527,6 +556,7 @@ class AttentionFuser {
         {"reference", std::shared_ptr<const Graph>(ref)},
     };
     if (m.kv_h != m.h) attrs["kv_heads"] = m.kv_h;
+    if (m.nan_guard) attrs["zero_nan_rows"] = int64_t{1};
     auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
     if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
     if ((*fused)->output()->shape() != m.out->shape())

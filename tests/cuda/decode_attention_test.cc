@@ -41,6 +41,9 @@ struct DecodeSpec {
   int64_t b = 1, h = 4, kv = 4, past = 7, s = 1, d = 16;
   bool rope = true;
   bool inf_mask = false;  // masked keys get -inf (else the lowest float, as transformers exports)
+  // The mask per batch entry [B,1,S,Sk], batch 0's first row masked at every key (-inf), and
+  // the softmax followed by the guard Where(IsNaN(P), 0, P), which zeroes that row.
+  bool guarded_dead_row = false;
 };
 
 std::string Ints(std::initializer_list<int64_t> v) {
@@ -56,8 +59,14 @@ std::string Ints(std::initializer_list<int64_t> v) {
 std::string DecoderText(const DecodeSpec& c) {
   const int64_t sk = c.past + c.s, r = c.h / c.kv;
   std::string mask;
-  for (int64_t i = 0; i < c.s; ++i)
-    for (int64_t j = 0; j < sk; ++j) mask += StrCat(mask.empty() ? "" : ", ", j > c.past + i ? (c.inf_mask ? "-inf" : "-3.40282347e+38") : "0");
+  const int64_t mb = c.guarded_dead_row ? c.b : 1;
+  for (int64_t b = 0; b < mb; ++b)
+    for (int64_t i = 0; i < c.s; ++i)
+      for (int64_t j = 0; j < sk; ++j) {
+        const bool dead = c.guarded_dead_row && b == 0 && i == 0;
+        mask += StrCat(mask.empty() ? "" : ", ",
+                       dead ? "-inf" : j > c.past + i ? (c.inf_mask ? "-inf" : "-3.40282347e+38") : "0");
+      }
   std::string t = StrCat("graph @kv(%q: f32[", Ints({c.b, c.s, c.h * c.d}), "], %k: f32[", Ints({c.b, c.s, c.kv * c.d}),
                          "], %v: f32[", Ints({c.b, c.s, c.kv * c.d}), "], %past_k: f32[", Ints({c.b, c.kv, c.past, c.d}),
                          "], %past_v: f32[", Ints({c.b, c.kv, c.past, c.d}), "]");
@@ -66,7 +75,8 @@ std::string DecoderText(const DecodeSpec& c) {
   t += StrCat("  %qs: i64[4] = const [", Ints({c.b, c.s, c.h, c.d}), "]\n");
   t += StrCat("  %ks: i64[4] = const [", Ints({c.b, c.s, c.kv, c.d}), "]\n");
   t += StrCat("  %os: i64[3] = const [", Ints({c.b, c.s, c.h * c.d}), "]\n");
-  t += StrCat("  %mask: f32[1,1,", c.s, ",", sk, "] = const [", mask, "]\n");
+  t += StrCat("  %mask: f32[", mb, ",1,", c.s, ",", sk, "] = const [", mask, "]\n");
+  if (c.guarded_dead_row) t += "  %zero: f32[] = const [0]\n";
   t += StrCat("  %c: f32[] = const [", 1.0 / std::sqrt(static_cast<double>(c.d)), "]\n");
   t += "  %qr = Reshape(%q, %qs)\n  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}\n";
   t += "  %kr = Reshape(%k, %ks)\n  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}\n";
@@ -89,14 +99,17 @@ std::string DecoderText(const DecodeSpec& c) {
   }
   t += StrCat("  %kt = Transpose(", kh, ") {perm = [0, 1, 3, 2]}\n");
   t += StrCat("  %s = MatMul(", q, ", %kt)\n  %s1 = Mul(%s, %c)\n  %s2 = Add(%s1, %mask)\n");
-  t += StrCat("  %p = Softmax(%s2) {axis = -1}\n  %o4 = MatMul(%p, ", vh, ")\n");
+  t += "  %p = Softmax(%s2) {axis = -1}\n";
+  if (c.guarded_dead_row) t += "  %isn = IsNaN(%p)\n  %pg = Where(%isn, %zero, %p)\n";
+  t += StrCat("  %o4 = MatMul(", c.guarded_dead_row ? "%pg" : "%p", ", ", vh, ")\n");
   t += "  %ot = Transpose(%o4) {perm = [0, 2, 1, 3]}\n  %out = Reshape(%ot, %os)\n";
   t += "  return %out, %present_k, %present_v\n}";
   return t;
 }
 
 std::string Label(const DecodeSpec& c) {
-  return StrCat("b", c.b, " h", c.h, " kv", c.kv, " past", c.past, " s", c.s, " d", c.d, c.rope ? "" : " no rope", c.inf_mask ? " -inf mask" : "");
+  return StrCat("b", c.b, " h", c.h, " kv", c.kv, " past", c.past, " s", c.s, " d", c.d, c.rope ? "" : " no rope",
+                c.inf_mask ? " -inf mask" : "", c.guarded_dead_row ? " guarded dead row" : "");
 }
 
 // The spec's graph through the CUDA target's pipeline (one FusedCachedAttention).
@@ -151,10 +164,14 @@ std::vector<double> Float64Attention(const DecodeSpec& c, const NodeRun& run, co
         for (int64_t j = 0; j < sk; ++j) {
           double dot = 0;
           for (int64_t i = 0; i < c.d; ++i) dot += qe[i] * kp[((b * c.kv + kh) * sk + j) * c.d + i];
-          sc[j] = scale * dot + mask[r * sk + j];
+          sc[j] = scale * dot + mask[((c.guarded_dead_row ? b * c.s : 0) + r) * sk + j];
           m = std::max(m, sc[j]);
         }
         double sum = 0;
+        if (m == -INFINITY && c.guarded_dead_row) {  // the guard: a row masked everywhere is 0
+          for (int64_t i = 0; i < c.d; ++i) out[static_cast<size_t>((b * c.s + r) * c.h * c.d + h * c.d + i)] = 0;
+          continue;
+        }
         for (double& x : sc) sum += (x = std::exp(x - m));
         for (int64_t i = 0; i < c.d; ++i) {
           double o = 0;
@@ -219,6 +236,7 @@ void CheckEmulatedDecode(const DecodeSpec& c, const DecodeSplitOptions& opt, uin
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const Node* node = FindCached(**g);
   ASSERT_NE(node, nullptr) << PrintGraph(**g);
+  EXPECT_EQ(node->GetInt("zero_nan_rows", 0), c.guarded_dead_row ? 1 : 0);
   auto run = CaptureNode(**g, *node, seed);
   ASSERT_TRUE(run.ok()) << run.status().ToString();
   const std::vector<double> f64 = Float64Attention(c, *run, run->out[1], run->out[2]);
@@ -267,6 +285,11 @@ TEST(CudaDecodeAttention, EmulatedKernelsMatchTheCpuKernel) {
   // One key per split, two new rows and a -inf mask: the first row's last split is masked whole.
   CheckEmulatedDecode({.b = 1, .h = 4, .kv = 2, .past = 10, .s = 2, .d = 16, .inf_mask = true},
                       {.sms = 64, .min_keys_per_split = 1}, seed++);
+  // A row masked at every key under the softmax's NaN guard (zero_nan_rows): 0, every split of
+  // it masked whole, on the CPU and the emulated kernels alike.
+  for (const int64_t past : {int64_t{0}, int64_t{9}, int64_t{100}})
+    CheckEmulatedDecode({.b = 2, .h = 4, .kv = 2, .past = past, .s = 2, .d = 16, .guarded_dead_row = true},
+                        {.sms = 16, .min_keys_per_split = 3}, seed++);
 }
 
 // The spec's decode step computed in dt (f16 / bf16): the f32 graph converted with its inputs and

@@ -37,6 +37,8 @@ enum class MaskKind {
   kPaddingBool,   // bool input [B,1,1,S]: batch b keeps its first S - 2b keys, fill -1e9
   kPaddingF32,    // f32 input [B,1,1,S] (random data, padded keys -1e4 * mask_scale 2)
   kCausalBool,    // bool constant [1,1,S,S]: keeps j <= r, fill -3.4e38
+  kCausalLeftPad, // f32 constant [B,1,S,S]: -inf above the diagonal and on batch b's first 3b keys
+                  // (left padding: its first 3b rows have every key at -inf, a NaN softmax)
 };
 
 const char* MaskName(MaskKind m) {
@@ -47,6 +49,7 @@ const char* MaskName(MaskKind m) {
     case MaskKind::kPaddingBool: return "bool padding";
     case MaskKind::kPaddingF32: return "f32 padding";
     case MaskKind::kCausalBool: return "bool causal";
+    case MaskKind::kCausalLeftPad: return "causal + left padding at -inf";
   }
   return "?";
 }
@@ -56,11 +59,13 @@ struct FlashCase {
   MaskKind mask = MaskKind::kNone;
   bool rope = false;
   bool bshd = false;  // q, k, v and the output as [B, S, H*d] (else [B, H, S, d]; K as K^T [B, H, d, S])
+  bool guard = false;  // zero_nan_rows: the softmax's Where(IsNaN(P), 0, P) guard absorbed
 };
 
 std::string Label(const FlashCase& c) {
   return StrCat("b ", c.b, ", heads ", c.h, "/", c.kv, ", seq ", c.s, ", head_dim ", c.d, ", ", MaskName(c.mask),
-                c.rope ? ", RoPE" : "", c.bshd ? ", bshd" : c.rope ? ", bhsd" : ", bhsd with K^T");
+                c.rope ? ", RoPE" : "", c.bshd ? ", bshd" : c.rope ? ", bhsd" : ", bhsd with K^T",
+                c.guard ? ", NaN rows zeroed" : "");
 }
 
 std::string Values(int64_t n, const std::function<std::string(int64_t)>& at) {
@@ -103,6 +108,14 @@ std::string FlashGraphText(const FlashCase& c) {
                        "\n");
       args += ", %mask", attrs += ", has_mask = 1";
       break;
+    case MaskKind::kCausalLeftPad:
+      consts += StrCat("  %mask: f32[", b, ",1,", s, ",", s, "] = const ", Values(b * s * s, [&](int64_t i) {
+                         const int64_t bb = i / (s * s), r = i / s % s, j = i % s;
+                         return j > r || j < 3 * bb ? std::string("-inf") : std::string("0");
+                       }),
+                       "\n");
+      args += ", %mask", attrs += ", has_mask = 1";
+      break;
     case MaskKind::kPaddingBool:
       ins += StrCat(", %bm: bool[", b, ",1,1,", s, "]");
       args += ", %bm", attrs += ", mask_select = 1, mask_fill = -1e9";
@@ -122,6 +135,7 @@ std::string FlashGraphText(const FlashCase& c) {
     ins += StrCat(", %cos: f32[", s, ",", d, "], %sin: f32[", s, ",", d, "]");
     args += ", %cos, %sin", attrs += ", rope_q = 1, rope_k = 1";
   }
+  if (c.guard) attrs += ", zero_nan_rows = 1";
   return StrCat("graph @flash(", ins, ") {\n", consts, "  %o = FusedAttention(", args, ") {", attrs,
                 "}\n  return %o\n}");
 }
@@ -181,8 +195,8 @@ void CheckFlash(const FlashCase& c, DType dt, uint32_t seed) {
   auto k = GenerateFlashAttentionKernel(*node);
   ASSERT_TRUE(k.ok()) << k.status().ToString();
   EXPECT_EQ(k->name.rfind("flash_attention", 0), 0u) << k->name;
-  const bool causal = dt == DType::kF32 &&
-                      (c.mask == MaskKind::kCausal || c.mask == MaskKind::kCausalPadded || c.mask == MaskKind::kCausalBool);
+  const bool causal = dt == DType::kF32 && (c.mask == MaskKind::kCausal || c.mask == MaskKind::kCausalPadded ||
+                                            c.mask == MaskKind::kCausalBool || c.mask == MaskKind::kCausalLeftPad);
   // Key tiles can be left out where the first query tile (32 or 16 rows) ends before the last
   // key tile: the name gives the tiles.
   const size_t at = k->name.find("_bc");
@@ -200,6 +214,21 @@ void CheckFlash(const FlashCase& c, DType dt, uint32_t seed) {
   (*host)->Launch(args, 3);
   const double rtol = dt == DType::kF32 ? 1e-4 : dt == DType::kF16 ? 2e-3 : 1e-2;
   const double worst = ExpectClose(got, (*want)[0], rtol, dt == DType::kF32 ? 1e-5 : 1e-6, label);
+  if (c.mask == MaskKind::kCausalLeftPad) {
+    // Rows r < 3b of batch b see no key: 0 with the guard, as PyTorch's SDPA gives, NaN without
+    // (the CPU's too, which ExpectClose compared); every other row is finite.
+    int64_t dead = 0, wrong = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const int64_t bb = c.bshd ? i / (c.s * c.h * c.d) : i / (c.h * c.s * c.d);
+      const int64_t r = c.bshd ? i / (c.h * c.d) % c.s : i / c.d % c.s;
+      const double x = got.GetAsDouble(i);
+      const bool is_dead = r < 3 * bb;
+      dead += is_dead;
+      wrong += is_dead ? (c.guard ? x != 0.0 : !std::isnan(x)) : !std::isfinite(x);
+    }
+    EXPECT_GT(dead, 0);
+    EXPECT_EQ(wrong, 0) << "rows masked everywhere must be " << (c.guard ? "0" : "NaN") << ", the others finite";
+  }
   std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", label.c_str(), k->name.c_str(), worst);
 }
 
@@ -223,6 +252,27 @@ TEST(FlashAttention, EmulatedMatchesTheCpuAcrossShapesAndMasks) {
   };
   uint32_t seed = 100;
   for (const FlashCase& c : cases) CheckFlash(c, DType::kF32, seed++);
+}
+
+// Left padding under a causal mask at -inf: the padded rows see no key. With the softmax's NaN
+// guard absorbed (zero_nan_rows) they are 0 on the emulated kernel and the CPU alike, across
+// tile boundaries and key tiles left out; without it NaN on both.
+TEST(FlashAttention, RowsMaskedEverywhereFollowTheNaNGuard) {
+  uint32_t seed = 150;
+  for (const bool guard : {true, false}) {
+    FlashCase cases[] = {
+        {2, 4, 2, 17, 16, MaskKind::kCausalLeftPad},
+        {3, 4, 4, 70, 16, MaskKind::kCausalLeftPad, true, true},
+        {2, 4, 2, 40, 64, MaskKind::kCausalLeftPad, false, true},
+    };
+    for (FlashCase& c : cases) {
+      c.guard = guard;
+      CheckFlash(c, DType::kF32, seed++);
+    }
+    FlashCase narrow{2, 4, 2, 33, 16, MaskKind::kCausalLeftPad};
+    narrow.guard = guard;
+    for (DType dt : {DType::kF16, DType::kBF16}) CheckFlash(narrow, dt, seed++);
+  }
 }
 
 TEST(FlashAttention, EmulatedInF16AndBf16MatchesTheCpuOnRoundedInputs) {

@@ -386,7 +386,8 @@ void ScoreProduct(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOper
 }
 
 // The block's scores over keys [0, kend), masked and exponentiated row by row (MaskExpRow);
-// inv[r] = 1 / row r's sum. When a row's live scores turn out too small for the keys left out
+// inv[r] = 1 / row r's sum. Under zero_nan_rows a NaN row (every key masked to -inf, or a NaN
+// or +inf score) becomes zeros with inv[r] = 0, as the guard the pass absorbed gives. When a row's live scores turn out too small for the keys left out
 // (MaskExpRow returns -1), the whole block is computed again with every key. Returns the keys
 // computed.
 int64_t SoftmaxScores(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOperands& op, int64_t kend,
@@ -406,6 +407,11 @@ int64_t SoftmaxScores(const AttentionLaunch& a, const HeadBlock& hb, const Score
                                     a.mask_scale, zeros, live, bound, a.bmask ? &sel : nullptr, kend, score_bound);
       whole = sum != -1.0;  // (a NaN row returns NaN)
       inv[r] = static_cast<float>(1.0 / sum);
+      if (d.zero_nan_rows && sum != sum) {
+        // The guard Where(IsNaN(P), 0, P): this row of P is zeros, and its output 0 . V.
+        std::fill(scores + r * d.sk, scores + r * d.sk + kend, 0.f);
+        inv[r] = 0.f;
+      }
     }
     if (whole || kend == d.sk) return kend;
     kend = d.sk;

@@ -49,6 +49,7 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
     return InvalidArgument(where, ": mask_select must be 0 (additive mask), 1 or -1 (bool mask kept where true / false)");
   d.mask_fill = static_cast<float>(AttrFloat(a, "mask_fill", 0.f));
   d.select_first = AttrInt(a, "mask_select_first", 0) != 0;
+  d.zero_nan_rows = AttrInt(a, "zero_nan_rows", 0) != 0;
   d.rope_q = AttrInt(a, "rope_q", 0) != 0;
   d.rope_k = AttrInt(a, "rope_k", 0) != 0;
   if (d.rope_k && d.k == Layout::kBHDS)

@@ -30,6 +30,11 @@ struct Dims {
   int mask_select = 0;
   float mask_fill = 0;
   bool select_first = false;
+  // zero_nan_rows (attribute zero_nan_rows = 1): the softmax was followed by Where(IsNaN(P), 0,
+  // P), as the exporters and PyTorch's SDPA guard it. A softmax row is NaN exactly when its
+  // max is -inf (every key masked to -inf), +inf or NaN; such a row of P becomes zeros, so its
+  // output row is 0 . V (0 for finite V) where the plain softmax gives NaN.
+  bool zero_nan_rows = false;
   // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
   // W [K, (H + 2*KV)*d] in place of q, k, v; q, k and v are x @ W's column blocks (q: H*d
   // columns, k and v: KV*d each, in the order proj_split gives: block proj_split[t] is q, k, v
