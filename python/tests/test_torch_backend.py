@@ -6,6 +6,7 @@ torch and transformers come from the project's Python venv (scripts/test_python.
 GRAPHFUSE_REQUIRE_TORCH=1 (set there) a missing torch fails instead of skipping.
 """
 
+import collections
 import copy
 import os
 import warnings
@@ -63,6 +64,30 @@ def _bert():
 
 FAMILIES = {"llama": _llama, "gpt2": _gpt2, "bert": _bert}
 
+# Further architectures, each tiny (hidden 64, 2 layers, random weights, transformers' default
+# attention), for the padded-batch test below.
+_T = transformers
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+               max_position_embeddings=128)
+PADDED_FAMILIES = dict(FAMILIES, **{
+    "qwen2": lambda: _T.Qwen2ForCausalLM(_T.Qwen2Config(num_key_value_heads=2, **_COMMON)),
+    "mistral": lambda: _T.MistralForCausalLM(_T.MistralConfig(num_key_value_heads=2, **_COMMON)),
+    "qwen3": lambda: _T.Qwen3ForCausalLM(_T.Qwen3Config(num_key_value_heads=2, head_dim=16, **_COMMON)),
+    "phi": lambda: _T.PhiForCausalLM(_T.PhiConfig(**_COMMON)),
+    "falcon": lambda: _T.FalconForCausalLM(_T.FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                                          num_attention_heads=4)),
+    "gptj": lambda: _T.GPTJForCausalLM(_T.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                                                    rotary_dim=8, bos_token_id=0, eos_token_id=0)),
+    "gemma2": lambda: _T.Gemma2ForCausalLM(_T.Gemma2Config(num_key_value_heads=2, head_dim=16, **_COMMON)),
+    "bloom": lambda: _T.BloomForCausalLM(_T.BloomConfig(vocab_size=VOCAB, hidden_size=64, n_layer=2, n_head=4)),
+    "distilbert": lambda: _T.DistilBertModel(_T.DistilBertConfig(vocab_size=VOCAB, dim=64, n_layers=2, n_heads=4,
+                                                                 hidden_dim=128)),
+    "debertav2": lambda: _T.DebertaV2Model(_T.DebertaV2Config(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2,
+                                                              num_attention_heads=4, intermediate_size=128)),
+    "t5enc": lambda: _T.T5EncoderModel(_T.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                                  num_heads=4)),
+})
+
 
 def _first_output(out):
     if hasattr(out, "logits"):
@@ -72,8 +97,11 @@ def _first_output(out):
     return out[0]
 
 
+_ENCODERS = {"bert", "distilbert", "debertav2", "t5enc"}
+
+
 def _call(model, family, ids, mask):
-    kwargs = {} if family == "bert" else {"use_cache": False}
+    kwargs = {} if family in _ENCODERS else {"use_cache": False}
     return _first_output(model(input_ids=ids, attention_mask=mask, **kwargs))
 
 
@@ -110,6 +138,123 @@ def test_transformers_match_eager_and_float64_at_two_shapes(family):
         # The transformer layers run in graphfuse: nearly every ATen op is in a partition.
         in_graphfuse = sum(p["ops"] for p in r["partitions"])
         assert in_graphfuse >= 0.9 * r["aten_ops"], r
+
+
+@pytest.mark.parametrize("family", sorted(PADDED_FAMILIES))
+def test_padded_batches_match_eager(family):
+    """A batch of two whose first row is padded on the left (as generate() pads decoders), on
+    the right, or not at all. Left padding under a causal mask leaves the padded query
+    positions no key: their softmax is over -inf alone, which PyTorch's SDPA returns as 0. Were
+    it NaN, it would reach every later position of the row through the keys and values."""
+    torch.manual_seed(10)
+    model = PADDED_FAMILIES[family]().eval()
+    compiled = torch.compile(model, backend="graphfuse")
+    ids = torch.randint(1, VOCAB, (2, 11))
+    with torch.no_grad():
+        for pad in ("left", "right", "none"):
+            mask = torch.ones(2, 11, dtype=torch.long)
+            if pad == "left":
+                mask[0, :3] = 0
+            elif pad == "right":
+                mask[0, -3:] = 0
+            got = _call(compiled, family, ids, mask)
+            eager = _call(model, family, ids, mask)
+            assert not torch.isnan(got).any(), f"{family}, {pad} padding: NaN in rows {torch.isnan(got).flatten(1).any(1)}"
+            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5, msg=lambda m: f"{family}, {pad} padding: {m}")
+    assert all(r["partitions"] for r in gtb.reports()), gtb.reports()
+
+
+def test_generate_left_padded_batch_matches_eager():
+    """generate() on two prompts of different lengths, left-padded as transformers asks of
+    decoders: the same tokens as eager for both rows."""
+    torch.manual_seed(11)
+    model = _llama().eval()
+    ids = torch.randint(1, VOCAB, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :4] = 0  # the first prompt is 5 tokens, the second 9
+    ids[0, :4] = 0
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+        model.forward = torch.compile(model.forward, backend="graphfuse")
+        got = model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert got.tolist() == expected.tolist()
+
+
+def test_generate_with_static_cache_matches_eager():
+    """transformers' static KV cache (its advice for torch.compile): fixed shapes, rows written
+    in place with index_copy_ and a length counter advanced in place. The same tokens as eager,
+    one graphfuse compilation for prefill and one for decode, and the layers' compute in
+    graphfuse partitions with only the in-place cache writes left to PyTorch."""
+    torch.manual_seed(12)
+    model = _llama().eval()
+    ids = torch.randint(1, VOCAB, (1, 7))
+    with torch.no_grad():
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+        model.forward = torch.compile(model.forward, backend="graphfuse")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back to PyTorch whole
+            first = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+            again = model.generate(ids, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    assert first.tolist() == expected.tolist()
+    assert again.tolist() == expected.tolist()
+    reports = gtb.reports()
+    per_graph = collections.Counter(r["graph"] for r in reports)
+    assert sorted(per_graph.values()) == [1, 1], reports  # prefill and decode, once each
+    for r in reports:
+        assert r["partitions"], r
+        in_graphfuse = sum(p["ops"] for p in r["partitions"])
+        left = {k: v["count"] for k, v in r["fallback"].items()}
+        assert set(left) <= {"aten.index_copy.default", "aten.copy_.default"}, left
+        assert in_graphfuse >= 0.9 * r["aten_ops"], r
+
+
+def test_check_option_names_the_partition_that_differs(monkeypatch):
+    """options={"check": True}: on a signature's first call every partition is compared with
+    its ATen ops run in PyTorch. A correct plan passes; a session that returns wrong numbers is
+    named in a warning and in the report."""
+    torch.manual_seed(13)
+    model = _llama().eval()
+    ids = torch.randint(1, VOCAB, (2, 6))
+    mask = torch.ones(2, 6, dtype=torch.long)
+    mask[0, :2] = 0
+    with torch.no_grad():
+        compiled = torch.compile(model, backend="graphfuse", options={"check": True})
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            _call(compiled, "llama", ids, mask)
+        [report] = gtb.reports()
+        assert report["partitions"]
+        for p in report["partitions"]:
+            assert p["check"]["checked"] and p["check"]["ok"], p
+            assert p["check"]["max_abs_err"] < 1e-4
+
+        torch._dynamo.reset()
+        gtb.clear_reports()
+        real_session = gtb.InferenceSession
+
+        class OffByOne:  # a session whose first output is 1 too large everywhere
+            def __init__(self, inner):
+                self.inner = inner
+
+            def run(self, arrays):
+                outs = self.inner.run(arrays)
+                return [outs[0] + 1] + list(outs[1:])
+
+            def __getattr__(self, name):
+                return getattr(self.inner, name)
+
+        def wrong_session(*args, **kwargs):
+            session = real_session(*args, **kwargs)
+            session._session = OffByOne(session._session)
+            return session
+
+        monkeypatch.setattr(gtb, "InferenceSession", wrong_session)
+        monkeypatch.setenv("GRAPHFUSE_CHECK", "1")
+        compiled = torch.compile(model, backend="graphfuse")
+        with pytest.warns(RuntimeWarning, match=r"graphfuse check: graph \d+ partition \w+ differs from eager at output 0"):
+            _call(compiled, "llama", ids, mask)
+    [report] = gtb.reports()
+    assert not report["partitions"][0]["check"]["ok"], report["partitions"][0]
 
 
 def test_op_graphfuse_lacks_falls_back_to_pytorch():
