@@ -141,14 +141,11 @@ std::string ScoresToExponentials(const AttentionParts& a, const std::string& row
 // the exponentials' writes before any read) and inv = 1 / sum. Under zero_nan_rows a NaN row
 // (sum NaN: every key masked to -inf, or a NaN or +inf score) has its exponentials read as 0,
 // as the guard Where(IsNaN(P), 0, P) gives: `nan_row` says so, and inv is 0.
-std::string RowSumAndInverse(const AttentionParts& a) {
-  std::string t = "    const double total = gf::block_sum(sum);\n";
-  if (a.d.zero_nan_rows) {
-    t += "    const bool nan_row = total != total;  // zero_nan_rows: this row of P is zeros\n";
-    t += "    const float inv = nan_row ? 0.f : static_cast<float>(1.0 / total);\n";
-  } else {
-    t += "    const float inv = static_cast<float>(1.0 / total);\n";
-  }
+std::string RowSumAndInverse(const AttentionParts& a, const std::string& comment) {
+  if (!a.d.zero_nan_rows) return StrCat("    const float inv = static_cast<float>(1.0 / gf::block_sum(sum));", comment, "\n");
+  std::string t = StrCat("    const double total = gf::block_sum(sum);", comment, "\n");
+  t += "    const bool nan_row = total != total;  // zero_nan_rows: this row of P is zeros\n";
+  t += "    const float inv = nan_row ? 0.f : static_cast<float>(1.0 / total);\n";
   return t;
 }
 
@@ -233,7 +230,7 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
     t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ", LoadF32(a.k_dt, "kr[c]"), ";\n");
   }
   t += ScoresToExponentials(a, "ps", "acc");
-  t += RowSumAndInverse(a);
+  t += RowSumAndInverse(a, "  // also orders ps's writes before the reads");
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
   t += "      float o = 0.f;\n";
   t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ", Weight(a, "ps[j]"), " * ",
@@ -336,7 +333,7 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   t += "    float m = -__int_as_float(0x7f800000);\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
   t += ScoresToExponentials(a, "row", "row[j]");
-  t += RowSumAndInverse(a);
+  t += RowSumAndInverse(a, "");
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = ",
               Weight(a, "row[j] * inv"), ";\n");
   t += "  }\n}\n";
