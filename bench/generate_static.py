@@ -10,7 +10,8 @@ many K / V heads, ffn 11/4 of hidden, vocab 32000), a random prompt of --prompt 
 
 Per variant:
   * per decode token: (T(generate of --new tokens) - T(generate of 1 token)) / (--new - 1), each T
-    the median of --repeats runs, the variants interleaved run by run so that the noise of a
+    the median of --repeats runs, the variants taking turns (an untimed generate first in each
+    turn, so that the previous variant's spinning threads are gone) so that the noise of a
     shared machine hits them alike;
   * prefill: T(generate of 1 token);
   * for graphfuse, the graphfuse compilations per Dynamo graph (graphfuse.torch_backend.reports())
@@ -81,8 +82,11 @@ def main() -> int:
             generate(model, 1)
         times = {name: {1: [], args.new: []} for name in variants}
         for _ in range(args.repeats):
-            for new in (1, args.new):
-                for name, model in variants.items():
+            for name, model in variants.items():
+                # An untimed call first: the previous variant's threads (OpenMP's workers,
+                # graphfuse's pool) spin a while after its last call and would share the cores.
+                generate(model, 1)
+                for new in (1, args.new):
                     t = time.perf_counter()
                     generate(model, new)
                     times[name][new].append(time.perf_counter() - t)

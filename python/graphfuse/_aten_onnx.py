@@ -444,6 +444,33 @@ def _gather(b: Builder, n):
     return b.add("GatherElements", [b.value(n.args[0]), b.value(n.args[2], torch.int64)], axis=_norm_dim(n.args[1], rank))
 
 
+def _index_copy(b: Builder, n):
+    """index_copy(x, dim, index, source): x with its slices index[i] along dim replaced by
+    source's slices i -- the write of new rows into a static KV cache, once functionalized.
+    ScatterND writes whole slices of its first axis, so dim goes first and back."""
+    x, dim, index, source = n.args[:4]
+    rank = len(b.meta(x).shape)
+    dim = _norm_dim(dim, rank)
+    dt = b.meta(n).dtype
+    xv, sv = b.value(x, dt), b.value(source, dt)
+    perm = [dim] + [i for i in range(rank) if i != dim]
+    if dim != 0:
+        xv = b.add("Transpose", [xv], perm=perm)
+        sv = b.add("Transpose", [sv], perm=perm)
+    idx = b.add("Unsqueeze", [b.value(index, torch.int64), b.ints([1])])
+    out = b.add("ScatterND", [xv, idx, sv])
+    if dim != 0:
+        out = b.add("Transpose", [out], perm=[perm.index(i) for i in range(rank)])
+    return out
+
+
+def _index_copy_check(n, info):
+    index = n.args[2]
+    if not isinstance(index, torch.fx.Node) or len(info[index].shape) != 1:
+        return "index_copy with an index that is not a 1-D tensor"
+    return None
+
+
 def _f32_gemm(n, info):
     """graphfuse's CPU GEMM is f32 (bf16 and f16 GEMMs are planned); others stay in PyTorch."""
     m = info[n]
@@ -669,6 +696,7 @@ _register([aten.split.Tensor, aten.split_copy.Tensor, aten.split_with_sizes.defa
 _register([aten.embedding.default], _embedding)
 _register([aten.index.Tensor], _index, _index_check)
 _register([aten.gather.default], _gather)
+_register([aten.index_copy.default], _index_copy, _index_copy_check)
 _register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
 _register([aten.addmm.default], _addmm, _f32_gemm)
 _register([aten.native_layer_norm.default], _layer_norm)
