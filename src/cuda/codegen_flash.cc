@@ -272,13 +272,9 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   // Under zero_nan_rows (the guard Where(IsNaN(P), 0, P)): a row whose every score is -inf has
   // l = 0 and acc = 0 . V already (its exponentials were 0), which is what the guard gives; a
   // row that met a NaN or +inf score has l NaN and stores 0 (0 . V for finite V).
-  std::string value = "acc[u] * inv";
-  if (d.zero_nan_rows) {
-    t += "    if (rv) {\n      const float inv = l == 0 ? 1.f : static_cast<float>(1.0 / l);\n";
-    value = "(l != l ? 0.f : acc[u] * inv)";
-  } else {
-    t += "    if (rv) {\n      const float inv = static_cast<float>(1.0 / l);\n";
-  }
+  const char* inv = d.zero_nan_rows ? "l == 0 ? 1.f : static_cast<float>(1.0 / l)" : "static_cast<float>(1.0 / l)";
+  const char* value = d.zero_nan_rows ? "(l != l ? 0.f : acc[u] * inv)" : "acc[u] * inv";
+  t += StrCat("    if (rv) {\n      const float inv = ", inv, ";\n");
   t += "      for (int u = 0; u < kAcc; ++u) {\n";
   t += "        const long long c = lane + u * kTpr;\n        if (c >= kDv) break;\n";
   t += StrCat("        ", StoreTo(a.out_dt, "oh", StrCat("r * ", oa.row_stride, "LL + c"), value), "\n");

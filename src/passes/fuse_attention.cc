@@ -86,8 +86,9 @@ struct Match {
   Node* qk = nullptr;
   Node* pv = nullptr;
   std::vector<Node*> core;  // scale, mask and softmax nodes between the MatMuls
-  Node* nan_test = nullptr;   // the guard after the softmax: IsNaN(p) ...
-  Node* nan_guard = nullptr;  // ... and Where(IsNaN(p), 0, p), which the P V MatMul reads
+  // The guard after the softmax, when there is one: IsNaN(p), then Where(IsNaN(p), 0, p),
+  // which the P V MatMul reads.
+  std::vector<Node*> guard;
   Operand q, k, v;
   Value* mask = nullptr;       // added (f32)
   Value* bool_mask = nullptr;  // selecting (Where)
@@ -226,7 +227,7 @@ class AttentionFuser {
     // multiplies them from the left.
     Value* p = sm->output();
     MatchNanGuard(p, m);
-    if (m->nan_guard) p = m->nan_guard->output();
+    if (!m->guard.empty()) p = m->guard.back()->output();
     for (const Use& u : p->uses())
       if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
     if (!m->pv) return false;
@@ -322,8 +323,7 @@ class AttentionFuser {
       if (!w || w->node->op() != "Where" || w->input_index != 0 || w->node->input(2) != p) continue;
       const std::optional<double> fill = ScalarConstant(w->node->input(1));
       if (!fill || *fill != 0) continue;
-      m->nan_test = test;
-      m->nan_guard = w->node;
+      m->guard = {test, w->node};
       return;
     }
   }
@@ -370,7 +370,7 @@ class AttentionFuser {
       return false;
     }
     std::vector<const Node*> shaped(m->core.begin(), m->core.end());
-    if (m->nan_guard) shaped.insert(shaped.end(), {m->nan_test, m->nan_guard});
+    shaped.insert(shaped.end(), m->guard.begin(), m->guard.end());
     for (const Node* n : shaped)
       if (n->output()->shape() != scores) {
         Refuse(n, pv->name(), kUnsupportedLayout,
@@ -388,12 +388,12 @@ class AttentionFuser {
     // (the probabilities by the guard's IsNaN and Where, when guarded).
     std::vector<Node*> chain = {qk};
     chain.insert(chain.end(), m->core.begin(), m->core.end());
-    if (m->nan_guard) chain.insert(chain.end(), {m->nan_test, m->nan_guard});
+    chain.insert(chain.end(), m->guard.begin(), m->guard.end());
     for (size_t i = 0; i < chain.size(); ++i) {
       const Value* o = chain[i]->output();
       const Node* next = i + 1 < chain.size() ? chain[i + 1] : pv;
       for (const Use& u : o->uses())
-        if (u.node != next && !(chain[i] == m->softmax && u.node == m->nan_guard)) {
+        if (u.node != next && !(chain[i] == m->softmax && !m->guard.empty() && u.node == m->guard.back())) {
           Refuse(chain[i], u.node->name(), kIntermediateEscapes,
                  StrCat("'", o->name(), "' is also read by ", u.node->Describe(),
                         ": the attention kernel never materializes it"));
@@ -507,7 +507,7 @@ class AttentionFuser {
     for (const Operand* op : {&m.q, &m.k, &m.v}) all.insert(all.end(), op->nodes.begin(), op->nodes.end());
     all.insert(all.end(), m.out_nodes.begin(), m.out_nodes.end());
     all.insert(all.end(), m.mask_nodes.begin(), m.mask_nodes.end());
-    if (m.nan_guard) all.insert(all.end(), {m.nan_test, m.nan_guard});
+    all.insert(all.end(), m.guard.begin(), m.guard.end());
     std::sort(all.begin(), all.end(), [&](Node* a, Node* b) { return index_.at(a) < index_.at(b); });
     all.erase(std::unique(all.begin(), all.end()), all.end());
     return all;
@@ -556,7 +556,7 @@ class AttentionFuser {
         {"reference", std::shared_ptr<const Graph>(ref)},
     };
     if (m.kv_h != m.h) attrs["kv_heads"] = m.kv_h;
-    if (m.nan_guard) attrs["zero_nan_rows"] = int64_t{1};
+    if (!m.guard.empty()) attrs["zero_nan_rows"] = int64_t{1};
     auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
     if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
     if ((*fused)->output()->shape() != m.out->shape())

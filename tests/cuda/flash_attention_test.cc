@@ -101,21 +101,16 @@ std::string FlashGraphText(const FlashCase& c) {
       args += ", %mask", attrs += ", has_mask = 1";
       break;
     case MaskKind::kCausalPadded:
+    case MaskKind::kCausalLeftPad: {
+      const std::string fill = c.mask == MaskKind::kCausalPadded ? "-1e9" : "-inf";
       consts += StrCat("  %mask: f32[", b, ",1,", s, ",", s, "] = const ", Values(b * s * s, [&](int64_t i) {
                          const int64_t bb = i / (s * s), r = i / s % s, j = i % s;
-                         return j > r || j < 3 * bb ? std::string("-1e9") : std::string("0");
+                         return j > r || j < 3 * bb ? fill : std::string("0");
                        }),
                        "\n");
       args += ", %mask", attrs += ", has_mask = 1";
       break;
-    case MaskKind::kCausalLeftPad:
-      consts += StrCat("  %mask: f32[", b, ",1,", s, ",", s, "] = const ", Values(b * s * s, [&](int64_t i) {
-                         const int64_t bb = i / (s * s), r = i / s % s, j = i % s;
-                         return j > r || j < 3 * bb ? std::string("-inf") : std::string("0");
-                       }),
-                       "\n");
-      args += ", %mask", attrs += ", has_mask = 1";
-      break;
+    }
     case MaskKind::kPaddingBool:
       ins += StrCat(", %bm: bool[", b, ",1,1,", s, "]");
       args += ", %bm", attrs += ", mask_select = 1, mask_fill = -1e9";

@@ -387,9 +387,9 @@ void ScoreProduct(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOper
 
 // The block's scores over keys [0, kend), masked and exponentiated row by row (MaskExpRow);
 // inv[r] = 1 / row r's sum. Under zero_nan_rows a NaN row (every key masked to -inf, or a NaN
-// or +inf score) becomes zeros with inv[r] = 0, as the guard the pass absorbed gives. When a row's live scores turn out too small for the keys left out
-// (MaskExpRow returns -1), the whole block is computed again with every key. Returns the keys
-// computed.
+// or +inf score) becomes zeros with inv[r] = 0, as the guard the pass absorbed gives. When a
+// row's live scores turn out too small for the keys left out (MaskExpRow returns -1), the
+// whole block is computed again with every key. Returns the keys computed.
 int64_t SoftmaxScores(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOperands& op, int64_t kend,
                       double score_bound, float* scores, float* inv) {
   const Dims& d = a.d;
