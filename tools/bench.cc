@@ -47,6 +47,8 @@ int64_t IoBytes(const Graph& g) {
 }  // namespace
 
 int RunDemo(Args& args);  // block_demo.cc
+int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats,
+                  const std::string& json);  // bench_generate.cc
 
 int Bench(Args& args) {
   {
@@ -58,11 +60,11 @@ int Bench(Args& args) {
         if (BlockPreset(name).ok()) return RunDemo(args);
       }
   }
-  std::string model, preset, json, backend = "cpu";
+  std::string model, preset, json, backend = "cpu", generate;
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
   double rtol = kDefaultRtol, atol = kDefaultAtol;
-  bool native = false, emulate_gpu = false, rtol_set = false, atol_set = false;
+  bool native = false, emulate_gpu = false, rtol_set = false, atol_set = false, repeats_set = false;
   DType dtype = DType::kF32;  // what the GPU's plans compute in (--dtype)
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
@@ -84,6 +86,10 @@ int Bench(Args& args) {
       auto v = args.Backend(f);
       if (!v.ok()) return Fail(v.status());
       backend = *v;
+    } else if (f == "--generate") {
+      auto v = args.Value(f);
+      if (!v.ok()) return Fail(v.status());
+      generate = *v;
     } else if (f == "--preset" || f == "--json") {
       auto v = f == "--json" ? args.OutputFile(f) : args.Value(f);
       if (!v.ok()) return Fail(v.status());
@@ -101,6 +107,7 @@ int Bench(Args& args) {
       auto v = args.Int(f, 1, f == "--threads" ? 256 : 1001);
       if (!v.ok()) return Fail(v.status());
       (f == "--threads" ? threads : repeats) = static_cast<int>(*v);
+      repeats_set |= f == "--repeats";
     } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
       return Fail(flag.status());
     } else if (*flag) {
@@ -117,6 +124,14 @@ int Bench(Args& args) {
   if (model.empty() == preset.empty())
     return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
 
+  if (!generate.empty()) {
+    if (model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
+    if (!shapes.empty() || backend != "cpu" || dtype != DType::kF32 || native || emulate_gpu || rtol_set || atol_set ||
+        !fusion.enabled)
+      return Fail(InvalidArgument("--generate runs the model as exported, fused, in f32 on the CPU, every call with "
+                                  "its own shapes: it takes --threads, --repeats and --json only"));
+    return BenchGenerate(model, generate, threads, repeats_set ? repeats : 3, json);
+  }
   if (emulate_gpu && backend != "cuda") return Fail(InvalidArgument("--emulate-gpu needs --backend cuda"));
   if (Status st = CheckDtypeBackend("bench", dtype, backend); !st.ok()) return Fail(st);
   // On the CPU --dtype bf16 holds GEMM weights in bf16: an elementwise preset has none.

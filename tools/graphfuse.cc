@@ -229,7 +229,7 @@ constexpr HelpSection kCommands[] = {
         target and (CPU) the GEMM engines (kernel_choices)
 )",
      true, false, false},
-    {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] | --preset NAME) [--elements N] [--threads T] [--repeats R]
+    {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] [--generate PROMPT:NEW] | --preset NAME) [--elements N] [--threads T] [--repeats R]
                                      [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--backend cpu|cuda]
                                      [--emulate-gpu] [--dtype f32|bf16|f16] [fusion flags]
         times the unfused and the fused plan (of the shapes --shape binds, as for explain;
@@ -248,7 +248,14 @@ constexpr HelpSection kCommands[] = {
         bf16, 1e-2 for f16, unless --rtol / --atol are given); on the CPU, --dtype bf16 (a
         model or a block preset) holds the GEMM weights in bf16 in both plans, which then agree
         within bf16's tolerance (they round different GEMM inputs to bf16); the block presets
-        take the demo's --past, --dtype and --emulate-gpu; the JSON records the dtype
+        take the demo's --past, --dtype and --emulate-gpu; the JSON records the dtype;
+        --generate PROMPT:NEW runs MODEL.onnx (a decoder exported with a KV cache: input_ids,
+        [attention_mask], [position_ids], past_key_values.* in, logits and present.* out) as a
+        serving loop does: greedy, a random prompt of PROMPT tokens, then NEW - 1 calls of one
+        token with each present fed back as the past (every call a new length), fused, f32,
+        on the CPU; prints prefill ms, mean and last per-token ms, the planning per call, the
+        weights its plans share, RSS and peak RSS (medians of --repeats generations, default 3;
+        exit 1 when repeats give different tokens)
 )",
      true, true, true},
     {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract

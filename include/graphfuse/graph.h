@@ -25,6 +25,7 @@ namespace graphfuse {
 
 class Node;
 class Graph;
+class PreparedStore;
 
 // An attribute value: int, float, string, ints, floats, a tensor, or a graph (the body of a
 // fused group).
@@ -70,6 +71,7 @@ class Value {
   std::shared_ptr<const Tensor> constant_;
   bool is_graph_input_ = false;
   bool is_graph_output_ = false;
+  std::list<std::unique_ptr<Value>>::iterator self_;  // its place in the graph's list (O(1) removal)
 };
 
 class Node {
@@ -102,6 +104,7 @@ class Node {
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
   AttributeMap attrs_;
+  std::list<std::unique_ptr<Node>>::iterator self_;  // its place in the graph's list (O(1) removal)
 };
 
 // A value's type as the builder needs it before it exists.
@@ -161,6 +164,14 @@ class Graph {
   // A unique name with the given prefix ("t" -> "t_12").
   std::string FreshName(const std::string& prefix);
 
+  // ---- what the graph's weights derive ----
+  // The store of the model the graph was instantiated from (nullptr for a graph built alone):
+  // passes and kernels that derive from constant weights (concatenated projections, packed
+  // panels) make each derivation once there, shared by every plan of the model.
+  PreparedStore* prepared_store() const { return store_.get(); }
+  const std::shared_ptr<PreparedStore>& prepared_store_shared() const { return store_; }
+  void set_prepared_store(std::shared_ptr<PreparedStore> store) { store_ = std::move(store); }
+
  private:
   Value* NewValue(const std::string& name, DType dtype, const Shape& shape);
   std::string name_;
@@ -170,6 +181,7 @@ class Graph {
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
   int64_t fresh_ = 0;
+  std::shared_ptr<PreparedStore> store_;
 };
 
 }  // namespace graphfuse

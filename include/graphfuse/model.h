@@ -127,6 +127,12 @@ struct PlanCacheStats {
   int64_t size = 0;         // plans kept now
   int64_t capacity = 0;
   double planning_ms = 0;   // all planning so far
+  double last_planning_ms = 0;  // the latest call's planning (0 when it found its plan)
+  // What the plans derived from the weights, made once and shared by all of them whatever their
+  // shapes (concatenated projections, folded norm scales, packed GEMM panels, bf16 copies): its
+  // entries and bytes. The model's own weights are not counted.
+  int64_t prepared_entries = 0;
+  int64_t prepared_bytes = 0;
 };
 
 class CompiledModel {

@@ -257,11 +257,15 @@ class InferenceSession:
         dims. A dict: signature, kernels_before, kernels_after, launches_per_run, groups (name,
         kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
         message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
-        why), planning_ms (import_ms, passes_ms, compile_ms)."""
+        why), planning_ms (import_ms, passes_ms, compile_ms); and of the model: plans_made (the
+        shapes planned so far) and prepared_bytes (what they derived from the weights, shared)."""
         if input_feed is None:
             return self._session.explain()
         return self._session.explain(self._arrays(input_feed))
 
     def cache_stats(self) -> dict:
-        """The plan cache: hits, plans_made, evictions, size, capacity, planning_ms."""
+        """The plan cache: hits, plans_made, evictions, size, capacity, planning_ms (all planning
+        so far), last_planning_ms (the latest run's: 0 when its plan was known), and what the
+        plans derived from the weights, made once and shared by every plan whatever its shapes:
+        prepared_entries, prepared_bytes (the model's own weights not counted)."""
         return self._session.cache_stats()

@@ -278,7 +278,12 @@ class Session {
       plan = compiled_->plan();
     }
     if (!plan) return nb::none();
-    return ReportDict(*plan);
+    nb::dict out = ReportDict(*plan);
+    // The model's side: how many plans its shapes took, and the weights they share.
+    const gf::PlanCacheStats s = compiled_->cache_stats();
+    out["plans_made"] = s.plans_made;
+    out["prepared_bytes"] = s.prepared_bytes;
+    return out;
   }
 
   nb::dict CacheStats() const {
@@ -290,6 +295,9 @@ class Session {
     d["size"] = s.size;
     d["capacity"] = s.capacity;
     d["planning_ms"] = s.planning_ms;
+    d["last_planning_ms"] = s.last_planning_ms;
+    d["prepared_entries"] = s.prepared_entries;
+    d["prepared_bytes"] = s.prepared_bytes;
     return d;
   }
 

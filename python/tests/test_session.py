@@ -18,12 +18,22 @@ def test_dynamic_shapes_one_session():
     shapes = {tuple(inputs[0].shape) for inputs, _ in sets}
     assert len(shapes) >= 2, shapes
     assert session.explain() is None  # nothing planned before the first run
+    prepared, seen = None, set()
     for _ in range(2):  # the second round finds every plan in the cache
         for inputs, expected in sets:
             assert_outputs_match(DYNAMIC, session.run(None, feeds(session, inputs)), expected)
             assert session.explain()["signature"].startswith(f"i64[{','.join(map(str, inputs[0].shape))}]")
+            stats = session.cache_stats()
+            assert (stats["last_planning_ms"] == 0) == (tuple(inputs[0].shape) in seen), stats
+            seen.add(tuple(inputs[0].shape))
+            # The weights the plans derive (GPT-2's fused projections, packed panels) are made by
+            # the first plan and shared by every later one, whatever its shapes.
+            prepared = prepared or (stats["prepared_entries"], stats["prepared_bytes"])
+            assert (stats["prepared_entries"], stats["prepared_bytes"]) == prepared
+            assert session.explain()["prepared_bytes"] == prepared[1]
+    assert prepared[1] > 0
     stats = session.cache_stats()
-    assert stats["plans_made"] == len(shapes)
+    assert stats["plans_made"] == len(shapes) == session.explain()["plans_made"]
     assert stats["hits"] == 2 * len(sets) - len(shapes)
 
 

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "core/prepared_store.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
@@ -191,6 +192,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const Tenso
     if (auto it = c.index.find(b.key); it != c.index.end()) {
       c.lru.splice(c.lru.begin(), c.lru, it->second);
       ++c.stats.hits;
+      c.stats.last_planning_ms = 0;
       c.last = *it->second;
       return c.last;
     }
@@ -201,6 +203,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const Tenso
   std::lock_guard<std::mutex> lock(c.mu);
   ++c.stats.plans_made;
   c.stats.planning_ms += p->planning_time().total_ms();
+  c.stats.last_planning_ms = p->planning_time().total_ms();
   if (auto it = c.index.find(b.key); it != c.index.end()) {
     c.last = *it->second;
     return c.last;
@@ -223,8 +226,17 @@ std::shared_ptr<const Plan> CompiledModel::plan() const {
 }
 
 PlanCacheStats CompiledModel::cache_stats() const {
-  std::lock_guard<std::mutex> lock(cache_->mu);
-  return cache_->stats;
+  PlanCacheStats s;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mu);
+    s = cache_->stats;
+  }
+  if (source_->onnx && source_->onnx->prepared_store()) {
+    const PreparedStoreStats p = source_->onnx->prepared_store()->stats();
+    s.prepared_entries = p.entries;
+    s.prepared_bytes = p.bytes;
+  }
+  return s;
 }
 
 Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const {

@@ -54,7 +54,9 @@ Status RunKernel(const Node& n, const CpuKernel* k, std::span<const TensorView> 
 
 }  // namespace
 
-Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, const PrepareOptions& options) {
+Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, const PrepareOptions& prepare) {
+  PrepareOptions options = prepare;
+  if (!options.store) options.store = g.prepared_store();
   std::unique_ptr<ExecutionPlan> plan(new ExecutionPlan());
   plan->graph_ = &g;
 

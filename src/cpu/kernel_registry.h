@@ -34,6 +34,9 @@ struct PrepareOptions {
   // GEMMs against constant weights hold them in bf16 (rounded once, when packed; activations and
   // sums stay f32): half the weight stream of a decode step.
   bool bf16_weights = false;
+  // Where packed weights are kept, shared by every plan of a model (ExecutionPlan::Compile
+  // takes the graph's prepared_store() when this is null); null: each plan packs its own.
+  PreparedStore* store = nullptr;
 };
 // Work done once per node when a plan is compiled (weights packed for the GEMM, ...). The
 // kernel must also run without it (nullptr state: constant folding, one-off runs).

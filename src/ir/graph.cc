@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include "op_registry.h"
 
@@ -55,6 +56,7 @@ Value* Graph::NewValue(const std::string& name, DType dtype, const Shape& shape)
   v->shape_ = shape;
   Value* raw = v.get();
   values_.push_back(std::move(v));
+  raw->self_ = std::prev(values_.end());
   by_name_[raw->name_] = raw;
   return raw;
 }
@@ -134,6 +136,7 @@ Node* Graph::AddNodeTyped(const std::string& op, const std::vector<Value*>& inpu
   }
   Node* raw = n.get();
   nodes_.push_back(std::move(n));
+  raw->self_ = std::prev(nodes_.end());
   return raw;
 }
 
@@ -171,25 +174,28 @@ void Graph::RemoveNode(Node* n) {
   }
   for (Value* o : n->outputs_) {
     by_name_.erase(o->name_);
-    values_.remove_if([&](const std::unique_ptr<Value>& v) { return v.get() == o; });
+    values_.erase(o->self_);
   }
-  nodes_.remove_if([&](const std::unique_ptr<Node>& p) { return p.get() == n; });
+  nodes_.erase(n->self_);
 }
 
 int Graph::RemoveDeadNodes() {
   int removed = 0;
+  // Last to first, so that in topological order a node's producers are seen after it dies;
+  // again while a pass removed anything (rewrites leave nodes out of order until sorted).
   for (bool changed = true; changed;) {
     changed = false;
-    for (auto it = nodes_.rbegin(); it != nodes_.rend(); ++it) {
-      Node* n = it->get();
+    for (auto next = nodes_.end(); next != nodes_.begin();) {
+      Node* n = std::prev(next)->get();
       bool dead = true;
       for (Value* o : n->outputs_) dead &= o->uses_.empty() && !o->is_graph_output_;
-      if (dead) {
-        RemoveNode(n);
-        ++removed;
-        changed = true;
-        break;
+      if (!dead) {
+        --next;
+        continue;
       }
+      RemoveNode(n);  // erases the node before `next`; `next` stays valid
+      ++removed;
+      changed = true;
     }
   }
   // Constants nobody reads.
@@ -211,11 +217,11 @@ Status Graph::RenameValue(Value* v, const std::string& name) {
 }
 
 Status Graph::TopologicalSort() {
-  std::map<const Node*, size_t> position;
+  std::unordered_map<const Node*, size_t> position;
   std::vector<Node*> order;
   for (const auto& n : nodes_) position[n.get()] = order.size(), order.push_back(n.get());
   // Kahn's algorithm, always taking the ready node that came first.
-  std::map<const Node*, int> pending;
+  std::unordered_map<const Node*, int> pending;
   for (Node* n : order) {
     int k = 0;
     for (const Value* in : n->inputs_)
@@ -235,10 +241,13 @@ Status Graph::TopologicalSort() {
         if (--pending[u.node] == 0) ready.insert({position[u.node], u.node});
   }
   if (sorted.size() != order.size()) return Internal("graph '", name_, "' has a cycle");
-  std::map<const Node*, std::unique_ptr<Node>> owned;
+  std::unordered_map<const Node*, std::unique_ptr<Node>> owned;
   for (auto& n : nodes_) owned[n.get()] = std::move(n);
   nodes_.clear();
-  for (Node* n : sorted) nodes_.push_back(std::move(owned[n]));
+  for (Node* n : sorted) {
+    nodes_.push_back(std::move(owned[n]));
+    n->self_ = std::prev(nodes_.end());
+  }
   return Status::Ok();
 }
 
@@ -255,6 +264,7 @@ void Graph::ReplaceWithConstant(Value* v, std::shared_ptr<const Tensor> data) {
     producer->outputs_[v->producer_output_] = placeholder.get();
     by_name_[placeholder->name_] = placeholder.get();
     values_.push_back(std::move(placeholder));
+    values_.back()->self_ = std::prev(values_.end());
   }
   v->producer_ = nullptr;
   v->producer_output_ = 0;

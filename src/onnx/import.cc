@@ -1,12 +1,22 @@
 #include "onnx/import.h"
 
+#include <fcntl.h>
 #include <onnx/onnx_pb.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <span>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
+#include "core/prepared_store.h"
 #include "onnx/node_import.h"
 #include "onnx/tensor_proto.h"
 
@@ -194,9 +204,11 @@ Status ImportNodes(const onnx::GraphProto& gp, int64_t opset, const std::string&
 
 Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, int64_t opset, const std::string& label,
                                           std::span<const std::pair<std::string, std::shared_ptr<const Tensor>>> initializers,
-                                          std::span<const TensorDecl> decls, const InputBinding& binding) {
+                                          std::span<const TensorDecl> decls, const InputBinding& binding,
+                                          std::shared_ptr<PreparedStore> store) {
   const onnx::GraphProto& gp = m.graph();
   auto g = std::make_unique<Graph>(gp.name().empty() ? "main" : gp.name());
+  g->set_prepared_store(std::move(store));
   for (const auto& [name, data] : initializers) {
     auto c = g->AddConstant(name, data);  // shared by every plan: weights are converted once
     if (!c.ok()) return c.status().WithContext(label);
@@ -226,12 +238,17 @@ Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, int64_t op
 OnnxModel::~OnnxModel() = default;
 
 Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string& bytes, const std::string& label) {
-  if (static_cast<int64_t>(bytes.size()) > kMaxProtoFileBytes)
-    return InvalidArgument(label, ": model is ", bytes.size(), " bytes; ONNX protobuf models are limited to 2 GiB");
+  return FromArray(bytes.data(), bytes.size(), label);
+}
+
+Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, size_t size, const std::string& label) {
+  if (static_cast<int64_t>(size) > kMaxProtoFileBytes)
+    return InvalidArgument(label, ": model is ", size, " bytes; ONNX protobuf models are limited to 2 GiB");
   std::shared_ptr<OnnxModel> m(new OnnxModel());
   m->label_ = label;
+  m->store_ = std::make_shared<PreparedStore>();
   m->proto_ = std::make_unique<onnx::ModelProto>();
-  if (!m->proto_->ParseFromString(bytes))
+  if (!m->proto_->ParseFromArray(data, static_cast<int>(size)))
     return InvalidArgument(label, ": not a valid ONNX model (protobuf parse failed)");
   auto opset = DefaultOpset(*m->proto_);
   if (!opset.ok()) return opset.status().WithContext(label);
@@ -247,6 +264,9 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string&
     auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"));
     if (!data.ok()) return data.status().WithContext(label);
     m->initializers_.emplace_back(t.name(), std::make_shared<const Tensor>(std::move(data).value()));
+    m->store_->AddRoot(m->initializers_.back().second);
+    // The proto's bytes go as soon as they are converted: the weights are held once, not twice.
+    std::string().swap(*m->proto_->mutable_graph()->mutable_initializer(i)->mutable_raw_data());
   }
   std::set<std::string> names;
   for (const onnx::ValueInfoProto& vi : gp.input()) {
@@ -273,19 +293,42 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string&
     m->outputs_.push_back(std::move(d));
   }
   MarkShapeValueInputs(gp, &m->inputs_);
-  // The converted tensors are what every import uses: drop the proto's copy.
+  // The converted tensors are what every import uses: drop the proto's copy, and give the
+  // heap it freed back to the system (glibc keeps freed blocks below its mmap threshold).
   m->proto_->mutable_graph()->clear_initializer();
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
   return std::shared_ptr<const OnnxModel>(std::move(m));
 }
 
 Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& path) {
-  std::string bytes;
-  GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
-  return FromBytes(bytes, path);
+  // Mapped, not read: the file's pages are the page cache's, not a copy on the heap, and they
+  // leave the process when it is parsed.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    if (fd >= 0) ::close(fd);
+    std::string bytes;  // not a regular file (a pipe, /dev/stdin), or empty: read it
+    GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
+    return FromBytes(bytes, path);
+  }
+  if (st.st_size > kMaxProtoFileBytes) {
+    ::close(fd);
+    return InvalidArgument(path, ": file is ", st.st_size, " bytes; ONNX protobuf files are limited to 2 GiB "
+                           "(larger models need external data, which graphfuse does not read)");
+  }
+  void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map == MAP_FAILED) return InvalidArgument(path, ": cannot map (", std::strerror(errno), ")");
+  ::madvise(map, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
+  auto m = FromArray(static_cast<const char*>(map), static_cast<size_t>(st.st_size), path);
+  ::munmap(map, static_cast<size_t>(st.st_size));
+  return m;
 }
 
 Result<std::unique_ptr<Graph>> OnnxModel::Instantiate(const InputBinding& binding) const {
-  return ImportModel(*proto_, opset_, label_, initializers_, inputs_, binding);
+  return ImportModel(*proto_, opset_, label_, initializers_, inputs_, binding, store_);
 }
 
 Result<std::unique_ptr<Graph>> OnnxModel::InstantiateStatic() const {

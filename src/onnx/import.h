@@ -31,6 +31,8 @@ class ModelProto;
 
 namespace graphfuse {
 
+class PreparedStore;
+
 // The default-domain opsets the importer accepts. The IR holds ops in their opset 13-17 form;
 // nodes of other opsets whose form differs are rewritten to it as they are imported
 // (node_import.cc, UpgradeForm).
@@ -49,6 +51,7 @@ class OnnxModel {
   // binding by Instantiate.
   static Result<std::shared_ptr<const OnnxModel>> FromBytes(const std::string& bytes, const std::string& label);
   static Result<std::shared_ptr<const OnnxModel>> FromFile(const std::string& path);
+  static Result<std::shared_ptr<const OnnxModel>> FromArray(const char* data, size_t size, const std::string& label);
   ~OnnxModel();
 
   const std::string& label() const { return label_; }
@@ -60,6 +63,9 @@ class OnnxModel {
 
   // The graph for one binding (BindInputs / BindShapes over inputs()).
   Result<std::unique_ptr<Graph>> Instantiate(const InputBinding& binding) const;
+  // What plans derive from the weights, shared by every graph instantiated (each graph's
+  // prepared_store()).
+  const std::shared_ptr<PreparedStore>& prepared_store() const { return store_; }
   // The graph of a static model (every dim fixed, no input's values become shapes); for
   // another model, Unimplemented naming its first symbolic dim or value input.
   Result<std::unique_ptr<Graph>> InstantiateStatic() const;
@@ -72,6 +78,7 @@ class OnnxModel {
   std::vector<TensorDecl> inputs_, outputs_;
   // Converted once at load and shared by every graph instantiated.
   std::vector<std::pair<std::string, std::shared_ptr<const Tensor>>> initializers_;
+  std::shared_ptr<PreparedStore> store_;
 };
 
 // Reads and imports an .onnx file of static shapes (files over 2 GiB are refused).

@@ -42,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/prepared_store.h"
 #include "fusion_passes.h"
 #include "match.h"
 
@@ -560,14 +561,18 @@ Result<int> SplitLinearGemms(Graph& g) {
     if (c && (!c->constant() || n->GetFloat("beta", 1.f) != 1.f)) continue;
     std::shared_ptr<const Tensor> weights = w->constant();
     if (n->GetInt("transB", 0) != 0) {  // fold the transpose: [N, K] -> [K, N]
-      const int64_t nn = w->shape()[0], kk = w->shape()[1];
-      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(w->dtype(), {kk, nn}));
-      const size_t es = DTypeSize(w->dtype());
-      const auto* src = static_cast<const std::byte*>(weights->data());
-      auto* dst = static_cast<std::byte*>(t.data());
-      for (int64_t i = 0; i < nn; ++i)
-        for (int64_t j = 0; j < kk; ++j) std::memcpy(dst + (j * nn + i) * es, src + (i * kk + j) * es, es);
-      weights = std::make_shared<const Tensor>(std::move(t));
+      const Tensor* sources[] = {weights.get()};
+      GF_ASSIGN_OR_RETURN(weights, DeriveTensor(g.prepared_store(), sources, "transpose [N,K] -> [K,N]",
+                                                [&]() -> Result<Tensor> {
+        const int64_t nn = w->shape()[0], kk = w->shape()[1];
+        GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(w->dtype(), {kk, nn}));
+        const size_t es = DTypeSize(w->dtype());
+        const auto* src = static_cast<const std::byte*>(w->constant()->data());
+        auto* dst = static_cast<std::byte*>(t.data());
+        for (int64_t i = 0; i < nn; ++i)
+          for (int64_t j = 0; j < kk; ++j) std::memcpy(dst + (j * nn + i) * es, src + (i * kk + j) * es, es);
+        return t;
+      }));
     }
     GF_ASSIGN_OR_RETURN(Value * wk, g.AddConstant(g.FreshName(w->name() + "_kn"), weights));
     GF_ASSIGN_OR_RETURN(Node * mm, g.AddNode("MatMul", {a, wk}, {}, n->name()));

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/prepared_store.h"
 #include "fusion_passes.h"
 #include "match.h"
 
@@ -255,20 +256,29 @@ class ViewRewriter {
     for (const Piece& p : pieces) {
       const int64_t width = p.end - p.start;
       const std::string suffix = StrCat("/cols", p.start, "_", p.end);
-      GF_ASSIGN_OR_RETURN(Tensor wt, Tensor::Empty(DType::kF32, {k, width}));
-      for (int64_t r = 0; r < k; ++r) std::copy(wd + r * n + p.start, wd + r * n + p.end, wt.data_as<float>() + r * width);
-      GF_ASSIGN_OR_RETURN(Value * wp, g_.AddConstant(g_.FreshName(w->name() + suffix),
-                                                     std::make_shared<const Tensor>(std::move(wt))));
+      const Tensor* wsrc[] = {w->constant().get()};
+      GF_ASSIGN_OR_RETURN(auto wt, DeriveTensor(g_.prepared_store(), wsrc, StrCat("columns ", p.start, "..", p.end),
+                                                [&]() -> Result<Tensor> {
+        GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, {k, width}));
+        for (int64_t r = 0; r < k; ++r) std::copy(wd + r * n + p.start, wd + r * n + p.end, t.data_as<float>() + r * width);
+        return t;
+      }));
+      GF_ASSIGN_OR_RETURN(Value * wp, g_.AddConstant(g_.FreshName(w->name() + suffix), std::move(wt)));
       GF_ASSIGN_OR_RETURN(Node * mp, g_.AddNode("MatMul", {x, wp}, {}, mm->name() + suffix));
       Value* result = mp->output();
       if (bias_add) {
         Shape bs = bias->shape();
         bs.back() = width;
-        GF_ASSIGN_OR_RETURN(Tensor bt, Tensor::Empty(DType::kF32, bs));
-        std::copy(bias->constant()->data_as<float>() + p.start, bias->constant()->data_as<float>() + p.end,
-                  bt.data_as<float>());
-        GF_ASSIGN_OR_RETURN(Value * bp, g_.AddConstant(g_.FreshName(bias->name() + suffix),
-                                                       std::make_shared<const Tensor>(std::move(bt))));
+        const Tensor* bsrc[] = {bias->constant().get()};
+        GF_ASSIGN_OR_RETURN(auto bt, DeriveTensor(g_.prepared_store(), bsrc,
+                                                  StrCat("columns ", p.start, "..", p.end, " as ", ShapeToString(bs)),
+                                                  [&]() -> Result<Tensor> {
+          GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, bs));
+          std::copy(bias->constant()->data_as<float>() + p.start, bias->constant()->data_as<float>() + p.end,
+                    t.data_as<float>());
+          return t;
+        }));
+        GF_ASSIGN_OR_RETURN(Value * bp, g_.AddConstant(g_.FreshName(bias->name() + suffix), std::move(bt)));
         GF_ASSIGN_OR_RETURN(Node * ap, g_.AddNode("Add", bias_first ? std::vector<Value*>{bp, result}
                                                                      : std::vector<Value*>{result, bp},
                                                   {}, bias_add->name() + suffix));

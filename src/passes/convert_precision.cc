@@ -6,6 +6,7 @@
 #include <variant>
 #include <vector>
 
+#include "core/prepared_store.h"
 #include "graphfuse/tensor.h"
 
 namespace graphfuse {
@@ -13,12 +14,16 @@ namespace {
 
 int64_t DTypeAttr(DType t) { return static_cast<int64_t>(t); }
 
-Result<std::shared_ptr<const Tensor>> Converted(const Tensor& t, DType dt) {
-  GF_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dt, t.shape()));
-  const float* src = t.data_as<float>();
-  auto* dst = out.data_as<uint16_t>();
-  for (int64_t i = 0; i < t.numel(); ++i) dst[i] = dt == DType::kBF16 ? F32ToBF16Bits(src[i]) : F32ToF16Bits(src[i]);
-  return std::make_shared<const Tensor>(std::move(out));
+// The weights in dt: once per model where the store knows them.
+Result<std::shared_ptr<const Tensor>> Converted(PreparedStore* store, const Tensor& t, DType dt) {
+  const Tensor* sources[] = {&t};
+  return DeriveTensor(store, sources, StrCat("to ", DTypeName(dt)), [&]() -> Result<Tensor> {
+    GF_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(dt, t.shape()));
+    const float* src = t.data_as<float>();
+    auto* dst = out.data_as<uint16_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) dst[i] = dt == DType::kBF16 ? F32ToBF16Bits(src[i]) : F32ToF16Bits(src[i]);
+    return out;
+  });
 }
 
 // Each float value of the source is either narrow (computed in dt) or part of an f32 island:
@@ -29,7 +34,9 @@ Result<std::shared_ptr<const Tensor>> Converted(const Tensor& t, DType dt) {
 class Converter {
  public:
   Converter(const Graph& src, DType dt, const PrecisionOptions& o)
-      : src_(src), dt_(dt), o_(o), g_(std::make_unique<Graph>(src.name())) {}
+      : src_(src), dt_(dt), o_(o), g_(std::make_unique<Graph>(src.name())) {
+    g_->set_prepared_store(src.prepared_store_shared());
+  }
 
   Result<std::unique_ptr<Graph>> Run() {
     for (const Value* v : src_.inputs()) {
@@ -74,7 +81,7 @@ class Converter {
       if (!slot) {
         std::shared_ptr<const Tensor> data = v->constant();
         if (convert) {
-          GF_ASSIGN_OR_RETURN(data, Converted(*data, dt_));
+          GF_ASSIGN_OR_RETURN(data, Converted(g_->prepared_store(), *data, dt_));
         }
         const bool both = narrow_consts_.count(v) && f32_consts_.count(v);
         GF_ASSIGN_OR_RETURN(slot, g_->AddConstant(both ? g_->FreshName(StrCat(v->name(), "_", convert ? DTypeName(dt_) : "f32"))

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "../core/prepared_store.h"
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
 #include "match.h"
@@ -245,13 +246,19 @@ class NormFolder {
   Result<Value*> ScaledWeights(Value* w, const std::vector<float>& gamma, const Node& norm) {
     if (gamma.empty()) return w;
     const Tensor& src = *w->constant();
-    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, src.shape()));
-    const int64_t rows = src.shape()[0], cols = src.shape()[1];
-    const float* a = src.data_as<float>();
-    float* b = t.data_as<float>();
-    for (int64_t i = 0; i < rows; ++i)
-      for (int64_t j = 0; j < cols; ++j) b[i * cols + j] = a[i * cols + j] * gamma[static_cast<size_t>(i)];
-    return g_.AddConstant(g_.FreshName(w->name() + "_times_" + norm.name()), std::make_shared<const Tensor>(std::move(t)));
+    // Keyed on the norm's scale tensor too: gamma holds its values.
+    const Tensor* sources[] = {&src, norm.input(1)->constant().get()};
+    GF_ASSIGN_OR_RETURN(auto scaled, DeriveTensor(g_.prepared_store(), sources, "rows times the norm's scale",
+                                                  [&]() -> Result<Tensor> {
+      GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, src.shape()));
+      const int64_t rows = src.shape()[0], cols = src.shape()[1];
+      const float* a = src.data_as<float>();
+      float* b = t.data_as<float>();
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) b[i * cols + j] = a[i * cols + j] * gamma[static_cast<size_t>(i)];
+      return t;
+    }));
+    return g_.AddConstant(g_.FreshName(w->name() + "_times_" + norm.name()), std::move(scaled));
   }
 
   Result<Node*> NewProducer(const Node& p, float eps) {

@@ -50,6 +50,7 @@
 #include <optional>
 #include <set>
 
+#include "../core/prepared_store.h"
 #include "core/hash.h"
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
@@ -855,22 +856,31 @@ Result<bool> FuseProjectionsApart(Graph& g, Node* a, const FusionOptions& option
 
   // W and the biases, the GEMMs' side by side.
   const int64_t k = x->shape().back();
-  GF_ASSIGN_OR_RETURN(Tensor wt, Tensor::Empty(DType::kF32, {k, cols}));
+  std::vector<const Tensor*> weights;
+  std::string how = "side by side at columns";
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    weights.push_back(nodes[i].node->input(1)->constant().get());
+    how += StrCat(" ", node_col[i]);
+  }
+  GF_ASSIGN_OR_RETURN(auto wt, DeriveTensor(g.prepared_store(), weights, how, [&]() -> Result<Tensor> {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kF32, {k, cols}));
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const int64_t ni = nodes[i].node->input(1)->shape()[1];
+      const float* src_w = weights[i]->data_as<float>();
+      for (int64_t r = 0; r < k; ++r)
+        std::copy(src_w + r * ni, src_w + (r + 1) * ni, t.data_as<float>() + r * cols + node_col[i]);
+    }
+    return t;
+  }));
   std::vector<float> bias(biased ? static_cast<size_t>(cols) : 0, 0.f);
   for (size_t i = 0; i < nodes.size(); ++i) {
-    const Value* wi = nodes[i].node->input(1);
-    const int64_t ni = wi->shape()[1];
-    const float* src_w = wi->constant()->data_as<float>();
-    for (int64_t r = 0; r < k; ++r)
-      std::copy(src_w + r * ni, src_w + (r + 1) * ni, wt.data_as<float>() + r * cols + node_col[i]);
     for (size_t s = 0; s < nodes[i].bias_inputs.size(); ++s) {
       const float* b = nodes[i].bias_inputs[s]->constant()->data_as<float>();
       std::copy(b, b + nodes[i].n, bias.data() + node_col[i] + static_cast<int64_t>(s) * nodes[i].n);
     }
   }
   const std::string scope = nodes.front().node->name();
-  GF_ASSIGN_OR_RETURN(Value * w, g.AddConstant(g.FreshName(scope + "_qkv_weights"),
-                                                std::make_shared<const Tensor>(std::move(wt))));
+  GF_ASSIGN_OR_RETURN(Value * w, g.AddConstant(g.FreshName(scope + "_qkv_weights"), std::move(wt)));
   std::vector<Value*> inputs = {const_cast<Value*>(x), w};
   if (biased) {
     GF_ASSIGN_OR_RETURN(Tensor bt, Tensor::Empty(DType::kF32, {cols}));

@@ -23,6 +23,7 @@
 #include <map>
 #include <set>
 
+#include "../core/prepared_store.h"
 #include "../ir/elementwise_body.h"
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
@@ -230,16 +231,21 @@ class GemmFuser {
     if (S > 1) {
       const DType wt = projections.front()->input(1)->dtype();
       const size_t es = DTypeSize(wt);
-      GF_ASSIGN_OR_RETURN(Tensor cat, Tensor::Empty(wt, {k, S * n}));
-      auto* dst = static_cast<char*>(cat.data());
-      for (int64_t s = 0; s < S; ++s) {
-        const auto* src = static_cast<const char*>(projections[s]->input(1)->constant()->data());
-        for (int64_t r = 0; r < k; ++r)
-          std::copy(src + r * n * es, src + (r + 1) * n * es, dst + (r * S * n + s * n) * es);
-      }
+      std::vector<const Tensor*> sources;
+      for (int64_t s = 0; s < S; ++s) sources.push_back(projections[s]->input(1)->constant().get());
+      GF_ASSIGN_OR_RETURN(auto cat, DeriveTensor(g_.prepared_store(), sources, "concat columns", [&]() -> Result<Tensor> {
+        GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(wt, {k, S * n}));
+        auto* dst = static_cast<char*>(t.data());
+        for (int64_t s = 0; s < S; ++s) {
+          const auto* src = static_cast<const char*>(sources[static_cast<size_t>(s)]->data());
+          for (int64_t r = 0; r < k; ++r)
+            std::copy(src + r * n * es, src + (r + 1) * n * es, dst + (r * S * n + s * n) * es);
+        }
+        return t;
+      }));
       GF_ASSIGN_OR_RETURN(weights, g_.AddConstant(g_.FreshName(projections.front()->name() + "_weights_x" +
                                                                std::to_string(S)),
-                                                  std::make_shared<const Tensor>(std::move(cat))));
+                                                  std::move(cat)));
     }
 
     // Outputs: projections still read outside the group, then the epilogue's results read outside.

@@ -6,6 +6,8 @@
 #include <onnx/onnx_pb.h>
 
 #include <cmath>
+#include <cstring>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -353,6 +355,71 @@ TEST(DynamicShapes, ShapeFlagsBindDimsByInputOrByName) {
   auto contradicted = BindShapes((*m)->inputs(), {{"x", {2, 5, 8}}, {"batch", {3}}});
   ASSERT_FALSE(contradicted.ok());
   EXPECT_NE(contradicted.status().message().find("'batch' = 2"), std::string::npos) << contradicted.status().ToString();
+}
+
+// The corpus's LLaMA with a KV cache, at `past` cached rows and one new token: its inputs
+// (random ids and cache rows, positions after the past).
+std::vector<Tensor> DecodeInputs(int64_t past, uint32_t seed) {
+  std::vector<Tensor> in;
+  in.push_back(Tensor::Empty(DType::kI64, {1, 1}).value());
+  in.back().SetFromDouble(0, 7 + seed % 100);
+  in.push_back(Tensor::Empty(DType::kI64, {1, past + 1}).value());
+  for (int64_t i = 0; i <= past; ++i) in.back().SetFromDouble(i, 1);
+  in.push_back(Tensor::Empty(DType::kI64, {1, 1}).value());
+  in.back().SetFromDouble(0, static_cast<double>(past));
+  for (int k = 0; k < 4; ++k) in.push_back(Random(DType::kF32, {1, 4, past, 16}, seed * 8 + k));
+  return in;
+}
+
+// Plans for new shapes take the weights their first plan derived (the concatenated projections,
+// the packed panels) from the model's store: one copy, whatever the number of shapes, and the
+// same results as a model that planned only that shape.
+TEST(DynamicShapes, PlansOfEveryShapeShareOneCopyOfTheDerivedWeights) {
+  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
+  auto target = MakeTarget("cpu", {.threads = 1});
+  ASSERT_TRUE(target.ok());
+  std::shared_ptr<const Target> cpu = std::move(*target);
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  // The weights each plan's GEMMs read (FusedGemm input 1: concatenated projections).
+  auto gemm_weights = [](const Plan& p) {
+    std::map<std::string, const Tensor*> w;
+    for (const auto& n : p.graph().nodes())
+      if (n->op() == "FusedGemm" && n->input(1)->constant()) w[n->name()] = n->input(1)->constant().get();
+    return w;
+  };
+  std::map<std::string, const Tensor*> first_weights;
+  PlanCacheStats first{};
+  for (int64_t past : {5, 6, 11, 30}) {
+    const std::vector<Tensor> in = DecodeInputs(past, static_cast<uint32_t>(past));
+    std::vector<TensorView> views;
+    for (const Tensor& t : in) views.push_back(t.view());
+    auto out = (*model)->Run(views);
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    const PlanCacheStats stats = (*model)->cache_stats();
+    const auto weights = gemm_weights(*(*model)->plan());
+    ASSERT_FALSE(weights.empty());
+    if (past == 5) {
+      first = stats, first_weights = weights;
+      EXPECT_GT(stats.prepared_bytes, 0);
+      EXPECT_GT(stats.last_planning_ms, 0);
+    } else {
+      EXPECT_EQ(weights, first_weights) << "past " << past << ": a plan made its own copy of the weights";
+      EXPECT_EQ(stats.prepared_entries, first.prepared_entries) << "past " << past;
+      EXPECT_EQ(stats.prepared_bytes, first.prepared_bytes) << "past " << past;
+    }
+    // A model that plans this shape alone, with weights of its own, computes the same bits.
+    auto alone = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+    ASSERT_TRUE(alone.ok());
+    auto expected = (*alone)->Run(views);
+    ASSERT_TRUE(expected.ok());
+    ASSERT_EQ(out->size(), expected->size());
+    for (size_t i = 0; i < out->size(); ++i)
+      EXPECT_EQ(std::memcmp((*out)[i].data(), (*expected)[i].data(), (*out)[i].nbytes()), 0)
+          << "past " << past << ", output " << i;
+    EXPECT_NE(gemm_weights(*(*alone)->plan()), first_weights);  // its own store: its own copy
+  }
+  EXPECT_EQ((*model)->cache_stats().plans_made, 4);
 }
 
 }  // namespace

@@ -137,9 +137,11 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const Pre
                         static_cast<size_t>(d.d) * sizeof(float));
       // One block of all the group's columns, so that a task projects its units in one GEMM
       // call (narrower blocks run slower).
-      GF_ASSIGN_OR_RETURN(auto packed,
-                          PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {},
-                                             {.block_cols = wg, .storage = WeightStorageFor(options)}));
+      PackedGemmOptions po = PackOptionsFor(options, *w->constant(),
+                                            StrCat("attention units ", u0, "+", group, " of ", slots, "x", d.d,
+                                                   " columns (", d.h, " heads, ", d.kv_h, " kv)"));
+      po.block_cols = wg;
+      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, po));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

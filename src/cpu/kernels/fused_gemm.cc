@@ -138,7 +138,8 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node, const Pre
       if (packed->bias_in_gemm) ops.push_back({PostOp::Kind::kAdd, true});
       GF_ASSIGN_OR_RETURN(auto p, PackedGemm::Create(g.m, g.k, g.n, w->constant()->data_as<float>() + s * g.n,
                                                      g.splits * g.n, ld[static_cast<size_t>(s)], std::move(ops),
-                                                     {.storage = WeightStorageFor(options)}));
+                                                     PackOptionsFor(options, *w->constant(),
+                                                                    StrCat("columns from ", s * g.n, " of ", g.splits * g.n))));
       packed->proj.push_back(std::move(p));
     }
     return Status::Ok();

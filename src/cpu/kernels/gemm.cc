@@ -72,8 +72,9 @@ std::optional<PackedDims> PackedMatMulDims(const Node& node) {
 Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const PrepareOptions& options) {
   const std::optional<PackedDims> d = PackedMatMulDims(node);
   if (!d) return std::shared_ptr<const void>();
-  GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d->m, d->k, d->n, node.input(1)->constant()->data_as<float>(),
-                                                      d->n, d->n, {}, {.storage = WeightStorageFor(options)}));
+  const Tensor& w = *node.input(1)->constant();
+  GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d->m, d->k, d->n, w.data_as<float>(), d->n, d->n, {},
+                                                      PackOptionsFor(options, w, "all")));
   return std::shared_ptr<const void>(packed);
 }
 

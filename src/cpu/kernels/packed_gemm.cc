@@ -14,6 +14,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/hash.h"
+#include "core/prepared_store.h"
 #include "graphfuse/dtype.h"
 #include "sgemm.h"
 
@@ -75,12 +77,19 @@ struct PackedGemm::Impl {
   GemmEngine engine = GemmEngine::kOwn;
   bool dot = false;
   int64_t block_stride = 0;
-  hwy::AlignedFreeUniquePtr<float[]> stream_f32;
-  hwy::AlignedFreeUniquePtr<uint16_t[]> stream_bf16;
+  // The panels (shared through the model's store by every plan of the weights).
+  struct Panels {
+    hwy::AlignedFreeUniquePtr<float[]> f32;
+    hwy::AlignedFreeUniquePtr<uint16_t[]> bf16;
+  };
+  std::shared_ptr<const Panels> panels;
+  const float* stream_f32 = nullptr;
+  const uint16_t* stream_bf16 = nullptr;
   // [0]: a full block, [1]: the last one when narrower.
   std::vector<dnnl::matmul::primitive_desc> pds;
   std::vector<dnnl::matmul> prims;
   std::vector<dnnl::memory> weights;  // one packed block each
+  std::shared_ptr<const void> weights_owner;  // what holds them (the store's entry)
   size_t scratch_bytes = 0;
   size_t Which(int64_t width) const { return width == std::min(n, block_cols) ? 0 : 1; }
 };
@@ -357,24 +366,41 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     const int64_t panel_k = p.dot ? (k + 1) / 2 * 2 : k;
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * panel_k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
-    if (bf16) p.stream_bf16 = hwy::AllocateAligned<uint16_t>(total);
-    else p.stream_f32 = hwy::AllocateAligned<float>(total);
-    if (!p.stream_bf16 && !p.stream_f32) return ResourceExhausted("packing GEMM weights: ", total, " elements");
-    for (int64_t blk = 0; blk < p.blocks; ++blk) {
-      const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
-      for (int64_t q = 0; q * kStreamPanel < width; ++q) {
-        const int64_t base = blk * p.block_stride + q * panel_k * kStreamPanel;
-        for (int64_t kk = 0; kk < panel_k; ++kk)
-          for (int64_t j = 0; j < kStreamPanel; ++j) {
-            const int64_t col = q * kStreamPanel + j;
-            const float v = col < width && kk < k ? b[kk * ldb + j0 + col] : 0.f;
-            const int64_t in_panel = p.dot ? (kk / 2 * kStreamPanel + j) * 2 + kk % 2 : kk * kStreamPanel + j;
-            const size_t at = static_cast<size_t>(base + in_panel);
-            if (bf16) p.stream_bf16[at] = F32ToBF16Bits(v);
-            else p.stream_f32[at] = v;
-          }
+    auto pack = [&]() -> Result<PreparedStore::Made> {
+      auto panels = std::make_shared<Impl::Panels>();
+      if (bf16) panels->bf16 = hwy::AllocateAligned<uint16_t>(total);
+      else panels->f32 = hwy::AllocateAligned<float>(total);
+      if (!panels->bf16 && !panels->f32) return ResourceExhausted("packing GEMM weights: ", total, " elements");
+      for (int64_t blk = 0; blk < p.blocks; ++blk) {
+        const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
+        for (int64_t q = 0; q * kStreamPanel < width; ++q) {
+          const int64_t base = blk * p.block_stride + q * panel_k * kStreamPanel;
+          for (int64_t kk = 0; kk < panel_k; ++kk)
+            for (int64_t j = 0; j < kStreamPanel; ++j) {
+              const int64_t col = q * kStreamPanel + j;
+              const float v = col < width && kk < k ? b[kk * ldb + j0 + col] : 0.f;
+              const int64_t in_panel = p.dot ? (kk / 2 * kStreamPanel + j) * 2 + kk % 2 : kk * kStreamPanel + j;
+              const size_t at = static_cast<size_t>(base + in_panel);
+              if (bf16) panels->bf16[at] = F32ToBF16Bits(v);
+              else panels->f32[at] = v;
+            }
+        }
       }
+      return PreparedStore::Made{panels, static_cast<int64_t>(total * (bf16 ? 2 : 4))};
+    };
+    std::shared_ptr<const void> made;
+    if (options.store && !options.weights_key.empty()) {
+      GF_ASSIGN_OR_RETURN(made, options.store->GetOrMake(StrCat(options.weights_key, " panels k=", k, " n=", n,
+                                                                " block=", p.block_cols, bf16 ? " bf16" : " f32",
+                                                                p.dot ? " pairs" : ""),
+                                                         pack));
+    } else {
+      GF_ASSIGN_OR_RETURN(PreparedStore::Made m, pack());
+      made = std::move(m.value);
     }
+    p.panels = std::static_pointer_cast<const Impl::Panels>(made);
+    p.stream_f32 = p.panels->f32.get();
+    p.stream_bf16 = p.panels->bf16.get();
     return std::shared_ptr<const PackedGemm>(std::move(g));
   }
   for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
@@ -415,14 +441,48 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       p.prims.emplace_back(p.pds.back());
       p.scratch_bytes = std::max(p.scratch_bytes, p.pds.back().scratchpad_desc().get_size());
     }
-    for (int64_t blk = 0; blk < p.blocks; ++blk) {
-      const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
-      dnnl::memory packed(p.pds[p.Which(width)].weights_desc(), Engine());
-      dnnl::memory plain({{k, width}, dt::f32, {ldb, 1}}, Engine(), const_cast<float*>(b + j0));
-      dnnl::reorder(plain, packed).execute(stream, plain, packed);
-      stream.wait();
-      p.weights.push_back(std::move(packed));
+    // The blocks in oneDNN's layout for these primitives (shared through the model's store,
+    // keyed by the layout: a plan for other rows whose primitives take the same one reuses them).
+    struct Blocks {
+      std::vector<dnnl::memory::desc> descs;  // per Which(width)
+      std::vector<dnnl::memory> weights;
+    };
+    auto pack = [&]() -> Result<PreparedStore::Made> {
+      auto blocks = std::make_shared<Blocks>();
+      int64_t bytes = 0;
+      for (const auto& pd : p.pds) blocks->descs.push_back(pd.weights_desc());
+      for (int64_t blk = 0; blk < p.blocks; ++blk) {
+        const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
+        dnnl::memory packed(p.pds[p.Which(width)].weights_desc(), Engine());
+        dnnl::memory plain({{k, width}, dt::f32, {ldb, 1}}, Engine(), const_cast<float*>(b + j0));
+        dnnl::reorder(plain, packed).execute(stream, plain, packed);
+        stream.wait();
+        bytes += static_cast<int64_t>(packed.get_desc().get_size());
+        blocks->weights.push_back(std::move(packed));
+      }
+      return PreparedStore::Made{blocks, bytes};
+    };
+    std::shared_ptr<const void> made;
+    if (options.store && !options.weights_key.empty()) {
+      std::string layout;
+      for (const auto& pd : p.pds) {
+        const dnnl::memory::desc d = pd.weights_desc();
+        layout += StrCat(" ", Hash8(std::string_view(reinterpret_cast<const char*>(&d.data), sizeof(d.data))));
+      }
+      GF_ASSIGN_OR_RETURN(made, options.store->GetOrMake(StrCat(options.weights_key, " onednn k=", k, " n=", n,
+                                                                " block=", p.block_cols, layout),
+                                                         pack));
+      // A layout hash that matched another layout would pack nothing in the right form: check.
+      const auto* blocks = static_cast<const Blocks*>(made.get());
+      for (size_t i = 0; i < p.pds.size(); ++i)
+        if (!(blocks->descs[i] == p.pds[i].weights_desc())) made.reset();
     }
+    if (!made) {
+      GF_ASSIGN_OR_RETURN(PreparedStore::Made m, pack());
+      made = std::move(m.value);
+    }
+    p.weights = static_cast<const Blocks*>(made.get())->weights;
+    p.weights_owner = std::move(made);
   } catch (const dnnl::error& e) {
     return Internal("packing GEMM weights (", m, "x", n, "x", k, ") with oneDNN: ", e.what());
   }
@@ -523,15 +583,15 @@ void PackedGemm::RunBlock(int64_t block, const float* a, float* c, std::span<con
   if (p.engine == GemmEngine::kOwn) {
     const size_t at = static_cast<size_t>(block * p.block_stride);
     if (streamed() && p.stream_bf16) {
-      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_bf16.get() + at, width, j0, a, c, operands); });
+      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_bf16 + at, width, j0, a, c, operands); });
     } else if (streamed()) {
-      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_f32.get() + at, width, j0, a, c, operands); });
+      ForRows(p.m, [&](auto rows) { StreamBlock<rows()>(p, p.stream_f32 + at, width, j0, a, c, operands); });
     } else if (p.dot) {
-      TiledBlock<uint16_t, true>(p, p.stream_bf16.get() + at, width, j0, a, a16, c, operands);
+      TiledBlock<uint16_t, true>(p, p.stream_bf16 + at, width, j0, a, a16, c, operands);
     } else if (p.stream_bf16) {
-      TiledBlock(p, p.stream_bf16.get() + at, width, j0, a, nullptr, c, operands);
+      TiledBlock(p, p.stream_bf16 + at, width, j0, a, nullptr, c, operands);
     } else {
-      TiledBlock(p, p.stream_f32.get() + at, width, j0, a, nullptr, c, operands);
+      TiledBlock(p, p.stream_f32 + at, width, j0, a, nullptr, c, operands);
     }
     return;
   }

@@ -32,6 +32,7 @@
 
 #include "graphfuse/status.h"
 #include "../kernel_registry.h"
+#include "core/prepared_store.h"
 
 namespace graphfuse::kernels {
 
@@ -54,6 +55,11 @@ struct PackedGemmOptions {
   // bf16 weights in the own loops: dot products where the build has them (OwnBf16Dot); false
   // widens the weights to f32 as on a CPU without them (the tests run both).
   bool bf16_dot = true;
+  // Where the packed weights are kept: with a store and a key naming B (its tensor and where
+  // this GEMM's columns start in it), every PackedGemm of the same B and layout shares one
+  // packed copy (the model's store: every plan of the model); else this one owns its copy.
+  PreparedStore* store = nullptr;
+  std::string weights_key = {};
 };
 
 class PackedGemm {
@@ -121,6 +127,19 @@ inline constexpr const char* kActivationGemms = "oneDNN sgemm per call";
 // The weight storage a plan's options ask for.
 inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
   return o.bf16_weights ? GemmWeightStorage::kBF16 : GemmWeightStorage::kF32;
+}
+
+// How a plan packs the constant weights `w` read from `where` on (a column offset, a gather of
+// columns: whatever tells two packings of w apart): the storage the plan's options ask for, and
+// the model's store where it knows w, so that every plan of the model shares the packed copy.
+inline PackedGemmOptions PackOptionsFor(const PrepareOptions& o, const Tensor& w, const std::string& where) {
+  PackedGemmOptions p;
+  p.storage = WeightStorageFor(o);
+  if (o.store && o.store->Knows(&w)) {
+    p.store = o.store;
+    p.weights_key = PreparedStore::Id(&w) + " " + where;
+  }
+  return p;
 }
 
 // Whether the CPU has AMX-BF16 (CPUID), whose tile instructions oneDNN's bf16 matmul uses.

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Greedy generation through InferenceSession: graphfuse against onnxruntime on the same exported
+decoder, in one process, the same tokens required of both.
+
+The model is transformers' LlamaForCausalLM with random weights (by default at TinyLlama's layer
+shapes: hidden 2048, ffn 5632, 32 heads, 4 K / V heads, vocab 32000; --layers of them), exported
+the way users export a decoder with a KV cache: torch.onnx.export (TorchScript exporter, opset
+17) with dynamic axes, inputs input_ids, attention_mask, position_ids and past_key_values.<i>.key
+/ .value, outputs logits and present.<i>.key / .value. The export is cached under --cache.
+
+The loop is what a generation server runs: one run() for the prompt (--prompt tokens, past 0),
+then one run() per new token, feeding back present.* as past_key_values.* (every call a new
+sequence length). Per runtime, taking turns (--repeats generations each):
+
+  prefill ms      the first call
+  per-token ms    mean and last of the decode calls
+  planning ms     graphfuse's planning during the generation (cache_stats), after the first
+                  decode call (each later call should find its shape class planned)
+  RSS             the process's RSS after the runtime's generations (peak in the process too)
+
+The run fails (exit status 1) when the runtimes' tokens differ.
+
+    ~/.cache/graphfuse/venv/bin/python bench/generate.py [--layers 4] [--prompt 128] [--new 64]
+        [--repeats 3] [--threads 2] [--small]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import resource
+import statistics
+import sys
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def export(path: str, args) -> None:
+    """Exports the decoder with a KV cache to `path` (TorchScript exporter, dynamic axes)."""
+    import torch
+    import transformers
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from export_hf_corpus import CausalLMWithPast
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32000, hidden_size=args.hidden, intermediate_size=args.ffn, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    module = CausalLMWithPast(model).eval()
+    head = args.hidden // args.heads
+    past = 3
+    feeds = [torch.randint(0, 32000, (1, 2)), torch.ones(1, past + 2, dtype=torch.int64),
+             torch.arange(past, past + 2).unsqueeze(0)]
+    names = ["input_ids", "attention_mask", "position_ids"]
+    axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "total_seq"},
+            "position_ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 1: "seq"}}
+    outs = ["logits"]
+    for i in range(args.layers):
+        for kv in ("key", "value"):
+            feeds.append(torch.randn(1, args.kv_heads, past, head))
+            names.append(f"past_key_values.{i}.{kv}")
+            axes[names[-1]] = {0: "batch", 2: "past_seq"}
+            outs.append(f"present.{i}.{kv}")
+            axes[outs[-1]] = {0: "batch", 2: "total_seq"}
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with torch.no_grad():
+        torch.onnx.export(module, tuple(feeds), tmp, dynamo=False, opset_version=17, input_names=names,
+                          output_names=outs, dynamic_axes=axes, do_constant_folding=True)
+    os.replace(tmp, path)
+
+
+def generate(sess, names, prompt, new, layers, kv_heads, head, kv_dtype=np.float32):
+    """Greedy loop; returns (tokens, per-call ms, planning ms per call or None)."""
+    ids = prompt
+    past = [np.zeros((1, kv_heads, 0, head), kv_dtype) for _ in range(2 * layers)]
+    tokens, times, planning = [], [], []
+    total = 0
+    stats = getattr(sess, "cache_stats", None)
+    for step in range(new):
+        total += ids.shape[1]
+        feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                "position_ids": np.arange(total - ids.shape[1], total, dtype=np.int64)[None, :]}
+        for i, p in enumerate(past):
+            feed[names[3 + i]] = p
+        before = stats()["planning_ms"] if stats else 0.0
+        t = time.perf_counter()
+        out = sess.run(None, feed)
+        times.append((time.perf_counter() - t) * 1e3)
+        planning.append(stats()["planning_ms"] - before if stats else None)
+        nxt = int(np.argmax(out[0][0, -1]))
+        tokens.append(nxt)
+        past = out[1:]
+        ids = np.array([[nxt]], np.int64)
+    return tokens, times, planning
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--ffn", type=int, default=5632)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--small", action="store_true", help="hidden 256, ffn 704, 4 heads, 1 K / V head (a quick check)")
+    p.add_argument("--prompt", type=int, default=128)
+    p.add_argument("--new", type=int, default=64)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--cache", default=os.path.expanduser("~/.cache/graphfuse/models"))
+    p.add_argument("--runtimes", nargs="+", default=["onnxruntime", "graphfuse"], choices=["onnxruntime", "graphfuse"])
+    args = p.parse_args()
+    if args.small:
+        args.hidden, args.ffn, args.heads, args.kv_heads = 256, 704, 4, 1
+    name = f"llama_h{args.hidden}_f{args.ffn}_a{args.heads}_kv{args.kv_heads}_l{args.layers}_ts_kv"
+    path = os.path.join(args.cache, name, "model.onnx")
+    if not os.path.exists(path):
+        print(f"exporting {path} ...", file=sys.stderr, flush=True)
+        export(path, args)
+    size_mb = os.path.getsize(path) / 2**20
+    head = args.hidden // args.heads
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 32000, (1, args.prompt), dtype=np.int64)
+    print(f"model {path} ({size_mb:.0f} MB), prompt {args.prompt}, {args.new} new tokens, {args.threads} threads, "
+          f"RSS before loading {rss_mb():.0f} MB")
+
+    sessions = {}
+    for rt in args.runtimes:
+        before = rss_mb()
+        t = time.perf_counter()
+        if rt == "onnxruntime":
+            import onnxruntime as ort
+
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = args.threads
+            so.inter_op_num_threads = 1
+            sessions[rt] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        else:
+            import graphfuse as gf
+
+            sessions[rt] = gf.InferenceSession(path, threads=args.threads)
+        load_ms = (time.perf_counter() - t) * 1e3
+        print(f"{rt}: loaded in {load_ms:.0f} ms, RSS +{rss_mb() - before:.0f} MB", flush=True)
+    names = [i.name for i in next(iter(sessions.values())).get_inputs()]
+
+    results = {rt: [] for rt in sessions}
+    rss_after = {}
+    for r in range(args.repeats):
+        for rt, sess in sessions.items():
+            results[rt].append(generate(sess, names, prompt, args.new, args.layers, args.kv_heads, head))
+            gc.collect()
+            rss_after[rt] = rss_mb()
+            print(f"  turn {r + 1} {rt}: prefill {results[rt][-1][1][0]:.1f} ms, tokens/s "
+                  f"{1e3 * (args.new - 1) / sum(results[rt][-1][1][1:]):.1f}, RSS {rss_after[rt]:.0f} MB", flush=True)
+
+    print()
+    print("| runtime | prefill ms | per-token ms (mean) | last token ms | total ms | planning ms after the first decode |")
+    print("|---|---|---|---|---|---|")
+    tokens = {}
+    for rt, runs in results.items():
+        tokens[rt] = runs[0][0]
+        prefill = statistics.median(t[0] for _, t, _ in runs)
+        mean = statistics.median(statistics.mean(t[1:]) for _, t, _ in runs)
+        last = statistics.median(t[-1] for _, t, _ in runs)
+        total = statistics.median(sum(t) for _, t, _ in runs)
+        plan = "-"
+        if runs[0][2][0] is not None:
+            plan = f"{max(max(pl[2:]) for _, _, pl in runs):.2f} max per call"
+        print(f"| {rt} | {prefill:.1f} | {mean:.2f} | {last:.2f} | {total:.0f} | {plan} |")
+    if "graphfuse" in sessions:
+        s = sessions["graphfuse"].cache_stats()
+        print(f"\ngraphfuse cache_stats: {s}")
+    print(f"RSS at the end {rss_mb():.0f} MB, peak {peak_rss_mb():.0f} MB")
+    ref = next(iter(tokens.values()))
+    same = all(t == ref for t in tokens.values()) and all(r[0] == ref for runs in results.values() for r in runs)
+    print("tokens:", "the same in every runtime and turn" if same else f"DIFFER: {tokens}")
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
