@@ -139,7 +139,9 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const Pre
       // call (narrower blocks run slower).
       PackedGemmOptions po = PackOptionsFor(options, *w->constant(),
                                             StrCat("attention units ", u0, "+", group, " of ", slots, "x", d.d,
-                                                   " columns (", d.h, " heads, ", d.kv_h, " kv)"));
+                                                   " columns (", d.h, " heads, ", d.kv_h, " kv; q, k, v from ",
+                                                   d.proj_offset(0), ", ", d.proj_offset(1), ", ", d.proj_offset(2),
+                                                   " of ", ldw, ")"));
       po.block_cols = wg;
       GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, po));
       state->heads.push_back(std::move(packed));
