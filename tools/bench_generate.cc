@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <random>
@@ -187,6 +188,12 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       run.ms.push_back(MsSince(t));
       if (!out.ok()) return Fail(out.status().WithContext(StrCat("--generate step ", step)));
       run.planning_ms.push_back(m.cache_stats().planning_ms - planned_before);
+      if (std::getenv("GRAPHFUSE_BENCH_CALLS") && r == 0) {
+        const PlanningTime& pt = m.plan()->planning_time();
+        std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s\n",
+                    static_cast<long long>(step), run.ms.back(), run.planning_ms.back(), pt.import_ms, pt.passes_ms,
+                    pt.compile_ms, m.plan()->from_template() ? ", from the template" : "");
+      }
       const Tensor& logits = (*out)[static_cast<size_t>(io->logits)];
       const int64_t v = logits.shape().back(), last = logits.numel() / v - 1;
       const float* row = logits.data_as<float>() + last * v;
@@ -240,9 +247,12 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   if (runs.size() > 1) row(StrCat("generations 2..", runs.size(), " (medians)").c_str(), 1);
   std::printf("  (%lld prompt tokens, %lld decode calls; max planning: the most one call after the first decode "
               "spent planning)\n", static_cast<long long>(prompt), static_cast<long long>(fresh - 1));
-  std::printf("  %lld plans made, %.0f ms in all; prepared weights shared by every plan: %.1f MiB in %lld entries\n",
-              static_cast<long long>(s.plans_made), s.planning_ms, static_cast<double>(s.prepared_bytes) / (1 << 20),
+  std::printf("  %lld plans made (%lld from %lld shape-class templates), %.0f ms in all; prepared weights shared by "
+              "every plan: %.1f MiB in %lld entries\n",
+              static_cast<long long>(s.plans_made), static_cast<long long>(s.plans_from_template),
+              static_cast<long long>(s.shape_classes), s.planning_ms, static_cast<double>(s.prepared_bytes) / (1 << 20),
               static_cast<long long>(s.prepared_entries));
+
   std::printf("  RSS %.0f MiB, peak %.0f MiB; %s\n", RssMb(), PeakRssMb(),
               same ? "the same tokens in every generation" : "THE TOKENS DIFFER between generations");
   if (!json.empty()) {
@@ -258,6 +268,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       j.Key("per_token_ms").Num(median_of(&Summary::mean, 1)).Key("total_ms").Num(median_of(&Summary::total, 1));
       j.Key("planning_ms").Num(median_of(&Summary::planning, 1)).EndObject();
     }
+    j.Key("plans_from_template").Num(static_cast<double>(s.plans_from_template));
     j.Key("plans_made").Num(static_cast<double>(s.plans_made)).Key("planning_ms").Num(s.planning_ms);
     j.Key("prepared_bytes").Num(static_cast<double>(s.prepared_bytes));
     j.Key("rss_mb").Num(RssMb()).Key("peak_rss_mb").Num(PeakRssMb());

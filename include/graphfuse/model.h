@@ -78,12 +78,19 @@ struct CompileOptions {
   // Plans kept for a model with symbolic dims: the least recently used one is dropped when a
   // new input signature needs room. At least 1.
   int plan_cache_capacity = 16;
+  // Plans of one shape class are made without import or passes: when two plans' input sizes
+  // differ by a step (a decode step: past and total lengths one longer; a prompt one longer)
+  // and the planned graphs differ only in sizes that moved by multiples of it, the class's later
+  // plans are the first one with its sizes moved (ShapeTemplate), once a third plan made both
+  // ways agreed. Off: every signature is planned from the model.
+  bool shape_classes = true;
 };
 
 // Time spent making one plan, in milliseconds.
 struct PlanningTime {
   double import_ms = 0;   // the graph for the bound shapes (shape arithmetic folded)
-  double passes_ms = 0;   // canonicalization, fusion, memory planning
+  double passes_ms = 0;   // canonicalization, fusion, memory planning; or the graph made from its
+                          // shape class's template (then import_ms is 0)
   double compile_ms = 0;  // the target's executable (native code where it compiles any)
   double total_ms() const { return import_ms + passes_ms + compile_ms; }
 };
@@ -106,6 +113,9 @@ class Plan {
   const PlanningTime& planning_time() const { return planning_; }
   // The input signature it was made for: "f32[2,7];i64[3]={2,7,64}".
   const std::string& signature() const { return signature_; }
+  // Whether it was made from its shape class's template (no import, no passes; CompileOptions::
+  // shape_classes); its report is the class's first plan's.
+  bool from_template() const { return from_template_; }
 
  private:
   friend class CompiledModel;
@@ -118,6 +128,7 @@ class Plan {
   std::vector<int> graph_input_;  // per model input: its graph input, or -1 (became a constant)
   PlanningTime planning_;
   std::string signature_;
+  bool from_template_ = false;
 };
 
 struct PlanCacheStats {
@@ -128,6 +139,9 @@ struct PlanCacheStats {
   int64_t capacity = 0;
   double planning_ms = 0;   // all planning so far
   double last_planning_ms = 0;  // the latest call's planning (0 when it found its plan)
+  // Shape classes whose template makes their plans, and the plans made so (also in plans_made).
+  int64_t shape_classes = 0;
+  int64_t plans_from_template = 0;
   // What the plans derived from the weights, made once and shared by all of them whatever their
   // shapes (concatenated projections, folded norm scales, packed GEMM panels, bf16 copies): its
   // entries and bytes. The model's own weights are not counted.
@@ -169,6 +183,10 @@ class CompiledModel {
  private:
   CompiledModel() = default;
   Result<std::shared_ptr<const Plan>> MakePlan(const InputBinding& binding) const;
+  // A plan for `binding` from its shape class (nullptr when it has none yet), or planned from
+  // the model, and the class bookkeeping that goes with either.
+  Result<std::shared_ptr<const Plan>> PlanByClass(const InputBinding& binding) const;
+  Status FinishPlan(Plan& p, std::shared_ptr<Graph> g, const InputBinding& binding) const;
   Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
   std::shared_ptr<detail::ModelSource> source_;
   std::shared_ptr<const Target> target_;

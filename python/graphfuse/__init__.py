@@ -257,7 +257,8 @@ class InferenceSession:
         dims. A dict: signature, kernels_before, kernels_after, launches_per_run, groups (name,
         kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
         message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
-        why), planning_ms (import_ms, passes_ms, compile_ms); and of the model: plans_made (the
+        why), planning_ms (import_ms, passes_ms, compile_ms), from_template (made from its shape
+        class's template); and of the model: plans_made (the
         shapes planned so far) and prepared_bytes (what they derived from the weights, shared)."""
         if input_feed is None:
             return self._session.explain()
@@ -265,7 +266,9 @@ class InferenceSession:
 
     def cache_stats(self) -> dict:
         """The plan cache: hits, plans_made, evictions, size, capacity, planning_ms (all planning
-        so far), last_planning_ms (the latest run's: 0 when its plan was known), and what the
+        so far), last_planning_ms (the latest run's: 0 when its plan was known), shape_classes and
+        plans_from_template (plans made from a shape class's template: no import, no passes; see
+        graphfuse/model.h, CompileOptions::shape_classes), and what the
         plans derived from the weights, made once and shared by every plan whatever its shapes:
         prepared_entries, prepared_bytes (the model's own weights not counted)."""
         return self._session.cache_stats()

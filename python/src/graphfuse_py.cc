@@ -212,6 +212,7 @@ nb::dict ReportDict(const gf::Plan& plan) {
   }
   out["kernel_choices"] = choices;
   out["planning_ms"] = planning;
+  out["from_template"] = plan.from_template();
   return out;
 }
 
@@ -296,6 +297,8 @@ class Session {
     d["capacity"] = s.capacity;
     d["planning_ms"] = s.planning_ms;
     d["last_planning_ms"] = s.last_planning_ms;
+    d["shape_classes"] = s.shape_classes;
+    d["plans_from_template"] = s.plans_from_template;
     d["prepared_entries"] = s.prepared_entries;
     d["prepared_bytes"] = s.prepared_bytes;
     return d;

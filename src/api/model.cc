@@ -10,6 +10,7 @@
 #include "core/prepared_store.h"
 #include "onnx/import.h"
 #include "passes/pipeline.h"
+#include "passes/shape_template.h"
 #include "runtime/signature.h"
 
 namespace graphfuse {
@@ -31,9 +32,20 @@ struct ModelSource {
   }
 };
 
+// Plans of inputs whose symbolic sizes move in step from a first plan's (ShapeTemplate).
+struct ShapeClass {
+  std::vector<int64_t> sizes;         // the symbolic sizes of its first plan's inputs
+  std::shared_ptr<const Plan> first;
+  std::vector<bool> moving;           // the sizes that move with the step (known from its second plan)
+  std::shared_ptr<const ShapeTemplate> tmpl;
+  bool verified = false;              // a third plan, made both ways, agreed
+  bool refused = false;               // its plans differ in more than moving sizes
+};
+
 // Plans by signature, most recently used first.
 struct PlanCache {
   std::mutex mu;
+  std::list<std::shared_ptr<ShapeClass>> classes;  // most recently used first, at most kMaxClasses
   std::list<std::shared_ptr<const Plan>> lru;
   std::unordered_map<std::string, std::list<std::shared_ptr<const Plan>>::iterator> index;
   std::shared_ptr<const Plan> last;
@@ -45,6 +57,43 @@ struct PlanCache {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+constexpr size_t kMaxClasses = 8;
+
+// The sizes of the binding's symbolic dims, in declaration order; empty when an input's values
+// become shapes (those plans stay per value) or nothing is symbolic.
+std::vector<int64_t> SymbolicSizes(const std::vector<TensorDecl>& decls, const InputBinding& b) {
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < decls.size(); ++i) {
+    if (b.values[i]) return {};
+    for (size_t k = 0; k < decls[i].dims.size(); ++k)
+      if (!decls[i].dims[k].fixed()) sizes.push_back(b.shapes[i][k]);
+  }
+  return sizes;
+}
+
+// What a new signature is to its class: t steps from its first plan along the class's step
+// (0: not of this class). `fit`: the class has one plan, and these sizes all moved by t. Sizes
+// 0 and 1 are special to the passes (an empty cache, a single row that broadcasts), so a moving
+// size is 2 or more in every plan of a class.
+struct ClassStep {
+  int64_t t = 0;
+  bool fit = false;
+};
+ClassStep StepOf(const detail::ShapeClass& c, const std::vector<int64_t>& sizes) {
+  if (c.refused || c.sizes.size() != sizes.size()) return {};
+  int64_t t = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const int64_t d = sizes[i] - c.sizes[i];
+    const bool moves = c.tmpl ? static_cast<bool>(c.moving[i]) : d != 0;
+    if (!moves && d != 0) return {};
+    if (!moves) continue;
+    if (t != 0 && d != t) return {};
+    if (d == 0 || sizes[i] < 2 || c.sizes[i] < 2) return {};
+    t = d;
+  }
+  return {t, t != 0 && !c.tmpl};
+}
 
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
@@ -156,7 +205,15 @@ Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& 
   pipeline.fusion_report = &p->report_;
   GF_RETURN_IF_ERROR(RunPipeline(*g, *target_, pipeline).status().WithContext(label));
   p->planning_.passes_ms = MsSince(t);
+  GF_RETURN_IF_ERROR(FinishPlan(*p, std::move(g), binding));
+  return std::shared_ptr<const Plan>(std::move(p));
+}
 
+Status CompiledModel::FinishPlan(Plan& plan, std::shared_ptr<Graph> g, const InputBinding& binding) const {
+  Plan* p = &plan;
+  p->graph_input_.clear();
+  p->inputs_.clear();
+  p->outputs_.clear();
   for (size_t i = 0; i < source_->inputs.size(); ++i) {
     int index = -1;
     for (size_t k = 0; k < g->inputs().size(); ++k)
@@ -170,13 +227,89 @@ Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& 
   for (const Value* v : g->outputs()) p->outputs_.push_back(InfoOf(DeclOf(*v)));
   p->signature_ = binding.key;
 
-  t = Clock::now();
+  const auto t = Clock::now();
   std::shared_ptr<const Graph> planned = std::move(g);
   p->graph_ = planned;
   GF_ASSIGN_OR_RETURN(p->executable_, target_->Compile(planned));
   p->kernel_choices_ = target_->DescribeKernels(*planned);
   p->planning_.compile_ms = MsSince(t);
-  return std::shared_ptr<const Plan>(std::move(p));
+  return Status::Ok();
+}
+
+Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBinding& binding) const {
+  detail::PlanCache& c = *cache_;
+  const std::vector<int64_t> sizes = options_.shape_classes ? SymbolicSizes(source_->inputs, binding)
+                                                            : std::vector<int64_t>{};
+  std::shared_ptr<detail::ShapeClass> cls;
+  std::shared_ptr<const ShapeTemplate> verified;  // the class's template, once it is trusted
+  ClassStep step;
+  if (!sizes.empty()) {
+    std::lock_guard<std::mutex> lock(c.mu);
+    for (auto it = c.classes.begin(); it != c.classes.end(); ++it) {
+      step = StepOf(**it, sizes);
+      if (step.t == 0) continue;
+      cls = *it;
+      if (cls->verified) verified = cls->tmpl;
+      c.classes.splice(c.classes.begin(), c.classes, it);
+      break;
+    }
+  }
+  if (verified) {
+    // The class's template makes the plan: no import, no passes.
+    std::shared_ptr<Plan> p(new Plan());
+    const auto t = Clock::now();
+    auto g = verified->Instantiate(step.t);
+    if (g.ok()) {
+      p->planning_.passes_ms = MsSince(t);
+      p->report_ = cls->first->report_;  // `first` is set once, when the class is made
+      p->from_template_ = true;
+      if (Status st = FinishPlan(*p, std::move(*g), binding); st.ok()) {
+        std::lock_guard<std::mutex> lock(c.mu);
+        ++c.stats.plans_from_template;
+        return std::shared_ptr<const Plan>(std::move(p));
+      }
+    }
+    // A size the template cannot make (a dim below 0, a node whose inference refuses it): this
+    // signature is planned from the model, and so are the class's next ones.
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (!cls->refused) --c.stats.shape_classes;
+    cls->refused = true;
+    cls->verified = false;
+  }
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, MakePlan(binding));
+  if (sizes.empty()) return p;
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (!cls) {
+    auto fresh = std::make_shared<detail::ShapeClass>();
+    fresh->sizes = sizes;
+    fresh->first = p;
+    c.classes.push_front(std::move(fresh));
+    if (c.classes.size() > kMaxClasses) {
+      if (c.classes.back()->verified && !c.classes.back()->refused) --c.stats.shape_classes;
+      c.classes.pop_back();
+    }
+  } else if (step.fit && !cls->tmpl && !cls->refused) {
+    // The second plan of the class: which sizes move, and by how much per step.
+    auto tmpl = ShapeTemplate::Fit(cls->first->graph_, *p->graph_, step.t);
+    if (!tmpl.ok()) {
+      cls->refused = true;
+    } else {
+      cls->tmpl = std::make_shared<const ShapeTemplate>(std::move(*tmpl));
+      cls->moving.resize(sizes.size());
+      for (size_t i = 0; i < sizes.size(); ++i) cls->moving[i] = sizes[i] != cls->sizes[i];
+    }
+  } else if (cls->tmpl && !cls->verified && !cls->refused) {
+    // The third: the template's graph must be the one planned from the model.
+    auto predicted = cls->tmpl->Instantiate(step.t);
+    const bool agree = predicted.ok() && [&] {
+      const FlatGraph a = Flatten(**predicted), b = Flatten(*p->graph_);
+      return a.structure == b.structure && a.ints == b.ints;
+    }();
+    cls->verified = agree;
+    cls->refused = !agree;
+    if (agree) ++c.stats.shape_classes;
+  }
+  return p;
 }
 
 const std::vector<TensorInfo>& CompiledModel::inputs() const { return source_->input_info; }
@@ -199,7 +332,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const Tenso
   }
   // Planned without the lock: other signatures keep running meanwhile. Two threads that meet
   // one new signature at once both plan it, and the first plan stored is the one kept.
-  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, MakePlan(b));
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanByClass(b));
   std::lock_guard<std::mutex> lock(c.mu);
   ++c.stats.plans_made;
   c.stats.planning_ms += p->planning_time().total_ms();

@@ -1,4 +1,5 @@
-// Models with symbolic dims and inputs whose values become shapes, through the public API:
+// Models with symbolic dims and inputs whose values become shapes, through the public API (and
+// shape-class templates, passes/shape_template.h):
 // a plan per input signature, kept in an LRU cache; contradicting inputs refused before any
 // planning. Outputs are checked against a float64 reference computed here and, for the fused
 // plan, against the unfused one on the same inputs.
@@ -12,7 +13,9 @@
 #include <thread>
 
 #include "graphfuse/model.h"
+#include "ir/text.h"
 #include "onnx/import.h"
+#include "passes/shape_template.h"
 #include "runtime/signature.h"
 
 namespace graphfuse {
@@ -420,6 +423,88 @@ TEST(DynamicShapes, PlansOfEveryShapeShareOneCopyOfTheDerivedWeights) {
     EXPECT_NE(gemm_weights(*(*alone)->plan()), first_weights);  // its own store: its own copy
   }
   EXPECT_EQ((*model)->cache_stats().plans_made, 4);
+}
+
+// A decode loop meets a new cache length at every call. The first plans of the class are made
+// from the model (the third both ways, checked against its template); from then on the class's
+// template makes them, with no import or passes, and every output has the bits of a model that
+// plans every length from the model. A cache of 1 row is no member (sizes 0 and 1 are special),
+// and prompts (past 0) make no template: their causal mask is a constant whose pattern, not only
+// its size, changes with the length.
+TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
+  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
+  auto target = MakeTarget("cpu", {.threads = 1});
+  ASSERT_TRUE(target.ok());
+  std::shared_ptr<const Target> cpu = std::move(*target);
+  CompileOptions per_shape;
+  per_shape.shape_classes = false;
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+  auto reference = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu, per_shape);
+  ASSERT_TRUE(model.ok() && reference.ok());
+  auto check = [&](const std::vector<Tensor>& in, const std::string& what) {
+    std::vector<TensorView> views;
+    for (const Tensor& t : in) views.push_back(t.view());
+    auto got = (*model)->Run(views);
+    auto want = (*reference)->Run(views);
+    ASSERT_TRUE(got.ok()) << what << ": " << got.status().ToString();
+    ASSERT_TRUE(want.ok()) << what << ": " << want.status().ToString();
+    for (size_t i = 0; i < got->size(); ++i) {
+      ASSERT_EQ((*got)[i].shape(), (*want)[i].shape()) << what << ", output " << i;
+      EXPECT_EQ(std::memcmp((*got)[i].data(), (*want)[i].data(), (*got)[i].nbytes()), 0) << what << ", output " << i;
+    }
+  };
+  const int64_t first = 5, lengths = 12;
+  for (int64_t past = first; past < first + lengths; ++past) {
+    check(DecodeInputs(past, static_cast<uint32_t>(past)), StrCat("decode on ", past, " cached rows"));
+    EXPECT_EQ((*model)->plan()->from_template(), past >= first + 3) << "past " << past;
+  }
+  PlanCacheStats stats = (*model)->cache_stats();
+  EXPECT_EQ(stats.plans_made, lengths);
+  EXPECT_EQ(stats.plans_from_template, lengths - 3);
+  EXPECT_EQ(stats.shape_classes, 1);
+  EXPECT_EQ((*reference)->cache_stats().plans_from_template, 0);
+  check(DecodeInputs(1, 1), "decode on 1 cached row");
+  EXPECT_FALSE((*model)->plan()->from_template());
+  // Prompts: 1 to 6 tokens on an empty cache.
+  for (int64_t seq = 1; seq <= 6; ++seq) {
+    std::vector<Tensor> in = DecodeInputs(0, static_cast<uint32_t>(seq));
+    in[0] = Tensor::Empty(DType::kI64, {1, seq}).value();
+    in[1] = Tensor::Empty(DType::kI64, {1, seq}).value();
+    in[2] = Tensor::Empty(DType::kI64, {1, seq}).value();
+    for (int64_t i = 0; i < seq; ++i) {
+      in[0].SetFromDouble(i, static_cast<double>((i * 37 + seq) % 150));
+      in[1].SetFromDouble(i, 1);
+      in[2].SetFromDouble(i, static_cast<double>(i));
+    }
+    check(in, StrCat("prompt of ", seq));
+  }
+  stats = (*model)->cache_stats();
+  EXPECT_EQ(stats.plans_made, lengths + 7);
+  EXPECT_EQ(stats.plans_from_template, lengths - 3);
+  EXPECT_EQ(stats.shape_classes, 1);
+}
+
+// ShapeTemplate alone: a reshape whose target moves with its input's length; plans that differ
+// in an op, or in a size that did not move by a multiple of the step, make no template.
+TEST(ShapeTemplate, MovesSizesAndRefusesAnythingElse) {
+  auto parse = [](int64_t n, const char* tail) {
+    auto g = ParseGraph(StrCat("graph @g(%x: f32[2,", n, "]) {\n  %s: i64[2] = const [", n, ", 2]\n",
+                               "  %y: f32[", n, ",2] = Reshape(%x, %s)\n", tail, "}\n"));
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return std::shared_ptr<const Graph>(std::move(*g));
+  };
+  auto a = parse(5, "  return %y\n");
+  auto tmpl = ShapeTemplate::Fit(a, *parse(6, "  return %y\n"), 1);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().ToString();
+  auto at8 = tmpl->Instantiate(3);
+  ASSERT_TRUE(at8.ok()) << at8.status().ToString();
+  const FlatGraph want = Flatten(*parse(8, "  return %y\n")), got = Flatten(**at8);
+  EXPECT_EQ(got.structure, want.structure);
+  EXPECT_EQ(got.ints, want.ints);
+  EXPECT_FALSE(tmpl->Instantiate(-6).ok());  // a dim of -1
+  EXPECT_EQ(ShapeTemplate::Fit(a, *parse(6, "  %z: f32[6,2] = Relu(%y)\n  return %z\n"), 1).status().code(),
+            StatusCode::kUnimplemented);
+  EXPECT_EQ(ShapeTemplate::Fit(a, *parse(7, "  return %y\n"), 3).status().code(), StatusCode::kUnimplemented);
 }
 
 }  // namespace
