@@ -5,6 +5,7 @@
 #include <chrono>
 #include <list>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 
 #include "core/prepared_store.h"
@@ -76,23 +77,26 @@ std::vector<int64_t> SymbolicSizes(const std::vector<TensorDecl>& decls, const I
 // (0: not of this class). `fit`: the class has one plan, and these sizes all moved by t. Sizes
 // 0 and 1 are special to the passes (an empty cache, a single row that broadcasts), so a moving
 // size is 2 or more in every plan of a class.
+// A signature with the first plan's own sizes (its plan dropped from the cache) is a member at
+// t = 0 once the class has a template.
 struct ClassStep {
+  bool member = false;
   int64_t t = 0;
   bool fit = false;
 };
 ClassStep StepOf(const detail::ShapeClass& c, const std::vector<int64_t>& sizes) {
   if (c.refused || c.sizes.size() != sizes.size()) return {};
-  int64_t t = 0;
+  std::optional<int64_t> t;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t d = sizes[i] - c.sizes[i];
     const bool moves = c.tmpl ? static_cast<bool>(c.moving[i]) : d != 0;
     if (!moves && d != 0) return {};
     if (!moves) continue;
-    if (t != 0 && d != t) return {};
-    if (d == 0 || sizes[i] < 2 || c.sizes[i] < 2) return {};
+    if ((t && d != *t) || sizes[i] < 2 || c.sizes[i] < 2) return {};
     t = d;
   }
-  return {t, t != 0 && !c.tmpl};
+  if (!t || (*t == 0 && !c.tmpl)) return {};
+  return {true, *t, !c.tmpl};
 }
 
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -247,7 +251,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto it = c.classes.begin(); it != c.classes.end(); ++it) {
       step = StepOf(**it, sizes);
-      if (step.t == 0) continue;
+      if (!step.member) continue;
       cls = *it;
       if (cls->verified) verified = cls->tmpl;
       c.classes.splice(c.classes.begin(), c.classes, it);
@@ -298,7 +302,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
       cls->moving.resize(sizes.size());
       for (size_t i = 0; i < sizes.size(); ++i) cls->moving[i] = sizes[i] != cls->sizes[i];
     }
-  } else if (cls->tmpl && !cls->verified && !cls->refused) {
+  } else if (cls->tmpl && !cls->verified && !cls->refused && step.t != 0) {
     // The third: the template's graph must be the one planned from the model.
     auto predicted = cls->tmpl->Instantiate(step.t);
     const bool agree = predicted.ok() && [&] {

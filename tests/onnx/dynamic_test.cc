@@ -465,6 +465,23 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
   EXPECT_EQ((*reference)->cache_stats().plans_from_template, 0);
   check(DecodeInputs(1, 1), "decode on 1 cached row");
   EXPECT_FALSE((*model)->plan()->from_template());
+  // The class's own first length, its plan dropped from the cache: the template makes it again.
+  {
+    auto small = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu, [] {
+      CompileOptions o;
+      o.plan_cache_capacity = 2;
+      return o;
+    }());
+    ASSERT_TRUE(small.ok());
+    for (int64_t past : {5, 6, 8, 9, 5}) {
+      std::vector<TensorView> views;
+      const std::vector<Tensor> in = DecodeInputs(past, 1);
+      for (const Tensor& t : in) views.push_back(t.view());
+      ASSERT_TRUE((*small)->Run(views).ok());
+    }
+    EXPECT_TRUE((*small)->plan()->from_template());
+    EXPECT_EQ((*small)->cache_stats().plans_from_template, 2);
+  }
   // Prompts: 1 to 6 tokens on an empty cache.
   for (int64_t seq = 1; seq <= 6; ++seq) {
     std::vector<Tensor> in = DecodeInputs(0, static_cast<uint32_t>(seq));
