@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <unordered_map>
 
 #include "core/hash.h"
@@ -11,12 +12,38 @@ namespace graphfuse {
 namespace {
 
 // How a tensor's contents enter the flat form: small integer tensors (shapes, axes) as
-// integers that may move; a tensor repeating one value by that value (its size may move); other
-// small ones by a hash of their bytes; large ones (weights) by identity, which plans of a model
-// share (the prepared store).
-enum class Content { kSmallInts, kFill, kHashed, kIdentity };
+// integers that may move; a tensor repeating one value by that value (its size may move); a
+// causal mask (below, triangular) by its two values and its diagonal; other small ones by a hash
+// of their bytes; large ones (weights) by identity, which plans of a model share (the prepared
+// store).
+enum class Content { kSmallInts, kFill, kTriangular, kHashed, kIdentity };
 constexpr int64_t kSmallInts = 16;
 constexpr size_t kHashedBytes = 4096;
+
+// A tensor whose every [R, C] matrix (its last two dims, R and C at least 2, the leading dims
+// repeating it) holds `lo` where j - i <= diagonal and `hi` elsewhere, lo != hi: the causal
+// masks exporters fold. `diagonal`: how many columns past the main diagonal are lo.
+struct Triangle {
+  int64_t diagonal = 0;
+};
+std::optional<Triangle> TriangleOf(const Tensor& t) {
+  const Shape& s = t.shape();
+  if (s.size() < 2 || s[s.size() - 2] < 2 || s.back() < 2) return std::nullopt;
+  const int64_t rows = s[s.size() - 2], cols = s.back();
+  const size_t es = DTypeSize(t.dtype());
+  const auto* b = static_cast<const char*>(t.data());
+  auto at = [&](int64_t k) { return b + k * static_cast<int64_t>(es); };
+  const char* lo = at((rows - 1) * cols);  // bottom left
+  const char* hi = at(cols - 1);           // top right
+  if (std::memcmp(lo, hi, es) == 0) return std::nullopt;
+  int64_t diagonal = -1;
+  while (diagonal + 1 < cols && std::memcmp(at(diagonal + 1), lo, es) == 0) ++diagonal;
+  for (int64_t k = 0; k < t.numel(); ++k) {
+    const int64_t i = k / cols % rows, j = k % cols;
+    if (std::memcmp(at(k), j - i <= diagonal ? lo : hi, es) != 0) return std::nullopt;
+  }
+  return Triangle{diagonal};
+}
 
 Content Classify(const Tensor& t) {
   if (t.dtype() == DType::kI64 && t.numel() <= kSmallInts) return Content::kSmallInts;
@@ -25,6 +52,7 @@ Content Classify(const Tensor& t) {
   bool fill = t.numel() >= 2;
   for (int64_t i = 1; fill && i < t.numel(); ++i) fill = std::memcmp(b, b + i * es, es) == 0;
   if (fill) return Content::kFill;
+  if (t.nbytes() <= (int64_t{64} << 20) && TriangleOf(t)) return Content::kTriangular;
   return t.nbytes() <= kHashedBytes ? Content::kHashed : Content::kIdentity;
 }
 
@@ -95,6 +123,15 @@ class Flattener {
         f_.ints.insert(f_.ints.end(), t.data_as<int64_t>(), t.data_as<int64_t>() + t.numel());
         break;
       case Content::kFill: f_.structure += StrCat(" fill ", Hex(t.data(), DTypeSize(t.dtype()))); break;
+      case Content::kTriangular: {
+        const Shape& s = t.shape();
+        const size_t es = DTypeSize(t.dtype());
+        const auto* b = static_cast<const char*>(t.data());
+        f_.structure += StrCat(" triangle ", Hex(b + (s[s.size() - 2] - 1) * s.back() * static_cast<int64_t>(es), es), " ",
+                               Hex(b + (s.back() - 1) * static_cast<int64_t>(es), es));
+        f_.ints.push_back(TriangleOf(t)->diagonal);
+        break;
+      }
       case Content::kHashed:
         f_.structure += StrCat(" bytes ", Hash8(std::string_view(static_cast<const char*>(t.data()), t.nbytes())));
         break;
@@ -208,6 +245,24 @@ class Rebuilder {
         GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(base->dtype(), s));
         const size_t es = DTypeSize(base->dtype());
         for (int64_t i = 0; i < t.numel(); ++i) std::memcpy(static_cast<char*>(t.data()) + i * es, base->data(), es);
+        return std::make_shared<const Tensor>(std::move(t));
+      }
+      case Content::kTriangular: {
+        GF_ASSIGN_OR_RETURN(int64_t diagonal, Next());
+        if (s.size() < 2 || s[s.size() - 2] < 2 || s.back() < 2)
+          return InvalidArgument("shape template: a causal mask of ", ShapeToString(s));
+        const Shape& bs = base->shape();
+        const size_t es = DTypeSize(base->dtype());
+        const auto* bb = static_cast<const char*>(base->data());
+        const char* lo = bb + (bs[bs.size() - 2] - 1) * bs.back() * static_cast<int64_t>(es);
+        const char* hi = bb + (bs.back() - 1) * static_cast<int64_t>(es);
+        GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(base->dtype(), s));
+        const int64_t rows = s[s.size() - 2], cols = s.back();
+        auto* out = static_cast<char*>(t.data());
+        for (int64_t k = 0; k < t.numel(); ++k) {
+          const int64_t i = k / cols % rows, j = k % cols;
+          std::memcpy(out + k * static_cast<int64_t>(es), j - i <= diagonal ? lo : hi, es);
+        }
         return std::make_shared<const Tensor>(std::move(t));
       }
       case Content::kHashed:
