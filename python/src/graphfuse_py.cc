@@ -220,7 +220,7 @@ class Session {
  public:
   // `model`: the serialized ModelProto (bytes) or a path (str).
   Session(nb::object model, const std::string& backend, int threads, bool fusion, int plan_cache_capacity,
-          int device, bool cuda_graph, bool emulate, bool bf16_weights) {
+          int device, bool cuda_graph, bool emulate, bool bf16_weights, bool shape_classes) {
     gf::TargetOptions target_options;
     target_options.threads = threads;
     target_options.cpu_bf16_weights = bf16_weights;
@@ -230,6 +230,7 @@ class Session {
     gf::CompileOptions options;
     options.fusion.enabled = fusion;
     options.plan_cache_capacity = plan_cache_capacity;
+    options.shape_classes = shape_classes;
     std::optional<std::string> path;
     std::string_view bytes;
     if (nb::isinstance<nb::bytes>(model)) {
@@ -358,10 +359,10 @@ NB_MODULE(_graphfuse, m) {
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
 
   nb::class_<Session>(m, "Session")
-      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, bool>(), nb::arg("model"),
+      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, bool, bool>(), nb::arg("model"),
            nb::arg("backend") = "cpu", nb::arg("threads") = 0, nb::arg("fusion") = true,
            nb::arg("plan_cache_capacity") = 16, nb::arg("device") = 0, nb::arg("cuda_graph") = false,
-           nb::arg("emulate") = false, nb::arg("bf16_weights") = false)
+           nb::arg("emulate") = false, nb::arg("bf16_weights") = false, nb::arg("shape_classes") = true)
       .def("inputs", &Session::Inputs, "(name, shape, type) per input, as the model declares them.")
       .def("outputs", &Session::Outputs, "(name, shape, type) per output, as the model declares them.")
       .def("run", &Session::Run, nb::arg("arrays"), "Runs on one array per input (model order); every output.")

@@ -244,3 +244,29 @@ def test_bf16_weights_on_the_cpu(name):
 def test_bf16_weights_is_a_cpu_option():
     with pytest.raises(gf.InvalidArgument, match="CPU backend"):
         gf.InferenceSession(model_path("llama_block_opset17"), backend="cuda", bf16_weights=True)
+
+
+def test_decode_lengths_of_one_shape_class_match_per_shape_plans():
+    """A decode loop over a growing cache: after the class's first three lengths, plans come
+    from its template, and every output equals a session that plans every length."""
+    name = "hf/llama_ts_kv"
+    classes = gf.InferenceSession(model_path(name), threads=1)
+    per_shape = gf.InferenceSession(model_path(name), threads=1, shape_classes=False)
+    past_inputs = [i for i in classes.get_inputs() if i.name.startswith("past")]
+    heads, head_dim = past_inputs[0].shape[1], past_inputs[0].shape[3]
+    rng = np.random.default_rng(3)
+    for past in range(4, 14):
+        feed = {
+            "input_ids": rng.integers(0, 150, (1, 1), dtype=np.int64),
+            "attention_mask": np.ones((1, past + 1), np.int64),
+            "position_ids": np.array([[past]], np.int64),
+        }
+        for i in past_inputs:
+            feed[i.name] = rng.standard_normal((1, heads, past, head_dim)).astype(np.float32)
+        got, want = classes.run(None, feed), per_shape.run(None, feed)
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+        assert classes.explain()["from_template"] == (past >= 7)
+    stats = classes.cache_stats()
+    assert (stats["plans_from_template"], stats["shape_classes"]) == (7, 1), stats
+    assert per_shape.cache_stats()["plans_from_template"] == 0

@@ -22,6 +22,12 @@ std::string PreparedStore::Id(const void* p) {
   return buf;
 }
 
+std::string PreparedStore::Exact(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%a", static_cast<double>(f));
+  return buf;
+}
+
 Result<std::shared_ptr<const void>> PreparedStore::GetOrMake(const std::string& key,
                                                               const std::function<Result<Made>()>& make) {
   std::shared_ptr<Entry> e;

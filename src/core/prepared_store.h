@@ -50,6 +50,8 @@ class PreparedStore {
   bool Knows(const Tensor* t) const;
   // The key part naming a tensor ("t0x7f...").
   static std::string Id(const void* p);
+  // The key part of a float, exactly ("0x1.99999ap-4").
+  static std::string Exact(float f);
 
   // The entry for `key`, made by `make` on its first request (a failed make leaves no entry).
   Result<std::shared_ptr<const void>> GetOrMake(const std::string& key, const std::function<Result<Made>()>& make);

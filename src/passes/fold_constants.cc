@@ -11,13 +11,6 @@ namespace graphfuse {
 
 namespace {
 
-// A float exactly, as a key part ("0x1.99999ap-4").
-std::string ExactFloat(float f) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%a", static_cast<double>(f));
-  return buf;
-}
-
 // The key of a fold in the model's store: the op, its attributes and output types; empty when
 // an attribute holds a graph or a tensor (such nodes are folded per plan).
 std::string FoldKey(const Node& n) {
@@ -25,11 +18,11 @@ std::string FoldKey(const Node& n) {
   for (const auto& [name, a] : n.attrs()) {
     key.append(" ").append(name).append("=");
     if (const auto* i = std::get_if<int64_t>(&a)) key += std::to_string(*i);
-    else if (const auto* f = std::get_if<float>(&a)) key += ExactFloat(*f);
+    else if (const auto* f = std::get_if<float>(&a)) key += PreparedStore::Exact(*f);
     else if (const auto* str = std::get_if<std::string>(&a)) key.append("'").append(*str).append("'");
     else if (const auto* is = std::get_if<std::vector<int64_t>>(&a)) key += ShapeToString(*is);
     else if (const auto* fs = std::get_if<std::vector<float>>(&a))
-      for (float f : *fs) key.append(ExactFloat(f)).append(",");
+      for (float f : *fs) key.append(PreparedStore::Exact(f)).append(",");
     else return "";
   }
   for (const Value* o : n.outputs()) key.append(" -> ").append(o->TypeString());

@@ -52,7 +52,7 @@ Content Classify(const Tensor& t) {
   bool fill = t.numel() >= 2;
   for (int64_t i = 1; fill && i < t.numel(); ++i) fill = std::memcmp(b, b + i * es, es) == 0;
   if (fill) return Content::kFill;
-  if (t.nbytes() <= (int64_t{64} << 20) && TriangleOf(t)) return Content::kTriangular;
+  if (t.nbytes() <= (size_t{64} << 20) && TriangleOf(t)) return Content::kTriangular;
   return t.nbytes() <= kHashedBytes ? Content::kHashed : Content::kIdentity;
 }
 
@@ -64,12 +64,6 @@ std::string Hex(const void* p, size_t n) {
     s += buf;
   }
   return s;
-}
-
-std::string ExactFloat(float f) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "%a", static_cast<double>(f));
-  return buf;
 }
 
 class Flattener {
@@ -144,7 +138,7 @@ class Flattener {
       f_.structure += "i";
       f_.ints.push_back(*i);
     } else if (const auto* f = std::get_if<float>(&a)) {
-      f_.structure += ExactFloat(*f);
+      f_.structure += PreparedStore::Exact(*f);
     } else if (const auto* s = std::get_if<std::string>(&a)) {
       // A kernel's name hashes its sizes; it names the kernel and is no part of what it computes
       // on the CPU (Instantiate gives each instantiated plan a name of its own).
@@ -153,7 +147,7 @@ class Flattener {
       f_.structure += StrCat("is", is->size());
       f_.ints.insert(f_.ints.end(), is->begin(), is->end());
     } else if (const auto* fs = std::get_if<std::vector<float>>(&a)) {
-      for (float v : *fs) f_.structure += StrCat(ExactFloat(v), ",");
+      for (float v : *fs) f_.structure += StrCat(PreparedStore::Exact(v), ",");
     } else if (const auto* t = std::get_if<std::shared_ptr<const Tensor>>(&a)) {
       Tensor_(**t);
     } else if (const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a)) {
