@@ -4,7 +4,9 @@
 // reference on random data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -253,6 +255,40 @@ TEST(PackedGemm, Bf16AConvertedOnceMatchesPerBlock) {
   for (size_t i = 0; i < s.size(); ++i) {
     if (std::isnan(s[i])) EXPECT_TRUE(std::isnan(BF16BitsToF32(s16[i]))) << i;
     else EXPECT_EQ(s16[i], F32ToBF16Bits(s[i])) << i << ": " << s[i];
+  }
+}
+
+// Through a store, the second packing of the same weights in the same layout is the first one's:
+// B is gathered once (lazy_b), and both GEMMs compute the same bits, on every engine.
+TEST(PackedGemm, AStoreSharesOnePackingOfTheWeights) {
+  std::mt19937 rng(5);
+  const int64_t k = 48, n = 96;
+  const std::vector<float> a = Random(static_cast<size_t>(70 * k), rng);
+  auto w = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {k, n}).value());
+  const std::vector<float> values = Random(static_cast<size_t>(k * n), rng);
+  std::copy(values.begin(), values.end(), w->data_as<float>());
+  for (GemmEngine engine : {GemmEngine::kOwn, GemmEngine::kOneDnn}) {
+    PreparedStore store;
+    store.AddRoot(w);
+    int gathered = 0;
+    PackedGemmOptions o = PackOptionsFor(PrepareOptions{.store = &store}, *w, "all");
+    o.engine = engine;
+    o.lazy_b = [&]() {
+      ++gathered;
+      return w->data_as<float>();
+    };
+    ASSERT_EQ(o.store, &store);
+    std::vector<std::vector<float>> outs;
+    for (int64_t m : {70, 65}) {  // two plans' rows, one layout
+      auto g = PackedGemm::Create(m, k, n, nullptr, n, n, {}, o);
+      ASSERT_TRUE(g.ok()) << g.status().ToString();
+      std::vector<float> c(static_cast<size_t>(m * n));
+      for (int64_t blk = 0; blk < (*g)->blocks(); ++blk) (*g)->RunBlock(blk, a.data(), c.data());
+      outs.push_back(std::vector<float>(c.begin(), c.begin() + 65 * n));
+    }
+    EXPECT_EQ(gathered, 1) << "engine " << static_cast<int>(engine);
+    EXPECT_EQ(store.stats().entries, 1);
+    EXPECT_EQ(outs[0], outs[1]);
   }
 }
 

@@ -128,13 +128,17 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const Pre
     const int64_t k = w->shape()[0], ldw = d.proj_cols(), group = HeadGroup(d, k), slots = UnitSlots(d);
     const int64_t wg = slots * d.d * group;
     const float* wp = w->constant()->data_as<float>();
-    std::vector<float> cols(static_cast<size_t>(k * wg));  // unit by unit: its slots' columns
+    std::vector<float> cols;  // unit by unit: its slots' columns (gathered only to be packed)
     for (int64_t u0 = 0; u0 < d.kv_h; u0 += group) {
-      for (int64_t r = 0; r < k; ++r)
-        for (int64_t g = 0; g < group; ++g)
-          for (int64_t i = 0; i < slots; ++i)
-            std::memcpy(cols.data() + r * wg + (g * slots + i) * d.d, wp + r * ldw + SlotColumn(d, u0 + g, i),
-                        static_cast<size_t>(d.d) * sizeof(float));
+      auto gather = [&]() -> const float* {
+        cols.resize(static_cast<size_t>(k * wg));
+        for (int64_t r = 0; r < k; ++r)
+          for (int64_t g = 0; g < group; ++g)
+            for (int64_t i = 0; i < slots; ++i)
+              std::memcpy(cols.data() + r * wg + (g * slots + i) * d.d, wp + r * ldw + SlotColumn(d, u0 + g, i),
+                          static_cast<size_t>(d.d) * sizeof(float));
+        return cols.data();
+      };
       // One block of all the group's columns, so that a task projects its units in one GEMM
       // call (narrower blocks run slower).
       PackedGemmOptions po = PackOptionsFor(options, *w->constant(),
@@ -143,7 +147,8 @@ Result<std::shared_ptr<const void>> PrepareAttention(const Node& node, const Pre
                                                    d.proj_offset(0), ", ", d.proj_offset(1), ", ", d.proj_offset(2),
                                                    " of ", ldw, ")"));
       po.block_cols = wg;
-      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, wg, cols.data(), wg, wg, {}, po));
+      po.lazy_b = gather;
+      GF_ASSIGN_OR_RETURN(auto packed, PackedGemm::Create(d.s, k, wg, nullptr, wg, wg, {}, po));
       state->heads.push_back(std::move(packed));
     }
     state->rows = d.s;

@@ -334,7 +334,7 @@ void TiledBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t j
 
 }  // namespace
 
-Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b,
+Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t k, int64_t n, const float* b_given,
                                                              int64_t ldb, int64_t ldc, std::vector<PostOp> post_ops,
                                                              const Options& options) {
   const int64_t block_cols = options.block_cols;
@@ -343,13 +343,13 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   if (options.engine == GemmEngine::kAuto) {
     Options chosen = options;
     chosen.engine = AutoEngine(m, storage);
-    auto made = Create(m, k, n, b, ldb, ldc, post_ops, chosen);
+    auto made = Create(m, k, n, b_given, ldb, ldc, post_ops, chosen);
     const bool refused = !made.ok() && made.status().code() == StatusCode::kUnimplemented;
     if (!refused || chosen.engine == GemmEngine::kOwn) return made;
     // oneDNN has no kernel for the case (only its reference matmul for bf16 on a CPU without bf16
     // instructions, or a row operand past the first post-op): the own loops take every case.
     chosen.engine = GemmEngine::kOwn;
-    return Create(m, k, n, b, ldb, ldc, std::move(post_ops), chosen);
+    return Create(m, k, n, b_given, ldb, ldc, std::move(post_ops), chosen);
   }
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
@@ -367,6 +367,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * panel_k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
     auto pack = [&]() -> Result<PreparedStore::Made> {
+      const float* b = options.lazy_b ? options.lazy_b() : b_given;
       auto panels = std::make_shared<Impl::Panels>();
       if (bf16) panels->bf16 = hwy::AllocateAligned<uint16_t>(total);
       else panels->f32 = hwy::AllocateAligned<float>(total);
@@ -448,6 +449,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       std::vector<dnnl::memory> weights;
     };
     auto pack = [&]() -> Result<PreparedStore::Made> {
+      const float* b = options.lazy_b ? options.lazy_b() : b_given;
       auto blocks = std::make_shared<Blocks>();
       int64_t bytes = 0;
       for (const auto& pd : p.pds) blocks->descs.push_back(pd.weights_desc());

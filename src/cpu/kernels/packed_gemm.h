@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -60,6 +61,9 @@ struct PackedGemmOptions {
   // packed copy (the model's store: every plan of the model); else this one owns its copy.
   PreparedStore* store = nullptr;
   std::string weights_key = {};
+  // B made on demand (Create's `b` is then ignored): called only when this packing is not in the
+  // store already, so that a plan whose packing another plan made skips gathering B.
+  std::function<const float*()> lazy_b = {};
 };
 
 class PackedGemm {
