@@ -265,7 +265,8 @@ class InferenceSession:
         message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
         why), planning_ms (import_ms, passes_ms, compile_ms), from_template (made from its shape
         class's template); and of the model: plans_made (the
-        shapes planned so far) and prepared_bytes (what they derived from the weights, shared)."""
+        shapes planned so far), shape_classes (classes whose template makes their plans) and
+        prepared_bytes (what they derived from the weights, shared)."""
         if input_feed is None:
             return self._session.explain()
         return self._session.explain(self._arrays(input_feed))

@@ -284,6 +284,7 @@ class Session {
     // The model's side: how many plans its shapes took, and the weights they share.
     const gf::PlanCacheStats s = compiled_->cache_stats();
     out["plans_made"] = s.plans_made;
+    out["shape_classes"] = s.shape_classes;
     out["prepared_bytes"] = s.prepared_bytes;
     return out;
   }
