@@ -70,6 +70,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
   }
 
   // Steps, in node order; errors name the first node at fault.
+  plan->steps_.reserve(g.num_nodes());
   for (const auto& node : g.nodes()) {
     const Node& n = *node;
     const OpSchema* s = FindSchema(n.op());
