@@ -28,6 +28,17 @@ std::string PreparedStore::Exact(float f) {
   return buf;
 }
 
+std::string PreparedStore::KeyOf(std::string_view how, std::span<const Tensor* const> sources) const {
+  if (sources.empty()) return "";
+  std::string key(how);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Tensor* s : sources) {
+    if (s && !known_.count(s)) return "";
+    key.append(" ").append(s ? Id(s) : std::string("_"));
+  }
+  return key;
+}
+
 Result<std::shared_ptr<const void>> PreparedStore::GetOrMake(const std::string& key,
                                                               const std::function<Result<Made>()>& make) {
   std::shared_ptr<Entry> e;
@@ -51,7 +62,6 @@ Result<std::shared_ptr<const void>> PreparedStore::GetOrMake(const std::string& 
     return Internal("prepared store: '", key, "' made nothing");
   }
   e->value = m->value;
-  e->bytes = m->bytes;
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.entries;
   stats_.bytes += m->bytes;
@@ -76,16 +86,17 @@ PreparedStoreStats PreparedStore::stats() const {
   return stats_;
 }
 
+Result<std::shared_ptr<const void>> GetOrMakeShared(PreparedStore* store, const std::string& key,
+                                                    const std::function<Result<PreparedStore::Made>()>& make) {
+  if (store && !key.empty()) return store->GetOrMake(key, make);
+  GF_ASSIGN_OR_RETURN(PreparedStore::Made m, make());
+  return std::move(m.value);
+}
+
 Result<std::shared_ptr<const Tensor>> DeriveTensor(PreparedStore* store, std::span<const Tensor* const> sources,
                                                    std::string_view how, const std::function<Result<Tensor>()>& make) {
-  bool shared = store != nullptr && !sources.empty();
-  std::string key(how);
-  for (const Tensor* s : sources) {
-    if (!shared) break;
-    shared = s && store->Knows(s);
-    key.append(" ").append(PreparedStore::Id(s));
-  }
-  if (shared) return store->GetOrMakeTensor(key, make);
+  const std::string key = store ? store->KeyOf(how, sources) : "";
+  if (!key.empty()) return store->GetOrMakeTensor(key, make);
   GF_ASSIGN_OR_RETURN(Tensor t, make());
   return std::make_shared<const Tensor>(std::move(t));
 }

@@ -52,6 +52,9 @@ class PreparedStore {
   static std::string Id(const void* p);
   // The key part of a float, exactly ("0x1.99999ap-4").
   static std::string Exact(float f);
+  // The key of deriving by `how` from `sources` (a null source, an omitted input, as "_"); empty
+  // when the store does not know a source, so that the derivation stays the caller's own.
+  std::string KeyOf(std::string_view how, std::span<const Tensor* const> sources) const;
 
   // The entry for `key`, made by `make` on its first request (a failed make leaves no entry).
   Result<std::shared_ptr<const void>> GetOrMake(const std::string& key, const std::function<Result<Made>()>& make);
@@ -65,7 +68,6 @@ class PreparedStore {
   struct Entry {
     std::mutex mu;  // held while the entry is made
     std::shared_ptr<const void> value;
-    int64_t bytes = 0;
   };
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Entry>, std::less<>> entries_;
@@ -73,6 +75,11 @@ class PreparedStore {
   std::vector<std::shared_ptr<const Tensor>> roots_;
   PreparedStoreStats stats_;
 };
+
+// `make`'s value under `key` in `store` (made once, shared), or made for the caller alone when
+// there is no store or no key.
+Result<std::shared_ptr<const void>> GetOrMakeShared(PreparedStore* store, const std::string& key,
+                                                    const std::function<Result<PreparedStore::Made>()>& make);
 
 // A tensor derived from `sources` by the derivation `how`: through `store` when there is one and
 // it knows every source (made once, shared), else made here for the caller alone.

@@ -307,16 +307,14 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& 
   // leave the process when it is parsed.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   struct stat st {};
-  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+  if (fd < 0 || ::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0 ||
+      st.st_size > kMaxProtoFileBytes) {
     if (fd >= 0) ::close(fd);
-    std::string bytes;  // not a regular file (a pipe, /dev/stdin), or empty: read it
+    // Not a regular file (a pipe, /dev/stdin), empty, or too large: read it (ReadFileBytes names
+    // what is wrong, and refuses a file over 2 GiB before reading it).
+    std::string bytes;
     GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
     return FromBytes(bytes, path);
-  }
-  if (st.st_size > kMaxProtoFileBytes) {
-    ::close(fd);
-    return InvalidArgument(path, ": file is ", st.st_size, " bytes; ONNX protobuf files are limited to 2 GiB "
-                           "(larger models need external data, which graphfuse does not read)");
   }
   void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);

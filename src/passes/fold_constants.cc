@@ -1,6 +1,5 @@
 #include "fold_constants.h"
 
-#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -69,10 +68,16 @@ Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options) {
   // A fold of the model's weights (a transposed or reshaped weight) is made once, in the store.
   PreparedStore* store = g.prepared_store();
   std::string key = store ? FoldKey(*n) : "";
-  for (const Value* in : n->inputs()) {
-    if (key.empty()) break;
-    if (in && !store->Knows(in->constant().get())) key.clear();
-    else key.append(" ").append(in ? PreparedStore::Id(in->constant().get()) : std::string("_"));
+  if (!key.empty()) {
+    std::vector<const Tensor*> sources;
+    for (const Value* in : n->inputs()) {
+      if (in && !in->constant()) {  // Shape / Size of a value without data: folded per plan
+        key.clear();
+        break;
+      }
+      sources.push_back(in ? in->constant().get() : nullptr);
+    }
+    if (!key.empty()) key = store->KeyOf(key, sources);
   }
   std::vector<std::shared_ptr<const Tensor>> outs;
   if (!key.empty()) {

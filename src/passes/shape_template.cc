@@ -45,14 +45,20 @@ std::optional<Triangle> TriangleOf(const Tensor& t) {
   return Triangle{diagonal};
 }
 
-Content Classify(const Tensor& t) {
+// `diagonal`, when given, receives a triangle's.
+Content Classify(const Tensor& t, int64_t* diagonal = nullptr) {
   if (t.dtype() == DType::kI64 && t.numel() <= kSmallInts) return Content::kSmallInts;
   const size_t es = DTypeSize(t.dtype());
   const auto* b = static_cast<const char*>(t.data());
   bool fill = t.numel() >= 2;
   for (int64_t i = 1; fill && i < t.numel(); ++i) fill = std::memcmp(b, b + i * es, es) == 0;
   if (fill) return Content::kFill;
-  if (t.nbytes() <= (size_t{64} << 20) && TriangleOf(t)) return Content::kTriangular;
+  if (t.nbytes() <= (size_t{64} << 20)) {
+    if (const std::optional<Triangle> tri = TriangleOf(t)) {
+      if (diagonal) *diagonal = tri->diagonal;
+      return Content::kTriangular;
+    }
+  }
   return t.nbytes() <= kHashedBytes ? Content::kHashed : Content::kIdentity;
 }
 
@@ -111,7 +117,8 @@ class Flattener {
   void Tensor_(const Tensor& t) {
     f_.structure += DTypeName(t.dtype());
     Dims(t.shape());
-    switch (Classify(t)) {
+    int64_t diagonal = 0;
+    switch (Classify(t, &diagonal)) {
       case Content::kSmallInts:
         f_.structure += " ints";
         f_.ints.insert(f_.ints.end(), t.data_as<int64_t>(), t.data_as<int64_t>() + t.numel());
@@ -123,7 +130,7 @@ class Flattener {
         const auto* b = static_cast<const char*>(t.data());
         f_.structure += StrCat(" triangle ", Hex(b + (s[s.size() - 2] - 1) * s.back() * static_cast<int64_t>(es), es), " ",
                                Hex(b + (s.back() - 1) * static_cast<int64_t>(es), es));
-        f_.ints.push_back(TriangleOf(t)->diagonal);
+        f_.ints.push_back(diagonal);
         break;
       }
       case Content::kHashed:

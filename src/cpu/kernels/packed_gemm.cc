@@ -351,6 +351,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     chosen.engine = GemmEngine::kOwn;
     return Create(m, k, n, b_given, ldb, ldc, std::move(post_ops), chosen);
   }
+  // B, made on demand when the options say so (only by a packing the store does not hold yet).
+  auto source = [&] { return options.lazy_b ? options.lazy_b() : b_given; };
   std::shared_ptr<PackedGemm> g(new PackedGemm());
   Impl& p = *g->impl_;
   p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops), p.storage = storage;
@@ -367,7 +369,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     p.block_stride = (p.block_cols + kStreamPanel - 1) / kStreamPanel * kStreamPanel * panel_k;
     const size_t total = static_cast<size_t>(p.block_stride * p.blocks);
     auto pack = [&]() -> Result<PreparedStore::Made> {
-      const float* b = options.lazy_b ? options.lazy_b() : b_given;
+      const float* b = source();
       auto panels = std::make_shared<Impl::Panels>();
       if (bf16) panels->bf16 = hwy::AllocateAligned<uint16_t>(total);
       else panels->f32 = hwy::AllocateAligned<float>(total);
@@ -389,16 +391,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       }
       return PreparedStore::Made{panels, static_cast<int64_t>(total * (bf16 ? 2 : 4))};
     };
-    std::shared_ptr<const void> made;
-    if (options.store && !options.weights_key.empty()) {
-      GF_ASSIGN_OR_RETURN(made, options.store->GetOrMake(StrCat(options.weights_key, " panels k=", k, " n=", n,
-                                                                " block=", p.block_cols, bf16 ? " bf16" : " f32",
-                                                                p.dot ? " pairs" : ""),
-                                                         pack));
-    } else {
-      GF_ASSIGN_OR_RETURN(PreparedStore::Made m, pack());
-      made = std::move(m.value);
-    }
+    const std::string key = options.weights_key.empty()
+                                ? ""
+                                : StrCat(options.weights_key, " panels k=", k, " n=", n, " block=", p.block_cols,
+                                         bf16 ? " bf16" : " f32", p.dot ? " pairs" : "");
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<const void> made, GetOrMakeShared(options.store, key, pack));
     p.panels = std::static_pointer_cast<const Impl::Panels>(made);
     p.stream_f32 = p.panels->f32.get();
     p.stream_bf16 = p.panels->bf16.get();
@@ -449,7 +446,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       std::vector<dnnl::memory> weights;
     };
     auto pack = [&]() -> Result<PreparedStore::Made> {
-      const float* b = options.lazy_b ? options.lazy_b() : b_given;
+      const float* b = source();
       auto blocks = std::make_shared<Blocks>();
       int64_t bytes = 0;
       for (const auto& pd : p.pds) blocks->descs.push_back(pd.weights_desc());
@@ -464,25 +461,22 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       }
       return PreparedStore::Made{blocks, bytes};
     };
-    std::shared_ptr<const void> made;
-    if (options.store && !options.weights_key.empty()) {
-      std::string layout;
+    std::string key;
+    if (!options.weights_key.empty()) {
+      key = StrCat(options.weights_key, " onednn k=", k, " n=", n, " block=", p.block_cols);
       for (const auto& pd : p.pds) {
         const dnnl::memory::desc d = pd.weights_desc();
-        layout += StrCat(" ", Hash8(std::string_view(reinterpret_cast<const char*>(&d.data), sizeof(d.data))));
+        key += StrCat(" ", Hash8(std::string_view(reinterpret_cast<const char*>(&d.data), sizeof(d.data))));
       }
-      GF_ASSIGN_OR_RETURN(made, options.store->GetOrMake(StrCat(options.weights_key, " onednn k=", k, " n=", n,
-                                                                " block=", p.block_cols, layout),
-                                                         pack));
-      // A layout hash that matched another layout would pack nothing in the right form: check.
-      const auto* blocks = static_cast<const Blocks*>(made.get());
-      for (size_t i = 0; i < p.pds.size(); ++i)
-        if (!(blocks->descs[i] == p.pds[i].weights_desc())) made.reset();
     }
-    if (!made) {
-      GF_ASSIGN_OR_RETURN(PreparedStore::Made m, pack());
-      made = std::move(m.value);
-    }
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<const void> made, GetOrMakeShared(options.store, key, pack));
+    // A layout hash that matched another layout would have packed in another form: pack here.
+    const auto* blocks = static_cast<const Blocks*>(made.get());
+    for (size_t i = 0; i < p.pds.size(); ++i)
+      if (!(blocks->descs[i] == p.pds[i].weights_desc())) {
+        GF_ASSIGN_OR_RETURN(made, GetOrMakeShared(nullptr, "", pack));
+        break;
+      }
     p.weights = static_cast<const Blocks*>(made.get())->weights;
     p.weights_owner = std::move(made);
   } catch (const dnnl::error& e) {
