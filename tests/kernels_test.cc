@@ -98,7 +98,7 @@ class OneNode {
     std::vector<TensorView> in;
     for (Value* v : n->inputs()) {
       if (!v) {
-        in.push_back(TensorView{DType::kF32, {}, nullptr});
+        in.push_back(TensorView{});
       } else if (v->constant()) {
         in.push_back(v->constant()->view());
       } else {

@@ -116,6 +116,11 @@ class Plan {
   // Whether it was made from its shape class's template (no import, no passes; CompileOptions::
   // shape_classes); its report is the class's first plan's.
   bool from_template() const { return from_template_; }
+  // Whether Run reads model input (output = false) or writes model output `index` through a
+  // strided view in place (TensorView::strides): a KV cache's past and present rows kept in one
+  // buffer of larger capacity, present over past's rows, so a decode step writes only its new
+  // rows. Other strided views are copied to and from contiguous buffers around the run.
+  bool takes_strided(bool output, size_t index) const;
 
  private:
   friend class CompiledModel;
@@ -172,8 +177,12 @@ class CompiledModel {
   std::shared_ptr<const Plan> plan() const;
 
   // Runs on `inputs` (one per input) into caller-owned `outputs` (one per output, preallocated
-  // with the shapes PlanFor(inputs)->outputs() gives). Errors name the input, node and op at
-  // fault, and leave the model usable for the next call. Safe to call from several threads.
+  // with the shapes PlanFor(inputs)->outputs() gives). Views may be strided (NumPy views, say).
+  // A KV cache kept in place: give each `past` input as the first P rows (axis 2) of a buffer
+  // [B, KV, capacity, d] and its `present` output as the first P + N rows of the same buffer
+  // (same strides); where the plan takes them in place (Plan::takes_strided) a step writes only
+  // the N new rows. Errors name the input, node and op at fault, and leave the model usable for
+  // the next call. Safe to call from several threads.
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
   // Same, returning newly allocated outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs) const;

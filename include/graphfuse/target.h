@@ -57,6 +57,11 @@ class Executable {
   virtual Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) = 0;
   // Kernel launches (and library calls) one run makes.
   virtual int64_t launches_per_run() const = 0;
+  // Whether graph input (output = false) or output `index` may be given as a strided view
+  // (TensorView::strides), read or written in place: a KV cache's past and present rows kept
+  // in one buffer of larger capacity. Every other view Run is given is contiguous
+  // (CompiledModel::Run copies strided ones).
+  virtual bool TakesStrided(bool output, size_t index) const { return false; }
 };
 
 // How a target runs what it compiles. Each target reads the fields that concern it.

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "graphfuse/dtype.h"
@@ -16,13 +17,26 @@ inline constexpr size_t kTensorAlignment = 64;
 // A single tensor larger than this is refused as absurd rather than attempted.
 inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 38;  // 256 GiB
 
-// Non-owning: dtype, shape and a pointer to row-major contiguous data.
+// Non-owning: dtype, shape and a pointer to the data, row-major contiguous unless `strides`
+// says otherwise.
 struct TensorView {
+  TensorView() = default;
+  TensorView(DType dtype, Shape shape, void* data, std::vector<int64_t> strides = {})
+      : dtype(dtype), shape(std::move(shape)), data(data), strides(std::move(strides)) {}
+
   DType dtype = DType::kF32;
   Shape shape;
   void* data = nullptr;
+  // Element strides, one per dim (a NumPy view's, say); empty: row-major contiguous. Kernels
+  // take contiguous views. CompiledModel::Run takes any strides: it hands a strided view on
+  // where the executable reads or writes it in place (Executable::TakesStrided: a KV cache kept
+  // in a buffer of larger capacity) and copies the others.
+  std::vector<int64_t> strides;
 
   int64_t numel() const;  // product of dims (the shape is assumed valid)
+  // Whether the elements lie row-major contiguous: no strides, or the contiguous ones (a dim of
+  // size 1 may have any stride).
+  bool contiguous() const;
   template <class T>
   T* as() const { return static_cast<T*>(data); }
 };
@@ -62,6 +76,10 @@ class Tensor {
   int64_t numel_ = 0;
   std::unique_ptr<void, Free> data_;
 };
+
+// Copies `src` into `dst` element by element, each read and written through its strides;
+// dtype and shape must agree.
+Status CopyView(const TensorView& src, const TensorView& dst);
 
 // Reads element i of a view as double / writes it from double, for any dtype.
 double LoadAsDouble(const TensorView& t, int64_t i);

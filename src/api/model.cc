@@ -357,6 +357,12 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const Tenso
   return p;
 }
 
+bool Plan::takes_strided(bool output, size_t index) const {
+  if (output) return index < outputs_.size() && executable_->TakesStrided(true, index);
+  return index < graph_input_.size() && graph_input_[index] >= 0 &&
+         executable_->TakesStrided(false, static_cast<size_t>(graph_input_[index]));
+}
+
 std::shared_ptr<const Plan> CompiledModel::plan() const {
   std::lock_guard<std::mutex> lock(cache_->mu);
   return cache_->last;
@@ -398,10 +404,39 @@ Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inpu
                              " for these inputs, but the tensor given for it is ", DTypeName(outputs[i].dtype),
                              ShapeToString(outputs[i].shape));
   }
+  for (size_t i = 0; i < inputs.size() + outputs.size(); ++i) {
+    const TensorView& v = i < inputs.size() ? inputs[i] : outputs[i - inputs.size()];
+    if (!v.strides.empty() && v.strides.size() != v.shape.size())
+      return InvalidArgument(source_->label, ": ", i < inputs.size() ? "input '" : "output '",
+                             i < inputs.size() ? p->inputs()[i].name : p->outputs()[i - inputs.size()].name,
+                             "' is a view of ", ShapeToString(v.shape), " with ", v.strides.size(), " strides");
+  }
   std::vector<TensorView> graph_inputs(p->graph().inputs().size());
   for (size_t i = 0; i < inputs.size(); ++i)
     if (p->graph_input_[i] >= 0) graph_inputs[static_cast<size_t>(p->graph_input_[i])] = inputs[i];
-  return p->executable_->Run(graph_inputs, outputs);
+  // Strided views the executable does not take in place: inputs gathered into contiguous
+  // copies, outputs run into contiguous buffers and scattered after. Contiguous calls pay a
+  // check per view.
+  std::vector<Tensor> copies;
+  std::vector<TensorView> run_outputs;
+  for (size_t i = 0; i < graph_inputs.size(); ++i) {
+    if (graph_inputs[i].contiguous() || p->executable_->TakesStrided(false, i)) continue;
+    GF_ASSIGN_OR_RETURN(Tensor c, Tensor::Empty(graph_inputs[i].dtype, graph_inputs[i].shape));
+    GF_RETURN_IF_ERROR(CopyView(graph_inputs[i], c.view()));
+    graph_inputs[i] = c.view();
+    copies.push_back(std::move(c));
+  }
+  std::vector<std::pair<size_t, Tensor>> scatter;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].contiguous() || p->executable_->TakesStrided(true, i)) continue;
+    if (run_outputs.empty()) run_outputs.assign(outputs.begin(), outputs.end());
+    GF_ASSIGN_OR_RETURN(Tensor c, Tensor::Empty(outputs[i].dtype, outputs[i].shape));
+    run_outputs[i] = c.view();
+    scatter.emplace_back(i, std::move(c));
+  }
+  GF_RETURN_IF_ERROR(p->executable_->Run(graph_inputs, run_outputs.empty() ? outputs : run_outputs));
+  for (const auto& [i, c] : scatter) GF_RETURN_IF_ERROR(CopyView(c.view(), outputs[i]));
+  return Status::Ok();
 }
 
 Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs) const {

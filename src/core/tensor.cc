@@ -1,6 +1,7 @@
 #include "graphfuse/tensor.h"
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 
@@ -43,6 +44,57 @@ Result<Tensor> Tensor::FromFloats(DType dtype, const Shape& shape, const std::ve
                            " values, got ", values.size());
   for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, values[i]);
   return t;
+}
+
+bool TensorView::contiguous() const {
+  if (strides.empty()) return true;
+  if (strides.size() != shape.size()) return false;
+  int64_t expect = 1;
+  for (size_t k = shape.size(); k-- > 0;) {
+    if (shape[k] != 1 && strides[k] != expect) return false;
+    expect *= shape[k];
+  }
+  return true;
+}
+
+Status CopyView(const TensorView& src, const TensorView& dst) {
+  if (src.dtype != dst.dtype || src.shape != dst.shape)
+    return InvalidArgument("cannot copy ", DTypeName(src.dtype), ShapeToString(src.shape), " into ",
+                           DTypeName(dst.dtype), ShapeToString(dst.shape));
+  for (const TensorView* v : {&src, &dst})
+    if (!v->strides.empty() && v->strides.size() != v->shape.size())
+      return InvalidArgument("a view of ", ShapeToString(v->shape), " has ", v->strides.size(), " strides");
+  const int64_t n = src.numel();
+  if (n == 0) return Status::Ok();
+  const size_t esize = DTypeSize(src.dtype);
+  const size_t rank = src.shape.size();
+  if (src.contiguous() && dst.contiguous()) {
+    std::memmove(dst.data, src.data, static_cast<size_t>(n) * esize);
+    return Status::Ok();
+  }
+  const std::vector<int64_t> cs = ContiguousStrides(src.shape);
+  const std::vector<int64_t>& ss = src.strides.empty() ? cs : src.strides;
+  const std::vector<int64_t>& ds = dst.strides.empty() ? cs : dst.strides;
+  // Row by row over the last dim; the index of the other dims walks like an odometer.
+  const int64_t cols = rank ? src.shape.back() : 1;
+  const int64_t s_last = rank ? ss.back() : 1, d_last = rank ? ds.back() : 1;
+  std::vector<int64_t> idx(rank, 0);
+  const char* s = static_cast<const char*>(src.data);
+  char* d = static_cast<char*>(dst.data);
+  for (int64_t row = 0; row < n / cols; ++row) {
+    int64_t so = 0, dof = 0;
+    for (size_t k = 0; k + 1 < rank; ++k) so += idx[k] * ss[k], dof += idx[k] * ds[k];
+    if (s_last == 1 && d_last == 1) {
+      std::memmove(d + dof * esize, s + so * esize, static_cast<size_t>(cols) * esize);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) std::memcpy(d + (dof + c * d_last) * esize, s + (so + c * s_last) * esize, esize);
+    }
+    for (size_t k = rank >= 1 ? rank - 1 : 0; k-- > 0;) {
+      if (++idx[k] < src.shape[k]) break;
+      idx[k] = 0;
+    }
+  }
+  return Status::Ok();
 }
 
 double Tensor::GetAsDouble(int64_t i) const { return LoadAsDouble(view(), i); }

@@ -26,6 +26,7 @@ class CpuExecutable final : public Executable {
     return plan_->Run(inputs, outputs, ctx);
   }
   int64_t launches_per_run() const override { return plan_->stats().kernels_launched; }
+  bool TakesStrided(bool output, size_t index) const override { return plan_->TakesStrided(output, index); }
 
  private:
   std::shared_ptr<const Graph> graph_;  // the plan points into it

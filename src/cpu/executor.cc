@@ -34,6 +34,7 @@ struct ExecutionPlan::Step {
   cpu::TileProgram program;
   std::optional<cpu::TileRunner> runner;        // `program` planned, reused while its pointers hold
   std::shared_ptr<const void> state;            // the kernel's prepare result, if any
+  bool io_strides = false;  // takes a graph input or output as a strided view (TakesStrided)
 };
 
 ExecutionPlan::~ExecutionPlan() = default;
@@ -83,7 +84,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
     step.node = &n;
     step.kernel = FindCpuKernel(n.op());
     for (const Value* in : n.inputs())
-      step.in_views.push_back(in ? TensorView{in->dtype(), in->shape(), nullptr} : TensorView{DType::kF32, {}, nullptr});
+      step.in_views.push_back(in ? TensorView{in->dtype(), in->shape(), nullptr} : TensorView{});
     for (const Value* o : n.outputs()) step.out_views.push_back(TensorView{o->dtype(), o->shape(), nullptr});
     if (s->elementwise) {
       const OpKind kind = *OpFromName(n.op());
@@ -137,6 +138,26 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
     plan->output_refs_.push_back(ref_of.at(o));
     if (!direct_output.count(o)) plan->output_copies_.push_back({static_cast<int>(i), static_cast<int>(i)});
   }
+  // Graph inputs and outputs that may be strided views (a KV cache kept in place).
+  auto takes = [&](const Node* n, int slot, bool output) {
+    const CpuKernel* k = n ? FindCpuKernel(n->op()) : nullptr;
+    const uint32_t bits = k ? (output ? k->strided_outputs : k->strided_inputs) : 0;
+    return slot < 32 && (bits >> slot & 1u);
+  };
+  for (const Value* in : g.inputs()) {
+    bool ok = !in->uses().empty() && std::count(g.outputs().begin(), g.outputs().end(), in) == 0;
+    for (const Use& u : in->uses()) ok = ok && takes(u.node, u.input_index, false);
+    plan->strided_inputs_.push_back(ok);
+  }
+  for (const Value* o : g.outputs())
+    plan->strided_outputs_.push_back(direct_output.count(o) && o->uses().empty() &&
+                                     takes(o->producer(), o->producer_output(), true));
+  for (Step& step : plan->steps_) {
+    for (size_t k = 0; k < step.in_refs.size(); ++k)
+      step.io_strides |= step.in_refs[k].kind == Ref::kInput && plan->TakesStrided(false, step.in_refs[k].index);
+    for (size_t k = 0; k < step.out_refs.size(); ++k)
+      step.io_strides |= step.out_refs[k].kind == Ref::kOutput && plan->TakesStrided(true, step.out_refs[k].index);
+  }
   GF_ASSIGN_OR_RETURN(plan->arena_, Tensor::Empty(DType::kBool, {std::max<int64_t>(memory.arena_bytes, 1)}));
   std::memset(plan->arena_.data(), 0, plan->arena_.nbytes());  // touch every page now, not during the first run
   plan->stats_.kernels_launched = static_cast<int64_t>(plan->steps_.size());
@@ -169,6 +190,9 @@ Status ExecutionPlan::CheckIO(std::span<const TensorView> inputs, std::span<cons
                              DTypeName(inputs[i].dtype), ShapeToString(inputs[i].shape));
     if (inputs[i].data == nullptr && v->numel() > 0)
       return InvalidArgument("graph input ", i, " '", v->name(), "' has no data");
+    if (!inputs[i].contiguous() && !TakesStrided(false, i))
+      return InvalidArgument("graph input ", i, " '", v->name(), "' is a strided view; the plan reads it only "
+                             "contiguous");
   }
   if (outputs.size() != g.outputs().size())
     return InvalidArgument("graph '", g.name(), "' has ", g.outputs().size(), " outputs, got ", outputs.size(), " buffers");
@@ -177,6 +201,9 @@ Status ExecutionPlan::CheckIO(std::span<const TensorView> inputs, std::span<cons
     if (outputs[i].dtype != v->dtype() || outputs[i].shape != v->shape() || (!outputs[i].data && v->numel() > 0))
       return InvalidArgument("graph output ", i, " '", v->name(), "' is ", v->TypeString(), ", got a buffer of ",
                              DTypeName(outputs[i].dtype), ShapeToString(outputs[i].shape));
+    if (!outputs[i].contiguous() && !TakesStrided(true, i))
+      return InvalidArgument("graph output ", i, " '", v->name(), "' is given a strided view; the plan writes it "
+                             "only contiguous");
   }
   return Status::Ok();
 }
@@ -196,6 +223,12 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
     for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs);
+    if (s.io_strides) {  // graph inputs / outputs it takes strided: their views' strides, this run's
+      for (size_t k = 0; k < s.in_refs.size(); ++k)
+        if (s.in_refs[k].kind == Ref::kInput) s.in_views[k].strides = inputs[s.in_refs[k].index].strides;
+      for (size_t k = 0; k < s.out_refs.size(); ++k)
+        if (s.out_refs[k].kind == Ref::kOutput) s.out_views[k].strides = outputs[s.out_refs[k].index].strides;
+    }
     if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, s.kernel, s.in_views, s.out_views, ctx, s.state.get()));
     if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }

@@ -41,6 +41,13 @@ class ExecutionPlan {
 
   const ExecStats& stats() const { return stats_; }
   const Graph& graph() const { return *graph_; }
+  // Whether graph input (output = false) or output `index` may be a strided view: each node
+  // that reads the input (writes the output, which nothing else reads) takes that operand
+  // strided (CpuKernel::strided_inputs / strided_outputs).
+  bool TakesStrided(bool output, size_t index) const {
+    const std::vector<bool>& v = output ? strided_outputs_ : strided_inputs_;
+    return index < v.size() && v[index];
+  }
 
   ~ExecutionPlan();
 
@@ -56,6 +63,7 @@ class ExecutionPlan {
   Tensor arena_;  // every intermediate buffer (memory_plan.h)
   std::vector<std::pair<int, int>> output_copies_;  // (graph output, ref index) needing a copy
   std::vector<Ref> output_refs_;
+  std::vector<bool> strided_inputs_, strided_outputs_;
   ExecStats stats_;
 };
 

@@ -50,6 +50,10 @@ struct CpuKernel {
   KernelFn run;
   PrepareFn prepare = nullptr;
   DescribeFn describe = nullptr;
+  // Bit i set: input (output) i may be a strided view (TensorView::strides, last dim
+  // contiguous), which the kernel reads (writes) through its strides. The executor hands a
+  // graph input or output on strided only where every kernel that touches it takes it so.
+  uint32_t strided_inputs = 0, strided_outputs = 0;
 };
 
 // Every node of `g` whose CPU kernel tells how it runs it with these options, in graph order.

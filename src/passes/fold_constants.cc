@@ -33,7 +33,7 @@ Result<std::vector<std::shared_ptr<Tensor>>> Evaluate(const Node& n, const OpSch
   std::vector<TensorView> in;
   for (const Value* v : n.inputs())
     in.push_back(v ? (v->constant() ? v->constant()->view() : TensorView{v->dtype(), v->shape(), nullptr})
-                   : TensorView{DType::kF32, {}, nullptr});
+                   : TensorView{});
   std::vector<std::shared_ptr<Tensor>> outs;
   std::vector<TensorView> out_views;
   for (const Value* o : n.outputs()) {

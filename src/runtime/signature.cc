@@ -92,11 +92,11 @@ Result<InputBinding> BindInputs(std::span<const TensorDecl> decls, std::span<con
       return InvalidArgument("input '", d.name, "' has ", n, " elements, but its values become a shape (", d.value_use,
                              "), which graphfuse plans for per call: at most ", kMaxShapeValueElements, " elements");
     GF_ASSIGN_OR_RETURN(Tensor copy, Tensor::Empty(t.dtype, t.shape));
-    if (copy.nbytes() > 0) std::memcpy(copy.data(), t.data, copy.nbytes());
+    GF_RETURN_IF_ERROR(CopyView(t, copy.view()));  // t may be a strided view
     b.key += "={";
     char buf[32];
     for (int64_t k = 0; k < n; ++k) {
-      std::snprintf(buf, sizeof buf, "%s%.17g", k ? "," : "", LoadAsDouble(t, k));
+      std::snprintf(buf, sizeof buf, "%s%.17g", k ? "," : "", copy.GetAsDouble(k));
       b.key += buf;
     }
     b.key += "}";

@@ -503,6 +503,120 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
   EXPECT_EQ(stats.shape_classes, 2);
 }
 
+// A KV cache kept in place, the onnxruntime-genai way: each past is the first P rows of a buffer
+// of `cap` rows, each present the first P + 1 rows of the same buffer. The plan takes both in
+// place (the fused cached attention writes only the new row); eight decode steps give the
+// logits and cache rows of plain runs that return new presents, and the rows past P + 1 stay
+// unwritten.
+TEST(DynamicShapes, KvCacheKeptInPlaceWritesOnlyTheNewRows) {
+  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
+  auto target = MakeTarget("cpu", {.threads = 1});
+  ASSERT_TRUE(target.ok());
+  std::shared_ptr<const Target> cpu = std::move(*target);
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  constexpr int64_t kv = 4, d = 16, cap = 16, first = 3, steps = 8;
+  std::vector<Tensor> buffers, plain_past;
+  for (int k = 0; k < 4; ++k) {
+    buffers.push_back(Tensor::Empty(DType::kF32, {1, kv, cap, d}).value());
+    float* b = buffers.back().data_as<float>();
+    std::fill(b, b + buffers.back().numel(), std::nanf(""));  // a row read before it is written shows
+    plain_past.push_back(Random(DType::kF32, {1, kv, first, d}, 40 + k));
+    for (int64_t h = 0; h < kv; ++h)
+      std::memcpy(b + h * cap * d, plain_past.back().data_as<float>() + h * first * d, first * d * sizeof(float));
+  }
+  auto rows_of = [&](Tensor& buffer, int64_t rows) {
+    return TensorView{DType::kF32, {1, kv, rows, d}, buffer.data(), {kv * cap * d, cap * d, d, 1}};
+  };
+  for (int64_t step = 0; step < steps; ++step) {
+    const int64_t past = first + step;
+    std::vector<Tensor> small = DecodeInputs(past, static_cast<uint32_t>(step));
+    std::vector<TensorView> in_place{small[0].view(), small[1].view(), small[2].view()}, plain{in_place};
+    for (int k = 0; k < 4; ++k) in_place.push_back(rows_of(buffers[k], past)), plain.push_back(plain_past[k].view());
+    auto plan = (*model)->PlanFor(in_place);
+    ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_TRUE((*plan)->takes_strided(false, 3 + k)) << (*plan)->inputs()[3 + k].name;
+      EXPECT_TRUE((*plan)->takes_strided(true, 1 + k)) << (*plan)->outputs()[1 + k].name;
+    }
+    EXPECT_FALSE((*plan)->takes_strided(false, 0));
+    EXPECT_FALSE((*plan)->takes_strided(true, 0));
+    Tensor logits = Tensor::Empty(DType::kF32, (*plan)->outputs()[0].shape).value();
+    std::vector<TensorView> out{logits.view()};
+    for (int k = 0; k < 4; ++k) out.push_back(rows_of(buffers[k], past + 1));
+    const Status run = (*model)->Run(in_place, out);
+    ASSERT_TRUE(run.ok()) << run.ToString();
+    auto want = (*model)->Run(plain);
+    ASSERT_TRUE(want.ok()) << want.status().ToString();
+    for (int64_t i = 0; i < logits.numel(); ++i)
+      ASSERT_NEAR(logits.data_as<float>()[i], (*want)[0].data_as<float>()[i], 1e-5) << "step " << step << ", logit " << i;
+    for (int k = 0; k < 4; ++k) {
+      const float* b = buffers[k].data_as<float>();
+      const float* w = (*want)[1 + k].data_as<float>();
+      for (int64_t h = 0; h < kv; ++h) {
+        for (int64_t r = 0; r <= past; ++r)
+          for (int64_t c = 0; c < d; ++c)
+            ASSERT_EQ(b[(h * cap + r) * d + c], w[(h * (past + 1) + r) * d + c])
+                << "step " << step << ", present " << k << ", head " << h << ", row " << r;
+        for (int64_t r = past + 1; r < cap; ++r) ASSERT_TRUE(std::isnan(b[(h * cap + r) * d])) << "row " << r;
+      }
+      plain_past[k] = std::move((*want)[1 + k]);
+    }
+  }
+}
+
+// Strided views the plan does not take in place are copied around the run: an attention mask
+// read from every other element of a buffer, logits written into a wider one; the same values
+// as contiguous ones. A present that overlaps its past with other strides is refused.
+TEST(DynamicShapes, OtherStridedViewsAreCopiedAndOverlapsRefused) {
+  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
+  auto target = MakeTarget("cpu", {.threads = 1});
+  ASSERT_TRUE(target.ok());
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), std::move(*target));
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int64_t past = 5;
+  const std::vector<Tensor> in = DecodeInputs(past, 3);
+  std::vector<TensorView> views;
+  for (const Tensor& t : in) views.push_back(t.view());
+  auto want = (*model)->Run(views);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  Tensor mask = Tensor::Empty(DType::kI64, {1, 2 * (past + 1)}).value();
+  for (int64_t i = 0; i < mask.numel(); ++i) mask.SetFromDouble(i, i % 2 == 0 ? 1 : 0);
+  std::vector<TensorView> strided = views;
+  strided[1] = TensorView{DType::kI64, {1, past + 1}, mask.data(), {2 * (past + 1), 2}};
+  const Shape logits_shape = (*want)[0].shape();
+  ASSERT_EQ(logits_shape.size(), 3u);
+  const int64_t vocab = logits_shape[2];
+  Tensor wide = Tensor::Empty(DType::kF32, {1, 1, vocab + 7}).value();
+  std::vector<Tensor> presents;
+  std::vector<TensorView> out{TensorView{DType::kF32, logits_shape, wide.data(), {vocab + 7, vocab + 7, 1}}};
+  for (size_t k = 1; k < want->size(); ++k) {
+    presents.push_back(Tensor::Empty(DType::kF32, (*want)[k].shape()).value());
+    out.push_back(presents.back().view());
+  }
+  ASSERT_TRUE((*model)->Run(strided, out).ok());
+  for (int64_t i = 0; i < vocab; ++i) ASSERT_EQ(wide.data_as<float>()[i], (*want)[0].data_as<float>()[i]) << i;
+  for (size_t k = 0; k < presents.size(); ++k)
+    EXPECT_EQ(std::memcmp(presents[k].data(), (*want)[k + 1].data(), presents[k].nbytes()), 0) << "present " << k;
+
+  // past K and present K both contiguous in one buffer: present's heads lie further apart than
+  // past's, so the copy would overwrite past rows it has yet to read.
+  Tensor buffer = Random(DType::kF32, {1, 4, past + 1, 16}, 9);
+  std::vector<TensorView> overlap_in = views;
+  overlap_in[3] = TensorView{DType::kF32, {1, 4, past, 16}, buffer.data()};
+  std::vector<TensorView> overlap_out = out;
+  overlap_out[1] = buffer.view();
+  const Status refused = (*model)->Run(overlap_in, overlap_out);
+  EXPECT_EQ(refused.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.message().find("overlaps past K"), std::string::npos) << refused.ToString();
+  // Strides that do not match the rank.
+  overlap_in[3] = views[3];
+  overlap_in[3].strides = {1, 2};
+  const Status bad = (*model)->Run(overlap_in, out);
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("with 2 strides"), std::string::npos) << bad.ToString();
+}
+
 // ShapeTemplate alone: a reshape whose target moves with its input's length; plans that differ
 // in an op, or in a size that did not move by a multiple of the step, make no template.
 TEST(ShapeTemplate, MovesSizesAndRefusesAnythingElse) {

@@ -264,6 +264,17 @@ Result<AttentionLaunch> BindOperands(const KernelContext& ctx, const Dims& d, co
   }
   a.qa = Access(d.q, d, d.h, d.s, d.d), a.ka = Access(d.k, d, d.kv_h, d.sk, d.d);
   a.va = Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = Access(d.out, d, d.h, d.s, d.dv);
+  // FusedCachedAttention hands on its present K / V as they are: strided views of a KV cache
+  // kept in a buffer of larger capacity ([B,KV,Sk,d] heads, whole rows).
+  for (int t = 1; t <= 2 && !d.proj; ++t) {
+    const TensorView& x = ctx.inputs[static_cast<size_t>(t)];
+    if (x.strides.empty()) continue;
+    const int64_t cols = t == 1 ? d.d : d.dv;
+    if ((t == 1 ? d.k : d.v) != Layout::kBHSD || x.strides.size() != 4 || (x.strides[3] != 1 && cols > 1))
+      return InvalidArgument(where, ": ", t == 1 ? "K" : "V", " is a view with strides ", ShapeToString(x.strides),
+                             "; only [B,KV,Sk,d] heads with whole rows are read strided");
+    (t == 1 ? a.ka : a.va) = HeadAccess{x.strides[0], x.strides[1], x.strides[2]};
+  }
   return a;
 }
 

@@ -2,8 +2,9 @@
 // past ones, then the attention over the present rows, in one launch.
 //
 // present_k and present_v are the node's outputs 1 and 2: per (batch, KV head) the past rows are
-// copied, then the new rows are gathered from k_new / v_new in their layout (each new K row roped
-// with RopeRow, as Rope computes it, when rope_new_k). The attention then runs as the
+// copied (unless present is past's own buffer: a KV cache kept in place, see InPlace), then the
+// new rows are gathered from k_new / v_new in their layout (each new K row roped with RopeRow,
+// as Rope computes it, when rope_new_k). The attention then runs as the
 // FusedAttention its reference graph holds (the attention over the present rows, with the same
 // attributes), through that op's own kernel with present_k / present_v as its k and v.
 #include <algorithm>
@@ -38,17 +39,36 @@ Result<const Node*> InnerAttention(const Node& node, const std::string& where) {
   return inner;
 }
 
+// Where the heads of a [B,KV,rows,cols] operand lie: a contiguous view's, or a strided view's
+// own (its last dim contiguous: a KV cache kept in a buffer of larger capacity).
+Result<HeadAccess> CacheAccess(const TensorView& t, int64_t kv_h, int64_t rows, int64_t cols, const std::string& what,
+                               const std::string& where) {
+  if (t.strides.empty()) return HeadAccess{kv_h * rows * cols, rows * cols, cols};
+  if (t.strides.size() != 4 || (t.strides[3] != 1 && cols > 1) || t.strides[2] < cols)
+    return InvalidArgument(where, ": ", what, " is a view with strides ", ShapeToString(t.strides),
+                           "; a KV cache view needs whole rows, its last dim contiguous");
+  return HeadAccess{t.strides[0], t.strides[1], t.strides[2]};
+}
+
 // present[b, h] = past[b, h] rows, then the new rows of head (b, h) (read through `na`), roped
-// with cos / sin (strides cs over [B,KV,N,d]) when `cos` is given.
-void AppendHead(const CacheDims& c, int64_t b, int64_t h, int64_t cols, const float* past, const float* fresh,
-                const HeadAccess& na, const float* cos, const float* sin, const std::vector<int64_t>& cs,
-                float* present) {
-  const int64_t head = b * c.att.kv_h + h;
-  float* dst = present + head * c.att.sk * cols;
-  std::memcpy(dst, past + head * c.past * cols, static_cast<size_t>(c.past * cols) * sizeof(float));
-  dst += c.past * cols;
+// with cos / sin (strides cs over [B,KV,N,d]) when `cos` is given. With `in_place` the past
+// rows already lie where present's first rows are (one buffer), and only the new rows are written.
+void AppendHead(const CacheDims& c, int64_t b, int64_t h, int64_t cols, const float* past, const HeadAccess& pa,
+                const float* fresh, const HeadAccess& na, const float* cos, const float* sin,
+                const std::vector<int64_t>& cs, float* present, const HeadAccess& oa, bool in_place) {
+  float* dst = present + b * oa.head_stride_b + h * oa.head_stride_h;
+  if (!in_place) {
+    const float* src = past + b * pa.head_stride_b + h * pa.head_stride_h;
+    if (pa.row_stride == cols && oa.row_stride == cols) {
+      std::memcpy(dst, src, static_cast<size_t>(c.past * cols) * sizeof(float));
+    } else {
+      for (int64_t r = 0; r < c.past; ++r)
+        std::memcpy(dst + r * oa.row_stride, src + r * pa.row_stride, static_cast<size_t>(cols) * sizeof(float));
+    }
+  }
+  dst += c.past * oa.row_stride;
   const float* src = fresh + b * na.head_stride_b + h * na.head_stride_h;
-  for (int64_t r = 0; r < c.rows; ++r, dst += cols, src += na.row_stride) {
+  for (int64_t r = 0; r < c.rows; ++r, dst += oa.row_stride, src += na.row_stride) {
     if (cos) {
       const int64_t off = b * cs[0] + h * cs[1] + r * cs[2];
       RopeRow(src, cos + off, sin + off, cols, dst);
@@ -56,6 +76,29 @@ void AppendHead(const CacheDims& c, int64_t b, int64_t h, int64_t cols, const fl
       std::memcpy(dst, src, static_cast<size_t>(cols) * sizeof(float));
     }
   }
+}
+
+// Whether `present` holds `past` in place: the same buffer, heads and rows the same distance
+// apart, so its first P rows of each head are the past ones. Any other overlap is refused: the
+// copy would read rows it had already overwritten.
+Result<bool> InPlace(const TensorView& past, const HeadAccess& pa, const TensorView& present, const HeadAccess& oa,
+                     const CacheDims& c, int64_t cols, const std::string& what, const std::string& where) {
+  if (c.past == 0) return false;
+  if (past.data == present.data && pa.head_stride_b == oa.head_stride_b && pa.head_stride_h == oa.head_stride_h &&
+      pa.row_stride == oa.row_stride)
+    return true;
+  auto span = [&](const TensorView& t, const HeadAccess& a, int64_t rows) {
+    const float* lo = t.as<const float>();
+    const int64_t last = (c.att.b - 1) * a.head_stride_b + (c.att.kv_h - 1) * a.head_stride_h + (rows - 1) * a.row_stride +
+                         cols;
+    return std::pair<const float*, const float*>(lo, lo + last);
+  };
+  const auto [p0, p1] = span(past, pa, c.past);
+  const auto [o0, o1] = span(present, oa, c.past + c.rows);
+  if (p0 < o1 && o0 < p1)
+    return InvalidArgument(where, ": present ", what, " overlaps past ", what, " but not as the same rows of one "
+                           "buffer (a view of the past's buffer with the same strides)");
+  return false;
 }
 
 Status CachedAttentionKernel(const KernelContext& ctx) {
@@ -87,16 +130,23 @@ Status CachedAttentionKernel(const KernelContext& ctx) {
     cs = BroadcastStrides(ctx.inputs[at].shape, Shape{d.b, d.kv_h, c.rows, d.d});
   }
   const HeadAccess ka = Access(c.new_k, d, d.kv_h, c.rows, d.d), va = Access(c.new_v, d, d.kv_h, c.rows, d.dv);
+  GF_ASSIGN_OR_RETURN(const HeadAccess pka, CacheAccess(ctx.inputs[3], d.kv_h, c.past, d.d, "past K", where));
+  GF_ASSIGN_OR_RETURN(const HeadAccess pva, CacheAccess(ctx.inputs[4], d.kv_h, c.past, d.dv, "past V", where));
+  GF_ASSIGN_OR_RETURN(const HeadAccess oka, CacheAccess(ctx.outputs[1], d.kv_h, d.sk, d.d, "present K", where));
+  GF_ASSIGN_OR_RETURN(const HeadAccess ova, CacheAccess(ctx.outputs[2], d.kv_h, d.sk, d.dv, "present V", where));
+  GF_ASSIGN_OR_RETURN(const bool k_in_place, InPlace(ctx.inputs[3], pka, ctx.outputs[1], oka, c, d.d, "K", where));
+  GF_ASSIGN_OR_RETURN(const bool v_in_place, InPlace(ctx.inputs[4], pva, ctx.outputs[2], ova, c, d.dv, "V", where));
   float* present_k = ctx.outputs[1].as<float>();
   float* present_v = ctx.outputs[2].as<float>();
   const int64_t heads = d.b * d.kv_h;
-  const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(heads * d.sk * (d.d + d.dv)), heads));
+  const int64_t moved_rows = (k_in_place && v_in_place ? 0 : c.past) + c.rows;
+  const int threads = static_cast<int>(std::min<int64_t>(ctx.cpu.ThreadsFor(heads * moved_rows * (d.d + d.dv)), heads));
   ForEachClaimed(ctx.cpu, threads, heads, [&](int64_t head, int) {
     const int64_t b = head / d.kv_h, h = head % d.kv_h;
-    AppendHead(c, b, h, d.d, ctx.inputs[3].as<const float>(), ctx.inputs[1].as<const float>(), ka, cos, sin, cs,
-               present_k);
-    AppendHead(c, b, h, d.dv, ctx.inputs[4].as<const float>(), ctx.inputs[2].as<const float>(), va, nullptr,
-               nullptr, cs, present_v);
+    AppendHead(c, b, h, d.d, ctx.inputs[3].as<const float>(), pka, ctx.inputs[1].as<const float>(), ka, cos, sin, cs,
+               present_k, oka, k_in_place);
+    AppendHead(c, b, h, d.dv, ctx.inputs[4].as<const float>(), pva, ctx.inputs[2].as<const float>(), va, nullptr,
+               nullptr, cs, present_v, ova, v_in_place);
   });
 
   // The attention over the present rows: q, present_k, present_v, then the extras.
@@ -110,7 +160,10 @@ Status CachedAttentionKernel(const KernelContext& ctx) {
 
 std::vector<CpuKernel> AttentionCacheKernels() {
   return {
-      {"FusedCachedAttention", CachedAttentionKernel},
+      // past K / V (inputs 3, 4) and present K / V (outputs 1, 2) may be strided views: a KV
+      // cache kept in one buffer of larger capacity, present over past's rows (written in place).
+      {.op = "FusedCachedAttention", .run = CachedAttentionKernel, .strided_inputs = 1u << 3 | 1u << 4,
+       .strided_outputs = 1u << 1 | 1u << 2},
   };
 }
 
