@@ -35,7 +35,7 @@ struct TensorView {
 
   int64_t numel() const;  // product of dims (the shape is assumed valid)
   // Whether the elements lie row-major contiguous: no strides, or the contiguous ones (a dim of
-  // size 1 may have any stride).
+  // size 1 may have any stride; a view with no elements is contiguous).
   bool contiguous() const;
   template <class T>
   T* as() const { return static_cast<T*>(data); }

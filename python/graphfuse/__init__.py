@@ -31,6 +31,8 @@ from ._graphfuse import Error, Internal, InvalidArgument, NotFound, ResourceExha
 
 __all__ = [
     "InferenceSession",
+    "IOBinding",
+    "OrtValue",
     "NodeArg",
     "SessionOptions",
     "get_available_providers",
@@ -137,6 +139,180 @@ def _as_input(value: Any, arg: NodeArg) -> Any:
     if not array.flags.c_contiguous:
         array = np.ascontiguousarray(array)
     return array
+
+
+# numpy's dtype for each ONNX type name numpy has, and back.
+_TYPE_OF_NUMPY = {np.dtype(v): k for k, v in _NUMPY_DTYPE.items()}
+
+
+def _check_host(device_type: str, what: str) -> None:
+    if str(device_type).lower() != "cpu":
+        raise Unimplemented(
+            f"{what}: device_type {device_type!r}; graphfuse binds host memory (a CUDA session copies "
+            "bound host arrays to the device and back)"
+        )
+
+
+class OrtValue:
+    """A tensor in host memory, as onnxruntime's OrtValue: it holds a numpy array (no copy), of
+    any strides. ortvalue_from_numpy(cache[:, :, :n]) binds a view of a larger buffer; see
+    IOBinding for a KV cache kept in place."""
+
+    __slots__ = ("_array",)
+
+    def __init__(self, array: np.ndarray):
+        if not isinstance(array, np.ndarray):
+            raise TypeError(f"OrtValue holds a numpy array, not {type(array).__name__}")
+        self._array = array
+
+    @staticmethod
+    def ortvalue_from_numpy(numpy_obj: np.ndarray, device_type: str = "cpu", device_id: int = 0) -> "OrtValue":
+        """The array itself (shared, not copied), as onnxruntime does for host memory."""
+        _check_host(device_type, "OrtValue.ortvalue_from_numpy")
+        return OrtValue(np.asarray(numpy_obj))
+
+    @staticmethod
+    def ortvalue_from_shape_and_type(
+        shape: Sequence[int], element_type: Any = np.float32, device_type: str = "cpu", device_id: int = 0
+    ) -> "OrtValue":
+        """A new, uninitialized array of this shape and numpy type."""
+        _check_host(device_type, "OrtValue.ortvalue_from_shape_and_type")
+        return OrtValue(np.empty(tuple(shape), dtype=element_type))
+
+    def numpy(self) -> np.ndarray:
+        """The array (not a copy)."""
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def data_type(self) -> str:
+        return _TYPE_OF_NUMPY.get(self._array.dtype, f"tensor({self._array.dtype})")
+
+    def element_type(self) -> Any:
+        return self._array.dtype.type
+
+    def device_name(self) -> str:
+        return "cpu"
+
+    def data_ptr(self) -> int:
+        return self._array.ctypes.data
+
+    def is_tensor(self) -> bool:
+        return True
+
+    def has_value(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        return f"OrtValue({self.data_type()}, shape={self.shape()})"
+
+
+def _array_at(buffer_ptr: int, element_type: Any, shape: Sequence[int]) -> np.ndarray:
+    """A numpy array over caller-owned host memory (onnxruntime's buffer_ptr binding)."""
+    import ctypes
+
+    dtype = np.dtype(element_type)
+    count = int(np.prod(shape, dtype=np.int64)) if len(shape) else 1
+    raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(buffer_ptr))
+    return np.frombuffer(raw, dtype=dtype, count=count).reshape(tuple(shape))
+
+
+class IOBinding:
+    """Inputs and outputs bound to arrays the caller owns, run with
+    InferenceSession.run_with_iobinding, as onnxruntime's IOBinding (host memory).
+
+    Outputs bound to an array (bind_ortvalue_output, or bind_output with a buffer_ptr) are
+    written into it; outputs bound by name alone get a new array per run (get_outputs). Arrays
+    may be strided numpy views. A KV cache kept in place: allocate each layer's cache with room
+    for the whole generation, cache = np.empty((B, KV, capacity, d)); bind past.i.key to
+    cache[:, :, :n] and present.i.key to cache[:, :, :n + 1]: where the plan takes them in place
+    (explain()["in_place_outputs"]), a decode step writes only its new row instead of copying
+    the n past rows into a new present. Other strided arrays are copied to and from contiguous
+    buffers around the run."""
+
+    def __init__(self, session: "InferenceSession"):
+        self._session = session
+        self._inputs: dict = {}
+        self._outputs: dict = {}  # name -> bound array, or None: a new array per run
+        self._results: dict = {}
+
+    def _input(self, name: str):
+        index = {a.name: a for a in self._session._inputs}
+        if name not in index:
+            raise InvalidArgument(f"no input named {name!r}; the model's inputs are {list(index)}")
+        return index[name]
+
+    def _output(self, name: str) -> None:
+        if name not in self._session._output_index:
+            raise InvalidArgument(
+                f"no output named {name!r}; the model's outputs are {[o.name for o in self._session._outputs]}"
+            )
+
+    def bind_cpu_input(self, name: str, arr_on_cpu: Any) -> None:
+        self._inputs[name] = _as_bound(arr_on_cpu, self._input(name))
+
+    def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any, shape: Sequence[int],
+                   buffer_ptr: int) -> None:
+        _check_host(device_type, f"input {name!r}")
+        self._inputs[name] = _as_bound(_array_at(buffer_ptr, element_type, shape), self._input(name))
+
+    def bind_ortvalue_input(self, name: str, ortvalue: OrtValue) -> None:
+        self._inputs[name] = _as_bound(ortvalue.numpy(), self._input(name))
+
+    def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0, element_type: Any = None,
+                    shape: Optional[Sequence[int]] = None, buffer_ptr: Optional[int] = None) -> None:
+        """Without buffer_ptr: a new array per run. With it: the output is written there (its
+        element_type and shape must be the ones the run gives)."""
+        _check_host(device_type, f"output {name!r}")
+        self._output(name)
+        if buffer_ptr is None:
+            self._outputs[name] = None
+            return
+        if element_type is None or shape is None:
+            raise InvalidArgument(f"output {name!r}: a buffer_ptr needs its element_type and shape")
+        self._outputs[name] = _array_at(buffer_ptr, element_type, shape)
+
+    def bind_ortvalue_output(self, name: str, ortvalue: OrtValue) -> None:
+        self._output(name)
+        array = ortvalue.numpy()
+        if not array.flags.writeable:
+            raise InvalidArgument(f"output {name!r} is bound to a read-only array")
+        self._outputs[name] = array
+
+    def get_outputs(self) -> list[OrtValue]:
+        """The bound outputs of the latest run, in the order they were bound."""
+        missing = [n for n in self._outputs if n not in self._results]
+        if missing:
+            raise InvalidArgument(f"output {missing[0]!r} has not been computed: call run_with_iobinding first")
+        return [OrtValue(self._results[n]) for n in self._outputs]
+
+    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        """Copies of the bound outputs of the latest run."""
+        return [v.numpy().copy() for v in self.get_outputs()]
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs.clear()
+
+    def clear_binding_outputs(self) -> None:
+        self._outputs.clear()
+        self._results.clear()
+
+    def synchronize_inputs(self) -> None:  # host memory: nothing to wait for
+        pass
+
+    def synchronize_outputs(self) -> None:
+        pass
+
+
+def _as_bound(value: Any, arg: "NodeArg") -> Any:
+    """A bound input as the extension reads it: strides kept (no copy here; the run copies a
+    strided input the plan does not read in place)."""
+    if isinstance(value, OrtValue):
+        value = value.numpy()
+    if isinstance(value, np.ndarray):
+        return value if value.dtype.isnative else value.astype(value.dtype.newbyteorder("="))
+    return _as_input(value, arg)
 
 
 class InferenceSession:
@@ -257,6 +433,26 @@ class InferenceSession:
             return outputs
         return [outputs[self._output_index[name]] for name in output_names]
 
+    def io_binding(self) -> IOBinding:
+        """Inputs and outputs bound to caller-owned arrays (see IOBinding)."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
+        """Runs on the binding's inputs; its bound outputs are written into their arrays, the
+        others into new arrays (iobinding.get_outputs())."""
+        if iobinding._session is not self:
+            raise InvalidArgument("the IOBinding belongs to another session")
+        missing = [i.name for i in self._inputs if i.name not in iobinding._inputs]
+        if missing:
+            raise InvalidArgument(f"input {missing[0]!r} is not bound (the model's inputs are "
+                                  f"{[i.name for i in self._inputs]})")
+        bound = [iobinding._outputs.get(o.name) for o in self._outputs]
+        made = self._session.run_into([iobinding._inputs[i.name] for i in self._inputs], bound)
+        iobinding._results = {
+            o.name: (bound[k] if made[k] is None else made[k])
+            for k, o in enumerate(self._outputs) if o.name in iobinding._outputs
+        }
+
     def explain(self, input_feed: Optional[Mapping[str, Any]] = None) -> Optional[dict]:
         """The fusion report of the plan for input_feed (planned now if need be; nothing runs),
         or without it of the latest plan: None before the first run of a model with symbolic
@@ -264,7 +460,8 @@ class InferenceSession:
         kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
         message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
         why), planning_ms (import_ms, passes_ms, compile_ms), from_template (made from its shape
-        class's template); and of the model: plans_made (the
+        class's template), in_place_inputs and in_place_outputs (those whose bound strided arrays
+        are read or written in place: a KV cache, see IOBinding); and of the model: plans_made (the
         shapes planned so far), shape_classes (classes whose template makes their plans) and
         prepared_bytes (what they derived from the weights, shared)."""
         if input_feed is None:

@@ -2,9 +2,10 @@
 // session object taking and returning numpy arrays. python/graphfuse/__init__.py builds the
 // onnxruntime-shaped API (InferenceSession, NodeArg) on top of it.
 //
-// Inputs are read in place: each array is wrapped in a TensorView over its own buffer (the
-// Python layer passes C-contiguous, native-order arrays). Outputs are the Tensors Run
-// allocates, handed to numpy without a copy. Run and compilation release the GIL.
+// Inputs are read in place: each array is wrapped in a TensorView over its own buffer (run:
+// the Python layer passes C-contiguous, native-order arrays; run_into, io_binding's: any
+// strides). Outputs are the Tensors Run allocates, handed to numpy without a copy, or the
+// caller's bound arrays. Run and compilation release the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -27,6 +28,9 @@ namespace gf = graphfuse;
 namespace {
 
 using InputArray = nb::ndarray<nb::ro, nb::c_contig, nb::device::cpu>;
+// io_binding's arrays: any strides (NumPy views of a larger buffer: a KV cache kept in place).
+using BoundInput = nb::ndarray<nb::ro, nb::device::cpu>;
+using BoundOutput = nb::ndarray<nb::device::cpu>;
 
 // One exception type per StatusCode (index = the code), all under graphfuse.Error.
 PyObject* g_errors[static_cast<int>(gf::StatusCode::kInternal) + 1] = {};
@@ -213,6 +217,14 @@ nb::dict ReportDict(const gf::Plan& plan) {
   out["kernel_choices"] = choices;
   out["planning_ms"] = planning;
   out["from_template"] = plan.from_template();
+  // The inputs and outputs a bound strided array is read or written in place (a KV cache).
+  nb::list in_place_inputs, in_place_outputs;
+  for (size_t i = 0; i < plan.inputs().size(); ++i)
+    if (plan.takes_strided(false, i)) in_place_inputs.append(plan.inputs()[i].name);
+  for (size_t i = 0; i < plan.outputs().size(); ++i)
+    if (plan.takes_strided(true, i)) in_place_outputs.append(plan.outputs()[i].name);
+  out["in_place_inputs"] = in_place_inputs;
+  out["in_place_outputs"] = in_place_outputs;
   return out;
 }
 
@@ -261,6 +273,47 @@ class Session {
     if (!outputs.ok()) Raise(outputs.status());
     nb::list result;
     for (gf::Tensor& t : *outputs) result.append(ToNumpy(std::move(t)));
+    return result;
+  }
+
+  // io_binding's run: inputs of any strides; each output written into its bound array (any
+  // strides: a present over its past's buffer is written in place where the plan takes it so)
+  // or, where None, into a new array. Per output: the new array, or None where the caller's
+  // array was filled.
+  nb::list RunInto(const std::vector<BoundInput>& arrays, const std::vector<std::optional<BoundOutput>>& bound) const {
+    std::vector<gf::TensorView> in = Views(arrays);
+    gf::Result<std::shared_ptr<const gf::Plan>> plan = [&] {
+      nb::gil_scoped_release release;
+      return compiled_->PlanFor(in);
+    }();
+    if (!plan.ok()) Raise(plan.status());
+    const std::vector<gf::TensorInfo>& infos = (*plan)->outputs();
+    if (bound.size() != infos.size())
+      Raise(gf::InvalidArgument("the model gives ", infos.size(), " outputs, ", bound.size(), " were bound"));
+    std::vector<gf::Tensor> owned(infos.size());
+    std::vector<gf::TensorView> out;
+    for (size_t i = 0; i < infos.size(); ++i) {
+      if (!bound[i]) {
+        gf::Result<gf::Tensor> t = gf::Tensor::Empty(infos[i].dtype, infos[i].shape);
+        if (!t.ok()) Raise(t.status());
+        owned[i] = std::move(*t);
+        out.push_back(owned[i].view());
+        continue;
+      }
+      const BoundOutput& a = *bound[i];
+      std::optional<gf::DType> dtype = FromDlpack(a.dtype());
+      if (!dtype || *dtype != infos[i].dtype)
+        Raise(gf::InvalidArgument("output '", infos[i].name, "' is bound to an array of ", DlpackName(a.dtype()),
+                                  ", but the model gives ", OrtTypeName(infos[i].dtype)));
+      out.push_back(View(a, *dtype));
+    }
+    const gf::Status status = [&] {
+      nb::gil_scoped_release release;  // the caller's binding keeps every array alive
+      return compiled_->Run(in, out);
+    }();
+    if (!status.ok()) Raise(status);
+    nb::list result;
+    for (size_t i = 0; i < infos.size(); ++i) result.append(bound[i] ? nb::none() : ToNumpy(std::move(owned[i])));
     return result;
   }
 
@@ -323,26 +376,36 @@ class Session {
     return list;
   }
 
+  // A view over the array's own buffer, with its strides where it is not C-contiguous.
+  template <class Array>
+  static gf::TensorView View(const Array& a, gf::DType dtype) {
+    gf::TensorView v;
+    v.dtype = dtype;
+    v.shape.resize(a.ndim());
+    for (size_t k = 0; k < a.ndim(); ++k) v.shape[k] = static_cast<int64_t>(a.shape(k));
+    v.data = const_cast<void*>(static_cast<const void*>(a.data()));
+    v.strides.resize(a.ndim());
+    for (size_t k = 0; k < a.ndim(); ++k) v.strides[k] = a.stride(static_cast<size_t>(k));
+    if (v.contiguous()) v.strides.clear();
+    return v;
+  }
+
   // Views over the arrays' own buffers; an array of a type graphfuse lacks is refused naming
   // the input (a type graphfuse has but the model does not declare is refused by Run).
-  std::vector<gf::TensorView> Views(const std::vector<InputArray>& arrays) const {
+  template <class Array>
+  std::vector<gf::TensorView> Views(const std::vector<Array>& arrays) const {
     const std::vector<gf::TensorInfo>& inputs = compiled_->inputs();
     std::vector<gf::TensorView> views;
     views.reserve(arrays.size());
     for (size_t i = 0; i < arrays.size(); ++i) {
-      const InputArray& a = arrays[i];
+      const auto& a = arrays[i];
       const std::string name = i < inputs.size() ? inputs[i].name : gf::StrCat("#", i);
       std::optional<gf::DType> dtype = FromDlpack(a.dtype());
       if (!dtype) {
         std::string expected = i < inputs.size() ? OrtTypeName(inputs[i].dtype) : "a graphfuse type";
         Raise(gf::InvalidArgument("input '", name, "': an array of ", DlpackName(a.dtype()), ", expected ", expected));
       }
-      gf::TensorView v;
-      v.dtype = *dtype;
-      v.shape.resize(a.ndim());
-      for (size_t k = 0; k < a.ndim(); ++k) v.shape[k] = static_cast<int64_t>(a.shape(k));
-      v.data = const_cast<void*>(a.data());
-      views.push_back(std::move(v));
+      views.push_back(View(a, *dtype));
     }
     return views;
   }
@@ -367,6 +430,8 @@ NB_MODULE(_graphfuse, m) {
       .def("inputs", &Session::Inputs, "(name, shape, type) per input, as the model declares them.")
       .def("outputs", &Session::Outputs, "(name, shape, type) per output, as the model declares them.")
       .def("run", &Session::Run, nb::arg("arrays"), "Runs on one array per input (model order); every output.")
+      .def("run_into", &Session::RunInto, nb::arg("arrays"), nb::arg("outputs"),
+           "Runs on arrays of any strides into the bound output arrays (None: a new one, returned).")
       .def("explain", &Session::Explain, nb::arg("arrays") = nb::none(), "The fusion report as a dict.")
       .def("cache_stats", &Session::CacheStats)
       .def_prop_ro("backend", &Session::backend)

@@ -270,3 +270,106 @@ def test_decode_lengths_of_one_shape_class_match_per_shape_plans():
     stats = classes.cache_stats()
     assert (stats["plans_from_template"], stats["shape_classes"]) == (7, 1), stats
     assert per_shape.cache_stats()["plans_from_template"] == 0
+
+
+def _greedy_feeds(sess, ids, past):
+    return {
+        "input_ids": ids,
+        "attention_mask": np.ones((1, past + ids.shape[1]), np.int64),
+        "position_ids": np.arange(past, past + ids.shape[1], dtype=np.int64)[None, :],
+    }
+
+
+def test_kv_cache_kept_in_place_with_io_binding():
+    """Greedy generation with each present bound onto its past's buffer (capacity preallocated,
+    onnxruntime's io_binding): the same tokens and logits as run() returning new presents, the
+    presents are views of the caches, the plan writes them in place, and rows past the latest
+    token stay unwritten."""
+    name = "hf/llama_ts_kv"
+    sess = gf.InferenceSession(model_path(name), threads=1)
+    past_names = [i.name for i in sess.get_inputs() if i.name.startswith("past")]
+    present_names = [o.name for o in sess.get_outputs() if o.name.startswith("present")]
+    heads, head_dim = sess.get_inputs()[3].shape[1], sess.get_inputs()[3].shape[3]
+    prompt, new, capacity = 5, 10, 24
+    caches = {p: np.full((1, heads, capacity, head_dim), np.nan, np.float32) for p in past_names}
+    ids = np.random.default_rng(11).integers(0, 150, (1, prompt), dtype=np.int64)
+
+    # The plain loop: run() returns new presents, fed back as the next pasts.
+    feed = _greedy_feeds(sess, ids, 0)
+    feed.update({p: np.zeros((1, heads, 0, head_dim), np.float32) for p in past_names})
+    plain_tokens, plain_logits = [], []
+    for step in range(new):
+        out = sess.run(None, feed)
+        token = int(out[0][0, -1].argmax())
+        plain_tokens.append(token)
+        plain_logits.append(out[0][0, -1])
+        past = feed["attention_mask"].shape[1]
+        feed = _greedy_feeds(sess, np.array([[token]], np.int64), past)
+        feed.update(dict(zip(past_names, out[1:])))
+
+    binding = sess.io_binding()
+    binding.bind_output("logits")
+    tokens, length, step_ids = [], 0, ids
+    for step in range(new):
+        for name, value in _greedy_feeds(sess, step_ids, length).items():
+            binding.bind_cpu_input(name, value)
+        rows = length + step_ids.shape[1]
+        for p, q in zip(past_names, present_names):
+            binding.bind_ortvalue_input(p, gf.OrtValue.ortvalue_from_numpy(caches[p][:, :, :length]))
+            binding.bind_ortvalue_output(q, gf.OrtValue.ortvalue_from_numpy(caches[p][:, :, :rows]))
+        sess.run_with_iobinding(binding)
+        outputs = binding.get_outputs()
+        logits = outputs[0].numpy()
+        np.testing.assert_allclose(logits[0, -1], plain_logits[step], rtol=1e-5, atol=1e-5, err_msg=f"step {step}")
+        for p, value in zip(past_names, outputs[1:]):
+            assert np.shares_memory(value.numpy(), caches[p])
+            assert np.isnan(caches[p][:, :, rows:]).all() and not np.isnan(caches[p][:, :, :rows]).any()
+        tokens.append(int(logits[0, -1].argmax()))
+        length, step_ids = rows, np.array([[tokens[-1]]], np.int64)
+        if step > 0:  # a decode step: the plan takes every past and present in place
+            report = sess.explain()
+            assert sorted(report["in_place_inputs"]) == sorted(past_names), report["in_place_inputs"]
+            assert sorted(report["in_place_outputs"]) == sorted(present_names), report["in_place_outputs"]
+    assert tokens == plain_tokens
+    # The cache rows are the plain loop's last presents, bit for bit where both copied or wrote them.
+    for p, value in zip(past_names, out[1:]):
+        np.testing.assert_allclose(caches[p][:, :, :value.shape[2]], value, rtol=1e-5, atol=1e-6)
+
+
+def test_io_binding_is_onnxruntimes():
+    """The onnxruntime surface: OrtValue, bind by array, pointer or name, get_outputs,
+    copy_outputs_to_cpu; errors name the input or output."""
+    sess = gf.InferenceSession(model_path(DYNAMIC), threads=1)
+    (inputs, _), = data_sets(DYNAMIC)[:1]
+    want = sess.run(None, feeds(sess, inputs))
+    binding = sess.io_binding()
+    for arg, value in zip(sess.get_inputs(), inputs):
+        if arg.name == sess.get_inputs()[0].name:
+            held = np.ascontiguousarray(value)
+            binding.bind_input(arg.name, "cpu", 0, held.dtype, held.shape, held.ctypes.data)
+        else:
+            binding.bind_ortvalue_input(arg.name, gf.OrtValue.ortvalue_from_numpy(value))
+    first = sess.get_outputs()[0]
+    out = gf.OrtValue.ortvalue_from_shape_and_type(want[0].shape, np.float32)
+    binding.bind_ortvalue_output(first.name, out)
+    for o in sess.get_outputs()[1:]:
+        binding.bind_output(o.name)
+    sess.run_with_iobinding(binding)
+    got = binding.copy_outputs_to_cpu()
+    assert binding.get_outputs()[0].numpy() is out.numpy()
+    assert out.shape() == list(want[0].shape) and out.data_type() == "tensor(float)"
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(gf.InvalidArgument, match="no output named 'nope'"):
+        binding.bind_output("nope")
+    with pytest.raises(gf.InvalidArgument, match="no input named 'nope'"):
+        binding.bind_cpu_input("nope", inputs[0])
+    with pytest.raises(gf.Unimplemented, match="host memory"):
+        binding.bind_output(first.name, "cuda")
+    wrong = gf.OrtValue.ortvalue_from_shape_and_type([1, 2], np.float32)
+    binding.bind_ortvalue_output(first.name, wrong)
+    with pytest.raises(gf.InvalidArgument, match=first.name):
+        sess.run_with_iobinding(binding)
+    binding.clear_binding_inputs()
+    with pytest.raises(gf.InvalidArgument, match="is not bound"):
+        sess.run_with_iobinding(binding)

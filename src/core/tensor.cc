@@ -49,6 +49,8 @@ Result<Tensor> Tensor::FromFloats(DType dtype, const Shape& shape, const std::ve
 bool TensorView::contiguous() const {
   if (strides.empty()) return true;
   if (strides.size() != shape.size()) return false;
+  for (int64_t d : shape)
+    if (d == 0) return true;  // no elements: any strides describe them
   int64_t expect = 1;
   for (size_t k = shape.size(); k-- > 0;) {
     if (shape[k] != 1 && strides[k] != expect) return false;
