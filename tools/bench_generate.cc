@@ -2,7 +2,8 @@
 // API, as a serving loop runs an exported decoder with a KV cache: one call for a random prompt
 // (past 0), then one call per new token, each call's present.* fed back as the next past.*.
 // Every call has a new sequence length; the report says what that costs (planning) beside the
-// time per token, and what the process holds (RSS).
+// time per token, and what the process holds (RSS). Later generations also run with the KV
+// cache kept in place (present written into past's buffer), beside the copying loop.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -145,26 +146,37 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
     std::vector<double> ms, planning_ms;
     std::vector<int64_t> tokens;
   };
-  std::vector<Run> runs;
-  for (int r = 0; r < repeats; ++r) {
+  // One greedy generation. Copying (in_place false): each call returns new presents, fed back
+  // as the next pasts, so a decode step copies its whole cache. In place: each cache is one
+  // buffer with room for the whole generation; past is a view of its first rows and present a
+  // view of the same buffer one step longer, so a step writes only its new rows (where the plan
+  // takes them in place: Plan::takes_strided).
+  auto generate = [&](bool in_place, bool print_calls) -> Result<Run> {
     Run run;
     std::vector<Tensor> feed(in.size()), caches(io->caches.size());
+    std::vector<std::vector<int64_t>> strides(io->caches.size());
     std::vector<int64_t> ids(static_cast<size_t>(prompt));
     std::mt19937_64 prompt_rng(99);
     for (int64_t& id : ids) id = token(prompt_rng);
     int64_t total = 0;
-    // Empty caches first: each cache input's shape with its growing dim 0 and its other
-    // symbolic dims 1 (batch 1).
+    // Empty caches first: each cache input's shape with its growing dim 0 (in place: the
+    // generation's length) and its other symbolic dims 1 (batch 1).
     for (size_t c = 0; c < io->caches.size(); ++c) {
       Shape s = in[static_cast<size_t>(io->caches[c].input)].shape;
       for (int64_t& d : s) d = d < 0 ? 1 : d;
-      s[static_cast<size_t>(io->caches[c].grow_dim)] = 0;
-      auto e = Tensor::Empty(DType::kF32, s);
-      if (!e.ok()) return Fail(e.status());
-      caches[c] = std::move(*e);
+      s[static_cast<size_t>(io->caches[c].grow_dim)] = in_place ? prompt + fresh : 0;
+      GF_ASSIGN_OR_RETURN(caches[c], Tensor::Empty(DType::kF32, s));
+      strides[c] = ContiguousStrides(s);
     }
+    // A view of the first `rows` rows of cache c.
+    auto rows_of = [&](size_t c, int64_t rows) {
+      Shape s = caches[c].shape();
+      s[static_cast<size_t>(io->caches[c].grow_dim)] = rows;
+      return TensorView(DType::kF32, s, caches[c].data(), strides[c]);
+    };
     for (int64_t step = 0; step < fresh; ++step) {
       const auto n = static_cast<int64_t>(ids.size());
+      const int64_t past = total;
       total += n;
       auto ids_t = Tensor::Empty(DType::kI64, {1, n}).value();
       std::copy(ids.begin(), ids.end(), ids_t.data_as<int64_t>());
@@ -181,28 +193,64 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       }
       std::vector<TensorView> views(in.size());
       for (size_t i = 0; i < in.size(); ++i) views[i] = feed[i].view();
-      for (size_t c = 0; c < io->caches.size(); ++c) views[static_cast<size_t>(io->caches[c].input)] = caches[c].view();
+      for (size_t c = 0; c < io->caches.size(); ++c)
+        views[static_cast<size_t>(io->caches[c].input)] = in_place ? rows_of(c, past) : caches[c].view();
       const double planned_before = m.cache_stats().planning_ms;
       t = Clock::now();
-      auto out = m.Run(views);
+      std::vector<Tensor> out;
+      if (in_place) {
+        GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> plan, m.PlanFor(views));
+        std::vector<TensorView> out_views(plan->outputs().size());
+        out.resize(plan->outputs().size());
+        for (size_t o = 0; o < out.size(); ++o) {
+          GF_ASSIGN_OR_RETURN(out[o], Tensor::Empty(plan->outputs()[o].dtype, plan->outputs()[o].shape));
+          out_views[o] = out[o].view();
+        }
+        for (size_t c = 0; c < io->caches.size(); ++c) {
+          out[static_cast<size_t>(io->caches[c].output)] = Tensor();
+          out_views[static_cast<size_t>(io->caches[c].output)] = rows_of(c, total);
+        }
+        GF_RETURN_IF_ERROR(m.Run(views, out_views).WithContext(StrCat("--generate step ", step)));
+      } else {
+        auto ran = m.Run(views);
+        if (!ran.ok()) return ran.status().WithContext(StrCat("--generate step ", step));
+        out = std::move(*ran);
+      }
       run.ms.push_back(MsSince(t));
-      if (!out.ok()) return Fail(out.status().WithContext(StrCat("--generate step ", step)));
       run.planning_ms.push_back(m.cache_stats().planning_ms - planned_before);
-      if (std::getenv("GRAPHFUSE_BENCH_CALLS") && r == 0) {
+      if (print_calls) {
         const PlanningTime& pt = m.plan()->planning_time();
         std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s\n",
                     static_cast<long long>(step), run.ms.back(), run.planning_ms.back(), pt.import_ms, pt.passes_ms,
                     pt.compile_ms, m.plan()->from_template() ? ", from the template" : "");
       }
-      const Tensor& logits = (*out)[static_cast<size_t>(io->logits)];
+      const Tensor& logits = out[static_cast<size_t>(io->logits)];
       const int64_t v = logits.shape().back(), last = logits.numel() / v - 1;
       const float* row = logits.data_as<float>() + last * v;
       const int64_t next = std::max_element(row, row + v) - row;
       run.tokens.push_back(next);
       ids.assign(1, next);
-      for (size_t c = 0; c < io->caches.size(); ++c) caches[c] = std::move((*out)[static_cast<size_t>(io->caches[c].output)]);
+      if (!in_place)
+        for (size_t c = 0; c < io->caches.size(); ++c) caches[c] = std::move(out[static_cast<size_t>(io->caches[c].output)]);
     }
-    runs.push_back(std::move(run));
+    return run;
+  };
+  // The first generation copies, and meets every length for the first time; later ones take
+  // turns copying and in place.
+  std::vector<Run> runs, in_place_runs;
+  bool takes_in_place = false;
+  for (int r = 0; r < repeats; ++r) {
+    auto copied = generate(false, std::getenv("GRAPHFUSE_BENCH_CALLS") && r == 0);
+    if (!copied.ok()) return Fail(copied.status());
+    runs.push_back(std::move(*copied));
+    if (r == 0) continue;
+    auto kept = generate(true, false);
+    if (!kept.ok()) return Fail(kept.status());
+    in_place_runs.push_back(std::move(*kept));
+    takes_in_place = true;
+    for (const DecoderIo::Cache& c : io->caches)
+      takes_in_place &= m.plan()->takes_strided(false, static_cast<size_t>(c.input)) &&
+                        m.plan()->takes_strided(true, static_cast<size_t>(c.output));
   }
 
   // The first generation meets every length for the first time; later ones (a server's next
@@ -232,6 +280,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   };
   bool same = true;
   for (const Run& r : runs) same &= r.tokens == runs[0].tokens;
+  for (const Run& r : in_place_runs) same &= r.tokens == runs[0].tokens;
   const PlanCacheStats s = m.cache_stats();
   std::printf("  %-34s %10s %12s %10s %10s %12s %14s\n", "", "prefill ms", "per token ms", "last ms", "total ms",
               "planning ms", "max planning");
@@ -245,6 +294,17 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   row("generation 1 (every length new)", 0);
   std::swap(sums, first_only);
   if (runs.size() > 1) row(StrCat("generations 2..", runs.size(), " (medians)").c_str(), 1);
+  std::vector<Summary> copied_sums;
+  if (!in_place_runs.empty()) {
+    copied_sums = sums;
+    sums.assign(1, Summary{});
+    for (const Run& r : in_place_runs) sums.push_back(summarize(r));
+    row(StrCat("the same, KV cache kept in place", takes_in_place ? "" : "*").c_str(), 1);
+    std::swap(sums, copied_sums);
+    if (!takes_in_place)
+      std::printf("  * this model's plans do not take its caches in place: strided views are copied around each "
+                  "call\n");
+  }
   std::printf("  (%lld prompt tokens, %lld decode calls; max planning: the most one call after the first decode "
               "spent planning)\n", static_cast<long long>(prompt), static_cast<long long>(fresh - 1));
   std::printf("  %lld plans made (%lld from %lld shape-class templates), %.0f ms in all; prepared weights shared by "
@@ -267,6 +327,11 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       j.Key("later").BeginObject().Key("prefill_ms").Num(median_of(&Summary::prefill, 1));
       j.Key("per_token_ms").Num(median_of(&Summary::mean, 1)).Key("total_ms").Num(median_of(&Summary::total, 1));
       j.Key("planning_ms").Num(median_of(&Summary::planning, 1)).EndObject();
+      std::swap(sums, copied_sums);
+      j.Key("in_place").BeginObject().Key("taken").Bool(takes_in_place);
+      j.Key("prefill_ms").Num(median_of(&Summary::prefill, 1)).Key("per_token_ms").Num(median_of(&Summary::mean, 1));
+      j.Key("total_ms").Num(median_of(&Summary::total, 1)).EndObject();
+      std::swap(sums, copied_sums);
     }
     j.Key("plans_from_template").Num(static_cast<double>(s.plans_from_template));
     j.Key("plans_made").Num(static_cast<double>(s.plans_made)).Key("planning_ms").Num(s.planning_ms);
