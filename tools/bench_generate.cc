@@ -143,7 +143,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   std::mt19937_64 rng(1234);
   std::uniform_int_distribution<int64_t> token(0, vocab - 1);
   struct Run {
-    std::vector<double> ms, planning_ms;
+    std::vector<double> ms, planning_ms, rss_mb;  // per call; RSS after it
     std::vector<int64_t> tokens;
   };
   // One greedy generation. Copying (in_place false): each call returns new presents, fed back
@@ -218,6 +218,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       }
       run.ms.push_back(MsSince(t));
       run.planning_ms.push_back(m.cache_stats().planning_ms - planned_before);
+      run.rss_mb.push_back(RssMb());
       if (print_calls) {
         const PlanningTime& pt = m.plan()->planning_time();
         std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s\n",
@@ -256,7 +257,8 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   // The first generation meets every length for the first time; later ones (a server's next
   // request of the same lengths) find their plans made, unless the plan cache dropped them.
   struct Summary {
-    double prefill = 0, mean = 0, last = 0, total = 0, planning = 0, max_planning_after_first_decode = 0;
+    double prefill = 0, mean = 0, last = 0, total = 0, planning = 0, max_planning_after_first_decode = 0,
+           median_planning_after_first_decode = 0;
   };
   auto summarize = [](const Run& r) {
     Summary s;
@@ -269,6 +271,8 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       s.planning += r.planning_ms[i];
       if (i >= 2) s.max_planning_after_first_decode = std::max(s.max_planning_after_first_decode, r.planning_ms[i]);
     }
+    if (r.planning_ms.size() > 2)
+      s.median_planning_after_first_decode = Median({r.planning_ms.begin() + 2, r.planning_ms.end()});
     return s;
   };
   std::vector<Summary> sums;
@@ -307,6 +311,13 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   }
   std::printf("  (%lld prompt tokens, %lld decode calls; max planning: the most one call after the first decode "
               "spent planning)\n", static_cast<long long>(prompt), static_cast<long long>(fresh - 1));
+  const Run& first = runs[0];
+  std::printf("  planning per call after the first decode, generation 1: median %.2f ms, max %.2f ms\n",
+              sums[0].median_planning_after_first_decode, sums[0].max_planning_after_first_decode);
+  const double rss_first = first.rss_mb.front(), rss_decode = first.rss_mb[std::min<size_t>(1, first.rss_mb.size() - 1)];
+  std::printf("  RSS after the first call %.0f MiB, after the first decode %.0f MiB, after generation 1's %zu lengths "
+              "%.0f MiB (%.2fx the first call's)\n", rss_first, rss_decode, first.rss_mb.size(), first.rss_mb.back(),
+              first.rss_mb.back() / rss_first);
   std::printf("  %lld plans made (%lld from %lld shape-class templates), %.0f ms in all; prepared weights shared by "
               "every plan: %.1f MiB in %lld entries\n",
               static_cast<long long>(s.plans_made), static_cast<long long>(s.plans_from_template),
@@ -322,7 +333,11 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
     const Summary& f = sums[0];
     j.Key("first").BeginObject().Key("prefill_ms").Num(f.prefill).Key("per_token_ms").Num(f.mean);
     j.Key("last_token_ms").Num(f.last).Key("total_ms").Num(f.total).Key("planning_ms").Num(f.planning);
-    j.Key("max_planning_ms_after_first_decode").Num(f.max_planning_after_first_decode).EndObject();
+    j.Key("max_planning_ms_after_first_decode").Num(f.max_planning_after_first_decode);
+    j.Key("median_planning_ms_after_first_decode").Num(f.median_planning_after_first_decode);
+    j.Key("rss_after_first_call_mb").Num(runs[0].rss_mb.front());
+    j.Key("rss_after_first_decode_mb").Num(runs[0].rss_mb[std::min<size_t>(1, runs[0].rss_mb.size() - 1)]);
+    j.Key("rss_after_generation_mb").Num(runs[0].rss_mb.back()).EndObject();
     if (runs.size() > 1) {
       j.Key("later").BeginObject().Key("prefill_ms").Num(median_of(&Summary::prefill, 1));
       j.Key("per_token_ms").Num(median_of(&Summary::mean, 1)).Key("total_ms").Num(median_of(&Summary::total, 1));
