@@ -376,6 +376,23 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       if (!panels->bf16 && !panels->f32) return ResourceExhausted("packing GEMM weights: ", total, " elements");
       for (int64_t blk = 0; blk < p.blocks; ++blk) {
         const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
+        if (!bf16 && !p.dot) {
+          // f32 panels: each row of B's block is copied to its panels whole, a panel's width at a
+          // time (the element loop below serves the bf16 and paired forms).
+          const int64_t full = width / kStreamPanel;
+          for (int64_t kk = 0; kk < k; ++kk) {
+            const float* row = b + kk * ldb + j0;
+            float* to = panels->f32.get() + blk * p.block_stride + kk * kStreamPanel;
+            for (int64_t q = 0; q < full; ++q)
+              std::memcpy(to + q * panel_k * kStreamPanel, row + q * kStreamPanel, kStreamPanel * sizeof(float));
+            if (const int64_t tail = width - full * kStreamPanel; tail > 0) {
+              float* t = to + full * panel_k * kStreamPanel;
+              std::memcpy(t, row + full * kStreamPanel, static_cast<size_t>(tail) * sizeof(float));
+              std::fill(t + tail, t + kStreamPanel, 0.f);
+            }
+          }
+          continue;
+        }
         for (int64_t q = 0; q * kStreamPanel < width; ++q) {
           const int64_t base = blk * p.block_stride + q * panel_k * kStreamPanel;
           for (int64_t kk = 0; kk < panel_k; ++kk)
