@@ -84,6 +84,37 @@ std::string CommentSafe(const std::string& s) {
   return out;
 }
 
+std::string KernelSizes::Use(const std::string& name, int64_t value, const char* type) {
+  for (const Entry& e : entries_)
+    if (e.name == name) {
+      GF_CHECK(e.value == value && e.type == type, "kernel size '", name, "' used as ", e.value, " and ", value);
+      return name;
+    }
+  entries_.push_back({name, type, value});
+  return name;
+}
+
+std::string KernelSizes::Parameter() const {
+  return entries_.empty() ? "" : StrCat(", const gf::Sizes<", entries_.size(), "> z");
+}
+
+std::string KernelSizes::Declarations(const std::string& indent) const {
+  std::string t;
+  for (size_t k = 0; k < entries_.size(); ++k) {
+    const Entry& e = entries_[k];
+    t += e.type == std::string("long long") ? StrCat(indent, "const long long ", e.name, " = z.v[", k, "];\n")
+                                            : StrCat(indent, "const ", e.type, " ", e.name, " = static_cast<", e.type,
+                                                     ">(z.v[", k, "]);\n");
+  }
+  return t;
+}
+
+std::vector<int64_t> KernelSizes::values() const {
+  std::vector<int64_t> v;
+  for (const Entry& e : entries_) v.push_back(e.value);
+  return v;
+}
+
 Space Collapse(const Shape& out, const std::vector<Shape>& ins, const std::vector<int64_t>& row_strides) {
   Space full;
   for (int64_t d : out) full.dims.push_back(d);
@@ -225,7 +256,7 @@ enum class VecRead { kFloat4, kBroadcast };
 using namespace internal;
 
 Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name,
-                                                   const std::vector<int64_t>& row_strides) {
+                                                   const std::vector<int64_t>& row_strides, const std::string& prefix) {
   const std::string where = StrCat("CUDA codegen for fused group '", body.name(), "'");
   // (1) The compute domain and (3) the body function (errors name the node at fault).
   std::vector<bool> used(NumRows(), false);
@@ -264,14 +295,18 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
     sig += StrCat(k ? ", " : "", "const ", StorageType(body.inputs()[k]->dtype()), "* __restrict__ in", k);
   for (size_t k = 0; k < body.outputs().size(); ++k)
     sig += StrCat(sig.size() > 1 ? ", " : "", StorageType(body.outputs()[k]->dtype()), "* __restrict__ out", k);
-  std::string tail = sig + ") {\n";
-  tail += StrCat("  const long long n = ", space.numel, "LL;\n");
-  tail += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
-  tail += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
+  // The body, then the signature and the sizes it named (KernelSizes).
+  KernelSizes z;
+  const std::string n = z.Use("n", space.numel);
+  std::string code = "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  code += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
 
-  // The float4 loop: every operand f32, n % 4 == 0, and each input either read as a float4
-  // (4 consecutive elements of one row, 16-byte aligned) or one value shared by the 4 lanes.
-  bool vec = !ints && space.numel > 0 && space.numel % 4 == 0;
+  // The float4 loop: every operand f32, and each input either read as a float4 (4 consecutive
+  // elements of one row) or one value shared by the 4 lanes. Whether these sizes allow it (n,
+  // the rows and the strides multiples of 4) is the size `vec`; the pointers' 16-byte alignment
+  // is checked in the kernel.
+  bool vec = !ints;
+  bool vec_sizes = space.numel > 0 && space.numel % 4 == 0;
   for (DType t : out.input_dtypes) vec = vec && t == DType::kF32;
   for (DType t : out.output_dtypes) vec = vec && t == DType::kF32;
   std::vector<VecRead> reads;
@@ -287,50 +322,54 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
     const int64_t inner = space.dims.back(), s = space.strides[k].back();
     const bool strides4 = std::all_of(space.strides[k].begin(), space.strides[k].end() - 1,
                                       [](int64_t x) { return x % 4 == 0; });
-    if (inner % 4 == 0 && s == 1 && strides4) reads.push_back(VecRead::kFloat4);
-    else if (inner % 4 == 0 && s == 0) reads.push_back(VecRead::kBroadcast);
+    if (s == 1) reads.push_back(VecRead::kFloat4);
+    else if (s == 0) reads.push_back(VecRead::kBroadcast);
     else vec = false;
+    vec_sizes = vec_sizes && inner % 4 == 0 && (s == 0 || strides4);
   }
-  out.has_vector_path = vec;
+  out.has_vector_path = vec && vec_sizes;
   out.scalar_work_items = space.numel;
-  out.vector_work_items = vec ? space.numel / 4 : 0;
+  out.vector_work_items = out.has_vector_path ? space.numel / 4 : 0;
   if (vec) {
-    std::string cond;
+    std::string cond = z.Use("vec", vec_sizes ? 1 : 0);
     for (size_t k = 0; k < reads.size(); ++k)
-      if (reads[k] == VecRead::kFloat4) cond += StrCat(cond.empty() ? "" : " && ", "gf::aligned16(in", k, ")");
-    for (size_t k = 0; k < body.outputs().size(); ++k) cond += StrCat(cond.empty() ? "" : " && ", "gf::aligned16(out", k, ")");
-    tail += StrCat("  if (", cond, ") {\n");
-    tail += "    for (long long q = first; q < n / 4; q += step) {\n";
-    tail += "      const long long i = q * 4;\n";
+      if (reads[k] == VecRead::kFloat4) cond += StrCat(" && gf::aligned16(in", k, ")");
+    for (size_t k = 0; k < body.outputs().size(); ++k) cond += StrCat(" && gf::aligned16(out", k, ")");
+    code += StrCat("  if (", cond, ") {\n");
+    code += StrCat("    for (long long q = first; q < ", n, " / 4; q += step) {\n");
+    code += "      const long long i = q * 4;\n";
     for (size_t k = 0; k < reads.size(); ++k) {
       if (reads[k] == VecRead::kFloat4)
-        tail += StrCat("      const float4 v", k, " = *reinterpret_cast<const float4*>(in", k, " + ", space.Offset(k, "i"), ");\n");
+        code += StrCat("      const float4 v", k, " = *reinterpret_cast<const float4*>(in", k, " + ", space.Offset(k, "i", z), ");\n");
       else
-        tail += StrCat("      const float v", k, " = in", k, "[", space.Offset(k, "i"), "];\n");
+        code += StrCat("      const float v", k, " = in", k, "[", space.Offset(k, "i", z), "];\n");
     }
-    for (size_t k = 0; k < body.outputs().size(); ++k) tail += StrCat("      float4 w", k, ";\n");
+    for (size_t k = 0; k < body.outputs().size(); ++k) code += StrCat("      float4 w", k, ";\n");
     static constexpr const char* kLane[] = {"x", "y", "z", "w"};
     for (int lane = 0; lane < 4; ++lane) {
       std::string call = StrCat("      gf_body(i + ", lane);
       for (size_t k = 0; k < reads.size(); ++k)
         call += reads[k] == VecRead::kFloat4 ? StrCat(", v", k, ".", kLane[lane]) : StrCat(", v", k);
       for (size_t k = 0; k < body.outputs().size(); ++k) call += StrCat(", w", k, ".", kLane[lane]);
-      tail += call + ");\n";
+      code += call + ");\n";
     }
     for (size_t k = 0; k < body.outputs().size(); ++k)
-      tail += StrCat("      *reinterpret_cast<float4*>(out", k, " + i) = w", k, ";\n");
-    tail += "    }\n    return;\n  }\n";
+      code += StrCat("      *reinterpret_cast<float4*>(out", k, " + i) = w", k, ";\n");
+    code += "    }\n    return;\n  }\n";
   }
-  tail += "  for (long long i = first; i < n; i += step) {\n";
+  code += StrCat("  for (long long i = first; i < ", n, "; i += step) {\n");
   std::string decl;
   for (size_t k = 0; k < body.outputs().size(); ++k) decl += StrCat(k ? ", " : "", "o", k);
-  tail += StrCat("    ", T, " ", decl, ";\n");
+  code += StrCat("    ", T, " ", decl, ";\n");
   std::string call = "    gf_body(i";
-  for (size_t k = 0; k < body.inputs().size(); ++k) call += StrCat(", ", load, "(in", k, "[", space.Offset(k, "i"), "])");
+  for (size_t k = 0; k < body.inputs().size(); ++k)
+    call += StrCat(", ", load, "(in", k, "[", space.Offset(k, "i", z), "])");
   for (size_t k = 0; k < body.outputs().size(); ++k) call += StrCat(", o", k);
-  tail += call + ");\n";
-  for (size_t k = 0; k < body.outputs().size(); ++k) tail += StrCat("    gf::store(out", k, " + i, o", k, ");\n");
-  tail += "  }\n}\n";
+  code += call + ");\n";
+  for (size_t k = 0; k < body.outputs().size(); ++k) code += StrCat("    gf::store(out", k, " + i, o", k, ");\n");
+  code += "  }\n}\n";
+  const std::string tail = sig + z.Parameter() + ") {\n" + z.Declarations("  ") + code;
+  out.sizes = z.values();
 
   out.name = kernel_name;
   const bool ident = !kernel_name.empty() && !std::isdigit(static_cast<unsigned char>(kernel_name[0])) &&
@@ -340,7 +379,7 @@ Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std:
     return InvalidArgument(where, ": kernel name '", CommentSafe(kernel_name), "' is not a C identifier");
   if (out.name.empty()) {
     const std::string hash = Hash8(head + tail);
-    out.name = StrCat(body.num_nodes() > 1 ? "fused_" : "", OpsPart(body), "_", DTypeName(out.output_dtypes.front()), "_",
+    out.name = StrCat(!prefix.empty() ? prefix : body.num_nodes() > 1 ? "fused_" : "", OpsPart(body), "_", DTypeName(out.output_dtypes.front()), "_",
                       hash);
   }
   out.source = head + out.name + tail;
@@ -375,7 +414,7 @@ Result<CudaKernelSource> GenerateKernelForNode(const Node& node) {
   if (node.op() == "FusedElementwise") {
     const Graph* body = node.GetGraph("body");
     if (!body) return InvalidArgument("CUDA codegen: ", node.Describe(), " has no 'body' graph");
-    return GenerateElementwiseKernel(*body, node.GetString("kernel_name", ""));
+    return GenerateElementwiseKernel(*body);  // not its "kernel_name": that one hashes the sizes
   }
   GF_ASSIGN_OR_RETURN(std::unique_ptr<Graph> body, WrapSingleOpBody(node));
   return GenerateElementwiseKernel(*body);

@@ -10,11 +10,16 @@
 //   extern "C" __global__ void fused_add_mul_add_f32_1a2b3c4d(const float* in0, ..., float* out0)
 //     fast path: every operand f32, n % 4 == 0, pointers 16-byte aligned (checked at run time):
 //                float4 loads/stores, broadcast operands read once per 4 lanes
-//     otherwise: grid-stride loop, broadcast indexing with the shapes baked in as constants
+//     otherwise: grid-stride loop, broadcast indexing over the sizes
 //
-// Static shapes are baked into the source: a kernel serves one group at one shape. Launch
-// with any grid (grid-stride loops), blockDim.x <= kCudaBlockSize; arguments are the inputs'
-// then the outputs' device pointers, in body order, each dense row-major over its own shape.
+// Sizes are parameters, not constants: every generated kernel ends its parameters with
+// `const gf::Sizes<N> z` (CudaKernelSource::sizes gives the values for the node at hand), and
+// the source holds only what the shapes' pattern fixes (rank, which dims broadcast, the dtypes)
+// and the sizes the weights fix where a generator says so (a norm's row length, head_dim). So
+// the kernel for a group at a new sequence length is the same source, the same name and hash,
+// and no new compilation. Launch with any grid (grid-stride loops), blockDim.x <=
+// kCudaBlockSize; arguments are the inputs' then the outputs' device pointers, in body order,
+// each dense row-major over its own shape, then the sizes by value.
 #pragma once
 
 #include <functional>
@@ -31,8 +36,11 @@ struct CudaKernelSource {
   std::string name;    // the extern "C" kernel symbol: what it fuses, dtype, hash8
   std::string source;  // the whole translation unit, for NVRTC
   std::vector<DType> input_dtypes, output_dtypes;
+  // The values of the kernel's last parameter, `const gf::Sizes<N> z` (N = sizes.size(); no
+  // such parameter when empty): the sizes of this node's problem, which the source names.
+  std::vector<int64_t> sizes;
   int64_t num_elements = 0;  // the iteration space
-  bool has_vector_path = false;
+  bool has_vector_path = false;  // the float4 loop runs at these sizes (given aligned pointers)
   // Work items of the scalar loop (num_elements) and of the float4 loop (num_elements / 4):
   // a launcher sizes the grid from these (any grid is correct).
   int64_t scalar_work_items = 0, vector_work_items = 0;
@@ -41,21 +49,23 @@ struct CudaKernelSource {
   bool row_kernel = false;
 };
 
-// The kernel for a group body. `kernel_name` empty: "fused_<ops>_<dtype>_<hash8>" (one-node
-// bodies: "<op>_<dtype>_<hash8>"), hash8 = FNV-1a 32 of the source without the name.
+// The kernel for a group body. `kernel_name` empty: "<prefix><ops>_<dtype>_<hash8>", the prefix
+// "fused_" by default ("" for one-node bodies), hash8 = FNV-1a 32 of the source without the
+// name: the same for every size of the body's shape class.
 // Errors (a node outside the op table, mixed compute domains, constants in the body, a node
 // not over the group's space) name the node at fault.
 // row_strides[k] > 0: input k (of the group's shape) is read as rows of that many elements, a
 // column block of a wider matrix (a GEMM epilogue reading one projection of a wider output).
 Result<CudaKernelSource> GenerateElementwiseKernel(const Graph& body, const std::string& kernel_name = "",
-                                                   const std::vector<int64_t>& row_strides = {});
+                                                   const std::vector<int64_t>& row_strides = {},
+                                                   const std::string& prefix = "");
 
 // A one-node body for a single unfused op-table node (same input types and attributes).
 Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node);
 
-// The kernel for a node: a FusedElementwise node (its body; its "kernel_name" attribute if
-// present), a single op-table node, a row op (norms, softmax, their fused forms), Rope, or a
-// FusedGemm's epilogue (below).
+// The kernel for a node: a FusedElementwise node (its body, named by its source: the node's
+// "kernel_name" hashes its sizes), a single op-table node, a row op (norms, softmax, their fused
+// forms), Rope, or a FusedGemm's epilogue (below).
 Result<CudaKernelSource> GenerateKernelForNode(const Node& node);
 
 // ---- around the GEMMs (codegen_rows.cc) ----

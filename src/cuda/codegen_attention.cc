@@ -58,17 +58,33 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
   return a;
 }
 
-std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent) {
+std::string StridedOffset(KernelSizes& z, const std::string& name, const std::vector<std::string>& index,
+                          const std::vector<int64_t>& strides) {
+  std::string t;
+  for (size_t k = 0; k < index.size(); ++k)
+    if (strides[k] != 0) t += StrCat(t.empty() ? "" : " + ", index[k], " * ", z.Use(StrCat(name, k), strides[k]));
+  return t.empty() ? "0" : t;
+}
+
+std::string HeadRow(KernelSizes& z, const std::string& name, const schemas::HeadAccess& acc, const std::string& head,
+                    const std::string& row) {
+  // One size a statement: the order they are named in is the order of z.
+  std::string t = StrCat("b * ", z.Use(name + "_sb", acc.head_stride_b));
+  t += StrCat(" + ", head, " * ", z.Use(name + "_sh", acc.head_stride_h));
+  return row.empty() ? t : StrCat(t, " + ", row, " * ", z.Use(name + "_sr", acc.row_stride));
+}
+
+std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent, KernelSizes& z) {
   const schemas::Dims& d = a.d;
   std::string select;  // Where(bmask, scores, fill) / Where(bmask, fill, scores)
   if (d.mask_select != 0) {
-    const std::string boff = StrCat("b * ", a.bms[0], "LL + h * ", a.bms[1], "LL + r * ", a.bms[2], "LL + j * ", a.bms[3], "LL");
+    const std::string boff = StridedOffset(z, "bms", {"b", "h", "r", "j"}, a.bms);
     select = StrCat(indent, "sc = ", d.mask_select > 0 ? "" : "!", "bmask[", boff, "] ? sc : ", FloatLiteral(d.mask_fill), ";\n");
   }
   std::string t;
   if (d.select_first || !d.mask) t += select;
   if (d.mask) {
-    const std::string moff = StrCat("b * ", a.ms[0], "LL + h * ", a.ms[1], "LL + r * ", a.ms[2], "LL + j * ", a.ms[3], "LL");
+    const std::string moff = StridedOffset(z, "ms", {"b", "h", "r", "j"}, a.ms);
     const std::string m = LoadF32(a.mask_dt, StrCat("mask[", moff, "]"));
     t += a.mask_scale == 1.f ? StrCat(indent, "sc = sc + ", m, ";\n")
                              : StrCat(indent, "sc = sc + ", m, " * ", FloatLiteral(a.mask_scale), ";\n");
@@ -88,9 +104,8 @@ std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem) {
 
 std::string RopedStore(DType cos_dt, DType sin_dt, const std::function<std::string(const std::string&)>& at,
                        const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
-                       const std::string& indent, const std::string& head) {
-  std::string t = StrCat(indent, "const long long co = b * ", cs[0], "LL + ", head, " * ", cs[1], "LL + ", row, " * ", cs[2],
-                         "LL + c * ", cs[3], "LL;\n");
+                       const std::string& indent, KernelSizes& z, const std::string& cs_name, const std::string& head) {
+  std::string t = StrCat(indent, "const long long co = ", StridedOffset(z, cs_name, {"b", head, row, "c"}, cs), ";\n");
   t += StrCat(indent, "const float x2 = c < kHalf ? -", at("c + kHalf"), " : ", at("c - kHalf"), ";\n");
   t += StrCat(indent, "const float a = ", at("c"), " * ", LoadF32(cos_dt, "cs[co]"), ";\n");
   t += StrCat(indent, "const float s = x2 * ", LoadF32(sin_dt, "sn[co]"), ";\n");
@@ -101,15 +116,20 @@ std::string ConstPtr(DType dt, const std::string& name) {
   return StrCat("const ", StorageType(dt), "* __restrict__ ", name);
 }
 
-std::string WholeNodeParamsAndDims(const AttentionParts& a) {
+std::string WholeNodeParams(const AttentionParts& a) {
   const schemas::Dims& d = a.d;
   std::string t = StrCat("(", ConstPtr(a.q_dt, "q"), ", ", ConstPtr(a.k_dt, "k"), ", ", ConstPtr(a.v_dt, "v"));
   if (d.mask) t += ", " + ConstPtr(a.mask_dt, "mask");
   if (d.mask_select != 0) t += ", const unsigned char* __restrict__ bmask";
   if (d.rope_q || d.rope_k) t += StrCat(", ", ConstPtr(a.cos_dt, "cs"), ", ", ConstPtr(a.sin_dt, "sn"));
-  t += StrCat(", ", StorageType(a.out_dt), "* __restrict__ out) {\n");
-  return t + StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d,
-                    "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
+  return t + StrCat(", ", StorageType(a.out_dt), "* __restrict__ out");
+}
+
+std::string HeadDims(const AttentionParts& a, KernelSizes& z) {
+  const schemas::Dims& d = a.d;
+  z.Use("kS", d.s);
+  z.Use("kSk", d.sk);
+  return StrCat("  constexpr long long kH = ", d.h, "LL, kD = ", d.d, "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
 }
 
 }  // namespace internal
@@ -126,9 +146,10 @@ std::string QkvParams(const AttentionParts& a, bool rope) {
 // The end of a score loop over keys j and the pass after it, shared by both attention forms:
 // sc = scale * `score` through the masks, stored to `row`[j] and folded into the running max
 // m; the block's max; then each score replaced by its exponential, summed in double (sum).
-std::string ScoresToExponentials(const AttentionParts& a, const std::string& row, const std::string& score) {
+std::string ScoresToExponentials(const AttentionParts& a, const std::string& row, const std::string& score,
+                                 KernelSizes& z) {
   std::string t = StrCat("      float sc = ", FloatLiteral(a.scale), " * ", score, ";\n");
-  t += AttentionMaskLines(a, "      ");
+  t += AttentionMaskLines(a, "      ", z);
   t += StrCat("      ", row, "[j] = sc;\n      m = gf::max(m, sc);\n    }\n");
   t += "    m = gf::block_max(m);\n";
   t += "    double sum = 0;\n";
@@ -162,7 +183,8 @@ std::string Weight(const AttentionParts& a, const std::string& e) {
 // or takes mask_fill: mask_select); the row's max and sum of
 // exponentials are block reductions (sum in double); each thread then forms output columns as
 // sum_j p_j v_j[c] and scales them by 1/sum, written in the output layout. Scores of one row
-// live in shared memory: at most kMaxAttentionKeys keys. Float operands of any dtype are read
+// live in shared memory of kMaxAttentionKeys floats whatever the keys (so that one source
+// serves every length): at most that many keys. Float operands of any dtype are read
 // into f32 (the query row and scores stay f32), the output rounded once when stored.
 Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
@@ -186,25 +208,21 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   head += kRowPrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = WholeNodeParamsAndDims(a);
-  t += StrCat("  __shared__ float qs[", std::max<int64_t>(d.d, 1), "];\n  __shared__ float ps[", std::max<int64_t>(d.sk, 1),
-              "];\n");
-  t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");
+  KernelSizes z;
+  std::string t = HeadDims(a, z);
+  t += StrCat("  __shared__ float qs[", std::max<int64_t>(d.d, 1), "];\n  __shared__ float ps[", kMaxAttentionKeys, "];\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", z.Use("kItems", d.b * d.h * d.s), "; item += gridDim.x) {\n");
   t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h,
-              "LL + r * ", qa.row_stride, "LL;\n");
-  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + b * ", ka.head_stride_b, "LL + ", a.kvh, " * ",
-              ka.head_stride_h, "LL;\n");
-  t += StrCat("    const ", StorageType(a.v_dt), "* vh = v + b * ", va.head_stride_b, "LL + ", a.kvh, " * ",
-              va.head_stride_h, "LL;\n");
-  t += StrCat("    ", StorageType(a.out_dt), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h,
-              "LL + r * ", oa.row_stride, "LL;\n");
+  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + ", HeadRow(z, "q", qa, "h", "r"), ";\n");
+  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + ", HeadRow(z, "k", ka, a.kvh, ""), ";\n");
+  t += StrCat("    const ", StorageType(a.v_dt), "* vh = v + ", HeadRow(z, "v", va, a.kvh, ""), ";\n");
+  t += StrCat("    ", StorageType(a.out_dt), "* oh = out + ", HeadRow(z, "o", oa, "h", "r"), ";\n");
   // The query row (roped: x*cos + rotate_half(x)*sin, each product rounded, then the add).
   t += "    __syncthreads();  // the previous row's readers are done with qs and ps\n";
   t += StrCat("    for (long long c = threadIdx.x; c < kD; c += ", kCudaBlockSize, ") {\n");
   auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a.cos_dt, a.sin_dt, read_q, cq, "r", "qs[c]", "      ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, cq, "r", "qs[c]", "      ", z, "cq");
   } else {
     t += StrCat("      qs[c] = ", read_q("c"), ";\n");
   }
@@ -215,27 +233,30 @@ Result<CudaKernelSource> GenerateAttentionKernel(const Node& node) {
   t += "      float acc = 0.f;\n";
   if (d.rope_k) {
     auto kr = [&](const std::string& col) { return LoadF32(a.k_dt, StrCat("kr[", col, "]")); };
-    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", ka.row_stride, "LL;\n");
-    t += StrCat("      const long long co = b * ", ck[0], "LL + ", a.kvh, " * ", ck[1], "LL + j * ", ck[2], "LL;\n");
+    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", z.Use("k_sr", ka.row_stride), ";\n");
+    t += StrCat("      const long long co = ", StridedOffset(z, "ck", {"b", a.kvh, "j"}, {ck[0], ck[1], ck[2]}), ";\n");
+    const std::string cc = StridedOffset(z, "ck", {"", "", "", "c"}, {0, 0, 0, ck[3]});
     t += "      for (long long c = 0; c < kD; ++c) {\n";
     t += StrCat("        const float x2 = c < kHalf ? -", kr("c + kHalf"), " : ", kr("c - kHalf"), ";\n");
-    t += StrCat("        const float a = ", kr("c"), " * ", LoadF32(a.cos_dt, StrCat("cs[co + c * ", ck[3], "LL]")), ";\n");
-    t += StrCat("        const float s = x2 * ", LoadF32(a.sin_dt, StrCat("sn[co + c * ", ck[3], "LL]")), ";\n");
+    t += StrCat("        const float a = ", kr("c"), " * ", LoadF32(a.cos_dt, StrCat("cs[co + ", cc, "]")), ";\n");
+    t += StrCat("        const float s = x2 * ", LoadF32(a.sin_dt, StrCat("sn[co + ", cc, "]")), ";\n");
     t += "        acc += qs[c] * (a + s);\n      }\n";
   } else if (kt) {
     t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ",
-                LoadF32(a.k_dt, StrCat("kh[c * ", ka.row_stride, "LL + j]")), ";\n");
+                LoadF32(a.k_dt, StrCat("kh[c * ", z.Use("k_sr", ka.row_stride), " + j]")), ";\n");
   } else {
-    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", ka.row_stride, "LL;\n");
+    t += StrCat("      const ", StorageType(a.k_dt), "* kr = kh + j * ", z.Use("k_sr", ka.row_stride), ";\n");
     t += StrCat("      for (long long c = 0; c < kD; ++c) acc += qs[c] * ", LoadF32(a.k_dt, "kr[c]"), ";\n");
   }
-  t += ScoresToExponentials(a, "ps", "acc");
+  t += ScoresToExponentials(a, "ps", "acc", z);
   t += RowSumAndInverse(a, "  // also orders ps's writes before the reads");
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
   t += "      float o = 0.f;\n";
   t += StrCat("      for (long long j = 0; j < kSk; ++j) o += ", Weight(a, "ps[j]"), " * ",
-              LoadF32(a.v_dt, StrCat("vh[j * ", va.row_stride, "LL + c]")), ";\n");
+              LoadF32(a.v_dt, StrCat("vh[j * ", z.Use("v_sr", va.row_stride), " + c]")), ";\n");
   t += StrCat("      ", StoreTo(a.out_dt, "oh", "c", "o * inv"), "\n    }\n  }\n}\n");
+  t = WholeNodeParams(a) + z.Parameter() + ") {\n" + z.Declarations("  ") + t;
+  k.sizes = z.values();
   return Finish(head, t, AttentionBaseName(d, "attention"), a.q_dt, std::move(k));
 }
 
@@ -268,46 +289,42 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   std::string head = kDevicePrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = "(" + QkvParams(a, rope);
-  t += ", float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd) {\n";
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv,
-              "LL, kHalf = ", d.d / 2, "LL;\n");
+  KernelSizes z;
+  std::string t = HeadDims(a, z);
   t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
   t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
   // q: qd[bh][r][c].
-  t += StrCat("  for (long long i = first; i < ", out.qd_elements, "LL; i += step) {\n");
+  t += StrCat("  for (long long i = first; i < ", z.Use("kQd", out.qd_elements), "; i += step) {\n");
   t += "    const long long c = i % kD, r = i / kD % kS, bh = i / (kD * kS), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + b * ", a.qa.head_stride_b, "LL + h * ", a.qa.head_stride_h,
-              "LL + r * ", a.qa.row_stride, "LL;\n");
+  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + ", HeadRow(z, "q", a.qa, "h", "r"), ";\n");
   auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "r", "qd[i]", "    ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "r", "qd[i]", "    ", z, "cq");
   } else {
     t += StrCat("    qd[i] = ", read_q("c"), ";\n");
   }
   t += "  }\n";
   // k: kd[bh][j][c] = k_j[c] (roped).
-  t += StrCat("  for (long long i = first; i < ", out.kd_elements, "LL; i += step) {\n");
+  t += StrCat("  for (long long i = first; i < ", z.Use("kKd", out.kd_elements), "; i += step) {\n");
   t += "    const long long c = i % kD, j = i / kD % kSk, bh = i / (kD * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + b * ", a.ka.head_stride_b, "LL + ", a.kvh, " * ",
-              a.ka.head_stride_h, "LL;\n");
+  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + ", HeadRow(z, "k", a.ka, a.kvh, ""), ";\n");
+  const std::string k_sr = z.Use("k_sr", a.ka.row_stride);
   auto kat = [&](const std::string& col) {
-    return LoadF32(a.k_dt, a.kt ? StrCat("kh[(", col, ") * ", a.ka.row_stride, "LL + j]")
-                                : StrCat("kh[j * ", a.ka.row_stride, "LL + (", col, ")]"));
+    return LoadF32(a.k_dt, a.kt ? StrCat("kh[(", col, ") * ", k_sr, " + j]") : StrCat("kh[j * ", k_sr, " + (", col, ")]"));
   };
   if (d.rope_k) {
-    t += RopedStore(a.cos_dt, a.sin_dt, kat, a.ck, "j", "kd[i]", "    ", a.kvh);
+    t += RopedStore(a.cos_dt, a.sin_dt, kat, a.ck, "j", "kd[i]", "    ", z, "ck", a.kvh);
   } else {
     t += StrCat("    kd[i] = ", kat("c"), ";\n");
   }
   t += "  }\n";
   // v: vd[bh][j][c].
-  t += StrCat("  for (long long i = first; i < ", out.vd_elements, "LL; i += step) {\n");
+  t += StrCat("  for (long long i = first; i < ", z.Use("kVd", out.vd_elements), "; i += step) {\n");
   t += "    const long long c = i % kDv, j = i / kDv % kSk, bh = i / (kDv * kSk), h = bh % kH, b = bh / kH;\n";
-  t += StrCat("    vd[i] = ",
-              LoadF32(a.v_dt, StrCat("v[b * ", a.va.head_stride_b, "LL + ", a.kvh, " * ", a.va.head_stride_h, "LL + j * ",
-                                     a.va.row_stride, "LL + c]")),
-              ";\n  }\n}\n");
+  t += StrCat("    vd[i] = ", LoadF32(a.v_dt, StrCat("v[", HeadRow(z, "v", a.va, a.kvh, "j"), " + c]")), ";\n  }\n}\n");
+  t = StrCat("(", QkvParams(a, rope), ", float* __restrict__ qd, float* __restrict__ kd, float* __restrict__ vd",
+             z.Parameter(), ") {\n", z.Declarations("  "), t);
+  prep.sizes = z.values();
   prep = Finish(head, t, AttentionBaseName(d, "attention_prep"), a.q_dt, std::move(prep));
 
   CudaKernelSource& soft = out.softmax;
@@ -321,22 +338,26 @@ Result<AttentionGemmKernels> GenerateAttentionGemmKernels(const Node& node) {
   head += kRowPrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  t = "(";
-  if (d.mask) t += ConstPtr(a.mask_dt, "mask") + ", ";
-  if (d.mask_select != 0) t += "const unsigned char* __restrict__ bmask, ";
-  t += "float* __restrict__ p) {\n";
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kS = ", d.s, "LL, kSk = ", d.sk, "LL;\n");
-  t += StrCat("  for (long long item = blockIdx.x; item < ", out.heads * d.s, "LL; item += gridDim.x) {\n");
+  KernelSizes zs;
+  zs.Use("kS", d.s);
+  zs.Use("kSk", d.sk);
+  t = StrCat("  constexpr long long kH = ", d.h, "LL;\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", zs.Use("kItems", out.heads * d.s), "; item += gridDim.x) {\n");
   t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;\n";
   t += "    (void)r, (void)h, (void)b;\n";
   t += "    float* row = p + item * kSk;\n";
   t += "    float m = -__int_as_float(0x7f800000);\n";
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") {\n");
-  t += ScoresToExponentials(a, "row", "row[j]");
+  t += ScoresToExponentials(a, "row", "row[j]", zs);
   t += RowSumAndInverse(a, "");
   t += StrCat("    for (long long j = threadIdx.x; j < kSk; j += ", kCudaBlockSize, ") row[j] = ",
               Weight(a, "row[j] * inv"), ";\n");
   t += "  }\n}\n";
+  std::string params = "(";
+  if (d.mask) params += ConstPtr(a.mask_dt, "mask") + ", ";
+  if (d.mask_select != 0) params += "const unsigned char* __restrict__ bmask, ";
+  t = StrCat(params, "float* __restrict__ p", zs.Parameter(), ") {\n", zs.Declarations("  "), t);
+  soft.sizes = zs.values();
   soft = Finish(head, t, StrCat("attention_softmax", MaskSuffix(d), "_h", d.h), DType::kF32, std::move(soft));
 
   // cuBLAS's operands, per head bh = b * H + h (see codegen.h).

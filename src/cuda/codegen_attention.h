@@ -8,6 +8,7 @@
 
 #include "../ir/schemas/attention_layout.h"
 #include "codegen.h"
+#include "codegen_internal.h"
 
 namespace graphfuse::cuda::internal {
 
@@ -29,9 +30,18 @@ struct AttentionParts {
 // The node's problem, operands and attributes; refuses the projected form and non-float
 // operands (Unimplemented). Errors name `where`.
 Result<AttentionParts> ReadAttention(const Node& node, const std::string& where);
+// `i0 * <name>0 + i1 * <name>1 + ...` over the nonzero strides, each one a size named `name`
+// and its position ("0" when every stride is 0: whether a stride is 0 is the broadcast pattern,
+// its value a size).
+std::string StridedOffset(KernelSizes& z, const std::string& name, const std::vector<std::string>& index,
+                          const std::vector<int64_t>& strides);
+// Where row `row` of head (b, `head`) of an operand accessed as `acc` starts: b * <name>_sb +
+// head * <name>_sh + row * <name>_sr, the strides sizes.
+std::string HeadRow(KernelSizes& z, const std::string& name, const schemas::HeadAccess& acc, const std::string& head,
+                    const std::string& row);
 // Lines that take `sc` (the scaled score of query row r and key j of head (b, h)) through the
 // masks, in the node's order: the f32 mask added (times mask_scale), the bool mask selecting.
-std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent);
+std::string AttentionMaskLines(const AttentionParts& a, const std::string& indent, KernelSizes& z);
 // "_mask_boolmask"-like: the masks the node's attention applies.
 std::string MaskSuffix(const schemas::Dims& d);
 // "attention_rope_mask_h32_d128"-like: what the node's attention computes.
@@ -39,15 +49,19 @@ std::string AttentionBaseName(const schemas::Dims& d, const std::string& stem);
 // Lines that store column c of a roped row into `dst`: x*cos + rotate_half(x)*sin, each
 // product rounded, then the add. at(col) reads column `col` of the row as a float; the row's
 // index is named `row` in the cos / sin offset, whose broadcast strides are `cs`; its head is
-// `head`; the tables' dtypes are cos_dt and sin_dt.
+// `head`; the tables' dtypes are cos_dt and sin_dt; the strides are sizes named `cs_name`.
 std::string RopedStore(DType cos_dt, DType sin_dt, const std::function<std::string(const std::string&)>& at,
                        const std::vector<int64_t>& cs, const std::string& row, const std::string& dst,
-                       const std::string& indent, const std::string& head = "h");
+                       const std::string& indent, KernelSizes& z, const std::string& cs_name,
+                       const std::string& head = "h");
 // The signature's declaration of a read-only operand.
 std::string ConstPtr(DType dt, const std::string& name);
 // The parameters of a kernel that computes the whole node (q, k, v, [mask], [bool mask],
-// [cos, sin], out), the opening brace, and the problem's dims as constants (kH, kS, kSk, kD,
-// kDv, kHalf): the head of the one-row and the flash kernels.
-std::string WholeNodeParamsAndDims(const AttentionParts& a);
+// [cos, sin], out), without the closing parenthesis (the sizes go after them): the head of the
+// one-row and the flash kernels.
+std::string WholeNodeParams(const AttentionParts& a);
+// The dims the weights fix, as constants (kH, kD, kDv, kHalf); the query rows kS and keys kSk
+// follow the sequence lengths: they are sizes (registered in z).
+std::string HeadDims(const AttentionParts& a, KernelSizes& z);
 
 }  // namespace graphfuse::cuda::internal

@@ -152,26 +152,34 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   std::string head = kDevicePrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = StrCat("(const ", type(0), "* __restrict__ q, const ", type(1), "* __restrict__ k_new, const ", type(2),
-                         "* __restrict__ v_new, const ", type(3), "* __restrict__ past_k, const ", type(4),
-                         "* __restrict__ past_v");
+  std::string params = StrCat("(const ", type(0), "* __restrict__ q, const ", type(1), "* __restrict__ k_new, const ",
+                              type(2), "* __restrict__ v_new, const ", type(3), "* __restrict__ past_k, const ", type(4),
+                              "* __restrict__ past_v");
   next = schemas::CacheDims::kFirstExtra;
-  if (d.mask) t += StrCat(", const ", type(next++), "* __restrict__ mask");
-  if (d.mask_select != 0) t += StrCat(", const ", type(next++), "* __restrict__ bmask");
-  if (d.rope_q) t += StrCat(", const ", type(next), "* __restrict__ cs, const ", type(next + 1), "* __restrict__ sn");
-  t += StrCat(", ", otype(1), "* __restrict__ present_k, ", otype(2), "* __restrict__ present_v, float* __restrict__ part");
-  if (opt.one_launch) t += StrCat(", int* __restrict__ tickets, ", otype(0), "* __restrict__ out");
-  t += ") {\n";
-  t += StrCat("  constexpr long long kKv = ", d.kv_h, "LL, kG = ", group, "LL, kS = ", d.s, "LL, kP = ", c.past,
-              "LL, kSk = ", d.sk, "LL, kD = ", d.d, "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
-  t += StrCat("  constexpr long long kR = ", rows, "LL, kChunk = ", chunk, "LL, kSplits = ", splits, "LL, kT = ", tile,
+  if (d.mask) params += StrCat(", const ", type(next++), "* __restrict__ mask");
+  if (d.mask_select != 0) params += StrCat(", const ", type(next++), "* __restrict__ bmask");
+  if (d.rope_q) params += StrCat(", const ", type(next), "* __restrict__ cs, const ", type(next + 1), "* __restrict__ sn");
+  params += StrCat(", ", otype(1), "* __restrict__ present_k, ", otype(2), "* __restrict__ present_v, float* __restrict__ part");
+  if (opt.one_launch) params += StrCat(", int* __restrict__ tickets, ", otype(0), "* __restrict__ out");
+  // The cache's length and how its keys split are sizes; the query rows a block holds (the
+  // step's new tokens times the group) and head_dim are in the source, and so are the shared
+  // arrays' bounds they give.
+  KernelSizes z;
+  z.Use("kP", c.past);
+  z.Use("kSk", d.sk);
+  z.Use("kChunk", chunk);
+  z.Use("kSplits", splits);
+  z.Use("kT", tile);
+  std::string t = StrCat("  constexpr long long kKv = ", d.kv_h, "LL, kG = ", group, "LL, kS = ", d.s, "LL, kD = ", d.d,
+                         "LL, kDv = ", d.dv, "LL, kHalf = ", d.d / 2, "LL;\n");
+  t += StrCat("  constexpr long long kR = ", rows, "LL, kChunkCap = ", chunk_cap, "LL, kTileCap = ", tile_cap,
               "LL, kTs = kD + 1, kStat = ", stat, "LL;\n");
-  t += "  __shared__ float qs[kR * kD];      // the block's query rows, roped\n";
-  t += "  __shared__ float ks[kT * kTs];     // a tile of keys, rows padded by one\n";
-  t += "  __shared__ float ps[kR * kChunk];  // scores, then exponentials, of the chunk\n";
+  t += "  __shared__ float qs[kR * kD];         // the block's query rows, roped\n";
+  t += "  __shared__ float ks[kTileCap * kTs];  // a tile of keys, rows padded by one\n";
+  t += "  __shared__ float ps[kR * kChunkCap];  // scores, then exponentials, of the chunk\n";
   t += StrCat("  __shared__ float rmax[", kCudaBlockSize, "];\n  __shared__ double rsum[", kCudaBlockSize, "];\n");
   t += "  const long long tid = threadIdx.x;\n";
-  t += StrCat("  for (long long item = blockIdx.x; item < ", heads * splits, "LL; item += gridDim.x) {\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", z.Use("kItems", heads * splits), "; item += gridDim.x) {\n");
   t += "    const long long split = item % kSplits, bk = item / kSplits, kh = bk % kKv, b = bk / kKv;\n";
   t += "    const long long j0 = split * kChunk, len = gf::min(kChunk, kSk - j0);\n";
   t += "    __syncthreads();  // the previous item's readers are done with qs, ps and the statistics\n";
@@ -179,17 +187,16 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   // product rounded, then the add: RopeRow's arithmetic).
   t += StrCat("    for (long long i = tid; i < kR * kD; i += ", kCudaBlockSize, ") {\n");
   t += "      const long long c = i % kD, rr = i / kD, r = rr % kS, h = kh * kG + rr / kS;\n";
-  t += StrCat("      const ", type(0), "* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h, "LL + r * ",
-              qa.row_stride, "LL;\n");
+  t += StrCat("      const ", type(0), "* qh = q + ", HeadRow(z, "q", qa, "h", "r"), ";\n");
   if (d.rope_q) {
     t += RopedStore(dt, dt, [](const std::string& col) { return StrCat("gf::f32_of(qh[", col, "])"); }, cq, "r", "qs[i]",
-                    "      ");
+                    "      ", z, "cq");
   } else {
     t += "      qs[i] = gf::f32_of(qh[c]);\n";
   }
   t += "    }\n";
   // Keys, a tile at a time.
-  t += StrCat("    const ", type(1), "* kn = k_new + b * ", ka.head_stride_b, "LL + kh * ", ka.head_stride_h, "LL;\n");
+  t += StrCat("    const ", type(1), "* kn = k_new + ", HeadRow(z, "k", ka, "kh", ""), ";\n");
   t += "    for (long long t0 = 0; t0 < len; t0 += kT) {\n";
   t += "      const long long tn = gf::min(kT, len - t0);\n";
   t += "      __syncthreads();  // qs is written; the previous tile's readers are done with ks\n";
@@ -197,10 +204,11 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += "        const long long c = i % kD, jj = i / kD, j = j0 + t0 + jj;\n";
   t += "        float x;\n";
   t += "        if (j < kP) {\n          x = gf::f32_of(past_k[(bk * kP + j) * kD + c]);\n        } else {\n";
-  t += StrCat("          const long long n = j - kP;\n          const ", type(1), "* kr = kn + n * ", ka.row_stride, "LL;\n");
+  t += StrCat("          const long long n = j - kP;\n          const ", type(1), "* kr = kn + n * ",
+              z.Use("k_sr", ka.row_stride), ";\n");
   if (c.rope_new_k) {
     t += RopedStore(dt, dt, [](const std::string& col) { return StrCat("gf::f32_of(kr[", col, "])"); }, ck, "n", "x",
-                    "          ", "kh");
+                    "          ", z, "ck", "kh");
     if (dt != DType::kF32) t += StrCat("          x = gf::round_", DTypeName(dt), "(x);\n");
   } else {
     t += "          x = gf::f32_of(kr[c]);\n";
@@ -219,14 +227,13 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   {  // the masks, in the node's order (as the FusedAttention kernels apply them)
     std::string select;
     if (d.mask_select != 0) {
-      const std::string boff =
-          StrCat("b * ", bms[0], "LL + h * ", bms[1], "LL + r * ", bms[2], "LL + j * ", bms[3], "LL");
+      const std::string boff = StridedOffset(z, "bms", {"b", "h", "r", "j"}, bms);
       select = StrCat("        sc = gf::f32_of(bmask[", boff, "]) ", d.mask_select > 0 ? "!=" : "==", " 0.f ? sc : ",
                       FloatLiteral(d.mask_fill), ";\n");
     }
     if (d.select_first || !d.mask) t += select;
     if (d.mask) {
-      const std::string moff = StrCat("b * ", ms[0], "LL + h * ", ms[1], "LL + r * ", ms[2], "LL + j * ", ms[3], "LL");
+      const std::string moff = StridedOffset(z, "ms", {"b", "h", "r", "j"}, ms);
       t += mask_scale == 1.f ? StrCat("        sc = sc + gf::f32_of(mask[", moff, "]);\n")
                              : StrCat("        sc = sc + gf::f32_of(mask[", moff, "]) * ", FloatLiteral(mask_scale), ";\n");
       if (!d.select_first) t += select;
@@ -255,7 +262,7 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += "      pi[srow * (kDv + 2)] = m;\n      pi[srow * (kDv + 2) + 1] = static_cast<float>(l);\n    }\n";
   // Values: thread i takes column c = i % Dv of row rr = i / Dv; the threads of row 0 also
   // store the present V rows.
-  t += StrCat("    const ", type(2), "* vn = v_new + b * ", va.head_stride_b, "LL + kh * ", va.head_stride_h, "LL;\n");
+  t += StrCat("    const ", type(2), "* vn = v_new + ", HeadRow(z, "v", va, "kh", ""), ";\n");
   t += StrCat("    for (long long i = tid; i < kR * kDv; i += ", kCudaBlockSize, ") {\n");
   t += "      const long long c = i % kDv, rr = i / kDv;\n";
   t += "      const float* pr = ps + rr * kChunk;\n";
@@ -263,7 +270,7 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   t += "      for (long long jj = 0; jj < len; ++jj) {\n";
   t += "        const long long j = j0 + jj;\n";
   t += StrCat("        const float x = j < kP ? gf::f32_of(past_v[(bk * kP + j) * kDv + c]) : gf::f32_of(vn[(j - kP) * ",
-              va.row_stride, "LL + c]);\n");
+              z.Use("v_sr", va.row_stride), " + c]);\n");
   t += "        if (rr == 0) gf::store(&present_v[(bk * kSk + j) * kDv + c], x);\n";
   t += "        o += pr[jj] * x;\n      }\n";
   t += "      pi[rr * (kDv + 2) + 2 + c] = o;\n    }\n";
@@ -281,14 +288,14 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
     t += StrCat("      for (long long i = tid; i < kR * kDv; i += ", kCudaBlockSize, ") {\n");
     t += "        const long long c = i % kDv, rr = i / kDv, r = rr % kS, h = kh * kG + rr / kS;\n";
     t += "        const float* pr = p0 + rr * (kDv + 2);\n";
-    t += FoldSplits("        ", "__ldcg",
-                    StrCat("out[b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride, "LL + c]"),
-                    d.zero_nan_rows);
+    t += FoldSplits("        ", "__ldcg", StrCat("out[", HeadRow(z, "o", oa, "h", "r"), " + c]"), d.zero_nan_rows);
     t += "      }\n";
     t += "      if (tid == 0) tickets[bk] = 0;  // ready for the next run\n";
     t += "    }\n";
   }
   t += "  }\n}\n";
+  t = params + z.Parameter() + ") {\n" + z.Declarations("  ") + t;
+  sk.sizes = z.values();
   if (opt.one_launch) sk.output_dtypes.insert(sk.output_dtypes.end(), {DType::kI32, node.output(0)->dtype()});
   sk = Named(head, t, StrCat(opt.one_launch ? "decode_attention" : "decode_attention_split", name_part), dt,
              std::move(sk));
@@ -302,18 +309,21 @@ Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, 
   ck_.num_elements = ck_.scalar_work_items * d.dv;
   ck_.input_dtypes = {DType::kF32};
   ck_.output_dtypes = {node.output(0)->dtype()};
-  t = StrCat("(const float* __restrict__ part, ", otype(0), "* __restrict__ out) {\n");
-  t += StrCat("  constexpr long long kH = ", d.h, "LL, kKv = ", d.kv_h, "LL, kG = ", group, "LL, kS = ", d.s,
-              "LL, kDv = ", d.dv, "LL, kR = ", rows, "LL, kSplits = ", splits, "LL;\n");
-  t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * d.s, "LL; item += gridDim.x) {\n");
+  KernelSizes zc;
+  zc.Use("kSplits", splits);
+  t = StrCat("  constexpr long long kH = ", d.h, "LL, kKv = ", d.kv_h, "LL, kG = ", group, "LL, kS = ", d.s,
+             "LL, kDv = ", d.dv, "LL, kR = ", rows, "LL;\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", zc.Use("kItems", d.b * d.h * d.s), "; item += gridDim.x) {\n");
   t += "    const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH, kh = h / kG, rr = (h % kG) * kS + r;\n";
   t += "    const float* pr = part + ((b * kKv + kh) * kSplits * kR + rr) * (kDv + 2);  // split 0 of the row\n";
   t += "    constexpr long long kStep = kR * (kDv + 2);  // from one split's partial of the row to the next\n";
-  t += StrCat("    ", otype(0), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL + r * ", oa.row_stride,
-              "LL;\n");
+  t += StrCat("    ", otype(0), "* oh = out + ", HeadRow(zc, "o", oa, "h", "r"), ";\n");
   t += StrCat("    for (long long c = threadIdx.x; c < kDv; c += ", kCudaBlockSize, ") {\n");
   t += FoldSplits("      ", "*", "oh[c]", d.zero_nan_rows);
   t += "    }\n  }\n}\n";
+  t = StrCat("(const float* __restrict__ part, ", otype(0), "* __restrict__ out", zc.Parameter(), ") {\n",
+             zc.Declarations("  "), t);
+  ck_.sizes = zc.values();
   ck_ = Named(head, t, StrCat("decode_attention_combine", name_part), dt, std::move(ck_));
   return out;
 }

@@ -78,8 +78,8 @@ struct CausalTail {
   bool bool_mask = false;
 };
 
-// The node's constant mask as a CausalTail, when some query tile could leave key tiles out.
-std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts& a, const FlashTiles& t) {
+// The node's constant mask as a CausalTail, when it drops the last keys of some row.
+std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts& a) {
   const schemas::Dims& d = a.d;
   if (d.mask == (d.mask_select != 0)) return std::nullopt;  // no mask, or both
   const Value* mv = node.input(static_cast<size_t>(d.mask ? d.first_extra() : d.bool_mask_index()));
@@ -103,6 +103,7 @@ std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts&
     return value(off) <= kSkippableMask;  // NaN stays
   };
   int64_t off = std::numeric_limits<int64_t>::min();
+  bool drops = false;
   for (int64_t b = 0; b < nb; ++b)
     for (int64_t h = 0; h < nh; ++h)
       for (int64_t r = 0; r < d.s; ++r) {
@@ -110,12 +111,13 @@ std::optional<CausalTail> ReadCausalTail(const Node& node, const AttentionParts&
         int64_t live = d.sk;
         while (live > 0 && dropped(base + (live - 1) * st[3])) --live;
         off = std::max(off, live - r - 1);
+        drops = drops || live < d.sk;
       }
   c.off = off;
-  // Whether any query tile leaves a key tile out: the first one does when any does.
-  const int64_t last = std::min(t.br, d.s) - 1;
-  const int64_t kend = (std::clamp<int64_t>(last + 1 + off, 0, d.sk) + t.bc - 1) / t.bc * t.bc;
-  if (kend >= d.sk) return std::nullopt;
+  // Whether query tiles may leave key tiles out is the kernel's test at run time (the keys from
+  // kend on): a mask that drops a row's last keys takes the test at every length, so that the
+  // lengths of one class share one source.
+  if (!drops) return std::nullopt;
   if (c.bool_mask) {
     c.bound = d.mask_fill;
     return c;
@@ -137,7 +139,7 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   if (d.b * d.h * d.s * d.dv == 0 || d.sk == 0 || d.d == 0)
     return Unimplemented(where, ": an empty problem (", d.s, " rows, ", d.sk, " keys, head_dim ", d.d, ")");
   GF_ASSIGN_OR_RETURN(FlashTiles tl, ChooseTiles(d, where));
-  const std::optional<CausalTail> causal = ReadCausalTail(node, a, tl);
+  const std::optional<CausalTail> causal = ReadCausalTail(node, a);
   const schemas::HeadAccess &qa = a.qa, &ka = a.ka, &va = a.va, &oa = a.oa;
   const int64_t qtiles = (d.s + tl.br - 1) / tl.br;
 
@@ -151,7 +153,8 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   std::string head = kDevicePrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = WholeNodeParamsAndDims(a);
+  KernelSizes z;
+  std::string t = HeadDims(a, z);
   t += StrCat("  constexpr int kBr = ", tl.br, ", kBc = ", tl.bc, ", kTpr = ", tl.tpr, ", kAcc = ", tl.acc, ";\n");
   t += "  __shared__ float qs[kBr * (kD + 1)];\n  __shared__ float ks[kBc * (kD + 1)];\n";
   t += "  __shared__ float vs[kBc * kDv];\n  __shared__ float ps[kBr * (kBc + 1)];\n";
@@ -159,22 +162,22 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   if (causal) t += "  __shared__ float kmax[kD];\n  __shared__ int skip;\n";
   t += "  const int tid = threadIdx.x, i = tid / kTpr, lane = tid % kTpr;\n";
   t += "  const float kNegInf = -__int_as_float(0x7f800000);\n";
-  t += StrCat("  for (long long item = blockIdx.x; item < ", d.b * d.h * qtiles, "LL; item += gridDim.x) {\n");
-  t += StrCat("    const long long qt = item % ", qtiles, "LL, bh = item / ", qtiles, "LL, h = bh % kH, b = bh / kH;\n");
+  t += StrCat("  for (long long item = blockIdx.x; item < ", z.Use("kItems", d.b * d.h * qtiles), "; item += gridDim.x) {\n");
+  const std::string qt = z.Use("kQtiles", qtiles);
+  t += StrCat("    const long long qt = item % ", qt, ", bh = item / ", qt, ", h = bh % kH, b = bh / kH;\n");
   t += "    const long long r0 = qt * kBr, r = r0 + i;\n    const bool rv = r < kS;\n";
-  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + b * ", qa.head_stride_b, "LL + h * ", qa.head_stride_h, "LL;\n");
-  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + b * ", ka.head_stride_b, "LL + ", a.kvh, " * ",
-              ka.head_stride_h, "LL;\n");
-  t += StrCat("    const ", StorageType(a.v_dt), "* vh = v + b * ", va.head_stride_b, "LL + ", a.kvh, " * ",
-              va.head_stride_h, "LL;\n");
-  t += StrCat("    ", StorageType(a.out_dt), "* oh = out + b * ", oa.head_stride_b, "LL + h * ", oa.head_stride_h, "LL;\n");
+  t += StrCat("    const ", StorageType(a.q_dt), "* qh = q + ", HeadRow(z, "q", qa, "h", ""), ";\n");
+  t += StrCat("    const ", StorageType(a.k_dt), "* kh = k + ", HeadRow(z, "k", ka, a.kvh, ""), ";\n");
+  t += StrCat("    const ", StorageType(a.v_dt), "* vh = v + ", HeadRow(z, "v", va, a.kvh, ""), ";\n");
+  t += StrCat("    ", StorageType(a.out_dt), "* oh = out + ", HeadRow(z, "o", oa, "h", ""), ";\n");
   // 1. The query tile.
   t += "    __syncthreads();  // the previous tile's readers are done with the shared arrays\n";
   t += StrCat("    for (int e = tid; e < kBr * kD; e += ", kCudaBlockSize, ") {\n");
   t += "      const long long rq = r0 + e / kD, c = e % kD;\n      float x = 0.f;\n      if (rq < kS) {\n";
-  auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[rq * ", qa.row_stride, "LL + ", col, "]")); };
+  const std::string q_sr = z.Use("q_sr", qa.row_stride), k_sr = z.Use("k_sr", ka.row_stride);
+  auto read_q = [&](const std::string& col) { return LoadF32(a.q_dt, StrCat("qh[rq * ", q_sr, " + ", col, "]")); };
   if (d.rope_q) {
-    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "rq", "x", "        ");
+    t += RopedStore(a.cos_dt, a.sin_dt, read_q, a.cq, "rq", "x", "        ", z, "cq");
   } else {
     t += StrCat("        x = ", read_q("c"), ";\n");
   }
@@ -182,7 +185,8 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   t += "    float m = kNegInf, acc[kAcc];\n    double l = 0;\n";
   t += "    for (int u = 0; u < kAcc; ++u) acc[u] = 0.f;\n";
   if (causal) {
-    t += StrCat("    const long long rlast = (r0 + kBr < kS ? r0 + kBr : kS) - 1, live = rlast + 1 + ", causal->off, "LL;\n");
+    t += StrCat("    const long long rlast = (r0 + kBr < kS ? r0 + kBr : kS) - 1, live = rlast + 1 + ", z.Use("kOff", causal->off),
+                ";\n");
     t += "    const long long kend = live < 0 ? 0 : live > kSk ? kSk : live;  // keys from kend on: dropped by every row\n";
   }
   // 2. Key tiles.
@@ -196,18 +200,18 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   }
   t += "        float x = 0.f;\n        if (j < kSk) {\n";
   auto read_k = [&](const std::string& col) {
-    return LoadF32(a.k_dt, a.kt ? StrCat("kh[(", col, ") * ", ka.row_stride, "LL + j]")
-                                : StrCat("kh[j * ", ka.row_stride, "LL + ", col, "]"));
+    return LoadF32(a.k_dt, a.kt ? StrCat("kh[(", col, ") * ", k_sr, " + j]") : StrCat("kh[j * ", k_sr, " + ", col, "]"));
   };
   if (d.rope_k) {
-    t += RopedStore(a.cos_dt, a.sin_dt, read_k, a.ck, "j", "x", "          ", a.kvh);
+    t += RopedStore(a.cos_dt, a.sin_dt, read_k, a.ck, "j", "x", "          ", z, "ck", a.kvh);
   } else {
     t += StrCat("          x = ", read_k("c"), ";\n");
   }
   t += "        }\n        ks[jj * (kD + 1) + c] = x;\n      }\n";
   t += StrCat("      for (int e = tid; e < kBc * kDv; e += ", kCudaBlockSize, ") {\n");
   t += "        const long long j = j0 + e / kDv, c = e % kDv;\n";
-  t += StrCat("        vs[e] = j < kSk ? ", LoadF32(a.v_dt, StrCat("vh[j * ", va.row_stride, "LL + c]")), " : 0.f;\n      }\n");
+  t += StrCat("        vs[e] = j < kSk ? ", LoadF32(a.v_dt, StrCat("vh[j * ", z.Use("v_sr", va.row_stride), " + c]")),
+              " : 0.f;\n      }\n");
   if (causal) t += "      if (tid == 0) skip = 1;\n";
   t += "      __syncthreads();\n";
   if (causal) {
@@ -246,7 +250,7 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   t += "        float sc = kNegInf;\n        if (rv && j < kSk) {\n          float dot = 0.f;\n";
   t += "          for (long long c = 0; c < kD; ++c) dot += qs[i * (kD + 1) + c] * ks[jj * (kD + 1) + c];\n";
   t += StrCat("          sc = ", FloatLiteral(a.scale), " * dot;\n");
-  t += AttentionMaskLines(a, "          ");
+  t += AttentionMaskLines(a, "          ", z);
   t += "          lm = gf::max(lm, sc);\n        }\n        sv[w] = sc;\n      }\n";
   t += "      pmax[i * kTpr + lane] = lm;\n      __syncthreads();\n";
   t += "      float mt = pmax[i * kTpr];\n";
@@ -277,8 +281,10 @@ Result<CudaKernelSource> GenerateFlashAttentionKernel(const Node& node) {
   t += StrCat("    if (rv) {\n      const float inv = ", inv, ";\n");
   t += "      for (int u = 0; u < kAcc; ++u) {\n";
   t += "        const long long c = lane + u * kTpr;\n        if (c >= kDv) break;\n";
-  t += StrCat("        ", StoreTo(a.out_dt, "oh", StrCat("r * ", oa.row_stride, "LL + c"), value), "\n");
+  t += StrCat("        ", StoreTo(a.out_dt, "oh", StrCat("r * ", z.Use("o_sr", oa.row_stride), " + c"), value), "\n");
   t += "      }\n    }\n  }\n}\n";
+  t = WholeNodeParams(a) + z.Parameter() + ") {\n" + z.Declarations("  ") + t;
+  k.sizes = z.values();
   const std::string base =
       StrCat(AttentionBaseName(d, "flash_attention"), "_br", tl.br, "_bc", tl.bc, causal ? "_causal" : "");
   return Finish(head, t, base, a.q_dt, std::move(k));

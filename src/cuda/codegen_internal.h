@@ -29,6 +29,31 @@ std::string CommentSafe(const std::string& s);
 // "add_mul_add" from a body's first six ops.
 std::string OpsPart(const Graph& body);
 
+// The sizes a kernel takes at run time. Its last parameter, `const gf::Sizes<N> z`, holds them
+// (CudaKernelSource::sizes), and its source names each one as a local declared from z, never by
+// its value: one source serves every size of a shape class, so a new sequence length compiles
+// nothing. What stays in the source is what the sizes' pattern fixes (rank, which dims
+// broadcast) and what the weights fix where a generator says so.
+class KernelSizes {
+ public:
+  // The local `name` of C type `type` ("long long" or "unsigned") holding `value`. A name used
+  // again is the same size: its value must agree.
+  std::string Use(const std::string& name, int64_t value, const char* type = "long long");
+  // ", const gf::Sizes<N> z" for the end of the parameter list; empty without sizes.
+  std::string Parameter() const;
+  // The locals, one declaration a line.
+  std::string Declarations(const std::string& indent) const;
+  // The values, in z's order.
+  std::vector<int64_t> values() const;
+
+ private:
+  struct Entry {
+    std::string name, type;
+    int64_t value;
+  };
+  std::vector<Entry> entries_;
+};
+
 // The collapsed iteration space and every input's strides over it (0 = broadcast).
 struct Space {
   std::vector<int64_t> dims;
@@ -46,24 +71,27 @@ struct Space {
     }
     return true;
   }
-  // Offsets fit 32 bits: index arithmetic (/ and % by constants) in unsigned int, which is
-  // several times cheaper on the GPU than in 64 bits.
+  // Offsets fit 32 bits: index arithmetic (/ and %) in unsigned int, which is several times
+  // cheaper on the GPU than in 64 bits. A guard on the size, not the size itself.
   bool Small() const { return numel <= (int64_t{1} << 31); }
-  // The element offset of input k at flat index `i`, as a C expression.
-  std::string Offset(size_t k, const std::string& i64) const {
+  // The element offset of input k at flat index `i64`, as a C expression over sizes taken at
+  // run time (named with `tag` first, so that two spaces of one kernel keep theirs apart). The
+  // expression's form follows the pattern: which dims input k broadcasts along, which of its
+  // strides are 1, which dims are innermost.
+  std::string Offset(size_t k, const std::string& i64, KernelSizes& z, const std::string& tag = "") const {
     if (IsScalar(k)) return "0";
     if (IsDense(k)) return i64;
     const std::string i = Small() ? StrCat("static_cast<unsigned>(", i64, ")") : i64;
-    const char* sfx = Small() ? "u" : "LL";
+    const char* type = Small() ? "unsigned" : "long long";
     std::string expr;
     int64_t inner = 1;
     std::vector<std::string> terms;
     for (size_t d = dims.size(); d-- > 0;) {
       const int64_t s = strides[k][d];
       if (s != 0) {
-        std::string t = inner == 1 ? i : StrCat("(", i, " / ", inner, sfx, ")");
-        if (d != 0) t = StrCat("(", t, " % ", dims[d], sfx, ")");
-        if (s != 1) t = StrCat(t, " * ", s, sfx);
+        std::string t = d + 1 == dims.size() ? i : StrCat("(", i, " / ", z.Use(StrCat(tag, "inner", d), inner, type), ")");
+        if (d != 0) t = StrCat("(", t, " % ", z.Use(StrCat(tag, "dim", d), dims[d], type), ")");
+        if (s != 1) t = StrCat(t, " * ", z.Use(StrCat(tag, "stride", k, "_", d), s, type));
         terms.push_back(t);
       }
       inner *= dims[d];

@@ -93,9 +93,10 @@ struct BodyArg {
 };
 
 // The argument expressions for a body whose inputs are node inputs `first..` (skipping body
-// input `special`, which reads `special_expr`), over the row space `x_shape`.
+// input `special`, which reads `special_expr`), over the row space `x_shape`; its sizes named
+// with `tag` first.
 std::vector<BodyArg> BodyArgs(const Graph& body, const Shape& x_shape, size_t first, int64_t special,
-                              const std::string& special_expr) {
+                              const std::string& special_expr, KernelSizes& z, const std::string& tag) {
   std::vector<Shape> shapes;
   for (const Value* in : body.inputs()) shapes.push_back(in->shape());
   const Space sp = Collapse(x_shape, shapes);
@@ -106,7 +107,7 @@ std::vector<BodyArg> BodyArgs(const Graph& body, const Shape& x_shape, size_t fi
       args.push_back({special_expr});
       continue;
     }
-    args.push_back({StrCat("gf::f32_of(in", param++, "[", sp.Offset(k, "i"), "])")});
+    args.push_back({StrCat("gf::f32_of(in", param++, "[", sp.Offset(k, "i", z, tag), "])")});
   }
   return args;
 }
@@ -281,7 +282,6 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
     k.output_dtypes.push_back(node.output(o)->dtype());
     sig += StrCat(", ", StorageType(node.output(o)->dtype()), "* __restrict__ out", o);
   }
-  sig += ") {\n";
 
   std::string head = kDevicePrelude;
   head += RowFunctions(used);
@@ -289,9 +289,12 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
   head += "\n}  // namespace gf\n\n" + bodies;
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
 
-  std::string t = sig;
-  t += StrCat("  const long long kRows = ", rows, "LL, kD = ", s.d, "LL;\n");
-  t += StrCat("  constexpr int kPer = ", per, ";\n");
+  // The rows' count and length are sizes; the register lanes per thread (kPer) are fixed by
+  // the length's multiple of kCudaBlockSize (a norm's rows: the hidden size, fixed by weights).
+  KernelSizes z;
+  z.Use("kRows", rows);
+  z.Use("kD", s.d);
+  std::string t = StrCat("  constexpr int kPer = ", per, ";\n");
   t += "  for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {\n";
   t += "    float x[kPer];\n";
   t += "#pragma unroll\n    for (int j = 0; j < kPer; ++j) {\n";
@@ -302,7 +305,7 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
     std::string decl;
     for (size_t o = 0; o < nout; ++o) decl += StrCat(o ? ", " : "", "q", o);
     t += StrCat("      float ", decl, ";\n");
-    t += "      " + Call("gf_prologue", BodyArgs(*s.prologue, s.x_shape, 0, -1, ""), nout, "q") + "\n";
+    t += "      " + Call("gf_prologue", BodyArgs(*s.prologue, s.x_shape, 0, -1, "", z, "pro_"), nout, "q") + "\n";
     for (int64_t o = 0; o < s.prologue_outputs; ++o)
       t += StrCat("      gf::store(out", s.prologue_first_out + static_cast<size_t>(o), " + i, q", o, ");\n");
     t += StrCat("      x[j] = q", s.x_output, ";\n");
@@ -357,8 +360,8 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
       // The epilogue reads the probabilities as the unfused Softmax stores them: rounded to the rows' dtype.
       std::string body = StrCat("      const float p = ", RoundedTo(s.x_dtype, "x[j] * inv"), ";\n");
       body += StrCat("      float ", decl, ";\n");
-      body += "      " + Call("gf_epilogue", BodyArgs(*s.epilogue, s.x_shape, s.prologue_inputs, s.epilogue_input, "p"),
-                                   nout, "w") + "\n";
+      body += "      " + Call("gf_epilogue",
+                           BodyArgs(*s.epilogue, s.x_shape, s.prologue_inputs, s.epilogue_input, "p", z, "epi_"), nout, "w") + "\n";
       for (size_t o = 0; o < nout; ++o) body += StrCat("      gf::store(out", o, " + i, w", o, ");\n");
       t += for_each(body);
     } else {
@@ -366,6 +369,8 @@ Result<CudaKernelSource> GenerateRowKernel(const Node& node) {
     }
   }
   t += "  }\n}\n";
+  t = sig + z.Parameter() + ") {\n" + z.Declarations("  ") + t;
+  k.sizes = z.values();
 
   std::string base = s.op == RowOp::kRms ? "rmsnorm" : s.op == RowOp::kLayer ? "layernorm" : "softmax";
   if (s.prologue) base = OpsPart(*s.prologue) + "_" + base;
@@ -393,23 +398,27 @@ Result<CudaKernelSource> GenerateRopeKernel(const Node& node) {
   std::string head = kDevicePrelude;
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
-  std::string t = StrCat("(const ", StorageType(x->dtype()), "* __restrict__ in0, const ", StorageType(cs->dtype()),
-                         "* __restrict__ in1, const ", StorageType(sn->dtype()), "* __restrict__ in2, ",
-                         StorageType(node.output()->dtype()), "* __restrict__ out0) {\n");
-  t += StrCat("  const long long n = ", k.num_elements, "LL, kD = ", d, "LL, kHalf = ", d / 2, "LL;\n");
-  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  KernelSizes z;
+  z.Use("n", k.num_elements);
+  z.Use("kD", d);
+  z.Use("kHalf", d / 2);
+  std::string t = "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
   t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
   t += "  for (long long i = first; i < n; i += step) {\n";
   t += "    const long long c = i % kD;\n";
   t += "    const float x2 = c < kHalf ? -gf::f32_of(in0[i + kHalf]) : gf::f32_of(in0[i - kHalf]);\n";
-  t += StrCat("    const float a = gf::f32_of(in0[i]) * gf::f32_of(in1[", sp.Offset(1, "i"), "]);\n");
-  t += StrCat("    const float b = x2 * gf::f32_of(in2[", sp.Offset(2, "i"), "]);\n");
+  t += StrCat("    const float a = gf::f32_of(in0[i]) * gf::f32_of(in1[", sp.Offset(1, "i", z), "]);\n");
+  t += StrCat("    const float b = x2 * gf::f32_of(in2[", sp.Offset(2, "i", z), "]);\n");
   t += "    gf::store(out0 + i, a + b);\n  }\n}\n";
+  t = StrCat("(const ", StorageType(x->dtype()), "* __restrict__ in0, const ", StorageType(cs->dtype()),
+             "* __restrict__ in1, const ", StorageType(sn->dtype()), "* __restrict__ in2, ",
+             StorageType(node.output()->dtype()), "* __restrict__ out0", z.Parameter(), ") {\n", z.Declarations("  "), t);
+  k.sizes = z.values();
   return Finish(head, t, "rope", node.output()->dtype(), std::move(k));
 }
 
-// Transpose: out[i] = in[offset of i's permuted coordinates], the strides baked in. Any
-// dtype (a byte copy of the element).
+// Transpose: out[i] = in[offset of i's permuted coordinates]; the dims and strides are sizes,
+// the permutation is in the source. Any dtype (a byte copy of the element).
 Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
   const Value* x = node.input(0);
@@ -434,17 +443,21 @@ Result<CudaKernelSource> GenerateTransposeKernel(const Node& node) {
   head += "\n}  // namespace gf\n\n";
   head += StrCat("extern \"C\" __global__ void __launch_bounds__(", kCudaBlockSize, ") ");
   const char* T = StorageType(x->dtype());
-  std::string t = StrCat("(const ", T, "* __restrict__ in0, ", T, "* __restrict__ out0) {\n");
-  t += StrCat("  const long long n = ", k.num_elements, "LL;\n");
-  t += "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
+  KernelSizes z;
+  z.Use("n", k.num_elements);
+  std::string t = "  const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;\n";
   t += "  const long long step = static_cast<long long>(gridDim.x) * blockDim.x;\n";
   t += "  for (long long i = first; i < n; i += step) {\n    long long rest = i, src = 0;\n";
   for (size_t d = rank; d-- > 0;) {
-    const int64_t dim = xs[static_cast<size_t>(perm[d])];
-    t += StrCat("    src += (rest % ", dim, "LL) * ", in_stride[static_cast<size_t>(perm[d])], "LL;\n");
-    if (d > 0) t += StrCat("    rest /= ", dim, "LL;\n");
+    const size_t from = static_cast<size_t>(perm[d]);
+    const std::string dim = z.Use(StrCat("dim", from), xs[from]);
+    t += StrCat("    src += (rest % ", dim, ") * ", z.Use(StrCat("stride", from), in_stride[from]), ";\n");
+    if (d > 0) t += StrCat("    rest /= ", dim, ";\n");
   }
   t += "    out0[i] = in0[src];\n  }\n}\n";
+  t = StrCat("(const ", T, "* __restrict__ in0, ", T, "* __restrict__ out0", z.Parameter(), ") {\n", z.Declarations("  "),
+             t);
+  k.sizes = z.values();
   return Finish(head, t, "transpose", x->dtype(), std::move(k));
 }
 
@@ -470,9 +483,9 @@ Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node) {
   if (!w || w->shape().size() != 2 || splits < 1 || w->shape()[1] % splits != 0)
     return InvalidArgument(where, ": weights do not split into ", splits, " projections");
   const int64_t n = w->shape()[1] / splits;
-  std::string name = node.GetString("kernel_name", "");
-  name = name.empty() ? "" : "epilogue_" + name;
-  return GenerateElementwiseKernel(*epi, name, EpilogueRowStrides(node, splits, n));
+  // "epilogue_<ops>_<dtype>_<hash8>": named by its source, not by the node's kernel_name (which
+  // hashes the GEMM's sizes).
+  return GenerateElementwiseKernel(*epi, "", EpilogueRowStrides(node, splits, n), "epilogue_");
 }
 
 }  // namespace graphfuse::cuda

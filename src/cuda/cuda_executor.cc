@@ -66,7 +66,9 @@ Result<double> DeviceCopyMs(int64_t bytes, int repeats, int device) {
 }
 
 struct CudaExecutor::Impl {
-  Impl(const Graph& g, const CudaExecOptions& options) : graph(&g), opts(options), pb(options.emulate) {}
+  Impl(const Graph& g, const CudaExecOptions& options) : graph(&g), opts(options), pb(options.emulate) {
+    pb.kernel_cache = options.kernels ? options.kernels : std::make_shared<KernelCache>();
+  }
   ~Impl() {
     if (pb.stream) cudaStreamSynchronize(pb.stream);
     if (graph_exec) cudaGraphExecDestroy(graph_exec);
@@ -208,7 +210,7 @@ Result<std::unique_ptr<CudaExecutor>> CudaExecutor::Create(const Graph& g, const
   nv.arch = StrCat("compute_", prop.major, prop.minor);
   nv.cache_dir = options.kernel_cache_dir;
   if (const char* env = std::getenv("GF_KERNEL_CACHE"); nv.cache_dir.empty() && env) nv.cache_dir = env;
-  pb.compiler = std::make_unique<NvrtcCompiler>(nv);
+  pb.compiler = &pb.kernel_cache->Nvrtc(nv);
   GF_CUDA(cudaStreamCreateWithFlags(&pb.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   pb.memory.set_stream(pb.stream);
   GF_BLAS(cublasCreate(&pb.blas), "cublasCreate");

@@ -30,6 +30,8 @@
 
 namespace graphfuse::cuda {
 
+class KernelCache;
+
 // Whether device `device` can be used; when not, `why` (if given) says why, e.g. "no CUDA
 // device (cudaGetDeviceCount: ...)".
 bool CudaDeviceAvailable(int device = 0, std::string* why = nullptr);
@@ -48,6 +50,9 @@ struct CudaExecOptions {
   // cuBLASLt's epilogues as generated kernels (a residual as cuBLASLt's C: the same one step, on
   // the host). Checks the plan and every kernel it launches.
   bool emulate = false;
+  // Compiled kernels shared with other plans (a CudaTarget's, across its input signatures);
+  // null: the executor's own.
+  std::shared_ptr<KernelCache> kernels;
 };
 
 struct CudaExecStats {

@@ -6,6 +6,7 @@
 #include "codegen.h"
 #include "cpu/cpu_target.h"
 #include "cuda_executor.h"
+#include "kernel_cache.h"
 
 namespace graphfuse::cuda {
 namespace {
@@ -42,6 +43,9 @@ class CudaExecutable final : public Executable {
 
 }  // namespace
 
+CudaTarget::CudaTarget(const TargetOptions& options)
+    : options_(options), kernels_(std::make_shared<KernelCache>()) {}
+
 bool CudaTarget::HasKernel(const Node& node) const { return PlanNodeForCuda(node).ok(); }
 
 Status CudaTarget::EvaluateOnHost(const Node& node, std::span<const TensorView> in,
@@ -55,6 +59,7 @@ Result<std::unique_ptr<Executable>> CudaTarget::Compile(std::shared_ptr<const Gr
   o.cuda_graph = options_.cuda_graph;
   o.emulate = options_.emulate;
   o.plan.tf32 = options_.cuda_tf32;
+  o.kernels = kernels_;
   if (!o.emulate) {
     std::string why;
     if (!CudaDeviceAvailable(o.device, &why)) return NotFound("CUDA target: ", why);

@@ -5,14 +5,18 @@
 // the CPU kernels.
 #pragma once
 
+#include <memory>
+
 #include "graphfuse/target.h"
 
 namespace graphfuse::cuda {
 
+class KernelCache;
+
 class CudaTarget final : public Target {
  public:
   // Reads options.device, options.cuda_graph, options.emulate and options.cuda_tf32.
-  explicit CudaTarget(const TargetOptions& options = {}) : options_(options) {}
+  explicit CudaTarget(const TargetOptions& options = {});
   std::string_view name() const override { return "cuda"; }
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
   // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
@@ -23,9 +27,12 @@ class CudaTarget final : public Target {
                         std::span<const TensorView> out) const override;
   // A CudaExecutor (inputs copied to the device, outputs back); calls take turns.
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
+  // The kernels its plans compiled, shared by all of them (kernel_cache.h).
+  const KernelCache& kernel_cache() const { return *kernels_; }
 
  private:
   TargetOptions options_;
+  std::shared_ptr<KernelCache> kernels_;
 };
 
 // A CUDA target with its defaults (immutable; lives for the process).

@@ -199,6 +199,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 )CUDA";
 
 }  // namespace graphfuse::cuda

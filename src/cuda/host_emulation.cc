@@ -10,7 +10,7 @@ namespace {
 
 // Part of the shared objects' names: bump when the shim changes, so that none built with an
 // older one is reused.
-constexpr const char* kShimVersion = "_h1";
+constexpr const char* kShimVersion = "_h2";
 
 constexpr const char* kShim = R"SHIM(
 #include <barrier>
@@ -77,6 +77,7 @@ Result<std::shared_ptr<HostKernel>> HostKernel::Build(const CudaKernelSource& k,
   size_t a = 0;
   for (DType t : k.input_dtypes) call += StrCat(a ? ", " : "", "static_cast<const ", internal::StorageType(t), "*>(args[", a, "])"), ++a;
   for (DType t : k.output_dtypes) call += StrCat(a ? ", " : "", "static_cast<", internal::StorageType(t), "*>(args[", a, "])"), ++a;
+  if (!k.sizes.empty()) call += StrCat(a ? ", " : "", "*static_cast<const gf::Sizes<", k.sizes.size(), ">*>(args[", a, "])");
   call += ")";
   src = kShim + src + StrCat(R"(
 extern "C" void gf_host_launch(void** args, unsigned grid, unsigned block) {
@@ -104,7 +105,9 @@ for (unsigned b = 0; b < grid; ++b) {
   return h;
 }
 
-void HostKernel::Launch(std::vector<void*> args, unsigned grid, unsigned block) const {
+void HostKernel::Launch(std::vector<void*> args, const std::vector<int64_t>& sizes, unsigned grid,
+                        unsigned block) const {
+  args.push_back(const_cast<int64_t*>(sizes.data()));  // read as the kernel's gf::Sizes<N>
   launch_(args.data(), grid, block);
 }
 

@@ -24,8 +24,10 @@ class HostKernel {
   // Compiles `k` into a shared object under `dir` (default: the system temp directory), reusing
   // one built before for the same kernel name (the name carries a hash of the source).
   static Result<std::shared_ptr<HostKernel>> Build(const CudaKernelSource& k, const std::string& dir = "");
-  // args: one pointer per kernel parameter (the node's inputs, then its outputs); any grid.
-  void Launch(std::vector<void*> args, unsigned grid, unsigned block = kCudaBlockSize) const;
+  // args: one pointer per pointer parameter (the node's inputs, then its outputs); sizes: the
+  // values of the sizes parameter (CudaKernelSource::sizes of the node at hand); any grid.
+  void Launch(std::vector<void*> args, const std::vector<int64_t>& sizes, unsigned grid,
+              unsigned block = kCudaBlockSize) const;
 
  private:
   HostKernel() = default;

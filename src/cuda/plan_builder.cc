@@ -48,15 +48,12 @@ Result<cudaKernel_t> PlanBuilder::Load(const CudaKernelSource& k) {
 Status PlanBuilder::AddKernelStep(const std::string& label, const CudaKernelSource& k, std::vector<void*> args) {
   if (k.num_elements == 0) return Status::Ok();
   if (emu) {
-    std::shared_ptr<HostKernel>& hk = host_kernels_[k.name];
-    if (!hk) {
-      GF_ASSIGN_OR_RETURN(hk, HostKernel::Build(k));
-    }
-    std::shared_ptr<const HostKernel> host = hk;
+    GF_ASSIGN_OR_RETURN(std::shared_ptr<const HostKernel> host, kernel_cache->Host(k));
     // A few blocks: grid-stride loops cover the rest (any grid is correct).
     const unsigned grid = k.row_kernel ? static_cast<unsigned>(std::clamp<int64_t>(k.scalar_work_items, 1, 4)) : 2u;
-    steps.push_back({label, [host, args, grid](cudaStream_t) -> Status {
-                       host->Launch(args, grid);
+    const std::vector<int64_t> sizes = k.sizes;
+    steps.push_back({label, [host, args, sizes, grid](cudaStream_t) -> Status {
+                       host->Launch(args, sizes, grid);
                        return Status::Ok();
                      }});
     ++stats.launches;
@@ -69,13 +66,17 @@ Status PlanBuilder::AddKernelStep(const std::string& label, const CudaKernelSour
   const int64_t blocks = k.row_kernel
                              ? std::clamp<int64_t>(items, 1, int64_t{1} << 20)
                              : std::clamp<int64_t>((items + kCudaBlockSize - 1) / kCudaBlockSize, 1, int64_t{16} * sms);
-  // The parameter array cudaLaunchKernel reads, built once: the pointers never change.
+  // The parameter array cudaLaunchKernel reads, built once: the pointers and sizes never change
+  // (the sizes, by value: an array of long long is gf::Sizes<N>).
   struct Params {
     std::vector<void*> values, addresses;
+    std::vector<int64_t> sizes;
   };
   auto params = std::make_shared<Params>();
   params->values = std::move(args);
+  params->sizes = k.sizes;
   for (void*& v : params->values) params->addresses.push_back(&v);
+  if (!params->sizes.empty()) params->addresses.push_back(params->sizes.data());
   const std::string name = k.name;
   steps.push_back({label, [kernel, blocks, params, name](cudaStream_t s) -> Status {
                      GF_CUDA(

@@ -20,6 +20,7 @@
 #include "cuda_gemm.h"
 #include "device_memory.h"
 #include "host_emulation.h"
+#include "kernel_cache.h"
 #include "nvrtc_compile.h"
 
 namespace graphfuse::cuda {
@@ -58,7 +59,8 @@ class PlanBuilder {
   cublasLtHandle_t lt = nullptr;
   void* blas_workspace = nullptr;
   size_t blas_workspace_bytes = size_t{32} << 20;
-  std::unique_ptr<NvrtcCompiler> compiler;      // on a GPU
+  std::shared_ptr<KernelCache> kernel_cache;    // compiled kernels (shared with other plans)
+  NvrtcCompiler* compiler = nullptr;            // on a GPU: kernel_cache's for the device
   int sms = 1;                                  // the device's multiprocessors (grid sizes)
   bool tf32 = false;                            // f32 GEMMs in TF32 (CudaPlanOptions::tf32)
   std::vector<std::function<void()>> cleanups;  // cuBLASLt descriptors, released with the plan
@@ -72,7 +74,6 @@ class PlanBuilder {
 
   std::map<std::string, cudaKernel_t> kernels_;  // by kernel name (identical groups share one)
   std::vector<cudaLibrary_t> libraries_;
-  std::map<std::string, std::shared_ptr<HostKernel>> host_kernels_;
 };
 
 }  // namespace graphfuse::cuda

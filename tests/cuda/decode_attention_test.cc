@@ -215,15 +215,15 @@ Result<std::vector<Tensor>> EmulateDecode(const DecodeAttentionKernels& k, std::
     args.insert(args.end(), {tickets.data(), got[0].data()});
     for (int run = 0; run < 2; ++run) {
       if (run == 1) std::memset(got[0].data(), 0xff, got[0].nbytes());  // NaNs: the second run must write it all
-      split->Launch(args, grid);
+      split->Launch(args, k.split.sizes, grid);
       for (int t : tickets)
         if (t != 0) return Internal("run ", run, ": a ticket counter is ", t, " after the run, not 0");
     }
     return got;
   }
   GF_ASSIGN_OR_RETURN(auto combine, HostKernel::Build(k.combine));
-  split->Launch(args, grid);
-  combine->Launch({part.data(), got[0].data()}, 2);
+  split->Launch(args, k.split.sizes, grid);
+  combine->Launch({part.data(), got[0].data()}, k.combine.sizes, 2);
   return got;
 }
 

@@ -139,7 +139,7 @@ TEST(CudaHostEmulation, GeneratedKernelsComputeWhatTheCpuComputes) {
       args.push_back(got.back().data());
     }
     // Few blocks, so that grid-stride loops (and rows per block) wrap around.
-    (*host)->Launch(args, 3);
+    (*host)->Launch(args, k->sizes, 3);
     for (size_t o = 0; o < got.size(); ++o)
       ExpectClose(got[o], run->out[o], c.rtol, c.rtol == 0 ? 0 : 1e-6, StrCat(c.name, " output ", o));
   }
@@ -201,7 +201,7 @@ TEST(CudaHostEmulation, GemmEpiloguesReadTheWorkspaceLayout) {
     got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
     args.push_back(got.back().data());
   }
-  (*host)->Launch(args, 2);
+  (*host)->Launch(args, k->sizes, 2);
   for (size_t o = 0; o < got.size(); ++o) ExpectClose(got[o], run->out[o], 1e-4, 1e-5, StrCat("epilogue output ", o));
 }
 
@@ -235,7 +235,7 @@ void CheckEmulatedAttention(const Graph& g, const std::string& label, uint32_t s
   for (Tensor& t : run->in) args.push_back(t.data());
   Tensor got = Tensor::Empty(run->out[0].dtype(), run->out[0].shape()).value();
   args.push_back(got.data());
-  (*host)->Launch(args, grid);
+  (*host)->Launch(args, k->sizes, grid);
   const double worst = ExpectClose(got, run->out[0], 1e-4, 1e-5, label + " attention");
   std::printf("[ emulated ] %s: %s, max |err| vs CPU %.2g\n", label.c_str(), k->name.c_str(), worst);
 }
@@ -629,7 +629,7 @@ void CheckNarrowRowKernel(const Graph& g, const Node& node, DType dt, uint32_t s
     std::memset(got.back().data(), 0xff, got.back().nbytes());  // NaN where nothing is written
     args.push_back(got.back().data());
   }
-  (*host)->Launch(args, grid);
+  (*host)->Launch(args, k->sizes, grid);
   double worst = 0;
   for (size_t o = 0; o < got.size(); ++o) {
     EXPECT_EQ(got[o].dtype(), twin->node->output(o)->dtype());
@@ -763,7 +763,7 @@ TEST(CudaHostEmulation, AttentionPrepReadsF16AndBf16IntoTheF32Scratch) {
       for (auto& v : out) args.push_back(v.data());
       auto host = HostKernel::Build(k);
       EXPECT_TRUE(host.ok()) << host.status().ToString();
-      if (host.ok()) (*host)->Launch(args, 2);
+      if (host.ok()) (*host)->Launch(args, k.sizes, 2);
       return out;
     };
     EXPECT_EQ(a.prep.input_dtypes[0], dt);

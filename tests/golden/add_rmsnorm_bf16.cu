@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 // The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 
@@ -232,8 +239,9 @@ __forceinline__ void gf_prologue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_bf16_6ff16ea9(const gf::bf16* __restrict__ in0, const gf::bf16* __restrict__ in1, const gf::bf16* __restrict__ in2, gf::bf16* __restrict__ out0, gf::bf16* __restrict__ out1) {
-  const long long kRows = 16LL, kD = 4096LL;
+extern "C" __global__ void __launch_bounds__(256) fused_add_rmsnorm_bf16_979e6377(const gf::bf16* __restrict__ in0, const gf::bf16* __restrict__ in1, const gf::bf16* __restrict__ in2, gf::bf16* __restrict__ out0, gf::bf16* __restrict__ out1, const gf::Sizes<2> z) {
+  const long long kRows = z.v[0];
+  const long long kD = z.v[1];
   constexpr int kPer = 16;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {
     float x[kPer];

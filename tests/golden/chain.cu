@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 // The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
@@ -205,17 +212,19 @@ __forceinline__ void gf_body(long long idx, float r0, float r1, float r2, float 
   o0 = r6;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_mul_add_f32_7417fcbb(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
-  const long long n = 262144LL;
+extern "C" __global__ void __launch_bounds__(256) fused_add_mul_add_f32_60185349(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0, const gf::Sizes<3> z) {
+  const long long n = z.v[0];
+  const long long vec = z.v[1];
+  const unsigned dim1 = static_cast<unsigned>(z.v[2]);
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-  if (gf::aligned16(in0) && gf::aligned16(in1) && gf::aligned16(in3) && gf::aligned16(out0)) {
+  if (vec && gf::aligned16(in0) && gf::aligned16(in1) && gf::aligned16(in3) && gf::aligned16(out0)) {
     for (long long q = first; q < n / 4; q += step) {
       const long long i = q * 4;
       const float4 v0 = *reinterpret_cast<const float4*>(in0 + i);
       const float4 v1 = *reinterpret_cast<const float4*>(in1 + i);
       const float v2 = in2[0];
-      const float4 v3 = *reinterpret_cast<const float4*>(in3 + (static_cast<unsigned>(i) % 4096u));
+      const float4 v3 = *reinterpret_cast<const float4*>(in3 + (static_cast<unsigned>(i) % dim1));
       float4 w0;
       gf_body(i + 0, v0.x, v1.x, v2, v3.x, w0.x);
       gf_body(i + 1, v0.y, v1.y, v2, v3.y, w0.y);
@@ -227,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_add_mul_add_f32_7417fcbb
   }
   for (long long i = first; i < n; i += step) {
     float o0;
-    gf_body(i, gf::f32_of(in0[i]), gf::f32_of(in1[i]), gf::f32_of(in2[0]), gf::f32_of(in3[(static_cast<unsigned>(i) % 4096u)]), o0);
+    gf_body(i, gf::f32_of(in0[i]), gf::f32_of(in1[i]), gf::f32_of(in2[0]), gf::f32_of(in3[(static_cast<unsigned>(i) % dim1)]), o0);
     gf::store(out0 + i, o0);
   }
 }

@@ -188,32 +188,66 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_kv2_d64_f32_e5702f70(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new, const float* __restrict__ past_k, const float* __restrict__ past_v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ present_k, float* __restrict__ present_v, float* __restrict__ part, int* __restrict__ tickets, float* __restrict__ out) {
-  constexpr long long kKv = 2LL, kG = 4LL, kS = 1LL, kP = 1000LL, kSk = 1001LL, kD = 64LL, kDv = 64LL, kHalf = 32LL;
-  constexpr long long kR = 4LL, kChunk = 32LL, kSplits = 32LL, kT = 16LL, kTs = kD + 1, kStat = 32LL;
-  __shared__ float qs[kR * kD];      // the block's query rows, roped
-  __shared__ float ks[kT * kTs];     // a tile of keys, rows padded by one
-  __shared__ float ps[kR * kChunk];  // scores, then exponentials, of the chunk
+extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_kv2_d64_f32_9a94b4d7(const float* __restrict__ q, const float* __restrict__ k_new, const float* __restrict__ v_new, const float* __restrict__ past_k, const float* __restrict__ past_v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ present_k, float* __restrict__ present_v, float* __restrict__ part, int* __restrict__ tickets, float* __restrict__ out, const gf::Sizes<27> z) {
+  const long long kP = z.v[0];
+  const long long kSk = z.v[1];
+  const long long kChunk = z.v[2];
+  const long long kSplits = z.v[3];
+  const long long kT = z.v[4];
+  const long long kItems = z.v[5];
+  const long long q_sb = z.v[6];
+  const long long q_sh = z.v[7];
+  const long long q_sr = z.v[8];
+  const long long cq0 = z.v[9];
+  const long long cq2 = z.v[10];
+  const long long cq3 = z.v[11];
+  const long long k_sb = z.v[12];
+  const long long k_sh = z.v[13];
+  const long long k_sr = z.v[14];
+  const long long ck0 = z.v[15];
+  const long long ck2 = z.v[16];
+  const long long ck3 = z.v[17];
+  const long long ms0 = z.v[18];
+  const long long ms2 = z.v[19];
+  const long long ms3 = z.v[20];
+  const long long v_sb = z.v[21];
+  const long long v_sh = z.v[22];
+  const long long v_sr = z.v[23];
+  const long long o_sb = z.v[24];
+  const long long o_sh = z.v[25];
+  const long long o_sr = z.v[26];
+  constexpr long long kKv = 2LL, kG = 4LL, kS = 1LL, kD = 64LL, kDv = 64LL, kHalf = 32LL;
+  constexpr long long kR = 4LL, kChunkCap = 512LL, kTileCap = 31LL, kTs = kD + 1, kStat = 32LL;
+  __shared__ float qs[kR * kD];         // the block's query rows, roped
+  __shared__ float ks[kTileCap * kTs];  // a tile of keys, rows padded by one
+  __shared__ float ps[kR * kChunkCap];  // scores, then exponentials, of the chunk
   __shared__ float rmax[256];
   __shared__ double rsum[256];
   const long long tid = threadIdx.x;
-  for (long long item = blockIdx.x; item < 64LL; item += gridDim.x) {
+  for (long long item = blockIdx.x; item < kItems; item += gridDim.x) {
     const long long split = item % kSplits, bk = item / kSplits, kh = bk % kKv, b = bk / kKv;
     const long long j0 = split * kChunk, len = gf::min(kChunk, kSk - j0);
     __syncthreads();  // the previous item's readers are done with qs, ps and the statistics
     for (long long i = tid; i < kR * kD; i += 256) {
       const long long c = i % kD, rr = i / kD, r = rr % kS, h = kh * kG + rr / kS;
-      const float* qh = q + b * 512LL + h * 64LL + r * 512LL;
-      const long long co = b * 64LL + h * 0LL + r * 64LL + c * 1LL;
+      const float* qh = q + b * q_sb + h * q_sh + r * q_sr;
+      const long long co = b * cq0 + r * cq2 + c * cq3;
       const float x2 = c < kHalf ? -gf::f32_of(qh[c + kHalf]) : gf::f32_of(qh[c - kHalf]);
       const float a = gf::f32_of(qh[c]) * cs[co];
       const float s = x2 * sn[co];
       qs[i] = a + s;
     }
-    const float* kn = k_new + b * 128LL + kh * 64LL;
+    const float* kn = k_new + b * k_sb + kh * k_sh;
     for (long long t0 = 0; t0 < len; t0 += kT) {
       const long long tn = gf::min(kT, len - t0);
       __syncthreads();  // qs is written; the previous tile's readers are done with ks
@@ -224,8 +258,8 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_
           x = gf::f32_of(past_k[(bk * kP + j) * kD + c]);
         } else {
           const long long n = j - kP;
-          const float* kr = kn + n * 128LL;
-          const long long co = b * 64LL + kh * 0LL + n * 64LL + c * 1LL;
+          const float* kr = kn + n * k_sr;
+          const long long co = b * ck0 + n * ck2 + c * ck3;
           const float x2 = c < kHalf ? -gf::f32_of(kr[c + kHalf]) : gf::f32_of(kr[c - kHalf]);
           const float a = gf::f32_of(kr[c]) * cs[co];
           const float s = x2 * sn[co];
@@ -243,7 +277,7 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_
         float acc = 0.f;
         for (long long c = 0; c < kD; ++c) acc += qr[c] * kr[c];
         float sc = 0.125f * acc;
-        sc = sc + gf::f32_of(mask[b * 1001LL + h * 0LL + r * 1001LL + j * 1LL]);
+        sc = sc + gf::f32_of(mask[b * ms0 + r * ms2 + j * ms3]);
         ps[rr * kChunk + t0 + jj] = sc;
       }
     }
@@ -275,14 +309,14 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_
       pi[srow * (kDv + 2)] = m;
       pi[srow * (kDv + 2) + 1] = static_cast<float>(l);
     }
-    const float* vn = v_new + b * 128LL + kh * 64LL;
+    const float* vn = v_new + b * v_sb + kh * v_sh;
     for (long long i = tid; i < kR * kDv; i += 256) {
       const long long c = i % kDv, rr = i / kDv;
       const float* pr = ps + rr * kChunk;
       float o = 0.f;
       for (long long jj = 0; jj < len; ++jj) {
         const long long j = j0 + jj;
-        const float x = j < kP ? gf::f32_of(past_v[(bk * kP + j) * kDv + c]) : gf::f32_of(vn[(j - kP) * 128LL + c]);
+        const float x = j < kP ? gf::f32_of(past_v[(bk * kP + j) * kDv + c]) : gf::f32_of(vn[(j - kP) * v_sr + c]);
         if (rr == 0) gf::store(&present_v[(bk * kSk + j) * kDv + c], x);
         o += pr[jj] * x;
       }
@@ -309,7 +343,7 @@ extern "C" __global__ void __launch_bounds__(256) decode_attention_rope_mask_h8_
           l += static_cast<double>(__ldcg(pr + s * kStep + 1)) * w;
           o += __ldcg(pr + s * kStep + 2 + c) * w;
         }
-        gf::store(&out[b * 512LL + h * 64LL + r * 512LL + c], o * static_cast<float>(1.0 / l));
+        gf::store(&out[b * o_sb + h * o_sh + r * o_sr + c], o * static_cast<float>(1.0 / l));
       }
       if (tid == 0) tickets[bk] = 0;  // ready for the next run
     }

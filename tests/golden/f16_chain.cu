@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 // The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
@@ -209,13 +216,14 @@ __forceinline__ void gf_body(long long idx, float r0, float r1, float r2, float&
   o0 = r5;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_add_gelu_mul_f16_9233fff1(const gf::f16* __restrict__ in0, const gf::f16* __restrict__ in1, const gf::f16* __restrict__ in2, gf::f16* __restrict__ out0) {
-  const long long n = 32768LL;
+extern "C" __global__ void __launch_bounds__(256) fused_add_gelu_mul_f16_b19c09d7(const gf::f16* __restrict__ in0, const gf::f16* __restrict__ in1, const gf::f16* __restrict__ in2, gf::f16* __restrict__ out0, const gf::Sizes<2> z) {
+  const long long n = z.v[0];
+  const unsigned dim1 = static_cast<unsigned>(z.v[1]);
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = first; i < n; i += step) {
     float o0;
-    gf_body(i, gf::f32_of(in0[i]), gf::f32_of(in1[(static_cast<unsigned>(i) % 1024u)]), gf::f32_of(in2[i]), o0);
+    gf_body(i, gf::f32_of(in0[i]), gf::f32_of(in1[(static_cast<unsigned>(i) % dim1)]), gf::f32_of(in2[i]), o0);
     gf::store(out0 + i, o0);
   }
 }

@@ -188,11 +188,42 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_kv2_d64_br32_bc32_causal_f32_bccd939b(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out) {
-  constexpr long long kH = 4LL, kS = 96LL, kSk = 96LL, kD = 64LL, kDv = 64LL, kHalf = 32LL;
+extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_kv2_d64_br32_bc32_causal_f32_970f426d(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v, const float* __restrict__ mask, const float* __restrict__ cs, const float* __restrict__ sn, float* __restrict__ out, const gf::Sizes<24> z) {
+  const long long kS = z.v[0];
+  const long long kSk = z.v[1];
+  const long long kItems = z.v[2];
+  const long long kQtiles = z.v[3];
+  const long long q_sb = z.v[4];
+  const long long q_sh = z.v[5];
+  const long long k_sb = z.v[6];
+  const long long k_sh = z.v[7];
+  const long long v_sb = z.v[8];
+  const long long v_sh = z.v[9];
+  const long long o_sb = z.v[10];
+  const long long o_sh = z.v[11];
+  const long long q_sr = z.v[12];
+  const long long k_sr = z.v[13];
+  const long long cq2 = z.v[14];
+  const long long cq3 = z.v[15];
+  const long long kOff = z.v[16];
+  const long long ck2 = z.v[17];
+  const long long ck3 = z.v[18];
+  const long long v_sr = z.v[19];
+  const long long ms0 = z.v[20];
+  const long long ms2 = z.v[21];
+  const long long ms3 = z.v[22];
+  const long long o_sr = z.v[23];
+  constexpr long long kH = 4LL, kD = 64LL, kDv = 64LL, kHalf = 32LL;
   constexpr int kBr = 32, kBc = 32, kTpr = 8, kAcc = 8;
   __shared__ float qs[kBr * (kD + 1)];
   __shared__ float ks[kBc * (kD + 1)];
@@ -204,22 +235,22 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
   __shared__ int skip;
   const int tid = threadIdx.x, i = tid / kTpr, lane = tid % kTpr;
   const float kNegInf = -__int_as_float(0x7f800000);
-  for (long long item = blockIdx.x; item < 12LL; item += gridDim.x) {
-    const long long qt = item % 3LL, bh = item / 3LL, h = bh % kH, b = bh / kH;
+  for (long long item = blockIdx.x; item < kItems; item += gridDim.x) {
+    const long long qt = item % kQtiles, bh = item / kQtiles, h = bh % kH, b = bh / kH;
     const long long r0 = qt * kBr, r = r0 + i;
     const bool rv = r < kS;
-    const float* qh = q + b * 24576LL + h * 6144LL;
-    const float* kh = k + b * 12288LL + (h / 2LL) * 6144LL;
-    const float* vh = v + b * 12288LL + (h / 2LL) * 6144LL;
-    float* oh = out + b * 24576LL + h * 64LL;
+    const float* qh = q + b * q_sb + h * q_sh;
+    const float* kh = k + b * k_sb + (h / 2LL) * k_sh;
+    const float* vh = v + b * v_sb + (h / 2LL) * v_sh;
+    float* oh = out + b * o_sb + h * o_sh;
     __syncthreads();  // the previous tile's readers are done with the shared arrays
     for (int e = tid; e < kBr * kD; e += 256) {
       const long long rq = r0 + e / kD, c = e % kD;
       float x = 0.f;
       if (rq < kS) {
-        const long long co = b * 0LL + h * 0LL + rq * 64LL + c * 1LL;
-        const float x2 = c < kHalf ? -qh[rq * 64LL + c + kHalf] : qh[rq * 64LL + c - kHalf];
-        const float a = qh[rq * 64LL + c] * cs[co];
+        const long long co = rq * cq2 + c * cq3;
+        const float x2 = c < kHalf ? -qh[rq * q_sr + c + kHalf] : qh[rq * q_sr + c - kHalf];
+        const float a = qh[rq * q_sr + c] * cs[co];
         const float s = x2 * sn[co];
         x = a + s;
       }
@@ -228,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
     float m = kNegInf, acc[kAcc];
     double l = 0;
     for (int u = 0; u < kAcc; ++u) acc[u] = 0.f;
-    const long long rlast = (r0 + kBr < kS ? r0 + kBr : kS) - 1, live = rlast + 1 + 0LL;
+    const long long rlast = (r0 + kBr < kS ? r0 + kBr : kS) - 1, live = rlast + 1 + kOff;
     const long long kend = live < 0 ? 0 : live > kSk ? kSk : live;  // keys from kend on: dropped by every row
     for (long long j0 = 0; j0 < kSk; j0 += kBc) {
       __syncthreads();  // the previous key tile's readers are done with ks, vs, ps
@@ -237,9 +268,9 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
         const long long c = e % kD, j = j0 + jj;
         float x = 0.f;
         if (j < kSk) {
-          const long long co = b * 0LL + (h / 2LL) * 0LL + j * 64LL + c * 1LL;
-          const float x2 = c < kHalf ? -kh[j * 64LL + c + kHalf] : kh[j * 64LL + c - kHalf];
-          const float a = kh[j * 64LL + c] * cs[co];
+          const long long co = j * ck2 + c * ck3;
+          const float x2 = c < kHalf ? -kh[j * k_sr + c + kHalf] : kh[j * k_sr + c - kHalf];
+          const float a = kh[j * k_sr + c] * cs[co];
           const float s = x2 * sn[co];
           x = a + s;
         }
@@ -247,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
       }
       for (int e = tid; e < kBc * kDv; e += 256) {
         const long long j = j0 + e / kDv, c = e % kDv;
-        vs[e] = j < kSk ? vh[j * 64LL + c] : 0.f;
+        vs[e] = j < kSk ? vh[j * v_sr + c] : 0.f;
       }
       if (tid == 0) skip = 1;
       __syncthreads();
@@ -283,7 +314,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
           float dot = 0.f;
           for (long long c = 0; c < kD; ++c) dot += qs[i * (kD + 1) + c] * ks[jj * (kD + 1) + c];
           sc = 0.125f * dot;
-          sc = sc + mask[b * 9216LL + h * 0LL + r * 96LL + j * 1LL];
+          sc = sc + mask[b * ms0 + r * ms2 + j * ms3];
           lm = gf::max(lm, sc);
         }
         sv[w] = sc;
@@ -324,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(256) flash_attention_rope_mask_h4_k
       for (int u = 0; u < kAcc; ++u) {
         const long long c = lane + u * kTpr;
         if (c >= kDv) break;
-        oh[r * 256LL + c] = acc[u] * inv;
+        oh[r * o_sr + c] = acc[u] * inv;
       }
     }
   }

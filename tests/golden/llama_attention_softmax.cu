@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 
 // Block reductions for row kernels (blockDim.x == 256: eight warps). Warp partials by
 // shuffles, then the eight partials summed in a fixed order: every thread gets the same value.
@@ -222,16 +229,22 @@ __noinline__ float block_max(float v) {
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_4bd0b5ef(const float* __restrict__ mask, float* __restrict__ p) {
-  constexpr long long kH = 4LL, kS = 16LL, kSk = 16LL;
-  for (long long item = blockIdx.x; item < 64LL; item += gridDim.x) {
+extern "C" __global__ void __launch_bounds__(256) attention_softmax_mask_h4_f32_ae250cc9(const float* __restrict__ mask, float* __restrict__ p, const gf::Sizes<6> z) {
+  const long long kS = z.v[0];
+  const long long kSk = z.v[1];
+  const long long kItems = z.v[2];
+  const long long ms0 = z.v[3];
+  const long long ms2 = z.v[4];
+  const long long ms3 = z.v[5];
+  constexpr long long kH = 4LL;
+  for (long long item = blockIdx.x; item < kItems; item += gridDim.x) {
     const long long r = item % kS, bh = item / kS, h = bh % kH, b = bh / kH;
     (void)r, (void)h, (void)b;
     float* row = p + item * kSk;
     float m = -__int_as_float(0x7f800000);
     for (long long j = threadIdx.x; j < kSk; j += 256) {
       float sc = 0.25f * row[j];
-      sc = sc + mask[b * 256LL + h * 0LL + r * 16LL + j * 1LL];
+      sc = sc + mask[b * ms0 + r * ms2 + j * ms3];
       row[j] = sc;
       m = gf::max(m, sc);
     }

@@ -188,18 +188,28 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 
 }  // namespace gf
 
-extern "C" __global__ void __launch_bounds__(256) rope_f32_50a39fa4(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0) {
-  const long long n = 4096LL, kD = 64LL, kHalf = 32LL;
+extern "C" __global__ void __launch_bounds__(256) rope_f32_cccb19f6(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, float* __restrict__ out0, const gf::Sizes<4> z) {
+  const long long n = z.v[0];
+  const long long kD = z.v[1];
+  const long long kHalf = z.v[2];
+  const unsigned dim1 = static_cast<unsigned>(z.v[3]);
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long i = first; i < n; i += step) {
     const long long c = i % kD;
     const float x2 = c < kHalf ? -gf::f32_of(in0[i + kHalf]) : gf::f32_of(in0[i - kHalf]);
-    const float a = gf::f32_of(in0[i]) * gf::f32_of(in1[(static_cast<unsigned>(i) % 1024u)]);
-    const float b = x2 * gf::f32_of(in2[(static_cast<unsigned>(i) % 1024u)]);
+    const float a = gf::f32_of(in0[i]) * gf::f32_of(in1[(static_cast<unsigned>(i) % dim1)]);
+    const float b = x2 * gf::f32_of(in2[(static_cast<unsigned>(i) % dim1)]);
     gf::store(out0 + i, a + b);
   }
 }

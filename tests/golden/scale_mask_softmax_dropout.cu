@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 // The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Add(T x, T y, T z, const Attrs& a, long long idx) { return x + y; }
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
@@ -241,8 +248,10 @@ __forceinline__ void gf_epilogue(long long idx, float r0, float r1, float& o0) {
   o0 = r2;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_054f623b(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0) {
-  const long long kRows = 256LL, kD = 32LL;
+extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_6a7473bc(const float* __restrict__ in0, const float* __restrict__ in1, const float* __restrict__ in2, const float* __restrict__ in3, float* __restrict__ out0, const gf::Sizes<3> z) {
+  const long long kRows = z.v[0];
+  const long long kD = z.v[1];
+  const unsigned pro_dim1 = static_cast<unsigned>(z.v[2]);
   constexpr int kPer = 1;
   for (long long row = blockIdx.x; row < kRows; row += gridDim.x) {
     float x[kPer];
@@ -252,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(256) fused_mul_add_softmax_mul_f32_
       x[j] = 0.f;
       if (c >= kD) continue;
       float q0;
-      gf_prologue(i, gf::f32_of(in0[i]), gf::f32_of(in1[0]), gf::f32_of(in2[(static_cast<unsigned>(i) % 1024u)]), q0);
+      gf_prologue(i, gf::f32_of(in0[i]), gf::f32_of(in1[0]), gf::f32_of(in2[(static_cast<unsigned>(i) % pro_dim1)]), q0);
       x[j] = q0;
     }
     float m = -__int_as_float(0x7f800000);

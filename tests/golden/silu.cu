@@ -188,6 +188,13 @@ __forceinline__ void store(unsigned char* p, long long v) { *p = v != 0 ? 1 : 0;
 
 __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<unsigned long long>(p) & 15ull) == 0; }
 
+// A kernel's sizes, passed by value as its last parameter: the source names them, the launch
+// gives their values (CudaKernelSource::sizes).
+template <int N>
+struct Sizes {
+  long long v[N];
+};
+
 // The op-table rows this kernel uses (graphfuse/ops.def, stringized).
 template <class T> __forceinline__ T op_Mul(T x, T y, T z, const Attrs& a, long long idx) { return x * y; }
 template <class T> __forceinline__ T op_Silu(T x, T y, T z, const Attrs& a, long long idx) { return x / (T(1) + exp_fast(-x)); }
@@ -203,11 +210,12 @@ __forceinline__ void gf_body(long long idx, float r0, float r1, float& o0) {
   o0 = r3;
 }
 
-extern "C" __global__ void __launch_bounds__(256) fused_silu_mul_f32_106eb0c1(const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ out0) {
-  const long long n = 176128LL;
+extern "C" __global__ void __launch_bounds__(256) fused_silu_mul_f32_effaf80f(const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ out0, const gf::Sizes<2> z) {
+  const long long n = z.v[0];
+  const long long vec = z.v[1];
   const long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   const long long step = static_cast<long long>(gridDim.x) * blockDim.x;
-  if (gf::aligned16(in0) && gf::aligned16(in1) && gf::aligned16(out0)) {
+  if (vec && gf::aligned16(in0) && gf::aligned16(in1) && gf::aligned16(out0)) {
     for (long long q = first; q < n / 4; q += step) {
       const long long i = q * 4;
       const float4 v0 = *reinterpret_cast<const float4*>(in0 + i);
