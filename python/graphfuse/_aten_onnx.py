@@ -574,17 +574,28 @@ def _embedding(b: Builder, n):
 def _index_check(n, info):
     indices = n.args[1]
     present = [k for k, i in enumerate(indices) if i is not None]
-    if len(present) != 1:
-        return "indexing by several tensors"
-    if info[indices[present[0]]].dtype == torch.bool:
+    if len(present) != 1 and present != list(range(len(present))):
+        return "indexing by several tensors, not the leading dims"
+    if any(info[indices[k]].dtype == torch.bool for k in present):
         return "indexing by a boolean mask"
     return None
 
 
 def _index(b: Builder, n):
+    """x[i] along one dim: Gather. x[i0, i1, ...] over the leading dims (transformers' padding
+    mask read as mask[batch_idx, kv_idx]): GatherND over the indices broadcast and stacked."""
     indices = n.args[1]
-    k = next(k for k, i in enumerate(indices) if i is not None)
-    return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
+    present = [k for k, i in enumerate(indices) if i is not None]
+    if len(present) == 1:
+        k = present[0]
+        return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
+    rank, out = len(b.meta(n.args[0]).shape), b.meta(n).shape
+    bshape = out[: len(out) - (rank - len(present))]
+    stacked = []
+    for i in indices:
+        e = b.add("Expand", [b.value(i, torch.int64), b.shape_value(bshape, b.meta(i).shape, expand=True)])
+        stacked.append(b.add("Unsqueeze", [e, b.ints([-1])]))
+    return b.add("GatherND", [b.value(n.args[0]), b.add("Concat", stacked, axis=-1)])
 
 
 def _gather(b: Builder, n):
