@@ -465,6 +465,9 @@ class _Runner(torch.nn.Module):
         # (one kept per size: an array of no elements is never written).
         self.size_inputs = frozenset(size_inputs)
         self.carriers: dict = {}
+        # A session of symbolic dims plans at its first run: the partition's report (kernels
+        # before and after fusion) is filled from that plan.
+        self.report: Optional[dict] = None
 
     def _carrier(self, size: int) -> np.ndarray:
         c = self.carriers.get(size)
@@ -485,6 +488,10 @@ class _Runner(torch.nn.Module):
             # numpy views share the tensors' memory (no copy); bf16, which numpy lacks, goes by DLPack
             feed.append(t if t.dtype == torch.bfloat16 else t.numpy())
         outs = self.run(feed)
+        if self.report is not None:
+            report, self.report = self.report, None
+            explained = self.session.explain() or {}
+            report.update(kernels_before=explained.get("kernels_before"), kernels_after=explained.get("kernels_after"))
         result = []
         for o, dt in zip(outs, self.out_dtypes):
             t = torch.from_numpy(o)
@@ -764,6 +771,8 @@ def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: 
         )
         if check is not None:
             part_reports[-1]["check"] = check["result"]
+        if not explained:
+            runner.report = part_reports[-1]
     fused.graph.eliminate_dead_code()
     fused.recompile()
     report = {
