@@ -104,7 +104,10 @@ _MAX_PARTITION_BYTES = 1_800_000_000
 def reports() -> list:
     """One dict per graph signature compiled (the latest last): graph, signature, compile_ms,
     aten_ops, partitions (each: ops, kernels_before, kernels_after, compile_ms), fallback (op ->
-    count and reason, for the ops left to PyTorch)."""
+    count and reason, for the ops left to PyTorch), symbolic (compiled once for every size),
+    dims (the partitions' symbolic dims, by dim_param), size_inputs (sizes fed as empty
+    [0, size] inputs), guards_added (by symbolic tracing), size_ops (size arithmetic left to
+    Python), and symbolic_refused (why a graph with symbolic sizes is compiled per signature)."""
     return list(_REPORTS)
 
 
@@ -231,7 +234,7 @@ def _record_symbolic(template: torch.fx.GraphModule, args: list, frozen: dict):
     graph = torch.fx.Graph()
     out = graph.graph_copy(template.graph, {})
     graph.output(out)
-    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    gm = torch.fx.GraphModule(template, graph)  # copies the constants tracing lifted (get_attr)
     rec = types.SimpleNamespace(info={}, constant=set(), const_values={})
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(args):
@@ -252,6 +255,11 @@ def _record_symbolic(template: torch.fx.GraphModule, args: list, frozen: dict):
         rec.constant.add(attr)
         rec.const_values[attr] = value
     for n in list(graph.nodes):
+        if n.op == "get_attr" and n not in rec.constant:  # a tensor tracing lifted into a constant
+            value = getattr(gm, n.target)
+            rec.info[n] = ao.Meta(tuple(value.shape), value.dtype)
+            rec.constant.add(n)
+            rec.const_values[n] = value
         if n.op != "call_function":
             continue
         m = _symbolic_meta(n.meta.get("val"))

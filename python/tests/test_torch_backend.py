@@ -566,6 +566,29 @@ def test_generate_64_tokens_compiles_at_most_3_times_per_graph():
         assert not r["fallback"] and len(r["partitions"]) == 1, r
 
 
+def test_generate_dynamic_prompts_compile_once():
+    """forward compiled with dynamic=True, generate() after prompts of three lengths: a symbolic
+    prefill graph (its causal mask computed from the symbolic length, a constant that tracing
+    lifted kept) and a symbolic decode graph, each compiled once; eager's tokens for each."""
+    torch.manual_seed(16)
+    model = _llama().eval()
+    prompts = [torch.randint(1, VOCAB, (1, n)) for n in (7, 11, 15)]
+    with torch.no_grad():
+        expected = [model.generate(p, max_new_tokens=6, do_sample=False).tolist() for p in prompts]
+        model.forward = torch.compile(model.forward, backend="graphfuse", dynamic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            got = [model.generate(p, max_new_tokens=6, do_sample=False).tolist() for p in prompts]
+    assert got == expected
+    stats = gtb.session_stats()
+    assert len(stats) == 2 and all(s["symbolic"] and s["compiles"] == 1 for s in stats.values()), stats
+    prefill, decode = sorted(stats.values(), key=lambda s: s["plans_made"])
+    assert prefill["plans_made"] == 3, stats  # one plan per prompt length, in one session
+    assert decode["plans_made"] > 5, stats  # the cache lengths of all three generations, in one session
+    for r in gtb.reports():
+        assert not r["fallback"] and len(r["partitions"]) == 1, r
+
+
 def test_generate_left_padded_batch_compiles_once_per_graph():
     """generate() of a left-padded batch: the graph takes attention_mask, whose padding mask
     (mask[batch_idx, kv_idx]) and causal mask are computed in the partition from symbolic
