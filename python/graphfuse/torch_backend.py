@@ -726,7 +726,7 @@ def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: 
     part_reports = []
     fallback = collections.Counter()
     reasons = {}
-    dims, size_inputs = set(), []
+    dims, size_inputs, runners = set(), [], []
     for n in list(fused.graph.nodes):
         if n.op == "call_function" and n.target is not operator.getitem and not _is_size(rec.info.get(n.meta.get("gf_orig"))):
             key = str(n.target)
@@ -763,6 +763,7 @@ def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: 
                               for k, p in enumerate(placeholders)],
             }
         runner = _Runner(session, out_dtypes, tuple_out, check, sizes)
+        runners.append(runner)
         for vi in model.graph.input:
             dims.update(d.dim_param for d in vi.type.tensor_type.shape.dim if d.dim_param)
         size_inputs.extend(f"{n.target}.{model.graph.input[j].name}" for j in sizes)
@@ -783,6 +784,7 @@ def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: 
             runner.report = part_reports[-1]
     fused.graph.eliminate_dead_code()
     fused.recompile()
+    fused._gf_runners = runners
     report = {
         "graph": graph_id,
         "signature": "",
@@ -851,6 +853,7 @@ class _CompiledGraph:
         _CompiledGraph._next_id += 1
         self.graph_id = _CompiledGraph._next_id
         self.warned_grad = False
+        self.on_cpu: Optional[bool] = None
         self.symbolic = symbolic
         self.symbolic_refused = symbolic_refused
         self.state_positions = sorted(state)
@@ -864,7 +867,7 @@ class _CompiledGraph:
 
     def sessions(self) -> list:
         entries = [self.sym_entry] if self.sym_entry is not None else list(self.cache.values())
-        return [m.session for fn, _ in entries if fn is not self.gm for m in fn.modules() if isinstance(m, _Runner)]
+        return [r.session for fn, _ in entries if fn is not self.gm for r in getattr(fn, "_gf_runners", ())]
 
     def _compiled(self, compile_fn, args: list) -> tuple:
         """(fn, live positions) from compile_fn(), or the graph in PyTorch when it fails; the
@@ -903,8 +906,10 @@ class _CompiledGraph:
         if fn is self.gm:
             return fn(*args)
         try:
+            if not torch.is_grad_enabled():  # generate() runs under no_grad: no context to enter
+                return fn.forward(*[args[i] for i in live])
             with torch.no_grad():
-                return fn(*[args[i] for i in live])
+                return fn.forward(*[args[i] for i in live])
         except Error as e:  # a plan that fails to run: the graph runs in PyTorch from now on
             warnings.warn(f"graphfuse: a partition failed to run ({e}); this graph runs in PyTorch", RuntimeWarning,
                           stacklevel=3)
@@ -919,7 +924,10 @@ class _CompiledGraph:
                               RuntimeWarning, stacklevel=2)
                 self.warned_grad = True
             return self.gm(*args)
-        if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+        if self.on_cpu is None:
+            # Dynamo's guards fix every input's device for this graph: checked at its first call
+            self.on_cpu = all(a.is_cpu for a in args if isinstance(a, torch.Tensor))
+        if not self.on_cpu:
             return self.gm(*args)  # the graphfuse CUDA target is for ONNX sessions, not torch tensors yet
         if self.symbolic is not None:
             return self._call_symbolic(args)
