@@ -157,15 +157,29 @@ def torch_main(args) -> int:
             return backend(gm, example_inputs)
         return compile_fn
 
+    def own_forward(model, name):
+        """model.forward over its own copy of the code object: Dynamo keeps its compiled graphs and
+        its automatic-dynamic decisions per code object, which the variants would otherwise
+        share (the second compiled variant would find the sizes the first saw change already
+        dynamic, and compile other graphs than it would alone)."""
+        import types
+
+        f = type(model).forward
+        code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{name}")
+        g = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
+        g.__kwdefaults__, g.__wrapped__ = f.__kwdefaults__, getattr(f, "__wrapped__", None)
+        return types.MethodType(g, model)
+
     variants = {}
     for name in args.torch_variants:
         model = build()
         if name == "inductor":
             from torch._inductor.compile_fx import compile_fx
 
-            model.forward = torch.compile(model.forward, backend=counting(name, compile_fx))
+            model.forward = torch.compile(own_forward(model, name), backend=counting(name, compile_fx))
         elif name == "graphfuse":
-            model.forward = torch.compile(model.forward, backend="graphfuse", options={"threads": args.threads})
+            model.forward = torch.compile(own_forward(model, name), backend="graphfuse",
+                                          options={"threads": args.threads})
         variants[name] = model
     ids = torch.randint(0, 32000, (1, args.prompt), generator=torch.Generator().manual_seed(1))
 
