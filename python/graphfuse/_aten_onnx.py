@@ -155,6 +155,9 @@ class Builder:
         self._sources: dict = {}
         self._sizes: dict = {}
         self._shapes: dict = {}  # input name -> its Shape node's output
+        # An input with at least one element (its values read by _arange), and its dtype.
+        self.data: Optional[str] = None
+        self.data_dtype: Optional[torch.dtype] = None
 
     # --- symbolic sizes ---
 
@@ -583,19 +586,27 @@ def _index_check(n, info):
 
 def _index(b: Builder, n):
     """x[i] along one dim: Gather. x[i0, i1, ...] over the leading dims (transformers' padding
-    mask read as mask[batch_idx, kv_idx]): GatherND over the indices broadcast and stacked."""
+    mask read as mask[batch_idx, kv_idx]): one Gather from x's leading dims flattened, at
+    (i0 * d1 + i1) * d2 + ..., which broadcasts as the indices do. (Not GatherND over the
+    indices expanded: a batch index expanded to [batch, kv length] would fold into a constant
+    of the length, which no shape-class template can move.)"""
     indices = n.args[1]
     present = [k for k, i in enumerate(indices) if i is not None]
     if len(present) == 1:
         k = present[0]
         return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
-    rank, out = len(b.meta(n.args[0]).shape), b.meta(n).shape
-    bshape = out[: len(out) - (rank - len(present))]
-    stacked = []
-    for i in indices:
-        e = b.add("Expand", [b.value(i, torch.int64), b.shape_value(bshape, b.meta(i).shape, expand=True)])
-        stacked.append(b.add("Unsqueeze", [e, b.ints([-1])]))
-    return b.add("GatherND", [b.value(n.args[0]), b.add("Concat", stacked, axis=-1)])
+    x = b.meta(n.args[0]).shape
+    flat = None
+    for j, i in enumerate(indices):
+        d = b.size0(x[j])
+        v = b.value(i, torch.int64)
+        v = b.add("Where", [b.add("Less", [v, b.const(0, torch.int64)]), b.add("Add", [v, d]), v])  # PyTorch's -1
+        flat = v if flat is None else b.add("Add", [b.add("Mul", [flat, d]), v])
+    lead = 1
+    for d in x[: len(indices)]:
+        lead = lead * d
+    rows = b.add("Reshape", [b.value(n.args[0]), b.shape_value([lead] + list(x[len(indices):]))])
+    return b.add("Gather", [rows, flat], axis=0)
 
 
 def _gather(b: Builder, n):
@@ -809,6 +820,20 @@ def _arange(b: Builder, n):
         args = args[:3] + [1] * (3 - len(args[:3]))
     dt = b.meta(n).dtype
     work = torch.int64 if dt not in _FLOATS else torch.float32
+    length = b.meta(n).shape[0]
+    if not isinstance(length, int) and args[2] == 1 and b.data is not None and all(
+            not isinstance(a, float) for a in args[:2]):
+        # A symbolic length: start + CumSum(ones) - 1, the ones expanded from a 1 read from an
+        # input's values. A Range is folded into a constant of the call's length, which a
+        # shape-class template cannot move (its elements differ per length), and every later
+        # length would be planned from the model; this form stays computed (a few adds).
+        first = b.add("Slice", [b.add("Reshape", [b.data, b.ints([-1])]), b.ints([0]), b.ints([1]), b.ints([0])])
+        first = b.cast(first, b.data_dtype, torch.int64)
+        one = b.cast(b.add("Equal", [first, first]), torch.bool, torch.int64)
+        count = b.add("CumSum", [b.add("Expand", [one, b.size1(length)]), b.const(0, torch.int64)])
+        start = args[0]
+        out = b.add("Add", [count, b.add("Sub", [_number(b, start, torch.int64), b.const(1, torch.int64)])])
+        return b.cast(out, torch.int64, dt)
     out = b.add("Range", [_number(b, a, work) for a in args])
     return b.cast(out, work, dt)
 

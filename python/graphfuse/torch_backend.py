@@ -585,6 +585,8 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
             graph_inputs[k] = helper.make_tensor_value_info(f"in{k}", ao.ONNX_DTYPE[m.dtype], _onnx_dims(m.shape))
             b.names[ph] = f"in{k}"
             b.bind_dims(f"in{k}", m.shape)
+            if b.data is None and m.shape and all(not isinstance(d, int) or d > 0 for d in m.shape):
+                b.data, b.data_dtype = f"in{k}", m.dtype  # never empty: symbolic sizes are 2 or more
             live_positions.append(k)
     size_inputs = []
     for k, ph in sizes:
