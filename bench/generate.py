@@ -206,7 +206,8 @@ def torch_main(args) -> int:
     print(f"\nLLaMA hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads, {args.kv_heads} K / V heads, "
           f"{args.layers} layers, vocab 32000; prompt {args.prompt}, {args.new} new tokens, dynamic cache, "
           f"{args.threads} threads, median of {args.repeats}\n")
-    print("| variant | per-token ms | prefill ms | first generate ms | Dynamo graphs | compilations per graph | same tokens |")
+    print("| variant | per-token ms | prefill ms | first generate ms | Dynamo graphs | compilations per graph "
+          "| same tokens |")
     print("|---|---|---|---|---|---|---|")
     ref = tokens.get("eager", next(iter(tokens.values())))
     ok = True

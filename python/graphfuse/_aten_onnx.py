@@ -850,7 +850,10 @@ def _fill(value_arg: Optional[int], default=None) -> Callable:
 
     def t(b: Builder, n):
         m = b.meta(n)
-        value = default if value_arg is None else (n.args[value_arg] if len(n.args) > value_arg else n.kwargs["fill_value"])
+        if value_arg is None:
+            value = default
+        else:
+            value = n.args[value_arg] if len(n.args) > value_arg else n.kwargs["fill_value"]
         scalar = _number(b, value, m.dtype)
         return b.add("Expand", [scalar, b.shape_value(m.shape)])
 

@@ -53,8 +53,9 @@ PyTorch.
 requires grad runs the graph in PyTorch, with a warning, so that training stays correct.
 
 options (torch.compile(..., options={...})): "fusion" (default True), "threads" (graphfuse's CPU
-pool; 0: the hardware's), "cache_size" (4), "symbolic" (default True), "plan_cache" (64), "dump_dir" (writes each partition's ONNX model
-there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`), "check" (default
+pool; 0: the hardware's), "cache_size" (4), "symbolic" (default True: compile graphs of
+symbolic sizes once), "plan_cache" (64: the plans a symbolic session keeps), "dump_dir" (writes
+each partition's ONNX model there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`), "check" (default
 False; also on with the environment variable GRAPHFUSE_CHECK=1): on the first call of each
 compiled signature, every partition is also run in PyTorch on the same inputs and compared; the
 first that differs (NaN where eager has none, or past the dtype's tolerance) is named in a
@@ -730,7 +731,8 @@ def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: 
     reasons = {}
     dims, size_inputs, runners = set(), [], []
     for n in list(fused.graph.nodes):
-        if n.op == "call_function" and n.target is not operator.getitem and not _is_size(rec.info.get(n.meta.get("gf_orig"))):
+        size_op = _is_size(rec.info.get(n.meta.get("gf_orig")))
+        if n.op == "call_function" and n.target is not operator.getitem and not size_op:
             key = str(n.target)
             fallback[key] += 1
             reasons[key] = support.refused.get(key, (0, "partition too small"))[1]
