@@ -33,7 +33,9 @@ one model copy each, in one process, torch.set_num_threads(--threads):
   prefill ms      T(generate of 1 token)
   each T the median of --repeats, the variants taking turns, each turn after an untimed
   generate() of one token (the previous variant's threads stop spinning meanwhile); the first
-  generate (compilations included) is reported too. Per compiled variant: the Dynamo graphs and
+  generate (compilations included) is reported too. graphfuse runs the model on its own pool of
+  --threads; --graphfuse-torch-threads sets PyTorch's for that variant, which then runs only
+  generate()'s bookkeeping (its idle OpenMP workers otherwise spin beside graphfuse's). Per compiled variant: the Dynamo graphs and
   the compilations of each (graphfuse: graphfuse.torch_backend.session_stats(), with how many
   plans its sessions made and how many came from a shape-class template). The run fails (exit
   status 1) when a variant's tokens differ from eager's.
@@ -187,9 +189,15 @@ def torch_main(args) -> int:
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
                               do_sample=False, pad_token_id=0)
 
+    # PyTorch's pool per variant: with graphfuse, only generate()'s own ops (argmax, the next ids)
+    # run in it, and its OpenMP workers spinning after them share the cores with graphfuse's pool.
+    torch_threads = {name: args.threads for name in variants}
+    if args.graphfuse_torch_threads:
+        torch_threads["graphfuse"] = args.graphfuse_torch_threads
     tokens, first_ms = {}, {}
     with torch.no_grad():
         for name, model in variants.items():  # warm-up: compiles the prefill and the decode graphs
+            torch.set_num_threads(torch_threads[name])
             t = time.perf_counter()
             tokens[name] = generate(model, args.new).tolist()
             first_ms[name] = (time.perf_counter() - t) * 1e3
@@ -197,6 +205,7 @@ def torch_main(args) -> int:
         times = {name: {1: [], args.new: []} for name in variants}
         for _ in range(args.repeats):
             for name, model in variants.items():
+                torch.set_num_threads(torch_threads[name])
                 generate(model, 1)  # untimed: the previous variant's threads stop spinning meanwhile
                 for new in (1, args.new):
                     t = time.perf_counter()
@@ -205,7 +214,8 @@ def torch_main(args) -> int:
 
     print(f"\nLLaMA hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads, {args.kv_heads} K / V heads, "
           f"{args.layers} layers, vocab 32000; prompt {args.prompt}, {args.new} new tokens, dynamic cache, "
-          f"{args.threads} threads, median of {args.repeats}\n")
+          f"{args.threads} threads (PyTorch's with graphfuse: {torch_threads.get('graphfuse', args.threads)}), "
+          f"median of {args.repeats}\n")
     print("| variant | per-token ms | prefill ms | first generate ms | Dynamo graphs | compilations per graph "
           "| same tokens |")
     print("|---|---|---|---|---|---|---|")
@@ -255,6 +265,8 @@ def main() -> int:
     p.add_argument("--torch", action="store_true", help="transformers' generate() under torch.compile backends")
     p.add_argument("--torch-variants", nargs="+", default=["eager", "inductor", "graphfuse"],
                    choices=["eager", "inductor", "graphfuse"])
+    p.add_argument("--graphfuse-torch-threads", type=int, default=0,
+                   help="--torch: PyTorch's threads while the graphfuse variant runs (default: --threads)")
     args = p.parse_args()
     if args.small:
         args.hidden, args.ffn, args.heads, args.kv_heads = 256, 704, 4, 1

@@ -468,6 +468,7 @@ class _Runner(torch.nn.Module):
         self.session = session
         self.run = session._session.run  # the extension's run, without the dict API around it
         self.out_dtypes = out_dtypes
+        self.numpy_dtypes = all(dt != torch.bfloat16 for dt in out_dtypes)  # from_numpy gives them as they are
         self.tuple_out = tuple_out
         self.check = check
         # Positions among the inputs of the sizes passed as ints, fed as empty [0, size] arrays
@@ -485,6 +486,20 @@ class _Runner(torch.nn.Module):
         return c
 
     def forward(self, *tensors):
+        if not self.size_inputs and self.check is None and self.report is None:
+            # The common call: numpy views of the tensors (no copy; a strided one is copied around
+            # the run by the extension), outputs wrapped as they come. A tensor numpy cannot view
+            # (bf16, one that needs grad) takes the general path below.
+            try:
+                feed = [t.numpy() for t in tensors]
+            except (TypeError, RuntimeError):
+                pass
+            else:
+                outs = self.run(feed)
+                if self.numpy_dtypes:
+                    result = [torch.from_numpy(o) for o in outs]
+                    return tuple(result) if self.tuple_out else result[0]
+                return self._outputs(outs)
         feed = []
         for i, t in enumerate(tensors):
             if i in self.size_inputs:
@@ -501,13 +516,20 @@ class _Runner(torch.nn.Module):
             report, self.report = self.report, None
             explained = self.session.explain() or {}
             report.update(kernels_before=explained.get("kernels_before"), kernels_after=explained.get("kernels_after"))
+        if self.check is not None:
+            result = self._outputs(outs, as_list=True)
+            check, self.check = self.check, None
+            _check_partition(check, tensors, result)
+            return tuple(result) if self.tuple_out else result[0]
+        return self._outputs(outs)
+
+    def _outputs(self, outs: list, as_list: bool = False):
         result = []
         for o, dt in zip(outs, self.out_dtypes):
             t = torch.from_numpy(o)
-            result.append(t if t.dtype == dt else t.to(dt))
-        if self.check is not None:
-            check, self.check = self.check, None
-            _check_partition(check, tensors, result)
+            result.append(t if t.dtype == dt else t.to(dt))  # bf16 comes back as float32
+        if as_list:
+            return result
         return tuple(result) if self.tuple_out else result[0]
 
 
