@@ -855,7 +855,7 @@ def _fill(value_arg: Optional[int], default=None) -> Callable:
         else:
             value = n.args[value_arg] if len(n.args) > value_arg else n.kwargs["fill_value"]
         scalar = _number(b, value, m.dtype)
-        return b.add("Expand", [scalar, b.shape_value(m.shape)])
+        return b.add("Expand", [scalar, b.shape_value(m.shape, expand=True)])  # Expand takes no -1
 
     return t
 
@@ -947,8 +947,8 @@ _register([aten.index_copy.default], _index_copy, _index_copy_check)
 _register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
 _register([aten.addmm.default], _addmm, _f32_gemm)
 _register([aten.native_layer_norm.default], _layer_norm)
-_register([aten.mean.dim], _reduce("ReduceMean"))
-_register([aten.sum.dim_IntList], _reduce("ReduceSum"))
+_register([aten.mean.dim, aten.mean.default], _reduce("ReduceMean"))
+_register([aten.sum.dim_IntList, aten.sum.default], _reduce("ReduceSum"))
 _register([aten.amax.default], _reduce("ReduceMax"))
 _register([aten.amin.default], _reduce("ReduceMin"))
 _register([aten._softmax.default, aten.softmax.int], _softmax("Softmax"))

@@ -316,6 +316,29 @@ def test_dynamo_dynamic_shapes_compile_once():
     assert all(r["symbolic_refused"] == o["symbolic_refused"] for r in gtb.reports() if r["graph"] == other)
 
 
+def test_size_passed_as_int_becomes_a_size_input():
+    """dynamic=True with an int argument: Dynamo passes it as a size (SymInt) that no input
+    tensor carries. The partition reads it from a size input (an empty [0, n] tensor), for
+    arange and full of that length; one compilation serves every n."""
+
+    class Ramp(torch.nn.Module):
+        def forward(self, x, n: int):
+            return torch.arange(n, dtype=torch.float32) * x.sum() + torch.full((n,), 0.5) - n
+
+    model = Ramp()
+    compiled = torch.compile(model, backend="graphfuse", dynamic=True)
+    x = torch.randn(4)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for n in (5, 7, 9):
+            torch.testing.assert_close(compiled(x, n), model(x, n), rtol=1e-5, atol=1e-5)
+    [report] = gtb.reports()
+    assert report["symbolic"] and len(report["size_inputs"]) == 1, report
+    assert not report["fallback"] and len(report["partitions"]) == 1, report
+    [s] = gtb.session_stats().values()
+    assert s["compiles"] == 1 and s["sessions"] == 1 and s["plans_made"] == 3, s
+
+
 def test_symbolic_tracing_refused_compiles_per_shape(monkeypatch):
     """A graph that cannot be traced symbolically is compiled per signature, as before, and its
     reports say why."""
