@@ -666,6 +666,37 @@ def _addmm(b: Builder, n):
     return b.add("Add", [prod, bias])
 
 
+def _baddbmm(b: Builder, n):
+    """beta * input + alpha * (b1 @ b2) (BLOOM's ALiBi scores)."""
+    dt = b.meta(n).dtype
+    beta = n.kwargs.get("beta", 1)
+    alpha = n.kwargs.get("alpha", 1)
+    prod = b.add("MatMul", [b.value(n.args[1], dt), b.value(n.args[2], dt)])
+    if alpha != 1:
+        prod = b.add("Mul", [prod, b.const(alpha, dt)])
+    if beta == 0:
+        return prod
+    bias = b.value(n.args[0], dt)
+    if beta != 1:
+        bias = b.add("Mul", [bias, b.const(beta, dt)])
+    return b.add("Add", [bias, prod])
+
+
+def _stack(b: Builder, n):
+    dt = b.meta(n).dtype
+    rank = len(b.meta(n).shape)
+    dim = _norm_dim(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0), rank)
+    parts = [b.add("Unsqueeze", [b.value(a, dt), b.ints([dim])]) for a in n.args[0]]
+    return b.add("Concat", parts, axis=dim)
+
+
+def _cumsum(b: Builder, n):
+    dt = b.meta(n).dtype
+    rank = len(b.meta(n).shape)
+    dim = _norm_dim(n.args[1], rank) if rank else 0
+    return b.add("CumSum", [b.value(n.args[0], dt), b.const(dim, torch.int64)])
+
+
 def _layer_norm(b: Builder, n):
     x, normalized_shape, weight, bias, eps = n.args[:5]
     m = b.meta(x)
@@ -946,6 +977,9 @@ _register([aten.gather.default], _gather)
 _register([aten.index_copy.default], _index_copy, _index_copy_check)
 _register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
 _register([aten.addmm.default], _addmm, _f32_gemm)
+_register([aten.baddbmm.default], _baddbmm, _f32_gemm)
+_register([aten.stack.default], _stack)
+_register([aten.cumsum.default], _cumsum)
 _register([aten.native_layer_norm.default], _layer_norm)
 _register([aten.mean.dim, aten.mean.default], _reduce("ReduceMean"))
 _register([aten.sum.dim_IntList, aten.sum.default], _reduce("ReduceSum"))
