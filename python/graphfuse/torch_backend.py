@@ -6,13 +6,16 @@
         out = compiled(input_ids)
     graphfuse.torch_backend.reports()[-1]           # compile time, partitions, kernels, fallbacks
 
-The route, for each graph Dynamo hands over and each new input signature:
+The route, for each graph Dynamo hands over and each new input signature (or once, for a graph
+of symbolic sizes: see Shapes below):
 
 1. **ATen, every shape concrete.** The graph is traced again with make_fx on the call's real
    inputs, functionalized (views become copies, no mutation is left), so every op is an ATen op
    with known shapes and dtypes. Parameters, and everything computed from parameters and shapes
    alone (transposed weights, rotary tables, causal masks), are folded into constants: the
    weights reach graphfuse as constants, which GEMM packing and the projection fusions need.
+   (Symbolic: traced over Dynamo's fake inputs, sizes as sympy expressions; only what depends
+   on no symbolic size is folded.)
 2. **Partitions.** torch.fx's CapabilityBasedPartitioner groups the nodes that have an ATen ->
    ONNX translation (graphfuse._aten_onnx) into the largest acyclic partitions. Everything else
    stays in PyTorch in the outer graph, so an op graphfuse lacks (or a collective such as
