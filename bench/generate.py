@@ -22,6 +22,26 @@ The run fails (exit status 1) when the runtimes' tokens differ.
 
     ~/.cache/graphfuse/venv/bin/python bench/generate.py [--layers 4] [--prompt 128] [--new 64]
         [--repeats 3] [--threads 2] [--small]
+
+--torch instead runs transformers' generate() itself (its default, dynamic KV cache; greedy,
+exactly --new tokens after the --prompt tokens) on the same LlamaForCausalLM (vocab 32000, the
+sizes the options give, random weights) under PyTorch eager, model.forward compiled by
+torch.compile(backend="inductor") and by torch.compile(backend="graphfuse") (--torch-variants),
+one model copy each, in one process, torch.set_num_threads(--threads):
+
+  per-token ms    (T(generate of --new tokens) - T(generate of 1 token)) / (--new - 1)
+  prefill ms      T(generate of 1 token)
+  each T the median of --repeats, the variants taking turns, each turn after an untimed
+  generate() of one token (the previous variant's threads stop spinning meanwhile); the first
+  generate (compilations included) is reported too. graphfuse runs the model on its own pool of
+  --threads; --graphfuse-torch-threads sets PyTorch's for that variant, which then runs only
+  generate()'s bookkeeping (its idle OpenMP workers otherwise spin beside graphfuse's). Per compiled variant: the Dynamo graphs and
+  the compilations of each (graphfuse: graphfuse.torch_backend.session_stats(), with how many
+  plans its sessions made and how many came from a shape-class template). The run fails (exit
+  status 1) when a variant's tokens differ from eager's.
+
+    PYTHONPATH=python ~/.cache/graphfuse/venv/bin/python bench/generate.py --torch --hidden 1024
+        --ffn 2816 --heads 16 --kv-heads 4 --layers 4 --prompt 32 --new 64 --repeats 3 --threads 2
 """
 
 from __future__ import annotations
@@ -112,6 +132,122 @@ def generate(sess, names, prompt, new, layers, kv_heads, head, kv_dtype=np.float
     return tokens, times, planning
 
 
+def torch_main(args) -> int:
+    """--torch: generate() under eager, inductor and graphfuse (see the module's doc)."""
+    import torch
+    import transformers
+
+    import graphfuse.torch_backend as gtb
+
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 16)
+
+    def build():
+        torch.manual_seed(0)
+        cfg = transformers.LlamaConfig(
+            vocab_size=32000, hidden_size=args.hidden, intermediate_size=args.ffn, num_hidden_layers=args.layers,
+            num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+            max_position_embeddings=max(2048, 2 * (args.prompt + args.new)), tie_word_embeddings=False,
+        )
+        return transformers.LlamaForCausalLM(cfg).eval()
+
+    dynamo_graphs = {}  # variant -> Dynamo graphs compiled (inductor: counted by a wrapping backend)
+
+    def counting(name, backend):
+        def compile_fn(gm, example_inputs):
+            dynamo_graphs[name] = dynamo_graphs.get(name, 0) + 1
+            return backend(gm, example_inputs)
+        return compile_fn
+
+    def own_forward(model, name):
+        """model.forward over its own copy of the code object: Dynamo keeps its compiled graphs and
+        its automatic-dynamic decisions per code object, which the variants would otherwise
+        share (the second compiled variant would find the sizes the first saw change already
+        dynamic, and compile other graphs than it would alone)."""
+        import types
+
+        f = type(model).forward
+        code = f.__code__.replace(co_name=f"{f.__code__.co_name}_{name}")
+        g = types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__)
+        g.__kwdefaults__, g.__wrapped__ = f.__kwdefaults__, getattr(f, "__wrapped__", None)
+        return types.MethodType(g, model)
+
+    variants = {}
+    for name in args.torch_variants:
+        model = build()
+        if name == "inductor":
+            from torch._inductor.compile_fx import compile_fx
+
+            model.forward = torch.compile(own_forward(model, name), backend=counting(name, compile_fx))
+        elif name == "graphfuse":
+            model.forward = torch.compile(own_forward(model, name), backend="graphfuse",
+                                          options={"threads": args.threads})
+        variants[name] = model
+    ids = torch.randint(0, 32000, (1, args.prompt), generator=torch.Generator().manual_seed(1))
+
+    def generate(model, new):
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
+                              do_sample=False, pad_token_id=0)
+
+    # PyTorch's pool per variant: with graphfuse, only generate()'s own ops (argmax, the next ids)
+    # run in it, and its OpenMP workers spinning after them share the cores with graphfuse's pool.
+    torch_threads = {name: args.threads for name in variants}
+    if args.graphfuse_torch_threads:
+        torch_threads["graphfuse"] = args.graphfuse_torch_threads
+    tokens, first_ms = {}, {}
+    with torch.no_grad():
+        for name, model in variants.items():  # warm-up: compiles the prefill and the decode graphs
+            torch.set_num_threads(torch_threads[name])
+            t = time.perf_counter()
+            tokens[name] = generate(model, args.new).tolist()
+            first_ms[name] = (time.perf_counter() - t) * 1e3
+            print(f"  {name}: first generate {first_ms[name]:.0f} ms", flush=True)
+        times = {name: {1: [], args.new: []} for name in variants}
+        for _ in range(args.repeats):
+            for name, model in variants.items():
+                torch.set_num_threads(torch_threads[name])
+                generate(model, 1)  # untimed: the previous variant's threads stop spinning meanwhile
+                for new in (1, args.new):
+                    t = time.perf_counter()
+                    generate(model, new)
+                    times[name][new].append(time.perf_counter() - t)
+
+    print(f"\nLLaMA hidden {args.hidden}, ffn {args.ffn}, {args.heads} heads, {args.kv_heads} K / V heads, "
+          f"{args.layers} layers, vocab 32000; prompt {args.prompt}, {args.new} new tokens, dynamic cache, "
+          f"{args.threads} threads (PyTorch's with graphfuse: {torch_threads.get('graphfuse', args.threads)}), "
+          f"median of {args.repeats}\n")
+    print("| variant | per-token ms | prefill ms | first generate ms | Dynamo graphs | compilations per graph "
+          "| same tokens |")
+    print("|---|---|---|---|---|---|---|")
+    ref = tokens.get("eager", next(iter(tokens.values())))
+    ok = True
+    stats = gtb.session_stats()
+    for name in variants:
+        t1 = statistics.median(times[name][1])
+        tn = statistics.median(times[name][args.new])
+        same = tokens[name] == ref
+        ok &= same
+        graphs, per_graph = "-", "-"
+        if name == "graphfuse":
+            graphs = str(len(stats))
+            per_graph = str([s["compiles"] for s in stats.values()])
+        elif name in dynamo_graphs:
+            graphs, per_graph = str(dynamo_graphs[name]), "[1 each]"
+        print(f"| {name} | {(tn - t1) / (args.new - 1) * 1e3:.2f} | {t1 * 1e3:.1f} | {first_ms[name]:.0f} | {graphs} | "
+              f"{per_graph} | {same} |")
+    if "graphfuse" in variants:
+        for gid, s in stats.items():
+            print(f"graphfuse graph {gid}: {s}")
+        in_gf = sum(sum(p["ops"] for p in r["partitions"]) for r in gtb.reports())
+        left = sum(v["count"] for r in gtb.reports() for v in r["fallback"].values())
+        print(f"graphfuse: ATen ops in graphfuse partitions {in_gf}, left to PyTorch {left}")
+    print(f"peak RSS {peak_rss_mb():.0f} MB")
+    if not ok:
+        print(f"error: a variant's tokens differ from {next(iter(tokens)) if 'eager' not in tokens else 'eager'}'s",
+              file=sys.stderr)
+    return 0 if ok else 1
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=4)
@@ -126,9 +262,16 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default=os.path.expanduser("~/.cache/graphfuse/models"))
     p.add_argument("--runtimes", nargs="+", default=["onnxruntime", "graphfuse"], choices=["onnxruntime", "graphfuse"])
+    p.add_argument("--torch", action="store_true", help="transformers' generate() under torch.compile backends")
+    p.add_argument("--torch-variants", nargs="+", default=["eager", "inductor", "graphfuse"],
+                   choices=["eager", "inductor", "graphfuse"])
+    p.add_argument("--graphfuse-torch-threads", type=int, default=0,
+                   help="--torch: PyTorch's threads while the graphfuse variant runs (default: --threads)")
     args = p.parse_args()
     if args.small:
         args.hidden, args.ffn, args.heads, args.kv_heads = 256, 704, 4, 1
+    if args.torch:
+        return torch_main(args)
     name = f"llama_h{args.hidden}_f{args.ffn}_a{args.heads}_kv{args.kv_heads}_l{args.layers}_ts_kv"
     path = os.path.join(args.cache, name, "model.onnx")
     if not os.path.exists(path):

@@ -8,6 +8,15 @@ MatMul/Mul/Add/Softmax/MatMul), so the partitions fuse as the exported models do
 
 `support(node, info)` says whether a node can be translated (None) or why not (a string the
 compile report shows); `Builder.translate(node)` writes it.
+
+**Symbolic sizes.** A graph traced over Dynamo's dynamic shapes has sympy expressions (s0,
+s1 + 1, 2*s0) among its sizes. Inputs then carry them as ONNX dim_params, and a size that an op
+needs as a value (a Reshape's or Expand's shape, a Slice's end, a Range's bound, a causal mask's
+extent) is computed in the graph from the inputs' shapes (Shape -> Gather -> Add/Mul/Div ->
+Concat), as torch.onnx.export writes it: graphfuse folds that arithmetic when it plans a
+signature, so one model serves every size and its plans come from a shape class's template.
+Where a shape keeps one symbolic dim (or copies the input's), it stays a constant with -1 (or 0,
+1 for Expand), which the fusion patterns read as exported models write it.
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ import operator
 from typing import Any, Callable, Optional
 
 import onnx
+import sympy
 import torch
 from onnx import TensorProto, helper
+from torch.utils._sympy import functions as symfn
 
 aten = torch.ops.aten
 
@@ -41,13 +52,37 @@ _DEDUPE_BYTES = 4 << 20
 
 
 class Meta:
-    """What a node produced when the graph ran once: (shape, dtype) per tensor output."""
+    """What a node produced when the graph ran once: (shape, dtype) per tensor output. In a
+    symbolic trace a dim may be a sympy expression, and a node whose value is a size (a SymInt)
+    has shape (), dtype int64 and its expression in `expr`."""
 
-    __slots__ = ("shape", "dtype")
+    __slots__ = ("shape", "dtype", "expr")
 
-    def __init__(self, shape: tuple, dtype: torch.dtype):
+    def __init__(self, shape: tuple, dtype: torch.dtype, expr: Any = None):
         self.shape = shape
         self.dtype = dtype
+        self.expr = expr
+
+
+def is_static(dims) -> bool:
+    return all(isinstance(d, int) for d in dims)
+
+
+def dim_name(expr) -> str:
+    """The ONNX dim_param of a symbolic size: its expression without spaces (s0, s1+1)."""
+    return str(expr).replace(" ", "")
+
+
+def expr_of(arg, info: dict) -> Any:
+    """The size an op argument stands for: an int, or the sympy expression of a SymInt node."""
+    if isinstance(arg, torch.fx.Node):
+        m = info.get(arg)
+        if m is None or getattr(m, "expr", None) is None:
+            raise TypeError(f"{arg} is not a size")
+        return m.expr
+    if isinstance(arg, bool) or not isinstance(arg, int):
+        raise TypeError(f"{arg!r} is not a size")
+    return arg
 
 
 def tensor_bytes(t: torch.Tensor) -> bytes:
@@ -115,6 +150,111 @@ class Builder:
         self.names: dict = {}  # fx node -> ONNX name (or list of names for several outputs)
         self._constants: dict = {}  # see initializer()
         self._count = 0
+        # Symbolic sizes: sympy Symbol -> a thunk writing the nodes that read it from an input's
+        # shape (bind_dims); the ONNX name (a 1-D int64 of one element) of each expression made.
+        self._sources: dict = {}
+        self._sizes: dict = {}
+        self._shapes: dict = {}  # input name -> its Shape node's output
+        # An input with at least one element (its values read by _arange), and its dtype.
+        self.data: Optional[str] = None
+        self.data_dtype: Optional[torch.dtype] = None
+
+    # --- symbolic sizes ---
+
+    def bind_dims(self, name: str, dims) -> None:
+        """Registers the input `name`, of these dims, as the source of the symbols in them: a dim
+        that is a bare symbol gives it; s + c gives s as the dim less c."""
+        for d, e in enumerate(dims):
+            if isinstance(e, int):
+                continue
+            free = list(e.free_symbols)
+            if len(free) != 1 or free[0] in self._sources:
+                continue
+            s = free[0]
+            rest = sympy.expand(e - s)
+            if rest.free_symbols:
+                continue
+            self._sources[s] = (lambda name=name, d=d, c=int(rest): self._dim_less(name, d, c))
+
+    def bind_size(self, name: str, d: int, expr) -> None:
+        """The input `name`'s dim d is the size `expr` (of any form)."""
+        if expr not in self._sizes:
+            self._sizes[expr] = self._dim_less(name, d, 0)
+
+    def _dim_less(self, name: str, d: int, c: int) -> str:
+        if name not in self._shapes:
+            self._shapes[name] = self.add("Shape", [name])
+        dim = self.add("Gather", [self._shapes[name], self.ints([d])], axis=0)
+        return dim if c == 0 else self.add("Sub", [dim, self.ints([c])])
+
+    def knows(self, expr) -> bool:
+        return isinstance(expr, int) or expr in self._sizes or all(s in self._sources for s in expr.free_symbols)
+
+    def size1(self, expr) -> str:
+        """A 1-D int64 of one element holding the size `expr` (an int or a sympy expression)."""
+        if isinstance(expr, int) or (isinstance(expr, sympy.Expr) and expr.is_Integer):
+            return self.ints([int(expr)])
+        if expr in self._sizes:
+            return self._sizes[expr]
+        if isinstance(expr, sympy.Symbol):
+            if expr not in self._sources:
+                raise ValueError(f"the size {expr} is read from none of the partition's inputs")
+            out = self._sources[expr]()
+        elif isinstance(expr, (sympy.Add, sympy.Mul, symfn.Max, symfn.Min)):
+            op = {sympy.Add: "Add", sympy.Mul: "Mul", symfn.Max: "Max", symfn.Min: "Min"}[type(expr)]
+            parts = [self.size1(a) for a in expr.args]
+            out = parts[0]
+            for p in parts[1:]:
+                out = self.add(op, [out, p])
+        elif isinstance(expr, (symfn.FloorDiv, symfn.CleanDiv)):
+            # sizes are not negative, where ONNX's integer Div (truncating) is a floor division
+            out = self.add("Div", [self.size1(expr.args[0]), self.size1(expr.args[1])])
+        elif isinstance(expr, (symfn.PythonMod, symfn.Mod)):
+            out = self.add("Mod", [self.size1(expr.args[0]), self.size1(expr.args[1])], fmod=0)
+        else:
+            raise ValueError(f"cannot compute the size {expr} in ONNX")
+        self._sizes[expr] = out
+        return out
+
+    def size0(self, expr) -> str:
+        """The size `expr` as a 0-D int64."""
+        if isinstance(expr, int) or (isinstance(expr, sympy.Expr) and expr.is_Integer):
+            return self.const(int(expr), torch.int64)
+        return self.add("Squeeze", [self.size1(expr), self.ints([0])])
+
+    def shape_value(self, dims, source=None, expand: bool = False) -> str:
+        """A shape operand for `dims`. Static: a constant. Else, with `source` (the operand's
+        dims): a dim equal to the source's at its position is 0 for Reshape (copy) or 1 for
+        Expand (keep), aligned from the left or the right as each op does; a single dim left
+        symbolic in a Reshape is -1. What remains symbolic is computed from the inputs' shapes."""
+        dims = list(dims)
+        if is_static(dims):
+            return self.ints(dims)
+        out = list(dims)
+        if source is not None and not any(d == 0 for d in dims if isinstance(d, int)):
+            src = list(source)
+            offset = len(dims) - len(src) if expand else 0
+            for i, d in enumerate(dims):
+                j = i - offset
+                if not isinstance(d, int) and 0 <= j < len(src) and src[j] == d:
+                    out[i] = 1 if expand else 0
+        left = [i for i, d in enumerate(out) if not isinstance(d, int)]
+        if not expand and len(left) == 1 and not any(d == -1 for d in out):
+            out[left[0]] = -1
+        if is_static(out):
+            return self.ints(out)
+        parts, run = [], []
+        for d in out:
+            if isinstance(d, int):
+                run.append(d)
+                continue
+            if run:
+                parts.append(self.ints(run))
+                run = []
+            parts.append(self.size1(d))
+        if run:
+            parts.append(self.ints(run))
+        return self.add("Concat", parts, axis=0)
 
     def fresh(self, hint: str = "v") -> str:
         self._count += 1
@@ -355,12 +495,12 @@ def _identity(b: Builder, n):
 
 def _reshape(b: Builder, n):
     """Every view that keeps the elements in order (view, reshape, unsqueeze, squeeze, flatten):
-    the shape it produced, which tracing made concrete."""
-    return b.add("Reshape", [b.value(n.args[0]), b.ints(b.meta(n).shape)])
+    the shape it produced, which tracing made concrete (or symbolic: see shape_value)."""
+    return b.add("Reshape", [b.value(n.args[0]), b.shape_value(b.meta(n).shape, b.meta(n.args[0]).shape)])
 
 
 def _expand(b: Builder, n):
-    return b.add("Expand", [b.value(n.args[0]), b.ints(b.meta(n).shape)])
+    return b.add("Expand", [b.value(n.args[0]), b.shape_value(b.meta(n).shape, b.meta(n.args[0]).shape, expand=True)])
 
 
 def _permute(b: Builder, n):
@@ -389,6 +529,12 @@ def _slice(b: Builder, n):
     step = n.args[4] if len(n.args) > 4 else 1
     size = shape[dim]
     start = 0 if start is None else start
+    if not (isinstance(size, int) and isinstance(start, int) and (end is None or isinstance(end, int))):
+        # A symbolic size or bound: ONNX's Slice counts negative bounds from the end and clamps
+        # them to the dim as PyTorch does (step > 0).
+        starts = b.size1(expr_of(start, b.info))
+        ends = b.ints([2**62]) if end is None else b.size1(expr_of(end, b.info))
+        return b.add("Slice", [b.value(n.args[0]), starts, ends, b.ints([dim]), b.ints([step])])
     end = size if end is None else end
     start = max(0, min(size, start + size if start < 0 else start))
     end = max(0, min(size, end + size if end < 0 else end))
@@ -399,6 +545,10 @@ def _select(b: Builder, n):
     rank = len(b.meta(n.args[0]).shape)
     dim = _norm_dim(n.args[1], rank)
     index = n.args[2]
+    if not isinstance(index, int) or (index < 0 and not isinstance(b.meta(n.args[0]).shape[dim], int)):
+        e = expr_of(index, b.info)
+        e = e + b.meta(n.args[0]).shape[dim] if isinstance(e, int) and e < 0 else e
+        return b.add("Gather", [b.value(n.args[0]), b.size0(e)], axis=dim)
     index = index + b.meta(n.args[0]).shape[dim] if index < 0 else index
     return b.add("Gather", [b.value(n.args[0]), b.const(index, torch.int64)], axis=dim)
 
@@ -416,7 +566,8 @@ def _split(b: Builder, n):
     rank = len(outs[0].shape)
     dim = _norm_dim(n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0), rank)
     sizes = [m.shape[dim] for m in outs]
-    return b.add("Split", [b.value(n.args[0]), b.ints(sizes)], n_out=len(outs), axis=dim)
+    return b.add("Split", [b.value(n.args[0]), b.shape_value(sizes) if not is_static(sizes) else b.ints(sizes)],
+                 n_out=len(outs), axis=dim)
 
 
 def _embedding(b: Builder, n):
@@ -426,17 +577,36 @@ def _embedding(b: Builder, n):
 def _index_check(n, info):
     indices = n.args[1]
     present = [k for k, i in enumerate(indices) if i is not None]
-    if len(present) != 1:
-        return "indexing by several tensors"
-    if info[indices[present[0]]].dtype == torch.bool:
+    if len(present) != 1 and present != list(range(len(present))):
+        return "indexing by several tensors, not the leading dims"
+    if any(info[indices[k]].dtype == torch.bool for k in present):
         return "indexing by a boolean mask"
     return None
 
 
 def _index(b: Builder, n):
+    """x[i] along one dim: Gather. x[i0, i1, ...] over the leading dims (transformers' padding
+    mask read as mask[batch_idx, kv_idx]): one Gather from x's leading dims flattened, at
+    (i0 * d1 + i1) * d2 + ..., which broadcasts as the indices do. (Not GatherND over the
+    indices expanded: a batch index expanded to [batch, kv length] would fold into a constant
+    of the length, which no shape-class template can move.)"""
     indices = n.args[1]
-    k = next(k for k, i in enumerate(indices) if i is not None)
-    return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
+    present = [k for k, i in enumerate(indices) if i is not None]
+    if len(present) == 1:
+        k = present[0]
+        return b.add("Gather", [b.value(n.args[0]), b.value(indices[k], torch.int64)], axis=k)
+    x = b.meta(n.args[0]).shape
+    flat = None
+    for j, i in enumerate(indices):
+        d = b.size0(x[j])
+        v = b.value(i, torch.int64)
+        v = b.add("Where", [b.add("Less", [v, b.const(0, torch.int64)]), b.add("Add", [v, d]), v])  # PyTorch's -1
+        flat = v if flat is None else b.add("Add", [b.add("Mul", [flat, d]), v])
+    lead = 1
+    for d in x[: len(indices)]:
+        lead = lead * d
+    rows = b.add("Reshape", [b.value(n.args[0]), b.shape_value([lead] + list(x[len(indices):]))])
+    return b.add("Gather", [rows, flat], axis=0)
 
 
 def _gather(b: Builder, n):
@@ -494,6 +664,37 @@ def _addmm(b: Builder, n):
     if beta != 1:
         bias = b.add("Mul", [bias, b.const(beta, dt)])
     return b.add("Add", [prod, bias])
+
+
+def _baddbmm(b: Builder, n):
+    """beta * input + alpha * (b1 @ b2) (BLOOM's ALiBi scores)."""
+    dt = b.meta(n).dtype
+    beta = n.kwargs.get("beta", 1)
+    alpha = n.kwargs.get("alpha", 1)
+    prod = b.add("MatMul", [b.value(n.args[1], dt), b.value(n.args[2], dt)])
+    if alpha != 1:
+        prod = b.add("Mul", [prod, b.const(alpha, dt)])
+    if beta == 0:
+        return prod
+    bias = b.value(n.args[0], dt)
+    if beta != 1:
+        bias = b.add("Mul", [bias, b.const(beta, dt)])
+    return b.add("Add", [bias, prod])
+
+
+def _stack(b: Builder, n):
+    dt = b.meta(n).dtype
+    rank = len(b.meta(n).shape)
+    dim = _norm_dim(n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0), rank)
+    parts = [b.add("Unsqueeze", [b.value(a, dt), b.ints([dim])]) for a in n.args[0]]
+    return b.add("Concat", parts, axis=dim)
+
+
+def _cumsum(b: Builder, n):
+    dt = b.meta(n).dtype
+    rank = len(b.meta(n).shape)
+    dim = _norm_dim(n.args[1], rank) if rank else 0
+    return b.add("CumSum", [b.value(n.args[0], dt), b.const(dim, torch.int64)])
 
 
 def _layer_norm(b: Builder, n):
@@ -581,8 +782,8 @@ def _sdpa(b: Builder, n):
         def repeat(x, shape):
             bsz, kvh, s, dd = shape
             u = b.add("Unsqueeze", [x, b.ints([2])])
-            e = b.add("Expand", [u, b.ints([bsz, kvh, rep, s, dd])])
-            return b.add("Reshape", [e, b.ints([bsz, kvh * rep, s, dd])])
+            e = b.add("Expand", [u, b.shape_value([bsz, kvh, rep, s, dd], [bsz, kvh, 1, s, dd], expand=True)])
+            return b.add("Reshape", [e, b.shape_value([bsz, kvh * rep, s, dd], [bsz, kvh, rep, s, dd])])
 
         kq, vq = repeat(kq, km.shape), repeat(vq, vm.shape)
     rank = len(km.shape)
@@ -591,7 +792,15 @@ def _sdpa(b: Builder, n):
     scores = b.add("MatMul", [b.value(q), b.add("Transpose", [kq], perm=perm)])
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     scores = b.add("Mul", [scores, b.const(scale, dt)])
-    if causal:
+    if causal and not (isinstance(L, int) and isinstance(S, int)):
+        # key j is seen by query i when j <= i (PyTorch's is_causal: the top-left triangle)
+        rows = b.add("Unsqueeze", [b.add("Range", [b.const(0, torch.int64), b.size0(L), b.const(1, torch.int64)]),
+                                   b.ints([1])])
+        cols = b.add("Range", [b.const(0, torch.int64), b.size0(S), b.const(1, torch.int64)])
+        allowed = b.add("LessOrEqual", [cols, rows])
+        bias = b.add("Where", [allowed, b.const(0.0, dt), b.const(float("-inf"), dt)])
+        scores = b.add("Add", [scores, bias])
+    elif causal:
         allowed = torch.ones(L, S, dtype=torch.bool).tril()
         bias = torch.zeros(L, S, dtype=dt).masked_fill(~allowed, float("-inf"))
         scores = b.add("Add", [scores, b.const(bias, dt)])
@@ -621,6 +830,69 @@ def _sdpa_flash_check(n, info):
         if user.target is not operator.getitem or user.args[1] != 0:
             return "attention's logsumexp is used"
     return None
+
+
+def _number(b: Builder, arg, dtype: torch.dtype) -> str:
+    """A 0-D operand of `dtype`: a Python number, a size (SymInt node), or a tensor node."""
+    if isinstance(arg, torch.fx.Node):
+        return b.value(arg, dtype)
+    return b.const(arg, dtype)
+
+
+def _arange(b: Builder, n):
+    """arange(end), arange(start, end[, step]): ONNX Range over the (possibly symbolic) bounds,
+    in int64 or the float dtype asked for."""
+    args = list(n.args)
+    if n.target == aten.arange.default:
+        args = [0, args[0], 1]
+    elif n.target == aten.arange.start:
+        args = [args[0], args[1], 1]
+    else:
+        args = args[:3] + [1] * (3 - len(args[:3]))
+    dt = b.meta(n).dtype
+    work = torch.int64 if dt not in _FLOATS else torch.float32
+    length = b.meta(n).shape[0]
+    if not isinstance(length, int) and args[2] == 1 and b.data is not None and all(
+            not isinstance(a, float) for a in args[:2]):
+        # A symbolic length: start + CumSum(ones) - 1, the ones expanded from a 1 read from an
+        # input's values. A Range is folded into a constant of the call's length, which a
+        # shape-class template cannot move (its elements differ per length), and every later
+        # length would be planned from the model; this form stays computed (a few adds).
+        first = b.add("Slice", [b.add("Reshape", [b.data, b.ints([-1])]), b.ints([0]), b.ints([1]), b.ints([0])])
+        first = b.cast(first, b.data_dtype, torch.int64)
+        one = b.cast(b.add("Equal", [first, first]), torch.bool, torch.int64)
+        count = b.add("CumSum", [b.add("Expand", [one, b.size1(length)]), b.const(0, torch.int64)])
+        start = args[0]
+        out = b.add("Add", [count, b.add("Sub", [_number(b, start, torch.int64), b.const(1, torch.int64)])])
+        return b.cast(out, torch.int64, dt)
+    out = b.add("Range", [_number(b, a, work) for a in args])
+    return b.cast(out, work, dt)
+
+
+def _arange_check(n, info):
+    dt = info[n].dtype
+    if dt not in _FLOATS and dt != torch.int64 and dt != torch.int32:
+        return f"arange of {dt}"
+    return None
+
+
+def _fill(value_arg: Optional[int], default=None) -> Callable:
+    """full / zeros / ones / new_* / *_like: the fill value expanded to the result's shape."""
+
+    def t(b: Builder, n):
+        m = b.meta(n)
+        if value_arg is None:
+            value = default
+        else:
+            value = n.args[value_arg] if len(n.args) > value_arg else n.kwargs["fill_value"]
+        scalar = _number(b, value, m.dtype)
+        return b.add("Expand", [scalar, b.shape_value(m.shape, expand=True)])  # Expand takes no -1
+
+    return t
+
+
+def _scalar_tensor(b: Builder, n):
+    return _number(b, n.args[0], b.meta(n).dtype)
 
 
 # target -> (translator, check or None)
@@ -694,14 +966,23 @@ _register([aten.cat.default], _cat)
 _register([aten.split.Tensor, aten.split_copy.Tensor, aten.split_with_sizes.default,
            aten.split_with_sizes_copy.default], _split)
 _register([aten.embedding.default], _embedding)
+_register([aten.arange.default, aten.arange.start, aten.arange.start_step], _arange, _arange_check)
+_register([aten.full.default, aten.full_like.default], _fill(1))
+_register([aten.new_full.default], _fill(2))
+_register([aten.zeros.default, aten.new_zeros.default, aten.zeros_like.default], _fill(None, 0))
+_register([aten.ones.default, aten.new_ones.default, aten.ones_like.default], _fill(None, 1))
+_register([aten.scalar_tensor.default], _scalar_tensor)
 _register([aten.index.Tensor], _index, _index_check)
 _register([aten.gather.default], _gather)
 _register([aten.index_copy.default], _index_copy, _index_copy_check)
 _register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
 _register([aten.addmm.default], _addmm, _f32_gemm)
+_register([aten.baddbmm.default], _baddbmm, _f32_gemm)
+_register([aten.stack.default], _stack)
+_register([aten.cumsum.default], _cumsum)
 _register([aten.native_layer_norm.default], _layer_norm)
-_register([aten.mean.dim], _reduce("ReduceMean"))
-_register([aten.sum.dim_IntList], _reduce("ReduceSum"))
+_register([aten.mean.dim, aten.mean.default], _reduce("ReduceMean"))
+_register([aten.sum.dim_IntList, aten.sum.default], _reduce("ReduceSum"))
 _register([aten.amax.default], _reduce("ReduceMax"))
 _register([aten.amin.default], _reduce("ReduceMin"))
 _register([aten._softmax.default, aten.softmax.int], _softmax("Softmax"))

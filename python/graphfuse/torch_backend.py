@@ -6,13 +6,16 @@
         out = compiled(input_ids)
     graphfuse.torch_backend.reports()[-1]           # compile time, partitions, kernels, fallbacks
 
-The route, for each graph Dynamo hands over and each new input signature:
+The route, for each graph Dynamo hands over and each new input signature (or once, for a graph
+of symbolic sizes: see Shapes below):
 
 1. **ATen, every shape concrete.** The graph is traced again with make_fx on the call's real
    inputs, functionalized (views become copies, no mutation is left), so every op is an ATen op
    with known shapes and dtypes. Parameters, and everything computed from parameters and shapes
    alone (transposed weights, rotary tables, causal masks), are folded into constants: the
    weights reach graphfuse as constants, which GEMM packing and the projection fusions need.
+   (Symbolic: traced over Dynamo's fake inputs, sizes as sympy expressions; only what depends
+   on no symbolic size is folded.)
 2. **Partitions.** torch.fx's CapabilityBasedPartitioner groups the nodes that have an ATen ->
    ONNX translation (graphfuse._aten_onnx) into the largest acyclic partitions. Everything else
    stays in PyTorch in the outer graph, so an op graphfuse lacks (or a collective such as
@@ -26,11 +29,25 @@ part of a graph to PyTorch, and its failures are all-or-nothing; ATen after func
 is a few dozen ops with fixed semantics, each translated on its own, and a partition boundary
 falls wherever a translation is missing.
 
-**Shapes.** Each compiled graph is specialized to the input shapes (and the values of integer
-inputs) of each call, and kept in a small LRU cache (options["cache_size"], default 4). Dynamo's
-own dynamic-shape graphs therefore work too: a call with a new shape compiles again, as a
-recompilation would. Parameters are read at compile time; an in-place change to one (its
-version counter moves) compiles again.
+**Shapes.** A graph whose sizes Dynamo made symbolic (dynamic=True, or its automatic dynamic
+shapes once a second size is seen: a decode loop's growing KV cache) is compiled once for all
+sizes. It is traced when Dynamo hands it over, over Dynamo's own fake inputs, so the ATen graph
+keeps the sizes as sympy expressions (and any guard that tracing adds joins Dynamo's guards);
+each partition becomes an ONNX model whose inputs carry those sizes as dim_params and which
+computes the sizes its ops need from its inputs' shapes (graphfuse._aten_onnx, "Symbolic
+sizes"). One session per partition then serves every size: graphfuse plans each new signature,
+the later ones of a shape class from its template (a few ms), and keeps options["plan_cache"]
+(default 64) plans. A size that Dynamo passes as an int and that no input tensor of the
+partition has becomes a "size input": an empty bool tensor of shape [0, size], which graphfuse
+reads the size from as from any input's shape. Where this is refused (options["symbolic"]=False,
+or a graph that cannot be traced symbolically), the report says why (symbolic_refused) and the
+graph is compiled per signature as below.
+
+Other graphs are specialized to the input shapes (and the values of integer inputs) of each
+call, and kept in a small LRU cache (options["cache_size"], default 4): a call with a new shape
+compiles again, as a recompilation would. Parameters are read at compile time; an in-place
+change to one (its version counter moves) compiles again. session_stats() counts the
+compilations per Dynamo graph.
 
 Buffers are constants as parameters are; a graph that writes into one in place runs in
 PyTorch.
@@ -39,8 +56,9 @@ PyTorch.
 requires grad runs the graph in PyTorch, with a warning, so that training stays correct.
 
 options (torch.compile(..., options={...})): "fusion" (default True), "threads" (graphfuse's CPU
-pool; 0: the hardware's), "cache_size" (4), "dump_dir" (writes each partition's ONNX model
-there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`), "check" (default
+pool; 0: the hardware's), "cache_size" (4), "symbolic" (default True: compile graphs of
+symbolic sizes once), "plan_cache" (64: the plans a symbolic session keeps), "dump_dir" (writes
+each partition's ONNX model there, named graph<G>_<compile>_<partition>.onnx, for `graphfuse explain`), "check" (default
 False; also on with the environment variable GRAPHFUSE_CHECK=1): on the first call of each
 compiled signature, every partition is also run in PyTorch on the same inputs and compared; the
 first that differs (NaN where eager has none, or past the dtype's tolerance) is named in a
@@ -54,8 +72,13 @@ import logging
 import operator
 import os
 import time
+import types
 import warnings
+import weakref
 from typing import Any, Callable, Optional
+
+import numpy as np
+import sympy
 
 import torch
 import onnx
@@ -70,10 +93,13 @@ from . import _aten_onnx as ao
 
 log = logging.getLogger("graphfuse")
 
-__all__ = ["graphfuse_backend", "reports", "clear_reports"]
+__all__ = ["graphfuse_backend", "reports", "clear_reports", "session_stats"]
 
 _REPORTS: list = []
 _MAX_REPORTS = 256
+# graph id -> {"compiles": n, "symbolic": bool}; and the live compiled graphs, for their sessions.
+_COMPILES: dict = {}
+_GRAPHS: "weakref.WeakValueDictionary" = weakref.WeakValueDictionary()
 
 # ONNX's protobuf limit is 2 GiB; a partition whose constants come near it stays in PyTorch.
 _MAX_PARTITION_BYTES = 1_800_000_000
@@ -82,12 +108,37 @@ _MAX_PARTITION_BYTES = 1_800_000_000
 def reports() -> list:
     """One dict per graph signature compiled (the latest last): graph, signature, compile_ms,
     aten_ops, partitions (each: ops, kernels_before, kernels_after, compile_ms), fallback (op ->
-    count and reason, for the ops left to PyTorch)."""
+    count and reason, for the ops left to PyTorch), symbolic (compiled once for every size),
+    dims (the partitions' symbolic dims, by dim_param), size_inputs (sizes fed as empty
+    [0, size] inputs), guards_added (by symbolic tracing), size_ops (size arithmetic left to
+    Python), and symbolic_refused (why a graph with symbolic sizes is compiled per signature)."""
     return list(_REPORTS)
 
 
 def clear_reports() -> None:
     _REPORTS.clear()
+    _COMPILES.clear()
+
+
+def session_stats() -> dict:
+    """graph id -> compiles (graphfuse compilations of that Dynamo graph: one per signature, or
+    one for all sizes when symbolic), symbolic, and over the sessions of its latest compilation
+    (while the graph is alive): sessions, plans_made, plans_from_template, planning_ms."""
+    out = {}
+    for gid, c in _COMPILES.items():
+        entry = dict(c)
+        graph = _GRAPHS.get(gid)
+        if graph is not None:
+            sessions = graph.sessions()
+            stats = [s.cache_stats() for s in sessions]
+            entry.update(
+                sessions=len(sessions),
+                plans_made=sum(st["plans_made"] for st in stats),
+                plans_from_template=sum(st.get("plans_from_template", 0) for st in stats),
+                planning_ms=sum(st["planning_ms"] for st in stats),
+            )
+        out[gid] = entry
+    return out
 
 
 def _record(report: dict) -> None:
@@ -115,6 +166,127 @@ def _trace(gm: torch.fx.GraphModule, args: list, frozen: dict) -> torch.fx.Graph
 
     traced = make_fx(functionalize(f, remove="mutations_and_views"), tracing_mode="real")(*[args[i] for i in positions])
     return traced
+
+
+def _free_symbols(value) -> bool:
+    if isinstance(value, torch.SymInt):
+        return not value.node.expr.is_number
+    if isinstance(value, torch.Tensor):
+        return any(_free_symbols(d) for d in value.shape)
+    return False
+
+
+def _is_symbolic(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo made any of the graph's input sizes symbolic."""
+    return any(_free_symbols(n.meta.get("example_value")) for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _trace_symbolic(gm: torch.fx.GraphModule) -> tuple:
+    """(ATen graph, guards added): gm traced with make_fx, functionalized, over the fake inputs
+    Dynamo recorded on its placeholders, in their fake mode, so that the sizes stay Dynamo's
+    symbols. A guard that tracing adds (a size specialized by a decomposition) goes into
+    Dynamo's shape environment, hence into the guards Dynamo builds after this backend returns:
+    a call that breaks it recompiles instead of running a wrong plan."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.func import functionalize
+
+    fakes = [n.meta.get("example_value") for n in gm.graph.nodes if n.op == "placeholder"]
+    if any(not isinstance(f, (torch.Tensor, torch.SymInt)) for f in fakes):
+        raise _Unsupported("an input that is neither a tensor nor a size")
+    mode = next((f.fake_mode for f in fakes if isinstance(f, FakeTensor)), None)
+    if mode is None or mode.shape_env is None:
+        raise _Unsupported("no fake inputs with a shape environment")
+    before = len(mode.shape_env.guards)
+    # Views stay views (remove="mutations"): the *_copy forms that "mutations_and_views" writes
+    # have no meta kernel for symbolic sizes (slice_copy reads a storage offset).
+    with mode:
+        traced = make_fx(functionalize(gm, remove="mutations"), tracing_mode="real")(*fakes)
+    guards = [str(g.expr) for g in mode.shape_env.guards[before:]]
+    return traced, guards
+
+
+def _dim(d) -> Any:
+    """A size as an int, or as the sympy expression of a symbolic one."""
+    if isinstance(d, torch.SymInt):
+        e = d.node.expr
+        return int(e) if e.is_number else e
+    return int(d)
+
+
+def _symbolic_meta(value) -> Any:
+    if isinstance(value, torch.Tensor):
+        return ao.Meta(tuple(_dim(d) for d in value.shape), value.dtype)
+    if isinstance(value, torch.SymInt):
+        return ao.Meta((), torch.int64, _dim(value))
+    if isinstance(value, (list, tuple)):
+        return [_symbolic_meta(v) for v in value]
+    return None
+
+
+def _static_meta(m) -> bool:
+    if isinstance(m, list):
+        return all(_static_meta(x) for x in m)
+    return isinstance(m, ao.Meta) and m.expr is None and ao.is_static(m.shape)
+
+
+def _record_symbolic(template: torch.fx.GraphModule, args: list, frozen: dict):
+    """A copy of the symbolic ATen graph with the frozen args (parameters, buffers, Python
+    scalars) as constants, and what _Recorder gives for a concrete trace: each node's Meta
+    (symbolic sizes as sympy), the constant nodes and their values. A node is constant when its
+    inputs are and its result's shape is static: nothing that depends on a symbolic size is
+    folded (a causal mask of the sequence's length is computed in the graph)."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(template.graph, {})
+    graph.output(out)
+    gm = torch.fx.GraphModule(template, graph)  # copies the constants tracing lifted (get_attr)
+    rec = types.SimpleNamespace(info={}, constant=set(), const_values={})
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise _Unsupported(f"the traced graph has {len(placeholders)} inputs, the call {len(args)}")
+    for i, ph in enumerate(placeholders):
+        if i not in frozen:
+            rec.info[ph] = _symbolic_meta(ph.meta.get("val"))
+            continue
+        value = frozen[i]
+        value = value.detach() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        name = f"_gf_arg_{i}"
+        gm.register_buffer(name, value, persistent=False)
+        with graph.inserting_before(ph):
+            attr = graph.get_attr(name)
+        ph.replace_all_uses_with(attr)
+        graph.erase_node(ph)
+        rec.info[attr] = ao.Meta(tuple(value.shape), value.dtype)
+        rec.constant.add(attr)
+        rec.const_values[attr] = value
+    for n in list(graph.nodes):
+        if n.op == "get_attr" and n not in rec.constant:  # a tensor tracing lifted into a constant
+            value = getattr(gm, n.target)
+            rec.info[n] = ao.Meta(tuple(value.shape), value.dtype)
+            rec.constant.add(n)
+            rec.const_values[n] = value
+        if n.op != "call_function":
+            continue
+        m = _symbolic_meta(n.meta.get("val"))
+        rec.info[n] = m
+        if not (_foldable(n) and all(a in rec.constant for a in n.all_input_nodes)):
+            continue
+        if not (_static_meta(m) or m is None):
+            continue
+        a, kw = torch.fx.node.map_arg((n.args, n.kwargs), lambda x: rec.const_values[x])
+        value = n.target(*a, **kw)
+        if isinstance(value, (bool, int, float)):
+            # A number computed from constants (a scale read from a scalar input with .item(),
+            # its square root): written into its users as the literal.
+            for user in list(n.users):
+                user.args, user.kwargs = torch.fx.node.map_arg((user.args, user.kwargs),
+                                                               lambda x: value if x is n else x)
+            graph.erase_node(n)
+            continue
+        rec.const_values[n] = value
+        rec.constant.add(n)
+    graph.eliminate_dead_code()
+    gm.recompile()
+    return gm, rec
 
 
 class _Recorder(torch.fx.Interpreter):
@@ -200,6 +372,22 @@ _VIEWS = {
 _EXPANDS = {torch.ops.aten.expand.default, torch.ops.aten.expand_copy.default}
 
 
+def _broadcast(a: tuple, b: tuple) -> Optional[tuple]:
+    """The broadcast of two shapes whose dims are ints or sympy sizes, or None when it is not
+    known to exist."""
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        x = a[-i] if i <= len(a) else 1
+        y = b[-i] if i <= len(b) else 1
+        if x == y or y == 1:
+            out.append(x)
+        elif x == 1:
+            out.append(y)
+        else:
+            return None
+    return tuple(reversed(out))
+
+
 def _merge_matmul_views(gm: torch.fx.GraphModule, info: dict) -> int:
     """Undoes ATen's decomposition of matmul: view(mm(view(x), w)) and
     view(bmm(view(expand(a)), view(expand(b)))) become one matmul of the original operands, with
@@ -231,9 +419,8 @@ def _merge_matmul_views(gm: torch.fx.GraphModule, info: dict) -> int:
         sa, sb, sa3, sb3, so = shape(a), shape(b), shape(a3), shape(b3), shape(out)
         if None in (sa, sb, sa3, sb3, so) or len(sa) < 2 or len(sb) < 2 or sa[-1] != sb[-2]:
             continue
-        try:
-            batch = tuple(torch.broadcast_shapes(sa[:-2], sb[:-2]))
-        except RuntimeError:
+        batch = _broadcast(sa[:-2], sb[:-2])
+        if batch is None:
             continue
         m, k, n = sa[-2], sa[-1], sb[-1]
         if so != batch + (m, n):
@@ -278,23 +465,74 @@ class _Runner(torch.nn.Module):
     `check` (the check option), its first call also runs the partition's ATen ops in PyTorch on
     the same inputs and compares (_check_partition)."""
 
-    def __init__(self, session: InferenceSession, out_dtypes: list, tuple_out: bool, check: Optional[dict] = None):
+    def __init__(self, session: InferenceSession, out_dtypes: list, tuple_out: bool, check: Optional[dict] = None,
+                 size_inputs: tuple = ()):
         super().__init__()
         self.session = session
+        self.run = session._session.run  # the extension's run, without the dict API around it
         self.out_dtypes = out_dtypes
+        self.numpy_dtypes = all(dt != torch.bfloat16 for dt in out_dtypes)  # from_numpy gives them as they are
         self.tuple_out = tuple_out
         self.check = check
+        # Positions among the inputs of the sizes passed as ints, fed as empty [0, size] arrays
+        # (one kept per size: an array of no elements is never written).
+        self.size_inputs = frozenset(size_inputs)
+        self.carriers: dict = {}
+        # A session of symbolic dims plans at its first run: the partition's report (kernels
+        # before and after fusion) is filled from that plan.
+        self.report: Optional[dict] = None
+
+    def _carrier(self, size: int) -> np.ndarray:
+        c = self.carriers.get(size)
+        if c is None:
+            c = self.carriers[size] = np.empty((0, size), np.bool_)
+        return c
 
     def forward(self, *tensors):
-        arrays = [t.detach().contiguous() for t in tensors]
-        outs = self.session._session.run([a if a.dtype == torch.bfloat16 else a.numpy() for a in arrays])
+        if not self.size_inputs and self.check is None and self.report is None:
+            # The common call: numpy views of the tensors (no copy; a strided one is copied around
+            # the run by the extension), outputs wrapped as they come. A tensor numpy cannot view
+            # (bf16, one that needs grad) takes the general path below.
+            try:
+                feed = [t.numpy() for t in tensors]
+            except (TypeError, RuntimeError):
+                pass
+            else:
+                outs = self.run(feed)
+                if self.numpy_dtypes:
+                    result = [torch.from_numpy(o) for o in outs]
+                    return tuple(result) if self.tuple_out else result[0]
+                return self._outputs(outs)
+        feed = []
+        for i, t in enumerate(tensors):
+            if i in self.size_inputs:
+                feed.append(self._carrier(int(t)))
+                continue
+            if t.requires_grad:
+                t = t.detach()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            # numpy views share the tensors' memory (no copy); bf16, which numpy lacks, goes by DLPack
+            feed.append(t if t.dtype == torch.bfloat16 else t.numpy())
+        outs = self.run(feed)
+        if self.report is not None:
+            report, self.report = self.report, None
+            explained = self.session.explain() or {}
+            report.update(kernels_before=explained.get("kernels_before"), kernels_after=explained.get("kernels_after"))
+        if self.check is not None:
+            result = self._outputs(outs, as_list=True)
+            check, self.check = self.check, None
+            _check_partition(check, tensors, result)
+            return tuple(result) if self.tuple_out else result[0]
+        return self._outputs(outs)
+
+    def _outputs(self, outs: list, as_list: bool = False):
         result = []
         for o, dt in zip(outs, self.out_dtypes):
             t = torch.from_numpy(o)
-            result.append(t if t.dtype == dt else t.to(dt))
-        if self.check is not None:
-            check, self.check = self.check, None
-            _check_partition(check, tensors, result)
+            result.append(t if t.dtype == dt else t.to(dt))  # bf16 comes back as float32
+        if as_list:
+            return result
         return tuple(result) if self.tuple_out else result[0]
 
 
@@ -340,14 +578,21 @@ def _check_partition(check: dict, tensors: tuple, got: list) -> None:
             f"{result['output']}: {result['why']}", RuntimeWarning, stacklevel=3)
 
 
+def _onnx_dims(shape) -> list:
+    return [d if isinstance(d, int) else ao.dim_name(d) for d in shape]
+
+
 def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Recorder, name: str):
-    """The partition `sub` as an ONNX ModelProto, and the positions of its inputs that stay
-    inputs (the others are constants, written as initializers). Every node of `sub` carries
-    meta["gf_orig"], the traced node it copies, whose Meta and constness `rec` knows."""
+    """The partition `sub` as an ONNX ModelProto, the positions of its inputs that stay inputs
+    (the others are constants, written as initializers), and among those the sizes fed as size
+    inputs. Every node of `sub` carries meta["gf_orig"], the traced node it copies, whose Meta
+    and constness `rec` knows. A size input (a SymInt) whose value the tensor inputs' shapes
+    give is dropped: the graph computes it from them."""
     info: dict = {}
     b = ao.Builder(info)
-    graph_inputs = []
+    graph_inputs = {}
     live_positions = []
+    sizes = []
     placeholders = [n for n in sub.graph.nodes if n.op == "placeholder"]
     const_bytes = 0
     for k, ph in enumerate(placeholders):
@@ -359,11 +604,30 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
             if const_bytes > _MAX_PARTITION_BYTES:
                 raise ValueError(f"over {const_bytes / 1e9:.2f} GB of constants; ONNX's limit is 2 GiB")
             b.names[ph] = b.initializer(value, "w")
+        elif isinstance(info[ph], ao.Meta) and info[ph].expr is not None:
+            sizes.append((k, ph))  # after the tensors, whose shapes may give it
         else:
             m = info[ph]
-            graph_inputs.append(helper.make_tensor_value_info(f"in{k}", ao.ONNX_DTYPE[m.dtype], list(m.shape)))
+            graph_inputs[k] = helper.make_tensor_value_info(f"in{k}", ao.ONNX_DTYPE[m.dtype], _onnx_dims(m.shape))
             b.names[ph] = f"in{k}"
+            b.bind_dims(f"in{k}", m.shape)
+            if b.data is None and m.shape and all(not isinstance(d, int) or d > 0 for d in m.shape):
+                b.data, b.data_dtype = f"in{k}", m.dtype  # never empty: symbolic sizes are 2 or more
             live_positions.append(k)
+    size_inputs = []
+    for k, ph in sizes:
+        e = info[ph].expr
+        if not b.knows(e):
+            # A size input: an empty [0, e] tensor, whose shape gives e (and the symbol of e = s + c)
+            graph_inputs[k] = helper.make_tensor_value_info(f"size{k}", onnx.TensorProto.BOOL, [0, ao.dim_name(e)])
+            b.bind_dims(f"size{k}", [0, e])
+            b.bind_size(f"size{k}", 1, e)
+            live_positions.append(k)
+            size_inputs.append(k)
+        b.names[ph] = b.size0(e)
+    live_positions.sort()
+    size_inputs = [live_positions.index(k) for k in size_inputs]
+    graph_inputs = [graph_inputs[k] for k in live_positions]
     output_node = next(n for n in sub.graph.nodes if n.op == "output")
     for n in sub.graph.nodes:
         if n.op == "call_function":
@@ -379,7 +643,7 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
         src = b.names[r]
         out_name = f"out{j}"
         b.graph.node.append(helper.make_node("Identity", [src], [out_name], name=b.fresh("n_out")))
-        graph_outputs.append(helper.make_tensor_value_info(out_name, ao.ONNX_DTYPE[m.dtype], list(m.shape)))
+        graph_outputs.append(helper.make_tensor_value_info(out_name, ao.ONNX_DTYPE[m.dtype], _onnx_dims(m.shape)))
         out_dtypes.append(m.dtype)
     model = b.model
     model.graph.name = name
@@ -388,7 +652,7 @@ def _onnx_of_partition(sub: torch.fx.GraphModule, info_outer: dict, rec: _Record
     model.opset_import.append(helper.make_opsetid("", ao.OPSET))
     model.producer_name = "graphfuse.torch_backend"
     model.ir_version = 9
-    return model, live_positions, out_dtypes, tuple_out
+    return model, live_positions, out_dtypes, tuple_out, size_inputs
 
 
 def _frozen_positions(gm: torch.fx.GraphModule, example_inputs: list) -> tuple:
@@ -434,11 +698,51 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
     rec = _Recorder(traced)
     with torch.no_grad():
         rec.run(*live)
+    fused, report = _compile_traced(traced, rec, options, graph_id, t0, t_trace, plan_cache=1)
+    report["signature"] = _signature_text(args, frozen)
+    return fused, report
+
+
+def _compile_symbolic(template: torch.fx.GraphModule, guards: list, args: list, state: set, options: dict,
+                      graph_id: int) -> tuple:
+    """(callable taking the live args, tensors and sizes, report) for every size of a graph
+    traced symbolically (_trace_symbolic); `args` (a call's) give the values of the frozen
+    positions in `state`."""
+    t0 = time.perf_counter()
+    frozen = {i: a for i, a in enumerate(args) if i in state}
+    traced, rec = _record_symbolic(template, args, frozen)
+    for n in traced.graph.nodes:
+        if n.op == "call_function" and n.target in (torch.ops.aten.copy_.default,) and n.args[0].op == "get_attr":
+            raise _Unsupported("the graph writes into a parameter or buffer in place")
+    signature = ";".join(
+        f"{str(m.dtype).replace('torch.', '')}{_onnx_dims(m.shape)}" if m.expr is None else ao.dim_name(m.expr)
+        for n in traced.graph.nodes if n.op == "placeholder" for m in [rec.info[n]]
+    )
+    fused, report = _compile_traced(traced, rec, options, graph_id, t0, time.perf_counter(),
+                                    plan_cache=int(options.get("plan_cache", 64)))
+    report["signature"] = signature
+    report["symbolic"] = True
+    report["guards_added"] = guards
+    return fused, report
+
+
+def _is_size(m) -> bool:
+    return isinstance(m, ao.Meta) and m.expr is not None
+
+
+def _compile_traced(traced: torch.fx.GraphModule, rec, options: dict, graph_id: int, t0: float, t_trace: float,
+                    plan_cache: int) -> tuple:
+    """Folds, partitions and compiles an ATen graph whose Metas and constants `rec` holds:
+    (the graph with graphfuse sessions in its partitions, report)."""
     folded = _fold_constants(traced, rec)
     _merge_matmul_views(traced, rec.info)
     for n in traced.graph.nodes:
         n.meta["gf_orig"] = n
-    aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function" and n.target is not operator.getitem)
+    # Size arithmetic (sym_size, int add / mul) runs in Python on the call's ints, not counted
+    # as ops; the partitions compute the sizes they need from their inputs' shapes.
+    size_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function" and _is_size(rec.info.get(n)))
+    aten_ops = sum(1 for n in traced.graph.nodes if n.op == "call_function" and n.target is not operator.getitem
+                   and not _is_size(rec.info.get(n)))
     support = _Support(rec.info)
     # A partition of one op (views, casts and getitems not counted) stays in PyTorch: there is
     # nothing to fuse, and the crossing costs more than it saves.
@@ -450,8 +754,10 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
     part_reports = []
     fallback = collections.Counter()
     reasons = {}
+    dims, size_inputs, runners = set(), [], []
     for n in list(fused.graph.nodes):
-        if n.op == "call_function" and n.target is not operator.getitem:
+        size_op = _is_size(rec.info.get(n.meta.get("gf_orig")))
+        if n.op == "call_function" and n.target is not operator.getitem and not size_op:
             key = str(n.target)
             fallback[key] += 1
             reasons[key] = support.refused.get(key, (0, "partition too small"))[1]
@@ -460,14 +766,14 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
         sub = getattr(fused, n.target)
         tp = time.perf_counter()
         try:
-            model, live_pos, out_dtypes, tuple_out = _onnx_of_partition(sub, rec.info, rec, n.target)
+            model, live_pos, out_dtypes, tuple_out, sizes = _onnx_of_partition(sub, rec.info, rec, n.target)
             if options.get("dump_dir"):
                 os.makedirs(options["dump_dir"], exist_ok=True)
                 path = os.path.join(options["dump_dir"], f"graph{graph_id}_{len(_REPORTS)}_{n.target}.onnx")
                 onnx.save(model, path)
             session = InferenceSession(
                 model.SerializeToString(), backend="cpu", threads=options.get("threads", 0),
-                fusion=options.get("fusion", True), plan_cache_capacity=1,
+                fusion=options.get("fusion", True), plan_cache_capacity=plan_cache,
             )
             explained = session.explain() or {}
         except Exception as e:  # a partition graphfuse refuses runs in PyTorch
@@ -485,7 +791,11 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
                 "constants": [None if k in live_pos else rec.const_values[p.meta["gf_orig"]]
                               for k, p in enumerate(placeholders)],
             }
-        runner = _Runner(session, out_dtypes, tuple_out, check)
+        runner = _Runner(session, out_dtypes, tuple_out, check, sizes)
+        runners.append(runner)
+        for vi in model.graph.input:
+            dims.update(d.dim_param for d in vi.type.tensor_type.shape.dim if d.dim_param)
+        size_inputs.extend(f"{n.target}.{model.graph.input[j].name}" for j in sizes)
         setattr(fused, n.target, runner)
         n.args = tuple(n.args[k] for k in live_pos)
         part_reports.append(
@@ -499,17 +809,24 @@ def _compile_signature(gm: torch.fx.GraphModule, args: list, state: set, options
         )
         if check is not None:
             part_reports[-1]["check"] = check["result"]
+        if not explained:
+            runner.report = part_reports[-1]
     fused.graph.eliminate_dead_code()
     fused.recompile()
+    fused._gf_runners = runners
     report = {
         "graph": graph_id,
-        "signature": _signature_text(args, frozen),
+        "signature": "",
         "compile_ms": (time.perf_counter() - t0) * 1e3,
         "trace_ms": (t_trace - t0) * 1e3,
         "aten_ops": aten_ops,
+        "size_ops": size_ops,
         "constants_folded": folded,
         "partitions": part_reports,
         "fallback": {k: {"count": c, "reason": reasons[k]} for k, c in sorted(fallback.items())},
+        "symbolic": False,
+        "dims": sorted(dims),
+        "size_inputs": size_inputs,
     }
     return fused, report
 
@@ -548,11 +865,14 @@ def _key(args: list, state: set, scalars: set) -> tuple:
 
 
 class _CompiledGraph:
-    """What the backend returns for one Dynamo graph: compiles per input signature (LRU)."""
+    """What the backend returns for one Dynamo graph: compiles once for all sizes when it was
+    traced symbolically (`symbolic`: the ATen graph and the guards tracing added), else per
+    input signature (LRU)."""
 
     _next_id = 0
 
-    def __init__(self, gm: torch.fx.GraphModule, state: set, scalars: set, options: dict):
+    def __init__(self, gm: torch.fx.GraphModule, state: set, scalars: set, options: dict,
+                 symbolic: Optional[tuple] = None, symbolic_refused: Optional[str] = None):
         self.gm = gm
         self.scalars = scalars
         self.state = state | scalars
@@ -562,6 +882,68 @@ class _CompiledGraph:
         _CompiledGraph._next_id += 1
         self.graph_id = _CompiledGraph._next_id
         self.warned_grad = False
+        self.on_cpu: Optional[bool] = None
+        self.symbolic = symbolic
+        self.symbolic_refused = symbolic_refused
+        self.state_positions = sorted(state)
+        self.scalar_positions = sorted(scalars)
+        self.sym_key = None  # the parameters' versions and scalars the symbolic entry was made for
+        self.sym_entry = None
+        _COMPILES[self.graph_id] = {"compiles": 0, "symbolic": symbolic is not None}
+        if symbolic_refused is not None:
+            _COMPILES[self.graph_id]["symbolic_refused"] = symbolic_refused
+        _GRAPHS[self.graph_id] = self
+
+    def sessions(self) -> list:
+        entries = [self.sym_entry] if self.sym_entry is not None else list(self.cache.values())
+        return [r.session for fn, _ in entries if fn is not self.gm for r in getattr(fn, "_gf_runners", ())]
+
+    def _compiled(self, compile_fn, args: list) -> tuple:
+        """(fn, live positions) from compile_fn(), or the graph in PyTorch when it fails; the
+        report recorded either way."""
+        try:
+            with torch.no_grad():
+                fn, report = compile_fn()
+        except Exception as e:  # whatever graphfuse cannot compile runs in PyTorch, never fails
+            reason = str(e) if isinstance(e, _Unsupported) else f"{type(e).__name__}: {e}"
+            warnings.warn(f"graphfuse: this graph runs in PyTorch: {reason}", RuntimeWarning, stacklevel=3)
+            fn, report = self.gm, {"graph": self.graph_id, "signature": "", "compile_ms": 0.0, "aten_ops": 0,
+                                   "partitions": [], "fallback": {"*": {"count": 1, "reason": reason}},
+                                   "symbolic": False}
+        if self.symbolic_refused is not None:
+            report["symbolic_refused"] = self.symbolic_refused
+        _COMPILES[self.graph_id]["compiles"] += 1
+        _record(report)
+        log.info(
+            "graphfuse: graph %d %s compiled in %.1f ms: %d ATen ops, %d partitions, fallback %s",
+            self.graph_id, report["signature"], report["compile_ms"], report["aten_ops"],
+            len(report["partitions"]), dict((k, v["count"]) for k, v in report["fallback"].items()),
+        )
+        return fn, report
+
+    def _call_symbolic(self, args: list):
+        key = tuple((id(args[i]), args[i]._version) for i in self.state_positions)
+        if self.scalar_positions:
+            key += tuple(args[i].item() for i in self.scalar_positions)
+        if key != self.sym_key:
+            template, guards = self.symbolic
+            fn, _ = self._compiled(
+                lambda: _compile_symbolic(template, guards, args, self.state, self.options, self.graph_id), args)
+            live = list(range(len(args))) if fn is self.gm else [i for i in range(len(args)) if i not in self.state]
+            self.sym_key, self.sym_entry = key, (fn, live)
+        fn, live = self.sym_entry
+        if fn is self.gm:
+            return fn(*args)
+        try:
+            if not torch.is_grad_enabled():  # generate() runs under no_grad: no context to enter
+                return fn.forward(*[args[i] for i in live])
+            with torch.no_grad():
+                return fn.forward(*[args[i] for i in live])
+        except Error as e:  # a plan that fails to run: the graph runs in PyTorch from now on
+            warnings.warn(f"graphfuse: a partition failed to run ({e}); this graph runs in PyTorch", RuntimeWarning,
+                          stacklevel=3)
+            self.sym_entry = (self.gm, list(range(len(args))))
+            return self.gm(*args)
 
     def __call__(self, *args):
         args = list(args)
@@ -571,25 +953,18 @@ class _CompiledGraph:
                               RuntimeWarning, stacklevel=2)
                 self.warned_grad = True
             return self.gm(*args)
-        if any(isinstance(a, torch.Tensor) and a.device.type != "cpu" for a in args):
+        if self.on_cpu is None:
+            # Dynamo's guards fix every input's device for this graph: checked at its first call
+            self.on_cpu = all(a.is_cpu for a in args if isinstance(a, torch.Tensor))
+        if not self.on_cpu:
             return self.gm(*args)  # the graphfuse CUDA target is for ONNX sessions, not torch tensors yet
+        if self.symbolic is not None:
+            return self._call_symbolic(args)
         key = _key(args, self.state, self.scalars)
         entry = self.cache.get(key)
         if entry is None:
-            try:
-                with torch.no_grad():
-                    fn, report = _compile_signature(self.gm, args, self.state, self.options, self.graph_id)
-            except Exception as e:  # whatever graphfuse cannot compile runs in PyTorch, never fails
-                reason = str(e) if isinstance(e, _Unsupported) else f"{type(e).__name__}: {e}"
-                warnings.warn(f"graphfuse: this graph runs in PyTorch: {reason}", RuntimeWarning, stacklevel=2)
-                fn, report = self.gm, {"graph": self.graph_id, "signature": "", "compile_ms": 0.0, "aten_ops": 0,
-                                       "partitions": [], "fallback": {"*": {"count": 1, "reason": reason}}}
-            _record(report)
-            log.info(
-                "graphfuse: graph %d %s compiled in %.1f ms: %d ATen ops, %d partitions, fallback %s",
-                self.graph_id, report["signature"], report["compile_ms"], report["aten_ops"],
-                len(report["partitions"]), dict((k, v["count"]) for k, v in report["fallback"].items()),
-            )
+            fn, _ = self._compiled(
+                lambda: _compile_signature(self.gm, args, self.state, self.options, self.graph_id), args)
             live = list(range(len(args))) if fn is self.gm else [
                 i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and i not in self.state
             ]
@@ -617,12 +992,23 @@ def graphfuse_backend(gm: torch.fx.GraphModule, example_inputs: list, options: O
     opts = dict(options or {})
     if os.environ.get("GRAPHFUSE_CHECK", "") not in ("", "0"):
         opts.setdefault("check", True)
-    known = {"fusion", "threads", "cache_size", "dump_dir", "check"}
+    known = {"fusion", "threads", "cache_size", "dump_dir", "check", "symbolic", "plan_cache"}
     unknown = set(opts) - known
     if unknown:
         raise ValueError(f"graphfuse backend: unknown options {sorted(unknown)}; it takes {', '.join(sorted(known))}")
     state, scalars = _frozen_positions(gm, example_inputs)
-    return _CompiledGraph(gm, state, scalars, opts)
+    symbolic, refused = None, None
+    if _is_symbolic(gm):
+        if not opts.get("symbolic", True):
+            refused = 'options["symbolic"] is False'
+        else:
+            # Traced now, not at the first call, so that the guards tracing adds join Dynamo's.
+            try:
+                symbolic = _trace_symbolic(gm)
+            except Exception as e:  # the graph is compiled per signature instead
+                refused = str(e) if isinstance(e, _Unsupported) else f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                log.info("graphfuse: symbolic tracing refused (%s); compiling per signature", refused)
+    return _CompiledGraph(gm, state, scalars, opts, symbolic, refused)
 
 
 def _register() -> None:

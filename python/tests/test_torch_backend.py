@@ -164,6 +164,28 @@ def test_padded_batches_match_eager(family):
     assert all(r["partitions"] for r in gtb.reports()), gtb.reports()
 
 
+@pytest.mark.parametrize("family", sorted(PADDED_FAMILIES))
+def test_dynamic_shapes_of_every_family(family):
+    """dynamic=True on each architecture, two batch and sequence sizes with a left-padded row:
+    eager's outputs, every Dynamo graph compiled once (symbolically) and run whole in one
+    graphfuse partition, the masks computed from the symbolic sizes included."""
+    torch.manual_seed(17)
+    model = PADDED_FAMILIES[family]().eval()
+    compiled = torch.compile(model, backend="graphfuse", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for shape in [(2, 7), (3, 12)]:
+            ids = torch.randint(1, VOCAB, shape)
+            mask = torch.ones(shape, dtype=torch.long)
+            mask[0, :2] = 0
+            torch.testing.assert_close(_call(compiled, family, ids, mask), _call(model, family, ids, mask),
+                                       rtol=1e-4, atol=1e-5, msg=lambda m: f"{family} {shape}: {m}")
+    stats = gtb.session_stats()
+    assert all(s["symbolic"] and s["compiles"] == 1 for s in stats.values()), stats
+    for r in gtb.reports():
+        assert not r["fallback"] and len(r["partitions"]) == 1, (family, r["fallback"])
+
+
 def test_generate_left_padded_batch_matches_eager():
     """generate() on two prompts of different lengths, left-padded as transformers asks of
     decoders: the same tokens as eager for both rows."""
@@ -281,19 +303,84 @@ def test_op_graphfuse_lacks_falls_back_to_pytorch():
     assert len(report["partitions"]) == 2  # before and after the sort
 
 
-def test_dynamo_dynamic_shapes():
+def test_dynamo_dynamic_shapes_compile_once():
+    """dynamic=True: Dynamo hands over one graph of symbolic batch and sequence, which graphfuse
+    compiles once, for every shape (a session per partition, planned per shape), and matches
+    eager and a float64 reference at each, a padded row included. With options["symbolic"] off
+    the same graph compiles per shape, and the report says why."""
     torch.manual_seed(2)
     model = _gpt2().eval()
+    model64 = copy.deepcopy(model).double()
     compiled = torch.compile(model, backend="graphfuse", dynamic=True)
+    per_shape = torch.compile(copy.deepcopy(model), backend="graphfuse", dynamic=True, options={"symbolic": False})
+    shapes = [(2, 5), (3, 11), (2, 17)]  # batch 1 would be a graph of its own (Dynamo specializes 0 and 1)
     with torch.no_grad():
-        for shape in [(2, 5), (3, 11), (2, 17)]:  # batch 1 would be a graph of its own (Dynamo specializes 0 and 1)
+        for shape in shapes:
             ids = torch.randint(0, VOCAB, shape)
             mask = torch.ones(shape, dtype=torch.long)
-            torch.testing.assert_close(_call(compiled, "gpt2", ids, mask), _call(model, "gpt2", ids, mask),
-                                       rtol=1e-4, atol=1e-5)
-    # One symbolic Dynamo graph, specialized by graphfuse per shape.
-    assert len({r["graph"] for r in gtb.reports()}) == 1
-    assert len(gtb.reports()) == 3
+            mask[0, :2] = 0
+            got, eager, ref = (_call(m, "gpt2", ids, mask) for m in (compiled, model, model64))
+            eager_err = (eager.double() - ref).abs().max().item()
+            err = (got.double() - ref).abs().max().item()
+            assert err <= 10 * eager_err + 1e-5, f"{shape}: {err} vs eager's {eager_err}"
+            torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(_call(per_shape, "gpt2", ids, mask), eager, rtol=1e-4, atol=1e-5)
+    stats = gtb.session_stats()
+    symbolic = {g: s for g, s in stats.items() if s["symbolic"]}
+    [(graph, s)] = symbolic.items()
+    assert s["compiles"] == 1 and s["sessions"] == 1 and s["plans_made"] == len(shapes), s
+    [report] = [r for r in gtb.reports() if r["graph"] == graph]
+    assert report["symbolic"] and len(report["dims"]) >= 2, report  # batch and sequence
+    # The whole model, the mask computed from attention_mask included, runs in one partition.
+    assert not report["fallback"] and len(report["partitions"]) == 1, report["fallback"]
+    [(other, o)] = [(g, s) for g, s in stats.items() if not s["symbolic"]]
+    assert o["compiles"] == len(shapes) and o["symbolic_refused"] == 'options["symbolic"] is False', o
+    assert all(r["symbolic_refused"] == o["symbolic_refused"] for r in gtb.reports() if r["graph"] == other)
+
+
+def test_size_passed_as_int_becomes_a_size_input():
+    """dynamic=True with an int argument: Dynamo passes it as a size (SymInt) that no input
+    tensor carries. The partition reads it from a size input (an empty [0, n] tensor), for
+    arange and full of that length; one compilation serves every n."""
+
+    class Ramp(torch.nn.Module):
+        def forward(self, x, n: int):
+            return torch.arange(n, dtype=torch.float32) * x.sum() + torch.full((n,), 0.5) - n
+
+    model = Ramp()
+    compiled = torch.compile(model, backend="graphfuse", dynamic=True)
+    x = torch.randn(4)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        for n in (5, 7, 9):
+            torch.testing.assert_close(compiled(x, n), model(x, n), rtol=1e-5, atol=1e-5)
+    [report] = gtb.reports()
+    assert report["symbolic"] and len(report["size_inputs"]) == 1, report
+    assert not report["fallback"] and len(report["partitions"]) == 1, report
+    [s] = gtb.session_stats().values()
+    assert s["compiles"] == 1 and s["sessions"] == 1 and s["plans_made"] == 3, s
+
+
+def test_symbolic_tracing_refused_compiles_per_shape(monkeypatch):
+    """A graph that cannot be traced symbolically is compiled per signature, as before, and its
+    reports say why."""
+    torch.manual_seed(9)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+
+    def refuse(gm):
+        raise RuntimeError("no symbolic trace here")
+
+    monkeypatch.setattr(gtb, "_trace_symbolic", refuse)
+    compiled = torch.compile(model, backend="graphfuse", dynamic=True)
+    with torch.no_grad():
+        for rows in (3, 5, 7):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    [(graph, s)] = gtb.session_stats().items()
+    assert not s["symbolic"] and s["compiles"] == 3, s
+    assert s["symbolic_refused"] == "RuntimeError: no symbolic trace here", s
+    assert [r["symbolic_refused"] for r in gtb.reports()] == [s["symbolic_refused"]] * 3
+    assert all(r["partitions"] for r in gtb.reports())
 
 
 def test_signature_cache_and_parameter_update():
@@ -465,15 +552,105 @@ def test_translations_match_eager():
 
 def test_generate_with_kv_cache_matches_eager():
     """transformers' generate() over a KV cache, the model's forward compiled: the same tokens
-    as eager. Every step has a new cache length, so each compiles (specialized per shape)."""
+    as eager. Dynamo compiles the prefill and the first step for their shapes, then (automatic
+    dynamic) one graph of symbolic cache length, which graphfuse compiles once for every
+    later step."""
     torch.manual_seed(8)
     model = _llama().eval()
     ids = torch.randint(0, VOCAB, (1, 6))
     with torch.no_grad():
-        expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+        expected = model.generate(ids, max_new_tokens=6, do_sample=False)
         model.forward = torch.compile(model.forward, backend="graphfuse")
-        got = model.generate(ids, max_new_tokens=4, do_sample=False)
+        got = model.generate(ids, max_new_tokens=6, do_sample=False)
     assert got.tolist() == expected.tolist()
     reports = gtb.reports()
-    assert len(reports) == 4 and all(r["partitions"] for r in reports)  # prefill and three steps
-    assert any("float32[1, 2, 8, 16]" in r["signature"] for r in reports)  # a step over 8 cached keys
+    assert len(reports) == 3 and all(r["partitions"] for r in reports), reports
+    assert [r["symbolic"] for r in reports] == [False, False, True]
+    assert "float32[1, 2, 6, 16]" in reports[1]["signature"]  # the first step, over 6 cached keys
+    decode = gtb.session_stats()[reports[2]["graph"]]
+    assert decode["compiles"] == 1 and decode["plans_made"] == 4, decode  # steps 2 to 5
+
+
+def _llama_generate_compiles(model, ids, mask, new_tokens):
+    """generate() greedy under eager and with forward compiled by graphfuse: (eager's tokens,
+    graphfuse's, session_stats())."""
+    with torch.no_grad():
+        expected = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                  do_sample=False, pad_token_id=0)
+        eager_forward = model.forward
+        model.forward = torch.compile(model.forward, backend="graphfuse")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", RuntimeWarning)  # no graph may fall back to PyTorch whole
+                got = model.generate(ids, attention_mask=mask, max_new_tokens=new_tokens,
+                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        finally:
+            model.forward = eager_forward
+    return expected, got, gtb.session_stats()
+
+
+def test_generate_64_tokens_compiles_at_most_3_times_per_graph():
+    """Issue 38's criterion at a small size: generate() of 64 tokens with forward compiled
+    gives eager's tokens, with at most 3 graphfuse compilations per Dynamo graph (here one:
+    prefill, first step, then one symbolic graph for the other 62 steps), and the decode
+    session plans its later lengths from a shape-class template."""
+    torch.manual_seed(14)
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=128, intermediate_size=320, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    ).eval()
+    ids = torch.randint(1, VOCAB, (1, 12))
+    expected, got, stats = _llama_generate_compiles(model, ids, torch.ones_like(ids), 64)
+    assert got.shape[1] == 12 + 64
+    assert got.tolist() == expected.tolist()
+    assert stats and all(s["compiles"] <= 3 for s in stats.values()), stats
+    assert sum(s["compiles"] for s in stats.values()) <= 3, stats
+    [decode] = [s for s in stats.values() if s["symbolic"]]
+    # the first three lengths are planned from the model (the third checks the template)
+    assert decode["plans_made"] == 62 and decode["plans_from_template"] == 62 - 3, decode
+    for r in gtb.reports():
+        assert not r["fallback"] and len(r["partitions"]) == 1, r
+
+
+def test_generate_dynamic_prompts_compile_once():
+    """forward compiled with dynamic=True, generate() after prompts of three lengths: a symbolic
+    prefill graph (its causal mask computed from the symbolic length, a constant that tracing
+    lifted kept) and a symbolic decode graph, each compiled once; eager's tokens for each."""
+    torch.manual_seed(16)
+    model = _llama().eval()
+    prompts = [torch.randint(1, VOCAB, (1, n)) for n in (7, 11, 15)]
+    with torch.no_grad():
+        expected = [model.generate(p, max_new_tokens=6, do_sample=False).tolist() for p in prompts]
+        model.forward = torch.compile(model.forward, backend="graphfuse", dynamic=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            got = [model.generate(p, max_new_tokens=6, do_sample=False).tolist() for p in prompts]
+    assert got == expected
+    stats = gtb.session_stats()
+    assert len(stats) == 2 and all(s["symbolic"] and s["compiles"] == 1 for s in stats.values()), stats
+    prefill, decode = sorted(stats.values(), key=lambda s: s["plans_made"])
+    assert prefill["plans_made"] == 3, stats  # one plan per prompt length, in one session
+    assert decode["plans_made"] > 5, stats  # the cache lengths of all three generations, in one session
+    for r in gtb.reports():
+        assert not r["fallback"] and len(r["partitions"]) == 1, r
+
+
+def test_generate_left_padded_batch_compiles_once_per_graph():
+    """generate() of a left-padded batch: the graph takes attention_mask, whose padding mask
+    (mask[batch_idx, kv_idx]) and causal mask are computed in the partition from symbolic
+    sizes. Eager's tokens, one compilation per Dynamo graph, and the decode lengths after the
+    first three planned from a shape-class template (no mask constant of the cache's length)."""
+    torch.manual_seed(15)
+    model = _llama().eval()
+    ids = torch.randint(1, VOCAB, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :4] = 0
+    ids[0, :4] = 0
+    expected, got, stats = _llama_generate_compiles(model, ids, mask, 16)
+    assert got.tolist() == expected.tolist()
+    assert all(s["compiles"] == 1 for s in stats.values()), stats
+    [decode] = [s for s in stats.values() if s["symbolic"]]
+    assert decode["sessions"] == 1 and decode["plans_made"] == 14, decode
+    assert decode["plans_from_template"] == 14 - 3, decode
+    for r in gtb.reports():
+        assert not r["fallback"] and len(r["partitions"]) == 1, r
