@@ -106,7 +106,8 @@ int main(int argc, char** argv) {
     bool llama;
   };
   const Shape all_shapes[] = {{"q/k/v/o 4096x4096", 4096, 4096, true}, {"gate/up 4096x11008", 4096, 11008, true},
-                              {"down 11008x4096", 11008, 4096, true},  {"qkv 768x2304", 768, 2304, false},
+                              {"down 11008x4096", 11008, 4096, true},  {"lm_head 1024x32000", 1024, 32000, true},
+                              {"qkv 768x2304", 768, 2304, false},
                               {"proj 768x768", 768, 768, false},       {"fc 768x3072", 768, 3072, false},
                               {"fc2 3072x768", 3072, 768, false}};
   std::vector<Shape> shapes;

@@ -2,6 +2,7 @@
 
 #include <cpuid.h>
 #include <hwy/aligned_allocator.h>
+#include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <immintrin.h>
 #include <oneapi/dnnl/dnnl.hpp>
@@ -61,6 +62,10 @@ constexpr int64_t kLanes = static_cast<int64_t>(HWY_LANES(float));
 // Columns of a streamed panel: two vectors, so that M <= 8 rows keep 2M accumulators in
 // registers (16 of AVX-512's 32; AVX2's 16 as well).
 constexpr int64_t kStreamPanel = 2 * kLanes;
+// How far ahead of its loads the stream asks for its weights (software prefetch): the hardware
+// prefetcher alone stops at each 4 KiB page and left the decode GEMVs below the read bandwidth
+// (bench/bench_gemm, M <= 4; bench/RESULTS.md).
+constexpr int64_t kStreamAheadBytes = 2048;
 
 }  // namespace
 
@@ -156,6 +161,9 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
     VF acc[M][2];
     for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = hn::Zero(df);
     for (int64_t kk = 0; kk < k; ++kk) {
+      // Both cache lines of the row kStreamAheadBytes ahead (one line holds a bf16 row).
+      hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes);
+      hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes + 64);
       const VF w0 = load(wp + kk * kStreamPanel), w1 = load(wp + kk * kStreamPanel + kLanes);
       for (int i = 0; i < M; ++i) {
         const VF x = hn::Set(df, a[i * k + kk]);
