@@ -653,21 +653,9 @@ def _matmul(b: Builder, n):
     return b.add("MatMul", [b.value(n.args[0], dt), b.value(n.args[1], dt)])
 
 
-def _addmm(b: Builder, n):
-    dt = b.meta(n).dtype
-    beta = n.kwargs.get("beta", 1)
-    alpha = n.kwargs.get("alpha", 1)
-    prod = b.add("MatMul", [b.value(n.args[1], dt), b.value(n.args[2], dt)])
-    if alpha != 1:
-        prod = b.add("Mul", [prod, b.const(alpha, dt)])
-    bias = b.value(n.args[0], dt)
-    if beta != 1:
-        bias = b.add("Mul", [bias, b.const(beta, dt)])
-    return b.add("Add", [prod, bias])
-
-
-def _baddbmm(b: Builder, n):
-    """beta * input + alpha * (b1 @ b2) (BLOOM's ALiBi scores)."""
+def _scaled_product_plus_input(b: Builder, n):
+    """beta * input + alpha * (args[1] @ args[2]): addmm, and baddbmm (BLOOM's ALiBi scores); the
+    input is ignored when beta is 0, as PyTorch ignores it, NaN and inf included."""
     dt = b.meta(n).dtype
     beta = n.kwargs.get("beta", 1)
     alpha = n.kwargs.get("alpha", 1)
@@ -679,7 +667,7 @@ def _baddbmm(b: Builder, n):
     bias = b.value(n.args[0], dt)
     if beta != 1:
         bias = b.add("Mul", [bias, b.const(beta, dt)])
-    return b.add("Add", [bias, prod])
+    return b.add("Add", [prod, bias])
 
 
 def _stack(b: Builder, n):
@@ -976,8 +964,7 @@ _register([aten.index.Tensor], _index, _index_check)
 _register([aten.gather.default], _gather)
 _register([aten.index_copy.default], _index_copy, _index_copy_check)
 _register([aten.mm.default, aten.bmm.default, aten.matmul.default], _matmul, _f32_gemm)
-_register([aten.addmm.default], _addmm, _f32_gemm)
-_register([aten.baddbmm.default], _baddbmm, _f32_gemm)
+_register([aten.addmm.default, aten.baddbmm.default], _scaled_product_plus_input, _f32_gemm)
 _register([aten.stack.default], _stack)
 _register([aten.cumsum.default], _cumsum)
 _register([aten.native_layer_norm.default], _layer_norm)

@@ -138,10 +138,18 @@ struct Compiled {
   std::unique_ptr<CompiledModel> fused, unfused;
 };
 
-Compiled CompileBoth(const std::string& bytes, int capacity = 16) {
+// A CPU target of one thread (null, with the failure reported, if it cannot be made).
+std::shared_ptr<const Target> OneThreadCpu() {
   auto target = MakeTarget("cpu", {.threads = 1});
-  EXPECT_TRUE(target.ok());
-  std::shared_ptr<const Target> cpu = std::move(*target);
+  EXPECT_TRUE(target.ok()) << target.status().ToString();
+  return target.ok() ? std::shared_ptr<const Target>(std::move(*target)) : nullptr;
+}
+
+// The corpus's small LLaMA exported with a KV cache (tests/models/hf/llama_ts_kv).
+std::string LlamaKvPath() { return std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx"; }
+
+Compiled CompileBoth(const std::string& bytes, int capacity = 16) {
+  std::shared_ptr<const Target> cpu = OneThreadCpu();
   CompileOptions fused_options, unfused_options;
   fused_options.plan_cache_capacity = unfused_options.plan_cache_capacity = capacity;
   unfused_options.fusion.enabled = false;
@@ -378,10 +386,9 @@ std::vector<Tensor> DecodeInputs(int64_t past, uint32_t seed) {
 // the packed panels) from the model's store: one copy, whatever the number of shapes, and the
 // same results as a model that planned only that shape.
 TEST(DynamicShapes, PlansOfEveryShapeShareOneCopyOfTheDerivedWeights) {
-  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
-  auto target = MakeTarget("cpu", {.threads = 1});
-  ASSERT_TRUE(target.ok());
-  std::shared_ptr<const Target> cpu = std::move(*target);
+  const std::string path = LlamaKvPath();
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
   auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   // The weights each plan's GEMMs read (FusedGemm input 1: concatenated projections).
@@ -432,10 +439,9 @@ TEST(DynamicShapes, PlansOfEveryShapeShareOneCopyOfTheDerivedWeights) {
 // Prompts (past 0) are a class of their own, whose causal mask (a folded constant) the template
 // makes for each length.
 TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
-  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
-  auto target = MakeTarget("cpu", {.threads = 1});
-  ASSERT_TRUE(target.ok());
-  std::shared_ptr<const Target> cpu = std::move(*target);
+  const std::string path = LlamaKvPath();
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
   CompileOptions per_shape;
   per_shape.shape_classes = false;
   auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
@@ -509,10 +515,9 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
 // logits and cache rows of plain runs that return new presents, and the rows past P + 1 stay
 // unwritten.
 TEST(DynamicShapes, KvCacheKeptInPlaceWritesOnlyTheNewRows) {
-  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
-  auto target = MakeTarget("cpu", {.threads = 1});
-  ASSERT_TRUE(target.ok());
-  std::shared_ptr<const Target> cpu = std::move(*target);
+  const std::string path = LlamaKvPath();
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
   auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   constexpr int64_t kv = 4, d = 16, cap = 16, first = 3, steps = 8;
@@ -569,10 +574,9 @@ TEST(DynamicShapes, KvCacheKeptInPlaceWritesOnlyTheNewRows) {
 // read from every other element of a buffer, logits written into a wider one; the same values
 // as contiguous ones. A present that overlaps its past with other strides is refused.
 TEST(DynamicShapes, OtherStridedViewsAreCopiedAndOverlapsRefused) {
-  const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
-  auto target = MakeTarget("cpu", {.threads = 1});
-  ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), std::move(*target));
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(LlamaKvPath()).value(), cpu);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const int64_t past = 5;
   const std::vector<Tensor> in = DecodeInputs(past, 3);
