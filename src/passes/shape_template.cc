@@ -118,7 +118,9 @@ class Flattener {
     f_.structure += DTypeName(t.dtype());
     Dims(t.shape());
     int64_t diagonal = 0;
-    switch (Classify(t, &diagonal)) {
+    const Content content = Classify(t, &diagonal);
+    f_.contents.push_back(static_cast<uint8_t>(content));
+    switch (content) {
       case Content::kSmallInts:
         f_.structure += " ints";
         f_.ints.insert(f_.ints.end(), t.data_as<int64_t>(), t.data_as<int64_t>() + t.numel());
@@ -158,9 +160,9 @@ class Flattener {
     } else if (const auto* t = std::get_if<std::shared_ptr<const Tensor>>(&a)) {
       Tensor_(**t);
     } else if (const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a)) {
-      const size_t begin = f_.ints.size();
+      const size_t begin = f_.ints.size(), contents = f_.contents.size();
       Graph_(**g);
-      f_.subgraphs.push_back({g->get(), {begin, f_.ints.size()}});
+      f_.subgraphs.push_back({g->get(), {begin, f_.ints.size()}, {contents, f_.contents.size()}});
     }
   }
 
@@ -171,8 +173,9 @@ class Flattener {
 // order Flattener wrote them.
 class Rebuilder {
  public:
-  Rebuilder(const std::vector<int64_t>& ints, int64_t t, const std::map<const Graph*, size_t>& fixed)
-      : ints_(ints), t_(t), fixed_(fixed) {}
+  Rebuilder(const std::vector<int64_t>& ints, const std::vector<uint8_t>& contents, int64_t t,
+            const std::map<const Graph*, std::pair<size_t, size_t>>& fixed)
+      : ints_(ints), contents_(contents), t_(t), fixed_(fixed) {}
 
   Result<std::shared_ptr<Graph>> Graph_(const Graph& base) {
     auto g = std::make_shared<Graph>(base.name());
@@ -212,7 +215,7 @@ class Rebuilder {
     return g;
   }
 
-  bool consumed_all() const { return next_ == ints_.size(); }
+  bool consumed_all() const { return next_ == ints_.size() && next_content_ == contents_.size(); }
 
  private:
   Result<int64_t> Next() {
@@ -232,7 +235,8 @@ class Rebuilder {
 
   Result<std::shared_ptr<const Tensor>> Tensor_(const std::shared_ptr<const Tensor>& base) {
     GF_ASSIGN_OR_RETURN(Shape s, Dims(base->shape().size()));
-    switch (Classify(*base)) {
+    if (next_content_ >= contents_.size()) return Internal("shape template: fewer constants than the graph holds");
+    switch (static_cast<Content>(contents_[next_content_++])) {
       case Content::kSmallInts: {
         GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, s));
         if (t.numel() != base->numel()) return Internal("shape template: a small integer tensor changed size");
@@ -295,7 +299,8 @@ class Rebuilder {
     }
     if (const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a)) {
       if (auto f = fixed_.find(g->get()); f != fixed_.end()) {
-        next_ += f->second;  // nothing in it moves: shared as it is
+        next_ += f->second.first;  // nothing in it moves: shared as it is
+        next_content_ += f->second.second;
         return a;
       }
       GF_ASSIGN_OR_RETURN(std::shared_ptr<Graph> r, Graph_(**g));
@@ -305,9 +310,10 @@ class Rebuilder {
   }
 
   const std::vector<int64_t>& ints_;
+  const std::vector<uint8_t>& contents_;
   int64_t t_;
-  const std::map<const Graph*, size_t>& fixed_;
-  size_t next_ = 0;
+  const std::map<const Graph*, std::pair<size_t, size_t>>& fixed_;
+  size_t next_ = 0, next_content_ = 0;
 };
 
 }  // namespace
@@ -326,6 +332,7 @@ Result<ShapeTemplate> ShapeTemplate::Fit(std::shared_ptr<const Graph> a, const G
   ShapeTemplate t;
   t.base_ = std::move(a);
   t.base_ints_ = fa.ints;
+  t.contents_ = fa.contents;
   t.slopes_.resize(fa.ints.size());
   for (size_t i = 0; i < fa.ints.size(); ++i) {
     const int64_t d = fb.ints[i] - fa.ints[i];
@@ -334,20 +341,21 @@ Result<ShapeTemplate> ShapeTemplate::Fit(std::shared_ptr<const Graph> a, const G
   }
   // A graph attribute met twice is fixed only if it is at every meeting.
   std::map<const Graph*, bool> moves;
-  for (const auto& [g, range] : fa.subgraphs) {
+  for (const FlatGraph::Subgraph& sub : fa.subgraphs) {
     bool m = false;
-    for (size_t i = range.first; i < range.second; ++i) m |= t.slopes_[i] != 0;
-    moves[g] = moves[g] || m;
+    for (size_t i = sub.ints.first; i < sub.ints.second; ++i) m |= t.slopes_[i] != 0;
+    moves[sub.graph] = moves[sub.graph] || m;
   }
-  for (const auto& [g, range] : fa.subgraphs)
-    if (!moves[g]) t.fixed_subgraphs_[g] = range.second - range.first;
+  for (const FlatGraph::Subgraph& sub : fa.subgraphs)
+    if (!moves[sub.graph])
+      t.fixed_subgraphs_[sub.graph] = {sub.ints.second - sub.ints.first, sub.contents.second - sub.contents.first};
   return t;
 }
 
 Result<std::shared_ptr<Graph>> ShapeTemplate::Instantiate(int64_t t) const {
   std::vector<int64_t> ints(base_ints_.size());
   for (size_t i = 0; i < ints.size(); ++i) ints[i] = base_ints_[i] + slopes_[i] * t;
-  Rebuilder r(ints, t, fixed_subgraphs_);
+  Rebuilder r(ints, contents_, t, fixed_subgraphs_);
   GF_ASSIGN_OR_RETURN(std::shared_ptr<Graph> g, r.Graph_(*base_));
   if (!r.consumed_all()) return Internal("shape template: more integers than the graph holds");
   GF_RETURN_IF_ERROR(g->Verify().WithContext(StrCat("shape template, ", t, " steps from its first plan")));

@@ -30,9 +30,16 @@ namespace graphfuse {
 struct FlatGraph {
   std::string structure;
   std::vector<int64_t> ints;
+  // How each constant met in the walk entered the flat form (a small-integer tensor, a fill, a
+  // causal mask, a hash, an identity), in walk order, so that a rebuild need not scan it again.
+  std::vector<uint8_t> contents;
   // Each graph attribute (a fused body, a reference graph) met in the walk: where its integers
-  // begin and end among `ints`.
-  std::vector<std::pair<const Graph*, std::pair<size_t, size_t>>> subgraphs;
+  // begin and end among `ints`, and its constants among `contents`.
+  struct Subgraph {
+    const Graph* graph;
+    std::pair<size_t, size_t> ints, contents;
+  };
+  std::vector<Subgraph> subgraphs;
 };
 FlatGraph Flatten(const Graph& g);
 
@@ -47,9 +54,10 @@ class ShapeTemplate {
  private:
   std::shared_ptr<const Graph> base_;
   std::vector<int64_t> base_ints_, slopes_;
-  // The base's graph attributes none of whose integers move, with how many integers they hold:
-  // instantiated graphs share them.
-  std::map<const Graph*, size_t> fixed_subgraphs_;
+  std::vector<uint8_t> contents_;  // FlatGraph::contents of the base
+  // The base's graph attributes none of whose integers move, with how many integers and
+  // constants they hold: instantiated graphs share them.
+  std::map<const Graph*, std::pair<size_t, size_t>> fixed_subgraphs_;
 };
 
 }  // namespace graphfuse
