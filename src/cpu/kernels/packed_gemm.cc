@@ -156,7 +156,32 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
     }
   };
   const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
-  for (int64_t q = 0; q < panels; ++q) {
+  int64_t q0 = 0;
+  if constexpr (M == 1) {
+    // One row: two panels at once, two streams in flight.
+    for (; q0 + 1 < panels; q0 += 2) {
+      const W* wp = wb + q0 * k * kStreamPanel;
+      const W* wq = wp + k * kStreamPanel;
+      VF acc[4] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
+      for (int64_t kk = 0; kk < k; ++kk) {
+        hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes);
+        hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes + 64);
+        hwy::Prefetch(reinterpret_cast<const char*>(wq + kk * kStreamPanel) + kStreamAheadBytes);
+        hwy::Prefetch(reinterpret_cast<const char*>(wq + kk * kStreamPanel) + kStreamAheadBytes + 64);
+        const VF x = hn::Set(df, a[kk]);
+        acc[0] = hn::MulAdd(x, load(wp + kk * kStreamPanel), acc[0]);
+        acc[1] = hn::MulAdd(x, load(wp + kk * kStreamPanel + kLanes), acc[1]);
+        acc[2] = hn::MulAdd(x, load(wq + kk * kStreamPanel), acc[2]);
+        acc[3] = hn::MulAdd(x, load(wq + kk * kStreamPanel + kLanes), acc[3]);
+      }
+      for (int v = 0; v < 4; ++v) {
+        const int64_t col = q0 * kStreamPanel + v * kLanes;  // within the block
+        if (col >= width) break;
+        StoreSums(p, acc[v], 0, j0 + col, width - col, c, operands);
+      }
+    }
+  }
+  for (int64_t q = q0; q < panels; ++q) {
     const W* wp = wb + q * k * kStreamPanel;
     VF acc[M][2];
     for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = hn::Zero(df);
