@@ -10,18 +10,32 @@
 #include "graphfuse/thread_pool.h"
 
 namespace graphfuse::cpu {
+
+struct CpuTarget::Workers {
+  explicit Workers(int threads) : threads(threads) {}
+  ThreadPool& pool() {
+    std::call_once(made_, [this] { pool_ = std::make_unique<ThreadPool>(threads); });
+    return *pool_;
+  }
+  const int threads;
+  std::mutex run;  // held by each run: one pool, one run at a time
+ private:
+  std::once_flag made_;
+  std::unique_ptr<ThreadPool> pool_;
+};
+
 namespace {
 
 class CpuExecutable final : public Executable {
  public:
-  CpuExecutable(std::shared_ptr<const Graph> graph, std::unique_ptr<ThreadPool> pool,
+  CpuExecutable(std::shared_ptr<const Graph> graph, std::shared_ptr<CpuTarget::Workers> workers,
                 std::unique_ptr<CpuCodegen> codegen, std::unique_ptr<ExecutionPlan> plan)
-      : graph_(std::move(graph)), pool_(std::move(pool)), codegen_(std::move(codegen)), plan_(std::move(plan)) {}
+      : graph_(std::move(graph)), workers_(std::move(workers)), codegen_(std::move(codegen)), plan_(std::move(plan)) {}
 
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) override {
-    // The plan's activations are one arena: one run at a time.
-    std::lock_guard<std::mutex> lock(mu_);
-    CpuContext ctx{pool_.get()};
+    // The target's pool runs one plan at a time (and this plan's activations are one arena).
+    std::lock_guard<std::mutex> lock(workers_->run);
+    CpuContext ctx{&workers_->pool()};
     ctx.codegen = codegen_.get();
     return plan_->Run(inputs, outputs, ctx);
   }
@@ -30,13 +44,15 @@ class CpuExecutable final : public Executable {
 
  private:
   std::shared_ptr<const Graph> graph_;  // the plan points into it
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<CpuTarget::Workers> workers_;
   std::unique_ptr<CpuCodegen> codegen_;
   std::unique_ptr<ExecutionPlan> plan_;
-  std::mutex mu_;
 };
 
 }  // namespace
+
+CpuTarget::CpuTarget(const TargetOptions& options)
+    : options_(options), workers_(std::make_shared<Workers>(options.threads)) {}
 
 bool CpuTarget::HasKernel(const Node& node) const {
   const OpSchema* s = FindSchema(node.op());
@@ -56,9 +72,7 @@ Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Gra
   }
   GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan,
                       ExecutionPlan::Compile(*graph, {.bf16_weights = options_.cpu_bf16_weights}));
-  auto pool = std::make_unique<ThreadPool>(options_.threads);
-  return std::unique_ptr<Executable>(
-      new CpuExecutable(std::move(graph), std::move(pool), std::move(codegen), std::move(plan)));
+  return std::unique_ptr<Executable>(new CpuExecutable(std::move(graph), workers_, std::move(codegen), std::move(plan)));
 }
 
 std::vector<KernelChoice> CpuTarget::DescribeKernels(const Graph& graph) const {

@@ -11,7 +11,7 @@ namespace graphfuse::cpu {
 class CpuTarget final : public Target {
  public:
   // Reads options.threads and options.cpu_codegen.
-  explicit CpuTarget(const TargetOptions& options = {}) : options_(options) {}
+  explicit CpuTarget(const TargetOptions& options = {});
   std::string_view name() const override { return "cpu"; }
   // A launch on the thread pool costs about 1 us; fused traffic is priced at 40 GB/s.
   TargetCosts costs() const override { return {1.0, 40.0}; }
@@ -19,14 +19,20 @@ class CpuTarget final : public Target {
   bool HasKernel(const Node& node) const override;
   Status EvaluateOnHost(const Node& node, std::span<const TensorView> in,
                         std::span<const TensorView> out) const override;
-  // An ExecutionPlan on a thread pool of its own; calls from several threads take turns (each
-  // run already uses every thread of the pool).
+  // An ExecutionPlan on the target's thread pool, which every plan it compiles shares (a model's
+  // plans for many shapes, a decode loop's plan per length: one set of threads, started once);
+  // runs from several threads, of one plan or of several, take turns (each run already uses
+  // every thread of the pool).
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
   // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
   std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
 
+  // The pool its executables share, made on the first run, and the lock their runs take turns on.
+  struct Workers;
+
  private:
   TargetOptions options_;
+  std::shared_ptr<Workers> workers_;
 };
 
 // A CPU target with its defaults (immutable; lives for the process).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "op_registry.h"
 
@@ -284,7 +285,8 @@ Value* Graph::FindValue(const std::string& name) const {
 }
 
 Status Graph::Verify() const {
-  std::set<const Value*> defined;
+  std::unordered_set<const Value*> defined;
+  defined.reserve(values_.size() + inputs_.size());
   for (const Value* in : inputs_) defined.insert(in);
   for (const auto& v : values_)
     if (v->constant_) {
