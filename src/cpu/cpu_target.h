@@ -27,7 +27,8 @@ class CpuTarget final : public Target {
   // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
   std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
 
-  // The pool its executables share, made on the first run, and the lock their runs take turns on.
+  // What its executables share: the thread pool (made on the first run), the arena their
+  // intermediates live in (grown to the largest plan's), and the lock their runs take turns on.
   struct Workers;
 
  private:

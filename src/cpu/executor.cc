@@ -158,8 +158,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
     for (size_t k = 0; k < step.out_refs.size(); ++k)
       step.io_strides |= step.out_refs[k].kind == Ref::kOutput && plan->TakesStrided(true, step.out_refs[k].index);
   }
-  GF_ASSIGN_OR_RETURN(plan->arena_, Tensor::Empty(DType::kBool, {std::max<int64_t>(memory.arena_bytes, 1)}));
-  std::memset(plan->arena_.data(), 0, plan->arena_.nbytes());  // touch every page now, not during the first run
+  plan->arena_bytes_ = std::max<int64_t>(memory.arena_bytes, 1);
   plan->stats_.kernels_launched = static_cast<int64_t>(plan->steps_.size());
   plan->stats_.peak_activation_bytes = memory.peak_bytes;
   // Without reuse, every value a node writes would have a buffer of its own, outputs included.
@@ -167,14 +166,14 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
   return plan;
 }
 
-void* ExecutionPlan::Resolve(const Ref& r, std::span<const TensorView> inputs,
-                             std::span<const TensorView> outputs) const {
+void* ExecutionPlan::Resolve(const Ref& r, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                             char* arena) const {
   switch (r.kind) {
     case Ref::kNone: return nullptr;
     case Ref::kInput: return inputs[r.index].data;
     case Ref::kOutput: return outputs[r.index].data;
     case Ref::kConst: return const_cast<void*>(r.data);
-    case Ref::kArena: return static_cast<char*>(const_cast<void*>(arena_.data())) + r.offset;
+    case Ref::kArena: return arena + r.offset;
   }
   return nullptr;
 }
@@ -209,20 +208,28 @@ Status ExecutionPlan::CheckIO(std::span<const TensorView> inputs, std::span<cons
 }
 
 Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                          const CpuContext& ctx, const StepObserver* observer) {
+                          const CpuContext& ctx, const StepObserver* observer, void* arena) {
   GF_RETURN_IF_ERROR(CheckIO(inputs, outputs));
+  if (!arena) {
+    if (arena_.nbytes() < static_cast<size_t>(arena_bytes_)) {
+      GF_ASSIGN_OR_RETURN(arena_, Tensor::Empty(DType::kBool, {arena_bytes_}));
+      std::memset(arena_.data(), 0, arena_.nbytes());
+    }
+    arena = arena_.data();
+  }
+  char* const base = static_cast<char*>(arena);
   for (Step& s : steps_) {
     if (s.has_program) {
-      for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs);
-      for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs);
+      for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs, base);
+      for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs, base);
       // Planning a launch (layout, in-place checks) costs about as much as a 1K-element add:
       // it is done again only when a buffer moved (graph inputs / outputs given per run).
       if (!s.runner || !s.runner->BoundTo(s.program, ctx.codegen)) s.runner.emplace(s.program, ctx.codegen);
       s.runner->Launch(ctx);
       if (!observer) continue;
     }
-    for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs);
-    for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs);
+    for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs, base);
+    for (size_t k = 0; k < s.out_refs.size(); ++k) s.out_views[k].data = Resolve(s.out_refs[k], inputs, outputs, base);
     if (s.io_strides) {  // graph inputs / outputs it takes strided: their views' strides, this run's
       for (size_t k = 0; k < s.in_refs.size(); ++k)
         if (s.in_refs[k].kind == Ref::kInput) s.in_views[k].strides = inputs[s.in_refs[k].index].strides;
@@ -233,7 +240,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
     if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }
   for (const auto& [out, ref] : output_copies_) {
-    const void* src = Resolve(output_refs_[ref], inputs, outputs);
+    const void* src = Resolve(output_refs_[ref], inputs, outputs, base);
     const size_t bytes = static_cast<size_t>(outputs[out].numel()) * DTypeSize(outputs[out].dtype);
     if (bytes) std::memmove(outputs[out].data, src, bytes);
   }

@@ -34,12 +34,17 @@ class ExecutionPlan {
 
   // Runs on `inputs` (one per graph input, types as declared) into `outputs` (one per graph
   // output, preallocated with the declared types). Errors name the input / node / op at fault.
+  // The intermediates live in `arena` when given (arena_bytes() at least, aligned to
+  // kTensorAlignment): plans that never run at once, a target's, share one. Else in the plan's
+  // own arena, allocated on its first run.
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const CpuContext& ctx,
-             const StepObserver* observer = nullptr);
+             const StepObserver* observer = nullptr, void* arena = nullptr);
   // Same, allocating the outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, const CpuContext& ctx);
 
   const ExecStats& stats() const { return stats_; }
+  // The bytes every intermediate buffer of a run needs (memory_plan.h).
+  int64_t arena_bytes() const { return arena_bytes_; }
   const Graph& graph() const { return *graph_; }
   // Whether graph input (output = false) or output `index` may be a strided view: each node
   // that reads the input (writes the output, which nothing else reads) takes that operand
@@ -56,11 +61,13 @@ class ExecutionPlan {
   struct Step;
   ExecutionPlan() = default;
   Status CheckIO(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
-  void* Resolve(const Ref& r, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  void* Resolve(const Ref& r, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                char* arena) const;
 
   const Graph* graph_ = nullptr;
   std::vector<Step> steps_;
-  Tensor arena_;  // every intermediate buffer (memory_plan.h)
+  int64_t arena_bytes_ = 0;
+  Tensor arena_;  // the plan's own arena, when a run is given none
   std::vector<std::pair<int, int>> output_copies_;  // (graph output, ref index) needing a copy
   std::vector<Ref> output_refs_;
   std::vector<bool> strided_inputs_, strided_outputs_;
