@@ -253,9 +253,12 @@ constexpr HelpSection kCommands[] = {
         [attention_mask], [position_ids], past_key_values.* in, logits and present.* out) as a
         serving loop does: greedy, a random prompt of PROMPT tokens, then NEW - 1 calls of one
         token with each present fed back as the past (every call a new length), fused, f32,
-        on the CPU; prints prefill ms, mean and last per-token ms, the planning per call, the
-        weights its plans share, RSS and peak RSS (medians of --repeats generations, default 3;
-        exit 1 when repeats give different tokens)
+        on the CPU; prints prefill ms, mean and last per-token ms, the planning per call (median
+        and max after the first decode), the weights its plans share, RSS after the first call,
+        the first decode and the first generation, and peak RSS (medians of --repeats
+        generations, default 3; later ones alternate copying the KV cache and keeping it in
+        place; exit 1 when repeats give different tokens); GRAPHFUSE_BENCH_CALLS=1 prints each
+        call of the first generation (its planning split, RSS after it)
 )",
      true, true, true},
     {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract
