@@ -1,6 +1,5 @@
 #include "cpu_target.h"
 
-#include <cstring>
 #include <mutex>
 
 #include "../ir/op_registry.h"
@@ -18,17 +17,10 @@ struct CpuTarget::Workers {
     std::call_once(made_, [this] { pool_ = std::make_unique<ThreadPool>(threads); });
     return *pool_;
   }
-  // The intermediates of whichever plan runs (held under `run`), grown to the largest plan's
-  // arena: one arena for every plan of the target rather than one per plan.
-  Result<void*> Arena(int64_t bytes) {
-    if (arena.nbytes() < static_cast<size_t>(bytes)) {
-      GF_ASSIGN_OR_RETURN(arena, Tensor::Empty(DType::kBool, {bytes}));
-      std::memset(arena.data(), 0, arena.nbytes());  // its pages touched once, here
-    }
-    return arena.data();
-  }
   const int threads;
   std::mutex run;  // held by each run: one pool, one run at a time
+  // The intermediates of whichever plan runs (under `run`), grown to the largest plan's arena:
+  // one arena for every plan of the target rather than one per plan.
   Tensor arena;
  private:
   std::once_flag made_;
@@ -46,7 +38,7 @@ class CpuExecutable final : public Executable {
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) override {
     // The target's pool and arena serve one plan at a time.
     std::lock_guard<std::mutex> lock(workers_->run);
-    GF_ASSIGN_OR_RETURN(void* arena, workers_->Arena(plan_->arena_bytes()));
+    GF_ASSIGN_OR_RETURN(void* arena, ExecutionPlan::GrowArena(workers_->arena, plan_->arena_bytes()));
     CpuContext ctx{&workers_->pool()};
     ctx.codegen = codegen_.get();
     return plan_->Run(inputs, outputs, ctx, nullptr, arena);

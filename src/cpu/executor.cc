@@ -166,6 +166,14 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
   return plan;
 }
 
+Result<void*> ExecutionPlan::GrowArena(Tensor& arena, int64_t bytes) {
+  if (arena.nbytes() < static_cast<size_t>(bytes)) {
+    GF_ASSIGN_OR_RETURN(arena, Tensor::Empty(DType::kBool, {bytes}));
+    std::memset(arena.data(), 0, arena.nbytes());
+  }
+  return arena.data();
+}
+
 void* ExecutionPlan::Resolve(const Ref& r, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                              char* arena) const {
   switch (r.kind) {
@@ -211,11 +219,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
                           const CpuContext& ctx, const StepObserver* observer, void* arena) {
   GF_RETURN_IF_ERROR(CheckIO(inputs, outputs));
   if (!arena) {
-    if (arena_.nbytes() < static_cast<size_t>(arena_bytes_)) {
-      GF_ASSIGN_OR_RETURN(arena_, Tensor::Empty(DType::kBool, {arena_bytes_}));
-      std::memset(arena_.data(), 0, arena_.nbytes());
-    }
-    arena = arena_.data();
+    GF_ASSIGN_OR_RETURN(arena, GrowArena(arena_, arena_bytes_));
   }
   char* const base = static_cast<char*>(arena);
   for (Step& s : steps_) {

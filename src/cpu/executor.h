@@ -45,6 +45,9 @@ class ExecutionPlan {
   const ExecStats& stats() const { return stats_; }
   // The bytes every intermediate buffer of a run needs (memory_plan.h).
   int64_t arena_bytes() const { return arena_bytes_; }
+  // `arena` grown to at least `bytes` (its pages touched as it is allocated, not during a run);
+  // returns its data. The plan's own arena and a target's shared one grow so.
+  static Result<void*> GrowArena(Tensor& arena, int64_t bytes);
   const Graph& graph() const { return *graph_; }
   // Whether graph input (output = false) or output `index` may be a strided view: each node
   // that reads the input (writes the output, which nothing else reads) takes that operand
