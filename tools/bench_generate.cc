@@ -275,12 +275,14 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       s.median_planning_after_first_decode = Median({r.planning_ms.begin() + 2, r.planning_ms.end()});
     return s;
   };
-  std::vector<Summary> sums;
-  for (const Run& r : runs) sums.push_back(summarize(r));
-  auto median_of = [&](double Summary::*field, size_t from) {
-    std::vector<double> v;
-    for (size_t i = from; i < sums.size(); ++i) v.push_back(sums[i].*field);
-    return Median(v);
+  const Summary first_sum = summarize(runs[0]);
+  std::vector<Summary> later, in_place_sums;  // generations 2.., copying; the same, in place
+  for (size_t r = 1; r < runs.size(); ++r) later.push_back(summarize(runs[r]));
+  for (const Run& r : in_place_runs) in_place_sums.push_back(summarize(r));
+  auto median_of = [](const std::vector<Summary>& v, double Summary::*field) {
+    std::vector<double> x;
+    for (const Summary& e : v) x.push_back(e.*field);
+    return Median(x);
   };
   bool same = true;
   for (const Run& r : runs) same &= r.tokens == runs[0].tokens;
@@ -288,23 +290,15 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   const PlanCacheStats s = m.cache_stats();
   std::printf("  %-34s %10s %12s %10s %10s %12s %14s\n", "", "prefill ms", "per token ms", "last ms", "total ms",
               "planning ms", "max planning");
-  auto row = [&](const char* what, size_t from) {
-    std::printf("  %-34s %10.2f %12.2f %10.2f %10.1f %12.1f %14.2f\n", what, median_of(&Summary::prefill, from),
-                median_of(&Summary::mean, from), median_of(&Summary::last, from), median_of(&Summary::total, from),
-                median_of(&Summary::planning, from), median_of(&Summary::max_planning_after_first_decode, from));
+  auto row = [&](const std::string& what, const std::vector<Summary>& v) {
+    std::printf("  %-34s %10.2f %12.2f %10.2f %10.1f %12.1f %14.2f\n", what.c_str(), median_of(v, &Summary::prefill),
+                median_of(v, &Summary::mean), median_of(v, &Summary::last), median_of(v, &Summary::total),
+                median_of(v, &Summary::planning), median_of(v, &Summary::max_planning_after_first_decode));
   };
-  std::vector<Summary> first_only(sums.begin(), sums.begin() + 1);
-  std::swap(sums, first_only);
-  row("generation 1 (every length new)", 0);
-  std::swap(sums, first_only);
-  if (runs.size() > 1) row(StrCat("generations 2..", runs.size(), " (medians)").c_str(), 1);
-  std::vector<Summary> copied_sums;
-  if (!in_place_runs.empty()) {
-    copied_sums = sums;
-    sums.assign(1, Summary{});
-    for (const Run& r : in_place_runs) sums.push_back(summarize(r));
-    row(StrCat("the same, KV cache kept in place", takes_in_place ? "" : "*").c_str(), 1);
-    std::swap(sums, copied_sums);
+  row("generation 1 (every length new)", {first_sum});
+  if (!later.empty()) row(StrCat("generations 2..", runs.size(), " (medians)"), later);
+  if (!in_place_sums.empty()) {
+    row(StrCat("the same, KV cache kept in place", takes_in_place ? "" : "*"), in_place_sums);
     if (!takes_in_place)
       std::printf("  * this model's plans do not take its caches in place: strided views are copied around each "
                   "call\n");
@@ -313,7 +307,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
               "spent planning)\n", static_cast<long long>(prompt), static_cast<long long>(fresh - 1));
   const Run& first = runs[0];
   std::printf("  planning per call after the first decode, generation 1: median %.2f ms, max %.2f ms\n",
-              sums[0].median_planning_after_first_decode, sums[0].max_planning_after_first_decode);
+              first_sum.median_planning_after_first_decode, first_sum.max_planning_after_first_decode);
   const double rss_first = first.rss_mb.front(), rss_decode = first.rss_mb[std::min<size_t>(1, first.rss_mb.size() - 1)];
   std::printf("  RSS after the first call %.0f MiB, after the first decode %.0f MiB, after generation 1's %zu lengths "
               "%.0f MiB (%.2fx the first call's)\n", rss_first, rss_decode, first.rss_mb.size(), first.rss_mb.back(),
@@ -330,23 +324,21 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
     Json j;
     j.BeginObject().Key("model").Str(path).Key("prompt").Num(static_cast<double>(prompt)).Key("new").Num(static_cast<double>(fresh));
     j.Key("threads").Num(threads).Key("repeats").Num(repeats).Key("load_ms").Num(load_ms);
-    const Summary& f = sums[0];
+    const Summary& f = first_sum;
     j.Key("first").BeginObject().Key("prefill_ms").Num(f.prefill).Key("per_token_ms").Num(f.mean);
     j.Key("last_token_ms").Num(f.last).Key("total_ms").Num(f.total).Key("planning_ms").Num(f.planning);
     j.Key("max_planning_ms_after_first_decode").Num(f.max_planning_after_first_decode);
     j.Key("median_planning_ms_after_first_decode").Num(f.median_planning_after_first_decode);
-    j.Key("rss_after_first_call_mb").Num(runs[0].rss_mb.front());
-    j.Key("rss_after_first_decode_mb").Num(runs[0].rss_mb[std::min<size_t>(1, runs[0].rss_mb.size() - 1)]);
-    j.Key("rss_after_generation_mb").Num(runs[0].rss_mb.back()).EndObject();
-    if (runs.size() > 1) {
-      j.Key("later").BeginObject().Key("prefill_ms").Num(median_of(&Summary::prefill, 1));
-      j.Key("per_token_ms").Num(median_of(&Summary::mean, 1)).Key("total_ms").Num(median_of(&Summary::total, 1));
-      j.Key("planning_ms").Num(median_of(&Summary::planning, 1)).EndObject();
-      std::swap(sums, copied_sums);
+    j.Key("rss_after_first_call_mb").Num(rss_first).Key("rss_after_first_decode_mb").Num(rss_decode);
+    j.Key("rss_after_generation_mb").Num(first.rss_mb.back()).EndObject();
+    if (!later.empty()) {
+      j.Key("later").BeginObject().Key("prefill_ms").Num(median_of(later, &Summary::prefill));
+      j.Key("per_token_ms").Num(median_of(later, &Summary::mean)).Key("total_ms").Num(median_of(later, &Summary::total));
+      j.Key("planning_ms").Num(median_of(later, &Summary::planning)).EndObject();
       j.Key("in_place").BeginObject().Key("taken").Bool(takes_in_place);
-      j.Key("prefill_ms").Num(median_of(&Summary::prefill, 1)).Key("per_token_ms").Num(median_of(&Summary::mean, 1));
-      j.Key("total_ms").Num(median_of(&Summary::total, 1)).EndObject();
-      std::swap(sums, copied_sums);
+      j.Key("prefill_ms").Num(median_of(in_place_sums, &Summary::prefill));
+      j.Key("per_token_ms").Num(median_of(in_place_sums, &Summary::mean));
+      j.Key("total_ms").Num(median_of(in_place_sums, &Summary::total)).EndObject();
     }
     j.Key("plans_from_template").Num(static_cast<double>(s.plans_from_template));
     j.Key("plans_made").Num(static_cast<double>(s.plans_made)).Key("planning_ms").Num(s.planning_ms);
