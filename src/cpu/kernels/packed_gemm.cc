@@ -155,53 +155,39 @@ void StreamBlock(const PackedGemm::Impl& p, const W* wb, int64_t width, int64_t 
       return hn::PromoteTo(df, hn::LoadU(dbf, reinterpret_cast<const hwy::bfloat16_t*>(w)));
     }
   };
-  const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
-  int64_t q0 = 0;
-  if constexpr (M == 1) {
-    // One row: two panels at once, two streams in flight.
-    for (; q0 + 1 < panels; q0 += 2) {
-      const W* wp = wb + q0 * k * kStreamPanel;
-      const W* wq = wp + k * kStreamPanel;
-      VF acc[4] = {hn::Zero(df), hn::Zero(df), hn::Zero(df), hn::Zero(df)};
-      for (int64_t kk = 0; kk < k; ++kk) {
-        hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes);
-        hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes + 64);
-        hwy::Prefetch(reinterpret_cast<const char*>(wq + kk * kStreamPanel) + kStreamAheadBytes);
-        hwy::Prefetch(reinterpret_cast<const char*>(wq + kk * kStreamPanel) + kStreamAheadBytes + 64);
-        const VF x = hn::Set(df, a[kk]);
-        acc[0] = hn::MulAdd(x, load(wp + kk * kStreamPanel), acc[0]);
-        acc[1] = hn::MulAdd(x, load(wp + kk * kStreamPanel + kLanes), acc[1]);
-        acc[2] = hn::MulAdd(x, load(wq + kk * kStreamPanel), acc[2]);
-        acc[3] = hn::MulAdd(x, load(wq + kk * kStreamPanel + kLanes), acc[3]);
-      }
-      for (int v = 0; v < 4; ++v) {
-        const int64_t col = q0 * kStreamPanel + v * kLanes;  // within the block
-        if (col >= width) break;
-        StoreSums(p, acc[v], 0, j0 + col, width - col, c, operands);
-      }
-    }
-  }
-  for (int64_t q = q0; q < panels; ++q) {
-    const W* wp = wb + q * k * kStreamPanel;
-    VF acc[M][2];
-    for (int i = 0; i < M; ++i) acc[i][0] = acc[i][1] = hn::Zero(df);
+  // P panels from panel q0 against the M rows: 2P vectors of columns, 2MP accumulators.
+  auto run = [&](auto panels_at_once, int64_t q0) {
+    constexpr int P = decltype(panels_at_once)::value;
+    const W* wp = wb + q0 * k * kStreamPanel;
+    VF acc[M][2 * P];
+    for (int i = 0; i < M; ++i)
+      for (int v = 0; v < 2 * P; ++v) acc[i][v] = hn::Zero(df);
     for (int64_t kk = 0; kk < k; ++kk) {
-      // Both cache lines of the row kStreamAheadBytes ahead (one line holds a bf16 row).
-      hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes);
-      hwy::Prefetch(reinterpret_cast<const char*>(wp + kk * kStreamPanel) + kStreamAheadBytes + 64);
-      const VF w0 = load(wp + kk * kStreamPanel), w1 = load(wp + kk * kStreamPanel + kLanes);
+      VF w[2 * P];
+      for (int q = 0; q < P; ++q) {
+        const W* row = wp + (q * k + kk) * kStreamPanel;
+        // Both cache lines of the row kStreamAheadBytes ahead (one line holds a bf16 row).
+        hwy::Prefetch(reinterpret_cast<const char*>(row) + kStreamAheadBytes);
+        hwy::Prefetch(reinterpret_cast<const char*>(row) + kStreamAheadBytes + 64);
+        w[2 * q] = load(row), w[2 * q + 1] = load(row + kLanes);
+      }
       for (int i = 0; i < M; ++i) {
         const VF x = hn::Set(df, a[i * k + kk]);
-        acc[i][0] = hn::MulAdd(x, w0, acc[i][0]);
-        acc[i][1] = hn::MulAdd(x, w1, acc[i][1]);
+        for (int v = 0; v < 2 * P; ++v) acc[i][v] = hn::MulAdd(x, w[v], acc[i][v]);
       }
     }
-    for (int v = 0; v < 2; ++v) {
-      const int64_t col = q * kStreamPanel + v * kLanes;  // within the block
+    for (int v = 0; v < 2 * P; ++v) {
+      const int64_t col = q0 * kStreamPanel + v * kLanes;  // within the block
       if (col >= width) break;
       for (int i = 0; i < M; ++i) StoreSums(p, acc[i][v], i, j0 + col, width - col, c, operands);
     }
-  }
+  };
+  // One row: two panels at once, two weight streams in flight.
+  constexpr int kAtOnce = M == 1 ? 2 : 1;
+  const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
+  int64_t q = 0;
+  for (; q + kAtOnce <= panels; q += kAtOnce) run(std::integral_constant<int, kAtOnce>{}, q);
+  for (; q < panels; ++q) run(std::integral_constant<int, 1>{}, q);
 }
 
 // Past the streaming rows each panel's K rows are taken in chunks of kTileK (kTileK x
