@@ -1,7 +1,11 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string_view>
 
 #include "graphfuse/dtype.h"
 #include "graphfuse/shape.h"
@@ -20,6 +24,28 @@ TEST(Status, CarriesCodeAndContext) {
   EXPECT_FALSE(r.ok());
   Result<int> bogus = Status::Ok();  // a Result needs a value or a real error
   EXPECT_EQ(bogus.status().code(), StatusCode::kInternal);
+}
+
+// StrCat appends text and integers directly and streams the rest: either way it writes what a
+// stream writes.
+TEST(Status, StrCatWritesWhatAStreamWrites) {
+  auto streamed = [](const auto&... args) {
+    std::ostringstream os;
+    (os << ... << args);
+    return os.str();
+  };
+  const std::string name = "layer.0";
+  const std::string_view view = "view";
+  const int64_t lo = INT64_MIN, hi = INT64_MAX;
+  const size_t z = SIZE_MAX;
+  const char c = 'x';
+  const signed char sc = 65;
+  const unsigned char uc = 66;
+  EXPECT_EQ(StrCat("node '", name, "' at ", -7, ", ", lo, " ", hi, " ", z, c, view, 0u, short{-3}),
+            streamed("node '", name, "' at ", -7, ", ", lo, " ", hi, " ", z, c, view, 0u, short{-3}));
+  EXPECT_EQ(StrCat(sc, uc, true, false, 0.1f, 1e-7, -2.5), streamed(sc, uc, true, false, 0.1f, 1e-7, -2.5));
+  EXPECT_EQ(StrCat(), "");
+  EXPECT_EQ(StrCat("a", std::string(), "b"), "ab");
 }
 
 TEST(DType, NamesRoundTrip) {

@@ -162,6 +162,13 @@ TEST(PackedGemm, AutoEngineFollowsTheRowsAndTheStorage) {
   EXPECT_EQ(PackedGemm::AutoEngine(kOneDnnRowsF32 - 1, Storage::kF32), GemmEngine::kOwn);
   EXPECT_EQ(PackedGemm::AutoEngine(kOneDnnRowsF32, Storage::kF32, &why), GemmEngine::kOneDnn);
   EXPECT_NE(std::string(why).find("oneDNN"), std::string::npos) << why;
+  // One packed form for every row count (a model whose plans serve many shapes): f32 stays on
+  // the own panels at any rows; bf16 keeps its choice.
+  for (int64_t m : {int64_t{1}, int64_t{32}, kOneDnnRowsF32, int64_t{512}}) {
+    EXPECT_EQ(PackedGemm::AutoEngine(m, Storage::kF32, &why, /*one_form=*/true), GemmEngine::kOwn) << m;
+    EXPECT_EQ(PackedGemm::AutoEngine(m, Storage::kBF16, nullptr, true), PackedGemm::AutoEngine(m, Storage::kBF16)) << m;
+  }
+  EXPECT_NE(std::string(why).find("every"), std::string::npos) << why;
 }
 
 // A row operand after another post-op: the own loops take it (C = (A @ B) * S + bias), oneDNN's

@@ -312,10 +312,11 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   std::printf("  RSS after the first call %.0f MiB, after the first decode %.0f MiB, after generation 1's %zu lengths "
               "%.0f MiB (%.2fx the first call's)\n", rss_first, rss_decode, first.rss_mb.size(), first.rss_mb.back(),
               first.rss_mb.back() / rss_first);
-  std::printf("  %lld plans made (%lld from %lld shape-class templates), %.0f ms in all; prepared weights shared by "
-              "every plan: %.1f MiB in %lld entries\n",
+  std::printf("  %lld plans made (%lld from %lld shape-class templates, %lld ahead of their calls), %.0f ms in all; "
+              "prepared weights shared by every plan: %.1f MiB in %lld entries\n",
               static_cast<long long>(s.plans_made), static_cast<long long>(s.plans_from_template),
-              static_cast<long long>(s.shape_classes), s.planning_ms, static_cast<double>(s.prepared_bytes) / (1 << 20),
+              static_cast<long long>(s.shape_classes), static_cast<long long>(s.plans_ahead), s.planning_ms,
+              static_cast<double>(s.prepared_bytes) / (1 << 20),
               static_cast<long long>(s.prepared_entries));
 
   std::printf("  RSS %.0f MiB, peak %.0f MiB; %s\n", RssMb(), PeakRssMb(),
@@ -341,6 +342,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
       j.Key("total_ms").Num(median_of(in_place_sums, &Summary::total)).EndObject();
     }
     j.Key("plans_from_template").Num(static_cast<double>(s.plans_from_template));
+    j.Key("plans_ahead").Num(static_cast<double>(s.plans_ahead));
     j.Key("plans_made").Num(static_cast<double>(s.plans_made)).Key("planning_ms").Num(s.planning_ms);
     j.Key("prepared_bytes").Num(static_cast<double>(s.prepared_bytes));
     j.Key("rss_mb").Num(RssMb()).Key("peak_rss_mb").Num(PeakRssMb());

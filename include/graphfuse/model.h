@@ -34,6 +34,7 @@ struct InputBinding;
 namespace detail {
 struct ModelSource;
 struct PlanCache;
+struct ShapeClass;
 }  // namespace detail
 
 // A graph input or output as a caller sees it. In a model's declaration a dim may be symbolic:
@@ -82,7 +83,10 @@ struct CompileOptions {
   // differ by a step (a decode step: past and total lengths one longer; a prompt one longer)
   // and the planned graphs differ only in sizes that moved by multiples of it, the class's later
   // plans are the first one with its sizes moved (ShapeTemplate), once a third plan made both
-  // ways agreed. Off: every signature is planned from the model.
+  // ways agreed. The first plan of a class makes its next two steps at once (every size of 2 or
+  // more one and two longer), so that its template is fitted and checked before the class's
+  // second call, and a decoder's second and third steps are already planned. Off: every
+  // signature is planned from the model.
   bool shape_classes = true;
 };
 
@@ -104,7 +108,10 @@ class Plan {
   const std::vector<TensorInfo>& outputs() const { return outputs_; }
   // What fusion did: every fused kernel with its member nodes, every refused merge and why.
   const FusionReport& report() const { return report_; }
-  // The graph as planned (inputs whose values became shapes are constants in it).
+  // The graph as planned (inputs whose values became shapes are constants in it). A plan made
+  // from its shape class's template for a target that never reads reference graphs (the CPU:
+  // Target::ReadsReferenceGraphs) leaves out the "reference" graphs of fused nodes whose sizes
+  // moved; the class's first plan holds them.
   const Graph& graph() const { return *graph_; }
   // Kernel launches one run makes.
   int64_t launches_per_run() const { return executable_->launches_per_run(); }
@@ -145,8 +152,11 @@ struct PlanCacheStats {
   double planning_ms = 0;   // all planning so far
   double last_planning_ms = 0;  // the latest call's planning (0 when it found its plan)
   // Shape classes whose template makes their plans, and the plans made so (also in plans_made).
+  // plans_ahead: plans made for a class's next steps before any call asked for them (kept in the
+  // cache; their time is in planning_ms and in the last_planning_ms of the call that made them).
   int64_t shape_classes = 0;
   int64_t plans_from_template = 0;
+  int64_t plans_ahead = 0;
   // What the plans derived from the weights, made once and shared by all of them whatever their
   // shapes (concatenated projections, folded norm scales, packed GEMM panels, bf16 copies): its
   // entries and bytes. The model's own weights are not counted.
@@ -192,9 +202,19 @@ class CompiledModel {
  private:
   CompiledModel() = default;
   Result<std::shared_ptr<const Plan>> MakePlan(const InputBinding& binding) const;
-  // A plan for `binding` from its shape class (nullptr when it has none yet), or planned from
-  // the model, and the class bookkeeping that goes with either.
-  Result<std::shared_ptr<const Plan>> PlanByClass(const InputBinding& binding) const;
+  // A plan for `binding` from its shape class, or planned from the model, and the class
+  // bookkeeping that goes with either; `ahead` receives the plans made for a new class's next
+  // steps (CompileOptions::shape_classes).
+  Result<std::shared_ptr<const Plan>> PlanByClass(const InputBinding& binding,
+                                                  std::vector<std::shared_ptr<const Plan>>* ahead) const;
+  // The cache takes `p` for its signature (the most recently used), dropping the least recently
+  // used plans for room; the plan kept for the signature (one already there wins). A plan made
+  // `ahead` of its call enters as the least recently used, and only where there is room.
+  std::shared_ptr<const Plan> CachePlan(std::shared_ptr<const Plan> p, bool ahead = false) const;
+  // A new class's plans one and two steps on, its template fitted and checked on them: `ahead`
+  // receives them where the model takes those sizes and the template agrees.
+  void LookAhead(detail::ShapeClass& cls, const InputBinding& binding,
+                 std::vector<std::shared_ptr<const Plan>>* ahead) const;
   Status FinishPlan(Plan& p, std::shared_ptr<Graph> g, const InputBinding& binding) const;
   Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
   std::shared_ptr<detail::ModelSource> source_;

@@ -5,10 +5,13 @@
 // abort through GF_CHECK instead: they are bugs, not inputs.
 #pragma once
 
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -45,12 +48,42 @@ class [[nodiscard]] Status {
   std::string message_;
 };
 
-// Concatenates any streamable values into one string: StrCat("node ", name, " has ", n).
+namespace detail {
+// What StrCat appends without a stream: text, chars and integers (written as a stream writes
+// them). Anything else (floats, bools, types with an operator<<) goes through a stream.
+template <class T>
+inline constexpr bool kCatText = std::is_convertible_v<const T&, std::string_view>;
+template <class T>
+inline constexpr bool kCatInteger = std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_same_v<T, char> &&
+                                    !std::is_same_v<T, signed char> && !std::is_same_v<T, unsigned char> &&
+                                    !std::is_same_v<T, wchar_t> && !std::is_same_v<T, char8_t> &&
+                                    !std::is_same_v<T, char16_t> && !std::is_same_v<T, char32_t>;
+template <class T>
+void CatAppend(std::string& s, const T& v) {
+  if constexpr (std::is_same_v<T, char>) {
+    s += v;
+  } else if constexpr (kCatText<T>) {
+    s += std::string_view(v);
+  } else {
+    char buf[24];
+    s.append(buf, std::to_chars(buf, buf + sizeof(buf), v).ptr);
+  }
+}
+}  // namespace detail
+
+// Concatenates any streamable values into one string: StrCat("node ", name, " has ", n). Text
+// and integers are appended directly (planning builds many such strings); the rest streamed.
 template <class... Args>
 std::string StrCat(const Args&... args) {
-  std::ostringstream os;
-  (os << ... << args);
-  return os.str();
+  if constexpr (((detail::kCatText<Args> || detail::kCatInteger<Args> || std::is_same_v<Args, char>) && ...)) {
+    std::string s;
+    (detail::CatAppend(s, args), ...);
+    return s;
+  } else {
+    std::ostringstream os;
+    (os << ... << args);
+    return os.str();
+  }
 }
 
 template <class... Args>

@@ -111,6 +111,12 @@ class Target {
   // The choices its kernels make for the nodes of a graph it planned, in graph order (the CPU:
   // the engine of each GEMM); none by default.
   virtual std::vector<KernelChoice> DescribeKernels(const Graph& graph) const { return {}; }
+
+  // Whether its executables read fused nodes' "reference" graphs (to run a fused node whose
+  // kernel is missing through its original ops, say). A target that never does may be handed
+  // plans whose reference graphs are left out where they change with the sizes (plans made
+  // from a shape-class template).
+  virtual bool ReadsReferenceGraphs() const { return true; }
 };
 
 // The targets this build has: "cpu", and "cuda" when built with the CUDA toolkit.

@@ -123,7 +123,8 @@ def clear_reports() -> None:
 def session_stats() -> dict:
     """graph id -> compiles (graphfuse compilations of that Dynamo graph: one per signature, or
     one for all sizes when symbolic), symbolic, and over the sessions of its latest compilation
-    (while the graph is alive): sessions, plans_made, plans_from_template, planning_ms."""
+    (while the graph is alive): sessions, plans_made, plans_from_template, plans_ahead, hits,
+    planning_ms."""
     out = {}
     for gid, c in _COMPILES.items():
         entry = dict(c)
@@ -135,6 +136,8 @@ def session_stats() -> dict:
                 sessions=len(sessions),
                 plans_made=sum(st["plans_made"] for st in stats),
                 plans_from_template=sum(st.get("plans_from_template", 0) for st in stats),
+                plans_ahead=sum(st.get("plans_ahead", 0) for st in stats),
+                hits=sum(st["hits"] for st in stats),
                 planning_ms=sum(st["planning_ms"] for st in stats),
             )
         out[gid] = entry

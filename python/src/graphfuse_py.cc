@@ -354,6 +354,7 @@ class Session {
     d["last_planning_ms"] = s.last_planning_ms;
     d["shape_classes"] = s.shape_classes;
     d["plans_from_template"] = s.plans_from_template;
+    d["plans_ahead"] = s.plans_ahead;
     d["prepared_entries"] = s.prepared_entries;
     d["prepared_bytes"] = s.prepared_bytes;
     return d;

@@ -568,7 +568,8 @@ def test_generate_with_kv_cache_matches_eager():
     assert [r["symbolic"] for r in reports] == [False, False, True]
     assert "float32[1, 2, 6, 16]" in reports[1]["signature"]  # the first step, over 6 cached keys
     decode = gtb.session_stats()[reports[2]["graph"]]
-    assert decode["compiles"] == 1 and decode["plans_made"] == 4, decode  # steps 2 to 5
+    # steps 2 to 5: step 2 planned with steps 3 and 4 ahead of their calls, step 5 from the template
+    assert decode["compiles"] == 1 and decode["plans_made"] == 2 and decode["hits"] == 2, decode
 
 
 def _llama_generate_compiles(model, ids, mask, new_tokens):
@@ -606,8 +607,9 @@ def test_generate_64_tokens_compiles_at_most_3_times_per_graph():
     assert stats and all(s["compiles"] <= 3 for s in stats.values()), stats
     assert sum(s["compiles"] for s in stats.values()) <= 3, stats
     [decode] = [s for s in stats.values() if s["symbolic"]]
-    # the first three lengths are planned from the model (the third checks the template)
-    assert decode["plans_made"] == 62 and decode["plans_from_template"] == 62 - 3, decode
+    # the first length is planned from the model with the next two (which fit and check the
+    # template), found by their calls; the later ones come from the template
+    assert decode["plans_made"] == 62 - 2 and decode["plans_from_template"] == 62 - 3, decode
     for r in gtb.reports():
         assert not r["fallback"] and len(r["partitions"]) == 1, r
 
@@ -650,7 +652,7 @@ def test_generate_left_padded_batch_compiles_once_per_graph():
     assert got.tolist() == expected.tolist()
     assert all(s["compiles"] == 1 for s in stats.values()), stats
     [decode] = [s for s in stats.values() if s["symbolic"]]
-    assert decode["sessions"] == 1 and decode["plans_made"] == 14, decode
+    assert decode["sessions"] == 1 and decode["plans_made"] == 14 - 2, decode  # 2 planned ahead
     assert decode["plans_from_template"] == 14 - 3, decode
     for r in gtb.reports():
         assert not r["fallback"] and len(r["partitions"]) == 1, r

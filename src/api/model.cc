@@ -2,6 +2,7 @@
 // that target's executable, per input signature, behind one object with a bounded plan cache.
 #include "graphfuse/model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <list>
 #include <mutex>
@@ -41,6 +42,9 @@ struct ShapeClass {
   std::shared_ptr<const ShapeTemplate> tmpl;
   bool verified = false;              // a third plan, made both ways, agreed
   bool refused = false;               // its plans differ in more than moving sizes
+  // Its template was fitted on plans made ahead, every size of 2 or more moving: until a call
+  // shows which sizes move, a call that moves only some of them refits the class on itself.
+  bool guessed = false;
 };
 
 // Plans by signature, most recently used first.
@@ -84,19 +88,38 @@ struct ClassStep {
   int64_t t = 0;
   bool fit = false;
 };
-ClassStep StepOf(const detail::ShapeClass& c, const std::vector<int64_t>& sizes) {
+// `use_template` false: as if the class had its first plan only.
+ClassStep StepOf(const detail::ShapeClass& c, const std::vector<int64_t>& sizes, bool use_template = true) {
   if (c.refused || c.sizes.size() != sizes.size()) return {};
+  const bool tmpl = c.tmpl && use_template;
   std::optional<int64_t> t;
   for (size_t i = 0; i < sizes.size(); ++i) {
     const int64_t d = sizes[i] - c.sizes[i];
-    const bool moves = c.tmpl ? static_cast<bool>(c.moving[i]) : d != 0;
+    const bool moves = tmpl ? static_cast<bool>(c.moving[i]) : d != 0;
     if (!moves && d != 0) return {};
     if (!moves) continue;
     if ((t && d != *t) || sizes[i] < 2 || c.sizes[i] < 2) return {};
     t = d;
   }
-  if (!t || (*t == 0 && !c.tmpl)) return {};
-  return {true, *t, !c.tmpl};
+  if (!t || (*t == 0 && !tmpl)) return {};
+  return {true, *t, !tmpl};
+}
+
+// The sizes of a class's plan `t` steps on, every size of 2 or more moving (the look-ahead).
+std::vector<Shape> ShapesAhead(const std::vector<TensorDecl>& decls, const std::vector<Shape>& shapes, int64_t t) {
+  std::vector<Shape> out = shapes;
+  for (size_t i = 0; i < decls.size(); ++i)
+    for (size_t k = 0; k < decls[i].dims.size(); ++k)
+      if (!decls[i].dims[k].fixed() && out[i][k] >= 2) out[i][k] += t;
+  return out;
+}
+
+// Whether the template's graph `t` steps on is `planned`, the graph planned from the model.
+bool Agrees(const ShapeTemplate& tmpl, int64_t t, const Graph& planned) {
+  auto predicted = tmpl.Instantiate(t);
+  if (!predicted.ok()) return false;
+  const FlatGraph a = Flatten(**predicted), b = Flatten(planned);
+  return a.structure == b.structure && a.ints == b.ints;
 }
 
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
@@ -240,7 +263,8 @@ Status CompiledModel::FinishPlan(Plan& plan, std::shared_ptr<Graph> g, const Inp
   return Status::Ok();
 }
 
-Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBinding& binding) const {
+Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBinding& binding,
+                                                               std::vector<std::shared_ptr<const Plan>>* ahead) const {
   detail::PlanCache& c = *cache_;
   const std::vector<int64_t> sizes = options_.shape_classes ? SymbolicSizes(source_->inputs, binding)
                                                             : std::vector<int64_t>{};
@@ -250,7 +274,17 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
   if (!sizes.empty()) {
     std::lock_guard<std::mutex> lock(c.mu);
     for (auto it = c.classes.begin(); it != c.classes.end(); ++it) {
-      step = StepOf(**it, sizes);
+      detail::ShapeClass& k = **it;
+      step = StepOf(k, sizes);
+      if (!step.member && k.guessed) {
+        // The look-ahead moved sizes this call keeps: the class is refitted on this call.
+        step = StepOf(k, sizes, /*use_template=*/false);
+        if (step.member) {
+          if (k.verified) --c.stats.shape_classes;
+          k.tmpl = nullptr, k.verified = false, k.guessed = false;
+          k.moving.clear();
+        }
+      }
       if (!step.member) continue;
       cls = *it;
       if (cls->verified) verified = cls->tmpl;
@@ -262,7 +296,7 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
     // The class's template makes the plan: no import, no passes.
     std::shared_ptr<Plan> p(new Plan());
     const auto t = Clock::now();
-    auto g = verified->Instantiate(step.t);
+    auto g = verified->Instantiate(step.t, target_->ReadsReferenceGraphs());
     if (g.ok()) {
       p->planning_.passes_ms = MsSince(t);
       p->report_ = cls->first->report_;  // `first` is set once, when the class is made
@@ -282,17 +316,22 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
   }
   GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, MakePlan(binding));
   if (sizes.empty()) return p;
-  std::lock_guard<std::mutex> lock(c.mu);
   if (!cls) {
     auto fresh = std::make_shared<detail::ShapeClass>();
     fresh->sizes = sizes;
     fresh->first = p;
+    LookAhead(*fresh, binding, ahead);
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (fresh->verified) ++c.stats.shape_classes;
     c.classes.push_front(std::move(fresh));
     if (c.classes.size() > kMaxClasses) {
       if (c.classes.back()->verified && !c.classes.back()->refused) --c.stats.shape_classes;
       c.classes.pop_back();
     }
-  } else if (step.fit && !cls->tmpl && !cls->refused) {
+    return p;
+  }
+  std::lock_guard<std::mutex> lock(c.mu);
+  if (step.fit && !cls->tmpl && !cls->refused) {
     // The second plan of the class: which sizes move, and by how much per step.
     auto tmpl = ShapeTemplate::Fit(cls->first->graph_, *p->graph_, step.t);
     if (!tmpl.ok()) {
@@ -304,16 +343,42 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanByClass(const InputBindin
     }
   } else if (cls->tmpl && !cls->verified && !cls->refused && step.t != 0) {
     // The third: the template's graph must be the one planned from the model.
-    auto predicted = cls->tmpl->Instantiate(step.t);
-    const bool agree = predicted.ok() && [&] {
-      const FlatGraph a = Flatten(**predicted), b = Flatten(*p->graph_);
-      return a.structure == b.structure && a.ints == b.ints;
-    }();
-    cls->verified = agree;
-    cls->refused = !agree;
-    if (agree) ++c.stats.shape_classes;
+    cls->verified = Agrees(*cls->tmpl, step.t, *p->graph_);
+    cls->refused = !cls->verified;
+    if (cls->verified) ++c.stats.shape_classes;
   }
   return p;
+}
+
+void CompiledModel::LookAhead(detail::ShapeClass& cls, const InputBinding& binding,
+                              std::vector<std::shared_ptr<const Plan>>* ahead) const {
+  // Plans one and two steps on, every size of 2 or more moving (a decode step: past and total
+  // lengths; a prompt: its length): the first fits the template, the second checks it. Sizes
+  // the model cannot take (a length past a table's end, say) leave the class as it was.
+  if (std::none_of(cls.sizes.begin(), cls.sizes.end(), [](int64_t v) { return v >= 2; })) return;  // none moves
+  std::shared_ptr<const Plan> next[2];
+  std::vector<int64_t> moved;  // the sizes one step on
+  for (int64_t t = 1; t <= 2; ++t) {
+    const std::vector<Shape> shapes = ShapesAhead(source_->inputs, binding.shapes, t);
+    std::vector<TensorView> views;
+    for (size_t i = 0; i < shapes.size(); ++i) views.emplace_back(source_->inputs[i].dtype, shapes[i], nullptr);
+    auto b = BindInputs(source_->inputs, views);  // shapes only: no input of a class gives values
+    if (!b.ok()) return;
+    auto p = MakePlan(*b);
+    if (!p.ok()) return;
+    next[t - 1] = std::move(*p);
+    if (t == 1) moved = SymbolicSizes(source_->inputs, *b);
+  }
+  auto tmpl = ShapeTemplate::Fit(cls.first->graph_, *next[0]->graph_, 1);
+  if (!tmpl.ok()) return;
+  auto shared = std::make_shared<const ShapeTemplate>(std::move(*tmpl));
+  if (!Agrees(*shared, 2, *next[1]->graph_)) return;
+  cls.tmpl = std::move(shared);
+  cls.moving.resize(cls.sizes.size());
+  for (size_t i = 0; i < cls.sizes.size(); ++i) cls.moving[i] = moved[i] != cls.sizes[i];
+  cls.verified = cls.guessed = true;
+  ahead->push_back(std::move(next[0]));
+  ahead->push_back(std::move(next[1]));
 }
 
 const std::vector<TensorInfo>& CompiledModel::inputs() const { return source_->input_info; }
@@ -336,19 +401,44 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const Tenso
   }
   // Planned without the lock: other signatures keep running meanwhile. Two threads that meet
   // one new signature at once both plan it, and the first plan stored is the one kept.
-  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanByClass(b));
+  std::vector<std::shared_ptr<const Plan>> ahead;
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanByClass(b, &ahead));
+  double ms = p->planning_time().total_ms();
+  for (const auto& a : ahead) ms += a->planning_time().total_ms();
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    ++c.stats.plans_made;
+    c.stats.plans_ahead += static_cast<int64_t>(ahead.size());
+    c.stats.planning_ms += ms;
+    c.stats.last_planning_ms = ms;
+  }
+  p = CachePlan(std::move(p));
+  for (auto& a : ahead) CachePlan(std::move(a), /*ahead=*/true);
+  return p;
+}
+
+std::shared_ptr<const Plan> CompiledModel::CachePlan(std::shared_ptr<const Plan> p, bool ahead) const {
+  detail::PlanCache& c = *cache_;
+  std::vector<std::shared_ptr<const Plan>> dropped;  // destroyed after the lock is released
   std::lock_guard<std::mutex> lock(c.mu);
-  ++c.stats.plans_made;
-  c.stats.planning_ms += p->planning_time().total_ms();
-  c.stats.last_planning_ms = p->planning_time().total_ms();
-  if (auto it = c.index.find(b.key); it != c.index.end()) {
-    c.last = *it->second;
-    return c.last;
+  if (auto it = c.index.find(p->signature()); it != c.index.end()) {
+    if (!ahead) c.last = *it->second;
+    return *it->second;
+  }
+  if (ahead) {
+    // Least recently used, and only where there is room: a plan no call asked for yet pushes
+    // out no plan a call has used.
+    if (static_cast<int>(c.lru.size()) >= options_.plan_cache_capacity) return p;
+    c.lru.push_back(p);
+    c.index[p->signature()] = std::prev(c.lru.end());
+    c.stats.size = static_cast<int64_t>(c.lru.size());
+    return p;
   }
   c.lru.push_front(p);
-  c.index[b.key] = c.lru.begin();
+  c.index[p->signature()] = c.lru.begin();
   while (static_cast<int>(c.lru.size()) > options_.plan_cache_capacity) {
     c.index.erase(c.lru.back()->signature());
+    dropped.push_back(std::move(c.lru.back()));
     c.lru.pop_back();
     ++c.stats.evictions;
   }

@@ -64,6 +64,12 @@ class PreparedStore {
 
   PreparedStoreStats stats() const;
 
+  // Whether the plans sharing this store serve different shapes (a model with symbolic dims).
+  // Kernels then take a prepared form that serves every shape over one that is faster for some
+  // shapes but would be a second copy beside it (the GEMMs' own panels at every row count).
+  void set_shapes_vary(bool v) { shapes_vary_ = v; }
+  bool shapes_vary() const { return shapes_vary_; }
+
  private:
   struct Entry {
     std::mutex mu;  // held while the entry is made
@@ -74,6 +80,7 @@ class PreparedStore {
   std::set<const Tensor*> known_;
   std::vector<std::shared_ptr<const Tensor>> roots_;
   PreparedStoreStats stats_;
+  bool shapes_vary_ = false;
 };
 
 // `make`'s value under `key` in `store` (made once, shared), or made for the caller alone when

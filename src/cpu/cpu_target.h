@@ -26,6 +26,8 @@ class CpuTarget final : public Target {
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
   // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
   std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
+  // Every fused node has a CPU kernel, and none reads a reference graph.
+  bool ReadsReferenceGraphs() const override { return false; }
 
   // What its executables share: the thread pool (made on the first run), the arena their
   // intermediates live in (grown to the largest plan's), and the lock their runs take turns on.

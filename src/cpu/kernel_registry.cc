@@ -45,7 +45,9 @@ std::vector<const CpuKernel*> AllCpuKernels() {
   return out;
 }
 
-std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& options) {
+std::vector<KernelChoice> DescribeCpuKernels(const Graph& g, const PrepareOptions& prepare) {
+  PrepareOptions options = prepare;
+  if (!options.store) options.store = g.prepared_store();  // as ExecutionPlan::Compile
   std::vector<KernelChoice> out;
   for (const auto& n : g.nodes()) {
     const CpuKernel* k = FindCpuKernel(n->op());

@@ -293,6 +293,11 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, 
     m->outputs_.push_back(std::move(d));
   }
   MarkShapeValueInputs(gp, &m->inputs_);
+  // Plans of a model with symbolic dims serve different shapes: its prepared weights take the
+  // forms that serve all of them (PreparedStore::shapes_vary).
+  for (const TensorDecl& d : m->inputs_)
+    for (const DeclDim& dim : d.dims)
+      if (!dim.fixed()) m->store_->set_shapes_vary(true);
   // The converted tensors are what every import uses: drop the proto's copy, and give the
   // heap it freed back to the system (glibc keeps freed blocks below its mmap threshold).
   m->proto_->mutable_graph()->clear_initializer();

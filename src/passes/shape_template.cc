@@ -174,8 +174,9 @@ class Flattener {
 class Rebuilder {
  public:
   Rebuilder(const std::vector<int64_t>& ints, const std::vector<uint8_t>& contents, int64_t t,
-            const std::map<const Graph*, std::pair<size_t, size_t>>& fixed)
-      : ints_(ints), contents_(contents), t_(t), fixed_(fixed) {}
+            const std::map<const Graph*, std::pair<size_t, size_t>>& fixed,
+            const std::map<const Graph*, std::pair<size_t, size_t>>& moving, bool references)
+      : ints_(ints), contents_(contents), t_(t), fixed_(fixed), moving_(moving), references_(references) {}
 
   Result<std::shared_ptr<Graph>> Graph_(const Graph& base) {
     auto g = std::make_shared<Graph>(base.name());
@@ -206,6 +207,14 @@ class Rebuilder {
       }
       AttributeMap attrs;
       for (const auto& [key, a] : n->attrs()) {
+        if (!references_ && key == "reference") {
+          const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a);
+          if (auto m = g ? moving_.find(g->get()) : moving_.end(); m != moving_.end()) {
+            next_ += m->second.first;  // left out: its integers and constants skipped
+            next_content_ += m->second.second;
+            continue;
+          }
+        }
         GF_ASSIGN_OR_RETURN(attrs[key], Attr(key, a));
       }
       Node* made = g->AddNodeTyped(n->op(), inputs, std::move(attrs), types, n->name(), names);
@@ -313,6 +322,8 @@ class Rebuilder {
   const std::vector<uint8_t>& contents_;
   int64_t t_;
   const std::map<const Graph*, std::pair<size_t, size_t>>& fixed_;
+  const std::map<const Graph*, std::pair<size_t, size_t>>& moving_;
+  bool references_;
   size_t next_ = 0, next_content_ = 0;
 };
 
@@ -347,15 +358,15 @@ Result<ShapeTemplate> ShapeTemplate::Fit(std::shared_ptr<const Graph> a, const G
     moves[sub.graph] = moves[sub.graph] || m;
   }
   for (const FlatGraph::Subgraph& sub : fa.subgraphs)
-    if (!moves[sub.graph])
-      t.fixed_subgraphs_[sub.graph] = {sub.ints.second - sub.ints.first, sub.contents.second - sub.contents.first};
+    (moves[sub.graph] ? t.moving_subgraphs_ : t.fixed_subgraphs_)[sub.graph] = {
+        sub.ints.second - sub.ints.first, sub.contents.second - sub.contents.first};
   return t;
 }
 
-Result<std::shared_ptr<Graph>> ShapeTemplate::Instantiate(int64_t t) const {
+Result<std::shared_ptr<Graph>> ShapeTemplate::Instantiate(int64_t t, bool references) const {
   std::vector<int64_t> ints(base_ints_.size());
   for (size_t i = 0; i < ints.size(); ++i) ints[i] = base_ints_[i] + slopes_[i] * t;
-  Rebuilder r(ints, contents_, t, fixed_subgraphs_);
+  Rebuilder r(ints, contents_, t, fixed_subgraphs_, moving_subgraphs_, references);
   GF_ASSIGN_OR_RETURN(std::shared_ptr<Graph> g, r.Graph_(*base_));
   if (!r.consumed_all()) return Internal("shape template: more integers than the graph holds");
   GF_RETURN_IF_ERROR(g->Verify().WithContext(StrCat("shape template, ", t, " steps from its first plan")));

@@ -48,8 +48,10 @@ class ShapeTemplate {
   // `b` is the plan `delta` steps away from `a` (delta != 0). An error says what differs
   // beyond integers, or which integer did not move by a multiple of delta.
   static Result<ShapeTemplate> Fit(std::shared_ptr<const Graph> a, const Graph& b, int64_t delta);
-  // The graph t steps from `a` (verified).
-  Result<std::shared_ptr<Graph>> Instantiate(int64_t t) const;
+  // The graph t steps from `a` (verified). `references` false leaves out the "reference" graph
+  // attributes whose sizes move (for a target that never reads them, Target::
+  // ReadsReferenceGraphs): most of a decoder's moving nodes are attention reference graphs.
+  Result<std::shared_ptr<Graph>> Instantiate(int64_t t, bool references = true) const;
 
  private:
   std::shared_ptr<const Graph> base_;
@@ -58,6 +60,8 @@ class ShapeTemplate {
   // The base's graph attributes none of whose integers move, with how many integers and
   // constants they hold: instantiated graphs share them.
   std::map<const Graph*, std::pair<size_t, size_t>> fixed_subgraphs_;
+  // The others (integers and constants each holds, counted once per meeting in the walk).
+  std::map<const Graph*, std::pair<size_t, size_t>> moving_subgraphs_;
 };
 
 }  // namespace graphfuse

@@ -368,17 +368,17 @@ TEST(DynamicShapes, ShapeFlagsBindDimsByInputOrByName) {
   EXPECT_NE(contradicted.status().message().find("'batch' = 2"), std::string::npos) << contradicted.status().ToString();
 }
 
-// The corpus's LLaMA with a KV cache, at `past` cached rows and one new token: its inputs
-// (random ids and cache rows, positions after the past).
-std::vector<Tensor> DecodeInputs(int64_t past, uint32_t seed) {
+// The corpus's LLaMA with a KV cache, at `past` cached rows and one new token per sequence of
+// the batch: its inputs (random ids and cache rows, positions after the past).
+std::vector<Tensor> DecodeInputs(int64_t past, uint32_t seed, int64_t batch = 1) {
   std::vector<Tensor> in;
-  in.push_back(Tensor::Empty(DType::kI64, {1, 1}).value());
-  in.back().SetFromDouble(0, 7 + seed % 100);
-  in.push_back(Tensor::Empty(DType::kI64, {1, past + 1}).value());
-  for (int64_t i = 0; i <= past; ++i) in.back().SetFromDouble(i, 1);
-  in.push_back(Tensor::Empty(DType::kI64, {1, 1}).value());
-  in.back().SetFromDouble(0, static_cast<double>(past));
-  for (int k = 0; k < 4; ++k) in.push_back(Random(DType::kF32, {1, 4, past, 16}, seed * 8 + k));
+  in.push_back(Tensor::Empty(DType::kI64, {batch, 1}).value());
+  for (int64_t b = 0; b < batch; ++b) in.back().SetFromDouble(b, static_cast<double>(7 + (seed + b * 13) % 100));
+  in.push_back(Tensor::Empty(DType::kI64, {batch, past + 1}).value());
+  for (int64_t i = 0; i < in.back().numel(); ++i) in.back().SetFromDouble(i, 1);
+  in.push_back(Tensor::Empty(DType::kI64, {batch, 1}).value());
+  for (int64_t b = 0; b < batch; ++b) in.back().SetFromDouble(b, static_cast<double>(past));
+  for (int k = 0; k < 4; ++k) in.push_back(Random(DType::kF32, {batch, 4, past, 16}, seed * 8 + k));
   return in;
 }
 
@@ -429,22 +429,26 @@ TEST(DynamicShapes, PlansOfEveryShapeShareOneCopyOfTheDerivedWeights) {
           << "past " << past << ", output " << i;
     EXPECT_NE(gemm_weights(*(*alone)->plan()), first_weights);  // its own store: its own copy
   }
-  EXPECT_EQ((*model)->cache_stats().plans_made, 4);
+  // Past 6 was planned ahead by past 5 (with 7), so three calls planned.
+  EXPECT_EQ((*model)->cache_stats().plans_made, 3);
+  EXPECT_EQ((*model)->cache_stats().plans_ahead, 2);
 }
 
-// A decode loop meets a new cache length at every call. The first plans of the class are made
-// from the model (the third both ways, checked against its template); from then on the class's
-// template makes them, with no import or passes, and every output has the bits of a model that
-// plans every length from the model. A cache of 1 row is no member (sizes 0 and 1 are special).
-// Prompts (past 0) are a class of their own, whose causal mask (a folded constant) the template
-// makes for each length.
+// A decode loop meets a new cache length at every call. The class's first call plans its length
+// and the next two from the model (the template fitted on the second, checked on the third), so
+// that its second and third calls find their plans; from then on the class's template makes
+// them, with no import or passes, and every output has the bits of a model that plans every
+// length from the model. A cache of 1 row is no member (sizes 0 and 1 are special). Prompts
+// (past 0) are a class of their own, whose causal mask (a folded constant) the template makes
+// for each length.
 TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
   const std::string path = LlamaKvPath();
   const std::shared_ptr<const Target> cpu = OneThreadCpu();
   ASSERT_NE(cpu, nullptr);
-  CompileOptions per_shape;
+  CompileOptions per_shape, roomy;
   per_shape.shape_classes = false;
-  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+  roomy.plan_cache_capacity = 64;  // every plan made ahead finds room
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu, roomy);
   auto reference = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu, per_shape);
   ASSERT_TRUE(model.ok() && reference.ok());
   auto check = [&](const std::vector<Tensor>& in, const std::string& what) {
@@ -462,10 +466,24 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
   const int64_t first = 5, lengths = 12;
   for (int64_t past = first; past < first + lengths; ++past) {
     check(DecodeInputs(past, static_cast<uint32_t>(past)), StrCat("decode on ", past, " cached rows"));
+    const PlanCacheStats s = (*model)->cache_stats();
     EXPECT_EQ((*model)->plan()->from_template(), past >= first + 3) << "past " << past;
+    if (past == first) EXPECT_EQ(s.shape_classes, 1) << "the first call fits and checks the template";
+    if (past == first + 1 || past == first + 2) EXPECT_EQ(s.last_planning_ms, 0) << "past " << past << " was planned ahead";
   }
+  // The CPU reads no reference graph: plans from the template leave out the attention's, whose
+  // sizes move.
+  int cached_attention = 0;
+  for (const auto& n : (*model)->plan()->graph().nodes())
+    if (n->op() == "FusedCachedAttention") {
+      ++cached_attention;
+      EXPECT_EQ(n->GetGraph("reference"), nullptr) << n->name();
+    }
+  EXPECT_GT(cached_attention, 0);
   PlanCacheStats stats = (*model)->cache_stats();
-  EXPECT_EQ(stats.plans_made, lengths);
+  EXPECT_EQ(stats.plans_made, lengths - 2);
+  EXPECT_EQ(stats.plans_ahead, 2);
+  EXPECT_EQ(stats.hits, 2);
   EXPECT_EQ(stats.plans_from_template, lengths - 3);
   EXPECT_EQ(stats.shape_classes, 1);
   EXPECT_EQ((*reference)->cache_stats().plans_from_template, 0);
@@ -485,8 +503,11 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
       for (const Tensor& t : in) views.push_back(t.view());
       ASSERT_TRUE((*small)->Run(views).ok());
     }
+    // 5 planned with 6 and 7 ahead, 7 finding no room; 6 a hit; 8, 9 and 5 again (dropped for
+    // room) from the template.
     EXPECT_TRUE((*small)->plan()->from_template());
-    EXPECT_EQ((*small)->cache_stats().plans_from_template, 2);
+    EXPECT_EQ((*small)->cache_stats().hits, 1);
+    EXPECT_EQ((*small)->cache_stats().plans_from_template, 3);
   }
   // Prompts: 1 to 6 tokens on an empty cache.
   for (int64_t seq = 1; seq <= 6; ++seq) {
@@ -502,11 +523,83 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
     check(in, StrCat("prompt of ", seq));
   }
   stats = (*model)->cache_stats();
-  EXPECT_EQ(stats.plans_made, lengths + 7);
-  // Prompts of 2, 3 and 4 tokens are planned from the model (1 is no member), 5 and 6 from the
-  // template.
+  // Prompts of 1 and 2 tokens are planned from the model (1 is no member; 2 plans 3 and 4
+  // ahead, which are hits), 5 and 6 come from the template.
+  EXPECT_EQ(stats.plans_made, lengths - 2 + 1 + 4);
+  EXPECT_EQ(stats.hits, 2 + 2);
   EXPECT_EQ(stats.plans_from_template, lengths - 3 + 2);
   EXPECT_EQ(stats.shape_classes, 2);
+}
+
+// A prompt of 70 tokens (past the rows where a static plan takes oneDNN's matmul) and the decode
+// steps after it: the plans of a model with symbolic dims keep one packed form of each weight
+// (the own panels), so the decode steps prepare nothing new, and explain says why.
+TEST(DynamicShapes, APromptAndItsDecodeStepsShareOnePackedFormOfEachWeight) {
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(LlamaKvPath()).value(), cpu);
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const int64_t seq = 70;
+  std::vector<Tensor> prompt = DecodeInputs(0, 3);
+  prompt[0] = Tensor::Empty(DType::kI64, {1, seq}).value();
+  prompt[1] = Tensor::Empty(DType::kI64, {1, seq}).value();
+  prompt[2] = Tensor::Empty(DType::kI64, {1, seq}).value();
+  for (int64_t i = 0; i < seq; ++i) {
+    prompt[0].SetFromDouble(i, static_cast<double>((i * 31 + 5) % 150));
+    prompt[1].SetFromDouble(i, 1);
+    prompt[2].SetFromDouble(i, static_cast<double>(i));
+  }
+  std::vector<TensorView> views;
+  for (const Tensor& t : prompt) views.push_back(t.view());
+  ASSERT_TRUE((*model)->Run(views).ok());
+  const PlanCacheStats after_prompt = (*model)->cache_stats();
+  EXPECT_GT(after_prompt.prepared_bytes, 0);
+  int gemms = 0;
+  for (const KernelChoice& k : (*model)->plan()->kernel_choices())
+    if (k.how.find(StrCat(seq, "x")) == 0) {
+      ++gemms;
+      EXPECT_NE(k.how.find("serve every one"), std::string::npos) << k.node << ": " << k.how;
+    }
+  EXPECT_GT(gemms, 0);
+  for (int64_t past : {seq, seq + 1, seq + 5}) {
+    views.clear();
+    const std::vector<Tensor> in = DecodeInputs(past, static_cast<uint32_t>(past));
+    for (const Tensor& t : in) views.push_back(t.view());
+    ASSERT_TRUE((*model)->Run(views).ok());
+    EXPECT_EQ((*model)->cache_stats().prepared_entries, after_prompt.prepared_entries) << "past " << past;
+    EXPECT_EQ((*model)->cache_stats().prepared_bytes, after_prompt.prepared_bytes) << "past " << past;
+  }
+}
+
+// The look-ahead moves every size of 2 or more; a batch of 2 keeps its batch while the cache
+// grows. The class's second call is then no member of the guessed template: the class is
+// refitted on the calls themselves (the second fits, the third checks), and from the fourth its
+// template makes the plans, with the bits of a model that plans every length from the model.
+TEST(DynamicShapes, ALookAheadThatMovedTooManySizesIsRefittedOnTheCalls) {
+  const std::string path = LlamaKvPath();
+  const std::shared_ptr<const Target> cpu = OneThreadCpu();
+  ASSERT_NE(cpu, nullptr);
+  CompileOptions per_shape;
+  per_shape.shape_classes = false;
+  auto model = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu);
+  auto reference = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cpu, per_shape);
+  ASSERT_TRUE(model.ok() && reference.ok());
+  for (int64_t past = 5; past < 11; ++past) {
+    const std::vector<Tensor> in = DecodeInputs(past, static_cast<uint32_t>(past), /*batch=*/2);
+    std::vector<TensorView> views;
+    for (const Tensor& t : in) views.push_back(t.view());
+    auto got = (*model)->Run(views);
+    auto want = (*reference)->Run(views);
+    ASSERT_TRUE(got.ok() && want.ok()) << "past " << past;
+    for (size_t i = 0; i < got->size(); ++i)
+      EXPECT_EQ(std::memcmp((*got)[i].data(), (*want)[i].data(), (*got)[i].nbytes()), 0) << "past " << past << ", output " << i;
+    EXPECT_EQ((*model)->plan()->from_template(), past >= 8) << "past " << past;
+  }
+  const PlanCacheStats s = (*model)->cache_stats();
+  EXPECT_EQ(s.plans_ahead, 2);  // batch 3 and 4: never asked for
+  EXPECT_EQ(s.hits, 0);
+  EXPECT_EQ(s.plans_from_template, 3);
+  EXPECT_EQ(s.shape_classes, 1);
 }
 
 // A KV cache kept in place, the onnxruntime-genai way: each past is the first P rows of a buffer
@@ -642,6 +735,47 @@ TEST(ShapeTemplate, MovesSizesAndRefusesAnythingElse) {
   EXPECT_EQ(ShapeTemplate::Fit(a, *parse(6, "  %z: f32[6,2] = Relu(%y)\n  return %z\n"), 1).status().code(),
             StatusCode::kUnimplemented);
   EXPECT_EQ(ShapeTemplate::Fit(a, *parse(7, "  return %y\n"), 3).status().code(), StatusCode::kUnimplemented);
+}
+
+// Instantiate(t, /*references=*/false) leaves out the reference graphs whose sizes move and
+// keeps the others (shared with the first plan); everything else is the full instantiation.
+TEST(ShapeTemplate, LeavesOutMovingReferenceGraphsOnRequest) {
+  auto plan = [](int64_t n) {
+    auto g = std::make_shared<Graph>("g");
+    Value* x = g->AddInput("x", DType::kF32, {n, 4}).value();
+    auto moving = std::make_shared<Graph>("moving");
+    Value* rx = moving->AddInput("x", DType::kF32, {n, 4}).value();
+    EXPECT_TRUE(moving->MarkOutput(moving->AddNode("Relu", {rx}).value()->output()).ok());
+    static const std::shared_ptr<const Graph> fixed = [] {
+      auto f = std::make_shared<Graph>("fixed");
+      Value* fx = f->AddInput("x", DType::kF32, {1, 4}).value();
+      EXPECT_TRUE(f->MarkOutput(f->AddNode("Relu", {fx}).value()->output()).ok());
+      return f;
+    }();
+    Node* r = g->AddNode("Relu", {x}, {{"reference", std::shared_ptr<const Graph>(moving)}}, "r").value();
+    Node* s = g->AddNode("Relu", {r->output()}, {{"reference", fixed}}, "s").value();
+    EXPECT_TRUE(g->MarkOutput(s->output()).ok());
+    return std::shared_ptr<const Graph>(std::move(g));
+  };
+  auto base = plan(5);
+  auto tmpl = ShapeTemplate::Fit(base, *plan(6), 1);
+  ASSERT_TRUE(tmpl.ok()) << tmpl.status().ToString();
+  auto full = tmpl->Instantiate(2), lean = tmpl->Instantiate(2, /*references=*/false);
+  ASSERT_TRUE(full.ok() && lean.ok());
+  const FlatGraph want = Flatten(*plan(7));
+  EXPECT_EQ(Flatten(**full).structure, want.structure);
+  EXPECT_EQ(Flatten(**full).ints, want.ints);
+  auto find = [](const Graph& g, const std::string& name) -> const Node* {
+    for (const auto& n : g.nodes())
+      if (n->name() == name) return n.get();
+    return nullptr;
+  };
+  const Node* r = find(**lean, "r");
+  const Node* s = find(**lean, "s");
+  ASSERT_TRUE(r && s);
+  EXPECT_EQ(r->GetGraph("reference"), nullptr) << "its sizes moved";
+  EXPECT_EQ(s->GetGraph("reference"), find(*base, "s")->GetGraph("reference")) << "fixed: shared";
+  EXPECT_EQ(r->output()->shape(), (Shape{7, 4}));
 }
 
 }  // namespace

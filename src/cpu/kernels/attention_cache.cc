@@ -4,9 +4,10 @@
 // present_k and present_v are the node's outputs 1 and 2: per (batch, KV head) the past rows are
 // copied (unless present is past's own buffer: a KV cache kept in place, see InPlace), then the
 // new rows are gathered from k_new / v_new in their layout (each new K row roped with RopeRow,
-// as Rope computes it, when rope_new_k). The attention then runs as the
-// FusedAttention its reference graph holds (the attention over the present rows, with the same
-// attributes), through that op's own kernel with present_k / present_v as its k and v.
+// as Rope computes it, when rope_new_k). The attention then runs through FusedAttention's own
+// kernel with present_k / present_v as its k and v, on a FusedAttention node made from the
+// node's own attributes (the attention over the present rows, as the op defines it): the node's
+// reference graph is not read, so a plan may leave it out (Target::ReadsReferenceGraphs).
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -23,20 +24,46 @@ using schemas::Access;
 using schemas::CacheDims;
 using schemas::HeadAccess;
 
-// The attention over the present rows: the one FusedAttention of the node's reference graph.
-Result<const Node*> InnerAttention(const Node& node, const std::string& where) {
-  const Graph* ref = node.GetGraph("reference");
-  const Node* inner = nullptr;
-  if (ref)
-    for (const auto& n : ref->nodes())
-      if (n->op() == "FusedAttention") {
-        if (inner) return InvalidArgument(where, ": its reference graph holds more than one FusedAttention");
-        inner = n.get();
-      }
-  if (!inner)
-    return InvalidArgument(where, ": needs a reference graph holding the attention over the present rows "
-                                  "(one FusedAttention)");
-  return inner;
+// The attention over the present rows as a FusedAttention node of a graph of its own: inputs q,
+// present_k, present_v, then the node's extras (constants shared where the node's are
+// constants, so that the attention kernel sees a constant mask as such), and the node's
+// attributes but the cache's. Made once per plan (the kernel's prepare), or per run without one.
+struct InnerAttention {
+  std::shared_ptr<Graph> graph;
+  const Node* node = nullptr;
+};
+
+Result<std::shared_ptr<const InnerAttention>> MakeInnerAttention(const Node& node) {
+  if (node.inputs().size() < static_cast<size_t>(CacheDims::kFirstExtra) || node.outputs().size() != 3)
+    return InvalidArgument(node.Describe(), ": expects q, k_new, v_new, past_k, past_v and 3 outputs");
+  auto inner = std::make_shared<InnerAttention>();
+  inner->graph = std::make_shared<Graph>(node.name() + ".attention");
+  Graph& g = *inner->graph;
+  std::vector<Value*> inputs;
+  auto add = [&](const std::string& name, const Value* v) -> Status {
+    if (!v) return InvalidArgument(node.Describe(), ": attention operand '", name, "' is omitted");
+    auto in = v->constant() ? g.AddConstant(name, v->constant()) : g.AddInput(name, v->dtype(), v->shape());
+    if (!in.ok()) return in.status().WithContext(node.Describe());
+    inputs.push_back(*in);
+    return Status::Ok();
+  };
+  GF_RETURN_IF_ERROR(add("q", node.input(0)));
+  GF_RETURN_IF_ERROR(add("present_k", node.output(1)));
+  GF_RETURN_IF_ERROR(add("present_v", node.output(2)));
+  for (size_t i = CacheDims::kFirstExtra; i < node.inputs().size(); ++i)
+    GF_RETURN_IF_ERROR(add(StrCat("extra", i), node.input(i)));
+  AttributeMap attrs = node.attrs();
+  for (const char* key : {"past_seq", "new_k_layout", "new_v_layout", "rope_new_k", "reference", "kernel_name"})
+    attrs.erase(key);
+  auto made = g.AddNode("FusedAttention", inputs, std::move(attrs), node.name());
+  if (!made.ok()) return made.status().WithContext(StrCat(node.Describe(), ": its attention over the present rows"));
+  inner->node = *made;
+  return std::shared_ptr<const InnerAttention>(std::move(inner));
+}
+
+Result<std::shared_ptr<const void>> PrepareCachedAttention(const Node& node, const PrepareOptions&) {
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const InnerAttention> inner, MakeInnerAttention(node));
+  return std::shared_ptr<const void>(std::move(inner));
 }
 
 // Where the heads of a [B,KV,rows,cols] operand lie: a contiguous view's, or a strided view's
@@ -114,7 +141,12 @@ Status CachedAttentionKernel(const KernelContext& ctx) {
     if (ctx.outputs[o].dtype != DType::kF32 || ctx.outputs[o].shape != want[o])
       return InvalidArgument(where, ": output buffer ", o, " ", TypeStr(ctx.outputs[o]), " is not f32",
                              ShapeToString(want[o]));
-  GF_ASSIGN_OR_RETURN(const Node* inner, InnerAttention(ctx.node, where));
+  std::shared_ptr<const InnerAttention> made_here;
+  const auto* inner = static_cast<const InnerAttention*>(ctx.state);
+  if (!inner) {
+    GF_ASSIGN_OR_RETURN(made_here, MakeInnerAttention(ctx.node));
+    inner = made_here.get();
+  }
   const CpuKernel* attention = FindCpuKernel("FusedAttention");
   if (!attention) return Internal(where, ": no CPU kernel for FusedAttention");
 
@@ -152,7 +184,7 @@ Status CachedAttentionKernel(const KernelContext& ctx) {
   // The attention over the present rows: q, present_k, present_v, then the extras.
   std::vector<TensorView> inputs = {ctx.inputs[0], ctx.outputs[1], ctx.outputs[2]};
   for (size_t i = CacheDims::kFirstExtra; i < ctx.inputs.size(); ++i) inputs.push_back(ctx.inputs[i]);
-  const KernelContext inner_ctx{*inner, inputs, ctx.outputs.subspan(0, 1), ctx.cpu, nullptr};
+  const KernelContext inner_ctx{*inner->node, inputs, ctx.outputs.subspan(0, 1), ctx.cpu, nullptr};
   return attention->run(inner_ctx);
 }
 
@@ -162,7 +194,8 @@ std::vector<CpuKernel> AttentionCacheKernels() {
   return {
       // past K / V (inputs 3, 4) and present K / V (outputs 1, 2) may be strided views: a KV
       // cache kept in one buffer of larger capacity, present over past's rows (written in place).
-      {.op = "FusedCachedAttention", .run = CachedAttentionKernel, .strided_inputs = 1u << 3 | 1u << 4,
+      {.op = "FusedCachedAttention", .run = CachedAttentionKernel, .prepare = PrepareCachedAttention,
+       .strided_inputs = 1u << 3 | 1u << 4,
        .strided_outputs = 1u << 1 | 1u << 2},
   };
 }

@@ -361,7 +361,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   if (options.engine == GemmEngine::kAuto) {
     Options chosen = options;
-    chosen.engine = AutoEngine(m, storage);
+    chosen.engine = AutoEngine(m, storage, nullptr, options.one_form);
     auto made = Create(m, k, n, b_given, ldb, ldc, post_ops, chosen);
     const bool refused = !made.ok() && made.status().code() == StatusCode::kUnimplemented;
     if (!refused || chosen.engine == GemmEngine::kOwn) return made;
@@ -521,7 +521,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   return std::shared_ptr<const PackedGemm>(std::move(g));
 }
 
-GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char** why) {
+GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char** why, bool one_form) {
   // Measured with bench/bench_gemm on the LLaMA-7B and GPT-2 shapes (bench/RESULTS.md, "The
   // GEMMs by shape"): up to 8 rows the weights' read sets the time and the own stream reads at
   // the read bandwidth, oneDNN 2.6 at 24-75% of it; from 9 to 63 rows in f32 the own tiles keep the
@@ -545,6 +545,10 @@ GemmEngine PackedGemm::AutoEngine(int64_t m, WeightStorage storage, const char**
       // oneDNN 2.6 has only its reference bf16 matmul below AVX-512.
       reason = "own tiles, bf16 weights widened to f32: no bf16 instructions";
     }
+  } else if (m >= kOneDnnRowsF32 && one_form) {
+    // The decode stream needs the own panels anyway; at 128 rows the own tiles measured as fast
+    // as oneDNN 2.6 on the f32 LLaMA shapes (bench/RESULTS.md, "The GEMMs by shape").
+    reason = "own tiles: the model's row counts vary, and its panels serve every one (one packed copy)";
   } else if (m >= kOneDnnRowsF32) {
     e = GemmEngine::kOneDnn, reason = "oneDNN matmul: from 64 rows the FMAs alone set the time";
   } else if (m > kStreamRows) {
@@ -563,9 +567,9 @@ bool CpuHasAmxBf16() {
   return amx;
 }
 
-std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage) {
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form) {
   const char* why = nullptr;
-  PackedGemm::AutoEngine(m, storage, &why);
+  PackedGemm::AutoEngine(m, storage, &why, one_form);
   return StrCat(m, "x", k, " @ ", k, "x", n, " (", storage == GemmWeightStorage::kBF16 ? "bf16" : "f32",
                 " weights, packed once): ", why);
 }

@@ -64,6 +64,11 @@ struct PackedGemmOptions {
   // B made on demand (Create's `b` is then ignored): called only when this packing is not in the
   // store already, so that a plan whose packing another plan made skips gathering B.
   std::function<const float*()> lazy_b = {};
+  // kAuto takes the engine whose packed form serves every row count (the own loops) wherever the
+  // other would be a second packed copy of B: set for the plans of a model whose row counts vary
+  // (PreparedStore::shapes_vary). f32 weights only: with bf16 weights on AMX, oneDNN's tiles are
+  // worth their own copy past the stream's rows.
+  bool one_form = false;
 };
 
 class PackedGemm {
@@ -94,8 +99,9 @@ class PackedGemm {
   bool streamed() const;  // run by the weight-streaming loop (own engine, m <= kStreamRows, no dot products)
   GemmEngine engine() const;   // kOwn or kOneDnn
   WeightStorage storage() const;
-  // The engine kAuto takes for m rows of A with these weights, and why, in a few words.
-  static GemmEngine AutoEngine(int64_t m, WeightStorage storage, const char** why = nullptr);
+  // The engine kAuto takes for m rows of A with these weights, and why, in a few words
+  // (`one_form`: PackedGemmOptions::one_form).
+  static GemmEngine AutoEngine(int64_t m, WeightStorage storage, const char** why = nullptr, bool one_form = false);
   // Columns [block * block_cols(), ...) of C, reading the same columns of each post-op's
   // operand (operands[i] for post_ops[i], at its column 0; an [m, n] one may be C itself).
   // Where the blocks read A in bf16 (ReadsA16), `a_bf16` is A already converted (ConvertA, once
@@ -123,7 +129,7 @@ class PackedGemm {
 
 // One line for `graphfuse explain`: the engine that runs an m x k x n GEMM against constant
 // weights held in `storage`, and why (PackedGemm::AutoEngine).
-std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage);
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form = false);
 // The library that runs the GEMMs of two activations (attention's products, a MatMul whose
 // second operand is computed), in the same lines.
 inline constexpr const char* kActivationGemms = "oneDNN sgemm per call";
@@ -133,12 +139,17 @@ inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
   return o.bf16_weights ? GemmWeightStorage::kBF16 : GemmWeightStorage::kF32;
 }
 
+// Whether a plan's GEMMs keep one packed form per weight for every row count (PackedGemmOptions::
+// one_form): its model's plans serve different shapes.
+inline bool OneFormFor(const PrepareOptions& o) { return o.store && o.store->shapes_vary(); }
+
 // How a plan packs the constant weights `w` read from `where` on (a column offset, a gather of
 // columns: whatever tells two packings of w apart): the storage the plan's options ask for, and
 // the model's store where it knows w, so that every plan of the model shares the packed copy.
 inline PackedGemmOptions PackOptionsFor(const PrepareOptions& o, const Tensor& w, const std::string& where) {
   PackedGemmOptions p;
   p.storage = WeightStorageFor(o);
+  p.one_form = OneFormFor(o);
   if (o.store && o.store->Knows(&w)) {
     p.store = o.store;
     p.weights_key = PreparedStore::Id(&w) + " " + where;
