@@ -79,6 +79,13 @@ check run-model 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODEL
   --check-fusion --json /tmp/graphfuse_run.json
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_run.json')); assert j['kernels_fused'] < j['kernels_unfused'], j; assert all(o['ok'] for o in j['outputs'])" \
   || { echo "FAIL run --json lacks fused kernel counts or ok outputs"; fail=1; }
+# Weights in an external data file (the dynamo exporter's model.onnx.data): read from the model's
+# folder; a location that leaves it is refused with exit 2, naming the initializer and location.
+check run-external-data 0 "$GF" run "$MODELS/external_data_opset17/model.onnx" \
+  --data "$MODELS/external_data_opset17/test_data_set_0" --check-fusion
+check run-external-data-outside 2 "$GF" run "$MODELS/external_data_opset17/outside/model.onnx"
+echo "$LAST" | grep -q "initializer 'W'.*'../model.onnx.data' leaves the model's folder" \
+  || { echo "FAIL external data outside the folder: $LAST"; fail=1; }
 check run-llama-check-fusion 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" \
   --check-fusion --json /tmp/graphfuse_llama.json
 echo "$LAST" | grep -q "all agree" || { echo "FAIL check-fusion on the llama block does not say all agree"; fail=1; }

@@ -54,10 +54,15 @@ struct TensorInfo {
 // built with the graph API (static).
 class Model {
  public:
-  // An ONNX file (.onnx); tensors kept in external data files are refused as Unimplemented.
+  // An ONNX file (.onnx). Weights kept in external data files (the dynamo exporter's
+  // model.onnx.data; every model over 2 GB) are read from the file's folder, mapped rather than
+  // copied where they lie aligned; a location outside the folder, a missing file or a range past
+  // a file's end is refused naming the initializer and the path.
   static Result<Model> FromOnnxFile(const std::string& path);
-  // A serialized ONNX ModelProto; `name` labels errors.
-  static Result<Model> FromOnnxBytes(std::string_view bytes, const std::string& name = "model");
+  // A serialized ONNX ModelProto; `name` labels errors; `external_data_folder`: where its
+  // external data files are (none: a model with external data is refused).
+  static Result<Model> FromOnnxBytes(std::string_view bytes, const std::string& name = "model",
+                                     const std::string& external_data_folder = "");
   // A graph built with the graph API (graphfuse/graph.h); verified here.
   static Result<Model> FromGraph(std::unique_ptr<Graph> graph);
 

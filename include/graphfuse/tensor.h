@@ -49,6 +49,10 @@ class Tensor {
   static Result<Tensor> Empty(DType dtype, const Shape& shape);
   // Copies `values` converted to `dtype` (round-to-nearest-even for f16/bf16).
   static Result<Tensor> FromFloats(DType dtype, const Shape& shape, const std::vector<float>& values);
+  // A tensor over memory that `owner` keeps alive (a mapped file): nothing is copied or freed.
+  // `data` must be kTensorAlignment-aligned, and the kTensorAlignment bytes past the tensor's
+  // end readable (vector tails over-read, as they may on an Empty tensor).
+  static Result<Tensor> Borrowed(DType dtype, const Shape& shape, void* data, std::shared_ptr<const void> owner);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
@@ -69,6 +73,7 @@ class Tensor {
 
  private:
   struct Free {
+    std::shared_ptr<const void> owner;  // set: the memory is the owner's (Borrowed), not freed here
     void operator()(void* p) const;
   };
   DType dtype_ = DType::kF32;

@@ -77,10 +77,21 @@ class NodeArg:
 
 class SessionOptions:
     """The subset of onnxruntime.SessionOptions graphfuse reads: intra_op_num_threads (0: the
-    hardware's threads). Other attributes may be set and are ignored."""
+    hardware's threads) and the session config entry
+    "session.model_external_initializers_file_folder_path" (where a model given as bytes keeps its
+    external data). Other attributes and entries may be set and are ignored."""
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
+        self._config: dict[str, str] = {}
+
+    def add_session_config_entry(self, key: str, value: str) -> None:
+        self._config[str(key)] = str(value)
+
+    def get_session_config_entry(self, key: str) -> str:
+        if key not in self._config:
+            raise KeyError(f"session config entry {key!r} is not set")
+        return self._config[key]
 
 
 def _backends_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> list[str]:
@@ -319,6 +330,9 @@ class InferenceSession:
     """An ONNX model compiled for one backend, shaped like onnxruntime.InferenceSession.
 
     path_or_bytes: a path (str or os.PathLike) to an .onnx file, or the serialized model (bytes).
+      Weights kept in external data files (the dynamo exporter's model.onnx.data) are read from
+      the file's folder, or for bytes from external_data_folder (onnxruntime's session config
+      entry "session.model_external_initializers_file_folder_path" in sess_options gives it too).
     providers: onnxruntime's list ("CPUExecutionProvider", "CUDAExecutionProvider"); the first
       one this build has is used. backend ("cpu", "cuda") names it directly instead.
     threads: threads of the CPU backend's pool (0: the hardware's); sess_options'
@@ -360,6 +374,7 @@ class InferenceSession:
         emulate_gpu: bool = False,
         bf16_weights: bool = False,
         shape_classes: bool = True,
+        external_data_folder: Optional[Union[str, os.PathLike]] = None,
     ):
         if isinstance(path_or_bytes, (bytearray, memoryview)):
             path_or_bytes = bytes(path_or_bytes)
@@ -367,6 +382,12 @@ class InferenceSession:
             path_or_bytes = os.fspath(path_or_bytes)
         if threads == 0 and sess_options is not None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
+        if external_data_folder is None and sess_options is not None and hasattr(sess_options, "get_session_config_entry"):
+            try:
+                external_data_folder = sess_options.get_session_config_entry(
+                    "session.model_external_initializers_file_folder_path") or None
+            except Exception:  # onnxruntime raises for an entry never set
+                external_data_folder = None
         candidates = _backends_for(providers, backend)
         if bf16_weights and candidates and candidates[0] != "cpu":
             raise InvalidArgument(
@@ -377,7 +398,7 @@ class InferenceSession:
             try:
                 self._session = _graphfuse.Session(
                     path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu,
-                    bf16_weights, shape_classes,
+                    bf16_weights, shape_classes, os.fspath(external_data_folder) if external_data_folder else "",
                 )
             except NotFound as e:  # the backend cannot start here (no device): the next provider
                 if k + 1 == len(candidates):

@@ -230,9 +230,11 @@ nb::dict ReportDict(const gf::Plan& plan) {
 
 class Session {
  public:
-  // `model`: the serialized ModelProto (bytes) or a path (str).
+  // `model`: the serialized ModelProto (bytes) or a path (str); `external_data_folder`: where a
+  // model given as bytes keeps its external data files.
   Session(nb::object model, const std::string& backend, int threads, bool fusion, int plan_cache_capacity,
-          int device, bool cuda_graph, bool emulate, bool bf16_weights, bool shape_classes) {
+          int device, bool cuda_graph, bool emulate, bool bf16_weights, bool shape_classes,
+          const std::string& external_data_folder) {
     gf::TargetOptions target_options;
     target_options.threads = threads;
     target_options.cpu_bf16_weights = bf16_weights;
@@ -253,7 +255,7 @@ class Session {
     }
     gf::Status status = [&] {
       nb::gil_scoped_release release;  // `model` stays referenced by the caller meanwhile
-      return Load(path, bytes, backend, target_options, options);
+      return Load(path, bytes, external_data_folder, backend, target_options, options);
     }();
     if (!status.ok()) Raise(status);
   }
@@ -361,9 +363,11 @@ class Session {
   }
 
  private:
-  gf::Status Load(const std::optional<std::string>& path, std::string_view bytes, const std::string& backend,
-                  const gf::TargetOptions& target_options, const gf::CompileOptions& options) {
-    GF_ASSIGN_OR_RETURN(gf::Model model, path ? gf::Model::FromOnnxFile(*path) : gf::Model::FromOnnxBytes(bytes));
+  gf::Status Load(const std::optional<std::string>& path, std::string_view bytes, const std::string& folder,
+                  const std::string& backend, const gf::TargetOptions& target_options,
+                  const gf::CompileOptions& options) {
+    GF_ASSIGN_OR_RETURN(gf::Model model,
+                        path ? gf::Model::FromOnnxFile(*path) : gf::Model::FromOnnxBytes(bytes, "model", folder));
     is_static_ = model.is_static();
     GF_ASSIGN_OR_RETURN(std::unique_ptr<gf::Target> target, gf::MakeTarget(backend, target_options));
     backend_ = std::string(target->name());
@@ -424,10 +428,11 @@ NB_MODULE(_graphfuse, m) {
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
 
   nb::class_<Session>(m, "Session")
-      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, bool, bool>(), nb::arg("model"),
-           nb::arg("backend") = "cpu", nb::arg("threads") = 0, nb::arg("fusion") = true,
+      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, bool, bool, const std::string&>(),
+           nb::arg("model"), nb::arg("backend") = "cpu", nb::arg("threads") = 0, nb::arg("fusion") = true,
            nb::arg("plan_cache_capacity") = 16, nb::arg("device") = 0, nb::arg("cuda_graph") = false,
-           nb::arg("emulate") = false, nb::arg("bf16_weights") = false, nb::arg("shape_classes") = true)
+           nb::arg("emulate") = false, nb::arg("bf16_weights") = false, nb::arg("shape_classes") = true,
+           nb::arg("external_data_folder") = "")
       .def("inputs", &Session::Inputs, "(name, shape, type) per input, as the model declares them.")
       .def("outputs", &Session::Outputs, "(name, shape, type) per output, as the model declares them.")
       .def("run", &Session::Run, nb::arg("arrays"), "Runs on one array per input (model order); every output.")

@@ -1,5 +1,6 @@
 """Dynamic shapes, input layouts, explain(), errors and threads of graphfuse.InferenceSession."""
 
+import os
 import threading
 import warnings
 
@@ -373,3 +374,54 @@ def test_io_binding_is_onnxruntimes():
     binding.clear_binding_inputs()
     with pytest.raises(gf.InvalidArgument, match="is not bound"):
         sess.run_with_iobinding(binding)
+
+
+EXTERNAL = "external_data_opset17"
+
+
+def test_external_data_from_a_path_and_from_bytes_with_its_folder():
+    """Weights in model.onnx.data: read from the model's folder for a path; for bytes, from
+    external_data_folder (or onnxruntime's session config entry); refused without it."""
+    [(inputs, expected)] = data_sets(EXTERNAL)
+    path = model_path(EXTERNAL)
+    folder = os.path.dirname(path)
+    with open(path, "rb") as f:
+        model_bytes = f.read()
+    options = gf.SessionOptions()
+    options.add_session_config_entry("session.model_external_initializers_file_folder_path", folder)
+    for session in (
+        gf.InferenceSession(path),
+        gf.InferenceSession(model_bytes, external_data_folder=folder),
+        gf.InferenceSession(model_bytes, sess_options=options),
+    ):
+        assert_outputs_match(EXTERNAL, session.run(None, feeds(session, inputs)), expected)
+        assert session.explain()["kernels_after"] < session.explain()["kernels_before"]
+    with pytest.raises(gf.InvalidArgument, match="initializer 'W'.*model.onnx.data"):
+        gf.InferenceSession(model_bytes)
+    with pytest.raises(gf.InvalidArgument, match="leaves the model's folder"):
+        gf.InferenceSession(os.path.join(folder, "outside", "model.onnx"))
+
+
+def test_default_dynamo_export_with_external_data(tmp_path):
+    """torch.onnx.export(model, args, path, dynamo=True) with every other argument at its default
+    writes the weights to model.onnx.data; the session runs it fused and matches torch."""
+    if os.environ.get("GRAPHFUSE_REQUIRE_TORCH") != "1":
+        pytest.importorskip("torch")
+        pytest.importorskip("onnxscript")
+    import torch
+
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).eval()
+    x = torch.randn(3, 64)
+    path = str(tmp_path / "model.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, (x,), path, dynamo=True)
+    assert os.path.exists(path + ".data"), os.listdir(tmp_path)
+    session = gf.InferenceSession(path, threads=1)
+    [got] = session.run(None, {session.get_inputs()[0].name: x.numpy()})
+    with torch.no_grad():
+        want = model(x).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    report = session.explain()
+    assert report["kernels_after"] < report["kernels_before"], report

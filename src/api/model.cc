@@ -162,8 +162,9 @@ Result<Model> Model::FromOnnxFile(const std::string& path) {
   return Model(SourceOf(std::move(onnx)));
 }
 
-Result<Model> Model::FromOnnxBytes(std::string_view bytes, const std::string& name) {
-  GF_ASSIGN_OR_RETURN(auto onnx, OnnxModel::FromBytes(std::string(bytes), name));
+Result<Model> Model::FromOnnxBytes(std::string_view bytes, const std::string& name,
+                                   const std::string& external_data_folder) {
+  GF_ASSIGN_OR_RETURN(auto onnx, OnnxModel::FromBytes(std::string(bytes), name, external_data_folder));
   return Model(SourceOf(std::move(onnx)));
 }
 

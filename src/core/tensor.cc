@@ -7,7 +7,9 @@
 
 namespace graphfuse {
 
-void Tensor::Free::operator()(void* p) const { std::free(p); }
+void Tensor::Free::operator()(void* p) const {
+  if (!owner) std::free(p);
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -34,6 +36,23 @@ Result<Tensor> Tensor::Empty(DType dtype, const Shape& shape) {
     return ResourceExhausted("cannot allocate ", bytes, " bytes for tensor ", DTypeName(dtype),
                              ShapeToString(shape));
   t.data_.reset(p);
+  return t;
+}
+
+Result<Tensor> Tensor::Borrowed(DType dtype, const Shape& shape, void* data, std::shared_ptr<const void> owner) {
+  auto n = NumElements(shape);
+  if (!n.ok()) return n.status().WithContext(StrCat("tensor ", DTypeName(dtype), ShapeToString(shape)));
+  if (!owner || !data || reinterpret_cast<uintptr_t>(data) % kTensorAlignment != 0)
+    return InvalidArgument("tensor ", DTypeName(dtype), ShapeToString(shape),
+                           ": borrowed memory needs an owner and a ", kTensorAlignment, "-byte aligned address");
+  if (*n > kMaxTensorBytes / static_cast<int64_t>(DTypeSize(dtype)))
+    return ResourceExhausted("tensor ", DTypeName(dtype), ShapeToString(shape), " needs more than ",
+                             kMaxTensorBytes >> 30, " GiB");
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = shape;
+  t.numel_ = *n;
+  t.data_ = std::unique_ptr<void, Free>(data, Free{std::move(owner)});
   return t;
 }
 

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <set>
 #include <span>
@@ -237,11 +238,13 @@ Result<std::unique_ptr<Graph>> ImportModel(const onnx::ModelProto& m, int64_t op
 
 OnnxModel::~OnnxModel() = default;
 
-Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string& bytes, const std::string& label) {
-  return FromArray(bytes.data(), bytes.size(), label);
+Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromBytes(const std::string& bytes, const std::string& label,
+                                                               const std::string& folder) {
+  return FromArray(bytes.data(), bytes.size(), label, folder);
 }
 
-Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, size_t size, const std::string& label) {
+Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, size_t size, const std::string& label,
+                                                               const std::string& folder) {
   if (static_cast<int64_t>(size) > kMaxProtoFileBytes)
     return InvalidArgument(label, ": model is ", size, " bytes; ONNX protobuf models are limited to 2 GiB");
   std::shared_ptr<OnnxModel> m(new OnnxModel());
@@ -256,12 +259,13 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, 
   const onnx::GraphProto& gp = m->proto_->graph();
   if (gp.sparse_initializer_size() > 0) return Unimplemented(label, ": sparse initializers are not supported");
   std::set<std::string> initializers;
+  onnx_import::ExternalData external(folder);  // its mappings live as long as the tensors over them
   for (int i = 0; i < gp.initializer_size(); ++i) {
     const onnx::TensorProto& t = gp.initializer(i);
     if (t.name().empty()) return InvalidArgument(label, ": initializer #", i, " has no name");
     if (!initializers.insert(t.name()).second)
       return InvalidArgument(label, ": initializer '", t.name(), "' is defined twice");
-    auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"));
+    auto data = onnx_import::TensorFromProto(t, StrCat("initializer '", t.name(), "'"), &external);
     if (!data.ok()) return data.status().WithContext(label);
     m->initializers_.emplace_back(t.name(), std::make_shared<const Tensor>(std::move(data).value()));
     m->store_->AddRoot(m->initializers_.back().second);
@@ -307,6 +311,14 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, 
   return std::shared_ptr<const OnnxModel>(std::move(m));
 }
 
+namespace {
+// The folder a model file's external data locations are relative to.
+std::string FolderOf(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+}  // namespace
+
 Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& path) {
   // Mapped, not read: the file's pages are the page cache's, not a copy on the heap, and they
   // leave the process when it is parsed.
@@ -319,13 +331,13 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromFile(const std::string& 
     // what is wrong, and refuses a file over 2 GiB before reading it).
     std::string bytes;
     GF_RETURN_IF_ERROR(onnx_import::ReadFileBytes(path, kMaxProtoFileBytes, &bytes));
-    return FromBytes(bytes, path);
+    return FromBytes(bytes, path, FolderOf(path));
   }
   void* map = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
   if (map == MAP_FAILED) return InvalidArgument(path, ": cannot map (", std::strerror(errno), ")");
   ::madvise(map, static_cast<size_t>(st.st_size), MADV_SEQUENTIAL);
-  auto m = FromArray(static_cast<const char*>(map), static_cast<size_t>(st.st_size), path);
+  auto m = FromArray(static_cast<const char*>(map), static_cast<size_t>(st.st_size), path, FolderOf(path));
   ::munmap(map, static_cast<size_t>(st.st_size));
   return m;
 }

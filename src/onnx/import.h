@@ -12,9 +12,10 @@
 //
 // Values and nodes keep their ONNX names (a node without one becomes "OpType_<index>").
 // Every error names the file (or label), and for node errors the node name and op_type:
-// InvalidArgument for a malformed model, Unimplemented for a valid one graphfuse cannot run
-// (unsupported op, element type, opset, dynamic dim, subgraph, external data). Malformed input
-// never crashes the importer nor makes it allocate beyond the size of the input.
+// InvalidArgument for a malformed model (a bad external data reference among them),
+// Unimplemented for a valid one graphfuse cannot run (unsupported op, element type, opset,
+// dynamic dim, subgraph). Malformed input never crashes the importer nor makes it allocate
+// beyond the size of the input.
 #pragma once
 
 #include <memory>
@@ -48,10 +49,14 @@ inline constexpr int64_t kMaxOnnxOpset = 21;
 class OnnxModel {
  public:
   // Parses and checks the signature (opset, input types and dims); nodes are imported per
-  // binding by Instantiate.
-  static Result<std::shared_ptr<const OnnxModel>> FromBytes(const std::string& bytes, const std::string& label);
+  // binding by Instantiate. Initializers kept in external files (ONNX external data) are read
+  // from `folder` (onnx_import::ExternalData): a file's own folder for FromFile; none given, a
+  // model as bytes refuses them.
+  static Result<std::shared_ptr<const OnnxModel>> FromBytes(const std::string& bytes, const std::string& label,
+                                                            const std::string& folder = "");
   static Result<std::shared_ptr<const OnnxModel>> FromFile(const std::string& path);
-  static Result<std::shared_ptr<const OnnxModel>> FromArray(const char* data, size_t size, const std::string& label);
+  static Result<std::shared_ptr<const OnnxModel>> FromArray(const char* data, size_t size, const std::string& label,
+                                                            const std::string& folder = "");
   ~OnnxModel();
 
   const std::string& label() const { return label_; }

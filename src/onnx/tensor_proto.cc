@@ -1,9 +1,16 @@
 #include "onnx/tensor_proto.h"
 
+#include <fcntl.h>
 #include <onnx/onnx_pb.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 
 namespace graphfuse::onnx_import {
@@ -61,9 +68,122 @@ int32_t OnnxFromDType(DType d) {
   return onnx::TensorProto::UNDEFINED;
 }
 
-Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& what) {
-  if (p.data_location() == onnx::TensorProto::EXTERNAL || p.external_data_size() > 0)
-    return Unimplemented(what, ": external data is not supported (embed the tensor in the model)");
+// A file mapped with one page of zeros after its last page, so that a vector tail reading past
+// a tensor that ends with the file stays in mapped memory.
+struct ExternalData::Mapping {
+  char* base = nullptr;
+  size_t size = 0;      // the file's
+  size_t reserved = 0;  // the mapping's
+  ~Mapping() {
+    if (base) ::munmap(base, reserved);
+  }
+};
+
+ExternalData::~ExternalData() = default;
+
+int64_t ExternalData::mapped_bytes() const {
+  int64_t n = 0;
+  for (const auto& [path, m] : files_) n += static_cast<int64_t>(m->size);
+  return n;
+}
+
+Result<std::shared_ptr<const ExternalData::Mapping>> ExternalData::Map(const std::string& path,
+                                                                        const std::string& what) {
+  if (auto it = files_.find(path); it != files_.end()) return it->second;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return InvalidArgument(what, ": its external data file '", path, "' cannot be opened (", std::strerror(errno), ")");
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return InvalidArgument(what, ": its external data file '", path, "' is not a regular file");
+  }
+  auto m = std::make_shared<Mapping>();
+  m->size = static_cast<size_t>(st.st_size);
+  if (m->size > 0) {
+    // Address space for the file and a page of zeros after it; then the file over its start.
+    // Private and writable: the pages are the page cache's until written, and a write (no kernel
+    // writes its weights) would copy its page instead of faulting.
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    m->reserved = (m->size + page - 1) / page * page + page;
+    void* region = ::mmap(nullptr, m->reserved, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void* p = region == MAP_FAILED ? MAP_FAILED
+                                   : ::mmap(region, m->size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      if (region != MAP_FAILED) ::munmap(region, m->reserved);
+      ::close(fd);
+      return InvalidArgument(what, ": its external data file '", path, "' cannot be mapped (", std::strerror(err), ")");
+    }
+    m->base = static_cast<char*>(p);
+  }
+  ::close(fd);
+  files_[path] = m;
+  return std::shared_ptr<const Mapping>(std::move(m));
+}
+
+Result<Tensor> ExternalData::Load(const onnx::TensorProto& p, DType dtype, const Shape& shape, int64_t n, size_t elem,
+                                  const std::string& what) {
+  std::string location;
+  bool has_location = false;
+  int64_t offset = 0, length = -1;
+  for (const onnx::StringStringEntryProto& kv : p.external_data()) {
+    if (kv.key() == "location") {
+      location = kv.value(), has_location = true;
+    } else if (kv.key() == "offset" || kv.key() == "length") {
+      int64_t v = -1;
+      const char* end = kv.value().data() + kv.value().size();
+      const auto r = std::from_chars(kv.value().data(), end, v);
+      if (r.ec != std::errc() || r.ptr != end || v < 0)
+        return InvalidArgument(what, ": external data ", kv.key(), " '", kv.value(), "' is not a byte count");
+      (kv.key() == "offset" ? offset : length) = v;
+    }  // "checksum" and other keys: not needed to read the bytes
+  }
+  if (!has_location || location.empty()) return InvalidArgument(what, ": external data without a location");
+  namespace fs = std::filesystem;
+  const fs::path rel(location);
+  if (rel.is_absolute() || rel.has_root_name() || rel.has_root_directory())
+    return InvalidArgument(what, ": external data location '", location,
+                           "' is absolute; ONNX locations are relative to the model's folder");
+  const fs::path norm = rel.lexically_normal();
+  if (norm.empty() || norm == "." || *norm.begin() == "..")
+    return InvalidArgument(what, ": external data location '", location, "' leaves the model's folder");
+  if (folder_.empty())
+    return InvalidArgument(what, ": its data is in the external file '", location,
+                           "', and the model came as bytes without its folder (load it from its file, or give "
+                           "the folder with the bytes)");
+  const std::string path = (fs::path(folder_) / norm).string();
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Mapping> map, Map(path, what));
+  const uint64_t size = map->size;
+  if (static_cast<uint64_t>(offset) > size)
+    return InvalidArgument(what, ": external data offset ", offset, " lies past the end of '", path, "' (", size,
+                           " bytes)");
+  if (length < 0) length = static_cast<int64_t>(size) - offset;
+  if (static_cast<uint64_t>(length) > size - static_cast<uint64_t>(offset))
+    return InvalidArgument(what, ": external data bytes [", offset, ", ", offset + length, ") lie past the end of '",
+                           path, "' (", size, " bytes)");
+  if (n > kMaxTensorBytes / static_cast<int64_t>(elem))
+    return ResourceExhausted(what, ": ", OnnxDTypeName(p.data_type()), ShapeToString(shape), " needs more than ",
+                             kMaxTensorBytes >> 30, " GiB");
+  if (length != n * static_cast<int64_t>(elem))
+    return InvalidArgument(what, ": ", OnnxDTypeName(p.data_type()), ShapeToString(shape), " needs ", n, " x ", elem,
+                           " bytes; external data '", path, "' gives ", length, " (offset ", offset, ")");
+  char* at = map->base ? map->base + offset : nullptr;
+  const bool in_place = n > 0 && dtype != DType::kBool && reinterpret_cast<uintptr_t>(at) % kTensorAlignment == 0 &&
+                        static_cast<uint64_t>(offset + length) + kTensorAlignment <= map->reserved;
+  if (in_place) return Tensor::Borrowed(dtype, shape, at, map);
+  // Unaligned, or bool (normalized to 0 / 1): copied out of the mapping.
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, shape));
+  if (n == 0) return t;
+  std::memcpy(t.data(), at, static_cast<size_t>(length));
+  if (dtype == DType::kBool) {
+    uint8_t* b = t.data_as<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
+  }
+  return t;
+}
+
+Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& what, ExternalData* external) {
+  const bool is_external = p.data_location() == onnx::TensorProto::EXTERNAL || p.external_data_size() > 0;
   if (p.has_segment()) return Unimplemented(what, ": segmented tensors are not supported");
   auto dtype = DTypeFromOnnx(p.data_type());
   if (!dtype.ok()) return dtype.status().WithContext(what);
@@ -77,6 +197,13 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& wh
   if (!numel.ok()) return numel.status().WithContext(what);
   const int64_t n = *numel;
   const size_t elem = OnnxElementBytes(p.data_type());
+  if (is_external) {
+    if (p.has_raw_data() || p.float_data_size() > 0 || p.int64_data_size() > 0 || p.int32_data_size() > 0)
+      return InvalidArgument(what, ": holds its data both in the model and in an external file");
+    if (!external)
+      return Unimplemented(what, ": its data is in an external file, which is read only for a model's initializers");
+    return external->Load(p, *dtype, shape, n, elem, what);
+  }
 
   // How many values the proto holds, in the field ONNX prescribes for this type.
   const bool has_raw = p.has_raw_data();

@@ -14,51 +14,11 @@
 #include "onnx/import.h"
 #include "passes/pipeline.h"
 #include "cpu/executor.h"
+#include "model_builder.h"
 
 namespace graphfuse {
 namespace {
 
-// A small builder over onnx::ModelProto.
-struct ModelBuilder {
-  onnx::ModelProto m;
-  explicit ModelBuilder(int64_t opset = 17) {
-    m.set_ir_version(8);
-    auto* o = m.add_opset_import();
-    o->set_domain("");
-    o->set_version(opset);
-    m.mutable_graph()->set_name("t");
-  }
-  onnx::GraphProto& g() { return *m.mutable_graph(); }
-  onnx::ValueInfoProto* Input(const std::string& name, const std::vector<int64_t>& dims,
-                              int32_t type = onnx::TensorProto::FLOAT) {
-    auto* in = g().add_input();
-    in->set_name(name);
-    auto* tt = in->mutable_type()->mutable_tensor_type();
-    tt->set_elem_type(type);
-    tt->mutable_shape();  // a scalar has a shape with no dims (no shape = unknown rank)
-    for (int64_t d : dims) tt->mutable_shape()->add_dim()->set_dim_value(d);
-    return in;
-  }
-  void Output(const std::string& name) { g().add_output()->set_name(name); }
-  onnx::TensorProto* FloatInit(const std::string& name, const std::vector<int64_t>& dims, const std::vector<float>& v) {
-    auto* t = g().add_initializer();
-    t->set_name(name);
-    t->set_data_type(onnx::TensorProto::FLOAT);
-    for (int64_t d : dims) t->add_dims(d);
-    for (float f : v) t->add_float_data(f);
-    return t;
-  }
-  onnx::NodeProto* Node(const std::string& op, const std::vector<std::string>& ins, const std::vector<std::string>& outs,
-                        const std::string& name = "") {
-    auto* n = g().add_node();
-    n->set_op_type(op);
-    if (!name.empty()) n->set_name(name);
-    for (const auto& i : ins) n->add_input(i);
-    for (const auto& o : outs) n->add_output(o);
-    return n;
-  }
-  Result<std::unique_ptr<Graph>> Import() { return ImportOnnxBytes(m.SerializeAsString(), "m.onnx"); }
-};
 
 void SetFloat(onnx::NodeProto* n, const std::string& k, float v) {
   auto* a = n->add_attribute();
@@ -386,7 +346,15 @@ TEST(OnnxImport, RefusesMalformedInitializers) {
                  e->set_key("location");
                  e->set_value("w.bin");
                }),
-               StatusCode::kUnimplemented, "initializer 'w'", "external data");
+               StatusCode::kInvalidArgument, "initializer 'w'", "both in the model and in an external file");
+  EXPECT_ERROR(with_init([](onnx::TensorProto* t) {
+                 t->clear_float_data();
+                 t->set_data_location(onnx::TensorProto::EXTERNAL);
+                 auto* e = t->add_external_data();
+                 e->set_key("location");
+                 e->set_value("w.bin");
+               }),
+               StatusCode::kInvalidArgument, "initializer 'w'", "'w.bin'");  // bytes without a folder
   EXPECT_ERROR(with_init([](onnx::TensorProto* t) { t->set_data_type(onnx::TensorProto::DOUBLE); }),
                StatusCode::kUnimplemented, "initializer 'w'", "DOUBLE");
 }
