@@ -38,7 +38,7 @@ class PreparedStore;
 // nodes of other opsets whose form differs are rewritten to it as they are imported
 // (node_import.cc, UpgradeForm).
 inline constexpr int64_t kMinOnnxOpset = 1;
-inline constexpr int64_t kMaxOnnxOpset = 21;
+inline constexpr int64_t kMaxOnnxOpset = 24;
 
 // A parsed model and its input signature, imported once per binding of its inputs: symbolic
 // dims take the sizes of one call, and inputs whose values become shapes (a Reshape's shape, a
