@@ -358,7 +358,6 @@ void CompiledModel::LookAhead(detail::ShapeClass& cls, const InputBinding& bindi
   // the model cannot take (a length past a table's end, say) leave the class as it was.
   if (std::none_of(cls.sizes.begin(), cls.sizes.end(), [](int64_t v) { return v >= 2; })) return;  // none moves
   std::shared_ptr<const Plan> next[2];
-  std::vector<int64_t> moved;  // the sizes one step on
   for (int64_t t = 1; t <= 2; ++t) {
     const std::vector<Shape> shapes = ShapesAhead(source_->inputs, binding.shapes, t);
     std::vector<TensorView> views;
@@ -368,7 +367,6 @@ void CompiledModel::LookAhead(detail::ShapeClass& cls, const InputBinding& bindi
     auto p = MakePlan(*b);
     if (!p.ok()) return;
     next[t - 1] = std::move(*p);
-    if (t == 1) moved = SymbolicSizes(source_->inputs, *b);
   }
   auto tmpl = ShapeTemplate::Fit(cls.first->graph_, *next[0]->graph_, 1);
   if (!tmpl.ok()) return;
@@ -376,7 +374,7 @@ void CompiledModel::LookAhead(detail::ShapeClass& cls, const InputBinding& bindi
   if (!Agrees(*shared, 2, *next[1]->graph_)) return;
   cls.tmpl = std::move(shared);
   cls.moving.resize(cls.sizes.size());
-  for (size_t i = 0; i < cls.sizes.size(); ++i) cls.moving[i] = moved[i] != cls.sizes[i];
+  for (size_t i = 0; i < cls.sizes.size(); ++i) cls.moving[i] = cls.sizes[i] >= 2;  // as ShapesAhead moved them
   cls.verified = cls.guessed = true;
   ahead->push_back(std::move(next[0]));
   ahead->push_back(std::move(next[1]));

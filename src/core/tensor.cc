@@ -17,19 +17,28 @@ int64_t TensorView::numel() const {
   return n;
 }
 
-Result<Tensor> Tensor::Empty(DType dtype, const Shape& shape) {
+namespace {
+// The elements of a tensor of `dtype` and `shape`: refused when the shape is malformed or the
+// tensor would hold more than kMaxTensorBytes.
+Result<int64_t> CheckedNumel(DType dtype, const Shape& shape) {
   auto n = NumElements(shape);
   if (!n.ok()) return n.status().WithContext(StrCat("tensor ", DTypeName(dtype), ShapeToString(shape)));
-  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
-  if (*n > kMaxTensorBytes / elem)
+  if (*n > kMaxTensorBytes / static_cast<int64_t>(DTypeSize(dtype)))
     return ResourceExhausted("tensor ", DTypeName(dtype), ShapeToString(shape), " needs more than ",
                              kMaxTensorBytes >> 30, " GiB; refusing the allocation");
+  return *n;
+}
+}  // namespace
+
+Result<Tensor> Tensor::Empty(DType dtype, const Shape& shape) {
+  GF_ASSIGN_OR_RETURN(const int64_t n, CheckedNumel(dtype, shape));
+  const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
-  t.numel_ = *n;
+  t.numel_ = n;
   // Round up to whole cache lines (and allocate at least one) so vector tails may over-read.
-  size_t bytes = (static_cast<size_t>(*n * elem) + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  size_t bytes = (static_cast<size_t>(n * elem) + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
   if (bytes == 0) bytes = kTensorAlignment;
   void* p = std::aligned_alloc(kTensorAlignment, bytes);
   if (!p)
@@ -40,18 +49,14 @@ Result<Tensor> Tensor::Empty(DType dtype, const Shape& shape) {
 }
 
 Result<Tensor> Tensor::Borrowed(DType dtype, const Shape& shape, void* data, std::shared_ptr<const void> owner) {
-  auto n = NumElements(shape);
-  if (!n.ok()) return n.status().WithContext(StrCat("tensor ", DTypeName(dtype), ShapeToString(shape)));
+  GF_ASSIGN_OR_RETURN(const int64_t n, CheckedNumel(dtype, shape));
   if (!owner || !data || reinterpret_cast<uintptr_t>(data) % kTensorAlignment != 0)
     return InvalidArgument("tensor ", DTypeName(dtype), ShapeToString(shape),
                            ": borrowed memory needs an owner and a ", kTensorAlignment, "-byte aligned address");
-  if (*n > kMaxTensorBytes / static_cast<int64_t>(DTypeSize(dtype)))
-    return ResourceExhausted("tensor ", DTypeName(dtype), ShapeToString(shape), " needs more than ",
-                             kMaxTensorBytes >> 30, " GiB");
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = shape;
-  t.numel_ = *n;
+  t.numel_ = n;
   t.data_ = std::unique_ptr<void, Free>(data, Free{std::move(owner)});
   return t;
 }

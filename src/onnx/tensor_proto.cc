@@ -28,6 +28,19 @@ size_t OnnxElementBytes(int32_t t) {
   }
 }
 
+// A tensor of `dtype` and `shape` from its raw bytes (ONNX raw data: little-endian, as this
+// machine is; `bytes` holds exactly its elements), bools normalized to 0 / 1.
+Result<Tensor> FromRawBytes(DType dtype, const Shape& shape, const void* bytes) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, shape));
+  if (t.numel() == 0) return t;
+  std::memcpy(t.data(), bytes, t.nbytes());
+  if (dtype == DType::kBool) {
+    uint8_t* b = t.data_as<uint8_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) b[i] = b[i] != 0;
+  }
+  return t;
+}
+
 // Copies `n` values of a repeated field into the tensor, converting each with `conv`.
 template <class Field, class Conv>
 void CopyTyped(const Field& field, Tensor& t, Conv conv) {
@@ -172,14 +185,7 @@ Result<Tensor> ExternalData::Load(const onnx::TensorProto& p, DType dtype, const
                         static_cast<uint64_t>(offset + length) + kTensorAlignment <= map->reserved;
   if (in_place) return Tensor::Borrowed(dtype, shape, at, map);
   // Unaligned, or bool (normalized to 0 / 1): copied out of the mapping.
-  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, shape));
-  if (n == 0) return t;
-  std::memcpy(t.data(), at, static_cast<size_t>(length));
-  if (dtype == DType::kBool) {
-    uint8_t* b = t.data_as<uint8_t>();
-    for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
-  }
-  return t;
+  return FromRawBytes(dtype, shape, at);
 }
 
 Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& what, ExternalData* external) {
@@ -226,16 +232,9 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& p, const std::string& wh
                            " values, ", field, " has ", typed);
   }
 
+  if (has_raw) return FromRawBytes(*dtype, shape, p.raw_data().data());
   GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(*dtype, shape));
   if (n == 0) return t;
-  if (has_raw) {
-    std::memcpy(t.data(), p.raw_data().data(), p.raw_data().size());  // ONNX raw data is little-endian
-    if (*dtype == DType::kBool) {
-      uint8_t* b = t.data_as<uint8_t>();
-      for (int64_t i = 0; i < n; ++i) b[i] = b[i] != 0;
-    }
-    return t;
-  }
   switch (*dtype) {
     case DType::kF32:
       std::memcpy(t.data(), p.float_data().data(), static_cast<size_t>(n) * 4);

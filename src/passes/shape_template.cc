@@ -210,8 +210,7 @@ class Rebuilder {
         if (!references_ && key == "reference") {
           const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a);
           if (auto m = g ? moving_.find(g->get()) : moving_.end(); m != moving_.end()) {
-            next_ += m->second.first;  // left out: its integers and constants skipped
-            next_content_ += m->second.second;
+            Skip(m->second);  // left out
             continue;
           }
         }
@@ -230,6 +229,12 @@ class Rebuilder {
   Result<int64_t> Next() {
     if (next_ >= ints_.size()) return Internal("shape template: fewer integers than the graph holds");
     return ints_[next_++];
+  }
+
+  // Passes over a graph attribute not rebuilt: its (integers, constants) in the walk.
+  void Skip(const std::pair<size_t, size_t>& held) {
+    next_ += held.first;
+    next_content_ += held.second;
   }
 
   Result<Shape> Dims(size_t rank) {
@@ -308,8 +313,7 @@ class Rebuilder {
     }
     if (const auto* g = std::get_if<std::shared_ptr<const Graph>>(&a)) {
       if (auto f = fixed_.find(g->get()); f != fixed_.end()) {
-        next_ += f->second.first;  // nothing in it moves: shared as it is
-        next_content_ += f->second.second;
+        Skip(f->second);  // nothing in it moves: shared as it is
         return a;
       }
       GF_ASSIGN_OR_RETURN(std::shared_ptr<Graph> r, Graph_(**g));

@@ -382,6 +382,18 @@ std::vector<Tensor> DecodeInputs(int64_t past, uint32_t seed, int64_t batch = 1)
   return in;
 }
 
+// The same model's inputs for a prompt of `seq` tokens on an empty cache.
+std::vector<Tensor> PromptInputs(int64_t seq, uint32_t seed) {
+  std::vector<Tensor> in = DecodeInputs(0, seed);
+  for (int k = 0; k < 3; ++k) in[static_cast<size_t>(k)] = Tensor::Empty(DType::kI64, {1, seq}).value();
+  for (int64_t i = 0; i < seq; ++i) {
+    in[0].SetFromDouble(i, static_cast<double>((i * 37 + seed) % 150));
+    in[1].SetFromDouble(i, 1);
+    in[2].SetFromDouble(i, static_cast<double>(i));
+  }
+  return in;
+}
+
 // Plans for new shapes take the weights their first plan derived (the concatenated projections,
 // the packed panels) from the model's store: one copy, whatever the number of shapes, and the
 // same results as a model that planned only that shape.
@@ -510,18 +522,7 @@ TEST(DynamicShapes, PlansOfOneShapeClassComeFromItsTemplate) {
     EXPECT_EQ((*small)->cache_stats().plans_from_template, 3);
   }
   // Prompts: 1 to 6 tokens on an empty cache.
-  for (int64_t seq = 1; seq <= 6; ++seq) {
-    std::vector<Tensor> in = DecodeInputs(0, static_cast<uint32_t>(seq));
-    in[0] = Tensor::Empty(DType::kI64, {1, seq}).value();
-    in[1] = Tensor::Empty(DType::kI64, {1, seq}).value();
-    in[2] = Tensor::Empty(DType::kI64, {1, seq}).value();
-    for (int64_t i = 0; i < seq; ++i) {
-      in[0].SetFromDouble(i, static_cast<double>((i * 37 + seq) % 150));
-      in[1].SetFromDouble(i, 1);
-      in[2].SetFromDouble(i, static_cast<double>(i));
-    }
-    check(in, StrCat("prompt of ", seq));
-  }
+  for (int64_t seq = 1; seq <= 6; ++seq) check(PromptInputs(seq, static_cast<uint32_t>(seq)), StrCat("prompt of ", seq));
   stats = (*model)->cache_stats();
   // Prompts of 1 and 2 tokens are planned from the model (1 is no member; 2 plans 3 and 4
   // ahead, which are hits), 5 and 6 come from the template.
@@ -540,15 +541,7 @@ TEST(DynamicShapes, APromptAndItsDecodeStepsShareOnePackedFormOfEachWeight) {
   auto model = CompiledModel::Compile(Model::FromOnnxFile(LlamaKvPath()).value(), cpu);
   ASSERT_TRUE(model.ok()) << model.status().ToString();
   const int64_t seq = 70;
-  std::vector<Tensor> prompt = DecodeInputs(0, 3);
-  prompt[0] = Tensor::Empty(DType::kI64, {1, seq}).value();
-  prompt[1] = Tensor::Empty(DType::kI64, {1, seq}).value();
-  prompt[2] = Tensor::Empty(DType::kI64, {1, seq}).value();
-  for (int64_t i = 0; i < seq; ++i) {
-    prompt[0].SetFromDouble(i, static_cast<double>((i * 31 + 5) % 150));
-    prompt[1].SetFromDouble(i, 1);
-    prompt[2].SetFromDouble(i, static_cast<double>(i));
-  }
+  const std::vector<Tensor> prompt = PromptInputs(seq, 5);
   std::vector<TensorView> views;
   for (const Tensor& t : prompt) views.push_back(t.view());
   ASSERT_TRUE((*model)->Run(views).ok());
