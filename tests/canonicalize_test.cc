@@ -583,6 +583,60 @@ TEST(Canonicalize, SoftmaxWithoutMaxSubtractionStays) {
 })");
 }
 
+// ---- Transposes written through a 3-D view ----
+
+// The dynamo exporter's K^T: Reshape to [B*H, T, d], Transpose(0,2,1), Reshape to [B,H,d,T];
+// and GQA's repeated heads [B,KV,R,T,d] viewed as [B*H,T,d] and back as [B,H,d,T]. Each becomes
+// one Transpose of the last two dims (of a [B,H,T,d] view of the repeated heads), bit-exact.
+TEST(Canonicalize, TransposeThroughA3DViewIsOneTranspose) {
+  auto g = CanonicalizeAndCompare(R"(graph @kt(%k: f32[2,4,8,16]) {
+  %s3: i64[3] = const [8, 8, 16]
+  %s4: i64[4] = const [2, 4, 16, 8]
+  %r = Reshape(%k, %s3)
+  %t = Transpose(%r) {perm = [0, 2, 1]}
+  %y = Reshape(%t, %s4)
+  return %y
+})",
+                                  1, Tol{0, 0});
+  ASSERT_EQ(g->num_nodes(), 1u);
+  EXPECT_EQ(g->nodes().front()->op(), "Transpose");
+  EXPECT_EQ(g->nodes().front()->GetInts("perm"), (std::vector<int64_t>{0, 1, 3, 2}));
+  auto gqa = CanonicalizeAndCompare(R"(graph @kt(%k: f32[1,2,2,8,16]) {
+  %s3: i64[3] = const [4, 8, 16]
+  %s4: i64[4] = const [1, 4, 16, 8]
+  %r = Reshape(%k, %s3)
+  %t = Transpose(%r) {perm = [0, 2, 1]}
+  %y = Reshape(%t, %s4)
+  return %y
+})",
+                                    1, Tol{0, 0});
+  ASSERT_EQ(gqa->num_nodes(), 2u);
+  EXPECT_EQ(gqa->nodes().front()->op(), "Reshape");
+  EXPECT_EQ(gqa->nodes().front()->output()->shape(), (Shape{1, 4, 8, 16}));
+  EXPECT_EQ(gqa->nodes().back()->GetInts("perm"), (std::vector<int64_t>{0, 1, 3, 2}));
+}
+
+TEST(Canonicalize, TransposeThroughA3DViewStaysWhenItIsNotASwap) {
+  // The middle value is read elsewhere too.
+  ExpectUnchanged(R"(graph @kt(%k: f32[2,4,8,16]) {
+  %s3: i64[3] = const [8, 8, 16]
+  %s4: i64[4] = const [2, 4, 16, 8]
+  %r = Reshape(%k, %s3)
+  %t = Transpose(%r) {perm = [0, 2, 1]}
+  %y = Reshape(%t, %s4)
+  return %y, %t
+})");
+  // The outer view mixes the swapped dims with the leading ones.
+  ExpectUnchanged(R"(graph @kt(%k: f32[2,4,8,16]) {
+  %s3: i64[3] = const [8, 8, 16]
+  %s4: i64[4] = const [2, 4, 8, 16]
+  %r = Reshape(%k, %s3)
+  %t = Transpose(%r) {perm = [0, 2, 1]}
+  %y = Reshape(%t, %s4)
+  return %y
+})");
+}
+
 // ---- RoPE ----
 
 // rotate_half with the given Slice bounds / Concat order, as the exporter writes it.

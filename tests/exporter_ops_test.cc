@@ -260,6 +260,25 @@ TEST(ExporterOps, ReductionEdgeCases) {
     auto out = t.AddRun("ReduceMin", {x}, {{"axes", std::vector<int64_t>{0}}});
     EXPECT_EQ(out[0].GetAsDouble(0), std::numeric_limits<int32_t>::max());
   }
+  {  // bool ReduceMax / ReduceMin (opset 20) are any / all; of nothing, false / true; the sums refuse bool
+    for (const auto& [op, want] : std::vector<std::pair<std::string, std::vector<double>>>{
+             {"ReduceMax", {1, 0, 1}}, {"ReduceMin", {0, 0, 1}}}) {
+      OneOp t;
+      Value* x = t.In(Make(DType::kBool, {3, 2}, {1, 0, 0, 0, 1, 1}));
+      auto out = t.AddRun(op, {x}, {{"axes", std::vector<int64_t>{1}}, {"keepdims", int64_t{0}}});
+      ASSERT_EQ(out.size(), 1u) << op;
+      EXPECT_EQ(out[0].dtype(), DType::kBool) << op;
+      for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(out[0].GetAsDouble(i), want[static_cast<size_t>(i)]) << op << " row " << i;
+      OneOp e;
+      Value* none = e.In(Tensor::Empty(DType::kBool, {2, 0}).value());
+      auto empty = e.AddRun(op, {none}, {{"axes", std::vector<int64_t>{1}}});
+      EXPECT_EQ(empty[0].GetAsDouble(0), op == "ReduceMin") << op;
+    }
+    OneOp t;
+    Value* x = t.In(Make(DType::kBool, {2}, {1, 0}));
+    const std::string e = ErrorOf(t.Add("ReduceSum", {x}));
+    EXPECT_TRUE(Contains(e, "ReduceSum needs a numeric input, not bool")) << e;
+  }
   {  // the root and log reductions refuse integers, naming the op
     OneOp t;
     Value* x = t.In(Make(DType::kI32, {2}, {1, 2}));

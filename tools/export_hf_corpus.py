@@ -5,8 +5,14 @@ The models are transformers' own classes (LlamaForCausalLM, GPT2LMHeadModel, Ber
 built from small random configs (hidden 64, 4 heads, 2 layers, vocab 192, seeded), exported
 with torch.onnx.export by both exporters:
 
-    ts      the TorchScript exporter (dynamo=False), opset 17
-    dynamo  the torch.export based exporter (dynamo=True), at its default opset
+    ts        the TorchScript exporter (dynamo=False), opset 17
+    dynamo    the torch.export based exporter (dynamo=True), at its default opset
+    dynamo23  the same at opset 23 (24: dynamo24), where scaled_dot_product_attention becomes
+              ONNX's own Attention op (sdpa exports only)
+
+with the attention transformers writes by default (attn_implementation "sdpa", the
+directories named <model>_sdpa_<exporter>_<variant>) and with its "eager" attention
+(<model>_<exporter>_<variant>),
 
 each in up to three variants:
 
@@ -23,8 +29,9 @@ each in up to three variants:
 
 Layout, for every exported directory:
 
-    <out>/<model>_<exporter>_<variant>/model.onnx      (weights inside, no external data)
-    <out>/<model>_<exporter>_<variant>/test_data_set_<k>/input_<i>.pb, output_<i>.pb
+    <out>/<dir>/model.onnx      (weights inside; the sdpa dynamo exports as the exporter writes
+                                 them by default: the weights in model.onnx.data beside it)
+    <out>/<dir>/test_data_set_<k>/input_<i>.pb, output_<i>.pb
 
 Each .pb is a serialized onnx TensorProto named after the graph input / output it belongs to,
 numbered in the graph's input / output order. The reference outputs come from a float64 copy
@@ -112,18 +119,22 @@ MODELS = {
                      max_position_embeddings=MAX_POS + 2, type_vocab_size=1), "encoder"),
 }
 
-EXPORTERS = ("ts", "dynamo")
+# dynamo23 / dynamo24: the dynamo exporter at opset 23 / 24, where scaled_dot_product_attention
+# becomes ONNX's own Attention op (sdpa exports only).
+EXPORTERS = ("ts", "dynamo", "dynamo23", "dynamo24")
+ATTN = ("sdpa", "eager")
 VARIANTS = ("static", "dynamic", "kv")
 
 
 # ----------------------------------------------------------------------------------------
 # Models and the flat-tensor wrappers that are exported.
 
-def build_model(name):
-    """The transformers model `name` with seeded random weights, in eval mode, float32."""
+def build_model(name, attn="sdpa"):
+    """The transformers model `name` with seeded random weights, in eval mode, float32, its
+    attention written by `attn` (transformers' default "sdpa", or "eager")."""
     config_cls, model_cls, kwargs, _ = MODELS[name]
     config = getattr(transformers, config_cls)(**kwargs)
-    config._attn_implementation = "eager"
+    config._attn_implementation = attn
     torch.manual_seed(SEED)
     model = getattr(transformers, model_cls)(config)
     # Norm weights and all biases start at 1 / 0; random ones make the reference sensitive
@@ -331,7 +342,7 @@ def export_ts(spec, path):
                       dynamic_axes=dynamic_axes or None, do_constant_folding=True)
 
 
-def export_dynamo(spec, path):
+def export_dynamo(spec, path, defaults=False, opset=None):
     in_names = [n for n, _ in spec.inputs]
     out_names = [n for n, _ in spec.outputs]
     args = tuple(spec.example[n] for n in in_names)
@@ -350,6 +361,12 @@ def export_dynamo(spec, path):
         # forward(*past) takes the past tensors as one tuple argument.
         fixed = len(inspect.signature(spec.module.forward).parameters) - (1 if spec.varargs else 0)
         dynamic_shapes = tuple(per_input[:fixed]) + ((tuple(per_input[fixed:]),) if spec.varargs else ())
+    if defaults:
+        # As users call it: the weights go to model.onnx.data beside the model (the default).
+        torch.onnx.export(spec.module, args, path, dynamo=True, input_names=in_names,
+                          output_names=out_names, dynamic_shapes=dynamic_shapes,
+                          **({"opset_version": opset} if opset else {}))
+        return
     program = torch.onnx.export(spec.module, args, dynamo=True, input_names=in_names,
                                 output_names=out_names, dynamic_shapes=dynamic_shapes,
                                 external_data=False)
@@ -529,21 +546,25 @@ def run_ort(path, datasets):
     return errs
 
 
-def export_one(name, exporter, variant, out_root, check_ort):
+def export_one(name, exporter, variant, attn, out_root, check_ort):
     """Exports one directory; returns its MANIFEST entry (None when the variant does not apply)."""
+    if attn == "eager" and exporter.startswith("dynamo") and exporter != "dynamo":
+        return None  # eager attention writes no Attention op: the opset-23 exports are sdpa's
     torch.manual_seed(SEED)
     rng = torch.Generator().manual_seed(SEED + hash_name(f"{name}/{variant}"))
-    model = build_model(name)
+    model = build_model(name, attn)
     spec = make_spec(name, model, variant, rng)
     if spec is None:
         return None
-    print(f"{name} {exporter} {variant}", flush=True)
+    print(f"{name} {attn} {exporter} {variant}", flush=True)
     config_cls, model_cls, kwargs, _ = MODELS[name]
-    dirname = f"{name}_{exporter}_{variant}"
+    dirname = f"{name}_{exporter}_{variant}" if attn == "eager" else f"{name}_{attn}_{exporter}_{variant}"
+    external = attn != "eager" and exporter.startswith("dynamo")  # the dynamo exporter's default: weights outside
     d = os.path.join(out_root, dirname)
     entry = {
         "model_class": model_cls, "config_class": config_cls, "config": kwargs,
-        "attn_implementation": "eager", "exporter": exporter, "variant": variant,
+        "attn_implementation": attn, "exporter": exporter, "variant": variant,
+        "external_data": external,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "onnx": onnx.__version__,
     }
@@ -557,11 +578,21 @@ def export_one(name, exporter, variant, out_root, check_ort):
     path = os.path.join(d, "model.onnx")
     try:
         with quiet():
-            (export_ts if exporter == "ts" else export_dynamo)(spec, path)
+            if exporter == "ts":
+                export_ts(spec, path)
+            else:
+                export_dynamo(spec, path, defaults=external, opset=int(exporter[6:]) if exporter[6:] else None)
         m = onnx.load(path)
         strip_node_metadata(m)
-        onnx.save(m, path)
-        onnx.checker.check_model(m)
+        if external:
+            # The weights were read in; they are written out again, to one file as the exporter
+            # wrote them (onnx appends to an existing file).
+            os.remove(path + ".data")
+            onnx.save(m, path, save_as_external_data=True, all_tensors_to_one_file=True,
+                      location="model.onnx.data", size_threshold=1024)
+        else:
+            onnx.save(m, path)
+        onnx.checker.check_model(path)
     except Exception as e:  # noqa: BLE001 -- any exporter failure is recorded, not fatal
         shutil.rmtree(d, ignore_errors=True)
         msg = f"{type(e).__name__}: {e}"
@@ -570,7 +601,7 @@ def export_one(name, exporter, variant, out_root, check_ort):
         print(f"  FAILED {dirname}: {msg.splitlines()[0][:300] if msg else type(e).__name__}")
         return dirname, entry
     for f in os.listdir(d):
-        if f != "model.onnx":
+        if f != "model.onnx" and not (external and f == "model.onnx.data"):
             raise RuntimeError(f"{dirname}: the exporter wrote {f} next to model.onnx")
 
     g_inputs = [i.name for i in m.graph.input if i.name not in {t.name for t in m.graph.initializer}]
@@ -637,6 +668,8 @@ def main():
     ap.add_argument("--only", nargs="+", choices=sorted(MODELS), help="models to export")
     ap.add_argument("--exporters", nargs="+", choices=EXPORTERS, default=list(EXPORTERS))
     ap.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
+    ap.add_argument("--attn", nargs="+", choices=ATTN, default=list(ATTN),
+                    help="transformers' attn_implementation: sdpa (its default) and / or eager")
     ap.add_argument("--check-ort", action="store_true", help="run each export in onnxruntime")
     args = ap.parse_args()
 
@@ -651,8 +684,10 @@ def main():
     for name in args.only or list(MODELS):
         for exporter in args.exporters:
             for variant in args.variants:
-                r = export_one(name, exporter, variant, out_root, args.check_ort)
-                if r is not None:
+                for attn in args.attn:
+                    r = export_one(name, exporter, variant, attn, out_root, args.check_ort)
+                    if r is None:
+                        continue
                     manifest[r[0]] = r[1]
                     with open(manifest_path, "w") as f:
                         json.dump(dict(sorted(manifest.items())), f, indent=1, sort_keys=False)

@@ -183,7 +183,7 @@ constexpr HelpSection kCommands[] = {
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
                  [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu]
                  [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [fusion flags]
-        imports an ONNX model (opsets 1-21) for the shapes of its inputs (symbolic dims take
+        imports an ONNX model (opsets 1-24) for the shapes of its inputs (symbolic dims take
         the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
         from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
         GEMM epilogues, norm and softmax prologues and elementwise groups, runs it on the CPU

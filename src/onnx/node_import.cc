@@ -64,12 +64,12 @@ FoldOptions ImportFold() {
 
 using ConvertFn = Status (*)(NodeImport& n);
 
-// Output k's ONNX name, or "" when the node does not have it (or left it unnamed).
+}  // namespace
+
 std::string OnnxOutput(const NodeImport& n, int k) {
   return k < n.proto.output_size() ? n.proto.output(k) : std::string();
 }
 
-// Fails when the node asks for outputs beyond the first `supported`.
 Status CheckOutputs(const NodeImport& n, int supported) {
   for (int k = supported; k < n.proto.output_size(); ++k)
     if (!n.proto.output(k).empty())
@@ -79,7 +79,7 @@ Status CheckOutputs(const NodeImport& n, int supported) {
 
 // Elementwise table ops defined on floats only are refused (as unsupported, not malformed) on
 // integer inputs (Clip on integers is imported as Max / Min, above).
-Status CheckFloatOnly(const std::string& op, const std::vector<Value*>& ins) {
+static Status CheckFloatOnly(const std::string& op, const std::vector<Value*>& ins) {
   auto kind = OpFromName(op);
   if (!kind.ok() || GetOpInfo(*kind).int_ok) return Status::Ok();
   for (Value* v : ins)
@@ -101,18 +101,29 @@ Result<Value*> Emit(NodeImport& n, const std::string& op, const std::vector<Valu
   return node->output(0);
 }
 
+Result<Value*> EmitOutput(NodeImport& n, int k, const std::string& op, const std::vector<Value*>& ins,
+                          AttributeMap attrs) {
+  GF_RETURN_IF_ERROR(CheckFloatOnly(op, ins));
+  std::string out = OnnxOutput(n, k);
+  if (out.empty()) out = n.g.FreshName(StrCat(n.name, "/output_", k));
+  GF_ASSIGN_OR_RETURN(Node * node, n.g.AddNode(op, ins, std::move(attrs), n.g.FreshName(n.name + "/" + op), 1, {out}));
+  GF_RETURN_IF_ERROR(FoldNodeIfConstant(n.g, node, ImportFold()).status().WithContext(node->Describe()));
+  return node->output(0);
+}
+
 Result<Value*> ScalarConstant(NodeImport& n, DType dtype, double v) {
   GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, {}));
   t.SetFromDouble(0, v);
   return n.g.AddConstant(n.g.FreshName(n.name + "/const"), std::make_shared<const Tensor>(std::move(t)));
 }
 
-// A constant i64 vector (a shape, pads, K) named after `what`.
 Result<Value*> Int64sConstant(NodeImport& n, const std::string& what, const std::vector<int64_t>& v) {
   GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
   if (!v.empty()) std::memcpy(t.data(), v.data(), v.size() * sizeof(int64_t));
   return n.g.AddConstant(n.g.FreshName(StrCat(n.name, "/", what)), std::make_shared<const Tensor>(std::move(t)));
 }
+
+namespace {
 
 // The single value of constant input i; Unimplemented when it is not a constant.
 Result<double> ConstantScalar(const NodeImport& n, size_t i, const char* what) {
@@ -125,6 +136,8 @@ Result<double> ConstantScalar(const NodeImport& n, size_t i, const char* what) {
   return v->constant()->GetAsDouble(0);
 }
 
+}  // namespace
+
 Status RequireInputs(const NodeImport& n, size_t lo, size_t hi) {
   size_t present = 0;
   for (Value* v : n.inputs) present += v != nullptr;
@@ -134,6 +147,8 @@ Status RequireInputs(const NodeImport& n, size_t lo, size_t hi) {
     if (!n.inputs[i]) return InvalidArgument("input ", i, " is required");
   return Status::Ok();
 }
+
+namespace {
 
 Status ImportDirect(NodeImport& n, const OpSchema& s);
 
@@ -432,6 +447,8 @@ constexpr Conversion kConversions[] = {
     {"LessOrEqual", ImportOrEqual}, {"GreaterOrEqual", ImportOrEqual}, {"Xor", ImportXor},
     {"PRelu", ImportPRelu},         {"HardSwish", ImportHardSwish}, {"Pow", ImportPow},
     {"Gelu", ImportGelu},           {"Split", ImportSplit},         {"Einsum", ImportEinsum},
+    {"Attention", ImportAttention}, {"RotaryEmbedding", ImportRotaryEmbedding},
+    {"RMSNormalization", ImportRmsNormalization}, {"Swish", ImportSwish},
 };
 
 // The 1:1 path: the registry has the op with ONNX's inputs, attributes and outputs.

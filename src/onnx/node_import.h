@@ -37,4 +37,30 @@ Result<Attribute> ConvertAttribute(const onnx::AttributeProto& a, const std::str
 // with their ONNX names.
 Status ImportNode(NodeImport& n);
 
+// ---- for the conversions (node_import.cc, opset23_import.cc) ----
+
+// Output k's ONNX name, or "" when the node does not have it (or left it unnamed).
+std::string OnnxOutput(const NodeImport& n, int k);
+// Fails when the node asks for outputs beyond the first `supported`.
+Status CheckOutputs(const NodeImport& n, int supported);
+// Fails unless inputs [0, lo) are given and there are at most `hi`.
+Status RequireInputs(const NodeImport& n, size_t lo, size_t hi);
+// Adds one IR node, folded at once when its inputs are constants. The final node of a
+// conversion carries the ONNX node's name and output 0's name; the others fresh names.
+Result<Value*> Emit(NodeImport& n, const std::string& op, const std::vector<Value*>& ins, AttributeMap attrs,
+                    bool final);
+// Adds one IR node whose output is the ONNX node's output `k` (a second or third output).
+Result<Value*> EmitOutput(NodeImport& n, int k, const std::string& op, const std::vector<Value*>& ins,
+                          AttributeMap attrs);
+// A scalar constant of `dtype`; a constant i64 vector named after `what`.
+Result<Value*> ScalarConstant(NodeImport& n, DType dtype, double v);
+Result<Value*> Int64sConstant(NodeImport& n, const std::string& what, const std::vector<int64_t>& v);
+
+// The conversions of the ops opsets 22-24 add (opset23_import.cc): Attention, RotaryEmbedding,
+// RMSNormalization, Swish.
+Status ImportAttention(NodeImport& n);
+Status ImportRotaryEmbedding(NodeImport& n);
+Status ImportRmsNormalization(NodeImport& n);
+Status ImportSwish(NodeImport& n);
+
 }  // namespace graphfuse::onnx_import

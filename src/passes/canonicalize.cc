@@ -3,7 +3,9 @@
 // GeluTanh / Silu / Softmax / Rope nodes. First, nodes that return their input (a Cast to the
 // dtype it has, which transformers' norms and softmax write for mixed precision; a Concat of one
 // input; an Expand to the shape it has; a Mul by 1) go, so that they split no pattern, and a
-// Gather that reads its data in order becomes the view it is.
+// Gather that reads its data in order becomes the view it is, a node computing what an earlier
+// node computes goes (its readers read the earlier one's results), and a swap of the last two dims
+// written through a 3-D view (Reshape, Transpose, Reshape) becomes the one Transpose it is.
 //
 // Note on the matching algorithm
 // ------------------------------
@@ -43,6 +45,7 @@
 #include <vector>
 
 #include "../core/prepared_store.h"
+#include "graphfuse/ops.h"
 #include "fusion_passes.h"
 #include "match.h"
 
@@ -663,10 +666,116 @@ Result<int> RemoveIdentities(Graph& g) {
   return static_cast<int>(identities.size() + gathers.size());
 }
 
+// Whether n's results may differ between two runs on the same inputs (a random op).
+bool IsRandom(const Node& n) {
+  const Result<OpKind> kind = OpFromName(n.op());
+  return kind.ok() && GetOpInfo(*kind).cls == OpClass::kRandom;
+}
+
+// Common subexpressions: a node that computes what an earlier node computes (the same op on the
+// same input values, with equal attributes) goes, its readers reading the earlier node's
+// results. Exporters write one per layer what every layer shares: the RoPE tables of the
+// positions (Cos / Sin), the attention mask built from attention_mask; they are then built
+// once per model. Random ops and nodes whose results are graph outputs stay.
+Result<int> MergeDuplicates(Graph& g) {
+  // Small constants stand for their contents (each op of an importer's conversion makes its own
+  // axes / shape constants): the first of equal ones represents them all.
+  std::map<std::string, const Value*> by_contents;
+  auto representative = [&](const Value* v) {
+    if (!v || !v->constant() || v->constant()->nbytes() > 256) return v;
+    const Tensor& t = *v->constant();
+    std::string key = StrCat(DTypeName(t.dtype()), ShapeToString(t.shape()), ":");
+    key.append(static_cast<const char*>(t.data()), t.nbytes());
+    return by_contents.emplace(std::move(key), v).first->second;
+  };
+  std::map<std::pair<std::string, std::vector<const Value*>>, std::vector<Node*>> seen;
+  std::vector<Node*> order;
+  for (const auto& n : g.nodes()) order.push_back(n.get());
+  int merged = 0;
+  for (Node* n : order) {
+    if (IsRandom(*n)) continue;
+    std::vector<const Value*> ins;
+    for (const Value* v : n->inputs()) ins.push_back(representative(v));
+    std::vector<Node*>& same_inputs = seen[{n->op(), std::move(ins)}];
+    Node* same = nullptr;
+    for (Node* c : same_inputs)
+      if (c->attrs() == n->attrs() && c->outputs().size() == n->outputs().size()) same = c;
+    bool output = false;
+    for (const Value* o : n->outputs()) output |= o->is_graph_output();
+    if (!same || output) {
+      same_inputs.push_back(n);
+      continue;
+    }
+    for (size_t k = 0; k < n->outputs().size(); ++k) g.ReplaceAllUsesWith(n->output(k), same->output(k));
+    g.RemoveNode(n);
+    ++merged;
+  }
+  if (merged > 0) GF_RETURN_IF_ERROR(g.TopologicalSort().WithContext("Canonicalize"));
+  return merged;
+}
+
+// A swap of the last two dims written through a 3-D view, as the dynamo exporter writes K^T of
+// scaled_dot_product_attention:
+//   Reshape(x [L.., a, b] -> [N, a, b]) -> Transpose(perm 0,2,1) -> Reshape(-> [M.., b, a])
+// with prod L = prod M = N is Transpose(x viewed as [M.., a, b], perm swapping the last two):
+// a view the attention pass reads through (GQA's repeat_kv, [B,KV,R,T,d] -> [B,H,T,d]) and one
+// Transpose. The two inner values must be read by the next step alone.
+Result<int> UnfoldViewedTransposes(Graph& g) {
+  std::vector<Node*> found;
+  for (const auto& n : g.nodes()) {
+    Node* r2 = n.get();
+    if (r2->op() != "Reshape") continue;
+    Node* t = match::SingleUseProducer(r2->input(0), "Transpose");
+    if (!t || t->GetInts("perm") != std::vector<int64_t>{0, 2, 1} || t->output()->is_graph_output()) continue;
+    Node* r1 = match::SingleUseProducer(t->input(0), "Reshape");
+    if (!r1 || r1->output()->is_graph_output()) continue;
+    const Shape& x = r1->input(0)->shape();
+    const Shape& y = r2->output()->shape();
+    if (x.size() < 3 || y.size() < 3) continue;
+    const int64_t a = x[x.size() - 2], b = x.back();
+    int64_t lead = 1, lead_y = 1;
+    for (size_t i = 0; i + 2 < x.size(); ++i) lead *= x[i];
+    for (size_t i = 0; i + 2 < y.size(); ++i) lead_y *= y[i];
+    if (r1->output()->shape() != Shape{lead, a, b} || lead_y != lead || y[y.size() - 2] != b || y.back() != a)
+      continue;
+    found.push_back(r2);
+  }
+  for (Node* r2 : found) {
+    Node* r1 = r2->input(0)->producer()->input(0)->producer();
+    Value* x = r1->input(0);
+    Shape viewed = r2->output()->shape();
+    std::swap(viewed[viewed.size() - 2], viewed.back());
+    if (viewed != x->shape()) {
+      GF_ASSIGN_OR_RETURN(Tensor st, Tensor::Empty(DType::kI64, {static_cast<int64_t>(viewed.size())}));
+      std::copy(viewed.begin(), viewed.end(), st.data_as<int64_t>());
+      GF_ASSIGN_OR_RETURN(Value * shape, g.AddConstant(g.FreshName(r1->name() + "_shape"),
+                                                       std::make_shared<const Tensor>(std::move(st))));
+      GF_ASSIGN_OR_RETURN(Node * view, g.AddNode("Reshape", {x, shape}, {}, g.FreshName(r1->name() + "_view")));
+      x = view->output();
+    }
+    std::vector<int64_t> perm(viewed.size());
+    for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
+    std::swap(perm[perm.size() - 2], perm.back());
+    GF_ASSIGN_OR_RETURN(Node * t, g.AddNode("Transpose", {x}, {{"perm", perm}}, g.FreshName(r2->name() + "_transpose")));
+    const std::string name = r2->output()->name();
+    g.ReplaceAllUsesWith(r2->output(), t->output());
+    g.RemoveNode(r2);
+    GF_RETURN_IF_ERROR(g.RenameValue(t->output(), name));
+  }
+  if (!found.empty()) {
+    g.RemoveDeadNodes();
+    GF_RETURN_IF_ERROR(g.TopologicalSort().WithContext("Canonicalize"));
+  }
+  return static_cast<int>(found.size());
+}
+
 }  // namespace
 
 Result<int> Canonicalize(Graph& g) {
   GF_ASSIGN_OR_RETURN(int rewritten, RemoveIdentities(g));
+  GF_ASSIGN_OR_RETURN(int merged, MergeDuplicates(g));
+  GF_ASSIGN_OR_RETURN(int unfolded, UnfoldViewedTransposes(g));
+  rewritten += merged + unfolded;
   GF_ASSIGN_OR_RETURN(int split, SplitLinearGemms(g));
   rewritten += split;
   // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;

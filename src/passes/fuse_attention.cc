@@ -218,7 +218,9 @@ class AttentionFuser {
       return false;
     if (c->shape().empty() || c->shape().back() != cols || x->shape().size() != 4) return false;
     if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, cols})) return false;
-    if (rope_like && rope_like->rope && (rope_like->rope->input(1) != c || rope_like->rope->input(2) != s)) return false;
+    if (rope_like && rope_like->rope &&
+        (!match::SameData(rope_like->rope->input(1), c) || !match::SameData(rope_like->rope->input(2), s)))
+      return false;
     return true;
   }
 

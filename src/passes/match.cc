@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "../ir/op_registry.h"
 #include "../ir/schemas/data_movement.h"
@@ -109,6 +110,13 @@ bool HasOperands(const Node& n, const Value* a, const Value* b) {
   for (auto [x, y] : OperandOrders(n))
     if (x == a && y == b) return true;
   return false;
+}
+
+bool SameData(const Value* a, const Value* b) {
+  if (a == b) return true;
+  if (!a || !b || !a->constant() || !b->constant()) return false;
+  const Tensor &x = *a->constant(), &y = *b->constant();
+  return x.dtype() == y.dtype() && x.shape() == y.shape() && std::memcmp(x.data(), y.data(), x.nbytes()) == 0;
 }
 
 bool IsLastAxis(int64_t axis, size_t rank) {

@@ -105,6 +105,10 @@ Value* OperandBesideScalar(const Node& n, double c, ScalarRule rule = {});
 // Whether n has exactly two inputs, a and b, in either order.
 bool HasOperands(const Node& n, const Value* a, const Value* b);
 
+// Whether a and b hold the same data: one value, or two constants of one dtype and shape with
+// equal bytes (as two RoPEs' tables are when each op built its own).
+bool SameData(const Value* a, const Value* b);
+
 // ---- axes and shapes ----
 
 // Whether `axis` is -1 or rank - 1: the last dim of a tensor of rank `rank` (> 0).

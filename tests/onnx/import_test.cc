@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -233,7 +234,7 @@ TEST(OnnxImport, Opsets22To24ImportTheirOpsAndNameTheNewOnes) {
     EXPECT_EQ((*g)->outputs()[0]->shape(), (Shape{3, 2})) << "opset " << opset;
     EXPECT_EQ((*g)->outputs()[0]->dtype(), DType::kF16) << "opset " << opset;
   }
-  for (const char* op : {"Attention", "RotaryEmbedding", "RMSNormalization", "Swish", "TensorScatter"}) {
+  for (const char* op : {"TensorScatter"}) {  // (Attention, RotaryEmbedding, RMSNormalization, Swish convert)
     ModelBuilder b(24);
     b.Input("x", {2, 3});
     b.Node(op, {"x", "x", "x"}, {"y"}, "n");
@@ -807,6 +808,98 @@ TEST(OnnxImport, EinsumAttentionFusesIntoFusedAttention) {
   const auto want = RunAll(**unfused, ins), got = RunAll(**fused, ins);
   ASSERT_EQ(got.size(), want.size());
   for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5) << k;
+}
+
+onnx::TensorProto* I64Init(ModelBuilder& b, const std::string& name, const std::vector<int64_t>& v) {
+  auto* t = b.g().add_initializer();
+  t->set_name(name);
+  t->set_data_type(onnx::TensorProto::INT64);
+  t->add_dims(static_cast<int64_t>(v.size()));
+  for (int64_t x : v) t->add_int64_data(x);
+  return t;
+}
+
+std::vector<float> Wave(size_t n, double f, double amp = 1.0) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(amp * std::sin(f * static_cast<double>(i) + 0.3));
+  return v;
+}
+
+// A decoder layer's attention written with opset 23's own ops: RMSNormalization, q / k / v
+// projections split into heads, RotaryEmbedding of the heads, Attention with grouped-query heads
+// and is_causal. It fuses as the patterns they replace do: one FusedAttention that applies RoPE
+// itself (no Rope kernel), the norm and the projections beside it, equal to the unfused plan.
+TEST(OnnxImport, Opset23AttentionRopeAndRmsNormFuseLikeThePatternsTheyReplace) {
+  ModelBuilder b(23);
+  const int64_t S = 8, E = 32, H = 4, KV = 2, D = 8;
+  b.Input("x", {1, S, E});
+  std::vector<float> w_norm = Wave(E, 0.7, 0.2);
+  for (float& w : w_norm) w += 1.0f;
+  b.FloatInit("w_norm", {E}, w_norm);
+  SetFloat(b.Node("RMSNormalization", {"x", "w_norm"}, {"xn"}, "norm"), "epsilon", 1e-6f);
+  b.FloatInit("cos", {1, S, D / 2}, Wave(S * D / 2, 0.11));
+  b.FloatInit("sin", {1, S, D / 2}, Wave(S * D / 2, 0.23));
+  I64Init(b, "perm_shape_q", {1, S, H, D});
+  I64Init(b, "perm_shape_kv", {1, S, KV, D});
+  for (const auto& [t, heads] : std::vector<std::pair<std::string, int64_t>>{{"q", H}, {"k", KV}, {"v", KV}}) {
+    b.FloatInit("w_" + t, {E, heads * D}, Wave(static_cast<size_t>(E * heads * D), 0.05 + 0.01 * heads, 0.3));
+    b.Node("MatMul", {"xn", "w_" + t}, {t + "2"});
+    b.Node("Reshape", {t + "2", heads == H ? "perm_shape_q" : "perm_shape_kv"}, {t + "3"});
+    SetInts(b.Node("Transpose", {t + "3"}, {t + "4"}), "perm", {0, 2, 1, 3});
+  }
+  b.Node("RotaryEmbedding", {"q4", "cos", "sin"}, {"qr"}, "rope_q");
+  b.Node("RotaryEmbedding", {"k4", "cos", "sin"}, {"kr"}, "rope_k");
+  SetInt(b.Node("Attention", {"qr", "kr", "v4"}, {"o4"}, "attention"), "is_causal", 1);
+  SetInts(b.Node("Transpose", {"o4"}, {"o3"}), "perm", {0, 2, 1, 3});
+  I64Init(b, "out_shape", {1, S, E});
+  b.Node("Reshape", {"o3", "out_shape"}, {"y"});
+  b.Output("y");
+  auto unfused = b.Import();
+  auto fused = b.Import();
+  ASSERT_TRUE(unfused.ok() && fused.ok()) << unfused.status().ToString();
+  PipelineOptions off, on;
+  off.fusion.enabled = false;
+  ASSERT_TRUE(RunPipeline(**unfused, cpu::DefaultCpuTarget(), off).ok());
+  ASSERT_TRUE(RunPipeline(**fused, cpu::DefaultCpuTarget(), on).ok());
+  const std::vector<std::string> ops = Ops(**fused);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "FusedAttention"), 1) << ::testing::PrintToString(ops);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "Rope"), 0) << ::testing::PrintToString(ops);
+  EXPECT_EQ(std::count(ops.begin(), ops.end(), "MatMul"), 0) << ::testing::PrintToString(ops);
+  std::vector<std::vector<double>> ins(1, std::vector<double>(static_cast<size_t>(S * E)));
+  for (size_t k = 0; k < ins[0].size(); ++k) ins[0][k] = std::sin(0.37 * static_cast<double>(k)) + 0.1;
+  const auto want = RunAll(**unfused, ins), got = RunAll(**fused, ins);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_NEAR(got[k], want[k], 1e-5) << k;
+}
+
+// Attention's inputs and attributes that do not fit are refused with what is wrong.
+TEST(OnnxImport, Opset23AttentionRefusesWhatDoesNotFit) {
+  {
+    ModelBuilder b(23);
+    for (const char* x : {"q", "k", "v"}) b.Input(x, {1, 8, 32});
+    b.Node("Attention", {"q", "k", "v"}, {"y"}, "attention");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'attention' (Attention)",
+                 "3-D Q, K, V need q_num_heads and kv_num_heads");
+  }
+  {
+    ModelBuilder b(23);
+    b.Input("q", {1, 4, 8, 8});
+    b.Input("k", {1, 3, 8, 8});
+    b.Input("v", {1, 3, 8, 8});
+    b.Node("Attention", {"q", "k", "v"}, {"y"}, "attention");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'attention' (Attention)", "with KV dividing H");
+  }
+  {
+    ModelBuilder b(23);
+    for (const char* x : {"q", "k", "v"}) b.Input(x, {1, 2, 8, 8});
+    b.Input("past_k", {1, 2, 4, 8});
+    b.Node("Attention", {"q", "k", "v", "", "past_k"}, {"y"}, "attention");
+    b.Output("y");
+    EXPECT_ERROR(b.Import(), StatusCode::kInvalidArgument, "node 'attention' (Attention)",
+                 "past_key and past_value come together");
+  }
 }
 
 TEST(OnnxImport, EinsumRefusesWhatItDoesNotLower) {

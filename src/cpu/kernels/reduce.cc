@@ -11,8 +11,8 @@
 // dropped). If the innermost group is kept, each output row accumulates `vec` contiguous lanes
 // per reduced position (column reductions stay cache friendly); otherwise the innermost reduced
 // group is a contiguous run summed per output element. Float types accumulate in double, ints
-// in int64; ReduceMax / ReduceMin propagate NaN like numpy. ReduceL2, ReduceLogSum and
-// ReduceLogSumExp run on floats only.
+// in int64; ReduceMax / ReduceMin propagate NaN like numpy and take bool (any / all, opset 20).
+// ReduceL2, ReduceLogSum and ReduceLogSumExp run on floats only.
 //
 // Along one axis besides ArgMax / ArgMin: CumSum (running sums; exclusive, reverse) and TopK
 // (the k largest or smallest with their indices).
@@ -70,6 +70,14 @@ struct Traits<DType::kI32> {
   using Acc = int64_t;
   static Acc Load(T v) { return v; }
   static T Store(Acc a) { return static_cast<int32_t>(a); }
+};
+// bool (ReduceMax / ReduceMin only): any / all, accumulated as 0 / 1.
+template <>
+struct Traits<DType::kBool> {
+  using T = uint8_t;
+  using Acc = int64_t;
+  static Acc Load(T v) { return v != 0; }
+  static T Store(Acc a) { return a != 0; }
 };
 template <>
 struct Traits<DType::kI64> {
@@ -270,6 +278,12 @@ Status ReduceKernel(const KernelContext& ctx) {
     switch (X.dtype) {
       GF_REDUCE_CASE(DType::kI32)
       GF_REDUCE_CASE(DType::kI64)
+      default: break;
+    }
+  }
+  if constexpr (K == ReduceKind::kMax || K == ReduceKind::kMin) {
+    switch (X.dtype) {
+      GF_REDUCE_CASE(DType::kBool)
       default: break;
     }
   }

@@ -38,7 +38,8 @@ Shape ReducedShape(const Shape& in, const ReduceAxes& ax, bool keepdims) {
 
 Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   const Value* x = ctx.input(0);
-  if (x->dtype() == DType::kBool)
+  // ReduceMax / ReduceMin take bool from opset 20 (any / all); the others count or add.
+  if (x->dtype() == DType::kBool && ctx.op != "ReduceMax" && ctx.op != "ReduceMin")
     return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
   if (!IsFloat(x->dtype()) && (ctx.op == "ReduceL2" || ctx.op == "ReduceLogSum" || ctx.op == "ReduceLogSumExp"))
     return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()),
