@@ -616,6 +616,63 @@ TEST(Canonicalize, TransposeThroughA3DViewIsOneTranspose) {
   EXPECT_EQ(gqa->nodes().back()->GetInts("perm"), (std::vector<int64_t>{0, 1, 3, 2}));
 }
 
+// The dynamo exporter's unpacking of nn.MultiheadAttention's packed projection [S,B,3E]:
+// Reshape to [S,B,3,E], Unsqueeze, Transpose, Squeeze, Gather q / k / v, each viewed as
+// [S,B*H,d], transposed to [B*H,S,d] and viewed as [B,H,S,d] (K^T: one Transpose more). Each
+// becomes Slice(columns) -> Reshape [S,B,H,d] -> Transpose, bit-exact.
+TEST(Canonicalize, PackedProjectionUnpackedByGathersBecomesSlices) {
+  auto g = CanonicalizeAndCompare(R"(graph @unpack(%p: f32[5,2,24]) {
+  %s4: i64[4] = const [5, 2, 3, 8]
+  %ax0: i64[1] = const [0]
+  %ax3: i64[1] = const [3]
+  %i0: i64[] = const [0]
+  %i1: i64[] = const [1]
+  %i2: i64[] = const [2]
+  %s3: i64[3] = const [5, 4, 4]
+  %sh: i64[4] = const [2, 2, 5, 4]
+  %skt: i64[4] = const [2, 2, 4, 5]
+  %v = Reshape(%p, %s4)
+  %u = Unsqueeze(%v, %ax0)
+  %t = Transpose(%u) {perm = [3, 1, 2, 0, 4]}
+  %sq = Squeeze(%t, %ax3)
+  %q = Gather(%sq, %i0) {axis = 0}
+  %k = Gather(%sq, %i1) {axis = 0}
+  %w = Gather(%sq, %i2) {axis = 0}
+  %q3 = Reshape(%q, %s3)
+  %qt = Transpose(%q3) {perm = [1, 0, 2]}
+  %q4 = Reshape(%qt, %sh)
+  %k3 = Reshape(%k, %s3)
+  %kt = Transpose(%k3) {perm = [1, 0, 2]}
+  %ktt = Transpose(%kt) {perm = [0, 2, 1]}
+  %k4 = Reshape(%ktt, %skt)
+  %w3 = Reshape(%w, %s3)
+  %wt = Transpose(%w3) {perm = [1, 0, 2]}
+  %w4 = Reshape(%wt, %sh)
+  return %q4, %k4, %w4
+})",
+                                  3, Tol{0, 0});
+  std::map<std::string, int> ops;
+  for (const auto& n : g->nodes()) ++ops[n->op()];
+  EXPECT_EQ(ops["Slice"], 3) << PrintGraph(*g);
+  EXPECT_EQ(ops["Reshape"], 3) << PrintGraph(*g);
+  EXPECT_EQ(ops["Transpose"], 3) << PrintGraph(*g);
+  EXPECT_EQ(ops["Gather"] + ops["Squeeze"] + ops["Unsqueeze"], 0) << PrintGraph(*g);
+  for (const auto& n : g->nodes())
+    if (n->op() == "Transpose" && n->output()->name() == "k4")
+      EXPECT_EQ(n->GetInts("perm"), (std::vector<int64_t>{1, 2, 3, 0}));
+}
+
+// A Gather whose indices pick non-contiguous columns (a stride-2 pick) is not a Slice: unchanged.
+TEST(Canonicalize, GatherChainThatIsNotAColumnRangeStays) {
+  ExpectUnchanged(R"(graph @pick(%p: f32[5,8]) {
+  %s3: i64[3] = const [5, 4, 2]
+  %i1: i64[] = const [1]
+  %v = Reshape(%p, %s3)
+  %g = Gather(%v, %i1) {axis = 2}
+  return %g
+})");
+}
+
 TEST(Canonicalize, TransposeThroughA3DViewStaysWhenItIsNotASwap) {
   // The middle value is read elsewhere too.
   ExpectUnchanged(R"(graph @kt(%k: f32[2,4,8,16]) {

@@ -1215,6 +1215,53 @@ TEST(FuseAttention, MultiheadAttentionLayoutMatchesUnfused) {
                               1);
 }
 
+// nn.MultiheadAttention seq-first as the dynamo exporter writes it: q, k, v [S=5, B=2, E=12]
+// viewed as [S, B, H=3, d=4] and transposed to [B, H, S, d] (K^T: perm 1,2,3,0), the output
+// transposed back to [S, B, H, d] and merged to [S*B, E]. It runs as one sequence of B*H heads:
+// one kernel, reading q, k and v in place.
+std::string SeqFirstText(const std::string& mask_decl, const std::string& masked) {
+  return R"(graph @seq_first(%q: f32[5,2,12], %k: f32[5,2,12], %v: f32[5,2,12])" + mask_decl + R"() {
+  %shape: i64[4] = const [5, 2, 3, 4]
+  %oshape: i64[2] = const [10, 12]
+  %c: f32[] = const [0.5]
+  %qr = Reshape(%q, %shape)
+  %q4 = Transpose(%qr) {perm = [1, 2, 0, 3]}
+  %kr = Reshape(%k, %shape)
+  %kt = Transpose(%kr) {perm = [1, 2, 3, 0]}
+  %vr = Reshape(%v, %shape)
+  %v4 = Transpose(%vr) {perm = [1, 2, 0, 3]}
+  %s = MatMul(%q4, %kt)
+  %s1 = Mul(%s, %c)
+)" + masked + R"(  %p = Softmax(%s2) {axis = -1}
+  %o4 = MatMul(%p, %v4)
+  %ot = Transpose(%o4) {perm = [2, 0, 1, 3]}
+  %out = Reshape(%ot, %oshape)
+  return %out
+})";
+}
+
+TEST(FuseAttention, SeqFirstHeadsRunAsOneSequenceOfMergedHeads) {
+  AttentionTextMatchesUnfused(SeqFirstText("", "  %s2 = Identity(%s1)\n"), 1);
+  // A mask shared by every batch and head merges with them.
+  AttentionTextMatchesUnfused(SeqFirstText(", %mask: f32[5,5]", "  %s2 = Add(%s1, %mask)\n"), 1);
+}
+
+// A mask that differs across the batch keeps seq-first heads apart, with the reason.
+TEST(FuseAttention, SeqFirstHeadsWithAPerBatchMaskStayApart) {
+  auto g = ParseGraph(SeqFirstText(", %mask: f32[2,1,5,5]", "  %s2 = Add(%s1, %mask)\n"));
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  FusionReport report;
+  PipelineOptions on;
+  on.fusion_report = &report;
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), on).ok());
+  EXPECT_EQ(CountOp(**g, "FusedAttention"), 0);
+  bool refused = false;
+  for (const auto& r : report.refusals)
+    refused |= r.code == "attention-unsupported-layout" &&
+               r.message.find("seq-first heads [S,B,H,d] stay apart: mask") != std::string::npos;
+  EXPECT_TRUE(refused) << "no seq-first refusal";
+}
+
 // [B*H, S, d] heads given as they are (no transposes to absorb): read in place as bhsd, K^T as
 // bhds, a [1, S, Sk] mask broadcast over the heads, the output left in [B*H, S, dv].
 TEST(FuseAttention, MergedHeadsReadInPlaceMatchUnfused) {

@@ -117,7 +117,51 @@ MODELS = {
                 dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                      num_attention_heads=HEADS, intermediate_size=INTER,
                      max_position_embeddings=MAX_POS + 2, type_vocab_size=1), "encoder"),
+    # The attention variants of today's decoders and encoders, each in a small model of its own
+    # (exported as users do: sdpa, the dynamo exporter; see VARIANT_PLAN).
+    "gptj": ("GPTJConfig", "GPTJForCausalLM",  # interleaved partial rotary, parallel attention + MLP
+             dict(vocab_size=VOCAB, n_positions=MAX_POS, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+                  n_inner=INTER, rotary_dim=8, bos_token_id=0, eos_token_id=0,
+                  tie_word_embeddings=False), "decoder"),
+    "phi": ("PhiConfig", "PhiForCausalLM",  # partial rotary, q / k LayerNorm, parallel attention + MLP
+            dict(LLAMA_LIKE, partial_rotary_factor=0.5, qk_layernorm=True), "decoder"),
+    "falcon_mqa": ("FalconConfig", "FalconForCausalLM",  # one KV head, parallel attention + MLP
+                   dict(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                        num_attention_heads=HEADS, multi_query=True, parallel_attn=True,
+                        new_decoder_architecture=False, alibi=False, bias=False,
+                        max_position_embeddings=MAX_POS, bos_token_id=0, eos_token_id=0), "decoder"),
+    "mpt": ("MptConfig", "MptForCausalLM",  # ALiBi biases (added to the scores as a tensor)
+            dict(vocab_size=VOCAB, d_model=HIDDEN, n_heads=HEADS, n_layers=LAYERS, expansion_ratio=2,
+                 max_seq_len=MAX_POS), "decoder"),
+    "bloom": ("BloomConfig", "BloomForCausalLM",  # ALiBi biases (baddbmm on [B*H, S, T] scores)
+              dict(vocab_size=VOCAB, hidden_size=HIDDEN, n_layer=LAYERS, n_head=HEADS), "decoder"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",  # logit soft-capping, sliding window
+               dict(LLAMA_LIKE, num_key_value_heads=2, head_dim=16, attn_logit_softcapping=50.0,
+                    final_logit_softcapping=30.0, sliding_window=4, query_pre_attn_scalar=16),
+               "decoder"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM",  # q / k RMSNorm per head before RoPE
+              dict(LLAMA_LIKE, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6), "decoder"),
+    "olmo": ("OlmoConfig", "OlmoForCausalLM",  # clipped q, k, v
+             dict(LLAMA_LIKE, num_key_value_heads=HEADS, clip_qkv=0.1), "decoder"),
+    "mistral_swa": ("MistralConfig", "MistralForCausalLM",  # sliding-window mask
+                    dict(LLAMA_LIKE, num_key_value_heads=2, rms_norm_eps=1e-6, sliding_window=4),
+                    "decoder"),
+    "llama_mqa": ("LlamaConfig", "LlamaForCausalLM",  # multi-query attention (one KV head)
+                  dict(LLAMA_LIKE, num_key_value_heads=1, rms_norm_eps=1e-6), "decoder"),
+    "t5": ("T5Config", "T5EncoderModel",  # relative-position biases, given as a tensor
+           dict(vocab_size=VOCAB, d_model=HIDDEN, d_kv=16, d_ff=INTER, num_layers=LAYERS,
+                num_heads=HEADS, relative_attention_num_buckets=8,
+                relative_attention_max_distance=16), "encoder_hidden"),
 }
+
+# What is exported of each variant model when no --exporters / --variants / --attn is given:
+# the default export (sdpa, the dynamo exporter), with a cache for decoders, and dynamic shapes.
+VARIANT_PLAN = {name: [("dynamo", "kv" if MODELS[name][3] == "decoder" else "dynamic", "sdpa"),
+                       ("dynamo", "dynamic", "sdpa")]
+                for name in ("gptj", "phi", "falcon_mqa", "mpt", "bloom", "gemma2", "qwen3", "olmo",
+                             "mistral_swa", "llama_mqa")}
+# T5's encoder: the dynamo exporter fails on it (decomposing its relative-position buckets).
+VARIANT_PLAN["t5"] = [("ts", "dynamic", "sdpa"), ("ts", "static", "sdpa")]
 
 # dynamo23 / dynamo24: the dynamo exporter at opset 23 / 24, where scaled_dot_product_attention
 # becomes ONNX's own Attention op (sdpa exports only).
@@ -131,10 +175,12 @@ VARIANTS = ("static", "dynamic", "kv")
 
 def build_model(name, attn="sdpa"):
     """The transformers model `name` with seeded random weights, in eval mode, float32, its
-    attention written by `attn` (transformers' default "sdpa", or "eager")."""
+    attention written by `attn` (transformers' default, "sdpa" where the class has it, or
+    "eager")."""
     config_cls, model_cls, kwargs, _ = MODELS[name]
     config = getattr(transformers, config_cls)(**kwargs)
-    config._attn_implementation = attn
+    if attn != "sdpa":  # "sdpa" is transformers' default, which picks eager where a class has no sdpa
+        config._attn_implementation = attn
     torch.manual_seed(SEED)
     model = getattr(transformers, model_cls)(config)
     # Norm weights and all biases start at 1 / 0; random ones make the reference sensitive
@@ -218,8 +264,20 @@ class EncoderNoTypes(Encoder):
         return super().forward(input_ids, attention_mask)
 
 
+class EncoderHidden(nn.Module):
+    """input_ids, attention_mask -> last_hidden_state (an encoder without a pooler: T5's)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 def kv_shape(config, batch, past):
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    kv_heads = (getattr(config, "num_key_value_heads", None)
+                or (1 if getattr(config, "multi_query", False) else None) or config.num_attention_heads)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     return (batch, kv_heads, past, head_dim)
 
@@ -271,11 +329,13 @@ def make_spec(name, model, variant, rng):
         return d
 
     bs = {0: "batch", 1: "seq"}
-    if kind == "encoder":
+    if kind in ("encoder", "encoder_hidden"):
         types = name == "bert"
-        module = Encoder(model) if types else EncoderNoTypes(model)
+        module = Encoder(model) if types else EncoderNoTypes(model) if kind == "encoder" else EncoderHidden(model)
         in_names = ["input_ids", "attention_mask"] + (["token_type_ids"] if types else [])
-        outputs = [("last_hidden_state", {0: "batch", 1: "seq"}), ("pooler_output", {0: "batch"})]
+        outputs = [("last_hidden_state", {0: "batch", 1: "seq"})]
+        if kind == "encoder":
+            outputs.append(("pooler_output", {0: "batch"}))
         if variant == "static":
             sets = [("1x8", feeds(1, 8, types=types))]
             return Spec(module, [(n, {}) for n in in_names], [(n, {}) for n, _ in outputs],
@@ -563,7 +623,7 @@ def export_one(name, exporter, variant, attn, out_root, check_ort):
     d = os.path.join(out_root, dirname)
     entry = {
         "model_class": model_cls, "config_class": config_cls, "config": kwargs,
-        "attn_implementation": attn, "exporter": exporter, "variant": variant,
+        "attn_implementation": model.config._attn_implementation, "exporter": exporter, "variant": variant,
         "external_data": external,
         "torch": torch.__version__, "transformers": transformers.__version__,
         "onnx": onnx.__version__,
@@ -681,17 +741,19 @@ def main():
         with open(manifest_path) as f:
             manifest = json.load(f)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    explicit = any(a in sys.argv for a in ("--exporters", "--variants", "--attn"))
     for name in args.only or list(MODELS):
-        for exporter in args.exporters:
-            for variant in args.variants:
-                for attn in args.attn:
-                    r = export_one(name, exporter, variant, attn, out_root, args.check_ort)
-                    if r is None:
-                        continue
-                    manifest[r[0]] = r[1]
-                    with open(manifest_path, "w") as f:
-                        json.dump(dict(sorted(manifest.items())), f, indent=1, sort_keys=False)
-                        f.write("\n")
+        combos = [(e, v, a) for e in args.exporters for v in args.variants for a in args.attn]
+        if name in VARIANT_PLAN and not explicit:
+            combos = VARIANT_PLAN[name]
+        for exporter, variant, attn in combos:
+            r = export_one(name, exporter, variant, attn, out_root, args.check_ort)
+            if r is None:
+                continue
+            manifest[r[0]] = r[1]
+            with open(manifest_path, "w") as f:
+                json.dump(dict(sorted(manifest.items())), f, indent=1, sort_keys=False)
+                f.write("\n")
     return 0
 
 

@@ -23,7 +23,12 @@ MODELS; they are written as input_1.pb, ... in the order given.
 
     /usr/bin/python3 tools/export_models.py --only gpt2_block bert_layer
 
-exports only the named models and leaves the other directories as they are.
+exports only the named models and leaves the other directories as they are. In the project's
+venv (tools/setup_venv.sh: a current torch), --dynamo exports with the torch.export based
+exporter instead, as users call it (every setting at its default: its opset, the weights in
+model.onnx.data beside the model), to <out>/<name>_dynamo/:
+
+    ~/.cache/graphfuse/venv/bin/python tools/export_models.py --dynamo --only transformer_encoder_layer
 """
 import argparse
 import math
@@ -365,24 +370,28 @@ def save_tensor(path, array, name):
 
 
 def export(name, cls, shape, opset, out_root, seed, extra_inputs=None):
-    """`extra_inputs`: {name: tensor} of model inputs after `x`, used as given (not random)."""
+    """`extra_inputs`: {name: tensor} of model inputs after `x`, used as given (not random).
+    `opset` None: the dynamo exporter with its defaults, to <name>_dynamo."""
     extra_inputs = extra_inputs or {}
     torch.manual_seed(seed)
     model = cls().eval()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed + 1))
     inputs = (x,) + tuple(extra_inputs.values())
     names = ["x"] + list(extra_inputs)
-    d = os.path.join(out_root, f"{name}_opset{opset}")
+    d = os.path.join(out_root, f"{name}_opset{opset}" if opset else f"{name}_dynamo")
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(os.path.join(d, "test_data_set_0"))
     path = os.path.join(d, "model.onnx")
     with torch.no_grad():
-        torch.onnx.export(model, inputs, path, opset_version=opset, input_names=names, output_names=["y"],
-                          do_constant_folding=True)
+        if opset:
+            torch.onnx.export(model, inputs, path, opset_version=opset, input_names=names, output_names=["y"],
+                              do_constant_folding=True)
+        else:
+            torch.onnx.export(model, inputs, path, dynamo=True, input_names=names, output_names=["y"])
         ref = model.double()(*(t.double() for t in inputs)).float()
     m = onnx.load(path)
-    onnx.checker.check_model(m)
+    onnx.checker.check_model(path)
     custom = sorted({n.op_type for n in m.graph.node if n.domain not in ("", "ai.onnx")})
     assert not custom, f"{path}: ops outside the ONNX domain (a fused fast path?): {custom}"
     graph_inputs = [i.name for i in m.graph.input]
@@ -390,7 +399,7 @@ def export(name, cls, shape, opset, out_root, seed, extra_inputs=None):
     for i, (n, t) in enumerate(zip(names, inputs)):
         save_tensor(os.path.join(d, "test_data_set_0", f"input_{i}.pb"), t.numpy(), n)
     save_tensor(os.path.join(d, "test_data_set_0", "output_0.pb"), ref.numpy(), "y")
-    size = os.path.getsize(path)
+    size = sum(os.path.getsize(os.path.join(d, f)) for f in os.listdir(d) if f.startswith("model.onnx"))
     assert size < 1 << 20, f"{path} is {size} bytes"
     ops = sorted({n.op_type for n in m.graph.node})
     print(f"{d}: {size} bytes, {len(m.graph.node)} nodes: {' '.join(ops)}")
@@ -402,11 +411,13 @@ def main():
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "models"))
     ap.add_argument("--only", nargs="+", choices=sorted(MODELS), metavar="NAME",
                     help=f"export only these models (of: {', '.join(MODELS)})")
+    ap.add_argument("--dynamo", action="store_true",
+                    help="the dynamo exporter at its defaults (needs torch 2.x: the project's venv)")
     args = ap.parse_args()
     for i, (name, (cls, shape, *extra)) in enumerate(MODELS.items()):
         if args.only and name not in args.only:
             continue
-        for opset in OPSETS:
+        for opset in [None] if args.dynamo else OPSETS:
             export(name, cls, shape, opset, args.out, seed=1234 + 10 * i, extra_inputs=extra[0] if extra else None)
 
 

@@ -4,8 +4,10 @@
 // dtype it has, which transformers' norms and softmax write for mixed precision; a Concat of one
 // input; an Expand to the shape it has; a Mul by 1) go, so that they split no pattern, and a
 // Gather that reads its data in order becomes the view it is, a node computing what an earlier
-// node computes goes (its readers read the earlier one's results), and a swap of the last two dims
-// written through a 3-D view (Reshape, Transpose, Reshape) becomes the one Transpose it is.
+// node computes goes (its readers read the earlier one's results), a chain of views and
+// Transposes that unpacks packed q / k / v with one-index Gathers becomes a Slice, a Reshape and
+// a Transpose (view_chains.cc), and a swap of the last two dims written through a 3-D view
+// (Reshape, Transpose, Reshape: the dynamo exporter's K^T) becomes the one Transpose it is.
 //
 // Note on the matching algorithm
 // ------------------------------
@@ -48,6 +50,7 @@
 #include "graphfuse/ops.h"
 #include "fusion_passes.h"
 #include "match.h"
+#include "view_chains.h"
 
 namespace graphfuse {
 namespace {
@@ -774,8 +777,9 @@ Result<int> UnfoldViewedTransposes(Graph& g) {
 Result<int> Canonicalize(Graph& g) {
   GF_ASSIGN_OR_RETURN(int rewritten, RemoveIdentities(g));
   GF_ASSIGN_OR_RETURN(int merged, MergeDuplicates(g));
+  GF_ASSIGN_OR_RETURN(int unpacked, SimplifyViewChains(g));
   GF_ASSIGN_OR_RETURN(int unfolded, UnfoldViewedTransposes(g));
-  rewritten += merged + unfolded;
+  rewritten += merged + unpacked + unfolded;
   GF_ASSIGN_OR_RETURN(int split, SplitLinearGemms(g));
   rewritten += split;
   // Every rewrite replaces at least two nodes by one, so there are fewer rewrites than nodes;

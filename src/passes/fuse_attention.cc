@@ -121,6 +121,12 @@ std::vector<int64_t> SplitToKtPerm(size_t rank) {
   return rank == 4 ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{1, 2, 0};
 }
 
+// Seq-first heads [S,B,H,d] (nn.MultiheadAttention with batch_first=False): to [B,H,S,d], to
+// K^T [B,H,d,S], and the output [B,H,S,d] back to [S,B,H,d].
+const std::vector<int64_t> kSeqFirstToHeads = {1, 2, 0, 3};
+const std::vector<int64_t> kSeqFirstToKt = {1, 2, 3, 0};
+const std::vector<int64_t> kHeadsToSeqFirst = {2, 0, 1, 3};
+
 // transformers' repeat_kv, as exported: x [B,KV,T,d] -> Unsqueeze(axis 2) (or Reshape) to
 // [B,KV,1,T,d] -> Expand to [B,KV,R,T,d] -> Reshape to [B,KV*R,T,d], each value read by the next
 // alone. Head h of the result is head h / R of x: the kernel reads x with kv_heads = KV.
@@ -191,10 +197,11 @@ class AttentionFuser {
       op.input = cur;
     }
     Node* t = SingleUseProducer(cur, "Transpose");
-    if (t && t->GetInts("perm") == HeadSwapPerm(rank)) {
+    const bool seq_first = t && rank == 4 && t->GetInts("perm") == kSeqFirstToHeads;
+    if (t && (t->GetInts("perm") == HeadSwapPerm(rank) || seq_first)) {
       op.nodes.push_back(t);
       op.input = t->input(0);  // [B,rows,H,cols] (or [rows,N,cols]): the bshd layout already
-      op.layout = "bshd";
+      op.layout = seq_first ? "sbhd" : "bshd";
       if (Node* r = SingleUseProducer(op.input, "Reshape")) {
         op.nodes.push_back(r);
         op.input = r->input(0);
@@ -469,9 +476,9 @@ class AttentionFuser {
       m->k = MatchHeads(grouped ? rk->x : t->input(0), true, m->sk, m->d, &m->q, rank);
       if (grouped) m->k.nodes.insert(m->k.nodes.begin(), rk->nodes.begin(), rk->nodes.end());
       m->k.nodes.insert(m->k.nodes.begin(), t);
-    } else if (t && perm == SplitToKtPerm(rank)) {
+    } else if (t && (perm == SplitToKtPerm(rank) || (rank == 4 && perm == kSeqFirstToKt))) {
       m->k.input = t->input(0);
-      m->k.layout = "bshd";
+      m->k.layout = perm == SplitToKtPerm(rank) ? "bshd" : "sbhd";
       m->k.nodes.push_back(t);
       if (Node* r = SingleUseProducer(m->k.input, "Reshape")) {
         m->k.nodes.push_back(r);
@@ -487,10 +494,11 @@ class AttentionFuser {
     // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
     m->out = m->pv->output();
     if (const Use* t = SingleUse(m->out);
-        t && t->node->op() == "Transpose" && t->node->GetInts("perm") == HeadSwapPerm(rank)) {
+        t && t->node->op() == "Transpose" &&
+        (t->node->GetInts("perm") == HeadSwapPerm(rank) || (rank == 4 && t->node->GetInts("perm") == kHeadsToSeqFirst))) {
       m->out_nodes.push_back(t->node);
       m->out = t->node->output();
-      m->out_layout = "bshd";
+      m->out_layout = t->node->GetInts("perm") == HeadSwapPerm(rank) ? "bshd" : "sbhd";
       if (const Use* r = SingleUse(m->out); r && r->node->op() == "Reshape" && r->input_index == 0) {
         m->out_nodes.push_back(r->node);
         m->out = r->node->output();
@@ -501,6 +509,38 @@ class AttentionFuser {
         Refuse(m->qk, m->pv->name(), kUnsupportedDtype, StrCat("'", op->input->name(), "' is ", op->input->TypeString()));
         return false;
       }
+    return SeqFirstAsMergedHeads(m);
+  }
+
+  // Seq-first heads ([S,B,H,d], as nn.MultiheadAttention's batch_first=False writes them, read
+  // through Transpose perm 1,2,0,3; K^T through perm 1,2,3,0; the output back through perm
+  // 2,0,1,3) are run as one sequence of B*H heads: head (b, h) of [S,B,H,d] starts at (b*H + h)*d
+  // and its rows are B*H*d apart, the bshd layout of B = 1, H = B*H. That needs Q, K, V and the
+  // output all seq-first, one K / V head per query head, no RoPE, and a mask that is the same for
+  // every batch and head.
+  bool SeqFirstAsMergedHeads(Match* m) {
+    const std::vector<const std::string*> layouts = {&m->q.layout, &m->k.layout, &m->v.layout, &m->out_layout};
+    const auto seq_first = [](const std::string* l) { return *l == "sbhd"; };
+    if (std::none_of(layouts.begin(), layouts.end(), seq_first)) return true;
+    std::string why;
+    if (!std::all_of(layouts.begin(), layouts.end(), seq_first))
+      why = StrCat("Q, K, V and the output are read in layouts ", m->q.layout, ", ", m->k.layout, ", ", m->v.layout,
+                   ", ", m->out_layout, ": seq-first heads run merged only when all four are");
+    else if (m->q.rope || m->k.rope)
+      why = "RoPE tables are per batch and head; merged seq-first heads do not take them";
+    else if (m->kv_h != m->h)
+      why = "grouped K / V heads do not merge with the batch";
+    for (const Value* mk : {m->mask, m->bool_mask})
+      if (why.empty() && mk && !BroadcastsTo(mk->shape(), Shape{1, 1, m->s, m->sk}))
+        why = StrCat("mask '", mk->name(), "' ", mk->TypeString(), " differs across batches or heads");
+    if (!why.empty()) {
+      Refuse(m->qk, m->pv->name(), kUnsupportedLayout, StrCat("seq-first heads [S,B,H,d] stay apart: ", why));
+      return false;
+    }
+    for (std::string* l : {&m->q.layout, &m->k.layout, &m->v.layout, &m->out_layout}) *l = "bshd";
+    m->h *= m->b;
+    m->kv_h = m->h;
+    m->b = 1;
     return true;
   }
 

@@ -166,42 +166,51 @@ const std::map<std::string, int64_t>& MaxKernels() {
       {"bert_dynamo_dynamic", 21}, {"bert_dynamo_static", 21}, {"bert_sdpa_dynamo23_dynamic", 20},
       {"bert_sdpa_dynamo23_static", 20}, {"bert_sdpa_dynamo24_dynamic", 20}, {"bert_sdpa_dynamo24_static", 20},
       {"bert_sdpa_dynamo_dynamic", 21}, {"bert_sdpa_dynamo_static", 21}, {"bert_sdpa_ts_dynamic", 20},
-      {"bert_sdpa_ts_static", 20}, {"bert_ts_dynamic", 20}, {"bert_ts_static", 20}, {"gpt2_dynamo_dynamic", 19},
-      {"gpt2_dynamo_kv", 22}, {"gpt2_dynamo_static", 15}, {"gpt2_sdpa_dynamo23_dynamic", 18},
-      {"gpt2_sdpa_dynamo23_kv", 21}, {"gpt2_sdpa_dynamo23_static", 15}, {"gpt2_sdpa_dynamo24_dynamic", 18},
-      {"gpt2_sdpa_dynamo24_kv", 21}, {"gpt2_sdpa_dynamo24_static", 15}, {"gpt2_sdpa_dynamo_dynamic", 19},
-      {"gpt2_sdpa_dynamo_kv", 22}, {"gpt2_sdpa_dynamo_static", 15}, {"gpt2_sdpa_ts_dynamic", 18},
-      {"gpt2_sdpa_ts_kv", 21}, {"gpt2_sdpa_ts_static", 15}, {"gpt2_ts_dynamic", 18}, {"gpt2_ts_kv", 21},
-      {"gpt2_ts_static", 15}, {"gpt_neox_dynamo_dynamic", 41}, {"gpt_neox_dynamo_kv", 46},
-      {"gpt_neox_dynamo_static", 37}, {"gpt_neox_sdpa_dynamo23_dynamic", 40}, {"gpt_neox_sdpa_dynamo23_kv", 46},
-      {"gpt_neox_sdpa_dynamo23_static", 37}, {"gpt_neox_sdpa_dynamo_dynamic", 41},
-      {"gpt_neox_sdpa_dynamo_kv", 46}, {"gpt_neox_sdpa_dynamo_static", 37}, {"gpt_neox_sdpa_ts_dynamic", 44},
-      {"gpt_neox_sdpa_ts_kv", 49}, {"gpt_neox_sdpa_ts_static", 41}, {"gpt_neox_ts_dynamic", 44},
-      {"gpt_neox_ts_kv", 49}, {"gpt_neox_ts_static", 41}, {"llama_dynamo_dynamic", 15}, {"llama_dynamo_kv", 23},
-      {"llama_dynamo_static", 11}, {"llama_gqa_dynamo_dynamic", 15}, {"llama_gqa_dynamo_kv", 26},
-      {"llama_gqa_dynamo_static", 11}, {"llama_gqa_sdpa_dynamo23_dynamic", 14},
-      {"llama_gqa_sdpa_dynamo23_kv", 26}, {"llama_gqa_sdpa_dynamo23_static", 11},
-      {"llama_gqa_sdpa_dynamo24_dynamic", 14}, {"llama_gqa_sdpa_dynamo24_kv", 25},
-      {"llama_gqa_sdpa_dynamo24_static", 11}, {"llama_gqa_sdpa_dynamo_dynamic", 15},
-      {"llama_gqa_sdpa_dynamo_kv", 26}, {"llama_gqa_sdpa_dynamo_static", 11}, {"llama_gqa_sdpa_ts_dynamic", 14},
-      {"llama_gqa_sdpa_ts_kv", 25}, {"llama_gqa_ts_dynamic", 14}, {"llama_gqa_ts_kv", 25},
-      {"llama_gqa_ts_static", 11}, {"llama_sdpa_dynamo23_dynamic", 14}, {"llama_sdpa_dynamo23_kv", 23},
-      {"llama_sdpa_dynamo23_static", 11}, {"llama_sdpa_dynamo_dynamic", 15}, {"llama_sdpa_dynamo_kv", 23},
-      {"llama_sdpa_dynamo_static", 11}, {"llama_sdpa_ts_dynamic", 14}, {"llama_sdpa_ts_kv", 22},
-      {"llama_sdpa_ts_static", 11}, {"llama_ts_dynamic", 14}, {"llama_ts_kv", 22}, {"llama_ts_static", 11},
-      {"mistral_dynamo_dynamic", 15}, {"mistral_dynamo_kv", 26}, {"mistral_dynamo_static", 11},
-      {"mistral_sdpa_dynamo23_dynamic", 14}, {"mistral_sdpa_dynamo23_kv", 26},
-      {"mistral_sdpa_dynamo23_static", 11}, {"mistral_sdpa_dynamo_dynamic", 15}, {"mistral_sdpa_dynamo_kv", 26},
-      {"mistral_sdpa_dynamo_static", 11}, {"mistral_sdpa_ts_dynamic", 14}, {"mistral_sdpa_ts_kv", 25},
-      {"mistral_ts_dynamic", 14}, {"mistral_ts_kv", 25}, {"mistral_ts_static", 11},
-      {"qwen2_dynamo_dynamic", 15}, {"qwen2_dynamo_kv", 25}, {"qwen2_dynamo_static", 11},
-      {"qwen2_sdpa_dynamo23_dynamic", 14}, {"qwen2_sdpa_dynamo23_kv", 25}, {"qwen2_sdpa_dynamo23_static", 11},
-      {"qwen2_sdpa_dynamo_dynamic", 15}, {"qwen2_sdpa_dynamo_kv", 25}, {"qwen2_sdpa_dynamo_static", 11},
-      {"qwen2_sdpa_ts_dynamic", 14}, {"qwen2_sdpa_ts_kv", 24}, {"qwen2_ts_dynamic", 14}, {"qwen2_ts_kv", 24},
-      {"qwen2_ts_static", 11}, {"roberta_dynamo_dynamic", 26}, {"roberta_dynamo_static", 26},
+      {"bert_sdpa_ts_static", 20}, {"bert_ts_dynamic", 20}, {"bert_ts_static", 20},
+      {"bloom_sdpa_dynamo_dynamic", 47}, {"bloom_sdpa_dynamo_kv", 51}, {"falcon_mqa_sdpa_dynamo_dynamic", 21},
+      {"falcon_mqa_sdpa_dynamo_kv", 26}, {"gemma2_sdpa_dynamo_dynamic", 50}, {"gemma2_sdpa_dynamo_kv", 59},
+      {"gpt2_dynamo_dynamic", 19}, {"gpt2_dynamo_kv", 22}, {"gpt2_dynamo_static", 15},
+      {"gpt2_sdpa_dynamo23_dynamic", 18}, {"gpt2_sdpa_dynamo23_kv", 21}, {"gpt2_sdpa_dynamo23_static", 15},
+      {"gpt2_sdpa_dynamo24_dynamic", 18}, {"gpt2_sdpa_dynamo24_kv", 21}, {"gpt2_sdpa_dynamo24_static", 15},
+      {"gpt2_sdpa_dynamo_dynamic", 19}, {"gpt2_sdpa_dynamo_kv", 22}, {"gpt2_sdpa_dynamo_static", 15},
+      {"gpt2_sdpa_ts_dynamic", 18}, {"gpt2_sdpa_ts_kv", 21}, {"gpt2_sdpa_ts_static", 15},
+      {"gpt2_ts_dynamic", 18}, {"gpt2_ts_kv", 21}, {"gpt2_ts_static", 15}, {"gpt_neox_dynamo_dynamic", 41},
+      {"gpt_neox_dynamo_kv", 46}, {"gpt_neox_dynamo_static", 37}, {"gpt_neox_sdpa_dynamo23_dynamic", 40},
+      {"gpt_neox_sdpa_dynamo23_kv", 46}, {"gpt_neox_sdpa_dynamo23_static", 37},
+      {"gpt_neox_sdpa_dynamo_dynamic", 41}, {"gpt_neox_sdpa_dynamo_kv", 46},
+      {"gpt_neox_sdpa_dynamo_static", 37}, {"gpt_neox_sdpa_ts_dynamic", 44}, {"gpt_neox_sdpa_ts_kv", 49},
+      {"gpt_neox_sdpa_ts_static", 41}, {"gpt_neox_ts_dynamic", 44}, {"gpt_neox_ts_kv", 49},
+      {"gpt_neox_ts_static", 41}, {"gptj_sdpa_dynamo_dynamic", 50}, {"gptj_sdpa_dynamo_kv", 54},
+      {"llama_dynamo_dynamic", 15}, {"llama_dynamo_kv", 23}, {"llama_dynamo_static", 11},
+      {"llama_gqa_dynamo_dynamic", 15}, {"llama_gqa_dynamo_kv", 26}, {"llama_gqa_dynamo_static", 11},
+      {"llama_gqa_sdpa_dynamo23_dynamic", 14}, {"llama_gqa_sdpa_dynamo23_kv", 26},
+      {"llama_gqa_sdpa_dynamo23_static", 11}, {"llama_gqa_sdpa_dynamo24_dynamic", 14},
+      {"llama_gqa_sdpa_dynamo24_kv", 25}, {"llama_gqa_sdpa_dynamo24_static", 11},
+      {"llama_gqa_sdpa_dynamo_dynamic", 15}, {"llama_gqa_sdpa_dynamo_kv", 26},
+      {"llama_gqa_sdpa_dynamo_static", 11}, {"llama_gqa_sdpa_ts_dynamic", 14}, {"llama_gqa_sdpa_ts_kv", 25},
+      {"llama_gqa_ts_dynamic", 14}, {"llama_gqa_ts_kv", 25}, {"llama_gqa_ts_static", 11},
+      {"llama_mqa_sdpa_dynamo_dynamic", 23}, {"llama_mqa_sdpa_dynamo_kv", 28},
+      {"llama_sdpa_dynamo23_dynamic", 14}, {"llama_sdpa_dynamo23_kv", 23}, {"llama_sdpa_dynamo23_static", 11},
+      {"llama_sdpa_dynamo_dynamic", 15}, {"llama_sdpa_dynamo_kv", 23}, {"llama_sdpa_dynamo_static", 11},
+      {"llama_sdpa_ts_dynamic", 14}, {"llama_sdpa_ts_kv", 22}, {"llama_sdpa_ts_static", 11},
+      {"llama_ts_dynamic", 14}, {"llama_ts_kv", 22}, {"llama_ts_static", 11}, {"mistral_dynamo_dynamic", 15},
+      {"mistral_dynamo_kv", 26}, {"mistral_dynamo_static", 11}, {"mistral_sdpa_dynamo23_dynamic", 14},
+      {"mistral_sdpa_dynamo23_kv", 26}, {"mistral_sdpa_dynamo23_static", 11},
+      {"mistral_sdpa_dynamo_dynamic", 15}, {"mistral_sdpa_dynamo_kv", 26}, {"mistral_sdpa_dynamo_static", 11},
+      {"mistral_sdpa_ts_dynamic", 14}, {"mistral_sdpa_ts_kv", 25}, {"mistral_swa_sdpa_dynamo_dynamic", 15},
+      {"mistral_swa_sdpa_dynamo_kv", 26}, {"mistral_ts_dynamic", 14}, {"mistral_ts_kv", 25},
+      {"mistral_ts_static", 11}, {"mpt_sdpa_dynamo_dynamic", 19}, {"mpt_sdpa_dynamo_kv", 21},
+      {"olmo_sdpa_dynamo_dynamic", 21}, {"olmo_sdpa_dynamo_kv", 26}, {"phi_sdpa_dynamo_dynamic", 43},
+      {"phi_sdpa_dynamo_kv", 48}, {"qwen2_dynamo_dynamic", 15}, {"qwen2_dynamo_kv", 25},
+      {"qwen2_dynamo_static", 11}, {"qwen2_sdpa_dynamo23_dynamic", 14}, {"qwen2_sdpa_dynamo23_kv", 25},
+      {"qwen2_sdpa_dynamo23_static", 11}, {"qwen2_sdpa_dynamo_dynamic", 15}, {"qwen2_sdpa_dynamo_kv", 25},
+      {"qwen2_sdpa_dynamo_static", 11}, {"qwen2_sdpa_ts_dynamic", 14}, {"qwen2_sdpa_ts_kv", 24},
+      {"qwen2_ts_dynamic", 14}, {"qwen2_ts_kv", 24}, {"qwen2_ts_static", 11}, {"qwen3_sdpa_dynamo_dynamic", 25},
+      {"qwen3_sdpa_dynamo_kv", 30}, {"roberta_dynamo_dynamic", 26}, {"roberta_dynamo_static", 26},
       {"roberta_sdpa_dynamo23_dynamic", 25}, {"roberta_sdpa_dynamo23_static", 25},
       {"roberta_sdpa_dynamo_dynamic", 26}, {"roberta_sdpa_dynamo_static", 26}, {"roberta_sdpa_ts_dynamic", 25},
       {"roberta_sdpa_ts_static", 25}, {"roberta_ts_dynamic", 25}, {"roberta_ts_static", 25},
+      {"t5_sdpa_ts_dynamic", 13}, {"t5_sdpa_ts_static", 13},
   };
   return m;
 }
@@ -217,6 +226,16 @@ TEST(HfCorpus, FusedKernelCountsPerModel) {
   }
 }
 
+// The variant models whose attention does not fuse yet, with the reason. Each must still run
+// its attention apart (a model that starts fusing is reported, so that it leaves this list).
+const std::map<std::string, std::string>& AttentionApart() {
+  static const std::map<std::string, std::string> m = {
+      {"bloom", "BLOOM's baddbmm: the scores are [B*H,S,T], reshaped to [B,H,S,T] around the mask and back"},
+      {"gemma2", "logit soft-capping (Tanh between the scale and the mask) is not in the kernel"},
+  };
+  return m;
+}
+
 // Every model of the corpus, exported with transformers' default attention or with eager
 // attention, by either exporter, runs each of its 2 layers' attention as one kernel; and each
 // sdpa export runs in at most one kernel a layer more than its eager export (the pins above).
@@ -228,10 +247,16 @@ TEST(HfCorpus, EveryLayersAttentionIsOneKernel) {
   for (const std::string& dir : CorpusDirs()) {
     const Row row = RunModel(dir, cpu);
     ASSERT_TRUE(row.ok) << row.dir << ": " << row.why;
+    const std::string model = row.dir.substr(0, row.dir.find("_sdpa"));
+    sdpa += row.dir.find("_sdpa") != std::string::npos;
+    if (const auto apart = AttentionApart().find(model); apart != AttentionApart().end()) {
+      EXPECT_EQ(row.min_attention_kernels, 0) << row.dir << " now fuses its attention: take " << model
+                                              << " off AttentionApart (" << apart->second << ")";
+      continue;
+    }
     EXPECT_EQ(row.min_attention_kernels, 2) << row.dir;
     const size_t at = row.dir.find("_sdpa");
     if (at == std::string::npos) continue;
-    ++sdpa;
     EXPECT_TRUE(MaxKernels().count(row.dir)) << row.dir << " has no pinned kernel count";
     std::string eager = row.dir.substr(0, at) + row.dir.substr(at + 5);  // (opsets 23 / 24: the default opset's)
     for (const char* opset : {"dynamo23", "dynamo24"})
@@ -242,7 +267,7 @@ TEST(HfCorpus, EveryLayersAttentionIsOneKernel) {
       EXPECT_LE(row.max_fused_kernels, e.max_fused_kernels + 2) << row.dir << " against " << eager;
     }
   }
-  EXPECT_GE(sdpa, 71) << "the corpus lost its sdpa exports";
+  EXPECT_GE(sdpa, 93) << "the corpus lost its sdpa exports";
 }
 
 }  // namespace
