@@ -728,6 +728,33 @@ TEST(Canonicalize, RopeRotateHalfIsBitExact) {
   EXPECT_EQ(n->input(2)->name(), "sin");
 }
 
+// Partial rotary as GPT-NeoX and Phi write it: the first 8 of 16 values rotated (rotate-half of
+// 8), the other 8 concatenated after them. One Rope with rotary_dim 8, bit-exact.
+TEST(Canonicalize, PartialRotaryIsOneRope) {
+  auto g = CanonicalizeAndCompare(R"(graph @partial(%x: f32[2,4,16,16], %cos: f32[1,1,16,8], %sin: f32[1,1,16,8]) {
+  %maxis: i64[1] = const [-1]
+  %zero: i64[1] = const [0]
+  %four: i64[1] = const [4]
+  %eight: i64[1] = const [8]
+  %big: i64[1] = const [1000000]
+  %xr = Slice(%x, %zero, %eight, %maxis)
+  %xp = Slice(%x, %eight, %big, %maxis)
+  %lo = Slice(%xr, %zero, %four, %maxis)
+  %hi = Slice(%xr, %four, %big, %maxis)
+  %neg = Neg(%hi)
+  %rot = Concat(%neg, %lo) {axis = -1}
+  %xc = Mul(%xr, %cos)
+  %rs = Mul(%rot, %sin)
+  %yr = Add(%xc, %rs)
+  %y = Concat(%yr, %xp) {axis = -1}
+  return %y
+})",
+                                  2, kBitExact);
+  ASSERT_EQ(g->num_nodes(), 1u) << PrintGraph(*g);
+  EXPECT_EQ(g->nodes().front()->op(), "Rope");
+  EXPECT_EQ(g->nodes().front()->GetInt("rotary_dim", 0), 8);
+}
+
 TEST(Canonicalize, RopeCommutedOperands) {
   auto g = CanonicalizeAndCompare(RopeText("Mul(%cos, %x)", "Mul(%sin, %rot)", "Add(%rs, %xc)"), 1, kBitExact);
   EXPECT_EQ(CountOp(*g, "Rope"), 1);

@@ -1246,6 +1246,57 @@ TEST(FuseAttention, SeqFirstHeadsRunAsOneSequenceOfMergedHeads) {
   AttentionTextMatchesUnfused(SeqFirstText(", %mask: f32[5,5]", "  %s2 = Add(%s1, %mask)\n"), 1);
 }
 
+// Gemma 2's logit soft-capping, c * tanh(s / c) between the scale and the mask: inside the one
+// kernel (softcap = c, the 1 / c joining the scale).
+TEST(FuseAttention, SoftCappedScoresRunInTheKernel) {
+  const std::string text = R"(graph @softcap(%q: f32[1,2,6,8], %k: f32[1,2,6,8], %v: f32[1,2,6,8], %mask: f32[1,1,6,6]) {
+  %scale: f32[] = const [0.35355339]
+  %cap: f32[] = const [2.0]
+  %kt = Transpose(%k) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%q, %kt)
+  %s1 = Mul(%s, %scale)
+  %s2 = Div(%s1, %cap)
+  %t = Tanh(%s2)
+  %s3 = Mul(%t, %cap)
+  %s4 = Add(%s3, %mask)
+  %p = Softmax(%s4) {axis = -1}
+  %o = MatMul(%p, %v)
+  return %o
+})";
+  AttentionTextMatchesUnfused(text, 1);
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
+  const Node* att = FindOp(**g, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_FLOAT_EQ(att->GetFloat("softcap", 0), 2.0f);
+  EXPECT_NEAR(att->GetFloat("scale", 0), 0.35355339 / 2.0, 1e-7);
+}
+
+// Partial rotary (Rope with rotary_dim: the first 4 of 8 values rotated) on Q and K runs inside
+// the kernel: no Rope kernel is left.
+TEST(FuseAttention, PartialRotaryRunsInTheKernel) {
+  const std::string text = R"(graph @partial(%q: f32[1,2,6,8], %k: f32[1,2,6,8], %v: f32[1,2,6,8], %cos: f32[1,1,6,4], %sin: f32[1,1,6,4]) {
+  %scale: f32[] = const [0.35355339]
+  %qr = Rope(%q, %cos, %sin) {rotary_dim = 4}
+  %kr = Rope(%k, %cos, %sin) {rotary_dim = 4}
+  %kt = Transpose(%kr) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%qr, %kt)
+  %s1 = Mul(%s, %scale)
+  %p = Softmax(%s1) {axis = -1}
+  %o = MatMul(%p, %v)
+  return %o
+})";
+  AttentionTextMatchesUnfused(text, 1);
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
+  EXPECT_EQ(CountOp(**g, "Rope"), 0) << PrintGraph(**g);
+  const Node* att = FindOp(**g, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->GetInt("rope_dim", 0), 4);
+}
+
 // A mask that differs across the batch keeps seq-first heads apart, with the reason.
 TEST(FuseAttention, SeqFirstHeadsWithAPerBatchMaskStayApart) {
   auto g = ParseGraph(SeqFirstText(", %mask: f32[2,1,5,5]", "  %s2 = Add(%s1, %mask)\n"));

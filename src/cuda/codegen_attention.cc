@@ -29,6 +29,9 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
   GF_ASSIGN_OR_RETURN(d, schemas::ReadDims(node.attrs(), where));
   if (d.proj)
     return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
+  if (d.softcap != 0.f) return Unimplemented(where, ": no generated kernel soft-caps the scores");
+  if ((d.rope_q || d.rope_k) && d.rope_dim != d.d)
+    return Unimplemented(where, ": no generated kernel rotates part of a head (partial rotary)");
   if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
   for (size_t i = 0; i < node.inputs().size(); ++i) {
     const Value* v = node.input(i);

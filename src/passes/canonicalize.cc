@@ -461,11 +461,32 @@ std::optional<Match> MatchRope(Node* root) {
   return std::nullopt;
 }
 
+// Partial rotary (GPT-NeoX, Phi: the first r of d values rotated, the rest passed through):
+// Concat(Rope(Slice(x, 0:r), cos, sin), Slice(x, r:d)) on the last axis
+// -> Rope(x, cos, sin){rotary_dim = r}.
+std::optional<Match> MatchPartialRope(Node* root) {
+  if (root->op() != "Concat" || root->inputs().size() != 2) return std::nullopt;
+  Node* rope = ProducerOf(root->input(0), "Rope");
+  Node* pass = ProducerOf(root->input(1), "Slice");
+  if (!rope || !pass || rope->GetInt("rotary_dim", 0) != 0) return std::nullopt;
+  Node* rot = ProducerOf(rope->input(0), "Slice");
+  if (!rot || rot->input(0) != pass->input(0)) return std::nullopt;
+  Value* x = rot->input(0);
+  if (x->shape().empty() || !match::IsLastAxis(root->GetInt("axis", 0), x->shape().size())) return std::nullopt;
+  const int64_t d = x->shape().back();
+  const auto rot_range = match::LastAxisSliceRange(*rot);
+  if (!rot_range || rot_range->first != 0) return std::nullopt;
+  const int64_t r = rot_range->second;
+  if (r <= 0 || r >= d || r % 2 != 0 || match::LastAxisSliceRange(*pass) != std::make_pair(r, d)) return std::nullopt;
+  Match m{"Rope", {x, rope->input(1), rope->input(2)}, {{"rotary_dim", r}}, {root, rope, rot, pass}, root};
+  return m;
+}
+
 using Matcher = std::optional<Match> (*)(Node*);
 // LayerNorm before RMSNorm: a LayerNorm's core d / sqrt(mean(d^2) + eps) is also an RMSNorm of
 // d = x - mean(x), and the larger pattern should win.
 constexpr Matcher kMatchers[] = {MatchLayerNorm, MatchRmsNorm, MatchGeluErf, MatchGeluTanh,
-                                 MatchSilu,      MatchSoftmax, MatchRope};
+                                 MatchSilu,      MatchSoftmax, MatchRope,    MatchPartialRope};
 
 // ---- acceptance and rewrite ----
 

@@ -5,6 +5,7 @@
 //   %kt = Transpose(%k4, perm [0,1,3,2])                          (or Transpose(Reshape(k), [0,2,3,1]))
 //   %s  = MatMul(%q4, %kt)                                        ==>   %o = FusedAttention(%q, %k, %v
 //   %s1 = Div(%s, c) / Mul(%s, c) ...        (scalar constants)               [, %mask] [, %cos, %sin])
+//         [Mul(Tanh(%s1), c)]                 (logit soft-capping, before the masks)
 //   %s2 = Add(%s1, %mask)                    (broadcast to [B,H,S,Sk])       {reference = graph {...}}
 //         and / or Where(%bool_mask, %s1, c) / Where(%bool_mask, c, %s1), in either order (c a
 //            scalar constant, e.g. -inf; Not / Cast-to-bool of the mask that nothing else reads
@@ -94,6 +95,9 @@ struct Match {
   Value* mask = nullptr;       // added (f32)
   Value* bool_mask = nullptr;  // selecting (Where)
   double scale = 1, mask_scale = 1, fill_scale = 1;  // all factors; those after the Add; after the Where
+  // Soft-capping: scores = softcap * tanh(scale * Q K^T) before the mask (0: none); `scale`
+  // then holds the factors inside the tanh only.
+  double softcap = 0;
   int mask_select = 0;   // +1 / -1: the bool mask keeps scores where true / false
   bool select_first = false;  // both masks: the Where comes before the Add
   std::vector<Node*> mask_nodes;  // Not / Cast-to-bool between the bool mask and the Where
@@ -211,20 +215,25 @@ class AttentionFuser {
   }
 
   // A Rope the kernel applies: (x, cos, sin), no attribute it would not honour, cos/sin f32
-  // [.., rows, d] broadcasting over the heads, and the same tables as Q's when both rotate.
+  // [.., rows, r] broadcasting over the heads (r: rotary_dim, the head dim by default), and the
+  // same tables (and r) as Q's when both rotate.
   bool RopeFits(const Node& r, int64_t rows, int64_t cols, const Operand* rope_like) {
     if (r.inputs().size() != 3 || cols % 2 != 0) return false;
-    // Rope has no attributes that change what it computes; anything but provenance may one day.
+    // Provenance and the rotated width are the attributes the kernel honours.
     for (const auto& [key, value] : r.attrs())
-      if (key != "canonicalized_from") return false;
+      if (key != "canonicalized_from" && key != "rotary_dim") return false;
+    const int64_t rot = r.GetInt("rotary_dim", 0) > 0 ? r.GetInt("rotary_dim", 0) : cols;
+    if (rope_like && rope_like->rope &&
+        rot != (rope_like->rope->GetInt("rotary_dim", 0) > 0 ? rope_like->rope->GetInt("rotary_dim", 0) : cols))
+      return false;
     const Value* x = r.input(0);
     const Value* c = r.input(1);
     const Value* s = r.input(2);
     if (!x || !c || !s || c->shape() != s->shape() || c->dtype() != x->dtype() || s->dtype() != x->dtype() ||
         !RowKernelTakes(x->dtype(), o_))
       return false;
-    if (c->shape().empty() || c->shape().back() != cols || x->shape().size() != 4) return false;
-    if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, cols})) return false;
+    if (c->shape().empty() || c->shape().back() != rot || x->shape().size() != 4) return false;
+    if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, rot})) return false;
     if (rope_like && rope_like->rope &&
         (!match::SameData(rope_like->rope->input(1), c) || !match::SameData(rope_like->rope->input(2), s)))
       return false;
@@ -244,7 +253,8 @@ class AttentionFuser {
     // Walk back from the softmax input: scalar scales, at most one mask Add and one Where.
     m->core.push_back(sm);
     Value* cur = sm->input(0);
-    bool add_seen = false, select_seen = false;
+    bool add_seen = false, select_seen = false, tanh_seen = false;
+    double since_mask = 1;  // the factors met since the last mask op (after it in graph order)
     // Whether v is the scores' side of a mask op: a MatMul reached back through the ops this
     // walk takes (a few steps; the mask side is a graph input, a constant, or other ops).
     std::function<bool(const Value*, int)> scores_like = [&](const Value* v, int depth) {
@@ -254,6 +264,7 @@ class AttentionFuser {
       if (pr->op() == "Mul" || pr->op() == "Div" || pr->op() == "Add")
         return scores_like(pr->input(0), depth + 1) || scores_like(pr->input(1), depth + 1);
       if (pr->op() == "Where") return scores_like(pr->input(1), depth + 1) || scores_like(pr->input(2), depth + 1);
+      if (pr->op() == "Tanh") return scores_like(pr->input(0), depth + 1);
       return false;
     };
     for (;;) {
@@ -274,8 +285,18 @@ class AttentionFuser {
       if (next) {
         // Factors after a mask (met first walking back) scale the mask, or the Where's fill, too.
         m->scale *= c;
+        since_mask *= c;
         if (!add_seen) m->mask_scale *= c;
         if (!select_seen) m->fill_scale *= c;
+      } else if (n->op() == "Tanh" && !tanh_seen && since_mask != 0 && scores_like(n->input(0), 0)) {
+        // Logit soft-capping, c * tanh(s / c): the factors met since the masks (after the tanh)
+        // are its outer c; those met from here on (inside) stay the scale.
+        m->softcap = since_mask;
+        m->scale /= since_mask;
+        tanh_seen = true;
+        next = n->input(0);
+      } else if ((n->op() == "Where" || n->op() == "Add") && tanh_seen) {
+        break;  // a mask inside the soft-cap: not the kernel's order
       } else if (n->op() == "Where" && !select_seen && n->input(0)->dtype() == DType::kBool) {
         const std::optional<double> fill_false = ScalarConstant(n->input(2)), fill_true = ScalarConstant(n->input(1));
         if (fill_false && scores_like(n->input(1), 0)) {
@@ -288,6 +309,7 @@ class AttentionFuser {
         m->bool_mask = n->input(0);
         m->select_first = add_seen;  // an Add met first walking back comes after the Where
         select_seen = true;
+        since_mask = 1;
         // masked_fill(~mask, c) exports as Where(Cast(Not(mask), bool), c, s): a Not read by
         // nothing else flips the selection instead of running; a Cast of bool to bool is a copy.
         for (Node* p = m->bool_mask->producer(); p && match::HasSingleUse(m->bool_mask); p = m->bool_mask->producer()) {
@@ -304,6 +326,7 @@ class AttentionFuser {
         next = n->input(si);
         m->mask = n->input(1 - si);
         add_seen = true;
+        since_mask = 1;
       } else {
         break;
       }
@@ -572,6 +595,7 @@ class AttentionFuser {
     if (rope) kernel += "_rope";
     if (m.mask) kernel += "_mask";
     if (m.bool_mask) kernel += "_boolmask";
+    if (m.softcap != 0) kernel += "_softcap";
     const std::string hash = Hash8(StrCat(PrintGraph(*ref), m.q.layout, m.k.layout, m.v.layout, m.out_layout));
     kernel += StrCat("_h", m.h, m.kv_h != m.h ? StrCat("_kv", m.kv_h) : std::string(), "_d", m.d, "_f32_", hash);
 
@@ -600,6 +624,8 @@ class AttentionFuser {
     };
     if (m.kv_h != m.h) attrs["kv_heads"] = m.kv_h;
     if (!m.guard.empty()) attrs["zero_nan_rows"] = int64_t{1};
+    if (m.softcap != 0) attrs["softcap"] = static_cast<float>(m.softcap);
+    if (rope && rope->GetInt("rotary_dim", 0) > 0) attrs["rope_dim"] = rope->GetInt("rotary_dim", 0);
     auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
     if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
     if ((*fused)->output()->shape() != m.out->shape())

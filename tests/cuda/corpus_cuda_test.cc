@@ -17,10 +17,11 @@ namespace {
 const std::filesystem::path kCorpus = std::filesystem::path(GF_MODELS_DIR) / "hf";
 
 // Without a GPU: a decoder with a KV cache, grouped-query attention from the dynamo exporter, a
-// dynamic GPT-2, an encoder, and the default (sdpa) export at opset 23 (ONNX's Attention and
-// RotaryEmbedding, a cache, grouped-query heads, weights in model.onnx.data).
+// dynamic GPT-2, an encoder, the default (sdpa) export at opset 23 (ONNX's Attention and
+// RotaryEmbedding, a cache, grouped-query heads, weights in model.onnx.data), and Gemma 2 (its
+// soft-capped attention, which no generated kernel takes, runs its reference graph).
 const char* const kEmulated[] = {"llama_ts_kv", "llama_gqa_dynamo_dynamic", "gpt2_ts_dynamic", "bert_ts_dynamic",
-                                 "llama_gqa_sdpa_dynamo23_kv"};
+                                 "llama_gqa_sdpa_dynamo23_kv", "gemma2_sdpa_dynamo_kv"};
 
 TEST(CudaCorpus, ExportedModelsMatchTorch) {
   const bool gpu = cuda::CudaDeviceAvailable(0);

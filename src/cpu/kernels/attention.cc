@@ -67,11 +67,13 @@ using schemas::ReadDims;
 using simd::kLanes;
 using simd::VF;
 
-// dst[r] = rope(src row r) for `rows` rows; cos/sin rows are located through broadcast strides
-// (c_row: element stride between rows; the last dim is contiguous).
-void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t d, const float* cos, const float* sin,
-                int64_t c_row, float* dst) {
-  for (int64_t r = 0; r < rows; ++r) RopeRow(src + r * src_stride, cos + r * c_row, sin + r * c_row, d, dst + r * d);
+// dst[r] = rope(src row r) for `rows` rows of d values, the first `rot` rotated; cos/sin rows are
+// located through broadcast strides (c_row: element stride between rows; the last dim is
+// contiguous).
+void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t rot, int64_t d, const float* cos,
+                const float* sin, int64_t c_row, float* dst) {
+  for (int64_t r = 0; r < rows; ++r)
+    RopeRowPartial(src + r * src_stride, cos + r * c_row, sin + r * c_row, rot, d, dst + r * d);
 }
 
 // What a plan prepares once: the constant mask's rows, and for the projected form each
@@ -259,8 +261,8 @@ Result<AttentionLaunch> BindOperands(const KernelContext& ctx, const Dims& d, co
     if (ctx.inputs[next].shape != ctx.inputs[next + 1].shape)
       return InvalidArgument(where, ": cos ", ShapeToString(ctx.inputs[next].shape), " and sin ",
                              ShapeToString(ctx.inputs[next + 1].shape), " differ in shape");
-    a.cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.d});
-    a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.kv_h, d.sk, d.d});
+    a.cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.rope_dim});
+    a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.kv_h, d.sk, d.rope_dim});
   }
   a.qa = Access(d.q, d, d.h, d.s, d.d), a.ka = Access(d.k, d, d.kv_h, d.sk, d.d);
   a.va = Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = Access(d.out, d, d.h, d.s, d.dv);
@@ -361,7 +363,7 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
   ScoreOperands op{hb.q, hb.lq, hb.k, hb.lk};
   if (d.rope_q && !roped) {
     const int64_t off = hb.b * a.cq[0] + hb.h * a.cq[1] + hb.r0 * a.cq[2];
-    GatherRope(hb.q, hb.lq, hb.rows, d.d, a.cos + off, a.sin + off, a.cq[2], qg);
+    GatherRope(hb.q, hb.lq, hb.rows, d.rope_dim, d.d, a.cos + off, a.sin + off, a.cq[2], qg);
     op.q = qg;
     op.lda = d.d;
   }
@@ -369,7 +371,7 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
     const int64_t k_head = hb.b * d.kv_h + hb.kvh;
     if (gathered_head != k_head) {
       const int64_t off = hb.b * a.ck[0] + hb.kvh * a.ck[1];
-      GatherRope(hb.k, hb.lk, d.sk, d.d, a.cos + off, a.sin + off, a.ck[2], kg);
+      GatherRope(hb.k, hb.lk, d.sk, d.rope_dim, d.d, a.cos + off, a.sin + off, a.ck[2], kg);
       gathered_head = k_head;
     }
     op.k = kg;
@@ -393,7 +395,8 @@ int64_t ComputedKeys(const AttentionLaunch& a, const HeadBlock& hb, const ScoreO
   return d.sk;
 }
 
-// scores[rows, kend] = scale * Q K^T (K^T read as given for bhds), rows Sk apart.
+// scores[rows, kend] = scale * Q K^T (K^T read as given for bhds), rows Sk apart; soft-capped
+// (softcap * tanh) when the node says so.
 void ScoreProduct(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOperands& op, int64_t kend,
                   float* scores) {
   const Dims& d = a.d;
@@ -401,8 +404,13 @@ void ScoreProduct(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOper
     for (int64_t r = 0; r < hb.rows; ++r) std::fill(scores + r * d.sk, scores + r * d.sk + kend, 0.f);
     return;
   }
-  const ScopedNs blas_time(BlasCounter(*a.cpu));
-  Sgemm(false, d.k != Layout::kBHDS, hb.rows, kend, d.d, a.scale, op.q, op.lda, op.k, op.ldb, 0.f, scores, d.sk);
+  {
+    const ScopedNs blas_time(BlasCounter(*a.cpu));
+    Sgemm(false, d.k != Layout::kBHDS, hb.rows, kend, d.d, a.scale, op.q, op.lda, op.k, op.ldb, 0.f, scores, d.sk);
+  }
+  if (d.softcap != 0.f)  // soft-capping, before the mask
+    for (int64_t r = 0; r < hb.rows; ++r)
+      for (float* x = scores + r * d.sk; x < scores + r * d.sk + kend; ++x) *x = d.softcap * std::tanh(*x);
 }
 
 // The block's scores over keys [0, kend), masked and exponentiated row by row (MaskExpRow);
@@ -547,8 +555,8 @@ void RopeHeadsInPlace(const AttentionLaunch& a, int64_t b, int64_t u0, float* qk
         const bool rope = is_q ? d.rope_q : d.rope_k;
         const std::vector<int64_t>& cs = is_q ? a.cq : a.ck;
         const int64_t off = rope ? b * cs[0] + (is_q ? u * per_kv + i : u) * cs[1] + r * cs[2] : 0;
-        if (rope && inv_rms) RopeRowScaled(x, a.cos + off, a.sin + off, d.d, x, c);
-        else if (rope) RopeRow(x, a.cos + off, a.sin + off, d.d, x);
+        if (rope && inv_rms) RopeRowPartialScaled(x, a.cos + off, a.sin + off, d.rope_dim, d.d, x, c);
+        else if (rope) RopeRowPartial(x, a.cos + off, a.sin + off, d.rope_dim, d.d, x);
         else if (inv_rms) simd::ScaleRow(x, d.d, c);
       }
       if (inv_rms) simd::ScaleRow(ur + (per_kv + 1) * d.d, d.d, c);  // v

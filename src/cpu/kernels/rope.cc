@@ -3,7 +3,8 @@
 //   rotate_half(X)[..., i] = -X[..., i + d/2]  for i <  d/2,
 //                             X[..., i - d/2]  for i >= d/2,
 // over the last dim d of X (even). cos and sin have X's dtype and broadcast unidirectionally to
-// X's shape (typically [S, d] or [1, 1, S, d] against X [B, H, S, d]).
+// X's shape (typically [S, d] or [1, 1, S, d] against X [B, H, S, d]). With rotary_dim = r,
+// the first r values rotate (halves of r, tables of r values) and the rest are copied.
 //
 // Every element is computed in f32 as (x * c) + ((-x2) * s): each product rounded on its own,
 // then the add (the library builds with -ffp-contract=off), which is exactly what the decomposed
@@ -44,15 +45,19 @@ Status RopeKernel(const KernelContext& ctx) {
   const TensorView& C = ctx.inputs[1];
   const TensorView& S = ctx.inputs[2];
   const TensorView& Y = ctx.outputs[0];
-  if (X.shape.empty() || X.shape.back() % 2 != 0 || !BroadcastsTo(C.shape, X.shape) ||
-      !BroadcastsTo(S.shape, X.shape) || !IsFloat(X.dtype) || C.dtype != X.dtype || S.dtype != X.dtype)
-    return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d] with d even and cos/sin of x's dtype "
-                                             "broadcasting to x's shape");
+  if (X.shape.empty()) return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d]");
   const int64_t d = X.shape.back();
+  const int64_t rot = ctx.node.GetInt("rotary_dim", 0) > 0 ? ctx.node.GetInt("rotary_dim", 0) : d;
+  Shape rotated = X.shape;
+  rotated.back() = rot;
+  if (rot % 2 != 0 || rot > d || !BroadcastsTo(C.shape, rotated) || !BroadcastsTo(S.shape, rotated) ||
+      !IsFloat(X.dtype) || C.dtype != X.dtype || S.dtype != X.dtype)
+    return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d], rotary_dim r (d by default) even and at most d, "
+                                             "and cos/sin of x's dtype broadcasting to x's shape with r for d");
   if (d == 0) return Status::Ok();
   const int64_t rows = Product(X.shape) / d;
-  const std::vector<int64_t> cst = BroadcastStrides(C.shape, X.shape);
-  const std::vector<int64_t> sst = BroadcastStrides(S.shape, X.shape);
+  const std::vector<int64_t> cst = BroadcastStrides(C.shape, rotated);
+  const std::vector<int64_t> sst = BroadcastStrides(S.shape, rotated);
   // Y over X (in place) goes through scratch: each half of a row reads the other half.
   const bool direct_out = Y.dtype == DType::kF32 && Y.data != X.data;
   ParallelFor(ctx.cpu, rows, d * 3, [&](int64_t begin, int64_t end) {
@@ -60,10 +65,10 @@ Status RopeKernel(const KernelContext& ctx) {
         ys(static_cast<size_t>(d));
     for (int64_t r = begin; r < end; ++r) {
       const float* x = RowF32(X, r * d, 1, d, xs);
-      const float* c = RowF32(C, RowOffset(r, X.shape, cst), cst.back(), d, cs);
-      const float* s = RowF32(S, RowOffset(r, X.shape, sst), sst.back(), d, ss);
+      const float* c = RowF32(C, RowOffset(r, X.shape, cst), cst.back(), rot, cs);
+      const float* s = RowF32(S, RowOffset(r, X.shape, sst), sst.back(), rot, ss);
       float* y = direct_out ? Y.as<float>() + r * d : ys.data();
-      RopeRow(x, c, s, d, y);
+      RopeRowPartial(x, c, s, rot, d, y);
       if (!direct_out) StoreF32(Y.dtype, Y.data, r * d, 1, d, y);
     }
   });

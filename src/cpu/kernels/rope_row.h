@@ -45,4 +45,17 @@ inline void RopeRowScaled(const float* x, const float* c, const float* s, int64_
   RopeRowImpl<true>(x, c, s, d, y, pre);
 }
 
+// Partial rotary (GPT-NeoX, Phi): the first r of d values rotated with tables of r values, the
+// other d - r passed through (times pre, when scaled).
+inline void RopeRowPartial(const float* x, const float* c, const float* s, int64_t r, int64_t d, float* y) {
+  RopeRowImpl<false>(x, c, s, r, y, 1.f);
+  if (y != x)
+    for (int64_t i = r; i < d; ++i) y[i] = x[i];
+}
+inline void RopeRowPartialScaled(const float* x, const float* c, const float* s, int64_t r, int64_t d, float* y,
+                                 float pre) {
+  RopeRowImpl<true>(x, c, s, r, y, pre);
+  for (int64_t i = r; i < d; ++i) y[i] = x[i] * pre;
+}
+
 }  // namespace graphfuse::kernels

@@ -50,12 +50,15 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   d.mask_fill = static_cast<float>(AttrFloat(a, "mask_fill", 0.f));
   d.select_first = AttrInt(a, "mask_select_first", 0) != 0;
   d.zero_nan_rows = AttrInt(a, "zero_nan_rows", 0) != 0;
+  d.softcap = static_cast<float>(AttrFloat(a, "softcap", 0.f));
   d.rope_q = AttrInt(a, "rope_q", 0) != 0;
   d.rope_k = AttrInt(a, "rope_k", 0) != 0;
   if (d.rope_k && d.k == Layout::kBHDS)
     return InvalidArgument(where, ": RoPE on K needs K rows (k_layout bshd or bhsd), not bhds");
-  if ((d.rope_q || d.rope_k) && d.d % 2 != 0)
-    return InvalidArgument(where, ": RoPE needs an even head_dim, got ", d.d);
+  d.rope_dim = AttrInt(a, "rope_dim", d.d);
+  if ((d.rope_q || d.rope_k) && (d.rope_dim % 2 != 0 || d.rope_dim <= 0 || d.rope_dim > d.d))
+    return InvalidArgument(where, ": RoPE rotates an even number of values, at most head_dim ", d.d, "; got ",
+                           d.rope_dim);
   d.out_shape = AttrInts(a, "output_shape", {});
   d.proj = AttrInt(a, "qkv_proj", 0) != 0;
   if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
@@ -149,10 +152,10 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
   if (d.rope_q || d.rope_k)
     for (const char* name : {"cos", "sin"}) {
       const Shape& s = shapes[next++];
-      if (s.empty() || s.back() != d.d)
-        return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in head_dim ", d.d);
-      if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.d}, name));
-      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.kv_h, d.sk, d.d}, name));
+      if (s.empty() || s.back() != d.rope_dim)
+        return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in the rotated width ", d.rope_dim);
+      if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.rope_dim}, name));
+      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.kv_h, d.sk, d.rope_dim}, name));
     }
   int64_t n = 1;
   for (int64_t x : d.out_shape) n *= x;

@@ -27,6 +27,9 @@ struct Dims {
   // mask_fill already carries the factors applied after the Where). With both, select_first
   // says the Where comes before the add (Hugging Face's GPT-2 with an attention_mask).
   bool mask = false, rope_q = false, rope_k = false;
+  // The values of each head row RoPE rotates (attribute rope_dim: partial rotary, the tables
+  // [.., rope_dim]); the head dim by default.
+  int64_t rope_dim = 0;
   int mask_select = 0;
   float mask_fill = 0;
   bool select_first = false;
@@ -35,6 +38,9 @@ struct Dims {
   // max is -inf (every key masked to -inf), +inf or NaN; such a row of P becomes zeros, so its
   // output row is 0 . V (0 for finite V) where the plain softmax gives NaN.
   bool zero_nan_rows = false;
+  // softcap (attribute softcap, 0: none): logit soft-capping, each scaled score s becomes
+  // softcap * tanh(s) before the mask (Gemma 2's c * tanh(s / c): the 1 / c is in `scale`).
+  float softcap = 0;
   // The projected form (attribute qkv_proj = 1): the inputs start with x [B*S rows, K] and
   // W [K, (H + 2*KV)*d] in place of q, k, v; q, k and v are x @ W's column blocks (q: H*d
   // columns, k and v: KV*d each, in the order proj_split gives: block proj_split[t] is q, k, v
