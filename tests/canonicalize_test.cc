@@ -755,6 +755,34 @@ TEST(Canonicalize, PartialRotaryIsOneRope) {
   EXPECT_EQ(g->nodes().front()->GetInt("rotary_dim", 0), 8);
 }
 
+// GPT-J's rotate_every_two: the pairs (-x[2i+1], x[2i]) stacked on a new last axis and viewed
+// back, times tables holding each angle twice. One interleaved Rope, bit-exact.
+TEST(Canonicalize, InterleavedRotaryIsOneRope) {
+  auto g = CanonicalizeAndCompare(R"(graph @every_two(%x: f32[1,6,4,8], %cos: f32[1,6,1,8], %sin: f32[1,6,1,8]) {
+  %maxis: i64[1] = const [-1]
+  %zero: i64[1] = const [0]
+  %one: i64[1] = const [1]
+  %two: i64[1] = const [2]
+  %big: i64[1] = const [1000000]
+  %shape: i64[4] = const [1, 6, 4, 8]
+  %even = Slice(%x, %zero, %big, %maxis, %two)
+  %odd = Slice(%x, %one, %big, %maxis, %two)
+  %neg = Neg(%odd)
+  %u0 = Unsqueeze(%neg, %maxis)
+  %u1 = Unsqueeze(%even, %maxis)
+  %stack = Concat(%u0, %u1) {axis = -1}
+  %rot = Reshape(%stack, %shape)
+  %xc = Mul(%x, %cos)
+  %rs = Mul(%rot, %sin)
+  %y = Add(%xc, %rs)
+  return %y
+})",
+                                  1, kBitExact);
+  ASSERT_EQ(g->num_nodes(), 1u) << PrintGraph(*g);
+  EXPECT_EQ(g->nodes().front()->op(), "Rope");
+  EXPECT_EQ(g->nodes().front()->GetInt("interleaved", 0), 1);
+}
+
 TEST(Canonicalize, RopeCommutedOperands) {
   auto g = CanonicalizeAndCompare(RopeText("Mul(%cos, %x)", "Mul(%sin, %rot)", "Add(%rs, %xc)"), 1, kBitExact);
   EXPECT_EQ(CountOp(*g, "Rope"), 1);

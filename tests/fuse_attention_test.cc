@@ -1297,6 +1297,33 @@ TEST(FuseAttention, PartialRotaryRunsInTheKernel) {
   EXPECT_EQ(att->GetInt("rope_dim", 0), 4);
 }
 
+// GPT-J's RoPE: interleaved pairs over the first 4 of 8 values, applied to the [B,S,H,d] rows
+// before the head split (tables [1,S,1,4]). Inside the kernel: no Rope kernel is left.
+TEST(FuseAttention, InterleavedRotaryBeforeTheHeadSplitRunsInTheKernel) {
+  const std::string text = R"(graph @gptj(%q: f32[1,6,2,8], %k: f32[1,6,2,8], %v: f32[1,2,6,8], %cos: f32[1,6,1,4], %sin: f32[1,6,1,4]) {
+  %scale: f32[] = const [0.35355339]
+  %qr = Rope(%q, %cos, %sin) {interleaved = 1, rotary_dim = 4}
+  %kr = Rope(%k, %cos, %sin) {interleaved = 1, rotary_dim = 4}
+  %q4 = Transpose(%qr) {perm = [0, 2, 1, 3]}
+  %k4 = Transpose(%kr) {perm = [0, 2, 1, 3]}
+  %kt = Transpose(%k4) {perm = [0, 1, 3, 2]}
+  %s = MatMul(%q4, %kt)
+  %s1 = Mul(%s, %scale)
+  %p = Softmax(%s1) {axis = -1}
+  %o = MatMul(%p, %v)
+  return %o
+})";
+  AttentionTextMatchesUnfused(text, 1);
+  auto g = ParseGraph(text);
+  ASSERT_TRUE(g.ok());
+  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
+  EXPECT_EQ(CountOp(**g, "Rope"), 0) << PrintGraph(**g);
+  const Node* att = FindOp(**g, "FusedAttention");
+  ASSERT_NE(att, nullptr);
+  EXPECT_EQ(att->GetInt("rope_interleaved", 0), 1);
+  EXPECT_EQ(att->GetString("rope_tables", ""), "bshd");
+}
+
 // A mask that differs across the batch keeps seq-first heads apart, with the reason.
 TEST(FuseAttention, SeqFirstHeadsWithAPerBatchMaskStayApart) {
   auto g = ParseGraph(SeqFirstText(", %mask: f32[2,1,5,5]", "  %s2 = Add(%s1, %mask)\n"));

@@ -30,8 +30,9 @@ Result<AttentionParts> ReadAttention(const Node& node, const std::string& where)
   if (d.proj)
     return Unimplemented(where, ": no generated kernel for the projected form (the QKV GEMM inside)");
   if (d.softcap != 0.f) return Unimplemented(where, ": no generated kernel soft-caps the scores");
-  if ((d.rope_q || d.rope_k) && d.rope_dim != d.d)
-    return Unimplemented(where, ": no generated kernel rotates part of a head (partial rotary)");
+  if ((d.rope_q || d.rope_k) && (d.rope_dim != d.d || d.rope_interleaved || d.rope_tables_bshd))
+    return Unimplemented(where, ": no generated kernel rotates part of a head, interleaved pairs, or with "
+                                "[B,S,H,r] tables");
   if (static_cast<int>(node.inputs().size()) != d.num_inputs()) return InvalidArgument(where, ": input count");
   for (size_t i = 0; i < node.inputs().size(); ++i) {
     const Value* v = node.input(i);

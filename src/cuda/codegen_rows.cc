@@ -388,8 +388,9 @@ Result<CudaKernelSource> GenerateRopeKernel(const Node& node) {
   const Value* sn = node.input(2);
   if (!x || !cs || !sn || x->shape().empty() || x->shape().back() % 2 != 0)
     return InvalidArgument(where, ": Rope needs x (last dim even), cos and sin");
-  if (node.GetInt("rotary_dim", 0) > 0 && node.GetInt("rotary_dim", 0) != x->shape().back())
-    return Unimplemented(where, ": no generated kernel rotates part of the last dim (rotary_dim)");
+  if ((node.GetInt("rotary_dim", 0) > 0 && node.GetInt("rotary_dim", 0) != x->shape().back()) ||
+      node.GetInt("interleaved", 0) != 0)
+    return Unimplemented(where, ": no generated kernel rotates part of the last dim (rotary_dim) or interleaved pairs");
   const Space sp = Collapse(x->shape(), {x->shape(), cs->shape(), sn->shape()});
   const int64_t d = x->shape().back();
   CudaKernelSource k;

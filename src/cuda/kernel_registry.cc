@@ -51,8 +51,10 @@ Result<CudaNodePlan> PlanAttention(const Node& node, const CudaPlanOptions& opti
   auto dims = schemas::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe()));
   if (dims.ok() && dims->softcap != 0.f)
     return Unimplemented("CUDA codegen: ", node.Describe(), ": no generated kernel soft-caps the scores");
-  if (dims.ok() && (dims->rope_q || dims->rope_k) && dims->rope_dim != dims->d)
-    return Unimplemented("CUDA codegen: ", node.Describe(), ": no generated kernel rotates part of a head");
+  if (dims.ok() && (dims->rope_q || dims->rope_k) &&
+      (dims->rope_dim != dims->d || dims->rope_interleaved || dims->rope_tables_bshd))
+    return Unimplemented("CUDA codegen: ", node.Describe(),
+                         ": no generated kernel rotates part of a head, interleaved pairs, or with [B,S,H,r] tables");
   if (dims.ok() && !dims->proj && dims->s > options.attention_rows_one_kernel) {
     if (options.prefill_attention == PrefillAttention::kFlash) {
       auto flash = GenerateFlashAttentionKernel(node);
@@ -86,7 +88,8 @@ Result<CudaNodePlan> PlanAttention(const Node& node, const CudaPlanOptions& opti
 // whose attention takes its GEMM form.
 Result<CudaNodePlan> PlanCachedAttention(const Node& node, const CudaPlanOptions& options) {
   GF_ASSIGN_OR_RETURN(schemas::Dims dims, schemas::ReadDims(node.attrs(), StrCat("CUDA codegen: ", node.Describe())));
-  if (dims.softcap != 0.f || ((dims.rope_q || dims.rope_k) && dims.rope_dim != dims.d))
+  if (dims.softcap != 0.f || ((dims.rope_q || dims.rope_k) &&
+                             (dims.rope_dim != dims.d || dims.rope_interleaved || dims.rope_tables_bshd)))
     return Unimplemented("CUDA codegen: ", node.Describe(),
                          ": no generated kernel soft-caps the scores or rotates part of a head");
   if (dims.s > options.attention_rows_one_kernel)

@@ -461,6 +461,52 @@ std::optional<Match> MatchRope(Node* root) {
   return std::nullopt;
 }
 
+// x when `v` = rotate_every_two(x) as GPT-J writes it: the pairs (-x[2i+1], x[2i]) stacked and
+// viewed back as x, Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1))).
+Value* RotateEveryTwoOf(const Value* v, std::vector<Node*>& members) {
+  Node* view = ProducerOf(v, "Reshape");
+  Node* cat = view ? ProducerOf(view->input(0), "Concat") : nullptr;
+  if (!cat || cat->inputs().size() != 2) return nullptr;
+  const Value* stacked = cat->output();
+  if (stacked->shape().empty() || stacked->shape().back() != 2 ||
+      !match::IsLastAxis(cat->GetInt("axis", 0), stacked->shape().size()))
+    return nullptr;
+  Node* u_odd = ProducerOf(cat->input(0), "Unsqueeze");
+  Node* u_even = ProducerOf(cat->input(1), "Unsqueeze");
+  Node* neg = u_odd ? ProducerOf(u_odd->input(0), "Neg") : nullptr;
+  Node* odd = neg ? ProducerOf(neg->input(0), "Slice") : nullptr;
+  Node* even = u_even ? ProducerOf(u_even->input(0), "Slice") : nullptr;
+  if (!odd || !even || odd->input(0) != even->input(0)) return nullptr;
+  Value* x = odd->input(0);
+  Shape unsq = neg->output()->shape();
+  unsq.push_back(1);
+  if (u_odd->output()->shape() != unsq || u_even->output()->shape() != unsq || view->output()->shape() != x->shape() ||
+      match::LastAxisEveryOther(*odd) != 1 || match::LastAxisEveryOther(*even) != 0)
+    return nullptr;
+  members.insert(members.end(), {view, cat, u_odd, u_even, neg, odd, even});
+  return x;
+}
+
+// x * cos + rotate_every_two(x) * sin, any operand order -> Rope(x, cos, sin){interleaved = 1}.
+std::optional<Match> MatchInterleavedRope(Node* root) {
+  if (root->op() != "Add") return std::nullopt;
+  for (auto [by_cos, by_sin] : OperandOrders(*root)) {
+    Node* mc = ProducerOf(by_cos, "Mul");
+    Node* ms = ProducerOf(by_sin, "Mul");
+    if (!mc || !ms) continue;
+    for (auto [rotated, sin] : OperandOrders(*ms)) {
+      Match m{"Rope", {}, {{"interleaved", int64_t{1}}}, {root, mc, ms}, root};
+      Value* x = RotateEveryTwoOf(rotated, m.members);
+      if (!x) continue;
+      Value* cos = OtherOperand(*mc, x);
+      if (!IsRopeTable(cos, x) || !IsRopeTable(sin, x)) continue;
+      m.inputs = {x, cos, sin};
+      return m;
+    }
+  }
+  return std::nullopt;
+}
+
 // Partial rotary (GPT-NeoX, Phi: the first r of d values rotated, the rest passed through):
 // Concat(Rope(Slice(x, 0:r), cos, sin), Slice(x, r:d)) on the last axis
 // -> Rope(x, cos, sin){rotary_dim = r}.
@@ -479,6 +525,7 @@ std::optional<Match> MatchPartialRope(Node* root) {
   const int64_t r = rot_range->second;
   if (r <= 0 || r >= d || r % 2 != 0 || match::LastAxisSliceRange(*pass) != std::make_pair(r, d)) return std::nullopt;
   Match m{"Rope", {x, rope->input(1), rope->input(2)}, {{"rotary_dim", r}}, {root, rope, rot, pass}, root};
+  if (rope->GetInt("interleaved", 0) != 0) m.attrs["interleaved"] = int64_t{1};
   return m;
 }
 
@@ -486,7 +533,8 @@ using Matcher = std::optional<Match> (*)(Node*);
 // LayerNorm before RMSNorm: a LayerNorm's core d / sqrt(mean(d^2) + eps) is also an RMSNorm of
 // d = x - mean(x), and the larger pattern should win.
 constexpr Matcher kMatchers[] = {MatchLayerNorm, MatchRmsNorm, MatchGeluErf, MatchGeluTanh,
-                                 MatchSilu,      MatchSoftmax, MatchRope,    MatchPartialRope};
+                                 MatchSilu,      MatchSoftmax, MatchRope,    MatchInterleavedRope,
+                                 MatchPartialRope};
 
 // ---- acceptance and rewrite ----
 

@@ -156,6 +156,16 @@ class ViewRewriter {
       Value* a = p->input(0);
       Value* w = p->input(1);
       if (!a || !w || w->shape().size() != 2 || a->shape().size() < 2 || from.size() < 2 || to.size() < 2) return false;
+      // A view that only adds or drops dims of 1 (a head split into one head: multi-query K / V)
+      // stays below a GEMM whose input others read too: above it, the GEMM would read a view of
+      // its own and no longer join the other projections of that input.
+      auto non_unit = [](const Shape& s) {
+        Shape r;
+        for (int64_t d : s)
+          if (d != 1) r.push_back(d);
+        return r;
+      };
+      if (!match::HasSingleUse(a) && non_unit(from) == non_unit(to)) return false;
       Shape a_shape(to.begin(), to.end() - 1);
       a_shape.push_back(a->shape().back());
       GF_ASSIGN_OR_RETURN(Value * a2, ViewAs(a, a_shape, v->name()));

@@ -80,6 +80,7 @@ struct Operand {
   Value* input = nullptr;
   std::string layout = "bhsd";
   Node* rope = nullptr;
+  bool rope_bshd = false;  // the Rope came before the head split's Transpose ([B,S,H,d] rows)
   std::vector<Node*> nodes;  // absorbed Rope / Transpose / Reshape
 };
 
@@ -206,6 +207,15 @@ class AttentionFuser {
       op.nodes.push_back(t);
       op.input = t->input(0);  // [B,rows,H,cols] (or [rows,N,cols]): the bshd layout already
       op.layout = seq_first ? "sbhd" : "bshd";
+      // RoPE applied before the head split (GPT-J rotates [B,S,H,d] rows): its tables
+      // broadcast over [B,S,H,r].
+      if (Node* r = allow_rope && !op.rope && !seq_first ? SingleUseProducer(op.input, "Rope") : nullptr;
+          r && RopeFits(*r, rows, cols, rope_like, /*bshd=*/true)) {
+        op.rope = r;
+        op.rope_bshd = true;
+        op.nodes.push_back(r);
+        op.input = r->input(0);
+      }
       if (Node* r = SingleUseProducer(op.input, "Reshape")) {
         op.nodes.push_back(r);
         op.input = r->input(0);
@@ -217,11 +227,14 @@ class AttentionFuser {
   // A Rope the kernel applies: (x, cos, sin), no attribute it would not honour, cos/sin f32
   // [.., rows, r] broadcasting over the heads (r: rotary_dim, the head dim by default), and the
   // same tables (and r) as Q's when both rotate.
-  bool RopeFits(const Node& r, int64_t rows, int64_t cols, const Operand* rope_like) {
+  bool RopeFits(const Node& r, int64_t rows, int64_t cols, const Operand* rope_like, bool bshd = false) {
     if (r.inputs().size() != 3 || cols % 2 != 0) return false;
-    // Provenance and the rotated width are the attributes the kernel honours.
+    // Provenance, the rotated width and the pairing are the attributes the kernel honours.
     for (const auto& [key, value] : r.attrs())
-      if (key != "canonicalized_from" && key != "rotary_dim") return false;
+      if (key != "canonicalized_from" && key != "rotary_dim" && key != "interleaved") return false;
+    if (rope_like && rope_like->rope &&
+        (rope_like->rope_bshd != bshd || rope_like->rope->GetInt("interleaved", 0) != r.GetInt("interleaved", 0)))
+      return false;
     const int64_t rot = r.GetInt("rotary_dim", 0) > 0 ? r.GetInt("rotary_dim", 0) : cols;
     if (rope_like && rope_like->rope &&
         rot != (rope_like->rope->GetInt("rotary_dim", 0) > 0 ? rope_like->rope->GetInt("rotary_dim", 0) : cols))
@@ -233,7 +246,8 @@ class AttentionFuser {
         !RowKernelTakes(x->dtype(), o_))
       return false;
     if (c->shape().empty() || c->shape().back() != rot || x->shape().size() != 4) return false;
-    if (!BroadcastsTo(c->shape(), Shape{x->shape()[0], x->shape()[1], rows, rot})) return false;
+    const Shape rows_of = bshd ? Shape{x->shape()[0], rows, x->shape()[2], rot} : Shape{x->shape()[0], x->shape()[1], rows, rot};
+    if (!BroadcastsTo(c->shape(), rows_of)) return false;
     if (rope_like && rope_like->rope &&
         (!match::SameData(rope_like->rope->input(1), c) || !match::SameData(rope_like->rope->input(2), s)))
       return false;
@@ -626,6 +640,8 @@ class AttentionFuser {
     if (!m.guard.empty()) attrs["zero_nan_rows"] = int64_t{1};
     if (m.softcap != 0) attrs["softcap"] = static_cast<float>(m.softcap);
     if (rope && rope->GetInt("rotary_dim", 0) > 0) attrs["rope_dim"] = rope->GetInt("rotary_dim", 0);
+    if (rope && rope->GetInt("interleaved", 0) != 0) attrs["rope_interleaved"] = int64_t{1};
+    if (rope && (m.q.rope ? m.q.rope_bshd : m.k.rope_bshd)) attrs["rope_tables"] = std::string("bshd");
     auto fused = g_.AddNode("FusedAttention", inputs, std::move(attrs), name);
     if (!fused.ok()) return fused.status().WithContext(StrCat("forming ", name, " from ", m.qk->Describe()));
     if ((*fused)->output()->shape() != m.out->shape())

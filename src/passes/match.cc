@@ -140,6 +140,24 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n) {
   return std::make_pair(p->start[last], p->start[last] + p->out[last]);
 }
 
+std::optional<int64_t> LastAxisEveryOther(const Node& n) {
+  const Value* x = n.input(0);
+  if (n.op() != "Slice" || !x || x->shape().empty() || !n.input(4)) return std::nullopt;
+  auto starts = IntConstant(n.input(1)), ends = IntConstant(n.input(2));
+  std::optional<std::vector<int64_t>> axes, steps = IntConstant(n.input(4));
+  if (n.input(3)) axes = IntConstant(n.input(3));
+  if (!starts || !ends || (n.input(3) && !axes) || !steps) return std::nullopt;
+  auto p = schemas::ComputeSlice(x->shape(), *starts, *ends, axes.value_or(std::vector<int64_t>{}), *steps,
+                                 axes.has_value(), true, n.name());
+  if (!p.ok()) return std::nullopt;
+  const size_t last = x->shape().size() - 1;
+  for (size_t i = 0; i < last; ++i)
+    if (p->step[i] != 1 || p->out[i] != x->shape()[i]) return std::nullopt;
+  const int64_t d = x->shape()[last];
+  if (p->step[last] != 2 || d % 2 != 0 || p->start[last] > 1 || p->out[last] != d / 2) return std::nullopt;
+  return p->start[last];
+}
+
 bool BroadcastsTo(const Shape& s, const Shape& to) {
   if (s.size() > to.size()) return false;
   const Shape both[2] = {s, to};

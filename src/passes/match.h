@@ -122,4 +122,8 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n);
 // never more dims than `to`).
 bool BroadcastsTo(const Shape& s, const Shape& to);
 
+// For a Slice taking every other element of the last dim (step 2) and all of the others: where
+// it starts (0: the even elements, 1: the odd ones); none otherwise.
+std::optional<int64_t> LastAxisEveryOther(const Node& n);
+
 }  // namespace graphfuse::match

@@ -70,10 +70,10 @@ using simd::VF;
 // dst[r] = rope(src row r) for `rows` rows of d values, the first `rot` rotated; cos/sin rows are
 // located through broadcast strides (c_row: element stride between rows; the last dim is
 // contiguous).
-void GatherRope(const float* src, int64_t src_stride, int64_t rows, int64_t rot, int64_t d, const float* cos,
-                const float* sin, int64_t c_row, float* dst) {
+void GatherRope(bool interleaved, const float* src, int64_t src_stride, int64_t rows, int64_t rot, int64_t d,
+                const float* cos, const float* sin, int64_t c_row, float* dst) {
   for (int64_t r = 0; r < rows; ++r)
-    RopeRowPartial(src + r * src_stride, cos + r * c_row, sin + r * c_row, rot, d, dst + r * d);
+    RopeRowOf(interleaved, src + r * src_stride, cos + r * c_row, sin + r * c_row, rot, d, dst + r * d);
 }
 
 // What a plan prepares once: the constant mask's rows, and for the projected form each
@@ -261,8 +261,15 @@ Result<AttentionLaunch> BindOperands(const KernelContext& ctx, const Dims& d, co
     if (ctx.inputs[next].shape != ctx.inputs[next + 1].shape)
       return InvalidArgument(where, ": cos ", ShapeToString(ctx.inputs[next].shape), " and sin ",
                              ShapeToString(ctx.inputs[next + 1].shape), " differ in shape");
-    a.cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.rope_dim});
-    a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.kv_h, d.sk, d.rope_dim});
+    if (d.rope_tables_bshd) {  // [B,S,H,r] strides, read in (b, h, s, c) order
+      const std::vector<int64_t> q = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.s, d.h, d.rope_dim});
+      const std::vector<int64_t> k = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.sk, d.kv_h, d.rope_dim});
+      a.cq = {q[0], q[2], q[1], q[3]};
+      a.ck = {k[0], k[2], k[1], k[3]};
+    } else {
+      a.cq = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.h, d.s, d.rope_dim});
+      a.ck = BroadcastStrides(ctx.inputs[next].shape, Shape{d.b, d.kv_h, d.sk, d.rope_dim});
+    }
   }
   a.qa = Access(d.q, d, d.h, d.s, d.d), a.ka = Access(d.k, d, d.kv_h, d.sk, d.d);
   a.va = Access(d.v, d, d.kv_h, d.sk, d.dv), a.oa = Access(d.out, d, d.h, d.s, d.dv);
@@ -363,7 +370,7 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
   ScoreOperands op{hb.q, hb.lq, hb.k, hb.lk};
   if (d.rope_q && !roped) {
     const int64_t off = hb.b * a.cq[0] + hb.h * a.cq[1] + hb.r0 * a.cq[2];
-    GatherRope(hb.q, hb.lq, hb.rows, d.rope_dim, d.d, a.cos + off, a.sin + off, a.cq[2], qg);
+    GatherRope(d.rope_interleaved, hb.q, hb.lq, hb.rows, d.rope_dim, d.d, a.cos + off, a.sin + off, a.cq[2], qg);
     op.q = qg;
     op.lda = d.d;
   }
@@ -371,7 +378,7 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
     const int64_t k_head = hb.b * d.kv_h + hb.kvh;
     if (gathered_head != k_head) {
       const int64_t off = hb.b * a.ck[0] + hb.kvh * a.ck[1];
-      GatherRope(hb.k, hb.lk, d.sk, d.rope_dim, d.d, a.cos + off, a.sin + off, a.ck[2], kg);
+      GatherRope(d.rope_interleaved, hb.k, hb.lk, d.sk, d.rope_dim, d.d, a.cos + off, a.sin + off, a.ck[2], kg);
       gathered_head = k_head;
     }
     op.k = kg;
@@ -555,8 +562,8 @@ void RopeHeadsInPlace(const AttentionLaunch& a, int64_t b, int64_t u0, float* qk
         const bool rope = is_q ? d.rope_q : d.rope_k;
         const std::vector<int64_t>& cs = is_q ? a.cq : a.ck;
         const int64_t off = rope ? b * cs[0] + (is_q ? u * per_kv + i : u) * cs[1] + r * cs[2] : 0;
-        if (rope && inv_rms) RopeRowPartialScaled(x, a.cos + off, a.sin + off, d.rope_dim, d.d, x, c);
-        else if (rope) RopeRowPartial(x, a.cos + off, a.sin + off, d.rope_dim, d.d, x);
+        if (rope && inv_rms) RopeRowOfScaled(d.rope_interleaved, x, a.cos + off, a.sin + off, d.rope_dim, d.d, x, c);
+        else if (rope) RopeRowOf(d.rope_interleaved, x, a.cos + off, a.sin + off, d.rope_dim, d.d, x);
         else if (inv_rms) simd::ScaleRow(x, d.d, c);
       }
       if (inv_rms) simd::ScaleRow(ur + (per_kv + 1) * d.d, d.d, c);  // v

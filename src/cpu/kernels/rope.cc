@@ -4,7 +4,9 @@
 //                             X[..., i - d/2]  for i >= d/2,
 // over the last dim d of X (even). cos and sin have X's dtype and broadcast unidirectionally to
 // X's shape (typically [S, d] or [1, 1, S, d] against X [B, H, S, d]). With rotary_dim = r,
-// the first r values rotate (halves of r, tables of r values) and the rest are copied.
+// the first r values rotate (halves of r, tables of r values) and the rest are copied. With
+// interleaved = 1 the rotated pairs are (x[2i], x[2i+1]) (GPT-J's rotate_every_two), the
+// tables holding each angle twice.
 //
 // Every element is computed in f32 as (x * c) + ((-x2) * s): each product rounded on its own,
 // then the add (the library builds with -ffp-contract=off), which is exactly what the decomposed
@@ -55,6 +57,7 @@ Status RopeKernel(const KernelContext& ctx) {
     return InvalidArgument(KernelWhere(ctx), ": Rope needs x [..., d], rotary_dim r (d by default) even and at most d, "
                                              "and cos/sin of x's dtype broadcasting to x's shape with r for d");
   if (d == 0) return Status::Ok();
+  const bool interleaved = ctx.node.GetInt("interleaved", 0) != 0;
   const int64_t rows = Product(X.shape) / d;
   const std::vector<int64_t> cst = BroadcastStrides(C.shape, rotated);
   const std::vector<int64_t> sst = BroadcastStrides(S.shape, rotated);
@@ -68,7 +71,7 @@ Status RopeKernel(const KernelContext& ctx) {
       const float* c = RowF32(C, RowOffset(r, X.shape, cst), cst.back(), rot, cs);
       const float* s = RowF32(S, RowOffset(r, X.shape, sst), sst.back(), rot, ss);
       float* y = direct_out ? Y.as<float>() + r * d : ys.data();
-      RopeRowPartial(x, c, s, rot, d, y);
+      RopeRowOf(interleaved, x, c, s, rot, d, y);
       if (!direct_out) StoreF32(Y.dtype, Y.data, r * d, 1, d, y);
     }
   });

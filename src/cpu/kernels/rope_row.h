@@ -45,6 +45,22 @@ inline void RopeRowScaled(const float* x, const float* c, const float* s, int64_
   RopeRowImpl<true>(x, c, s, d, y, pre);
 }
 
+// Interleaved rotary (GPT-J): pairs (x[2i], x[2i+1]) rotate, y[2i] = x[2i] * c[2i] + (-x[2i+1]) *
+// s[2i], y[2i+1] = x[2i+1] * c[2i+1] + x[2i] * s[2i+1], over the first r values (tables of r
+// values, each angle's twice); the other d - r pass through (times pre, when kPre). Each product
+// rounded on its own, as the decomposed graph (stack of -x_odd, x_even) computes it.
+template <bool kPre>
+inline void RopeRowInterleavedImpl(const float* x, const float* c, const float* s, int64_t r, int64_t d, float* y,
+                                   float pre) {
+  for (int64_t i = 0; i + 1 < r; i += 2) {
+    const float x0 = kPre ? x[i] * pre : x[i], x1 = kPre ? x[i + 1] * pre : x[i + 1];
+    y[i] = x0 * c[i] + (-x1) * s[i];
+    y[i + 1] = x1 * c[i + 1] + x0 * s[i + 1];
+  }
+  if (y != x || kPre)
+    for (int64_t i = r; i < d; ++i) y[i] = kPre ? x[i] * pre : x[i];
+}
+
 // Partial rotary (GPT-NeoX, Phi): the first r of d values rotated with tables of r values, the
 // other d - r passed through (times pre, when scaled).
 inline void RopeRowPartial(const float* x, const float* c, const float* s, int64_t r, int64_t d, float* y) {
@@ -56,6 +72,19 @@ inline void RopeRowPartialScaled(const float* x, const float* c, const float* s,
                                  float pre) {
   RopeRowImpl<true>(x, c, s, r, y, pre);
   for (int64_t i = r; i < d; ++i) y[i] = x[i] * pre;
+}
+
+// One row as a node describes it: rotate-half or interleaved pairs, over the first r of d values
+// (scaled: of x * pre).
+inline void RopeRowOf(bool interleaved, const float* x, const float* c, const float* s, int64_t r, int64_t d,
+                      float* y) {
+  if (interleaved) RopeRowInterleavedImpl<false>(x, c, s, r, d, y, 1.f);
+  else RopeRowPartial(x, c, s, r, d, y);
+}
+inline void RopeRowOfScaled(bool interleaved, const float* x, const float* c, const float* s, int64_t r, int64_t d,
+                            float* y, float pre) {
+  if (interleaved) RopeRowInterleavedImpl<true>(x, c, s, r, d, y, pre);
+  else RopeRowPartialScaled(x, c, s, r, d, y, pre);
 }
 
 }  // namespace graphfuse::kernels

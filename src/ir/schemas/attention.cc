@@ -56,6 +56,11 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   if (d.rope_k && d.k == Layout::kBHDS)
     return InvalidArgument(where, ": RoPE on K needs K rows (k_layout bshd or bhsd), not bhds");
   d.rope_dim = AttrInt(a, "rope_dim", d.d);
+  d.rope_interleaved = AttrInt(a, "rope_interleaved", 0) != 0;
+  const std::string tables = AttrString(a, "rope_tables", "bhsd");
+  if (tables != "bhsd" && tables != "bshd")
+    return InvalidArgument(where, ": rope_tables must be bhsd or bshd, got ", tables);
+  d.rope_tables_bshd = tables == "bshd";
   if ((d.rope_q || d.rope_k) && (d.rope_dim % 2 != 0 || d.rope_dim <= 0 || d.rope_dim > d.d))
     return InvalidArgument(where, ": RoPE rotates an even number of values, at most head_dim ", d.d, "; got ",
                            d.rope_dim);
@@ -154,8 +159,12 @@ Status CheckAttentionOperands(const Dims& d, std::span<const DType> dtypes, std:
       const Shape& s = shapes[next++];
       if (s.empty() || s.back() != d.rope_dim)
         return InvalidArgument(where, ": ", name, " ", ShapeToString(s), " must end in the rotated width ", d.rope_dim);
-      if (d.rope_q) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.h, d.s, d.rope_dim}, name));
-      if (d.rope_k) GF_RETURN_IF_ERROR(broadcasts(s, Shape{d.b, d.kv_h, d.sk, d.rope_dim}, name));
+      if (d.rope_q)
+        GF_RETURN_IF_ERROR(broadcasts(s, d.rope_tables_bshd ? Shape{d.b, d.s, d.h, d.rope_dim} : Shape{d.b, d.h, d.s, d.rope_dim},
+                                      name));
+      if (d.rope_k)
+        GF_RETURN_IF_ERROR(broadcasts(
+            s, d.rope_tables_bshd ? Shape{d.b, d.sk, d.kv_h, d.rope_dim} : Shape{d.b, d.kv_h, d.sk, d.rope_dim}, name));
     }
   int64_t n = 1;
   for (int64_t x : d.out_shape) n *= x;

@@ -30,6 +30,10 @@ struct Dims {
   // The values of each head row RoPE rotates (attribute rope_dim: partial rotary, the tables
   // [.., rope_dim]); the head dim by default.
   int64_t rope_dim = 0;
+  // rope_interleaved (attribute): RoPE rotates pairs (x[2i], x[2i+1]) (GPT-J). rope_tables_bshd
+  // (attribute rope_tables = "bshd"): the tables broadcast over [B,S,H,rope_dim], the RoPE having
+  // been applied before the head split's transpose ([B,S,1,r] tables).
+  bool rope_interleaved = false, rope_tables_bshd = false;
   int mask_select = 0;
   float mask_fill = 0;
   bool select_first = false;

@@ -7,6 +7,8 @@
 // is in src/cpu/kernels/rope.cc. With rotary_dim = r (0 < r < d, even), only the first r
 // values of each row rotate, halves of r, with tables of r values ([.., r], broadcasting to
 // x's shape with r for d); the other d - r pass through (GPT-NeoX's and Phi's partial rotary).
+// interleaved = 1: the rotated pairs are (x[2i], x[2i+1]) instead of (x[i], x[i + r/2]), as
+// GPT-J's rotate_every_two writes them, the tables [.., r] holding each angle twice.
 #include "infer_util.h"
 #include "schema_lists.h"
 
