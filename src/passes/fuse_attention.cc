@@ -263,7 +263,19 @@ class AttentionFuser {
     if (!m->guard.empty()) p = m->guard.back()->output();
     for (const Use& u : p->uses())
       if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
-    if (!m->pv) return false;
+    if (!m->pv) {
+      // Probabilities reshaped before the P V MatMul (BLOOM's baddbmm / bmm over [B*H,S,T]
+      // around a [B,H,S,T] softmax): said, not matched.
+      for (const Use& u : p->uses())
+        if (u.node->op() == "Reshape" && u.node->output())
+          for (const Use& w : u.node->output()->uses())
+            if (w.node->op() == "MatMul" && w.input_index == 0)
+              Refuse(sm, w.node->name(), kUnsupportedLayout,
+                     StrCat("softmax '", sm->name(), "' ", p->TypeString(), " reaches MatMul '", w.node->name(),
+                            "' through a Reshape to ", u.node->output()->TypeString(),
+                            ": scores reshaped between the MatMuls are not matched"));
+      return false;
+    }
     // Walk back from the softmax input: scalar scales, at most one mask Add and one Where.
     m->core.push_back(sm);
     Value* cur = sm->input(0);

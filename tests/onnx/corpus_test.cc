@@ -230,6 +230,7 @@ TEST(HfCorpus, FusedKernelCountsPerModel) {
 // its attention apart (a model that starts fusing is reported, so that it leaves this list).
 const std::map<std::string, std::string>& AttentionApart() {
   static const std::map<std::string, std::string> m = {
+      // Refused as attention-unsupported-layout: "scores reshaped between the MatMuls".
       {"bloom", "BLOOM's baddbmm: the scores are [B*H,S,T], reshaped to [B,H,S,T] around the mask and back"},
   };
   return m;
