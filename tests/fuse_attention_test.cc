@@ -1246,6 +1246,20 @@ TEST(FuseAttention, SeqFirstHeadsRunAsOneSequenceOfMergedHeads) {
   AttentionTextMatchesUnfused(SeqFirstText(", %mask: f32[5,5]", "  %s2 = Add(%s1, %mask)\n"), 1);
 }
 
+// `text` through the fused pipeline, checked against its unfused plan (one attention kernel);
+// the FusedAttention's attributes. No Rope kernel may be left.
+AttributeMap FusedAttentionAttrs(const std::string& text) {
+  AttentionTextMatchesUnfused(text, 1);
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok());
+  if (!g.ok()) return {};
+  EXPECT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
+  EXPECT_EQ(CountOp(**g, "Rope"), 0) << PrintGraph(**g);
+  const Node* att = FindOp(**g, "FusedAttention");
+  EXPECT_NE(att, nullptr);
+  return att ? att->attrs() : AttributeMap{};
+}
+
 // Gemma 2's logit soft-capping, c * tanh(s / c) between the scale and the mask: inside the one
 // kernel (softcap = c, the 1 / c joining the scale).
 TEST(FuseAttention, SoftCappedScoresRunInTheKernel) {
@@ -1263,14 +1277,9 @@ TEST(FuseAttention, SoftCappedScoresRunInTheKernel) {
   %o = MatMul(%p, %v)
   return %o
 })";
-  AttentionTextMatchesUnfused(text, 1);
-  auto g = ParseGraph(text);
-  ASSERT_TRUE(g.ok());
-  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
-  const Node* att = FindOp(**g, "FusedAttention");
-  ASSERT_NE(att, nullptr);
-  EXPECT_FLOAT_EQ(att->GetFloat("softcap", 0), 2.0f);
-  EXPECT_NEAR(att->GetFloat("scale", 0), 0.35355339 / 2.0, 1e-7);
+  const AttributeMap a = FusedAttentionAttrs(text);
+  EXPECT_FLOAT_EQ(AttrFloat(a, "softcap", 0), 2.0f);
+  EXPECT_NEAR(AttrFloat(a, "scale", 0), 0.35355339 / 2.0, 1e-7);
 }
 
 // Partial rotary (Rope with rotary_dim: the first 4 of 8 values rotated) on Q and K runs inside
@@ -1287,14 +1296,7 @@ TEST(FuseAttention, PartialRotaryRunsInTheKernel) {
   %o = MatMul(%p, %v)
   return %o
 })";
-  AttentionTextMatchesUnfused(text, 1);
-  auto g = ParseGraph(text);
-  ASSERT_TRUE(g.ok());
-  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
-  EXPECT_EQ(CountOp(**g, "Rope"), 0) << PrintGraph(**g);
-  const Node* att = FindOp(**g, "FusedAttention");
-  ASSERT_NE(att, nullptr);
-  EXPECT_EQ(att->GetInt("rope_dim", 0), 4);
+  EXPECT_EQ(AttrInt(FusedAttentionAttrs(text), "rope_dim", 0), 4);
 }
 
 // GPT-J's RoPE: interleaved pairs over the first 4 of 8 values, applied to the [B,S,H,d] rows
@@ -1313,15 +1315,9 @@ TEST(FuseAttention, InterleavedRotaryBeforeTheHeadSplitRunsInTheKernel) {
   %o = MatMul(%p, %v)
   return %o
 })";
-  AttentionTextMatchesUnfused(text, 1);
-  auto g = ParseGraph(text);
-  ASSERT_TRUE(g.ok());
-  ASSERT_TRUE(RunPipeline(**g, cpu::DefaultCpuTarget(), PipelineOptions{}).ok());
-  EXPECT_EQ(CountOp(**g, "Rope"), 0) << PrintGraph(**g);
-  const Node* att = FindOp(**g, "FusedAttention");
-  ASSERT_NE(att, nullptr);
-  EXPECT_EQ(att->GetInt("rope_interleaved", 0), 1);
-  EXPECT_EQ(att->GetString("rope_tables", ""), "bshd");
+  const AttributeMap a = FusedAttentionAttrs(text);
+  EXPECT_EQ(AttrInt(a, "rope_interleaved", 0), 1);
+  EXPECT_EQ(AttrString(a, "rope_tables", ""), "bshd");
 }
 
 // A mask that differs across the batch keeps seq-first heads apart, with the reason.

@@ -441,16 +441,17 @@ bool IsRopeTable(const Value* t, const Value* x) {
   return t && t->dtype() == x->dtype() && match::BroadcastsTo(t->shape(), x->shape());
 }
 
-// x * cos + rotate_half(x) * sin, any operand order -> Rope(x, cos, sin).
-std::optional<Match> MatchRope(Node* root) {
+// x * cos + rotation(x) * sin, any operand order -> Rope(x, cos, sin){attrs}.
+using RotationOf = Value* (*)(const Value*, std::vector<Node*>&);
+std::optional<Match> MatchRopeRotating(Node* root, RotationOf rotation, const AttributeMap& attrs) {
   if (root->op() != "Add") return std::nullopt;
   for (auto [by_cos, by_sin] : OperandOrders(*root)) {
     Node* mc = ProducerOf(by_cos, "Mul");
     Node* ms = ProducerOf(by_sin, "Mul");
     if (!mc || !ms) continue;
     for (auto [rotated, sin] : OperandOrders(*ms)) {
-      Match m{"Rope", {}, {}, {root, mc, ms}, root};
-      Value* x = RotateHalfOf(rotated, m.members);
+      Match m{"Rope", {}, attrs, {root, mc, ms}, root};
+      Value* x = rotation(rotated, m.members);
       if (!x) continue;
       Value* cos = OtherOperand(*mc, x);
       if (!IsRopeTable(cos, x) || !IsRopeTable(sin, x)) continue;
@@ -460,6 +461,9 @@ std::optional<Match> MatchRope(Node* root) {
   }
   return std::nullopt;
 }
+
+// x * cos + rotate_half(x) * sin -> Rope(x, cos, sin).
+std::optional<Match> MatchRope(Node* root) { return MatchRopeRotating(root, RotateHalfOf, {}); }
 
 // x when `v` = rotate_every_two(x) as GPT-J writes it: the pairs (-x[2i+1], x[2i]) stacked and
 // viewed back as x, Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1))).
@@ -487,24 +491,9 @@ Value* RotateEveryTwoOf(const Value* v, std::vector<Node*>& members) {
   return x;
 }
 
-// x * cos + rotate_every_two(x) * sin, any operand order -> Rope(x, cos, sin){interleaved = 1}.
+// x * cos + rotate_every_two(x) * sin -> Rope(x, cos, sin){interleaved = 1}.
 std::optional<Match> MatchInterleavedRope(Node* root) {
-  if (root->op() != "Add") return std::nullopt;
-  for (auto [by_cos, by_sin] : OperandOrders(*root)) {
-    Node* mc = ProducerOf(by_cos, "Mul");
-    Node* ms = ProducerOf(by_sin, "Mul");
-    if (!mc || !ms) continue;
-    for (auto [rotated, sin] : OperandOrders(*ms)) {
-      Match m{"Rope", {}, {{"interleaved", int64_t{1}}}, {root, mc, ms}, root};
-      Value* x = RotateEveryTwoOf(rotated, m.members);
-      if (!x) continue;
-      Value* cos = OtherOperand(*mc, x);
-      if (!IsRopeTable(cos, x) || !IsRopeTable(sin, x)) continue;
-      m.inputs = {x, cos, sin};
-      return m;
-    }
-  }
-  return std::nullopt;
+  return MatchRopeRotating(root, RotateEveryTwoOf, {{"interleaved", int64_t{1}}});
 }
 
 // Partial rotary (GPT-NeoX, Phi: the first r of d values rotated, the rest passed through):
