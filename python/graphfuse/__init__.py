@@ -19,8 +19,10 @@ ValueError), Unimplemented (NotImplementedError), ResourceExhausted (MemoryError
 
 from __future__ import annotations
 
+import enum
 import os
 import warnings
+from importlib import metadata as _metadata
 from collections.abc import Mapping, Sequence
 from typing import Any, Optional, Union
 
@@ -29,7 +31,16 @@ import numpy as np
 from . import _graphfuse
 from ._graphfuse import Error, Internal, InvalidArgument, NotFound, ResourceExhausted, Unimplemented
 
+try:
+    __version__ = _metadata.version("graphfuse")
+except _metadata.PackageNotFoundError:  # imported from a source tree, not an installed distribution
+    __version__ = "0+unknown"
+
 __all__ = [
+    "__version__",
+    "GraphOptimizationLevel",
+    "RunOptions",
+    "get_device",
     "InferenceSession",
     "IOBinding",
     "OrtValue",
@@ -52,6 +63,50 @@ _PROVIDER_BACKEND = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cu
 def get_available_backends() -> list[str]:
     """The backends this build has: 'cpu', and 'cuda' when it was built with the CUDA toolkit."""
     return list(_graphfuse.target_names())
+
+
+def get_device() -> str:
+    """As onnxruntime's: "GPU" when this build runs models on a CUDA device, else "CPU"."""
+    return "GPU" if "cuda" in get_available_backends() else "CPU"
+
+
+class GraphOptimizationLevel(enum.IntEnum):
+    """onnxruntime's levels, as SessionOptions.graph_optimization_level reads them: ORT_DISABLE_ALL
+    compiles the unfused baseline (every node its own kernel); every other level fuses (graphfuse
+    has one set of passes, not levels of them)."""
+
+    ORT_DISABLE_ALL = 0
+    ORT_ENABLE_BASIC = 1
+    ORT_ENABLE_EXTENDED = 2
+    ORT_ENABLE_LAYOUT = 3
+    ORT_ENABLE_ALL = 99
+
+
+class RunOptions:
+    """onnxruntime's RunOptions, accepted by run(): terminate = True makes run() refuse to start
+    (as onnxruntime's does); the logging fields (log_severity_level, log_verbosity_level, logid),
+    only_execute_path_to_fetches and run config entries are kept and change nothing."""
+
+    def __init__(self) -> None:
+        self.log_severity_level = 2
+        self.log_verbosity_level = 0
+        self.logid = ""
+        self.only_execute_path_to_fetches = False
+        self.terminate = False
+        self._config: dict[str, str] = {}
+
+    def add_run_config_entry(self, key: str, value: str) -> None:
+        self._config[str(key)] = str(value)
+
+    def get_run_config_entry(self, key: str) -> str:
+        if key not in self._config:
+            raise KeyError(f"run config entry {key!r} is not set")
+        return self._config[key]
+
+
+def _check_run_options(run_options: Any) -> None:
+    if run_options is not None and getattr(run_options, "terminate", False):
+        raise Error("run() was not started: its RunOptions.terminate is set")
 
 
 def get_available_providers() -> list[str]:
@@ -77,12 +132,14 @@ class NodeArg:
 
 class SessionOptions:
     """The subset of onnxruntime.SessionOptions graphfuse reads: intra_op_num_threads (0: the
-    hardware's threads) and the session config entry
-    "session.model_external_initializers_file_folder_path" (where a model given as bytes keeps its
-    external data). Other attributes and entries may be set and are ignored."""
+    hardware's threads), graph_optimization_level (GraphOptimizationLevel.ORT_DISABLE_ALL: no
+    fusion) and the session config entry "session.model_external_initializers_file_folder_path"
+    (where a model given as bytes keeps its external data). Other attributes and entries may be
+    set and are ignored."""
 
     def __init__(self) -> None:
         self.intra_op_num_threads = 0
+        self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
         self._config: dict[str, str] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
@@ -337,7 +394,8 @@ class InferenceSession:
       one this build has is used. backend ("cpu", "cuda") names it directly instead.
     threads: threads of the CPU backend's pool (0: the hardware's); sess_options'
       intra_op_num_threads when threads is 0.
-    fusion: False compiles the unfused baseline (every node its own kernel).
+    fusion: False compiles the unfused baseline (every node its own kernel), as sess_options'
+      graph_optimization_level = GraphOptimizationLevel.ORT_DISABLE_ALL does.
     device, cuda_graph: the CUDA backend's device, and whether each run replays its launches as
       one CUDA graph. emulate_gpu: the CUDA backend runs its plan on the host (slow; checks CUDA
       plans without a GPU).
@@ -382,6 +440,8 @@ class InferenceSession:
             path_or_bytes = os.fspath(path_or_bytes)
         if threads == 0 and sess_options is not None:
             threads = int(getattr(sess_options, "intra_op_num_threads", 0) or 0)
+        if sess_options is not None and int(getattr(sess_options, "graph_optimization_level", 99)) == 0:
+            fusion = False  # ORT_DISABLE_ALL: the unfused baseline
         if external_data_folder is None and sess_options is not None and hasattr(sess_options, "get_session_config_entry"):
             try:
                 external_data_folder = sess_options.get_session_config_entry(
@@ -442,7 +502,9 @@ class InferenceSession:
     ) -> list[np.ndarray]:
         """The outputs named (None: all, in the model's order) for the inputs in input_feed
         (name -> numpy array, host DLPack tensor such as a torch tensor, or anything
-        numpy.asarray takes). Outputs are numpy arrays; bf16 ones come back as float32."""
+        numpy.asarray takes). Outputs are numpy arrays; bf16 ones come back as float32.
+        run_options: a RunOptions (terminate = True refuses the run)."""
+        _check_run_options(run_options)
         if output_names is not None:
             for name in output_names:
                 if name not in self._output_index:
@@ -461,6 +523,7 @@ class InferenceSession:
     def run_with_iobinding(self, iobinding: IOBinding, run_options: Any = None) -> None:
         """Runs on the binding's inputs; its bound outputs are written into their arrays, the
         others into new arrays (iobinding.get_outputs())."""
+        _check_run_options(run_options)
         if iobinding._session is not self:
             raise InvalidArgument("the IOBinding belongs to another session")
         missing = [i.name for i in self._inputs if i.name not in iobinding._inputs]

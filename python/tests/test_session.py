@@ -173,6 +173,35 @@ def test_providers_and_options():
     assert "CPUExecutionProvider" in gf.get_available_providers()
 
 
+def test_onnxruntime_names_scripts_touch():
+    # As an onnxruntime script writes them, with only the import changed.
+    import graphfuse as ort
+
+    assert isinstance(ort.__version__, str) and ort.__version__[0].isdigit()
+    assert ort.get_device() in ("CPU", "GPU")
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(model_path(DYNAMIC), sess_options=so, providers=["CPUExecutionProvider"])
+    ro = ort.RunOptions()
+    ro.log_severity_level = 3
+    ro.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    assert ro.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+    inputs, expected = data_sets(DYNAMIC)[1]
+    assert_outputs_match(DYNAMIC, sess.run(None, feeds(sess, inputs), ro), expected)
+    fused = sess.explain()
+    assert fused["kernels_after"] < fused["kernels_before"]
+    # ORT_DISABLE_ALL: the unfused baseline, the same outputs.
+    off = ort.SessionOptions()
+    off.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    unfused = ort.InferenceSession(model_path(DYNAMIC), sess_options=off, providers=["CPUExecutionProvider"])
+    assert_outputs_match(DYNAMIC, unfused.run(None, feeds(unfused, inputs)), expected)
+    report = unfused.explain()
+    assert report["kernels_after"] == report["kernels_before"]
+    ro.terminate = True
+    with pytest.raises(ort.Error, match="RunOptions.terminate"):
+        sess.run(None, feeds(sess, inputs), ro)
+
+
 @pytest.mark.parametrize("threads", [0, 1])
 def test_two_python_threads_one_session(threads):
     session = gf.InferenceSession(model_path(DYNAMIC), threads=threads)
