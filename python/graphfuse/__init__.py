@@ -82,26 +82,40 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_ENABLE_ALL = 99
 
 
-class RunOptions:
+class _ConfigEntries:
+    """String key -> value entries, as onnxruntime's session and run config entries."""
+
+    def __init__(self, kind: str) -> None:
+        self._kind = kind
+        self._config: dict[str, str] = {}
+
+    def _add_entry(self, key: str, value: str) -> None:
+        self._config[str(key)] = str(value)
+
+    def _get_entry(self, key: str) -> str:
+        if key not in self._config:
+            raise KeyError(f"{self._kind} config entry {key!r} is not set")
+        return self._config[key]
+
+
+class RunOptions(_ConfigEntries):
     """onnxruntime's RunOptions, accepted by run(): terminate = True makes run() refuse to start
     (as onnxruntime's does); the logging fields (log_severity_level, log_verbosity_level, logid),
     only_execute_path_to_fetches and run config entries are kept and change nothing."""
 
     def __init__(self) -> None:
+        super().__init__("run")
         self.log_severity_level = 2
         self.log_verbosity_level = 0
         self.logid = ""
         self.only_execute_path_to_fetches = False
         self.terminate = False
-        self._config: dict[str, str] = {}
 
     def add_run_config_entry(self, key: str, value: str) -> None:
-        self._config[str(key)] = str(value)
+        self._add_entry(key, value)
 
     def get_run_config_entry(self, key: str) -> str:
-        if key not in self._config:
-            raise KeyError(f"run config entry {key!r} is not set")
-        return self._config[key]
+        return self._get_entry(key)
 
 
 def _check_run_options(run_options: Any) -> None:
@@ -130,7 +144,7 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
-class SessionOptions:
+class SessionOptions(_ConfigEntries):
     """The subset of onnxruntime.SessionOptions graphfuse reads: intra_op_num_threads (0: the
     hardware's threads), graph_optimization_level (GraphOptimizationLevel.ORT_DISABLE_ALL: no
     fusion) and the session config entry "session.model_external_initializers_file_folder_path"
@@ -138,17 +152,15 @@ class SessionOptions:
     set and are ignored."""
 
     def __init__(self) -> None:
+        super().__init__("session")
         self.intra_op_num_threads = 0
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
-        self._config: dict[str, str] = {}
 
     def add_session_config_entry(self, key: str, value: str) -> None:
-        self._config[str(key)] = str(value)
+        self._add_entry(key, value)
 
     def get_session_config_entry(self, key: str) -> str:
-        if key not in self._config:
-            raise KeyError(f"session config entry {key!r} is not set")
-        return self._config[key]
+        return self._get_entry(key)
 
 
 def _backends_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> list[str]:

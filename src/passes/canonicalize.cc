@@ -710,15 +710,9 @@ Result<int> RemoveIdentities(Graph& g) {
   }
   for (Node* n : gathers) {
     const Shape& s = n->output()->shape();
-    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(s.size())}));
-    std::copy(s.begin(), s.end(), t.data_as<int64_t>());
-    GF_ASSIGN_OR_RETURN(Value * shape, g.AddConstant(g.FreshName(n->name() + "_shape"),
-                                                     std::make_shared<const Tensor>(std::move(t))));
+    GF_ASSIGN_OR_RETURN(Value * shape, match::AddIntsConstant(g, n->name() + "_shape", {s.begin(), s.end()}));
     GF_ASSIGN_OR_RETURN(Node * r, g.AddNode("Reshape", {n->input(0), shape}, {}, n->name()));
-    const std::string name = n->output()->name();
-    g.ReplaceAllUsesWith(n->output(), r->output());
-    g.RemoveNode(n);
-    GF_RETURN_IF_ERROR(g.RenameValue(r->output(), name));
+    GF_RETURN_IF_ERROR(match::ReplaceKeepingName(g, n, r->output()));
   }
   if (!gathers.empty()) {
     g.RemoveDeadNodes();
@@ -807,10 +801,7 @@ Result<int> UnfoldViewedTransposes(Graph& g) {
     Shape viewed = r2->output()->shape();
     std::swap(viewed[viewed.size() - 2], viewed.back());
     if (viewed != x->shape()) {
-      GF_ASSIGN_OR_RETURN(Tensor st, Tensor::Empty(DType::kI64, {static_cast<int64_t>(viewed.size())}));
-      std::copy(viewed.begin(), viewed.end(), st.data_as<int64_t>());
-      GF_ASSIGN_OR_RETURN(Value * shape, g.AddConstant(g.FreshName(r1->name() + "_shape"),
-                                                       std::make_shared<const Tensor>(std::move(st))));
+      GF_ASSIGN_OR_RETURN(Value * shape, match::AddIntsConstant(g, r1->name() + "_shape", {viewed.begin(), viewed.end()}));
       GF_ASSIGN_OR_RETURN(Node * view, g.AddNode("Reshape", {x, shape}, {}, g.FreshName(r1->name() + "_view")));
       x = view->output();
     }
@@ -818,10 +809,7 @@ Result<int> UnfoldViewedTransposes(Graph& g) {
     for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(i);
     std::swap(perm[perm.size() - 2], perm.back());
     GF_ASSIGN_OR_RETURN(Node * t, g.AddNode("Transpose", {x}, {{"perm", perm}}, g.FreshName(r2->name() + "_transpose")));
-    const std::string name = r2->output()->name();
-    g.ReplaceAllUsesWith(r2->output(), t->output());
-    g.RemoveNode(r2);
-    GF_RETURN_IF_ERROR(g.RenameValue(t->output(), name));
+    GF_RETURN_IF_ERROR(match::ReplaceKeepingName(g, r2, t->output()));
   }
   if (!found.empty()) {
     g.RemoveDeadNodes();

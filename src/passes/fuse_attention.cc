@@ -771,13 +771,6 @@ std::optional<QkvGemmForm> QkvFormOf(const Node& gemm) {
   return form;
 }
 
-// A constant of int64 values in a reference graph.
-Result<Value*> IntsConstant(Graph& ref, const std::string& name, const std::vector<int64_t>& v) {
-  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
-  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
-  return ref.AddConstant(ref.FreshName(name), std::make_shared<const Tensor>(std::move(t)));
-}
-
 // In a reference graph: the GEMM's bias inputs (gemm inputs 2, ...) as slices of `bias`
 // (projection s's N values at offset + s*N), each viewed with its own shape.
 Result<std::vector<Value*>> BiasSlices(Graph& ref, Value* bias, const Node& gemm, const std::vector<Value*>& per_proj,
@@ -788,13 +781,13 @@ Result<std::vector<Value*>> BiasSlices(Graph& ref, Value* bias, const Node& gemm
     const int64_t s = std::find(per_proj.begin(), per_proj.end(), b) - per_proj.begin();
     if (s >= static_cast<int64_t>(per_proj.size()))
       return Internal(gemm.Describe(), ": input '", b->name(), "' is no projection's bias");
-    GF_ASSIGN_OR_RETURN(Value * starts, IntsConstant(ref, "starts", {offset + s * n}));
-    GF_ASSIGN_OR_RETURN(Value * ends, IntsConstant(ref, "ends", {offset + (s + 1) * n}));
+    GF_ASSIGN_OR_RETURN(Value * starts, match::AddIntsConstant(ref, "starts", {offset + s * n}));
+    GF_ASSIGN_OR_RETURN(Value * ends, match::AddIntsConstant(ref, "ends", {offset + (s + 1) * n}));
     GF_ASSIGN_OR_RETURN(Node * slice, ref.AddNode("Slice", {bias, starts, ends}, {}, b->name() + "/slice"));
     Value* v = slice->output();
     if (v->shape() != b->shape()) {
       GF_ASSIGN_OR_RETURN(Value * shape,
-                          IntsConstant(ref, "shape", std::vector<int64_t>(b->shape().begin(), b->shape().end())));
+                          match::AddIntsConstant(ref, "shape", std::vector<int64_t>(b->shape().begin(), b->shape().end())));
       GF_ASSIGN_OR_RETURN(Node * r, ref.AddNode("Reshape", {v, shape}, {}, b->name() + "/view"));
       v = r->output();
     }
@@ -998,9 +991,9 @@ Result<bool> FuseProjectionsApart(Graph& g, Node* a, const FusionOptions& option
   std::map<const Value*, Value*> rmap;
   for (size_t i = 0; i < nodes.size(); ++i) {
     const Node& n = *nodes[i].node;
-    GF_ASSIGN_OR_RETURN(Value * starts, IntsConstant(*ref, "starts", {node_col[i]}));
-    GF_ASSIGN_OR_RETURN(Value * ends, IntsConstant(*ref, "ends", {node_col[i] + n.input(1)->shape()[1]}));
-    GF_ASSIGN_OR_RETURN(Value * axes, IntsConstant(*ref, "axes", {1}));
+    GF_ASSIGN_OR_RETURN(Value * starts, match::AddIntsConstant(*ref, "starts", {node_col[i]}));
+    GF_ASSIGN_OR_RETURN(Value * ends, match::AddIntsConstant(*ref, "ends", {node_col[i] + n.input(1)->shape()[1]}));
+    GF_ASSIGN_OR_RETURN(Value * axes, match::AddIntsConstant(*ref, "axes", {1}));
     GF_ASSIGN_OR_RETURN(Node * wslice, ref->AddNode("Slice", {rin[1], starts, ends, axes}, {}, n.name() + "/weights"));
     std::vector<Value*> rn_in = {rin[0], wslice->output()};
     if (!nodes[i].bias_inputs.empty()) {

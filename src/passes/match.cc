@@ -158,6 +158,19 @@ std::optional<int64_t> LastAxisEveryOther(const Node& n) {
   return p->start[last];
 }
 
+Result<Value*> AddIntsConstant(Graph& g, const std::string& name, const std::vector<int64_t>& v) {
+  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
+  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
+  return g.AddConstant(g.FreshName(name), std::make_shared<const Tensor>(std::move(t)));
+}
+
+Status ReplaceKeepingName(Graph& g, Node* n, Value* now) {
+  const std::string name = n->output()->name();
+  g.ReplaceAllUsesWith(n->output(), now);
+  g.RemoveNode(n);
+  return g.RenameValue(now, name);
+}
+
 bool BroadcastsTo(const Shape& s, const Shape& to) {
   if (s.size() > to.size()) return false;
   const Shape both[2] = {s, to};

@@ -122,6 +122,15 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n);
 // never more dims than `to`).
 bool BroadcastsTo(const Shape& s, const Shape& to);
 
+// ---- building ----
+
+// A constant i64 vector named FreshName(name): shapes, axes, slice bounds.
+Result<Value*> AddIntsConstant(Graph& g, const std::string& name, const std::vector<int64_t>& v);
+
+// Node n's result replaced by `now` (which takes its name), n removed: n's result must be its
+// only output.
+Status ReplaceKeepingName(Graph& g, Node* n, Value* now);
+
 // For a Slice taking every other element of the last dim (step 2) and all of the others: where
 // it starts (0: the even elements, 1: the odd ones); none otherwise.
 std::optional<int64_t> LastAxisEveryOther(const Node& n);

@@ -261,12 +261,6 @@ std::optional<SimpleForm> SimpleFormOf(const StridedView& v, const Shape& src) {
   return f;
 }
 
-Result<Value*> IntsConstant(Graph& g, const std::string& name, const std::vector<int64_t>& v) {
-  GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kI64, {static_cast<int64_t>(v.size())}));
-  std::copy(v.begin(), v.end(), t.data_as<int64_t>());
-  return g.AddConstant(g.FreshName(name), std::make_shared<const Tensor>(std::move(t)));
-}
-
 }  // namespace
 
 Result<int> SimplifyViewChains(Graph& g) {
@@ -325,14 +319,14 @@ Result<int> SimplifyViewChains(Graph& g) {
     Value* cur = src;
     const std::string base = top->name();
     if (slice) {
-      GF_ASSIGN_OR_RETURN(Value * starts, IntsConstant(g, base + "_starts", {f->c0}));
-      GF_ASSIGN_OR_RETURN(Value * ends, IntsConstant(g, base + "_ends", {f->c0 + f->w}));
-      GF_ASSIGN_OR_RETURN(Value * axes, IntsConstant(g, base + "_axes", {-1}));
+      GF_ASSIGN_OR_RETURN(Value * starts, match::AddIntsConstant(g, base + "_starts", {f->c0}));
+      GF_ASSIGN_OR_RETURN(Value * ends, match::AddIntsConstant(g, base + "_ends", {f->c0 + f->w}));
+      GF_ASSIGN_OR_RETURN(Value * axes, match::AddIntsConstant(g, base + "_axes", {-1}));
       GF_ASSIGN_OR_RETURN(Node * s, g.AddNode("Slice", {cur, starts, ends, axes}, {}, g.FreshName(base + "_columns")));
       cur = s->output();
     }
     if (reshape) {
-      GF_ASSIGN_OR_RETURN(Value * shape, IntsConstant(g, base + "_shape", f->viewed));
+      GF_ASSIGN_OR_RETURN(Value * shape, match::AddIntsConstant(g, base + "_shape", f->viewed));
       GF_ASSIGN_OR_RETURN(Node * r, g.AddNode("Reshape", {cur, shape}, {}, g.FreshName(base + "_view")));
       cur = r->output();
     }
