@@ -16,7 +16,10 @@ below it, never above:
   onnx        ONNX import
   api         the embeddable API (include/graphfuse/model.h)
 
-Usage: scripts/check_layers.py [ROOT]   (exit 1 on a violation, with each offending include)
+Usage: scripts/check_layers.py [ROOT] [--doc FILE]
+  exit 1 on a violation, with each offending include; with --doc, also when FILE's block of this
+  output (the fenced block after the line ending "Its output today:") differs from it (the
+  ctest `layers` passes docs/ARCHITECTURE.md: its layer block is this output, not a copy by hand)
 """
 import os
 import re
@@ -46,8 +49,53 @@ def resolve(root, src_file, inc):
     return None
 
 
+def doc_block(path):
+    """The fenced block after the line that ends "Its output today:" in `path`, or None."""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("Its output today:"):
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            k = j + 1
+            while k < len(lines) and not lines[k].startswith("```"):
+                k += 1
+            return "\n".join(lines[j + 1:k])
+    return None
+
+
 def main():
-    root = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), ".."))
+    args = sys.argv[1:]
+    doc = None
+    if "--doc" in args:
+        at = args.index("--doc")
+        doc = args[at + 1]
+        del args[at:at + 2]
+    if doc:
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            rc = check(args)
+        sys.stdout.write(out.getvalue())
+        want = doc_block(doc)
+        got = out.getvalue().rstrip("\n")
+        if want is None:
+            print(f"{doc}: no fenced block after a line ending 'Its output today:'", file=sys.stderr)
+            return 1
+        if want != got:
+            import difflib
+            print(f"{doc}: its layer block differs from this output (paste the output above into it):",
+                  file=sys.stderr)
+            for line in difflib.unified_diff(want.split("\n"), got.split("\n"), "doc", "check", lineterm=""):
+                print(line, file=sys.stderr)
+            return 1
+        return rc
+    return check(args)
+
+
+def check(args):
+    root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
     edges = {}  # (from, to) -> [(file, include)]
     unknown = set()
     for top in ("src", "include"):

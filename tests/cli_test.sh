@@ -79,6 +79,29 @@ check run-model 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODEL
   --check-fusion --json /tmp/graphfuse_run.json
 python3 -c "import json; j=json.load(open('/tmp/graphfuse_run.json')); assert j['kernels_fused'] < j['kernels_unfused'], j; assert all(o['ok'] for o in j['outputs'])" \
   || { echo "FAIL run --json lacks fused kernel counts or ok outputs"; fail=1; }
+# --trace: Chrome-trace JSON of the run; one event per kernel of the plan (as many as the run
+# event's "kernels"), the fused ones named as the --json report names them, with their members.
+check run-trace 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" \
+  --json /tmp/graphfuse_trace_report.json --trace /tmp/graphfuse_trace.json
+python3 -c "
+import json
+t = json.load(open('/tmp/graphfuse_trace.json')); r = json.load(open('/tmp/graphfuse_trace_report.json'))
+ev = [e for e in t['traceEvents'] if e['ph'] == 'X']
+runs = [e for e in ev if e['cat'] == 'run']; kernels = [e for e in ev if e['cat'] not in ('run', 'planning')]
+assert len(runs) == 1 and len(kernels) == runs[0]['args']['kernels'] == r['kernels_fused'], (len(kernels), runs)
+by_name = {k['name']: k for k in kernels}
+for g in r['groups']:
+    assert by_name[g['name']]['args']['members'] == g['nodes'], g['name']
+assert all(k['dur'] >= 0 and runs[0]['ts'] <= k['ts'] for k in kernels)
+" || { echo "FAIL run --trace does not hold the plan's kernels"; fail=1; }
+check run-trace-no-dir 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --trace /nonexistent_dir/t.json
+echo "$LAST" | grep -q "/nonexistent_dir' does not exist" || { echo "FAIL run --trace names no missing directory"; fail=1; }
+check bench-trace 0 "$GF" bench --preset chain --elements 4096 --repeats 3 --trace /tmp/graphfuse_bench_trace.json
+python3 -c "
+import json; t = json.load(open('/tmp/graphfuse_bench_trace.json'))
+runs = [e['args']['signature'] for e in t['traceEvents'] if e['ph'] == 'X' and e['cat'] == 'run']
+assert runs == ['cpu plan, unfused'] * 3 + ['cpu plan, fused'] * 3, runs
+" || { echo "FAIL bench --trace does not hold three runs of each plan"; fail=1; }
 # Weights in an external data file (the dynamo exporter's model.onnx.data): read from the model's
 # folder; a location that leaves it is refused with exit 2, naming the initializer and location.
 check run-external-data 0 "$GF" run "$MODELS/external_data_opset17/model.onnx" \

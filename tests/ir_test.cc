@@ -311,3 +311,51 @@ TEST(Reduce, ArgMaxNaNAndLastIndex) {
 
 }  // namespace
 }  // namespace graphfuse
+
+namespace graphfuse {
+namespace {
+
+// op::Id and the registry name the same ops: every schema has the id of its name, every id a
+// schema, and FindSchema by id is FindSchema by name. The op table's rows come first, in order.
+TEST(OpIds, EverySchemaHasAnIdAndEveryIdASchema) {
+  for (const OpSchema* s : AllSchemas()) {
+    const op::Id id = op::FromName(s->name);
+    ASSERT_NE(id, op::kUnknown) << s->name << " is registered but has no op::Id (include/graphfuse/op_names.def)";
+    EXPECT_STREQ(op::Name(id), s->name);
+    EXPECT_EQ(FindSchema(id), s) << s->name;
+  }
+  for (int i = 0; i < op::kCount; ++i) {
+    const op::Id id = static_cast<op::Id>(i);
+    EXPECT_NE(FindSchema(id), nullptr) << op::Name(id) << " has an op::Id but no schema";
+    EXPECT_EQ(op::FromName(op::Name(id)), id);
+  }
+  EXPECT_EQ(static_cast<int>(AllSchemas().size()), op::kCount);
+  for (const OpInfo& row : AllOps()) {
+    EXPECT_TRUE(op::IsTableRow(op::FromName(row.name))) << row.name;
+    EXPECT_EQ(op::ToOpKind(op::FromName(row.name)), row.kind) << row.name;
+  }
+  EXPECT_FALSE(op::IsTableRow(op::MatMul));
+  EXPECT_TRUE(op::IsFused(op::FusedElementwise) && op::IsFused(op::FusedCachedAttention));
+  EXPECT_FALSE(op::IsFused(op::MatMul) || op::IsFused(op::Add) || op::IsFused(op::kUnknown));
+  EXPECT_EQ(op::FromName("matmul"), op::kUnknown);  // names are case-sensitive
+  EXPECT_STREQ(op::Name(op::kUnknown), "?");
+  EXPECT_EQ(FindSchema(op::kUnknown), nullptr);
+}
+
+// A node knows its op's id from its name, whichever way it was added.
+TEST(OpIds, NodesCarryTheirOpsId) {
+  Graph g;
+  Value* x = g.AddInput("x", DType::kF32, {2, 3}).value();
+  Node* a = g.AddNode(op::Relu, {x}).value();
+  Node* b = g.AddNode("Exp", {a->output()}).value();
+  EXPECT_TRUE(a->is(op::Relu));
+  EXPECT_EQ(a->op(), "Relu");
+  EXPECT_TRUE(b->is(op::Exp));
+  EXPECT_FALSE(b->is(op::Relu));
+  EXPECT_EQ(b->op_id(), op::Exp);
+  Node* t = g.AddNodeTyped("NotAnOp", {x}, {}, {ValueType{DType::kF32, {2, 3}}});
+  EXPECT_EQ(t->op_id(), op::kUnknown);
+}
+
+}  // namespace
+}  // namespace graphfuse

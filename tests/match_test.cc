@@ -46,11 +46,11 @@ constexpr const char* kDiamond = R"(graph @diamond(%x: f32[2,8]) {
 
 TEST(Match, ProducerOf) {
   auto g = Parse(kDiamond);
-  EXPECT_EQ(match::ProducerOf(V(*g, "r"), "Relu"), N(*g, "r"));
-  EXPECT_EQ(match::ProducerOf(V(*g, "r"), "Add"), nullptr);  // another op
-  EXPECT_EQ(match::ProducerOf(V(*g, "x"), "Relu"), nullptr);  // a graph input
-  EXPECT_EQ(match::ProducerOf(V(*g, "half"), "Relu"), nullptr);  // a constant
-  EXPECT_EQ(match::ProducerOf(nullptr, "Relu"), nullptr);  // an omitted input
+  EXPECT_EQ(match::ProducerOf(V(*g, "r"), op::Relu), N(*g, "r"));
+  EXPECT_EQ(match::ProducerOf(V(*g, "r"), op::Add), nullptr);  // another op
+  EXPECT_EQ(match::ProducerOf(V(*g, "x"), op::Relu), nullptr);  // a graph input
+  EXPECT_EQ(match::ProducerOf(V(*g, "half"), op::Relu), nullptr);  // a constant
+  EXPECT_EQ(match::ProducerOf(nullptr, op::Relu), nullptr);  // an omitted input
 }
 
 TEST(Match, SingleUse) {
@@ -78,10 +78,10 @@ TEST(Match, SingleUseProducer) {
   %y = Add(%n, %e)
   return %y
 })");
-  EXPECT_EQ(match::SingleUseProducer(V(*g, "n"), "Neg"), N(*g, "n"));
-  EXPECT_EQ(match::SingleUseProducer(V(*g, "n"), "Exp"), nullptr);  // the wrong op
-  EXPECT_EQ(match::SingleUseProducer(V(*g, "e"), "Exp"), nullptr);  // read twice
-  EXPECT_EQ(match::SingleUseProducer(V(*g, "y"), "Add"), nullptr);  // a graph output
+  EXPECT_EQ(match::SingleUseProducer(V(*g, "n"), op::Neg), N(*g, "n"));
+  EXPECT_EQ(match::SingleUseProducer(V(*g, "n"), op::Exp), nullptr);  // the wrong op
+  EXPECT_EQ(match::SingleUseProducer(V(*g, "e"), op::Exp), nullptr);  // read twice
+  EXPECT_EQ(match::SingleUseProducer(V(*g, "y"), op::Add), nullptr);  // a graph output
 }
 
 TEST(Match, IsUsedOutside) {

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "graphfuse/model.h"
+#include "graphfuse/profiling.h"
 #include "graphfuse/thread_pool.h"
 #include "runtime/blocks.h"
 #include "test_util.h"
@@ -118,6 +119,63 @@ TEST(ModelApi, EightThreadsRunOneModel) {
     EXPECT_EQ(failures[t], 0) << "thread " << t;
     EXPECT_EQ(mismatches[t], 0) << "thread " << t;
   }
+}
+
+// A traced run gives the same outputs as an untraced one, and records one "run" event and one
+// event per kernel of the plan, each named by its node with its op, bytes and engine, a fused
+// kernel with its members; the kernels lie inside their run.
+TEST(ModelApi, TracedRunsRecordEveryKernelOfThePlan) {
+  const Fixture f = MakeFixture();
+  auto target = MakeTarget("cpu", {.threads = 2});
+  ASSERT_TRUE(target.ok());
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
+  ASSERT_TRUE(model.ok()) << model.status().ToString();
+  const CompiledModel& m = **model;
+  const Tensor x = Input(f.cfg, 3);
+  const TensorView in[] = {x.view()};
+  auto plain = m.Run(in);
+  ASSERT_TRUE(plain.ok());
+  TraceRecorder trace;
+  for (int r = 0; r < 2; ++r) {
+    auto traced = m.Run(in, &trace);
+    ASSERT_TRUE(traced.ok()) << traced.status().ToString();
+    EXPECT_EQ(std::memcmp(traced->at(0).data(), plain->at(0).data(), plain->at(0).nbytes()), 0);
+  }
+  const Plan& plan = *m.plan();
+  EXPECT_EQ(trace.events(), 2 * (1 + plan.launches_per_run()));  // a static model plans at Compile
+  const std::string json = trace.ToJson();
+  EXPECT_EQ(json.rfind("{\"traceEvents\": [", 0), 0u) << json.substr(0, 80);
+  auto count = [&](const std::string& needle) {
+    int64_t n = 0;
+    for (size_t at = json.find(needle); at != std::string::npos; at = json.find(needle, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"cat\": \"run\""), 2);
+  EXPECT_EQ(count("\"engine\": "), 2 * plan.launches_per_run());
+  EXPECT_EQ(count("\"bytes\": "), 2 * plan.launches_per_run());
+  ASSERT_FALSE(plan.report().groups.empty());
+  for (const FusedGroupInfo& g : plan.report().groups) {
+    EXPECT_EQ(count(StrCat("\"name\": \"", g.name, "\"")), 2) << g.name;
+    EXPECT_GE(count(StrCat("\"", g.nodes.front(), "\"")), 2) << g.name << ": its first member";
+  }
+  ASSERT_FALSE(plan.kernel_choices().empty());  // the block's GEMMs
+  for (const KernelChoice& c : plan.kernel_choices()) EXPECT_GE(count(StrCat("\"engine\": \"", c.how, "\"")), 2) << c.node;
+  EXPECT_EQ(count("\"ph\": \"X\""), trace.events());
+  // Written and cleared: the file holds the same document; a path that cannot be written is refused
+  // naming it.
+  const std::string path = ::testing::TempDir() + "/trace.json";
+  ASSERT_TRUE(trace.WriteFile(path).ok());
+  FILE* fp = std::fopen(path.c_str(), "r");
+  ASSERT_NE(fp, nullptr);
+  std::string text(json.size() + 1, '\0');
+  EXPECT_EQ(std::fread(text.data(), 1, text.size(), fp), json.size() + 1);
+  std::fclose(fp);
+  EXPECT_EQ(text, json + "\n");
+  const Status bad = trace.WriteFile("/nonexistent-dir/trace.json");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("/nonexistent-dir/trace.json"), std::string::npos);
+  trace.Clear();
+  EXPECT_EQ(trace.events(), 0);
 }
 
 // A call with wrong inputs fails with InvalidArgument naming the input; the next call works.

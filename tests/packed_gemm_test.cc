@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cpu/kernels/packed_gemm.h"
+#include "cpu/simd.h"
 #include "graphfuse/dtype.h"
 
 namespace graphfuse::kernels {
@@ -58,6 +59,14 @@ void Check(const Case& c, uint32_t seed) {
   }
   auto g = PackedGemm::Create(c.m, c.k, c.n, b.data(), ldb, ldc, ops,
                               {.storage = c.storage, .engine = c.engine, .bf16_dot = c.bf16_dot});
+  if (!g.ok() && c.engine == GemmEngine::kOneDnn && c.storage == Storage::kBF16 && simd::kLanes < 16) {
+    // oneDNN 2.6 has no bf16 matmul below AVX-512: refused as such (kAuto then takes the own
+    // loops, which the kAuto cases check).
+    EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented) << g.status().ToString();
+    EXPECT_NE(g.status().message().find("oneDNN has no matmul for bf16 weights on this CPU"), std::string::npos)
+        << g.status().ToString();
+    return;
+  }
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const GemmEngine engine = c.engine == GemmEngine::kAuto ? PackedGemm::AutoEngine(c.m, c.storage) : c.engine;
   EXPECT_EQ((*g)->engine(), engine);
@@ -241,6 +250,12 @@ TEST(PackedGemm, Bf16AConvertedOnceMatchesPerBlock) {
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   std::vector<uint16_t> a16;
   const uint16_t* converted = (*g)->ConvertA(a.data(), a16);
+  if (!(*g)->ReadsA16()) {
+    // No engine here reads A in bf16 (no AVX512-BF16 dot products, no oneDNN bf16 matmul below
+    // AVX-512): the own tiles widen the weights and read A as it is.
+    EXPECT_EQ(converted, nullptr);
+    GTEST_SKIP() << "this CPU has no engine that reads A in bf16";
+  }
   ASSERT_NE(converted, nullptr);
   ASSERT_EQ(a16.size(), static_cast<size_t>(m * k));
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a16[i], F32ToBF16Bits(a[i])) << i;

@@ -17,7 +17,8 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
 #include "ir/text.h"
-#include "json.h"
+#include "core/json.h"
+#include "graphfuse/profiling.h"
 #include "onnx/import.h"
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
@@ -60,7 +61,7 @@ int Bench(Args& args) {
         if (BlockPreset(name).ok()) return RunDemo(args);
       }
   }
-  std::string model, preset, json, backend = "cpu", generate;
+  std::string model, preset, json, trace_file, backend = "cpu", generate;
   int64_t elements = 1 << 20;
   int threads = 0, repeats = 21;
   double rtol = kDefaultRtol, atol = kDefaultAtol;
@@ -90,6 +91,10 @@ int Bench(Args& args) {
       auto v = args.Value(f);
       if (!v.ok()) return Fail(v.status());
       generate = *v;
+    } else if (f == "--trace") {
+      auto v = args.OutputFile(f);
+      if (!v.ok()) return Fail(v.status());
+      trace_file = *v;
     } else if (f == "--preset" || f == "--json") {
       auto v = f == "--json" ? args.OutputFile(f) : args.Value(f);
       if (!v.ok()) return Fail(v.status());
@@ -127,7 +132,7 @@ int Bench(Args& args) {
   if (!generate.empty()) {
     if (model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
     if (!shapes.empty() || backend != "cpu" || dtype != DType::kF32 || native || emulate_gpu || rtol_set || atol_set ||
-        !fusion.enabled)
+        !fusion.enabled || !trace_file.empty())
       return Fail(InvalidArgument("--generate runs the model as exported, fused, in f32 on the CPU, every call with "
                                   "its own shapes: it takes --threads, --repeats and --json only"));
     return BenchGenerate(model, generate, threads, repeats_set ? repeats : 3, json);
@@ -281,6 +286,38 @@ int Bench(Args& args) {
   if (native) fs.push_back([&] { (void)native_plan->Run(iv, cv, native_ctx); });
   const InterleavedTiming t = MeasureInterleaved(fs, repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
   const double t_unfused = t.timings[0].median_s, t_fused = t.timings[1].median_s;
+  // --trace: after the timing, a few runs of each plan with every kernel timed.
+  TraceRecorder trace;
+  std::vector<KernelChoice> choices[2];
+  auto record = [&](const Graph& g, const FusionReport* r, const std::vector<KernelChoice>& c, const std::string& what,
+                    int64_t kernels, const std::function<Status(StepLog&)>& run) -> Status {
+    for (int k = 0; k < 3; ++k) {
+      StepLog log;
+      TracedRun tr;
+      tr.graph = &g;
+      tr.report = r;
+      tr.kernel_choices = &c;
+      tr.signature = what;
+      tr.target = backend;
+      tr.kernels = kernels;
+      tr.start_ns = tr.run_start_ns = SteadyClockNs();
+      GF_RETURN_IF_ERROR(run(log));
+      tr.end_ns = SteadyClockNs();
+      tr.steps = &log.steps;
+      trace.Record(tr);
+    }
+    return Status::Ok();
+  };
+  if (!trace_file.empty()) {
+    choices[0] = (*target)->DescribeKernels(*base);
+    choices[1] = (*target)->DescribeKernels(*fused);
+    Status st = record(*base, nullptr, choices[0], "cpu plan, unfused", (*base_plan)->stats().kernels_launched,
+                       [&](StepLog& log) { return (*base_plan)->Run(iv, av, ctx, nullptr, nullptr, &log); });
+    if (st.ok())
+      st = record(*fused, &report, choices[1], "cpu plan, fused", (*fused_plan)->stats().kernels_launched,
+                  [&](StepLog& log) { return (*fused_plan)->Run(iv, bv, ctx, nullptr, nullptr, &log); });
+    if (!st.ok()) return Fail(st);
+  }
   const double t_native = native ? t.timings.back().median_s : 0;
   const double bytes = static_cast<double>(IoBytes(*base));
   const double gb_unfused = bytes / t_unfused / 1e9, gb_fused = bytes / t_fused / 1e9;
@@ -358,6 +395,21 @@ int Bench(Args& args) {
       auto median_ms = (*ex)->MedianReplayMs(emulate_gpu ? 1 : repeats);
       if (!median_ms.ok()) return Fail(median_ms.status());
       ms[k] = *median_ms;
+      if (!trace_file.empty() && !emulate_gpu) {
+        // Device times of each step (CUDA events around it), as graphfuse/profiling.h places them.
+        Status st = record(*graphs[k], k == 1 && !narrow[1] ? &report : nullptr, choices[k],
+                           k == 0 ? "cuda plan, unfused" : "cuda plan, fused", (*ex)->stats().launches,
+                           [&](StepLog& log) -> Status {
+                             GF_ASSIGN_OR_RETURN(auto steps, (*ex)->ProfileSteps(1));
+                             int64_t at = SteadyClockNs();
+                             for (const auto& [label, step_ms] : steps) {
+                               log.steps.push_back(StepTiming{nullptr, label, at, static_cast<int64_t>(step_ms * 1e6), true});
+                               at += log.steps.back().duration_ns;
+                             }
+                             return Status::Ok();
+                           });
+        if (!st.ok()) return Fail(st);
+      }
     }
     cuda_unfused_ms = ms[0], cuda_fused_ms = ms[1];
     const std::string agree = dtype == DType::kF32 ? "outputs == CPU's"
@@ -378,6 +430,11 @@ int Bench(Args& args) {
     }
   }
 #endif
+  if (!trace_file.empty()) {
+    if (Status st = trace.WriteFile(trace_file); !st.ok()) return Fail(st);
+    std::printf("  trace: %s (%lld events: 3 runs of each plan, every kernel timed; open in https://ui.perfetto.dev)\n",
+                trace_file.c_str(), static_cast<long long>(trace.events()));
+  }
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);

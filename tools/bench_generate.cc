@@ -18,7 +18,7 @@
 
 #include "cli_common.h"
 #include "graphfuse/model.h"
-#include "json.h"
+#include "core/json.h"
 
 namespace graphfuse::cli {
 namespace {

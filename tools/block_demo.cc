@@ -15,7 +15,7 @@
 #include "compare.h"
 #include "cpu/elementwise_kernels.h"
 #include "fusion_report.h"
-#include "json.h"
+#include "core/json.h"
 #include "ir/op_registry.h"
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "cli_common.h"
-#include "json.h"
+#include "core/json.h"
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "ops/check.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "graphfuse/graph.h"
-#include "json.h"
+#include "core/json.h"
 #include "passes/fuse_elementwise.h"
 
 namespace graphfuse::cli {

@@ -182,7 +182,7 @@ constexpr HelpSection kCommands[] = {
      false, true, true},
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
                  [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu]
-                 [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [fusion flags]
+                 [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [--trace FILE] [fusion flags]
         imports an ONNX model (opsets 1-24) for the shapes of its inputs (symbolic dims take
         the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
         from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
@@ -209,7 +209,13 @@ constexpr HelpSection kCommands[] = {
         unless --rtol / --atol say otherwise; f16 / bf16 GEMMs are unaffected.
         --cuda-attention picks how attention with many query rows per head (prefill) runs on
         the GPU: one flash-style kernel (flash, the default) or cuBLAS GEMMs around generated
-        prep and softmax kernels (gemms)
+        prep and softmax kernels (gemms).
+        --trace FILE writes the run of the backend asked for as Chrome-trace JSON (open it in
+        https://ui.perfetto.dev or chrome://tracing): a "run" event, a "plan" event for the
+        planning, and one event per kernel named by its node, with args op, members (a fused
+        kernel's original nodes), bytes (its operands and results), engine (the CPU: each
+        GEMM's engine) and clock; on a GPU the kernels carry device times (CUDA events around
+        each step, replayed once after the run), an emulated plan's run is one host-timed event
 )",
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
@@ -231,7 +237,7 @@ constexpr HelpSection kCommands[] = {
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] [--generate PROMPT:NEW] | --preset NAME) [--elements N] [--threads T] [--repeats R]
                                      [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--backend cpu|cuda]
-                                     [--emulate-gpu] [--dtype f32|bf16|f16] [fusion flags]
+                                     [--emulate-gpu] [--dtype f32|bf16|f16] [--trace FILE] [fusion flags]
         times the unfused and the fused plan (of the shapes --shape binds, as for explain;
         the time planning them is printed) (medians of interleaved samples) after checking
         they agree as `run` checks (|fused - unfused| <= atol + rtol*|unfused|; defaults rtol
@@ -258,7 +264,10 @@ constexpr HelpSection kCommands[] = {
         the first decode and the first generation, and peak RSS (medians of --repeats
         generations, default 3; later ones alternate copying the KV cache and keeping it in
         place; exit 1 when repeats give different tokens); GRAPHFUSE_BENCH_CALLS=1 prints each
-        call of the first generation (its planning split, RSS after it)
+        call of the first generation (its planning split, RSS after it);
+        --trace FILE (a model or an elementwise preset) writes three more runs of each plan,
+        every kernel timed, as Chrome-trace JSON (as run --trace; with --backend cuda also each
+        GPU plan's steps in device time)
 )",
      true, true, true},
     {"ops", R"(  ops   lists the op table: name, arity, class, integer support, cost, accuracy contract

@@ -16,8 +16,9 @@
 #include "compare.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/cpu_codegen.h"
+#include "graphfuse/profiling.h"
 #include "fusion_report.h"
-#include "json.h"
+#include "core/json.h"
 #include "onnx/import.h"
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
@@ -31,7 +32,7 @@ namespace graphfuse::cli {
 namespace {
 
 struct RunOptions {
-  std::string model, data, json, backend = "cpu";
+  std::string model, data, json, trace, backend = "cpu";
   std::string cuda_attention;  // "flash" / "gemms": prefill attention's form on the CUDA backend
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   int threads = 0;
@@ -54,6 +55,8 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_RETURN_IF_ERROR(ParseShapeFlag(v, &o.shapes));
     } else if (f == "--json") {
       GF_ASSIGN_OR_RETURN(o.json, args.OutputFile(f));
+    } else if (f == "--trace") {
+      GF_ASSIGN_OR_RETURN(o.trace, args.OutputFile(f));
     } else if (f == "--rtol") {
       GF_ASSIGN_OR_RETURN(o.rtol, args.Float(f, 0, 1e6));
       o.rtol_set = true;
@@ -136,6 +139,7 @@ int RunModel(Args& args) {
   auto parsed = ParseRun(args);
   if (!parsed.ok()) return Fail(parsed.status());
   const RunOptions o = *parsed;
+  TraceRecorder trace;  // --trace: its clock starts before the planning it records
   if (o.backend == "cuda" && !o.emulate_gpu)
     if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
@@ -243,8 +247,25 @@ int RunModel(Args& args) {
     checks.push_back(c);
     return Status::Ok();
   };
-  if (Status st = (*plan)->Run(views, out_views, ctx, o.check_fusion ? &observer : nullptr); !st.ok())
+  // --trace: the run of the backend asked for, each kernel timed (graphfuse/profiling.h).
+  StepLog steps;
+  TracedRun traced;
+  traced.graph = &g;
+  traced.report = &fusion;
+  traced.signature = binding->key;
+  traced.target = o.backend;
+  traced.planned = true;
+  traced.start_ns = SteadyClockNs() - static_cast<int64_t>(planning_ms * 1e6);
+  traced.run_start_ns = SteadyClockNs();
+  traced.steps = &steps.steps;
+  const std::vector<KernelChoice> choices = (*target)->DescribeKernels(g);
+  traced.kernel_choices = &choices;
+  RunProfiler* cpu_profiler = !o.trace.empty() && o.backend == "cpu" ? &steps : nullptr;
+  if (Status st = (*plan)->Run(views, out_views, ctx, o.check_fusion ? &observer : nullptr, nullptr, cpu_profiler);
+      !st.ok())
     return Fail(st.WithContext(o.model));
+  traced.end_ns = SteadyClockNs();
+  traced.kernels = (*plan)->stats().kernels_launched;
 
 #ifdef GF_HAVE_CUDA
   // --backend cuda: the same plan on the GPU; its outputs are the ones reported, after a
@@ -274,10 +295,32 @@ int RunModel(Args& args) {
       if (!form.ok()) return Fail(form.status().WithContext("run: --cuda-attention"));
       co.plan.prefill_attention = *form;
     }
+    traced.start_ns = SteadyClockNs();  // the trace's "plan": the GPU plan's compilation
     auto ex = cuda::CudaExecutor::Create(narrow ? *narrow : g, co);
     if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
+    traced.run_start_ns = SteadyClockNs();
     auto gpu = (*ex)->Run(views);
     if (!gpu.ok()) return Fail(gpu.status().WithContext(StrCat(o.model, ": --backend cuda")));
+    traced.end_ns = SteadyClockNs();
+    traced.kernels = (*ex)->stats().launches;
+    if (narrow) {
+      traced.graph = narrow.get();
+      traced.report = nullptr;
+    }
+    if (!o.trace.empty()) {
+      // Device times: the steps replayed one by one between CUDA events (an emulated plan has
+      // none; its run is one host-timed step).
+      auto device = (*ex)->ProfileSteps(1);
+      int64_t at = traced.run_start_ns;
+      if (device.ok()) {
+        for (const auto& [label, ms] : *device) {
+          steps.steps.push_back(StepTiming{nullptr, label, at, static_cast<int64_t>(ms * 1e6), true});
+          at += steps.steps.back().duration_ns;
+        }
+      } else {
+        steps.steps.push_back(StepTiming{nullptr, "run", traced.run_start_ns, traced.end_ns - traced.run_start_ns});
+      }
+    }
     for (size_t i = 0; i < outputs.size(); ++i)
       cuda_vs_cpu.push_back(Compare(g.outputs()[i]->name(), (*gpu)[i], outputs[i], o.rtol, o.atol));
     const cuda::CudaExecStats& cs = (*ex)->stats();
@@ -307,8 +350,12 @@ int RunModel(Args& args) {
       got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
       got_views.push_back(got.back().view());
     }
-    if (Status st = (*ex)->Run(views, got_views); !st.ok())
+    traced.run_start_ns = SteadyClockNs();
+    if (Status st = o.trace.empty() ? (*ex)->Run(views, got_views) : (*ex)->RunProfiled(views, got_views, steps);
+        !st.ok())
       return Fail(st.WithContext(StrCat(o.model, ": --backend ", o.backend)));
+    traced.end_ns = SteadyClockNs();
+    traced.kernels = (*ex)->launches_per_run();
     for (size_t i = 0; i < outputs.size(); ++i)
       target_vs_cpu.push_back(Compare(g.outputs()[i]->name(), got[i], outputs[i], o.rtol, o.atol));
     std::printf("%s: %lld launches per run\n", o.backend.c_str(), static_cast<long long>((*ex)->launches_per_run()));
@@ -366,6 +413,12 @@ int RunModel(Args& args) {
     }
     std::printf("%-24s %12.3g %12.3g %10lld  %s\n", r.name.c_str(), r.max_abs, r.max_rel,
                 static_cast<long long>(r.mismatches), r.ok ? "ok" : "DIFFERS");
+  }
+  if (!o.trace.empty()) {
+    trace.Record(traced);
+    if (Status st = trace.WriteFile(o.trace); !st.ok()) return Fail(st);
+    std::printf("trace: %s (%lld events; open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace.c_str(),
+                static_cast<long long>(trace.events()));
   }
   if (!o.json.empty()) {
     Json j;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "graphfuse/dtype.h"
+#include "graphfuse/op_id.h"
 #include "graphfuse/shape.h"
 #include "graphfuse/status.h"
 #include "graphfuse/tensor.h"
@@ -78,6 +79,9 @@ class Node {
  public:
   const std::string& name() const { return name_; }
   const std::string& op() const { return op_; }
+  // Its op's typed identity (graphfuse/op_id.h): passes ask n.is(op::MatMul).
+  op::Id op_id() const { return op_id_; }
+  bool is(op::Id id) const { return op_id_ == id; }
   // Inputs in order; nullptr marks an omitted optional input.
   const std::vector<Value*>& inputs() const { return inputs_; }
   const std::vector<Value*>& outputs() const { return outputs_; }
@@ -101,6 +105,7 @@ class Node {
   friend class Graph;
   std::string name_;
   std::string op_;
+  op::Id op_id_ = op::kUnknown;
   std::vector<Value*> inputs_;
   std::vector<Value*> outputs_;
   AttributeMap attrs_;
@@ -128,10 +133,20 @@ class Graph {
   // and the error names the node, op, input types and reason when inference fails.
   Result<Node*> AddNode(const std::string& op, const std::vector<Value*>& inputs, AttributeMap attrs = {},
                         const std::string& name = "", int num_outputs = -1, const std::vector<std::string>& output_names = {});
+  Result<Node*> AddNode(op::Id op, const std::vector<Value*>& inputs, AttributeMap attrs = {},
+                        const std::string& name = "", int num_outputs = -1,
+                        const std::vector<std::string>& output_names = {}) {
+    return AddNode(std::string(op::Name(op)), inputs, std::move(attrs), name, num_outputs, output_names);
+  }
   // Appends a node whose output types are given (used by rewrites that know them).
   Node* AddNodeTyped(const std::string& op, const std::vector<Value*>& inputs, AttributeMap attrs,
                      const std::vector<ValueType>& output_types, const std::string& name = "",
                      const std::vector<std::string>& output_names = {});
+  Node* AddNodeTyped(op::Id op, const std::vector<Value*>& inputs, AttributeMap attrs,
+                     const std::vector<ValueType>& output_types, const std::string& name = "",
+                     const std::vector<std::string>& output_names = {}) {
+    return AddNodeTyped(std::string(op::Name(op)), inputs, std::move(attrs), output_types, name, output_names);
+  }
   Status MarkOutput(Value* v);
 
   // ---- rewriting ----

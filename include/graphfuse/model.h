@@ -11,8 +11,8 @@
 // kept in a bounded cache, so a later call with a known signature does no planning.
 //
 // A CompiledModel may be run from several threads at once. It leaves process-wide settings
-// (BLAS threads, OpenMP, environment variables) as the embedding program set them; see
-// ApplyProcessSettings in graphfuse/cpu.h for the ones graphfuse's own tools choose.
+// (BLAS threads, OpenMP, environment variables) as the embedding program set them; graphfuse's
+// own tools set none either.
 #pragma once
 
 #include <memory>
@@ -23,6 +23,7 @@
 
 #include "graphfuse/fusion.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/profiling.h"
 #include "graphfuse/status.h"
 #include "graphfuse/target.h"
 #include "graphfuse/tensor.h"
@@ -50,6 +51,17 @@ struct TensorInfo {
   bool values_shape_plan = false;
 };
 
+// What an ONNX model says about itself (ModelProto's producer, domain, version, doc strings and
+// metadata_props); empty for a model built with the graph API.
+struct ModelMetadata {
+  std::string producer_name, producer_version, domain;
+  std::string description;        // the model's doc_string
+  std::string graph_name;
+  std::string graph_description;  // the graph's doc_string
+  int64_t version = 0;            // model_version
+  std::vector<std::pair<std::string, std::string>> custom;  // metadata_props, in file order
+};
+
 // A model as loaded, before any pass: an ONNX model, whose dims may be symbolic, or a graph
 // built with the graph API (static).
 class Model {
@@ -71,6 +83,7 @@ class Model {
   const std::vector<TensorInfo>& outputs() const;
   // Whether one plan serves every call: every dim fixed, no input whose values become shapes.
   bool is_static() const;
+  const ModelMetadata& metadata() const;
 
  private:
   explicit Model(std::shared_ptr<detail::ModelSource> source) : source_(std::move(source)) {}
@@ -181,6 +194,7 @@ class CompiledModel {
   // As the model declares them (symbolic dims are -1).
   const std::vector<TensorInfo>& inputs() const;
   const std::vector<TensorInfo>& outputs() const;
+  const ModelMetadata& metadata() const;
 
   // The plan for these inputs' shapes (and values, where they become shapes): from the cache,
   // or made now. Inputs that contradict the model (count, dtype, rank, a fixed dim, two sizes
@@ -197,10 +211,12 @@ class CompiledModel {
   // [B, KV, capacity, d] and its `present` output as the first P + N rows of the same buffer
   // (same strides); where the plan takes them in place (Plan::takes_strided) a step writes only
   // the N new rows. Errors name the input, node and op at fault, and leave the model usable for
-  // the next call. Safe to call from several threads.
-  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  // the next call. Safe to call from several threads. `trace`, when given, records the call and
+  // each kernel's time (graphfuse/profiling.h); kernels are then timed one by one.
+  Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+             TraceRecorder* trace = nullptr) const;
   // Same, returning newly allocated outputs.
-  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs) const;
+  Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, TraceRecorder* trace = nullptr) const;
 
   PlanCacheStats cache_stats() const;
 
@@ -221,7 +237,13 @@ class CompiledModel {
   void LookAhead(detail::ShapeClass& cls, const InputBinding& binding,
                  std::vector<std::shared_ptr<const Plan>>* ahead) const;
   Status FinishPlan(Plan& p, std::shared_ptr<Graph> g, const InputBinding& binding) const;
-  Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs) const;
+  Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                 RunProfiler* profiler = nullptr) const;
+  // PlanFor; `planned`, when given, says whether this call made the plan.
+  Result<std::shared_ptr<const Plan>> PlanForTraced(std::span<const TensorView> inputs, bool* planned) const;
+  // RunPlan profiled, recorded in `trace` with the call's planning (since start_ns).
+  Status RunTraced(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                   int64_t start_ns, bool planned, TraceRecorder& trace) const;
   std::shared_ptr<detail::ModelSource> source_;
   std::shared_ptr<const Target> target_;
   CompileOptions options_;

@@ -7,6 +7,8 @@
 // is named in MakeTarget (src/runtime/targets.cc).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,6 +49,31 @@ struct KernelChoice {
   std::string node, op, how;
 };
 
+// One step of a run as a profiler sees it: a kernel launch, a library call or a copy.
+struct StepTiming {
+  const Node* node = nullptr;  // the node it runs; null for a step that is no node
+  std::string label;           // the node's name, or what the step does
+  int64_t start_ns = 0;        // std::chrono::steady_clock, since its epoch
+  int64_t duration_ns = 0;
+  // Timed on the device (CUDA events around the launch); start_ns is then the host's time of
+  // the step's place in the run, the duration the device's.
+  bool device = false;
+};
+
+// The clock StepTiming::start_ns reads.
+inline int64_t SteadyClockNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Receives the steps of a profiled run (Executable::RunProfiled), in order, from the thread
+// that runs it.
+class RunProfiler {
+ public:
+  virtual ~RunProfiler() = default;
+  virtual void OnStep(const StepTiming& step) = 0;
+};
+
 // A graph compiled for a target: runs it on host tensors.
 class Executable {
  public:
@@ -55,6 +82,9 @@ class Executable {
   // (outputs preallocated by the caller). Errors name the input or node at fault and leave the
   // executable usable. Safe to call from several threads at once.
   virtual Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) = 0;
+  // Run, telling `profiler` each step's time. By default the whole run is one step.
+  virtual Status RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                             RunProfiler& profiler);
   // Kernel launches (and library calls) one run makes.
   virtual int64_t launches_per_run() const = 0;
   // Whether graph input (output = false) or output `index` may be given as a strided view

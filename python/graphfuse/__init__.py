@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import os
+import time
 import warnings
 from importlib import metadata as _metadata
 from collections.abc import Mapping, Sequence
@@ -40,7 +41,13 @@ __all__ = [
     "__version__",
     "GraphOptimizationLevel",
     "RunOptions",
+    "ExecutionMode",
+    "ModelMetadata",
     "get_device",
+    "get_all_providers",
+    "get_build_info",
+    "set_default_logger_severity",
+    "set_default_logger_verbosity",
     "InferenceSession",
     "IOBinding",
     "OrtValue",
@@ -80,6 +87,34 @@ class GraphOptimizationLevel(enum.IntEnum):
     ORT_ENABLE_EXTENDED = 2
     ORT_ENABLE_LAYOUT = 3
     ORT_ENABLE_ALL = 99
+
+
+class ExecutionMode(enum.IntEnum):
+    """onnxruntime's, as SessionOptions.execution_mode reads it: accepted and changes nothing
+    (a graphfuse plan runs its kernels in order, each on the session's thread pool)."""
+
+    ORT_SEQUENTIAL = 0
+    ORT_PARALLEL = 1
+
+
+def get_all_providers() -> list[str]:
+    """The onnxruntime provider names graphfuse knows (get_available_providers: those this build has)."""
+    return list(_PROVIDER_BACKEND)
+
+
+def get_build_info() -> str:
+    """The version and the backends of this build."""
+    return f"graphfuse {__version__}, backends: {', '.join(get_available_backends())}"
+
+
+def set_default_logger_severity(severity: int) -> None:
+    """Accepted as onnxruntime's; graphfuse reports through exceptions and warnings, not a logger."""
+    int(severity)
+
+
+def set_default_logger_verbosity(verbosity: int) -> None:
+    """Accepted as onnxruntime's; see set_default_logger_severity."""
+    int(verbosity)
 
 
 class _ConfigEntries:
@@ -144,17 +179,47 @@ class NodeArg:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
 
 
+class ModelMetadata:
+    """What the model says about itself, under onnxruntime's names: producer_name, graph_name,
+    graph_description, domain, description (the model's doc string), version (model_version) and
+    custom_metadata_map (metadata_props)."""
+
+    __slots__ = ("producer_name", "producer_version", "graph_name", "graph_description", "domain", "description",
+                 "version", "custom_metadata_map")
+
+    def __init__(self, fields: Mapping[str, Any]):
+        for name in self.__slots__:
+            setattr(self, name, fields[name])
+
+    def __repr__(self) -> str:
+        return (f"ModelMetadata(producer_name={self.producer_name!r}, graph_name={self.graph_name!r}, "
+                f"domain={self.domain!r}, version={self.version!r})")
+
+
 class SessionOptions(_ConfigEntries):
     """The subset of onnxruntime.SessionOptions graphfuse reads: intra_op_num_threads (0: the
     hardware's threads), graph_optimization_level (GraphOptimizationLevel.ORT_DISABLE_ALL: no
-    fusion) and the session config entry "session.model_external_initializers_file_folder_path"
-    (where a model given as bytes keeps its external data). Other attributes and entries may be
-    set and are ignored."""
+    fusion), enable_profiling and profile_file_prefix (a Chrome-trace JSON file per session, see
+    InferenceSession.end_profiling) and the session config entry
+    "session.model_external_initializers_file_folder_path" (where a model given as bytes keeps its
+    external data). The other fields onnxruntime has (inter_op_num_threads, execution_mode,
+    log_severity_level, ...) may be set and change nothing; entries are kept."""
 
     def __init__(self) -> None:
         super().__init__("session")
         self.intra_op_num_threads = 0
+        self.inter_op_num_threads = 0
         self.graph_optimization_level = GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.execution_mode = ExecutionMode.ORT_SEQUENTIAL
+        self.enable_profiling = False
+        self.profile_file_prefix = "graphfuse_profile"
+        self.log_severity_level = 2
+        self.log_verbosity_level = 0
+        self.logid = ""
+        self.optimized_model_filepath = ""
+        self.enable_cpu_mem_arena = True
+        self.enable_mem_pattern = True
+        self.enable_mem_reuse = True
 
     def add_session_config_entry(self, key: str, value: str) -> None:
         self._add_entry(key, value)
@@ -445,6 +510,7 @@ class InferenceSession:
         bf16_weights: bool = False,
         shape_classes: bool = True,
         external_data_folder: Optional[Union[str, os.PathLike]] = None,
+        enable_profiling: Optional[bool] = None,
     ):
         if isinstance(path_or_bytes, (bytearray, memoryview)):
             path_or_bytes = bytes(path_or_bytes)
@@ -460,6 +526,11 @@ class InferenceSession:
                     "session.model_external_initializers_file_folder_path") or None
             except Exception:  # onnxruntime raises for an entry never set
                 external_data_folder = None
+        if sess_options is not None and getattr(sess_options, "optimized_model_filepath", ""):
+            raise Unimplemented(
+                "onnxruntime's SessionOptions.optimized_model_filepath (saving the optimized model): graphfuse's plans "
+                "are made per input signature and kept in memory; `graphfuse explain MODEL --print-ir` prints one"
+            )
         candidates = _backends_for(providers, backend)
         if bf16_weights and candidates and candidates[0] != "cpu":
             raise InvalidArgument(
@@ -483,6 +554,81 @@ class InferenceSession:
         self._inputs = [NodeArg(*t) for t in self._session.inputs()]
         self._outputs = [NodeArg(*t) for t in self._session.outputs()]
         self._output_index = {o.name: i for i, o in enumerate(self._outputs)}
+        self._sess_options = sess_options if sess_options is not None else SessionOptions()
+        self._provider_options = list(provider_options or [])
+        if enable_profiling is None:
+            enable_profiling = bool(getattr(sess_options, "enable_profiling", False))
+        self._profile_prefix = str(getattr(sess_options, "profile_file_prefix", "") or "graphfuse_profile")
+        self._profiling_start_ns = 0
+        if enable_profiling:
+            self._start_profiling()
+
+    def _start_profiling(self) -> None:
+        self._session.start_profiling()
+        self._profiling_start_ns = time.time_ns()
+
+    def end_profiling(self) -> str:
+        """Writes the runs recorded since the session started profiling (enable_profiling=True, or
+        SessionOptions.enable_profiling) as Chrome-trace JSON, and stops profiling, as onnxruntime's:
+        returns the file's name, "<profile_file_prefix>_<date>_<time>.json" in the working folder.
+        Each run is an event with its signature and planning; each kernel an event named by its node
+        with args op, members (a fused kernel's original nodes), bytes and engine. Open it in
+        https://ui.perfetto.dev or chrome://tracing. Without profiling: "" (as onnxruntime)."""
+        if not self._session.profiling:
+            return ""
+        stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(self._profiling_start_ns / 1e9))
+        path = f"{self._profile_prefix}_{stamp}.json"
+        self._session.end_profiling(path)
+        return path
+
+    def get_profiling_start_time_ns(self) -> int:
+        """When profiling started (time.time_ns()); 0 when the session is not profiling."""
+        return self._profiling_start_ns if self._session.profiling else 0
+
+    def get_modelmeta(self) -> ModelMetadata:
+        """What the model says about itself (ModelProto's producer, domain, version, doc strings and
+        metadata_props), as onnxruntime's ModelMetadata."""
+        return ModelMetadata(self._session.metadata())
+
+    def get_session_options(self) -> Any:
+        return self._sess_options
+
+    def get_provider_options(self) -> dict:
+        """Per provider of this session, the options given for it (graphfuse reads none of them)."""
+        providers = self.get_providers()
+        given = self._provider_options
+        return {p: {str(k): str(v) for k, v in (given[i] if i < len(given) else {}).items()}
+                for i, p in enumerate(providers)}
+
+    def get_overridable_initializers(self) -> list[NodeArg]:
+        """None: graphfuse folds initializers into its plans (an input with a default is a constant)."""
+        return []
+
+    def set_providers(self, providers: Optional[Sequence[Any]] = None, provider_options: Optional[Sequence[Any]] = None) -> None:
+        """As onnxruntime's, where the providers name this session's backend; another backend needs a
+        new InferenceSession (its plans and prepared weights belong to one target)."""
+        names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers or []]
+        for name in names:
+            if name not in _PROVIDER_BACKEND:
+                raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
+        if names and _PROVIDER_BACKEND[names[0]] != self._backend:
+            raise Unimplemented(
+                f"onnxruntime's set_providers to another backend ({providers[0]!r}): graphfuse compiles a session "
+                f"for one backend ({self._backend}); create a new InferenceSession with those providers"
+            )
+        if provider_options is not None:
+            self._provider_options = list(provider_options)
+
+    def run_with_ort_values(self, output_names: Optional[Sequence[str]], input_dict_ort_values: Mapping[str, Any],
+                            run_options: Any = None) -> list[OrtValue]:
+        """run() over OrtValues: the outputs as OrtValues."""
+        feeds = {k: (v.numpy() if isinstance(v, OrtValue) else v) for k, v in input_dict_ort_values.items()}
+        return [OrtValue(a) for a in self.run(output_names, feeds, run_options)]
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _UNSUPPORTED_SESSION:
+            raise _unsupported(f"InferenceSession.{name}", _UNSUPPORTED_SESSION[name])
+        raise AttributeError(f"'InferenceSession' object has no attribute {name!r}")
 
     def get_inputs(self) -> list[NodeArg]:
         return list(self._inputs)
@@ -572,3 +718,46 @@ class InferenceSession:
         plans derived from the weights, made once and shared by every plan whatever its shapes:
         prepared_entries, prepared_bytes (the model's own weights not counted)."""
         return self._session.cache_stats()
+
+
+class UnsupportedFeature(Unimplemented, AttributeError):
+    """An onnxruntime feature graphfuse does not have, named in the message. It is a NotImplementedError
+    (graphfuse.Unimplemented) and, so that hasattr() probes still answer False, an AttributeError."""
+
+
+def _unsupported(what: str, why: str) -> UnsupportedFeature:
+    return UnsupportedFeature(f"graphfuse does not support onnxruntime's {what}: {why}")
+
+
+# onnxruntime names scripts reach for that graphfuse does not have, and what to do instead.
+_UNSUPPORTED_MODULE = {
+    "SparseTensor": "sparse tensors are not supported (give dense arrays)",
+    "OrtDevice": "sessions read host memory; bind numpy arrays or host DLPack tensors",
+    "OrtMemoryInfo": "sessions read host memory",
+    "OrtArenaCfg": "graphfuse plans its memory per plan (no arena configuration)",
+    "OrtAllocatorType": "graphfuse plans its memory per plan (no allocators)",
+    "OrtMemType": "sessions read host memory",
+    "SessionIOBinding": "use InferenceSession.io_binding()",
+    "ExecutionOrder": "a plan runs its kernels in one order",
+    "set_seed": "graphfuse's random ops take their seeds from the model",
+    "register_execution_provider_library": "graphfuse's backends are built in (get_available_providers)",
+    "get_ep_devices": "graphfuse's backends are built in (get_available_providers)",
+    "ModelCompiler": "graphfuse compiles in InferenceSession (explain() shows the plan)",
+    "LoraAdapter": "LoRA adapters are not supported",
+    "AdapterFormat": "LoRA adapters are not supported",
+    "training": "graphfuse runs inference only",
+    "quantization": "graphfuse runs the model's own dtypes (f32, bf16, f16); quantize with onnxruntime",
+    "transformers": "graphfuse fuses the exported graph itself; onnxruntime.transformers' optimizer is not needed",
+}
+_UNSUPPORTED_SESSION = {
+    "run_async": "run() releases the GIL; call it from a thread",
+    "get_tuning_results": "graphfuse has no kernel tuning results to export",
+    "set_tuning_results": "graphfuse has no kernel tuning results to import",
+    "run_with_ortvaluevector": "use run_with_ort_values",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _UNSUPPORTED_MODULE:
+        raise _unsupported(name, _UNSUPPORTED_MODULE[name])
+    raise AttributeError(f"module 'graphfuse' has no attribute {name!r}")

@@ -20,6 +20,7 @@
 
 #include "graphfuse/cpu.h"
 #include "graphfuse/model.h"
+#include "graphfuse/profiling.h"
 #include "graphfuse/target.h"
 
 namespace nb = nanobind;
@@ -268,9 +269,10 @@ class Session {
   // One array per model input, in the model's order.
   nb::list Run(const std::vector<InputArray>& arrays) const {
     std::vector<gf::TensorView> views = Views(arrays);
+    std::shared_ptr<gf::TraceRecorder> trace = trace_;  // kept while the run records into it
     gf::Result<std::vector<gf::Tensor>> outputs = [&] {
       nb::gil_scoped_release release;  // `arrays` keeps every buffer alive
-      return compiled_->Run(views);
+      return compiled_->Run(views, trace.get());
     }();
     if (!outputs.ok()) Raise(outputs.status());
     nb::list result;
@@ -309,9 +311,10 @@ class Session {
                                   ", but the model gives ", OrtTypeName(infos[i].dtype)));
       out.push_back(View(a, *dtype));
     }
+    std::shared_ptr<gf::TraceRecorder> trace = trace_;
     const gf::Status status = [&] {
       nb::gil_scoped_release release;  // the caller's binding keeps every array alive
-      return compiled_->Run(in, out);
+      return compiled_->Run(in, out, trace.get());
     }();
     if (!status.ok()) Raise(status);
     nb::list result;
@@ -342,6 +345,40 @@ class Session {
     out["shape_classes"] = s.shape_classes;
     out["prepared_bytes"] = s.prepared_bytes;
     return out;
+  }
+
+  // Profiling (onnxruntime's enable_profiling / end_profiling): every later run recorded as
+  // Chrome-trace JSON (graphfuse/profiling.h) until EndProfiling writes it to `path`.
+  void StartProfiling() {
+    if (!trace_) trace_ = std::make_shared<gf::TraceRecorder>();
+  }
+  // Writes the trace to `path` and stops profiling; the number of events written.
+  int64_t EndProfiling(const std::string& path) {
+    if (!trace_) Raise(gf::InvalidArgument("end_profiling: profiling is not enabled for this session"));
+    const gf::Status st = trace_->WriteFile(path);
+    if (!st.ok()) Raise(st);
+    const int64_t events = trace_->events();
+    trace_.reset();
+    return events;
+  }
+  bool profiling() const { return trace_ != nullptr; }
+
+  // What the model says about itself (ModelProto's producer, domain, version, doc strings and
+  // metadata_props), under onnxruntime's ModelMetadata names.
+  nb::dict Metadata() const {
+    const gf::ModelMetadata& m = compiled_->metadata();
+    nb::dict d;
+    d["producer_name"] = m.producer_name;
+    d["producer_version"] = m.producer_version;
+    d["domain"] = m.domain;
+    d["description"] = m.description;
+    d["graph_name"] = m.graph_name;
+    d["graph_description"] = m.graph_description;
+    d["version"] = m.version;
+    nb::dict custom;
+    for (const auto& [k, v] : m.custom) custom[nb::str(k.c_str())] = v;
+    d["custom_metadata_map"] = custom;
+    return d;
   }
 
   nb::dict CacheStats() const {
@@ -416,6 +453,8 @@ class Session {
   }
 
   std::unique_ptr<gf::CompiledModel> compiled_;
+  // Set while profiling; runs record into it (TraceRecorder is thread-safe).
+  std::shared_ptr<gf::TraceRecorder> trace_;
   std::string backend_;
   bool is_static_ = false;
 };
@@ -440,6 +479,11 @@ NB_MODULE(_graphfuse, m) {
            "Runs on arrays of any strides into the bound output arrays (None: a new one, returned).")
       .def("explain", &Session::Explain, nb::arg("arrays") = nb::none(), "The fusion report as a dict.")
       .def("cache_stats", &Session::CacheStats)
+      .def("start_profiling", &Session::StartProfiling, "Records every later run (Chrome-trace JSON).")
+      .def("end_profiling", &Session::EndProfiling, nb::arg("path"),
+           "Writes the runs recorded since start_profiling to path and stops; the events written.")
+      .def_prop_ro("profiling", &Session::profiling)
+      .def("metadata", &Session::Metadata, "The model's metadata (producer, domain, version, doc strings, props).")
       .def_prop_ro("backend", &Session::backend)
       .def_prop_ro("is_static", &Session::is_static);
 }

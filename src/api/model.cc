@@ -26,6 +26,7 @@ struct ModelSource {
   std::unique_ptr<Graph> graph;
   std::vector<TensorDecl> inputs, outputs;
   std::vector<TensorInfo> input_info, output_info;
+  ModelMetadata metadata;
 
   Result<std::unique_ptr<Graph>> Instantiate(const InputBinding& b) {
     if (onnx) return onnx->Instantiate(b);
@@ -150,6 +151,7 @@ std::shared_ptr<detail::ModelSource> SourceOf(std::shared_ptr<const OnnxModel> o
   s->label = onnx->label();
   s->inputs = onnx->inputs();
   s->outputs = onnx->outputs();
+  s->metadata = onnx->metadata();
   s->onnx = std::move(onnx);
   DescribeDecls(*s);
   return s;
@@ -183,6 +185,7 @@ Result<Model> Model::FromGraph(std::unique_ptr<Graph> graph) {
 const std::vector<TensorInfo>& Model::inputs() const { return source_->input_info; }
 const std::vector<TensorInfo>& Model::outputs() const { return source_->output_info; }
 bool Model::is_static() const { return IsStaticSignature(source_->inputs); }
+const ModelMetadata& Model::metadata() const { return source_->metadata; }
 
 CompiledModel::~CompiledModel() = default;
 
@@ -382,6 +385,7 @@ void CompiledModel::LookAhead(detail::ShapeClass& cls, const InputBinding& bindi
 
 const std::vector<TensorInfo>& CompiledModel::inputs() const { return source_->input_info; }
 const std::vector<TensorInfo>& CompiledModel::outputs() const { return source_->output_info; }
+const ModelMetadata& CompiledModel::metadata() const { return source_->metadata; }
 
 Result<std::shared_ptr<const Plan>> CompiledModel::PlanFor(std::span<const TensorView> inputs) const {
   auto bound = BindInputs(source_->inputs, inputs);
@@ -471,14 +475,53 @@ PlanCacheStats CompiledModel::cache_stats() const {
   return s;
 }
 
-Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) const {
-  if (static_plan_) return RunPlan(*static_plan_, inputs, outputs);
-  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanFor(inputs));
-  return RunPlan(*p, inputs, outputs);
+Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                          TraceRecorder* trace) const {
+  if (static_plan_) return trace ? RunTraced(*static_plan_, inputs, outputs, SteadyClockNs(), false, *trace)
+                                 : RunPlan(*static_plan_, inputs, outputs);
+  const int64_t start_ns = SteadyClockNs();
+  bool planned = false;
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanForTraced(inputs, trace ? &planned : nullptr));
+  return trace ? RunTraced(*p, inputs, outputs, start_ns, planned, *trace) : RunPlan(*p, inputs, outputs);
+}
+
+Result<std::shared_ptr<const Plan>> CompiledModel::PlanForTraced(std::span<const TensorView> inputs,
+                                                                 bool* planned) const {
+  if (!planned) return PlanFor(inputs);
+  // Whether this call made its plan: plans made moved on (another thread's call may move it too;
+  // the trace then shows this call as planning).
+  const int64_t made = cache_stats().plans_made;
+  Result<std::shared_ptr<const Plan>> p = PlanFor(inputs);
+  *planned = cache_stats().plans_made != made;
+  return p;
+}
+
+Status CompiledModel::RunTraced(const Plan& plan, std::span<const TensorView> inputs,
+                                std::span<const TensorView> outputs, int64_t start_ns, bool planned,
+                                TraceRecorder& trace) const {
+  const int64_t run_start_ns = SteadyClockNs();
+  StepLog log;
+  const Status st = RunPlan(plan, inputs, outputs, &log);
+  TracedRun r;
+  r.graph = &plan.graph();
+  r.report = &plan.report();
+  r.kernel_choices = &plan.kernel_choices();
+  r.signature = plan.signature();
+  r.target = std::string(target_->name());
+  r.start_ns = start_ns;
+  r.run_start_ns = run_start_ns;
+  r.end_ns = SteadyClockNs();
+  r.planned = planned;
+  r.from_template = plan.from_template();
+  r.kernels = plan.launches_per_run();
+  r.ok = st.ok();
+  r.steps = &log.steps;
+  trace.Record(r);
+  return st;
 }
 
 Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inputs,
-                              std::span<const TensorView> outputs) const {
+                              std::span<const TensorView> outputs, RunProfiler* profiler) const {
   const Plan* p = &plan;
   if (inputs.size() != p->inputs().size())
     return InvalidArgument(source_->label, ": the model takes ", p->inputs().size(), " inputs, ", inputs.size(),
@@ -523,15 +566,19 @@ Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inpu
     run_outputs[i] = c.view();
     scatter.emplace_back(i, std::move(c));
   }
-  GF_RETURN_IF_ERROR(p->executable_->Run(graph_inputs, run_outputs.empty() ? outputs : run_outputs));
+  std::span<const TensorView> run_out = run_outputs.empty() ? outputs : run_outputs;
+  GF_RETURN_IF_ERROR(profiler ? p->executable_->RunProfiled(graph_inputs, run_out, *profiler)
+                              : p->executable_->Run(graph_inputs, run_out));
   for (const auto& [i, c] : scatter) GF_RETURN_IF_ERROR(CopyView(c.view(), outputs[i]));
   return Status::Ok();
 }
 
-Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs) const {
+Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs, TraceRecorder* trace) const {
+  const int64_t start_ns = SteadyClockNs();
+  bool planned = false;
   std::shared_ptr<const Plan> p = static_plan_;
   if (!p) {
-    GF_ASSIGN_OR_RETURN(p, PlanFor(inputs));
+    GF_ASSIGN_OR_RETURN(p, PlanForTraced(inputs, trace ? &planned : nullptr));
   }
   std::vector<Tensor> out;
   std::vector<TensorView> views;
@@ -540,7 +587,11 @@ Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> input
     out.push_back(std::move(t));
     views.push_back(out.back().view());
   }
-  GF_RETURN_IF_ERROR(RunPlan(*p, inputs, views));
+  if (trace) {
+    GF_RETURN_IF_ERROR(RunTraced(*p, inputs, views, start_ns, planned, *trace));
+  } else {
+    GF_RETURN_IF_ERROR(RunPlan(*p, inputs, views));
+  }
   return out;
 }
 

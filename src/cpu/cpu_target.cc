@@ -36,17 +36,25 @@ class CpuExecutable final : public Executable {
       : graph_(std::move(graph)), workers_(std::move(workers)), codegen_(std::move(codegen)), plan_(std::move(plan)) {}
 
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs) override {
-    // The target's pool and arena serve one plan at a time.
-    std::lock_guard<std::mutex> lock(workers_->run);
-    GF_ASSIGN_OR_RETURN(void* arena, ExecutionPlan::GrowArena(workers_->arena, plan_->arena_bytes()));
-    CpuContext ctx{&workers_->pool()};
-    ctx.codegen = codegen_.get();
-    return plan_->Run(inputs, outputs, ctx, nullptr, arena);
+    return RunWith(inputs, outputs, nullptr);
+  }
+  Status RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                     RunProfiler& profiler) override {
+    return RunWith(inputs, outputs, &profiler);
   }
   int64_t launches_per_run() const override { return plan_->stats().kernels_launched; }
   bool TakesStrided(bool output, size_t index) const override { return plan_->TakesStrided(output, index); }
 
  private:
+  Status RunWith(std::span<const TensorView> inputs, std::span<const TensorView> outputs, RunProfiler* profiler) {
+    // The target's pool and arena serve one plan at a time.
+    std::lock_guard<std::mutex> lock(workers_->run);
+    GF_ASSIGN_OR_RETURN(void* arena, ExecutionPlan::GrowArena(workers_->arena, plan_->arena_bytes()));
+    CpuContext ctx{&workers_->pool()};
+    ctx.codegen = codegen_.get();
+    return plan_->Run(inputs, outputs, ctx, nullptr, arena, profiler);
+  }
+
   std::shared_ptr<const Graph> graph_;  // the plan points into it
   std::shared_ptr<CpuTarget::Workers> workers_;
   std::unique_ptr<CpuCodegen> codegen_;

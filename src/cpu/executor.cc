@@ -90,7 +90,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
       const OpKind kind = *OpFromName(n.op());
       step.program = cpu::SingleOpProgram(kind, step.in_views, step.out_views[0], ElementwiseAttrs(kind, n.attrs()));
       step.has_program = true;
-    } else if (const Graph* body = n.GetGraph("body"); body && n.op() == "FusedElementwise") {
+    } else if (const Graph* body = n.GetGraph("body"); body && n.is(op::FusedElementwise)) {
       auto program = cpu::LowerElementwiseGroup(*body);
       if (!program.ok()) return program.status().WithContext(n.Describe());
       step.program = *program;
@@ -216,13 +216,22 @@ Status ExecutionPlan::CheckIO(std::span<const TensorView> inputs, std::span<cons
 }
 
 Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                          const CpuContext& ctx, const StepObserver* observer, void* arena) {
+                          const CpuContext& ctx, const StepObserver* observer, void* arena, RunProfiler* profiler) {
   GF_RETURN_IF_ERROR(CheckIO(inputs, outputs));
   if (!arena) {
     GF_ASSIGN_OR_RETURN(arena, GrowArena(arena_, arena_bytes_));
   }
   char* const base = static_cast<char*>(arena);
+  auto report = [profiler](const Step& s, int64_t start_ns) {
+    StepTiming t;
+    t.node = s.node;
+    t.label = s.node->name();
+    t.start_ns = start_ns;
+    t.duration_ns = SteadyClockNs() - start_ns;
+    profiler->OnStep(t);
+  };
   for (Step& s : steps_) {
+    const int64_t start_ns = profiler ? SteadyClockNs() : 0;
     if (s.has_program) {
       for (size_t k = 0; k < s.in_refs.size(); ++k) s.program.inputs[k].data = Resolve(s.in_refs[k], inputs, outputs, base);
       for (size_t k = 0; k < s.out_refs.size(); ++k) s.program.outputs[k].data = Resolve(s.out_refs[k], inputs, outputs, base);
@@ -230,6 +239,7 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
       // it is done again only when a buffer moved (graph inputs / outputs given per run).
       if (!s.runner || !s.runner->BoundTo(s.program, ctx.codegen)) s.runner.emplace(s.program, ctx.codegen);
       s.runner->Launch(ctx);
+      if (profiler) report(s, start_ns);
       if (!observer) continue;
     }
     for (size_t k = 0; k < s.in_refs.size(); ++k) s.in_views[k].data = Resolve(s.in_refs[k], inputs, outputs, base);
@@ -240,7 +250,10 @@ Status ExecutionPlan::Run(std::span<const TensorView> inputs, std::span<const Te
       for (size_t k = 0; k < s.out_refs.size(); ++k)
         if (s.out_refs[k].kind == Ref::kOutput) s.out_views[k].strides = outputs[s.out_refs[k].index].strides;
     }
-    if (!s.has_program) GF_RETURN_IF_ERROR(RunKernel(*s.node, s.kernel, s.in_views, s.out_views, ctx, s.state.get()));
+    if (!s.has_program) {
+      GF_RETURN_IF_ERROR(RunKernel(*s.node, s.kernel, s.in_views, s.out_views, ctx, s.state.get()));
+      if (profiler) report(s, start_ns);
+    }
     if (observer) GF_RETURN_IF_ERROR((*observer)(*s.node, s.in_views, s.out_views));
   }
   for (const auto& [out, ref] : output_copies_) {

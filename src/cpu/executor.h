@@ -13,6 +13,7 @@
 #include "graphfuse/cpu.h"
 #include "kernel_registry.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/target.h"
 
 namespace graphfuse {
 
@@ -37,8 +38,9 @@ class ExecutionPlan {
   // The intermediates live in `arena` when given (arena_bytes() at least, aligned to
   // kTensorAlignment): plans that never run at once, a target's, share one. Else in the plan's
   // own arena, allocated on its first run.
+  // `profiler`, when given, is told each kernel's time (StepTiming).
   Status Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs, const CpuContext& ctx,
-             const StepObserver* observer = nullptr, void* arena = nullptr);
+             const StepObserver* observer = nullptr, void* arena = nullptr, RunProfiler* profiler = nullptr);
   // Same, allocating the outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, const CpuContext& ctx);
 

@@ -404,14 +404,19 @@ Result<std::unique_ptr<Graph>> WrapSingleOpBody(const Node& node) {
 }
 
 Result<CudaKernelSource> GenerateKernelForNode(const Node& node) {
-  const std::string& op = node.op();
-  if (op == "FusedGemm") return GenerateGemmEpilogueKernel(node);
-  if (op == "Rope") return GenerateRopeKernel(node);
-  if (op == "Transpose") return GenerateTransposeKernel(node);
-  if (op == "FusedAttention") return GenerateAttentionKernel(node);
-  if (op == "RMSNorm" || op == "LayerNormalization" || op == "Softmax" || op == "FusedNorm" || op == "FusedSoftmax")
-    return GenerateRowKernel(node);
-  if (node.op() == "FusedElementwise") {
+  switch (node.op_id()) {
+    case op::FusedGemm: return GenerateGemmEpilogueKernel(node);
+    case op::Rope: return GenerateRopeKernel(node);
+    case op::Transpose: return GenerateTransposeKernel(node);
+    case op::FusedAttention: return GenerateAttentionKernel(node);
+    case op::RMSNorm:
+    case op::LayerNormalization:
+    case op::Softmax:
+    case op::FusedNorm:
+    case op::FusedSoftmax: return GenerateRowKernel(node);
+    default: break;
+  }
+  if (node.is(op::FusedElementwise)) {
     const Graph* body = node.GetGraph("body");
     if (!body) return InvalidArgument("CUDA codegen: ", node.Describe(), " has no 'body' graph");
     return GenerateElementwiseKernel(*body);  // not its "kernel_name": that one hashes the sizes

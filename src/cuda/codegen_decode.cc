@@ -87,7 +87,7 @@ std::string FoldSplits(const std::string& in, const std::string& load, const std
 
 Result<DecodeAttentionKernels> GenerateDecodeAttentionKernels(const Node& node, const DecodeSplitOptions& opt) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
-  if (node.op() != "FusedCachedAttention") return InvalidArgument(where, ": not a FusedCachedAttention");
+  if (!node.is(op::FusedCachedAttention)) return InvalidArgument(where, ": not a FusedCachedAttention");
   GF_ASSIGN_OR_RETURN(schemas::CacheDims c, schemas::ReadCacheDims(node.attrs(), where));
   const schemas::Dims& d = c.att;
   if (static_cast<int>(node.inputs().size()) != d.num_inputs() + 2 || node.outputs().size() != 3)

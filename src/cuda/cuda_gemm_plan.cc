@@ -172,8 +172,8 @@ Status PlanCublasLt(PlanBuilder& pb, const Node& n, const CublasLtEpilogue& e, i
 }  // namespace
 
 Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
-  if (n.op() == "MatMul") return PlanMatMul(pb, n, plan);
-  if (n.op() != "FusedGemm") return PlanHostFallback(pb, n, Unimplemented(n.op(), " on the GPU"));
+  if (n.is(op::MatMul)) return PlanMatMul(pb, n, plan);
+  if (!n.is(op::FusedGemm)) return PlanHostFallback(pb, n, Unimplemented(n.op(), " on the GPU"));
   const Value* a = n.input(0);
   const Value* w = n.input(1);
   // The projections are stored in the operands' dtype: f32, or f16 / bf16 (f32 sums, rounded

@@ -33,6 +33,29 @@ class CudaExecutable final : public Executable {
     for (size_t i = 0; i < outputs.size(); ++i) std::memcpy(outputs[i].data, got[i].data(), got[i].nbytes());
     return Status::Ok();
   }
+  // The run, then its steps replayed one by one between CUDA events for their device times (an
+  // emulated plan has none: its run is one host-timed step).
+  Status RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                     RunProfiler& profiler) override {
+    const int64_t start_ns = SteadyClockNs();
+    GF_RETURN_IF_ERROR(Run(inputs, outputs));
+    const int64_t end_ns = SteadyClockNs();
+    Result<std::vector<std::pair<std::string, double>>> steps = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      return executor_->ProfileSteps(1);
+    }();
+    if (!steps.ok()) {
+      profiler.OnStep(StepTiming{nullptr, "run", start_ns, end_ns - start_ns, false});
+      return Status::Ok();
+    }
+    int64_t at = start_ns;
+    for (const auto& [label, ms] : *steps) {
+      StepTiming t{nullptr, label, at, static_cast<int64_t>(ms * 1e6), true};  // the label is its node's name
+      at += t.duration_ns;
+      profiler.OnStep(t);
+    }
+    return Status::Ok();
+  }
   int64_t launches_per_run() const override { return executor_->stats().launches; }
 
  private:

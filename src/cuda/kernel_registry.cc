@@ -160,7 +160,7 @@ constexpr CudaOpRow kCudaOps[] = {
 
 CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   CublasLtEpilogue none;
-  if (node.op() != "FusedGemm") return none;
+  if (!node.is(op::FusedGemm)) return none;
   const Graph* epi = node.GetGraph("epilogue");
   if (!epi) return {CublasLtEpilogue::kNone, -1};
   if (node.GetInt("splits", 1) != 1) return none;
@@ -176,7 +176,7 @@ CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   if (nodes.empty() || nodes.size() > 2) return none;
   // The other operand of an Add of x, or null.
   auto added_to = [](const Node& add, const Value* x) -> const Value* {
-    if (add.op() != "Add" || add.inputs().size() != 2) return nullptr;
+    if (!add.is(op::Add) || add.inputs().size() != 2) return nullptr;
     if (add.input(0) == x) return add.input(1);
     if (add.input(1) == x) return add.input(0);
     return nullptr;
@@ -217,8 +217,8 @@ CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   }
   if (second.inputs().size() != 1 || second.input(0) != nodes[0]->output()) return none;
   // cuBLASLt's GELU epilogue is the tanh form: an erf Gelu is never mapped onto it.
-  if (second.op() == "Relu") return {CublasLtEpilogue::kReluBias, bias_input};
-  if (second.op() == "GeluTanh") return {CublasLtEpilogue::kGeluTanhBias, bias_input};
+  if (second.is(op::Relu)) return {CublasLtEpilogue::kReluBias, bias_input};
+  if (second.is(op::GeluTanh)) return {CublasLtEpilogue::kGeluTanhBias, bias_input};
   return none;
 }
 

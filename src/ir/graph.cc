@@ -123,6 +123,7 @@ Node* Graph::AddNodeTyped(const std::string& op, const std::vector<Value*>& inpu
   auto n = std::make_unique<Node>();
   n->name_ = name.empty() ? FreshName(op) : name;
   n->op_ = op;
+  n->op_id_ = op::FromName(op);
   n->attrs_ = std::move(attrs);
   n->inputs_ = inputs;
   for (size_t i = 0; i < inputs.size(); ++i)

@@ -71,6 +71,15 @@ const OpSchema* FindSchema(const std::string& op) {
   return it == r.by_name.end() ? nullptr : &r.schemas[it->second];
 }
 
+const OpSchema* FindSchema(op::Id op) {
+  static const std::vector<const OpSchema*> by_id = [] {
+    std::vector<const OpSchema*> v(op::kCount, nullptr);
+    for (int i = 0; i < op::kCount; ++i) v[i] = FindSchema(std::string(op::Name(static_cast<op::Id>(i))));
+    return v;
+  }();
+  return op >= 0 && op < op::kCount ? by_id[op] : nullptr;
+}
+
 std::vector<const OpSchema*> AllSchemas() {
   std::vector<const OpSchema*> out;
   for (const OpSchema& s : GetRegistry().schemas) out.push_back(&s);

@@ -48,6 +48,8 @@ struct OpSchema {
 };
 
 const OpSchema* FindSchema(const std::string& op);
+// The schema of a known op (nullptr for op::kUnknown): an array lookup.
+const OpSchema* FindSchema(op::Id op);
 std::vector<const OpSchema*> AllSchemas();
 
 // Schemas of the op table's rows and of FusedElementwise; the other families' lists are

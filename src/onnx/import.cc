@@ -257,6 +257,15 @@ Result<std::shared_ptr<const OnnxModel>> OnnxModel::FromArray(const char* data, 
   if (!opset.ok()) return opset.status().WithContext(label);
   m->opset_ = *opset;
   const onnx::GraphProto& gp = m->proto_->graph();
+  ModelMetadata& meta = m->metadata_;
+  meta.producer_name = m->proto_->producer_name();
+  meta.producer_version = m->proto_->producer_version();
+  meta.domain = m->proto_->domain();
+  meta.description = m->proto_->doc_string();
+  meta.version = m->proto_->model_version();
+  meta.graph_name = gp.name();
+  meta.graph_description = gp.doc_string();
+  for (const onnx::StringStringEntryProto& e : m->proto_->metadata_props()) meta.custom.emplace_back(e.key(), e.value());
   if (gp.sparse_initializer_size() > 0) return Unimplemented(label, ": sparse initializers are not supported");
   std::set<std::string> initializers;
   onnx_import::ExternalData external(folder);  // its mappings live as long as the tensors over them

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "graphfuse/graph.h"
+#include "graphfuse/model.h"
 #include "graphfuse/status.h"
 #include "graphfuse/tensor.h"
 #include "runtime/signature.h"
@@ -65,6 +66,7 @@ class OnnxModel {
   // The graph outputs as declared (dims may be symbolic or unnamed).
   const std::vector<TensorDecl>& outputs() const { return outputs_; }
   bool is_static() const { return IsStaticSignature(inputs_); }
+  const ModelMetadata& metadata() const { return metadata_; }
 
   // The graph for one binding (BindInputs / BindShapes over inputs()).
   Result<std::unique_ptr<Graph>> Instantiate(const InputBinding& binding) const;
@@ -81,6 +83,7 @@ class OnnxModel {
   std::unique_ptr<onnx::ModelProto> proto_;
   int64_t opset_ = 0;
   std::vector<TensorDecl> inputs_, outputs_;
+  ModelMetadata metadata_;
   // Converted once at load and shared by every graph instantiated.
   std::vector<std::pair<std::string, std::shared_ptr<const Tensor>>> initializers_;
   std::shared_ptr<PreparedStore> store_;

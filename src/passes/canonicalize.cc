@@ -97,7 +97,7 @@ bool ReducesLastAxis(const Node* n) {
 }
 
 // The reduced input of `v = op(input)` reducing the last axis, or nullptr.
-Value* LastAxisReduceOf(const Value* v, const char* op, std::vector<Node*>& members) {
+Value* LastAxisReduceOf(const Value* v, op::Id op, std::vector<Node*>& members) {
   Node* r = ProducerOf(v, op);
   if (!r || !ReducesLastAxis(r)) return nullptr;
   members.push_back(r);
@@ -109,11 +109,11 @@ Value* LastAxisReduceOf(const Value* v, const char* op, std::vector<Node*>& memb
 // to `members`. At most `kMaxFactors` factors (a pattern never needs more).
 constexpr size_t kMaxFactors = 6;
 bool ProductFactors(Node* n, std::vector<Value*>& factors, std::vector<Node*>& members) {
-  if (n->op() != "Mul" || n->inputs().size() != 2) return false;
+  if (!n->is(op::Mul) || n->inputs().size() != 2) return false;
   members.push_back(n);
   for (Value* in : n->inputs()) {
     if (!in) return false;
-    if (Node* m = SingleUseProducer(in, "Mul")) {
+    if (Node* m = SingleUseProducer(in, op::Mul)) {
       if (!ProductFactors(m, factors, members)) return false;
     } else {
       factors.push_back(in);
@@ -142,11 +142,11 @@ bool TakeConstFactor(std::vector<Value*>& factors, double c) {
 
 // x when `v` = x^2, written Pow(x, 2) or Mul(x, x); else nullptr.
 Value* SquareOf(const Value* v, std::vector<Node*>& members) {
-  if (Node* p = ProducerOf(v, "Pow"); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), 2.0, kScalar)) {
+  if (Node* p = ProducerOf(v, op::Pow); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), 2.0, kScalar)) {
     members.push_back(p);
     return p->input(0);
   }
-  if (Node* m = ProducerOf(v, "Mul"); m && m->inputs().size() == 2 && m->input(0) == m->input(1)) {
+  if (Node* m = ProducerOf(v, op::Mul); m && m->inputs().size() == 2 && m->input(0) == m->input(1)) {
     members.push_back(m);
     return m->input(0);
   }
@@ -155,22 +155,22 @@ Value* SquareOf(const Value* v, std::vector<Node*>& members) {
 
 // s when `v` = 1 / sqrt(s): Rsqrt(s), Reciprocal(Sqrt(s)), Div(1, Sqrt(s)) or Pow(s, -0.5).
 Value* InvSqrtOf(const Value* v, std::vector<Node*>& members) {
-  if (Node* r = ProducerOf(v, "Rsqrt")) {
+  if (Node* r = ProducerOf(v, op::Rsqrt)) {
     members.push_back(r);
     return r->input(0);
   }
-  if (Node* p = ProducerOf(v, "Pow"); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), -0.5, kScalar)) {
+  if (Node* p = ProducerOf(v, op::Pow); p && p->inputs().size() == 2 && IsScalarConstant(p->input(1), -0.5, kScalar)) {
     members.push_back(p);
     return p->input(0);
   }
-  Node* inv = ProducerOf(v, "Reciprocal");
+  Node* inv = ProducerOf(v, op::Reciprocal);
   Value* root = inv ? inv->input(0) : nullptr;
   if (!inv) {
-    inv = ProducerOf(v, "Div");
+    inv = ProducerOf(v, op::Div);
     if (!inv || !IsScalarConstant(inv->input(0), 1.0, kScalar)) return nullptr;
     root = inv->input(1);
   }
-  Node* sq = ProducerOf(root, "Sqrt");
+  Node* sq = ProducerOf(root, op::Sqrt);
   if (!sq) return nullptr;
   members.push_back(inv);
   members.push_back(sq);
@@ -191,8 +191,8 @@ bool AddNormFactor(Value* f, bool expand, ScaledBySqrt& out, std::vector<Node*>&
   Value* s = expand ? InvSqrtOf(f, walked) : nullptr;
   Value* numerator = nullptr;
   if (!s && expand) {
-    Node* div = ProducerOf(f, "Div");
-    Node* sq = div ? ProducerOf(div->input(1), "Sqrt") : nullptr;
+    Node* div = ProducerOf(f, op::Div);
+    Node* sq = div ? ProducerOf(div->input(1), op::Sqrt) : nullptr;
     if (sq) {
       walked = {div, sq};
       s = sq->input(0);
@@ -212,7 +212,7 @@ bool AddNormFactor(Value* f, bool expand, ScaledBySqrt& out, std::vector<Node*>&
 
 std::optional<ScaledBySqrt> MatchScaledBySqrt(Node* root, std::vector<Node*>& members) {
   ScaledBySqrt out;
-  if (root->op() == "Div") {
+  if (root->is(op::Div)) {
     // Div(n, Sqrt(s)); a Div(1, Sqrt(s)) root leaves no numerator, which no norm accepts.
     if (!AddNormFactor(root->output(), true, out, members) || !out.s) return std::nullopt;
     return out;
@@ -227,7 +227,7 @@ std::optional<ScaledBySqrt> MatchScaledBySqrt(Node* root, std::vector<Node*>& me
 
 // eps when `s` = stat + eps (either order) with eps a one-element constant; sets *stat.
 std::optional<float> EpsilonOf(const Value* s, Value** stat, std::vector<Node*>& members) {
-  Node* add = ProducerOf(s, "Add");
+  Node* add = ProducerOf(s, op::Add);
   if (!add) return std::nullopt;
   for (auto [x, c] : OperandOrders(*add)) {
     if (std::optional<double> eps = match::ScalarConstant(c, kScalar)) {
@@ -250,14 +250,14 @@ bool IsRowParam(const Value* p, const Value* x) {
 
 // x * (1/sqrt(mean(x^2, -1) + eps)) [* weight], or x / sqrt(...) [* weight] -> RMSNorm.
 std::optional<Match> MatchRmsNorm(Node* root) {
-  if (root->op() != "Mul" && root->op() != "Div") return std::nullopt;
+  if (!root->is(op::Mul) && !root->is(op::Div)) return std::nullopt;
   Match m{"RMSNorm", {}, {}, {}, root};
   std::optional<ScaledBySqrt> q = MatchScaledBySqrt(root, m.members);
   if (!q) return std::nullopt;
   Value* mean = nullptr;
   std::optional<float> eps = EpsilonOf(q->s, &mean, m.members);
   if (!eps) return std::nullopt;
-  Value* sq = LastAxisReduceOf(mean, "ReduceMean", m.members);
+  Value* sq = LastAxisReduceOf(mean, op::ReduceMean, m.members);
   Value* x = sq ? SquareOf(sq, m.members) : nullptr;
   if (!x || !TakeFactor(q->numerators, x) || q->numerators.size() > 1) return std::nullopt;
   Value* weight = q->numerators.empty() ? nullptr : q->numerators[0];
@@ -272,12 +272,12 @@ std::optional<Match> MatchLayerNorm(Node* root) {
   Match m{"LayerNormalization", {}, {}, {}, root};
   Node* core = root;
   Value* beta = nullptr;
-  if (root->op() == "Add" && root->inputs().size() == 2) {
+  if (root->is(op::Add) && root->inputs().size() == 2) {
     // The normalized product is one operand (feeding only this Add), beta the other.
     core = nullptr;
     for (auto [v, other] : OperandOrders(*root)) {
       Node* p = HasSingleUse(v) ? v->producer() : nullptr;
-      if (p && (p->op() == "Mul" || p->op() == "Div")) {
+      if (p && (p->is(op::Mul) || p->is(op::Div))) {
         core = p;
         beta = other;
         break;
@@ -285,7 +285,7 @@ std::optional<Match> MatchLayerNorm(Node* root) {
     }
     if (!core) return std::nullopt;
     m.members.push_back(root);
-  } else if (root->op() != "Mul" && root->op() != "Div") {
+  } else if (!root->is(op::Mul) && !root->is(op::Div)) {
     return std::nullopt;
   }
   std::optional<ScaledBySqrt> q = MatchScaledBySqrt(core, m.members);
@@ -293,13 +293,13 @@ std::optional<Match> MatchLayerNorm(Node* root) {
   Value* var = nullptr;
   std::optional<float> eps = EpsilonOf(q->s, &var, m.members);
   if (!eps) return std::nullopt;
-  Value* sq = LastAxisReduceOf(var, "ReduceMean", m.members);
+  Value* sq = LastAxisReduceOf(var, op::ReduceMean, m.members);
   Value* d = sq ? SquareOf(sq, m.members) : nullptr;
-  Node* sub = ProducerOf(d, "Sub");
+  Node* sub = ProducerOf(d, op::Sub);
   if (!sub || sub->inputs().size() != 2) return std::nullopt;
   m.members.push_back(sub);
   Value* x = sub->input(0);
-  if (LastAxisReduceOf(sub->input(1), "ReduceMean", m.members) != x) return std::nullopt;
+  if (LastAxisReduceOf(sub->input(1), op::ReduceMean, m.members) != x) return std::nullopt;
   if (!TakeFactor(q->numerators, d) || q->numerators.size() > 1) return std::nullopt;
   Value* gamma = q->numerators.empty() ? nullptr : q->numerators[0];
   if ((gamma && !IsRowParam(gamma, x)) || (beta && !IsRowParam(beta, x))) return std::nullopt;
@@ -313,12 +313,12 @@ std::optional<Match> MatchLayerNorm(Node* root) {
 
 // Splits a GELU product {x, 0.5, 1 + f(...)} where f is the op `inner` (Erf or Tanh): returns
 // f's node and x candidates are checked by the caller. Members get the Add and f.
-Node* GeluOuter(Node* root, const char* inner, std::vector<Value*>& factors, std::vector<Node*>& members) {
+Node* GeluOuter(Node* root, op::Id inner, std::vector<Value*>& factors, std::vector<Node*>& members) {
   if (!ProductFactors(root, factors, members) || factors.size() != 3 || !TakeConstFactor(factors, 0.5))
     return nullptr;
   for (int k = 0; k < 2; ++k) {
     Value* a = factors[k];
-    Node* add = SingleUseProducer(a, "Add");
+    Node* add = SingleUseProducer(a, op::Add);
     if (!add) continue;
     Node* f = ProducerOf(match::OperandBesideScalar(*add, 1.0, kScalar), inner);
     if (!f) continue;
@@ -332,15 +332,15 @@ Node* GeluOuter(Node* root, const char* inner, std::vector<Value*>& factors, std
 
 // x * 0.5 * (1 + Erf(x / sqrt2)) (or x * (1/sqrt2)), any association / order -> Gelu.
 std::optional<Match> MatchGeluErf(Node* root) {
-  if (root->op() != "Mul") return std::nullopt;
+  if (!root->is(op::Mul)) return std::nullopt;
   Match m{"Gelu", {}, {}, {}, root};
   std::vector<Value*> factors;
-  Node* erf = GeluOuter(root, "Erf", factors, m.members);
+  Node* erf = GeluOuter(root, op::Erf, factors, m.members);
   if (!erf) return std::nullopt;
   Value* x = factors[0];
   // Erf's argument: x / sqrt2 or x * (1/sqrt2).
-  Node* div = ProducerOf(erf->input(0), "Div");
-  Node* mul = ProducerOf(erf->input(0), "Mul");
+  Node* div = ProducerOf(erf->input(0), op::Div);
+  Node* mul = ProducerOf(erf->input(0), op::Mul);
   const bool by_div = div && div->input(0) == x && IsScalarConstant(div->input(1), kSqrt2, kScalar);
   const bool by_mul = mul && match::OperandBesideScalar(*mul, 1.0 / kSqrt2, kScalar) == x;
   if (!by_div && !by_mul) return std::nullopt;
@@ -351,20 +351,20 @@ std::optional<Match> MatchGeluErf(Node* root) {
 
 // 0.5 * x * (1 + Tanh(sqrt(2/pi) * (x + 0.044715 * x^3))), x^3 as Pow(x, 3) or x*x*x -> GeluTanh.
 std::optional<Match> MatchGeluTanh(Node* root) {
-  if (root->op() != "Mul") return std::nullopt;
+  if (!root->is(op::Mul)) return std::nullopt;
   Match m{"GeluTanh", {}, {}, {}, root};
   std::vector<Value*> factors;
-  Node* tanh = GeluOuter(root, "Tanh", factors, m.members);
+  Node* tanh = GeluOuter(root, op::Tanh, factors, m.members);
   if (!tanh) return std::nullopt;
   Value* x = factors[0];
   // tanh's argument: {sqrt(2/pi), x + 0.044715 x^3}
   std::vector<Value*> outer;
-  Node* u = ProducerOf(tanh->input(0), "Mul");
+  Node* u = ProducerOf(tanh->input(0), op::Mul);
   if (!u || !ProductFactors(u, outer, m.members) || outer.size() != 2 || !TakeConstFactor(outer, kSqrt2OverPi))
     return std::nullopt;
-  Node* sum = ProducerOf(outer[0], "Add");
+  Node* sum = ProducerOf(outer[0], op::Add);
   Value* cubic = sum ? OtherOperand(*sum, x) : nullptr;
-  Node* cubic_mul = ProducerOf(cubic, "Mul");
+  Node* cubic_mul = ProducerOf(cubic, op::Mul);
   if (!cubic_mul) return std::nullopt;
   m.members.push_back(sum);
   // 0.044715 * x^3 as factors, with Pow(x, 3) counted as x, x, x.
@@ -372,7 +372,7 @@ std::optional<Match> MatchGeluTanh(Node* root) {
   if (!ProductFactors(cubic_mul, inner, m.members) || !TakeConstFactor(inner, kGeluCubic)) return std::nullopt;
   int xs = 0;
   for (Value* f : inner) {
-    Node* p = ProducerOf(f, "Pow");
+    Node* p = ProducerOf(f, op::Pow);
     if (f == x) {
       ++xs;
     } else if (p && p->input(0) == x && IsScalarConstant(p->input(1), 3.0, kScalar)) {
@@ -392,9 +392,9 @@ std::optional<Match> MatchGeluTanh(Node* root) {
 
 // x * Sigmoid(x), either order -> Silu.
 std::optional<Match> MatchSilu(Node* root) {
-  if (root->op() != "Mul") return std::nullopt;
+  if (!root->is(op::Mul)) return std::nullopt;
   for (auto [x, s] : OperandOrders(*root)) {
-    Node* sig = ProducerOf(s, "Sigmoid");
+    Node* sig = ProducerOf(s, op::Sigmoid);
     if (sig && sig->input(0) == x) return Match{"Silu", {x}, {}, {sig, root}, root};
   }
   return std::nullopt;
@@ -402,15 +402,15 @@ std::optional<Match> MatchSilu(Node* root) {
 
 // e = Exp(x - ReduceMax(x, -1)); e / ReduceSum(e, -1) -> Softmax(axis -1).
 std::optional<Match> MatchSoftmax(Node* root) {
-  if (root->op() != "Div" || root->inputs().size() != 2) return std::nullopt;
+  if (!root->is(op::Div) || root->inputs().size() != 2) return std::nullopt;
   Match m{"Softmax", {}, {}, {root}, root};
   Value* e = root->input(0);
-  Node* exp = ProducerOf(e, "Exp");
-  if (!exp || LastAxisReduceOf(root->input(1), "ReduceSum", m.members) != e) return std::nullopt;
-  Node* sub = ProducerOf(exp->input(0), "Sub");
+  Node* exp = ProducerOf(e, op::Exp);
+  if (!exp || LastAxisReduceOf(root->input(1), op::ReduceSum, m.members) != e) return std::nullopt;
+  Node* sub = ProducerOf(exp->input(0), op::Sub);
   if (!sub || sub->inputs().size() != 2) return std::nullopt;
   Value* x = sub->input(0);
-  if (LastAxisReduceOf(sub->input(1), "ReduceMax", m.members) != x) return std::nullopt;
+  if (LastAxisReduceOf(sub->input(1), op::ReduceMax, m.members) != x) return std::nullopt;
   m.members.push_back(exp);
   m.members.push_back(sub);
   m.inputs = {x};
@@ -420,11 +420,11 @@ std::optional<Match> MatchSoftmax(Node* root) {
 
 // x when `v` = rotate_half(x) = Concat(Neg(Slice(x, d/2..d)), Slice(x, 0..d/2), axis -1).
 Value* RotateHalfOf(const Value* v, std::vector<Node*>& members) {
-  Node* cat = ProducerOf(v, "Concat");
+  Node* cat = ProducerOf(v, op::Concat);
   if (!cat || cat->inputs().size() != 2 || !cat->input(0) || !cat->input(1)) return nullptr;
-  Node* neg = ProducerOf(cat->input(0), "Neg");
-  Node* hi = neg ? ProducerOf(neg->input(0), "Slice") : nullptr;
-  Node* lo = ProducerOf(cat->input(1), "Slice");
+  Node* neg = ProducerOf(cat->input(0), op::Neg);
+  Node* hi = neg ? ProducerOf(neg->input(0), op::Slice) : nullptr;
+  Node* lo = ProducerOf(cat->input(1), op::Slice);
   if (!hi || !lo || hi->input(0) != lo->input(0)) return nullptr;
   Value* x = lo->input(0);
   if (x->shape().empty() || !match::IsLastAxis(cat->GetInt("axis", 0), x->shape().size())) return nullptr;
@@ -444,10 +444,10 @@ bool IsRopeTable(const Value* t, const Value* x) {
 // x * cos + rotation(x) * sin, any operand order -> Rope(x, cos, sin){attrs}.
 using RotationOf = Value* (*)(const Value*, std::vector<Node*>&);
 std::optional<Match> MatchRopeRotating(Node* root, RotationOf rotation, const AttributeMap& attrs) {
-  if (root->op() != "Add") return std::nullopt;
+  if (!root->is(op::Add)) return std::nullopt;
   for (auto [by_cos, by_sin] : OperandOrders(*root)) {
-    Node* mc = ProducerOf(by_cos, "Mul");
-    Node* ms = ProducerOf(by_sin, "Mul");
+    Node* mc = ProducerOf(by_cos, op::Mul);
+    Node* ms = ProducerOf(by_sin, op::Mul);
     if (!mc || !ms) continue;
     for (auto [rotated, sin] : OperandOrders(*ms)) {
       Match m{"Rope", {}, attrs, {root, mc, ms}, root};
@@ -468,18 +468,18 @@ std::optional<Match> MatchRope(Node* root) { return MatchRopeRotating(root, Rota
 // x when `v` = rotate_every_two(x) as GPT-J writes it: the pairs (-x[2i+1], x[2i]) stacked and
 // viewed back as x, Reshape(Concat(Unsqueeze(Neg(x[..., 1::2]), -1), Unsqueeze(x[..., 0::2], -1))).
 Value* RotateEveryTwoOf(const Value* v, std::vector<Node*>& members) {
-  Node* view = ProducerOf(v, "Reshape");
-  Node* cat = view ? ProducerOf(view->input(0), "Concat") : nullptr;
+  Node* view = ProducerOf(v, op::Reshape);
+  Node* cat = view ? ProducerOf(view->input(0), op::Concat) : nullptr;
   if (!cat || cat->inputs().size() != 2) return nullptr;
   const Value* stacked = cat->output();
   if (stacked->shape().empty() || stacked->shape().back() != 2 ||
       !match::IsLastAxis(cat->GetInt("axis", 0), stacked->shape().size()))
     return nullptr;
-  Node* u_odd = ProducerOf(cat->input(0), "Unsqueeze");
-  Node* u_even = ProducerOf(cat->input(1), "Unsqueeze");
-  Node* neg = u_odd ? ProducerOf(u_odd->input(0), "Neg") : nullptr;
-  Node* odd = neg ? ProducerOf(neg->input(0), "Slice") : nullptr;
-  Node* even = u_even ? ProducerOf(u_even->input(0), "Slice") : nullptr;
+  Node* u_odd = ProducerOf(cat->input(0), op::Unsqueeze);
+  Node* u_even = ProducerOf(cat->input(1), op::Unsqueeze);
+  Node* neg = u_odd ? ProducerOf(u_odd->input(0), op::Neg) : nullptr;
+  Node* odd = neg ? ProducerOf(neg->input(0), op::Slice) : nullptr;
+  Node* even = u_even ? ProducerOf(u_even->input(0), op::Slice) : nullptr;
   if (!odd || !even || odd->input(0) != even->input(0)) return nullptr;
   Value* x = odd->input(0);
   Shape unsq = neg->output()->shape();
@@ -500,11 +500,11 @@ std::optional<Match> MatchInterleavedRope(Node* root) {
 // Concat(Rope(Slice(x, 0:r), cos, sin), Slice(x, r:d)) on the last axis
 // -> Rope(x, cos, sin){rotary_dim = r}.
 std::optional<Match> MatchPartialRope(Node* root) {
-  if (root->op() != "Concat" || root->inputs().size() != 2) return std::nullopt;
-  Node* rope = ProducerOf(root->input(0), "Rope");
-  Node* pass = ProducerOf(root->input(1), "Slice");
+  if (!root->is(op::Concat) || root->inputs().size() != 2) return std::nullopt;
+  Node* rope = ProducerOf(root->input(0), op::Rope);
+  Node* pass = ProducerOf(root->input(1), op::Slice);
   if (!rope || !pass || rope->GetInt("rotary_dim", 0) != 0) return std::nullopt;
-  Node* rot = ProducerOf(rope->input(0), "Slice");
+  Node* rot = ProducerOf(rope->input(0), op::Slice);
   if (!rot || rot->input(0) != pass->input(0)) return std::nullopt;
   Value* x = rot->input(0);
   if (x->shape().empty() || !match::IsLastAxis(root->GetInt("axis", 0), x->shape().size())) return std::nullopt;
@@ -614,7 +614,7 @@ namespace {
 Result<int> SplitLinearGemms(Graph& g) {
   std::vector<Node*> gemms;
   for (const auto& n : g.nodes())
-    if (n->op() == "Gemm") gemms.push_back(n.get());
+    if (n->is(op::Gemm)) gemms.push_back(n.get());
   int split = 0;
   for (Node* n : gemms) {
     Value* a = n->input(0);
@@ -672,16 +672,16 @@ bool IsIdentityNode(const Node& n) {
   const Value* in = n.input(0);
   const Value* out = n.output();
   if (in->dtype() != out->dtype() || in->shape() != out->shape()) return false;
-  if (n.inputs().size() == 1) return n.op() == "Cast" || n.op() == "Concat" || n.op() == "Identity";
-  if (n.inputs().size() == 2 && n.op() == "Expand") return true;
-  return n.inputs().size() == 2 && n.op() == "Mul" && IsScalarConstant(n.input(1), 1.0, kScalar);
+  if (n.inputs().size() == 1) return n.is(op::Cast) || n.is(op::Concat) || n.is(op::Identity);
+  if (n.inputs().size() == 2 && n.is(op::Expand)) return true;
+  return n.inputs().size() == 2 && n.is(op::Mul) && IsScalarConstant(n.input(1), 1.0, kScalar);
 }
 
 // Gather(data, indices, axis) whose indices are the constant 0, 1, ..., n-1 (n = data's dim
 // `axis`, every dim before it 1) reads data in order: a view, written Reshape. transformers'
 // masks gather the rows of a flattened [B*S, 1] mask with batch * S + arange(S).
 bool IsInOrderGather(const Node& n) {
-  if (n.op() != "Gather" || n.inputs().size() != 2 || !n.input(0) || !n.input(1)) return false;
+  if (!n.is(op::Gather) || n.inputs().size() != 2 || !n.input(0) || !n.input(1)) return false;
   const Shape& data = n.input(0)->shape();
   int64_t axis = n.GetInt("axis", 0);
   if (axis < 0) axis += static_cast<int64_t>(data.size());
@@ -779,10 +779,10 @@ Result<int> UnfoldViewedTransposes(Graph& g) {
   std::vector<Node*> found;
   for (const auto& n : g.nodes()) {
     Node* r2 = n.get();
-    if (r2->op() != "Reshape") continue;
-    Node* t = match::SingleUseProducer(r2->input(0), "Transpose");
+    if (!r2->is(op::Reshape)) continue;
+    Node* t = match::SingleUseProducer(r2->input(0), op::Transpose);
     if (!t || t->GetInts("perm") != std::vector<int64_t>{0, 2, 1} || t->output()->is_graph_output()) continue;
-    Node* r1 = match::SingleUseProducer(t->input(0), "Reshape");
+    Node* r1 = match::SingleUseProducer(t->input(0), op::Reshape);
     if (!r1 || r1->output()->is_graph_output()) continue;
     const Shape& x = r1->input(0)->shape();
     const Shape& y = r2->output()->shape();

@@ -49,8 +49,7 @@ namespace {
 
 // A node that only gives its input another shape: same elements, same order, no kernel.
 bool IsPureView(const Node& n) {
-  static const std::set<std::string> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
-  return kViews.count(n.op()) && n.outputs().size() == 1 && n.input(0) != nullptr &&
+  return match::IsReshapeLike(n) && n.outputs().size() == 1 && n.input(0) != nullptr &&
          n.input(0)->numel() == n.output()->numel();
 }
 
@@ -100,7 +99,7 @@ class ViewRewriter {
           if (!changed) {
             GF_ASSIGN_OR_RETURN(changed, HoistView(n));
           }
-        } else if (n->op() == "MatMul") {
+        } else if (n->is(op::MatMul)) {
           GF_ASSIGN_OR_RETURN(changed, SplitProjection(n));
         }
         if (changed) break;
@@ -152,7 +151,7 @@ class ViewRewriter {
         from.back() != to.back() || !AllPositive(to))
       return false;
     std::vector<Value*> inputs;
-    if (p->op() == "MatMul") {
+    if (p->is(op::MatMul)) {
       Value* a = p->input(0);
       Value* w = p->input(1);
       if (!a || !w || w->shape().size() != 2 || a->shape().size() < 2 || from.size() < 2 || to.size() < 2) return false;
@@ -203,13 +202,13 @@ class ViewRewriter {
   // none when it takes anything else.
   static std::optional<std::pair<int64_t, int64_t>> LastDimRange(const Node& reader, const Value* y, size_t k) {
     const size_t rank = y->shape().size();
-    if (reader.op() == "Split") {
+    if (reader.is(op::Split)) {
       if (reader.input(0) != y || !match::IsLastAxis(reader.GetInt("axis", 0), rank)) return std::nullopt;
       int64_t start = 0;
       for (size_t i = 0; i < k; ++i) start += reader.output(i)->shape().back();
       return std::make_pair(start, start + reader.output(k)->shape().back());
     }
-    if (reader.op() != "Slice" || reader.input(0) != y) return std::nullopt;
+    if (!reader.is(op::Slice) || reader.input(0) != y) return std::nullopt;
     return match::LastAxisSliceRange(reader);
   }
 
@@ -225,7 +224,7 @@ class ViewRewriter {
     Node* bias_add = nullptr;
     Value* bias = nullptr;
     bool bias_first = false;
-    if (Node* add = match::SingleUse(y) ? match::SingleUse(y)->node : nullptr; add && add->op() == "Add") {
+    if (Node* add = match::SingleUse(y) ? match::SingleUse(y)->node : nullptr; add && add->is(op::Add)) {
       Value* b = match::OtherOperand(*add, y);
       if (b && b->constant() && b->dtype() == DType::kF32 && b->numel() == n && IsRowBroadcast(b, y->shape()) &&
           add->output()->shape() == y->shape()) {

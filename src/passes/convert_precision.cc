@@ -110,7 +110,7 @@ class Converter {
       const Value* m = map_.at(v);
       (island_.count(m) ? reads_island : reads_narrow) = true;
     }
-    const bool int_to_f32 = n.op() == "Cast" && n.GetInt("to", -1) == DTypeAttr(DType::kF32) && n.input(0) &&
+    const bool int_to_f32 = n.is(op::Cast) && n.GetInt("to", -1) == DTypeAttr(DType::kF32) && n.input(0) &&
                             !IsFloat(n.input(0)->dtype());
     // A node reading no float value (a Cast from an integer, ConstantOfShape, RandomNormal)
     // starts an island when it makes f32; one reading only island values and constants is in it.
@@ -126,7 +126,7 @@ class Converter {
     }
     AttributeMap attrs = n.attrs();
     // A Cast to f32 of a narrow value (an exporter's upcast around a softmax or a norm) stays in dt.
-    if (n.op() == "Cast" && n.GetInt("to", -1) == DTypeAttr(DType::kF32) && !island) attrs["to"] = DTypeAttr(dt_);
+    if (n.is(op::Cast) && n.GetInt("to", -1) == DTypeAttr(DType::kF32) && !island) attrs["to"] = DTypeAttr(dt_);
     std::vector<std::string> names;
     for (const Value* o : n.outputs()) names.push_back(o->name());
     // Every op's inference takes f16 and bf16 where it takes f32; one that did not would be

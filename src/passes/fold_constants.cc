@@ -58,7 +58,7 @@ Result<bool> FoldNodeIfConstant(Graph& g, Node* n, const FoldOptions& options) {
   if (!options.target) return InvalidArgument("constant folding needs a Target to evaluate ", n->Describe());
   // Shape and Size read only the (static) shape of their input: their kernels run on a view
   // without data.
-  if (n->op() != "Shape" && n->op() != "Size")
+  if (!n->is(op::Shape) && !n->is(op::Size))
     for (const Value* in : n->inputs())
       if (in != nullptr && in->constant() == nullptr) return false;
   if (s->view && (!n->input(0) || !n->input(0)->constant())) return false;

@@ -81,7 +81,7 @@ class NormFolder {
   Result<int> Run() {
     std::vector<Node*> norms;
     for (const auto& n : g_.nodes())
-      if (n->op() == "RMSNorm") norms.push_back(n.get());
+      if (n->is(op::RMSNorm)) norms.push_back(n.get());
     int folded = 0;
     for (Node* r : norms) {
       GF_ASSIGN_OR_RETURN(bool done, TryFold(r));
@@ -137,14 +137,14 @@ class NormFolder {
         y->uses().empty())
       return false;
     if (!match::IsLastAxis(norm->GetInt("axis", -1), h->shape().size())) return false;
-    if (const Use* u = match::SingleUse(y); u && u->node->op() == "FusedAttention") return TryFoldIntoAttention(norm);
-    Node* p = match::ProducerOf(h, "FusedGemm");
+    if (const Use* u = match::SingleUse(y); u && u->node->is(op::FusedAttention)) return TryFoldIntoAttention(norm);
+    Node* p = match::ProducerOf(h, op::FusedGemm);
     if (!p || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
     const int64_t k = h->shape().back();
     std::vector<Node*> consumers;
     for (const Use& u : y->uses()) {
       Node* c = u.node;
-      if (c->op() != "FusedGemm" || u.input_index != 0 || !c->input(1)->constant() ||
+      if (!c->is(op::FusedGemm) || u.input_index != 0 || !c->input(1)->constant() ||
           c->input(1)->shape().size() != 2 || c->input(1)->shape()[0] != k || c->GetInt("row_scale", -1) >= 0 ||
           std::count(c->inputs().begin(), c->inputs().end(), y) != 1)
         return false;

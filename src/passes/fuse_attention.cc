@@ -142,11 +142,11 @@ struct RepeatedHeads {
 };
 
 std::optional<RepeatedHeads> MatchRepeatKv(Value* v) {
-  Node* r = SingleUseProducer(v, "Reshape");
-  Node* e = r ? SingleUseProducer(r->input(0), "Expand") : nullptr;
+  Node* r = SingleUseProducer(v, op::Reshape);
+  Node* e = r ? SingleUseProducer(r->input(0), op::Expand) : nullptr;
   if (!e) return std::nullopt;
-  Node* u = SingleUseProducer(e->input(0), "Unsqueeze");
-  if (!u) u = SingleUseProducer(e->input(0), "Reshape");
+  Node* u = SingleUseProducer(e->input(0), op::Unsqueeze);
+  if (!u) u = SingleUseProducer(e->input(0), op::Reshape);
   if (!u) return std::nullopt;
   Value* x = u->input(0);
   const Shape& xs = x->shape();
@@ -168,7 +168,7 @@ class AttentionFuser {
     for (size_t i = 0; i < order.size(); ++i) index_[order[i]] = static_cast<int>(i);
     int formed = 0, candidates = 0;
     for (Node* n : order) {
-      if (n->op() != "Softmax" || absorbed_.count(n)) continue;
+      if (!n->is(op::Softmax) || absorbed_.count(n)) continue;
       Match m;
       if (!MatchAt(n, &m)) continue;
       // Group names count candidates, so excluding one keeps the others' names stable.
@@ -195,13 +195,13 @@ class AttentionFuser {
     Operand op;
     op.input = x;
     Value* cur = x;
-    if (Node* r = allow_rope ? SingleUseProducer(cur, "Rope") : nullptr; r && RopeFits(*r, rows, cols, rope_like)) {
+    if (Node* r = allow_rope ? SingleUseProducer(cur, op::Rope) : nullptr; r && RopeFits(*r, rows, cols, rope_like)) {
       op.rope = r;
       op.nodes.push_back(r);
       cur = r->input(0);
       op.input = cur;
     }
-    Node* t = SingleUseProducer(cur, "Transpose");
+    Node* t = SingleUseProducer(cur, op::Transpose);
     const bool seq_first = t && rank == 4 && t->GetInts("perm") == kSeqFirstToHeads;
     if (t && (t->GetInts("perm") == HeadSwapPerm(rank) || seq_first)) {
       op.nodes.push_back(t);
@@ -209,14 +209,14 @@ class AttentionFuser {
       op.layout = seq_first ? "sbhd" : "bshd";
       // RoPE applied before the head split (GPT-J rotates [B,S,H,d] rows): its tables
       // broadcast over [B,S,H,r].
-      if (Node* r = allow_rope && !op.rope && !seq_first ? SingleUseProducer(op.input, "Rope") : nullptr;
+      if (Node* r = allow_rope && !op.rope && !seq_first ? SingleUseProducer(op.input, op::Rope) : nullptr;
           r && RopeFits(*r, rows, cols, rope_like, /*bshd=*/true)) {
         op.rope = r;
         op.rope_bshd = true;
         op.nodes.push_back(r);
         op.input = r->input(0);
       }
-      if (Node* r = SingleUseProducer(op.input, "Reshape")) {
+      if (Node* r = SingleUseProducer(op.input, op::Reshape)) {
         op.nodes.push_back(r);
         op.input = r->input(0);
       }
@@ -262,14 +262,14 @@ class AttentionFuser {
     MatchNanGuard(p, m);
     if (!m->guard.empty()) p = m->guard.back()->output();
     for (const Use& u : p->uses())
-      if (u.node->op() == "MatMul" && u.input_index == 0) m->pv = u.node;
+      if (u.node->is(op::MatMul) && u.input_index == 0) m->pv = u.node;
     if (!m->pv) {
       // Probabilities reshaped before the P V MatMul (BLOOM's baddbmm / bmm over [B*H,S,T]
       // around a [B,H,S,T] softmax): said, not matched.
       for (const Use& u : p->uses())
-        if (u.node->op() == "Reshape" && u.node->output())
+        if (u.node->is(op::Reshape) && u.node->output())
           for (const Use& w : u.node->output()->uses())
-            if (w.node->op() == "MatMul" && w.input_index == 0)
+            if (w.node->is(op::MatMul) && w.input_index == 0)
               Refuse(sm, w.node->name(), kUnsupportedLayout,
                      StrCat("softmax '", sm->name(), "' ", p->TypeString(), " reaches MatMul '", w.node->name(),
                             "' through a Reshape to ", u.node->output()->TypeString(),
@@ -286,26 +286,26 @@ class AttentionFuser {
     std::function<bool(const Value*, int)> scores_like = [&](const Value* v, int depth) {
       const Node* pr = v->producer();
       if (!pr || depth > 6) return false;
-      if (pr->op() == "MatMul") return true;
-      if (pr->op() == "Mul" || pr->op() == "Div" || pr->op() == "Add")
+      if (pr->is(op::MatMul)) return true;
+      if (pr->is(op::Mul) || pr->is(op::Div) || pr->is(op::Add))
         return scores_like(pr->input(0), depth + 1) || scores_like(pr->input(1), depth + 1);
-      if (pr->op() == "Where") return scores_like(pr->input(1), depth + 1) || scores_like(pr->input(2), depth + 1);
-      if (pr->op() == "Tanh") return scores_like(pr->input(0), depth + 1);
+      if (pr->is(op::Where)) return scores_like(pr->input(1), depth + 1) || scores_like(pr->input(2), depth + 1);
+      if (pr->is(op::Tanh)) return scores_like(pr->input(0), depth + 1);
       return false;
     };
     for (;;) {
       Node* n = cur->producer();
-      if (!n || n->op() == "MatMul") break;
+      if (!n || n->is(op::MatMul)) break;
       double c = 0;
       Value* next = nullptr;
-      if (n->op() == "Mul") {
+      if (n->is(op::Mul)) {
         for (auto [x, k] : match::OperandOrders(*n)) {
           if (std::optional<double> v = ScalarConstant(k)) {
             next = x, c = *v;
             break;
           }
         }
-      } else if (n->op() == "Div") {
+      } else if (n->is(op::Div)) {
         if (std::optional<double> v = ScalarConstant(n->input(1)); v && *v != 0) next = n->input(0), c = 1.0 / *v;
       }
       if (next) {
@@ -314,16 +314,16 @@ class AttentionFuser {
         since_mask *= c;
         if (!add_seen) m->mask_scale *= c;
         if (!select_seen) m->fill_scale *= c;
-      } else if (n->op() == "Tanh" && !tanh_seen && since_mask != 0 && scores_like(n->input(0), 0)) {
+      } else if (n->is(op::Tanh) && !tanh_seen && since_mask != 0 && scores_like(n->input(0), 0)) {
         // Logit soft-capping, c * tanh(s / c): the factors met since the masks (after the tanh)
         // are its outer c; those met from here on (inside) stay the scale.
         m->softcap = since_mask;
         m->scale /= since_mask;
         tanh_seen = true;
         next = n->input(0);
-      } else if ((n->op() == "Where" || n->op() == "Add") && tanh_seen) {
+      } else if ((n->is(op::Where) || n->is(op::Add)) && tanh_seen) {
         break;  // a mask inside the soft-cap: not the kernel's order
-      } else if (n->op() == "Where" && !select_seen && n->input(0)->dtype() == DType::kBool) {
+      } else if (n->is(op::Where) && !select_seen && n->input(0)->dtype() == DType::kBool) {
         const std::optional<double> fill_false = ScalarConstant(n->input(2)), fill_true = ScalarConstant(n->input(1));
         if (fill_false && scores_like(n->input(1), 0)) {
           next = n->input(1), m->mask_select = 1, m->mask_fill = *fill_false;
@@ -339,14 +339,14 @@ class AttentionFuser {
         // masked_fill(~mask, c) exports as Where(Cast(Not(mask), bool), c, s): a Not read by
         // nothing else flips the selection instead of running; a Cast of bool to bool is a copy.
         for (Node* p = m->bool_mask->producer(); p && match::HasSingleUse(m->bool_mask); p = m->bool_mask->producer()) {
-          const bool is_not = p->op() == "Not";
-          const bool is_copy = p->op() == "Cast" && p->output()->dtype() == DType::kBool;
+          const bool is_not = p->is(op::Not);
+          const bool is_copy = p->is(op::Cast) && p->output()->dtype() == DType::kBool;
           if (!(is_not || is_copy) || p->input(0)->dtype() != DType::kBool) break;
           if (is_not) m->mask_select = -m->mask_select;
           m->mask_nodes.push_back(p);
           m->bool_mask = p->input(0);
         }
-      } else if (n->op() == "Add" && !add_seen) {
+      } else if (n->is(op::Add) && !add_seen) {
         const int si = scores_like(n->input(0), 0) ? 0 : scores_like(n->input(1), 0) ? 1 : -1;
         if (si < 0) break;
         next = n->input(si);
@@ -360,7 +360,7 @@ class AttentionFuser {
       cur = next;
     }
     std::reverse(m->core.begin(), m->core.end());  // graph order: first after QK^T, softmax last
-    m->qk = ProducerOf(cur, "MatMul");
+    m->qk = ProducerOf(cur, op::MatMul);
     if (!m->qk) {
       Refuse(cur->producer() ? cur->producer() : sm, cur->producer() ? sm->name() : m->pv->name(), kUnsupportedPattern,
              StrCat("softmax '", sm->name(), "' feeds MatMul '", m->pv->name(), "' but its input '", cur->name(),
@@ -377,9 +377,9 @@ class AttentionFuser {
   void MatchNanGuard(Value* p, Match* m) {
     for (const Use& u : p->uses()) {
       Node* test = u.node;
-      if (test->op() != "IsNaN") continue;
+      if (!test->is(op::IsNaN)) continue;
       const Use* w = SingleUse(test->output());
-      if (!w || w->node->op() != "Where" || w->input_index != 0 || w->node->input(2) != p) continue;
+      if (!w || !w->node->is(op::Where) || w->input_index != 0 || w->node->input(2) != p) continue;
       const std::optional<double> fill = ScalarConstant(w->node->input(1));
       if (!fill || *fill != 0) continue;
       m->guard = {test, w->node};
@@ -484,12 +484,12 @@ class AttentionFuser {
   // by 1/sqrt(d) before the scores: it scales the scores (not the mask), so it joins `scale`.
   Value* TakeScalarScale(Value* x, Match* m, Operand* op) {
     for (;;) {
-      Node* n = SingleUseProducer(x, "Mul");
-      if (!n) n = SingleUseProducer(x, "Div");
+      Node* n = SingleUseProducer(x, op::Mul);
+      if (!n) n = SingleUseProducer(x, op::Div);
       if (!n) return x;
       Value* next = nullptr;
       double c = 0;
-      if (n->op() == "Mul") {
+      if (n->is(op::Mul)) {
         for (auto [y, k] : match::OperandOrders(*n))
           if (std::optional<double> v = ScalarConstant(k)) {
             next = y, c = *v;
@@ -513,7 +513,7 @@ class AttentionFuser {
     m->q.nodes.insert(m->q.nodes.end(), q_scale.nodes.begin(), q_scale.nodes.end());
     // K: K^T from a Transpose of K rows, or of the pre-split tensor, or read as given.
     Value* kt = TakeScalarScale(m->qk->input(1), m, &k_scale);
-    Node* t = SingleUseProducer(kt, "Transpose");
+    Node* t = SingleUseProducer(kt, op::Transpose);
     const std::vector<int64_t> perm = t ? t->GetInts("perm") : std::vector<int64_t>{};
     // K and V repeated from fewer heads alike (GQA): the kernel reads the fewer heads.
     std::optional<RepeatedHeads> rk, rv;
@@ -529,7 +529,7 @@ class AttentionFuser {
       m->k.input = t->input(0);
       m->k.layout = perm == SplitToKtPerm(rank) ? "bshd" : "sbhd";
       m->k.nodes.push_back(t);
-      if (Node* r = SingleUseProducer(m->k.input, "Reshape")) {
+      if (Node* r = SingleUseProducer(m->k.input, op::Reshape)) {
         m->k.nodes.push_back(r);
         m->k.input = r->input(0);
       }
@@ -543,12 +543,12 @@ class AttentionFuser {
     // Output: [B,H,S,dv], or [B,S,H*dv] order when the head merge is ours to absorb.
     m->out = m->pv->output();
     if (const Use* t = SingleUse(m->out);
-        t && t->node->op() == "Transpose" &&
+        t && t->node->is(op::Transpose) &&
         (t->node->GetInts("perm") == HeadSwapPerm(rank) || (rank == 4 && t->node->GetInts("perm") == kHeadsToSeqFirst))) {
       m->out_nodes.push_back(t->node);
       m->out = t->node->output();
       m->out_layout = t->node->GetInts("perm") == HeadSwapPerm(rank) ? "bshd" : "sbhd";
-      if (const Use* r = SingleUse(m->out); r && r->node->op() == "Reshape" && r->input_index == 0) {
+      if (const Use* r = SingleUse(m->out); r && r->node->is(op::Reshape) && r->input_index == 0) {
         m->out_nodes.push_back(r->node);
         m->out = r->node->output();
       }
@@ -726,7 +726,7 @@ std::optional<GemmProjections> GemmProjectionsOf(const Node& gemm) {
   form.bias_inputs.assign(static_cast<size_t>(splits), nullptr);
   for (size_t o = 0; o < out_proj.size(); ++o) {
     const Node* add = epilogue->outputs()[o]->producer();
-    if (out_proj[o] != -1 || !add || add->op() != "Add") return std::nullopt;
+    if (out_proj[o] != -1 || !add || !add->is(op::Add)) return std::nullopt;
     int64_t proj = -1;
     Value* bias = nullptr;
     for (auto [p, b] : match::OperandOrders(*add)) {
@@ -857,8 +857,8 @@ std::optional<ProjectionOf> ProjectionSource(const Value* v) {
       p->input(0)->dtype() != DType::kF32 || p->input(1)->dtype() != DType::kF32 || p->input(1)->shape().size() != 2 ||
       p->input(0)->shape().size() < 2)
     return std::nullopt;
-  if (p->op() == "MatMul") return ProjectionOf{p, 0, p->input(1)->shape()[1], 1, nullptr, {}};
-  if (p->op() != "FusedGemm") return std::nullopt;
+  if (p->is(op::MatMul)) return ProjectionOf{p, 0, p->input(1)->shape()[1], 1, nullptr, {}};
+  if (!p->is(op::FusedGemm)) return std::nullopt;
   std::optional<GemmProjections> form = GemmProjectionsOf(*p);
   if (!form) return std::nullopt;
   for (size_t o = 0; o < p->outputs().size(); ++o)
@@ -1038,12 +1038,12 @@ Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, Fus
   if (!options.enabled || !options.attention_projection) return 0;
   std::vector<Node*> attentions;
   for (const auto& n : g.nodes())
-    if (n->op() == "FusedAttention" && n->GetInt("qkv_proj", 0) == 0) attentions.push_back(n.get());
+    if (n->is(op::FusedAttention) && n->GetInt("qkv_proj", 0) == 0) attentions.push_back(n.get());
   int formed = 0;
   std::vector<std::pair<Value*, std::string>> renames;
   for (Node* a : attentions) {
     if (a->inputs().size() < 3 || !a->input(0) || !a->input(1) || !a->input(2)) continue;
-    Node* gemm = ProducerOf(a->input(0), "FusedGemm");
+    Node* gemm = ProducerOf(a->input(0), op::FusedGemm);
     if (!gemm || a->input(1)->producer() != gemm || a->input(2)->producer() != gemm) {
       GF_ASSIGN_OR_RETURN(bool apart, FuseProjectionsApart(g, a, options, report, renames));
       formed += apart;

@@ -58,22 +58,22 @@ bool RopeIsAttentions(const Node& r, const Node& attention) {
 // Transpose and its Reshape, each while read by the chain alone.
 // A node named in `exclude` stops the walk.
 NewRows MatchNewRows(Value* x, const Node* rope_of, const std::set<std::string>& exclude) {
-  auto take = [&](Value* v, std::string_view op) {
+  auto take = [&](Value* v, op::Id op) {
     Node* n = SingleUseProducer(v, op);
     return n && !exclude.count(n->name()) ? n : nullptr;
   };
   NewRows rows;
   rows.input = x;
-  if (Node* r = rope_of ? take(x, "Rope") : nullptr; r && RopeIsAttentions(*r, *rope_of)) {
+  if (Node* r = rope_of ? take(x, op::Rope) : nullptr; r && RopeIsAttentions(*r, *rope_of)) {
     rows.rope = true;
     rows.nodes.push_back(r);
     rows.input = r->input(0);
   }
-  if (Node* t = take(rows.input, "Transpose"); t && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
+  if (Node* t = take(rows.input, op::Transpose); t && t->GetInts("perm") == std::vector<int64_t>{0, 2, 1, 3}) {
     rows.nodes.push_back(t);
     rows.input = t->input(0);
     rows.layout = "bshd";
-    if (Node* rs = take(rows.input, "Reshape")) {
+    if (Node* rs = take(rows.input, op::Reshape)) {
       rows.nodes.push_back(rs);
       rows.input = rs->input(0);
     }
@@ -83,7 +83,7 @@ NewRows MatchNewRows(Value* x, const Node* rope_of, const std::set<std::string>&
 
 // The Concat(past, new, axis 2) of [B,KV,*,cols] heads that gives `present`, or nullptr.
 Node* AppendOf(const Value* present, const Shape& want) {
-  Node* c = match::ProducerOf(present, "Concat");
+  Node* c = match::ProducerOf(present, op::Concat);
   if (!c || c->inputs().size() != 2 || present->shape() != want) return nullptr;
   const int64_t axis = c->GetInt("axis", 0);
   if (axis != 2 && axis != -2) return nullptr;
@@ -106,7 +106,7 @@ class CacheFuser {
   Result<int> Run() {
     std::vector<Node*> attentions;
     for (const auto& n : g_.nodes())
-      if (n->op() == "FusedAttention") attentions.push_back(n.get());
+      if (n->is(op::FusedAttention)) attentions.push_back(n.get());
     int formed = 0;
     for (Node* a : attentions) {
       GF_ASSIGN_OR_RETURN(bool done, TryFuse(a));

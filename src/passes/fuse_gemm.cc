@@ -35,14 +35,14 @@ namespace {
 // A MatMul the fused GEMM can run: A of rank >= 2 by constant 2-D weights of the same float
 // dtype (f32; f16 and bf16 where the target runs them: the CUDA target's cuBLAS calls).
 bool IsProjection(const Node* n) {
-  if (n->op() != "MatMul") return false;
+  if (!n->is(op::MatMul)) return false;
   const Value* a = n->input(0);
   const Value* b = n->input(1);
   return a && b && IsFloat(a->dtype()) && b->dtype() == a->dtype() && a->shape().size() >= 2 &&
          b->shape().size() == 2 && b->constant() != nullptr;
 }
 
-bool IsElementwiseNode(const Node* n) { return n->op() == "FusedElementwise" || match::IsElementwiseOp(*n); }
+bool IsElementwiseNode(const Node* n) { return n->is(op::FusedElementwise) || match::IsElementwiseOp(*n); }
 
 bool Excluded(const FusionOptions& o, const Node* n) { return o.exclude.count(n->name()) != 0; }
 
@@ -55,7 +55,7 @@ Status InlineInto(Graph& dst, const Node& n, std::map<const Value*, Value*>& vma
     if (it == vmap.end()) return Internal("FuseGemm: value '", v->name(), "' read by '", n.name(), "' is not mapped");
     return it->second;
   };
-  if (const Graph* body = n.op() == "FusedElementwise" ? n.GetGraph("body") : nullptr) {
+  if (const Graph* body = n.is(op::FusedElementwise) ? n.GetGraph("body") : nullptr) {
     std::map<const Value*, Value*> inner;
     for (size_t i = 0; i < body->inputs().size(); ++i) {
       GF_ASSIGN_OR_RETURN(inner[body->inputs()[i]], mapped(n.input(i)));

@@ -116,10 +116,10 @@ class RowwiseFuser {
   Result<int> Run() {
     std::vector<Node*> row_ops;
     for (const auto& n : g_.nodes())
-      if (n->op() == "RMSNorm" || n->op() == "LayerNormalization" || n->op() == "Softmax") row_ops.push_back(n.get());
+      if (n->is(op::RMSNorm) || n->is(op::LayerNormalization) || n->is(op::Softmax)) row_ops.push_back(n.get());
     int formed = 0;
     for (Node* r : row_ops) {
-      GF_ASSIGN_OR_RETURN(bool fused, r->op() == "Softmax" ? FuseSoftmax(r) : FuseNorm(r));
+      GF_ASSIGN_OR_RETURN(bool fused, r->is(op::Softmax) ? FuseSoftmax(r) : FuseNorm(r));
       formed += fused ? 1 : 0;
     }
     if (formed) GF_RETURN_IF_ERROR(g_.TopologicalSort());
@@ -137,7 +137,7 @@ class RowwiseFuser {
   std::optional<Side> AsSide(Node* n) const {
     Side s;
     s.node = n;
-    if (n->op() == "FusedElementwise") {
+    if (n->is(op::FusedElementwise)) {
       auto it = n->attrs().find("body");
       const auto* b = it == n->attrs().end() ? nullptr : std::get_if<std::shared_ptr<const Graph>>(&it->second);
       if (!b || !*b || (*b)->outputs().empty() || (*b)->inputs().size() != n->inputs().size() ||
@@ -324,12 +324,12 @@ class RowwiseFuser {
     for (int i : kept) take.push_back(p->outs[static_cast<size_t>(i)]);
     GF_ASSIGN_OR_RETURN(auto reference, Reference(name, node_ins, take, {{p->body.get(), p->ins, p->outs}}, r));
 
-    const float eps = r->GetFloat("epsilon", r->op() == "RMSNorm" ? 1e-6f : 1e-5f);
+    const float eps = r->GetFloat("epsilon", r->is(op::RMSNorm) ? 1e-6f : 1e-5f);
     const std::string hash = Hash8(StrCat(PrintGraph(*body), r->op(), eps, params.size()));
     FusedGroupInfo info;
     info.name = name;
     info.kind = "norm";
-    info.kernel_name = StrCat(r->op() == "RMSNorm" ? "rmsnorm" : "layernorm", "_prologue_", OpsOf(*body), "_",
+    info.kernel_name = StrCat(r->is(op::RMSNorm) ? "rmsnorm" : "layernorm", "_prologue_", OpsOf(*body), "_",
                               DTypeName(x->dtype()), "_", hash);
     info.nodes = p->members;
     info.nodes.push_back(r->name());

@@ -22,11 +22,11 @@ std::optional<GatedEpilogue> GatedForm(const Node& node, const schemas::GemmGeom
   if (!epi || g.splits != 2 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 2 ||
       epi->inputs().size() != 2 || epi->outputs().size() != 1)
     return std::nullopt;
-  const bool mul_last = epi->nodes().back()->op() == "Mul";  // the other node is then U
+  const bool mul_last = epi->nodes().back()->is(op::Mul);  // the other node is then U
   const Node& u = mul_last ? *epi->nodes().front() : *epi->nodes().back();
   const Node& mul = mul_last ? *epi->nodes().back() : *epi->nodes().front();
   const std::optional<BlockUnary> unary = BlockUnaryOf(u);
-  if (!unary || mul.op() != "Mul" || mul.inputs().size() != 2) return std::nullopt;
+  if (!unary || !mul.is(op::Mul) || mul.inputs().size() != 2) return std::nullopt;
   GatedEpilogue gate;
   gate.u = *unary;
   gate.act = u.input(0) == epi->inputs()[0] ? 0 : u.input(0) == epi->inputs()[1] ? 1 : -1;
@@ -70,7 +70,7 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const schemas::GemmGe
       const Use* use = match::SingleUse(v);
       if (!use || links.size() == kMaxLinks) return std::nullopt;
       const Node& add = *use->node;
-      if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs().size() != 1) return std::nullopt;
+      if (!add.is(op::Add) || add.inputs().size() != 2 || add.outputs().size() != 1) return std::nullopt;
       const Value* x = match::OtherOperand(add, v);
       const auto at = std::find(extras, epi->inputs().end(), x);
       if (at == epi->inputs().end() || x->dtype() != DType::kF32) return std::nullopt;
@@ -138,7 +138,7 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const schemas::Gemm
   const Value* p = epi->inputs()[0];
   const Node* add = nullptr;  // p + bias
   const Node* u = nullptr;    // U
-  for (const auto& nd : epi->nodes()) (nd->op() == "Add" && !add ? add : u) = nd.get();
+  for (const auto& nd : epi->nodes()) (nd->is(op::Add) && !add ? add : u) = nd.get();
   BiasActEpilogue form;
   const Value* at = p;  // the value U must read: p, or p + bias
   if (add) {
@@ -166,7 +166,7 @@ int64_t ResidualInput(const Node& node, const schemas::GemmGeometry& g) {
       epi->inputs().size() != 2 || epi->outputs().size() != 1 || node.GetInt("row_scale", -1) >= 0)
     return -1;
   const Node& add = *epi->nodes().front();
-  if (add.op() != "Add" || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
+  if (!add.is(op::Add) || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
   const Value* r = epi->inputs()[1];
   if (!match::HasOperands(add, epi->inputs()[0], r) || r->dtype() != DType::kF32 || r->shape() != g.out_shape ||
       add.outputs()[0]->dtype() != DType::kF32)

@@ -9,15 +9,15 @@
 
 namespace graphfuse::match {
 
-Node* ProducerOf(const Value* v, std::string_view op) {
-  return v && v->producer() && v->producer()->op() == op ? v->producer() : nullptr;
+Node* ProducerOf(const Value* v, op::Id op) {
+  return v && v->producer() && v->producer()->is(op) ? v->producer() : nullptr;
 }
 
 bool HasSingleUse(const Value* v) { return v && v->uses().size() == 1 && !v->is_graph_output(); }
 
 const Use* SingleUse(const Value* v) { return HasSingleUse(v) ? &v->uses().front() : nullptr; }
 
-Node* SingleUseProducer(const Value* v, std::string_view op) {
+Node* SingleUseProducer(const Value* v, op::Id op) {
   return HasSingleUse(v) ? ProducerOf(v, op) : nullptr;
 }
 
@@ -125,7 +125,7 @@ bool IsLastAxis(int64_t axis, size_t rank) {
 
 std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n) {
   const Value* x = n.input(0);
-  if (n.op() != "Slice" || !x || x->shape().empty()) return std::nullopt;
+  if (!n.is(op::Slice) || !x || x->shape().empty()) return std::nullopt;
   auto starts = IntConstant(n.input(1)), ends = IntConstant(n.input(2));
   std::optional<std::vector<int64_t>> axes, steps;
   if (n.input(3)) axes = IntConstant(n.input(3));
@@ -142,7 +142,7 @@ std::optional<std::pair<int64_t, int64_t>> LastAxisSliceRange(const Node& n) {
 
 std::optional<int64_t> LastAxisEveryOther(const Node& n) {
   const Value* x = n.input(0);
-  if (n.op() != "Slice" || !x || x->shape().empty() || !n.input(4)) return std::nullopt;
+  if (!n.is(op::Slice) || !x || x->shape().empty() || !n.input(4)) return std::nullopt;
   auto starts = IntConstant(n.input(1)), ends = IntConstant(n.input(2));
   std::optional<std::vector<int64_t>> axes, steps = IntConstant(n.input(4));
   if (n.input(3)) axes = IntConstant(n.input(3));

@@ -3,7 +3,7 @@
 // named by role, and the axis and broadcast questions every matcher asks.
 //
 //   // x when v = Mul(x, 0.5) or Mul(0.5, x), and v's producer is read by nothing else
-//   Node* mul = match::SingleUseProducer(v, "Mul");
+//   Node* mul = match::SingleUseProducer(v, op::Mul);
 //   Value* x = mul ? match::OperandBesideScalar(*mul, 0.5) : nullptr;
 //
 // Every helper is a query: none changes the graph. A Value argument may be nullptr (an omitted
@@ -25,7 +25,7 @@ namespace graphfuse::match {
 // ---- producers and readers ----
 
 // v's producer if it is an `op` node; nullptr for another op, a graph input or a constant.
-Node* ProducerOf(const Value* v, std::string_view op);
+Node* ProducerOf(const Value* v, op::Id op);
 
 // Whether v is read by exactly one node input and is not a graph output: a pattern that takes
 // v's reader may take v's producer too, since nothing else sees v.
@@ -35,7 +35,7 @@ bool HasSingleUse(const Value* v);
 const Use* SingleUse(const Value* v);
 
 // ProducerOf(v, op) when also HasSingleUse(v): a producer the pattern may absorb.
-Node* SingleUseProducer(const Value* v, std::string_view op);
+Node* SingleUseProducer(const Value* v, op::Id op);
 
 // Whether v is a graph output or is read by a node other than `reader`.
 bool IsUsedOutside(const Value* v, const Node* reader);
@@ -45,6 +45,12 @@ bool IsUsedOutside(const Value* v, const std::set<const Node*>& nodes);
 // The nodes reachable from the outputs of `from` along uses, not entering the nodes in `stop`
 // (nor counting them). A node of `from` is in the result only if another one reaches it.
 std::set<const Node*> ReachableFrom(const std::vector<const Node*>& from, const std::set<const Node*>& stop = {});
+
+// An op that only gives its input another shape (same elements, same order, no kernel):
+// Reshape, Flatten, Squeeze, Unsqueeze, Identity.
+inline bool IsReshapeLike(const Node& n) {
+  return n.is(op::Reshape) || n.is(op::Flatten) || n.is(op::Squeeze) || n.is(op::Unsqueeze) || n.is(op::Identity);
+}
 
 // Whether n is an op of the elementwise op table (not a FusedElementwise group).
 bool IsElementwiseOp(const Node& n);

@@ -48,20 +48,19 @@ struct AtomView {
 };
 
 bool IsViewOp(const Node& n) {
-  static const std::set<std::string> kViews = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"};
-  return kViews.count(n.op()) && n.outputs().size() == 1 && n.input(0) && n.input(0)->numel() == n.output()->numel();
+  return match::IsReshapeLike(n) && n.outputs().size() == 1 && n.input(0) && n.input(0)->numel() == n.output()->numel();
 }
 
 // A Gather of one constant index (a scalar: the axis goes).
 std::optional<int64_t> ScalarGatherIndex(const Node& n) {
-  if (n.op() != "Gather" || n.inputs().size() != 2 || !n.input(1) || !n.input(1)->shape().empty()) return std::nullopt;
+  if (!n.is(op::Gather) || n.inputs().size() != 2 || !n.input(1) || !n.input(1)->shape().empty()) return std::nullopt;
   const std::optional<std::vector<int64_t>> idx = match::IntConstant(n.input(1));
   if (!idx || idx->size() != 1) return std::nullopt;
   return (*idx)[0];
 }
 
 bool IsChainOp(const Node& n) {
-  return IsViewOp(n) || (n.op() == "Transpose" && n.outputs().size() == 1) || ScalarGatherIndex(n).has_value();
+  return IsViewOp(n) || (n.is(op::Transpose) && n.outputs().size() == 1) || ScalarGatherIndex(n).has_value();
 }
 
 // Whether the chain may pass through `v` walking up from a reader: v read by that reader alone,
@@ -144,7 +143,7 @@ bool Apply(const Node& n, AtomView& v) {
       i /= a->size;
     }
     v.dims.erase(v.dims.begin() + axis);
-  } else if (n.op() == "Transpose") {
+  } else if (n.is(op::Transpose)) {
     std::vector<int64_t> perm = n.GetInts("perm");
     if (perm.empty()) {
       perm.resize(v.dims.size());

@@ -319,8 +319,8 @@ Status BuildBlock(Graph& g, const BlockConfig& c, const BlockWeights& w) {
 }
 
 bool IsWeightGemm(const Node& n) {
-  if (n.op() == "FusedGemm") return true;
-  if (n.op() != "MatMul" && n.op() != "Gemm") return false;
+  if (n.is(op::FusedGemm)) return true;
+  if (!n.is(op::MatMul) && !n.is(op::Gemm)) return false;
   return n.input(1) && n.input(1)->constant();
 }
 

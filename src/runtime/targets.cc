@@ -7,6 +7,17 @@
 
 namespace graphfuse {
 
+Status Executable::RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                               RunProfiler& profiler) {
+  StepTiming step;
+  step.label = "run";
+  step.start_ns = SteadyClockNs();
+  Status st = Run(inputs, outputs);
+  step.duration_ns = SteadyClockNs() - step.start_ns;
+  if (st.ok()) profiler.OnStep(step);
+  return st;
+}
+
 std::vector<std::string> TargetNames() {
 #ifdef GF_HAVE_CUDA
   return {"cpu", "cuda"};

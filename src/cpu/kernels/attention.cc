@@ -387,15 +387,23 @@ ScoreOperands RopedOperands(const AttentionLaunch& a, const HeadBlock& hb, bool 
   return op;
 }
 
+// P V sums its keys in chunks of this many, in order (WeightedValues), and a block that leaves
+// keys out computes a whole number of chunks (ComputedKeys). The sgemm blocks its K dimension by
+// K's size (oneDNN's AVX2 kernels do), so a product over fewer keys is not the first part of
+// the product over all of them; chunk by chunk it is, and a chunk of keys the mask dropped
+// adds exact zeros: leaving keys out gives the bits of doing every key on every CPU.
+constexpr int64_t kKeyChunk = 128;
+
 // The keys the block computes: [0, Sk), or [0, kend) when the constant mask (MaskRows) drops
 // keys [kend, Sk) from every row of the block and nothing there can reach the output
-// (KeyTailSkippable, which sets score_bound for MaskExpRow).
+// (KeyTailSkippable, which sets score_bound for MaskExpRow). kend is a whole number of key
+// chunks.
 int64_t ComputedKeys(const AttentionLaunch& a, const HeadBlock& hb, const ScoreOperands& op, double& score_bound) {
   const Dims& d = a.d;
   if (!a.mask_rows) return d.sk;
   int64_t top = 0;
   for (int64_t r = 0; r < hb.rows; ++r) top = std::max(top, a.mask_rows->live[PreparedRow(a, hb, r)]);
-  top = std::min(d.sk, (top + kLanes - 1) / kLanes * kLanes);
+  top = std::min(d.sk, (top + kKeyChunk - 1) / kKeyChunk * kKeyChunk);
   if (top < d.sk && KeyTailSkippable(d, a.rows_of_bool, std::abs(a.scale), op.q, op.lda, hb.rows, op.k, op.ldb, hb.v,
                                      hb.lv, top, score_bound))
     return top;
@@ -468,7 +476,9 @@ void WeightedValues(const AttentionLaunch& a, const HeadBlock& hb, int64_t kend,
   if (d.dv == 0) return;
   {
     const ScopedNs blas_time(BlasCounter(*a.cpu));
-    Sgemm(false, false, hb.rows, d.dv, kend, 1.f, scores, d.sk, hb.v, hb.lv, 0.f, hb.o, a.oa.row_stride);
+    for (int64_t k0 = 0; k0 < std::max<int64_t>(kend, 1); k0 += kKeyChunk)  // kKeyChunk: why chunks
+      Sgemm(false, false, hb.rows, d.dv, std::min(kKeyChunk, kend - k0), 1.f, scores + k0, d.sk, hb.v + k0 * hb.lv,
+            hb.lv, k0 == 0 ? 0.f : 1.f, hb.o, a.oa.row_stride);
   }
   if (!normalize_p) scale_rows(hb.o, a.oa.row_stride, d.dv);
 }

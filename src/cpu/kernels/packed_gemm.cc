@@ -516,6 +516,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     p.weights = static_cast<const Blocks*>(made.get())->weights;
     p.weights_owner = std::move(made);
   } catch (const dnnl::error& e) {
+    // No implementation at all for the case on this CPU (oneDNN 2.6's bf16 matmul below
+    // AVX-512): Unimplemented, which kAuto answers with the own loops.
+    if (e.status == dnnl_unimplemented)
+      return Unimplemented("packed GEMM (", m, "x", n, "x", k, "): oneDNN has no matmul for ",
+                           bf16 ? "bf16 weights" : "these operands", " on this CPU (", e.what(), ")");
     return Internal("packing GEMM weights (", m, "x", n, "x", k, ") with oneDNN: ", e.what());
   }
   return std::shared_ptr<const PackedGemm>(std::move(g));

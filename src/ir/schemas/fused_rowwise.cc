@@ -33,9 +33,10 @@ Result<NormLayout> ReadNormLayout(const std::string& where, const AttributeMap& 
   l.body = GraphAttr(attrs, "body");
   if (!l.body) return InvalidArgument(where, ": needs a 'body' graph attribute");
   const std::string norm = AttrString(attrs, "norm", "");
-  if (norm != "RMSNorm" && norm != "LayerNormalization")
+  const op::Id norm_op = op::FromName(norm);
+  if (norm_op != op::RMSNorm && norm_op != op::LayerNormalization)
     return InvalidArgument(where, ": attribute norm is '", norm, "', expected RMSNorm or LayerNormalization");
-  l.layer_norm = norm == "LayerNormalization";
+  l.layer_norm = norm_op == op::LayerNormalization;
   l.body_inputs = l.body->inputs().size();
   if (num_inputs < l.body_inputs)
     return InvalidArgument(where, ": has ", num_inputs, " inputs, its body takes ", l.body_inputs);

@@ -39,9 +39,10 @@ Shape ReducedShape(const Shape& in, const ReduceAxes& ax, bool keepdims) {
 Result<std::vector<ValueType>> InferReduce(const InferContext& ctx) {
   const Value* x = ctx.input(0);
   // ReduceMax / ReduceMin take bool from opset 20 (any / all); the others count or add.
-  if (x->dtype() == DType::kBool && ctx.op != "ReduceMax" && ctx.op != "ReduceMin")
+  const op::Id id = op::FromName(ctx.op);
+  if (x->dtype() == DType::kBool && id != op::ReduceMax && id != op::ReduceMin)
     return InvalidArgument(ctx.Describe(), ": ", ctx.op, " needs a numeric input, not bool");
-  if (!IsFloat(x->dtype()) && (ctx.op == "ReduceL2" || ctx.op == "ReduceLogSum" || ctx.op == "ReduceLogSumExp"))
+  if (!IsFloat(x->dtype()) && (id == op::ReduceL2 || id == op::ReduceLogSum || id == op::ReduceLogSumExp))
     return Unimplemented(ctx.Describe(), ": ", ctx.op, " on ", DTypeName(x->dtype()),
                          " is not supported (floats only)");
   const int64_t rank = static_cast<int64_t>(x->shape().size());

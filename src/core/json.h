@@ -1,4 +1,5 @@
-// A minimal streaming JSON writer for the --json reports (objects, arrays, numbers, strings).
+// A minimal streaming JSON writer (objects, arrays, numbers, strings): the tools' --json reports
+// and the Chrome-trace profiles (graphfuse/profiling.h).
 #pragma once
 
 #include <cmath>
@@ -6,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace graphfuse::cli {
+namespace graphfuse {
 
 class Json {
  public:
@@ -99,4 +100,4 @@ class Json {
   bool after_key_ = false;
 };
 
-}  // namespace graphfuse::cli
+}  // namespace graphfuse
