@@ -139,6 +139,21 @@ import json; j=json.load(open('/tmp/graphfuse_plan.json'))
 ops = sorted({g['op'] for g in j['kernel_choices']})
 assert ops == ['FusedAttention', 'FusedGemm'] and all('own tiles' in g['how'] for g in j['kernel_choices']), j['kernel_choices']
 " || { echo "FAIL explain --json lacks the CPU GEMM engines"; fail=1; }
+# The pass manager's side: each pass that ran in the JSON with its changes and time, in pipeline
+# order as --passes lists them; the IR printed after the pass named; an unknown pass refused.
+python3 -c "
+import json; j=json.load(open('/tmp/graphfuse_plan.json'))
+names = [p['name'] for p in j['passes']]
+assert names[0] == 'FoldConstants' and 'FuseGemm' in names and all(p['ms'] >= 0 and p['changes'] >= 0 for p in j['passes']), j['passes']
+assert sum(p['changes'] for p in j['passes'] if p['name'] == 'FuseAttention') == 1, j['passes']
+" || { echo "FAIL explain --json lacks the passes"; fail=1; }
+check explain-passes 0 "$GF" explain --passes
+echo "$LAST" | grep -q "^  FuseAttentionProjections *fusion" || { echo "FAIL explain --passes: $LAST"; fail=1; }
+check explain-print-ir-after 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --print-ir-after=FuseAttention
+[ "$(echo "$LAST" | grep -c '^// after ')" = 1 ] && echo "$LAST" | grep -q "^// after FuseAttention (1 changes)" \
+  || { echo "FAIL explain --print-ir-after=FuseAttention"; fail=1; }
+check explain-print-ir-unknown 2 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --print-ir-before FuseEverything
+echo "$LAST" | grep -q "no pass named 'FuseEverything'" || { echo "FAIL unknown pass not named: $LAST"; fail=1; }
 check explain-cpu-bf16 0 "$GF" explain "$MODELS/llama_block_opset17/model.onnx" --dtype bf16
 echo "$LAST" | grep -q "computing in f32 with bf16 GEMM weights" \
   && echo "$LAST" | grep -Eq "\(bf16 weights, packed once\): (own bf16 dot-product tiles|oneDNN bf16 matmul|own tiles, bf16 weights widened)" \

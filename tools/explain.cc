@@ -23,7 +23,8 @@ namespace graphfuse::cli {
 
 int Explain(Args& args) {
   std::string model, dot, json, cuda_src;
-  bool print_ir = false;
+  bool print_ir = false, list_passes = false;
+  PassHooks hooks;
   DType dtype = DType::kF32;  // what the model computes in (--dtype): converted before planning
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
@@ -44,6 +45,28 @@ int Explain(Args& args) {
       dtype = *v;
     } else if (f == "--print-ir") {
       print_ir = true;
+    } else if (f == "--passes") {
+      list_passes = true;
+    } else if (f.rfind("--print-ir-before", 0) == 0 || f.rfind("--print-ir-after", 0) == 0) {
+      // --print-ir-after=NAME or --print-ir-after NAME (a pass's name, or all); repeatable.
+      const bool before = f.rfind("--print-ir-before", 0) == 0;
+      const std::string flag = before ? "--print-ir-before" : "--print-ir-after";
+      std::string name;
+      if (f.size() > flag.size() && f[flag.size()] == '=') {
+        name = f.substr(flag.size() + 1);
+      } else if (f == flag) {
+        auto v = args.Value(f);
+        if (!v.ok()) return fail(v.status());
+        name = *v;
+      } else {
+        return fail(InvalidArgument("unknown flag '", f, "' (see graphfuse --help)"));
+      }
+      if (name != "all" && !FindPass(name)) {
+        std::string known;
+        for (const Pass& p : AllPasses()) known += StrCat(known.empty() ? "" : ", ", p.name);
+        return fail(InvalidArgument(flag, ": no pass named '", name, "' (the passes: ", known, "; or all)"));
+      }
+      (before ? hooks.print_ir_before : hooks.print_ir_after).insert(name);
     } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
       return fail(flag.status());
     } else if (*flag) {
@@ -55,6 +78,12 @@ int Explain(Args& args) {
     } else {
       return fail(InvalidArgument("unexpected argument '", f, "'"));
     }
+  }
+  if (list_passes) {
+    std::printf("the passes, in pipeline order (fusion: only when fusion is on; the others also in the unfused plan):\n");
+    for (const Pass& p : AllPasses())
+      std::printf("  %-26s %-7s %s\n", p.name, p.fusion_only ? "fusion" : "always", p.what);
+    if (model.empty()) return kExitOk;
   }
   if (model.empty()) return fail(InvalidArgument("no model given (usage: graphfuse explain MODEL.onnx)"));
   // The plan explained is the CPU's, unless --cuda-src asks for the GPU's; --dtype means what it
@@ -76,6 +105,7 @@ int Explain(Args& args) {
   pipeline.fusion = fusion;
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
+  pipeline.hooks = hooks;
   auto target = MakeTarget(cpu ? "cpu" : "cuda", {.cpu_bf16_weights = cpu && dtype == DType::kBF16});
   if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
@@ -134,6 +164,11 @@ int Explain(Args& args) {
     if (!shapes.empty()) j.Key("signature").Str(binding.key);
     j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(cuda_src.empty() ? "cpu" : "cuda");
     AddFusionJson(j, report);
+    // Each pass that ran: what it reports it changed, and its time (with the verifier after it).
+    j.Key("passes").BeginArray();
+    for (const PassRecord& r : *passes)
+      j.BeginObject().Key("name").Str(r.pass).Key("changes").Int(r.changes).Key("ms").Num(r.ms).EndObject();
+    j.EndArray();
     if (cpu) {
       j.Key("kernel_choices").BeginArray();
       for (const KernelChoice& c : choices)

@@ -219,7 +219,8 @@ constexpr HelpSection kCommands[] = {
 )",
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
-                     [--dtype f32|bf16|f16] [fusion flags]
+                     [--print-ir-before=PASS] [--print-ir-after=PASS] [--dtype f32|bf16|f16] [fusion flags]
+  explain --passes
         the fusion plan (for the shapes --shape binds where the model's dims are symbolic:
         NAME an input and its whole shape, or a symbolic dim and its size): groups, member nodes, kernel names, how each GEMM's epilogue runs on
         the CPU (added as the GEMM stores, per block while in L2, or a pass over whole rows;
@@ -232,7 +233,10 @@ constexpr HelpSection kCommands[] = {
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the
-        target and (CPU) the GEMM engines (kernel_choices)
+        target, (CPU) the GEMM engines (kernel_choices) and each pass that ran with its
+        changes and time in ms (passes); --print-ir-before=PASS / --print-ir-after=PASS print
+        the IR before / after that pass (a name --passes lists, or all; repeatable);
+        --passes lists the passes in pipeline order with what each rewrites
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] [--generate PROMPT:NEW] | --preset NAME) [--elements N] [--threads T] [--repeats R]

@@ -23,6 +23,7 @@
 
 #include "../ir/schemas/attention_cache.h"
 #include "fusion_passes.h"
+#include "pass_manager.h"
 #include "match.h"
 #include "reference_graph.h"
 
@@ -120,10 +121,6 @@ class CacheFuser {
   }
 
  private:
-  void Refuse(const Node* producer, const Node* consumer, const char* code, const std::string& message) {
-    if (report_) report_->refusals.push_back({producer->name(), consumer->name(), code, message});
-  }
-
   Result<bool> TryFuse(Node* a) {
     auto dims = schemas::ReadDims(a->attrs(), a->Describe());
     if (!dims.ok() || dims->proj || dims->rope_k || dims->k != schemas::Layout::kBHSD ||
@@ -135,7 +132,7 @@ class CacheFuser {
     const int64_t past = ck->input(0)->shape()[2];
     for (const Node* n : {static_cast<const Node*>(a), static_cast<const Node*>(ck), static_cast<const Node*>(cv)})
       if (o_.exclude.count(n->name())) {
-        Refuse(n, a, refusal::kExcluded, StrCat("node '", n->name(), "' is excluded: the KV cache's append stays apart"));
+        Refuse(report_, n, a, refusal::kExcluded, StrCat("node '", n->name(), "' is excluded: the KV cache's append stays apart"));
         return false;
       }
     const NewRows kn = MatchNewRows(ck->input(1), a, o_.exclude);
@@ -147,7 +144,7 @@ class CacheFuser {
     const std::set<const Node*> downstream = match::ReachableFrom({a, ck, cv});
     for (const Value* in : inputs)
       if (in->producer() && (downstream.count(in->producer()) || in->producer() == ck || in->producer() == cv)) {
-        Refuse(in->producer(), a, kCacheCycle,
+        Refuse(report_, in->producer(), a, kCacheCycle,
                StrCat("'", in->name(), "' depends on the present K / V rows: the append stays a Concat"));
         return false;
       }
@@ -158,7 +155,7 @@ class CacheFuser {
     attrs["new_v_layout"] = vn.layout;
     attrs["rope_new_k"] = int64_t{kn.rope};
     if (Status st = CheckOperands(attrs, inputs, a->Describe()); !st.ok()) {
-      Refuse(ck, a, kCacheLayout, StrCat("the KV cache's append stays apart: ", st.message()));
+      Refuse(report_, ck, a, kCacheLayout, StrCat("the KV cache's append stays apart: ", st.message()));
       return false;
     }
 

@@ -38,6 +38,7 @@
 #include "core/hash.h"
 #include "../ir/text.h"
 #include "fusion_passes.h"
+#include "pass_manager.h"
 #include "match.h"
 
 namespace graphfuse {
@@ -127,10 +128,6 @@ class RowwiseFuser {
   }
 
  private:
-  void Refuse(const Node* producer, const Node* consumer, const char* code, const std::string& message) {
-    if (report_) report_->refusals.push_back({producer->name(), consumer->name(), code, message});
-  }
-
   bool Excluded(const std::string& name) const { return o_.exclude.count(name) != 0; }
 
   // The absorbable view of `n`, or nothing when it is not elementwise.
@@ -197,11 +194,11 @@ class RowwiseFuser {
     names.push_back(s.node->name());
     for (const std::string& n : names)
       if (Excluded(n)) {
-        Refuse(producer, consumer, refusal::kExcluded, StrCat("node '", n, "' is excluded by option"));
+        Refuse(report_, producer, consumer, refusal::kExcluded, StrCat("node '", n, "' is excluded by option"));
         return false;
       }
     if (s.space != rows_shape) {
-      Refuse(producer, consumer, kBroadcastExpansion,
+      Refuse(report_, producer, consumer, kBroadcastExpansion,
              StrCat(s.node->Describe(), " iterates over ", ShapeToString(s.space), ", ", row->Describe(), " over ",
                     ShapeToString(rows_shape), ": the ", prologue ? "prologue" : "epilogue",
                     " would not map one to one onto the rows"));
@@ -255,21 +252,21 @@ class RowwiseFuser {
     if (!p) return false;  // a GEMM, attention or another row op: nothing to absorb
     const std::string where = StrCat(p->node->Describe(), " -> ", r->Describe(), " reading ", x->TypeString());
     if (!RowKernelTakes(x->dtype(), o_) || r->output()->dtype() != x->dtype()) {
-      Refuse(p->node, r, kDtypeUnsupported,
+      Refuse(report_, p->node, r, kDtypeUnsupported,
              StrCat(where, ": the fused norm kernel runs f32", o_.narrow_row_kernels ? ", f16 or bf16" : " only"));
       return false;
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
     const int64_t axis = r->GetInt("axis", -1);
     if (!match::IsLastAxis(axis, x->shape().size())) {
-      Refuse(p->node, r, kAxisNotLast,
+      Refuse(report_, p->node, r, kAxisNotLast,
              StrCat(where, ": normalizes from axis ", axis, ", the fused kernel only over the last axis (", rank - 1,
                     " or -1)"));
       return false;
     }
     for (size_t k = 1; k < r->outputs().size(); ++k)
       if (r->output(k)->is_graph_output() || !r->output(k)->uses().empty()) {
-        Refuse(p->node, r, kStatisticsUsed,
+        Refuse(report_, p->node, r, kStatisticsUsed,
                StrCat(where, ": its output '", r->output(k)->name(), "' (", k == 1 ? "Mean" : "InvStdDev",
                       ") is read, the fused kernel writes only Y"));
         return false;
@@ -279,11 +276,11 @@ class RowwiseFuser {
     while (!params.empty() && params.back() == nullptr) params.pop_back();
     for (const Value* v : params)
       if (!v) {
-        Refuse(p->node, r, refusal::kNotElementwise, StrCat(where, ": an omitted parameter before a given one"));
+        Refuse(report_, p->node, r, refusal::kNotElementwise, StrCat(where, ": an omitted parameter before a given one"));
         return false;
       }
     if (Reaches({p->node}, std::vector<const Value*>(params.begin(), params.end()))) {
-      Refuse(p->node, r, refusal::kWouldCreateCycle,
+      Refuse(report_, p->node, r, refusal::kWouldCreateCycle,
              StrCat(where, ": a scale or bias of ", r->Describe(), " is computed from ", p->node->Describe(),
                     "'s results"));
       return false;
@@ -291,7 +288,7 @@ class RowwiseFuser {
     const int k = norm_count_++;
     const std::string name = StrCat("fused_norm_", k);
     if (Excluded(name)) {
-      Refuse(p->node, r, refusal::kExcluded, StrCat("group ", name, " (", where, ") is excluded by option"));
+      Refuse(report_, p->node, r, refusal::kExcluded, StrCat("group ", name, " (", where, ") is excluded by option"));
       return false;
     }
 
@@ -369,7 +366,7 @@ class RowwiseFuser {
     }
     if (!p && !e && !shared_reader) return false;
     if (shared_reader) {
-      Refuse(s, shared_reader, kOutputShared,
+      Refuse(report_, s, shared_reader, kOutputShared,
              StrCat(s->Describe(), " output ", y->TypeString(), " is read by ", y->uses().size(), " nodes",
                     y->is_graph_output() ? " and is a graph output" : "", "; ", shared_reader->Describe(),
                     " cannot run as its epilogue"));
@@ -378,14 +375,14 @@ class RowwiseFuser {
     const Node* other = p ? p->node : e->node;
     const std::string where = StrCat(s->Describe(), " over ", x->TypeString());
     if (!RowKernelTakes(x->dtype(), o_) || y->dtype() != x->dtype()) {
-      Refuse(p ? p->node : s, p ? s : e->node, kDtypeUnsupported,
+      Refuse(report_, p ? p->node : s, p ? s : e->node, kDtypeUnsupported,
              StrCat(where, ": the fused softmax kernel runs f32", o_.narrow_row_kernels ? ", f16 or bf16" : " only"));
       return false;
     }
     const int64_t rank = static_cast<int64_t>(x->shape().size());
     const int64_t axis = s->GetInt("axis", -1);
     if (!match::IsLastAxis(axis, x->shape().size())) {
-      Refuse(p ? p->node : s, p ? s : e->node, kAxisNotLast,
+      Refuse(report_, p ? p->node : s, p ? s : e->node, kAxisNotLast,
              StrCat(where, " and ", other->Describe(), ": softmax over axis ", axis,
                     ", the fused kernel only over the last axis (", rank - 1, " or -1)"));
       return false;
@@ -403,13 +400,13 @@ class RowwiseFuser {
       if (ei < 0) {
         e.reset();
       } else if (!RowKernelTakes(e->outs[0]->dtype(), o_)) {
-        Refuse(s, e->node, kDtypeUnsupported,
+        Refuse(report_, s, e->node, kDtypeUnsupported,
                StrCat(e->node->Describe(), " writes ", e->outs[0]->TypeString(), " after ", where,
                       ": the fused softmax kernel keeps the probabilities in its first output, which must be a float "
                       "dtype its kernel takes"));
         e.reset();
       } else if (Reaches(from, others)) {
-        Refuse(s, e->node, refusal::kWouldCreateCycle,
+        Refuse(report_, s, e->node, refusal::kWouldCreateCycle,
                StrCat(e->node->Describe(), " after ", where, " reads a value computed from ",
                       p ? p->node->Describe() + " or " : "", s->Describe()));
         e.reset();
@@ -419,7 +416,7 @@ class RowwiseFuser {
     const int k = softmax_count_++;
     const std::string name = StrCat("fused_softmax_", k);
     if (Excluded(name)) {
-      Refuse(p ? p->node : s, p ? s : e->node, refusal::kExcluded, StrCat("group ", name, " is excluded by option"));
+      Refuse(report_, p ? p->node : s, p ? s : e->node, refusal::kExcluded, StrCat("group ", name, " is excluded by option"));
       return false;
     }
 

@@ -4,8 +4,7 @@
 #include <iterator>
 
 #include "../ir/text.h"
-#include "fold_constants.h"
-#include "fusion_passes.h"
+#include "fuse_elementwise.h"
 
 namespace graphfuse {
 
@@ -19,48 +18,23 @@ FusionOptions FusionOptionsFor(const Target& target, const FusionOptions& option
   return o;
 }
 
-Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, const PipelineOptions& pipeline) {
-  PipelineOptions options = pipeline;
-  options.fusion = FusionOptionsFor(target, pipeline.fusion);
-  std::vector<PassRecord> records;
+Result<std::vector<PassRecord>> RunPipeline(Graph& g, const Target& target, const PipelineOptions& options) {
   GF_RETURN_IF_ERROR(g.Verify().WithContext("verifier, before any pass"));
-  auto after = [&](const char* pass, Result<int> changes) -> Status {
-    if (!changes.ok()) return changes.status().WithContext(pass);
-    GF_RETURN_IF_ERROR(g.Verify().WithContext(StrCat("verifier, after ", pass)));
-    records.push_back({pass, *changes});
-    if (options.print_after_each)
-      std::fprintf(options.print_after_each, "// after %s (%d changes)\n%s\n", pass, *changes, PrintGraph(g).c_str());
-    return Status::Ok();
-  };
-  FoldOptions fold;
-  fold.target = &target;
-  GF_RETURN_IF_ERROR(after("FoldConstants", FoldConstants(g, fold)));
-  const int64_t kernels_before = CountKernels(g);
   FusionReport report;
-  if (options.fusion.enabled) {
-    // Canonicalization turns decomposed norms / activations back into single kernels: part of
-    // the fused flow, so that --no-fuse runs the graph exactly as written.
-    GF_RETURN_IF_ERROR(after("Canonicalize", Canonicalize(g)));
-    GF_RETURN_IF_ERROR(after("CanonicalizeViews", CanonicalizeViews(g)));
-    GF_RETURN_IF_ERROR(after("FuseAttention", FuseAttention(g, options.fusion, &report)));
-    GF_RETURN_IF_ERROR(after("FuseAttentionCache", FuseAttentionCache(g, options.fusion, &report)));
+  PassContext ctx{target, FusionOptionsFor(target, options.fusion), report};
+  PassHooks hooks = options.hooks;
+  if (options.print_after_each) {
+    hooks.print_to = options.print_after_each;
+    hooks.print_ir_after.insert("all");
   }
-  auto fused = FuseElementwise(g, options.fusion);
-  if (fused.ok()) {
-    // The elementwise planner's refusals first, then whatever the later passes add.
-    for (auto& r : report.refusals) fused->refusals.push_back(std::move(r));
-    fused->groups.insert(fused->groups.begin(), std::make_move_iterator(report.groups.begin()),
-                         std::make_move_iterator(report.groups.end()));
-    report = std::move(*fused);
-  }
-  GF_RETURN_IF_ERROR(after("FuseElementwise", fused.ok() ? Result<int>(static_cast<int>(report.groups.size()))
-                                                         : Result<int>(fused.status())));
-  if (options.fusion.enabled) {
-    GF_RETURN_IF_ERROR(after("FuseGemm", FuseGemm(g, options.fusion, &report)));
-    GF_RETURN_IF_ERROR(after("FuseAttentionProjections", FuseAttentionProjections(g, options.fusion, &report)));
-    GF_RETURN_IF_ERROR(after("FoldNormIntoGemm", FoldNormIntoGemm(g, options.fusion, &report)));
-    GF_RETURN_IF_ERROR(after("FuseRowwise", FuseRowwise(g, options.fusion, &report)));
-  }
+  const std::vector<const Pass*> passes = PipelineFor(ctx);
+  // The kernels before fusion are counted once constants are folded (the first pass).
+  const size_t first = !passes.empty() && passes.front() == FindPass("FoldConstants") ? 1 : 0;
+  GF_ASSIGN_OR_RETURN(std::vector<PassRecord> records,
+                      RunPasses(g, std::span(passes).first(first), ctx, hooks));
+  const int64_t kernels_before = CountKernels(g);
+  GF_ASSIGN_OR_RETURN(std::vector<PassRecord> rest, RunPasses(g, std::span(passes).subspan(first), ctx, hooks));
+  records.insert(records.end(), rest.begin(), rest.end());
   // A refusal that a later pass overcame (a GEMM and the add it now runs as its epilogue)
   // no longer describes the plan: drop those whose two nodes ended up in one group.
   std::erase_if(report.refusals, [&](const FusionRefusal& r) {
