@@ -1,4 +1,4 @@
-// Google Benchmark rows for fusion: each preset (runtime/presets.cc) as its unfused plan, its
+// Google Benchmark rows for fusion: each preset (testing/presets.cc) as its unfused plan, its
 // fused plan (tile executor), the fused plan as native loops (graphfuse/cpu_codegen.h), and a
 // hand-written fused AVX-512 loop (libmvec erf/exp, bench/hand_loops.h) at
 // 4Ki, 64Ki, 1Mi and 16Mi f32 elements, on the same 2-thread pool. Every variant's output is
@@ -23,7 +23,7 @@
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
 #include "cpu/executor.h"
-#include "runtime/presets.h"
+#include "testing/presets.h"
 
 namespace gf = graphfuse;
 

@@ -7,7 +7,7 @@ For every CUDA plan a demo JSON records (its "cuda" rows: device_bytes, activati
 activation_bytes_no_reuse), prints the device memory held, the activations and scratch as
 planned (values that share blocks by liveness) beside the sum of those buffers without reuse,
 and the block's weights in the plan's dtype (hidden / ffn / family from the JSON's config, as
-src/runtime/blocks.cc draws them). Exits 1 when a plan holds more activation bytes than its
+src/testing/blocks.cc draws them). Exits 1 when a plan holds more activation bytes than its
 buffers add up to without reuse, or less device memory than its weights and activations need.
 """
 import json

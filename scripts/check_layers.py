@@ -8,13 +8,14 @@ below it, never above:
   core        status, shapes, tensors, hashing, shared objects
   ops         the op table's semantics and float64 reference
   ir          graph, printer/parser, op schemas (type/shape inference)
-  target      what every backend shares (the memory planner)
+  memory      the memory planner every backend shares
   passes      the pass pipeline
   cpu         the CPU backend (its kernels, executor, code generator)
   cuda        the CUDA backend (it runs host fallbacks on the CPU backend)
   runtime     targets by name, presets, blocks, reference evaluation
   onnx        ONNX import
   api         the embeddable API (include/graphfuse/model.h)
+  testing     fixtures of the tools, tests and benchmarks (not in the library)
 
 Usage: scripts/check_layers.py [ROOT] [--doc FILE]
   exit 1 on a violation, with each offending include; with --doc, also when FILE's block of this
@@ -25,7 +26,7 @@ import os
 import re
 import sys
 
-LAYERS = ["include", "core", "ops", "ir", "target", "passes", "cpu", "cuda", "runtime", "onnx", "api"]
+LAYERS = ["include", "core", "ops", "ir", "memory", "passes", "cpu", "cuda", "runtime", "onnx", "api", "testing"]
 RANK = {name: i for i, name in enumerate(LAYERS)}
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

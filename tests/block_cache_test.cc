@@ -13,7 +13,7 @@
 #include "cpu/cpu_target.h"
 #include "cpu/executor.h"
 #include "passes/pipeline.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 
 namespace graphfuse {
 namespace {

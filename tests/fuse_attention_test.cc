@@ -17,7 +17,7 @@
 #include "ir/text.h"
 #include "passes/fusion_passes.h"
 #include "passes/pipeline.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 #include "cpu/executor.h"
 #include "graphfuse/thread_pool.h"
 

@@ -1,7 +1,7 @@
-// The liveness memory planner (src/target/memory_plan.h): reuse after the last reader, views
+// The liveness memory planner (src/memory/memory_plan.h): reuse after the last reader, views
 // sharing their input's block, values kept out of the arena, scratch, the online planner, and
 // random graphs whose simultaneously live buffers must never overlap.
-#include "target/memory_plan.h"
+#include "memory/memory_plan.h"
 
 #include <gtest/gtest.h>
 

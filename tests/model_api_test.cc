@@ -9,7 +9,7 @@
 #include "graphfuse/model.h"
 #include "graphfuse/profiling.h"
 #include "graphfuse/thread_pool.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 #include "test_util.h"
 
 namespace graphfuse {

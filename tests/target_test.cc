@@ -13,7 +13,7 @@
 #include "ir/text.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 
 namespace graphfuse {
 namespace {

@@ -24,10 +24,10 @@
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
 #include "cpu/executor.h"
-#include "runtime/blocks.h"
-#include "runtime/presets.h"
-#include "runtime/reference_eval.h"
-#include "runtime/timer.h"
+#include "testing/blocks.h"
+#include "testing/presets.h"
+#include "testing/reference_eval.h"
+#include "testing/timer.h"
 
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"

@@ -20,9 +20,9 @@
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "graphfuse/cpu_codegen.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 #include "cpu/executor.h"
-#include "runtime/timer.h"
+#include "testing/timer.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_executor.h"
 #endif

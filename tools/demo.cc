@@ -13,7 +13,7 @@
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "ops/check.h"
-#include "runtime/timer.h"
+#include "testing/timer.h"
 
 namespace graphfuse::cli {
 namespace {

@@ -1,6 +1,6 @@
 // Compiling a graph into steps and buffers, and running them.
 //
-// Intermediate values share one arena planned by liveness (src/target/memory_plan.h): a view op
+// Intermediate values share one arena planned by liveness (src/memory/memory_plan.h): a view op
 // (Reshape, Squeeze, ...) shares its input's memory, a block is reused once nothing later reads
 // it. Graph outputs are written straight into the caller's buffers unless they alias an input,
 // a constant or another output, in which case they live in the arena and are copied at the end.
@@ -13,7 +13,7 @@
 
 #include "../cpu/lower_group.h"
 #include "../ir/op_registry.h"
-#include "../target/memory_plan.h"
+#include "../memory/memory_plan.h"
 #include "kernel_registry.h"
 
 namespace graphfuse {

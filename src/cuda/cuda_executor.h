@@ -13,7 +13,7 @@
 // CudaPlanOptions::prefill_attention asks for them or the flash kernel refuses the node; an op with no CUDA path at all runs on the host between copies (reported, and refused under CUDA-graph capture). Graph inputs,
 // outputs and constants get device buffers of their own (constants uploaded once); views share
 // their input's; values between nodes and per-node scratch share pooled blocks by liveness
-// (device_memory.h, with the planner of src/target/memory_plan.h).
+// (device_memory.h, with the planner of src/memory/memory_plan.h).
 //
 // Run(): inputs host -> device, the launches on one stream (or the whole plan replayed as one
 // CUDA graph), outputs device -> host.

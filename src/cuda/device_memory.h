@@ -3,7 +3,7 @@
 //
 // Graph inputs, outputs and constants get buffers of their own (a constant is uploaded when
 // first used); a view shares its input's buffer; values between nodes and per-node scratch take
-// pooled blocks planned by liveness (src/target/memory_plan.h) while the top-level graph is
+// pooled blocks planned by liveness (src/memory/memory_plan.h) while the top-level graph is
 // planned: every step runs in plan order on one stream (or in the CUDA graph captured from it),
 // so a block whose last reader is top-level node i can be handed to any value first written
 // after node i. Each block is allocated when the planner creates it. An emulated plan
@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../target/memory_plan.h"
+#include "../memory/memory_plan.h"
 #include "graphfuse/graph.h"
 
 namespace graphfuse::cuda {

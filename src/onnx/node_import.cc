@@ -49,7 +49,7 @@
 #include "ir/op_registry.h"
 #include "onnx/einsum.h"
 #include "onnx/tensor_proto.h"
-#include "cpu/cpu_target.h"
+#include "runtime/host_target.h"
 #include "passes/fold_constants.h"
 
 namespace graphfuse::onnx_import {
@@ -58,7 +58,7 @@ namespace {
 // Import folds shape-only subgraphs as it builds, on the CPU (whatever the model is compiled for).
 FoldOptions ImportFold() {
   FoldOptions o;
-  o.target = &cpu::DefaultCpuTarget();
+  o.target = &HostTarget();
   return o;
 }
 

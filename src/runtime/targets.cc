@@ -1,6 +1,7 @@
 // The backends of this build, by name: the one place that knows which were compiled in.
 #include "cpu/cpu_target.h"
 #include "graphfuse/target.h"
+#include "runtime/host_target.h"
 #ifdef GF_HAVE_CUDA
 #include "cuda/cuda_target.h"
 #endif
@@ -17,6 +18,8 @@ Status Executable::RunProfiled(std::span<const TensorView> inputs, std::span<con
   if (st.ok()) profiler.OnStep(step);
   return st;
 }
+
+const Target& HostTarget() { return cpu::DefaultCpuTarget(); }
 
 std::vector<std::string> TargetNames() {
 #ifdef GF_HAVE_CUDA

@@ -35,7 +35,7 @@
 #include "ops/philox.h"
 #include "passes/fuse_elementwise.h"
 #include "passes/pipeline.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 #include "cpu/executor.h"
 #include "narrow_twin.h"
 

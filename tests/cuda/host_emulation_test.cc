@@ -33,7 +33,7 @@
 #include "onnx/import.h"
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
-#include "runtime/blocks.h"
+#include "testing/blocks.h"
 #include "cpu/executor.h"
 
 namespace graphfuse::cuda {

@@ -1,7 +1,7 @@
 // End-to-end: every tests/models/*/ (exported by tools/export_models.py from PyTorch, with
 // float64 references) through ImportOnnxFile + Execute, outputs within 1e-4 (abs and rel).
 // Prints the kernel count and peak activation bytes per model. The exported transformer
-// blocks must also fuse into the families the API-built blocks (src/runtime/blocks.cc) do.
+// blocks must also fuse into the families the API-built blocks (src/testing/blocks.cc) do.
 //
 // The models directory is GF_MODELS_DIR (set by CMake), overridable by $GF_MODELS_DIR.
 #include <gtest/gtest.h>
