@@ -178,6 +178,50 @@ TEST(ModelApi, TracedRunsRecordEveryKernelOfThePlan) {
   EXPECT_EQ(trace.events(), 0);
 }
 
+// CompileOptions::dtype is one option for every target, run as the target runs that dtype: the
+// CPU holds its GEMM weights in bf16, the CUDA target (emulated on the host) converts the model.
+// Both stay within bf16's tolerance of the f32 plan, the outputs keep the model's types, and a
+// dtype a target does not run is refused naming it.
+TEST(ModelApi, OneDtypeOptionForEveryTarget) {
+  const Fixture f = MakeFixture();
+  const Tensor x = Input(f.cfg, 4);
+  const TensorView in[] = {x.view()};
+  for (const std::string& name : TargetNames()) {
+    SCOPED_TRACE(name);
+    auto target = MakeTarget(name, {.threads = 2, .emulate = true});
+    ASSERT_TRUE(target.ok()) << target.status().ToString();
+    std::shared_ptr<const Target> t = std::move(*target);
+    CompileOptions bf16;
+    bf16.dtype = DType::kBF16;
+    auto exact = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), t);
+    auto narrow = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), t, bf16);
+    ASSERT_TRUE(exact.ok() && narrow.ok()) << (narrow.ok() ? exact.status() : narrow.status()).ToString();
+    auto want = (*exact)->Run(in);
+    auto got = (*narrow)->Run(in);
+    ASSERT_TRUE(want.ok() && got.ok()) << (got.ok() ? want.status() : got.status()).ToString();
+    ASSERT_EQ(got->at(0).dtype(), DType::kF32);
+    double peak = 0, err = 0;
+    for (int64_t i = 0; i < want->at(0).numel(); ++i) {
+      peak = std::max(peak, std::fabs(want->at(0).GetAsDouble(i)));
+      err = std::max(err, std::fabs(want->at(0).GetAsDouble(i) - got->at(0).GetAsDouble(i)));
+    }
+    EXPECT_GT(err, 0.0) << "bf16 gave the f32 plan's bits: the option did nothing";
+    EXPECT_LT(err, 5e-2 * (1 + peak));
+    if (name == "cpu") {
+      bool bf16_weights = false;
+      for (const KernelChoice& c : (*narrow)->plan()->kernel_choices()) bf16_weights |= c.how.find("bf16 weights") != std::string::npos;
+      EXPECT_TRUE(bf16_weights) << "the CPU's bf16 is its GEMMs' weights";
+      CompileOptions f16;
+      f16.dtype = DType::kF16;
+      auto refused = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), t, f16);
+      ASSERT_FALSE(refused.ok());
+      EXPECT_EQ(refused.status().code(), StatusCode::kUnimplemented);
+      EXPECT_NE(refused.status().message().find("f16 needs the cuda target"), std::string::npos)
+          << refused.status().ToString();
+    }
+  }
+}
+
 // A call with wrong inputs fails with InvalidArgument naming the input; the next call works.
 TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
   const Fixture f = MakeFixture();

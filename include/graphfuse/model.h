@@ -94,6 +94,11 @@ class Model {
 struct CompileOptions {
   // fusion.enabled = false compiles the unfused baseline: every node its own kernel.
   FusionOptions fusion;
+  // What the model computes in, as the target runs it (Target::ForDtype): bf16 on the CPU holds
+  // the GEMMs' constant weights in bf16; bf16 / f16 on the CUDA target converts the model. The
+  // model's inputs and outputs keep their declared types. A dtype the target does not run is
+  // refused by Compile.
+  DType dtype = DType::kF32;
   // Plans kept for a model with symbolic dims: the least recently used one is dropped when a
   // new input signature needs room. At least 1.
   int plan_cache_capacity = 16;

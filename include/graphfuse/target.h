@@ -142,6 +142,14 @@ class Target {
   // the engine of each GEMM); none by default.
   virtual std::vector<KernelChoice> DescribeKernels(const Graph& graph) const { return {}; }
 
+  // This target made to compute models in `dtype` (CompileOptions::dtype), as it runs that dtype
+  // (the CPU: bf16 holds the GEMMs' constant weights in bf16; the CUDA target: the model
+  // converted to bf16 or f16); Unimplemented, naming what it runs instead, for a dtype it does
+  // not. f32 gives a target like this one.
+  virtual Result<std::unique_ptr<Target>> ForDtype(DType dtype) const;
+  // The dtype models are converted to before the passes (ConvertPrecision; f32: none).
+  virtual DType graph_dtype() const { return DType::kF32; }
+
   // Whether its executables read fused nodes' "reference" graphs (to run a fused node whose
   // kernel is missing through its original ops, say). A target that never does may be handed
   // plans whose reference graphs are left out where they change with the sizes (plans made

@@ -476,9 +476,12 @@ class InferenceSession:
     device, cuda_graph: the CUDA backend's device, and whether each run replays its launches as
       one CUDA graph. emulate_gpu: the CUDA backend runs its plan on the host (slow; checks CUDA
       plans without a GPU).
-    bf16_weights: the CPU backend holds its GEMMs' constant weights in bf16 (rounded once, when
-      planned; activations and sums stay f32): half the weight stream of a decode step, within
-      the bf16 tolerance of the README's accuracy contract.
+    dtype: what the model computes in, as the backend runs it ("f32", "bf16", "f16"): on the CPU
+      "bf16" holds the GEMMs' constant weights in bf16 (rounded once, when planned; activations
+      and sums stay f32: half the weight stream of a decode step); on CUDA "bf16" / "f16" run the
+      model converted to that dtype (weights converted once, inputs and outputs keep their
+      types). Within the dtype's tolerance of the README's accuracy contract; a dtype the backend
+      does not run is refused (f16 on the CPU). bf16_weights=True is dtype="bf16".
 
     As with onnxruntime, a provider that cannot start (CUDA without a usable device) gives way to
     the next one in the list, with a warning; `backend=` names one backend and fails instead.
@@ -508,6 +511,7 @@ class InferenceSession:
         cuda_graph: bool = False,
         emulate_gpu: bool = False,
         bf16_weights: bool = False,
+        dtype: str = "f32",
         shape_classes: bool = True,
         external_data_folder: Optional[Union[str, os.PathLike]] = None,
         enable_profiling: Optional[bool] = None,
@@ -532,16 +536,15 @@ class InferenceSession:
                 "are made per input signature and kept in memory; `graphfuse explain MODEL --print-ir` prints one"
             )
         candidates = _backends_for(providers, backend)
-        if bf16_weights and candidates and candidates[0] != "cpu":
-            raise InvalidArgument(
-                f"bf16_weights holds the CPU backend's GEMM weights in bf16; the {candidates[0]} backend computes a "
-                "model in bf16 once it is converted (graphfuse run --backend cuda --dtype bf16)"
-            )
+        if bf16_weights:
+            if dtype not in ("f32", "bf16"):
+                raise InvalidArgument(f"bf16_weights asks for bf16 and dtype for {dtype}: give one of them")
+            dtype = "bf16"
         for k, name in enumerate(candidates):
             try:
                 self._session = _graphfuse.Session(
                     path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu,
-                    bf16_weights, shape_classes, os.fspath(external_data_folder) if external_data_folder else "",
+                    str(dtype), shape_classes, os.fspath(external_data_folder) if external_data_folder else "",
                 )
             except NotFound as e:  # the backend cannot start here (no device): the next provider
                 if k + 1 == len(candidates):

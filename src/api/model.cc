@@ -11,6 +11,7 @@
 
 #include "core/prepared_store.h"
 #include "onnx/import.h"
+#include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "passes/shape_template.h"
 #include "runtime/signature.h"
@@ -196,6 +197,12 @@ Result<std::unique_ptr<CompiledModel>> CompiledModel::Compile(Model model, std::
   if (options.plan_cache_capacity < 1)
     return InvalidArgument("CompileOptions::plan_cache_capacity is ", options.plan_cache_capacity,
                            "; at least 1 plan must be kept");
+  if (options.dtype != DType::kF32) {
+    // The target as it computes in that dtype (or the error naming what it computes in).
+    auto narrow = target->ForDtype(options.dtype);
+    if (!narrow.ok()) return narrow.status().WithContext(StrCat("CompileOptions::dtype ", DTypeName(options.dtype)));
+    target = std::shared_ptr<const Target>(std::move(*narrow));
+  }
   std::unique_ptr<CompiledModel> m(new CompiledModel());
   m->source_ = std::move(model.source_);
   m->target_ = std::move(target);
@@ -228,6 +235,12 @@ Result<std::shared_ptr<const Plan>> CompiledModel::MakePlan(const InputBinding& 
       if (v)
         GF_RETURN_IF_ERROR(CheckFitsInMemory(StrCat(label, ": value '", v->name(), "' of ", n->Describe()), v->dtype(),
                                              v->shape()));
+  if (target_->graph_dtype() != DType::kF32) {
+    // The model in the dtype the target computes it in (CompileOptions::dtype).
+    auto converted = ConvertPrecision(*g, target_->graph_dtype());
+    if (!converted.ok()) return converted.status().WithContext(label);
+    g = std::move(*converted);
+  }
   p->planning_.import_ms = MsSince(t);
 
   t = Clock::now();

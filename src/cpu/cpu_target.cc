@@ -66,6 +66,17 @@ class CpuExecutable final : public Executable {
 CpuTarget::CpuTarget(const TargetOptions& options)
     : options_(options), workers_(std::make_shared<Workers>(options.threads)) {}
 
+Result<std::unique_ptr<Target>> CpuTarget::ForDtype(DType dtype) const {
+  TargetOptions o = options_;
+  if (dtype == DType::kBF16) {
+    o.cpu_bf16_weights = true;
+  } else if (dtype != DType::kF32) {
+    return Unimplemented("the cpu target computes in f32, and in bf16 with its GEMMs' weights held in bf16; ",
+                         DTypeName(dtype), " needs the cuda target");
+  }
+  return std::unique_ptr<Target>(new CpuTarget(o));
+}
+
 bool CpuTarget::HasKernel(const Node& node) const {
   const OpSchema* s = FindSchema(node.op());
   return s != nullptr && (s->view || FindCpuKernel(node.op()) != nullptr);

@@ -26,6 +26,9 @@ class CpuTarget final : public Target {
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
   // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
   std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
+  // bf16: the same target with options.cpu_bf16_weights (activations and sums stay f32); f16:
+  // refused (the CPU kernels compute f32).
+  Result<std::unique_ptr<Target>> ForDtype(DType dtype) const override;
   // Every fused node has a CPU kernel, and none reads a reference graph.
   bool ReadsReferenceGraphs() const override { return false; }
 

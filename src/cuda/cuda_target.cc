@@ -66,8 +66,14 @@ class CudaExecutable final : public Executable {
 
 }  // namespace
 
-CudaTarget::CudaTarget(const TargetOptions& options)
-    : options_(options), kernels_(std::make_shared<KernelCache>()) {}
+CudaTarget::CudaTarget(const TargetOptions& options, DType dtype)
+    : options_(options), dtype_(dtype), kernels_(std::make_shared<KernelCache>()) {}
+
+Result<std::unique_ptr<Target>> CudaTarget::ForDtype(DType dtype) const {
+  if (dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16)
+    return Unimplemented("the cuda target computes in f32, bf16 or f16, not ", DTypeName(dtype));
+  return std::unique_ptr<Target>(new CudaTarget(options_, dtype));
+}
 
 bool CudaTarget::HasKernel(const Node& node) const { return PlanNodeForCuda(node).ok(); }
 

@@ -16,7 +16,8 @@ class KernelCache;
 class CudaTarget final : public Target {
  public:
   // Reads options.device, options.cuda_graph, options.emulate and options.cuda_tf32.
-  explicit CudaTarget(const TargetOptions& options = {});
+  // `dtype`: what models are converted to before the passes (f32: none).
+  explicit CudaTarget(const TargetOptions& options = {}, DType dtype = DType::kF32);
   std::string_view name() const override { return "cuda"; }
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
   // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
@@ -27,11 +28,17 @@ class CudaTarget final : public Target {
                         std::span<const TensorView> out) const override;
   // A CudaExecutor (inputs copied to the device, outputs back); calls take turns.
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
+  // bf16 / f16: the model converted to that dtype before the passes (ConvertPrecision: weights
+  // converted once, f32 inputs and outputs cast at the edges); its kernels load the narrow dtype
+  // and sum in f32.
+  Result<std::unique_ptr<Target>> ForDtype(DType dtype) const override;
+  DType graph_dtype() const override { return dtype_; }
   // The kernels its plans compiled, shared by all of them (kernel_cache.h).
   const KernelCache& kernel_cache() const { return *kernels_; }
 
  private:
   TargetOptions options_;
+  DType dtype_ = DType::kF32;
   std::shared_ptr<KernelCache> kernels_;
 };
 

@@ -19,6 +19,11 @@ Status Executable::RunProfiled(std::span<const TensorView> inputs, std::span<con
   return st;
 }
 
+Result<std::unique_ptr<Target>> Target::ForDtype(DType dtype) const {
+  if (dtype == DType::kF32) return MakeTarget(name());
+  return Unimplemented("the ", name(), " target computes models in f32 only, not ", DTypeName(dtype));
+}
+
 const Target& HostTarget() { return cpu::DefaultCpuTarget(); }
 
 std::vector<std::string> TargetNames() {
