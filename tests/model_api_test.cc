@@ -47,6 +47,16 @@ Tensor Input(const BlockConfig& cfg, uint32_t seed) {
   return t;
 }
 
+// The small block compiled, fused, for a CPU target of 2 threads (nullptr after a failure).
+std::unique_ptr<CompiledModel> CompileOnTwoThreads(const Fixture& f) {
+  auto target = MakeTarget("cpu", {.threads = 2});
+  EXPECT_TRUE(target.ok()) << target.status().ToString();
+  if (!target.ok()) return nullptr;
+  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
+  EXPECT_TRUE(model.ok()) << model.status().ToString();
+  return model.ok() ? std::move(*model) : nullptr;
+}
+
 TEST(ModelApi, CompilesFusedAndUnfusedAndTheyAgree) {
   const Fixture f = MakeFixture();
   auto target = MakeTarget("cpu", {.threads = 2});
@@ -83,11 +93,9 @@ TEST(ModelApi, CompilesFusedAndUnfusedAndTheyAgree) {
 // the one a single-threaded run gives for those inputs, bit for bit.
 TEST(ModelApi, EightThreadsRunOneModel) {
   const Fixture f = MakeFixture();
-  auto target = MakeTarget("cpu", {.threads = 2});
-  ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const CompiledModel& m = **model;
+  std::unique_ptr<CompiledModel> model = CompileOnTwoThreads(f);
+  ASSERT_NE(model, nullptr);
+  const CompiledModel& m = *model;
 
   constexpr int kThreads = 8, kRuns = 12;
   std::vector<Tensor> inputs, expected;
@@ -126,11 +134,9 @@ TEST(ModelApi, EightThreadsRunOneModel) {
 // kernel with its members; the kernels lie inside their run.
 TEST(ModelApi, TracedRunsRecordEveryKernelOfThePlan) {
   const Fixture f = MakeFixture();
-  auto target = MakeTarget("cpu", {.threads = 2});
-  ASSERT_TRUE(target.ok());
-  auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
-  ASSERT_TRUE(model.ok()) << model.status().ToString();
-  const CompiledModel& m = **model;
+  std::unique_ptr<CompiledModel> model = CompileOnTwoThreads(f);
+  ASSERT_NE(model, nullptr);
+  const CompiledModel& m = *model;
   const Tensor x = Input(f.cfg, 3);
   const TensorView in[] = {x.view()};
   auto plain = m.Run(in);

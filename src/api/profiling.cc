@@ -92,27 +92,24 @@ void TraceRecorder::Record(const TracedRun& r) {
   add.reserve(steps.size() + 2);
   std::lock_guard<std::mutex> lock(impl_->mu);
   const int tid = impl_->ThreadId();
-  Event run;
-  run.name = "run";
-  run.category = "run";
-  run.ts_us = impl_->Us(start_ns);
-  run.dur_us = static_cast<double>(end_ns - start_ns) * 1e-3;
-  run.tid = tid;
-  run.str_args = {{"signature", r.signature}, {"target", target}};
+  // A complete event on this thread from `from` to `to` (steady clock, ns).
+  auto span = [&](const char* name, const char* category, int64_t from, int64_t to) {
+    Event e;
+    e.name = name;
+    e.category = category;
+    e.ts_us = impl_->Us(from);
+    e.dur_us = static_cast<double>(to - from) * 1e-3;
+    e.tid = tid;
+    e.str_args = {{"signature", r.signature}};
+    return e;
+  };
+  Event run = span("run", "run", start_ns, end_ns);
+  run.str_args.emplace_back("target", target);
   run.bool_args = {{"ok", r.ok}, {"planned", planned}, {"from_template", r.from_template}};
   run.num_args = {{"planning_ms", planned ? static_cast<double>(run_start_ns - start_ns) * 1e-6 : 0.0},
                   {"kernels", static_cast<double>(r.kernels)}};
   add.push_back(std::move(run));
-  if (planned) {
-    Event p;
-    p.name = "plan";
-    p.category = "planning";
-    p.ts_us = impl_->Us(start_ns);
-    p.dur_us = static_cast<double>(run_start_ns - start_ns) * 1e-3;
-    p.tid = tid;
-    p.str_args = {{"signature", r.signature}};
-    add.push_back(std::move(p));
-  }
+  if (planned) add.push_back(span("plan", "planning", start_ns, run_start_ns));
   for (const StepTiming& s : steps) {
     const Node* n = s.node;
     if (!n) {
