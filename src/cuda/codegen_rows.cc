@@ -20,6 +20,7 @@
 #include <string_view>
 
 #include "core/hash.h"
+#include "../ir/schemas/fused_gemm.h"
 #include "../ir/schemas/rowwise_layout.h"
 #include "codegen.h"
 #include "codegen_internal.h"
@@ -468,9 +469,9 @@ namespace {
 
 // Where a FusedGemm's projection s is read by its epilogue: the node output that IS it (rows
 // of N), else the GEMM workspace (rows of S*N), as in src/cpu/kernels/fused_gemm.cc.
-std::vector<int64_t> EpilogueRowStrides(const Node& node, int64_t splits, int64_t n) {
+std::vector<int64_t> EpilogueRowStrides(const std::vector<int64_t>& out_proj, int64_t splits, int64_t n) {
   std::vector<int64_t> ld(static_cast<size_t>(splits), splits * n);
-  for (int64_t s : node.GetInts("out_proj"))
+  for (int64_t s : out_proj)
     if (s >= 0 && s < splits) ld[static_cast<size_t>(s)] = n;
   return ld;
 }
@@ -479,16 +480,17 @@ std::vector<int64_t> EpilogueRowStrides(const Node& node, int64_t splits, int64_
 
 Result<CudaKernelSource> GenerateGemmEpilogueKernel(const Node& node) {
   const std::string where = StrCat("CUDA codegen: ", node.Describe());
-  const Graph* epi = node.GetGraph("epilogue");
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
+  const Graph* epi = attrs.epilogue.get();
   if (!epi) return InvalidArgument(where, " has no epilogue: the GEMM alone runs in cuBLAS");
   const Value* w = node.input(1);
-  const int64_t splits = node.GetInt("splits", 1);
+  const int64_t splits = attrs.splits;
   if (!w || w->shape().size() != 2 || splits < 1 || w->shape()[1] % splits != 0)
     return InvalidArgument(where, ": weights do not split into ", splits, " projections");
   const int64_t n = w->shape()[1] / splits;
   // "epilogue_<ops>_<dtype>_<hash8>": named by its source, not by the node's kernel_name (which
   // hashes the GEMM's sizes).
-  return GenerateElementwiseKernel(*epi, "", EpilogueRowStrides(node, splits, n), "epilogue_");
+  return GenerateElementwiseKernel(*epi, "", EpilogueRowStrides(attrs.out_proj, splits, n), "epilogue_");
 }
 
 }  // namespace graphfuse::cuda

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "../ir/schemas/fused_gemm.h"
 #include "cuda_status.h"
 #include "host_fallback.h"
 
@@ -181,9 +182,10 @@ Status PlanGemm(PlanBuilder& pb, const Node& n, const CudaNodePlan& plan) {
   const DType dt = a->dtype();
   if (w->dtype() != dt || !GemmTakes(dt, dt))
     return PlanHostFallback(pb, n, Unimplemented("a GEMM of ", a->TypeString(), " and ", w->TypeString()));
-  const int64_t splits = n.GetInt("splits", 1), k = a->shape().back(), nn = w->shape()[1] / splits;
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(n);
+  const int64_t splits = attrs.splits, k = a->shape().back(), nn = w->shape()[1] / splits;
   const int64_t m = k == 0 ? 0 : a->numel() / k;
-  const std::vector<int64_t> out_proj = n.GetInts("out_proj");
+  const std::vector<int64_t>& out_proj = attrs.out_proj;
   GF_ASSIGN_OR_RETURN(void* ap, pb.memory.Buffer(a));
   GF_ASSIGN_OR_RETURN(void* wp, pb.memory.Buffer(w));
   const void* A = ap;

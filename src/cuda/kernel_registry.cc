@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "../ir/schemas/attention_layout.h"
+#include "../ir/schemas/fused_gemm.h"
 #include "codegen.h"
 #include "graphfuse/ops.h"
 
@@ -118,7 +119,7 @@ Result<CudaNodePlan> PlanFusedGemm(const Node& node, const CudaPlanOptions&) {
     p.cublas_epilogue = e;
     p.what = e.residual_input >= 0 ? "cuBLASLt GEMM, residual added as C (beta = 1)"
              : e.kind == CublasLtEpilogue::kNone
-                 ? StrCat("cuBLAS GEMM (", node.GetInt("splits", 1), " projections in one call)")
+                 ? StrCat("cuBLAS GEMM (", schemas::FusedGemmAttrs::Read(node).splits, " projections in one call)")
                  : "cuBLASLt GEMM with its epilogue";
     return p;
   }
@@ -161,11 +162,11 @@ constexpr CudaOpRow kCudaOps[] = {
 CublasLtEpilogue CublasLtEpilogueFor(const Node& node) {
   CublasLtEpilogue none;
   if (!node.is(op::FusedGemm)) return none;
-  const Graph* epi = node.GetGraph("epilogue");
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
+  const Graph* epi = attrs.epilogue.get();
   if (!epi) return {CublasLtEpilogue::kNone, -1};
-  if (node.GetInt("splits", 1) != 1) return none;
-  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
-  if (out_proj != std::vector<int64_t>{-1} || epi->outputs().size() != 1 || epi->inputs().size() < 2 ||
+  if (attrs.splits != 1) return none;
+  if (attrs.out_proj != std::vector<int64_t>{-1} || epi->outputs().size() != 1 || epi->inputs().size() < 2 ||
       epi->inputs().size() > 3)
     return none;
   const Value* proj = epi->inputs()[0];

@@ -35,6 +35,8 @@
 #include <vector>
 
 #include "../core/prepared_store.h"
+#include "../ir/schemas/attention_layout.h"
+#include "../ir/schemas/fused_gemm.h"
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
 #include "match.h"
@@ -139,13 +141,14 @@ class NormFolder {
     if (!match::IsLastAxis(norm->GetInt("axis", -1), h->shape().size())) return false;
     if (const Use* u = match::SingleUse(y); u && u->node->is(op::FusedAttention)) return TryFoldIntoAttention(norm);
     Node* p = match::ProducerOf(h, op::FusedGemm);
-    if (!p || p->output(0) != h || p->attrs().count("rms_epsilon")) return false;
+    if (!p || p->output(0) != h || schemas::FusedGemmAttrs::Read(*p).rms_epsilon) return false;
     const int64_t k = h->shape().back();
     std::vector<Node*> consumers;
     for (const Use& u : y->uses()) {
       Node* c = u.node;
       if (!c->is(op::FusedGemm) || u.input_index != 0 || !c->input(1)->constant() ||
-          c->input(1)->shape().size() != 2 || c->input(1)->shape()[0] != k || c->GetInt("row_scale", -1) >= 0 ||
+          c->input(1)->shape().size() != 2 || c->input(1)->shape()[0] != k ||
+          schemas::FusedGemmAttrs::Read(*c).row_scale >= 0 ||
           std::count(c->inputs().begin(), c->inputs().end(), y) != 1)
         return false;
       if (std::find(consumers.begin(), consumers.end(), c) == consumers.end()) consumers.push_back(c);
@@ -187,8 +190,9 @@ class NormFolder {
     Value* h = norm->input(0);
     Node* a = norm->output()->uses()[0].node;
     const int64_t k = h->shape().back();
-    if (norm->output()->uses()[0].input_index != 0 || a->GetInt("qkv_proj", 0) == 0 || a->attrs().count("rms_epsilon") ||
-        !a->input(1)->constant() || a->input(1)->shape().size() != 2 || a->input(1)->shape()[0] != k)
+    if (norm->output()->uses()[0].input_index != 0 || a->GetInt("qkv_proj", 0) == 0 ||
+        schemas::AttentionRmsEpsilon(a->attrs()) || !a->input(1)->constant() || a->input(1)->shape().size() != 2 ||
+        a->input(1)->shape()[0] != k)
       return false;
     if (options_.exclude.count(norm->name()) || options_.exclude.count(a->name())) {
       Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
@@ -212,7 +216,7 @@ class NormFolder {
     GF_RETURN_IF_ERROR(ref->MarkOutput(old->output()));
 
     AttributeMap attrs = a->attrs();
-    attrs["rms_epsilon"] = eps;
+    schemas::SetAttentionRmsEpsilon(attrs, eps);
     attrs["kernel_name"] = StrCat("rmsnorm_", a->GetString("kernel_name", "attention"));
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
     GF_ASSIGN_OR_RETURN(Node * na, g_.AddNode("FusedAttention", inputs, std::move(attrs), a->name(), -1,
@@ -270,7 +274,9 @@ class NormFolder {
     GF_RETURN_IF_ERROR(ref->MarkOutput(inv));
 
     AttributeMap attrs = p.attrs();
-    attrs["rms_epsilon"] = eps;
+    schemas::FusedGemmAttrs gemm = schemas::FusedGemmAttrs::Read(attrs);
+    gemm.rms_epsilon = eps;
+    gemm.WriteTo(attrs);
     attrs["kernel_name"] = StrCat(p.GetString("kernel_name", "gemm"), "_rms");
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
     std::vector<std::string> names = FreshOutputNames(p);
@@ -298,7 +304,9 @@ class NormFolder {
     for (const Value* o : old->outputs()) GF_RETURN_IF_ERROR(ref->MarkOutput(const_cast<Value*>(o)));
 
     AttributeMap attrs = c.attrs();
-    attrs["row_scale"] = static_cast<int64_t>(inputs.size() - 1);
+    schemas::FusedGemmAttrs gemm = schemas::FusedGemmAttrs::Read(attrs);
+    gemm.row_scale = static_cast<int64_t>(inputs.size() - 1);
+    gemm.WriteTo(attrs);
     attrs["kernel_name"] = StrCat(c.GetString("kernel_name", "gemm"), "_rmsnorm");
     attrs["reference"] = std::shared_ptr<const Graph>(ref);
     GF_ASSIGN_OR_RETURN(Node * nc,

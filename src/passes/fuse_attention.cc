@@ -56,6 +56,7 @@
 #include "../ir/op_registry.h"
 #include "../ir/text.h"
 #include "../ir/schemas/attention_layout.h"
+#include "../ir/schemas/fused_gemm.h"
 #include "fusion_passes.h"
 #include "match.h"
 #include "reference_graph.h"
@@ -705,14 +706,15 @@ struct GemmProjections {
 };
 
 std::optional<GemmProjections> GemmProjectionsOf(const Node& gemm) {
-  const int64_t splits = gemm.GetInt("splits", 1);
-  const std::vector<int64_t> out_proj = gemm.GetInts("out_proj");
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(gemm);
+  const int64_t splits = attrs.splits;
+  const std::vector<int64_t>& out_proj = attrs.out_proj;
   if (splits < 1 || gemm.inputs().size() < 2 || !gemm.input(1) || gemm.input(1)->shape().size() != 2 ||
-      out_proj.size() != gemm.outputs().size() || gemm.attrs().count("row_scale") || gemm.attrs().count("rms_epsilon"))
+      out_proj.size() != gemm.outputs().size() || attrs.row_scale >= 0 || attrs.rms_epsilon)
     return std::nullopt;
   const int64_t n = gemm.input(1)->shape()[1] / splits;
   GemmProjections form{splits, n, {}, {}};
-  const Graph* epilogue = gemm.GetGraph("epilogue");
+  const Graph* epilogue = attrs.epilogue.get();
   if (!epilogue) {
     if (gemm.inputs().size() != 2) return std::nullopt;
     form.proj_of_output = out_proj;

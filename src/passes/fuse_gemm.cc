@@ -25,6 +25,7 @@
 
 #include "../core/prepared_store.h"
 #include "../ir/elementwise_body.h"
+#include "../ir/schemas/fused_gemm.h"
 #include "fusion_passes.h"
 #include "gemm_epilogue_form.h"
 #include "match.h"
@@ -322,9 +323,12 @@ class GemmFuser {
     inputs.insert(inputs.end(), extras.begin(), extras.end());
     std::vector<ValueType> types;
     for (const Value* o : old_outputs) types.push_back({o->dtype(), o->shape()});
-    AttributeMap attrs{{"splits", S}, {"out_proj", out_proj}, {"kernel_name", info.kernel_name},
-                       {"reference", std::shared_ptr<const Graph>(reference)}};
-    if (!members.empty()) attrs["epilogue"] = std::shared_ptr<const Graph>(epilogue);
+    schemas::FusedGemmAttrs gemm;
+    gemm.splits = S;
+    gemm.out_proj = std::move(out_proj);
+    if (!members.empty()) gemm.epilogue = epilogue;
+    AttributeMap attrs{{"kernel_name", info.kernel_name}, {"reference", std::shared_ptr<const Graph>(reference)}};
+    gemm.WriteTo(attrs);
     Node* fused = g_.AddNodeTyped("FusedGemm", inputs, std::move(attrs), types, info.name);
     std::vector<std::string> names;
     for (size_t o = 0; o < old_outputs.size(); ++o) {

@@ -17,9 +17,9 @@ std::optional<BlockUnary> BlockUnaryOf(const Node& u) {
   return BlockUnary{*kind, ElementwiseAttrs(*kind, u.attrs())};
 }
 
-std::optional<GatedEpilogue> GatedForm(const Node& node, const schemas::GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 2 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 2 ||
+std::optional<GatedEpilogue> GatedForm(const schemas::FusedGemmAttrs& attrs, const schemas::GemmGeometry& g) {
+  const Graph* epi = attrs.epilogue.get();
+  if (!epi || g.splits != 2 || attrs.out_proj != std::vector<int64_t>{-1} || epi->num_nodes() != 2 ||
       epi->inputs().size() != 2 || epi->outputs().size() != 1)
     return std::nullopt;
   const bool mul_last = epi->nodes().back()->is(op::Mul);  // the other node is then U
@@ -47,10 +47,10 @@ bool IsRowBias(const Value* b, const schemas::GemmGeometry& g) {
          b->shape().size() <= g.out_shape.size();
 }
 
-std::optional<StoreChain> StoreChainForm(const Node& node, const schemas::GemmGeometry& g) {
+std::optional<StoreChain> StoreChainForm(const schemas::FusedGemmAttrs& attrs, const schemas::GemmGeometry& g) {
   constexpr size_t kMaxLinks = 4;
-  const Graph* epi = node.GetGraph("epilogue");
-  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
+  const Graph* epi = attrs.epilogue.get();
+  const std::vector<int64_t>& out_proj = attrs.out_proj;
   const size_t S = static_cast<size_t>(g.splits);
   if (!epi || out_proj != std::vector<int64_t>(S, -1) || epi->outputs().size() != S || epi->inputs().size() < S)
     return std::nullopt;
@@ -91,11 +91,10 @@ std::optional<StoreChain> StoreChainForm(const Node& node, const schemas::GemmGe
 }
 
 // The epilogue's part of FusedGemmEpilogueForm (without the folded RMSNorm's).
-std::string EpilogueFormOf(const Node& node) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || node.inputs().size() < 2) return "";
+std::string EpilogueFormOf(const Node& node, const schemas::FusedGemmAttrs& attrs) {
+  if (!attrs.epilogue || node.inputs().size() < 2) return "";
   const Result<schemas::GemmGeometry> g =
-      schemas::Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
+      schemas::Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), attrs.splits);
   if (!g.ok()) return "";
   if (!node.input(1)->constant())
     return ResidualInput(node, *g) >= 0 ? "sgemm accumulates onto a copy of the residual"
@@ -122,17 +121,19 @@ std::string EpilogueFormOf(const Node& node) {
 }  // namespace
 
 PackedForm PackedFormOf(const Node& node, const schemas::GemmGeometry& g) {
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
   PackedForm f;
-  f.gate = GatedForm(node, g);
-  if (node.GetInt("row_scale", -1) >= 0) return f;
-  if (!f.gate) f.chain = StoreChainForm(node, g);
+  f.gate = GatedForm(attrs, g);
+  if (attrs.row_scale >= 0) return f;
+  if (!f.gate) f.chain = StoreChainForm(attrs, g);
   if (!f.gate && !f.chain) f.bias_act = BiasActForm(node, g);
   return f;
 }
 
 std::optional<BiasActEpilogue> BiasActForm(const Node& node, const schemas::GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->outputs().size() != 1 ||
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
+  const Graph* epi = attrs.epilogue.get();
+  if (!epi || g.splits != 1 || attrs.out_proj != std::vector<int64_t>{-1} || epi->outputs().size() != 1 ||
       epi->num_nodes() < 1 || epi->num_nodes() > 2 || epi->inputs().empty() || epi->inputs().size() > 2)
     return std::nullopt;
   const Value* p = epi->inputs()[0];
@@ -161,9 +162,10 @@ std::optional<BiasActEpilogue> BiasActForm(const Node& node, const schemas::Gemm
 }
 
 int64_t ResidualInput(const Node& node, const schemas::GemmGeometry& g) {
-  const Graph* epi = node.GetGraph("epilogue");
-  if (!epi || g.splits != 1 || node.GetInts("out_proj") != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
-      epi->inputs().size() != 2 || epi->outputs().size() != 1 || node.GetInt("row_scale", -1) >= 0)
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
+  const Graph* epi = attrs.epilogue.get();
+  if (!epi || g.splits != 1 || attrs.out_proj != std::vector<int64_t>{-1} || epi->num_nodes() != 1 ||
+      epi->inputs().size() != 2 || epi->outputs().size() != 1 || attrs.row_scale >= 0)
     return -1;
   const Node& add = *epi->nodes().front();
   if (!add.is(op::Add) || add.inputs().size() != 2 || add.outputs()[0] != epi->outputs()[0]) return -1;
@@ -177,12 +179,13 @@ int64_t ResidualInput(const Node& node, const schemas::GemmGeometry& g) {
 }  // namespace gemm_epilogue
 
 std::string FusedGemmEpilogueForm(const Node& node) {
-  std::string form = gemm_epilogue::EpilogueFormOf(node);
-  if (node.GetInt("row_scale", -1) >= 0)
+  const schemas::FusedGemmAttrs attrs = schemas::FusedGemmAttrs::Read(node);
+  std::string form = gemm_epilogue::EpilogueFormOf(node, attrs);
+  if (attrs.row_scale >= 0)
     form = StrCat("each projection times its row's 1/rms (a folded RMSNorm)", form.empty() ? "" : "; ", form);
-  if (node.attrs().count("rms_epsilon")) {
+  if (attrs.rms_epsilon) {
     const Result<schemas::GemmGeometry> g =
-        schemas::Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), node.GetInt("splits", 1));
+        schemas::Geometry(node.Describe(), node.input(0)->shape(), node.input(1)->shape(), attrs.splits);
     const bool chain = g.ok() && node.input(1)->constant() && gemm_epilogue::PackedFormOf(node, *g).chain.has_value();
     form += StrCat(form.empty() ? "" : "; ", "each row's 1/rms of the output for the next GEMM (a folded RMSNorm), ",
                    chain ? "per block while in L2" : "after the GEMMs");

@@ -12,6 +12,7 @@
 //                       1/rms; FoldNormIntoGemm, src/passes/fold_norm.cc)
 //            rms_epsilon = a last output [..., 1]: each row's 1/sqrt(mean(y^2) + epsilon) of
 //                       output 0 (y), for the next GEMM's row_scale
+//   (schemas::FusedGemmAttrs, src/ir/schemas/fused_gemm.h, reads and writes them.)
 //
 // Execution, in two phases of one launch:
 //  1. the output columns are cut into blocks (and the rows too, when a block would not fit in
@@ -34,6 +35,9 @@
 // output is written by the GEMM's own stores; so does the bias-activation form's, on the
 // output itself.
 // Blocks and chunks are spread over the pool, one claim each.
+// RunFusedGemm runs one function per form: RunGated, RunStoreChain and RunBiasAct for the
+// packed forms, RunResidualAccumulate for a residual add without packed weights (sgemm
+// accumulates onto a copy of it), and RunTwoPhase for the rest.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/fused_gemm.cc.
 #include <algorithm>
 #include <climits>
@@ -64,6 +68,7 @@ using gemm_epilogue::PackedForm;
 using gemm_epilogue::PackedFormOf;
 using gemm_epilogue::ResidualInput;
 using gemm_epilogue::StoreChain;
+using schemas::FusedGemmAttrs;
 using schemas::GemmGeometry;
 using schemas::Geometry;
 
@@ -113,7 +118,8 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node, const Pre
     return Unimplemented(node.Describe(), ": the CPU runs f32 GEMMs only, not ", a->TypeString(), " x ",
                          w->TypeString());
   if (!w->constant() || a->numel() == 0 || w->numel() == 0) return std::shared_ptr<const void>();
-  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1)));
+  const FusedGemmAttrs attrs = FusedGemmAttrs::Read(node);
+  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(node.Describe(), a->shape(), w->shape(), attrs.splits));
   auto packed = std::make_shared<PackedProjections>();
   packed->m = g.m;
   PackedForm form = PackedFormOf(node, g);
@@ -125,7 +131,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node, const Pre
   // it in the output, and a store chain writes each projection into its output: all laid out
   // [m, n].
   std::vector<int64_t> ld = packed->gate || packed->chain ? std::vector<int64_t>(static_cast<size_t>(g.splits), g.n)
-                                                          : ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+                                                          : ProjectionLd(attrs.out_proj, g.splits, g.n);
   auto pack = [&]() -> Status {
     packed->proj.clear();
     for (int64_t s = 0; s < g.splits; ++s) {
@@ -152,7 +158,7 @@ Result<std::shared_ptr<const void>> PrepareFusedGemm(const Node& node, const Pre
     packed->gate.reset();
     packed->bias_act = BiasActForm(node, g);
     packed->bias_in_gemm = false;
-    ld = ProjectionLd(node.GetInts("out_proj"), g.splits, g.n);
+    ld = ProjectionLd(attrs.out_proj, g.splits, g.n);
     GF_RETURN_IF_ERROR(pack());
   }
   return std::shared_ptr<const void>(std::move(packed));
@@ -215,107 +221,294 @@ void AddInPlace(float* x, const float* y, int64_t n) {
 // depend on which thread ran which block.
 constexpr int64_t kRmsChunk = 256;
 
-Status RunFusedGemm(const KernelContext& ctx) {
-  const Node& node = ctx.node;
-  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(KernelWhere(ctx), ctx.inputs[0].shape, ctx.inputs[1].shape,
-                                               node.GetInt("splits", 1)));
-  const std::vector<int64_t> out_proj = node.GetInts("out_proj");
-  const Graph* epi = node.GetGraph("epilogue");
-  const int64_t m = g.m, n = g.n, k = g.k, S = g.splits, ldw = S * n;
-  if (m * n == 0) {  // an empty row's 1/rms is NaN, as RMSNorm's (0 / 0 mean)
-    if (node.attrs().count("rms_epsilon"))
-      std::fill_n(ctx.outputs.back().as<float>(), m, std::numeric_limits<float>::quiet_NaN());
-    return Status::Ok();
+// Each row's sums of squares of an [m, n] output, by chunks of `width` columns.
+class RowSquareSums {
+ public:
+  RowSquareSums(int64_t m, int64_t n, int64_t width)
+      : n_(n), width_(width), chunks_((n + width - 1) / width), ss_(static_cast<size_t>(m * chunks_)) {}
+  int64_t chunks() const { return chunks_; }
+  // Chunks [c0, c1) of row i, which starts at `row`.
+  void Sum(const float* row, int64_t i, int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      ss_[static_cast<size_t>(i * chunks_ + c)] = RowSumSquaresD(row + c * width_, std::min(width_, n_ - c * width_));
   }
-  const auto* packed = static_cast<const PackedProjections*>(ctx.state);
-  if (packed && (packed->m != m || static_cast<int64_t>(packed->proj.size()) != S)) packed = nullptr;
-  // The residual form without packed weights: sgemm accumulates onto a copy of r; no epilogue
-  // runs.
-  const int64_t residual = ResidualInput(node, g);
-  const bool accumulate = residual >= 0 && !packed;  // sgemm's beta = 1 onto a copy of r
-  const float* r_in = accumulate ? ctx.inputs[static_cast<size_t>(residual)].as<const float>() : nullptr;
-  if (accumulate) epi = nullptr;
-  // The store-chain form (packed only): the GEMM adds the chain's inputs as it stores, into the
-  // outputs; no epilogue runs.
-  const StoreChain* chain = packed && packed->chain ? &*packed->chain : nullptr;
-  std::vector<std::vector<const float*>> chain_operands(static_cast<size_t>(S));
-  if (chain) {
-    epi = nullptr;
-    for (int64_t s = 0; s < S; ++s)
-      for (const StoreChain::Link& l : chain->links[static_cast<size_t>(s)])
-        chain_operands[static_cast<size_t>(s)].push_back(ctx.inputs[static_cast<size_t>(l.input)].as<const float>());
+  // inv[i] = row i's 1/rms, as RMSNorm computes it (norm_rows.h).
+  void InvRmsTo(float* inv, int64_t m, double eps) const {
+    for (int64_t i = 0; i < m; ++i) {
+      double ss = 0;
+      for (int64_t c = 0; c < chunks_; ++c) ss += ss_[static_cast<size_t>(i * chunks_ + c)];
+      inv[i] = InvRms(ss, n_, eps);
+    }
   }
-  // The gated form (packed only): U and the Mul run inside each block's task, no epilogue pass.
-  const GatedEpilogue* gate = packed && packed->gate ? &*packed->gate : nullptr;
-  if (gate) epi = nullptr;
-  // The bias-activation form (packed only): the GEMM writes the output, each block is finished
-  // in place.
-  const BiasActEpilogue* bias_act = packed && packed->bias_act ? &*packed->bias_act : nullptr;
-  if (bias_act) epi = nullptr;
-  // A folded RMSNorm: rs, each row's scale of every projection (the gated form folds it into
-  // its pass: s * U(s * p_act) times p_mul); rms_out, each row's 1/rms of output 0.
-  const int64_t row_scale = node.GetInt("row_scale", -1);
-  const float* rs = row_scale >= 0 ? ctx.inputs[static_cast<size_t>(row_scale)].as<const float>() : nullptr;
-  const bool rms_out = node.attrs().count("rms_epsilon") != 0;
+
+ private:
+  int64_t n_, width_, chunks_;
+  std::vector<double> ss_;
+};
+
+// One launch of a FusedGemm node: what every epilogue form shares. The output is cut into
+// blocks for the GEMMs, claimed one per task, and into chunks of whole rows for the passes over
+// it (the epilogue, the residual's copy).
+struct Launch {
+  Launch(const KernelContext& ctx, const FusedGemmAttrs& attrs, const GemmGeometry& g, const PackedProjections* packed)
+      : ctx(ctx), attrs(attrs), g(g), packed(packed), a(ctx.inputs[0].as<const float>()),
+        w(ctx.inputs[1].as<const float>()) {
+    const int64_t m = g.m, n = g.n, k = g.k, S = g.splits;
+    // Blocks: each sgemm call packs its rows of A again, so blocks are as wide as the threads
+    // allow (one per thread: N / threads columns) while a block of all S projections stays
+    // within ~2 MiB (L2); never narrower than 256 columns (for large M the A repacking would
+    // cost more than the cache saves); rows are cut only when even that does not fit.
+    constexpr int64_t kBlockBytes = 2 << 20;
+    constexpr int64_t kEpilogueChunk = 16384;
+    const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
+    threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
+    const int64_t nb_threads = (n + threads - 1) / threads;
+    const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
+    // Packed weights come in fixed column blocks of all rows; a task takes a run of `group` of
+    // them (at least two tasks per thread, within the L2 budget), balanced over the threads.
+    pb = packed ? packed->proj[0]->block_cols() : 0;
+    pblocks = packed ? packed->proj[0]->blocks() : 0;
+    group = packed ? BalancedGroup(pblocks, pb, n, threads,
+                                   std::clamp<int64_t>(std::min<int64_t>(pblocks / (2 * threads),
+                                                                         kBlockBytes / (m * pb * S * 4)),
+                                                       1, pblocks))
+                   : 1;
+    nb = packed ? pb * group : std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
+    mb = packed ? m : std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
+    col_blocks = (n + nb - 1) / nb;
+    row_blocks = (m + mb - 1) / mb;
+    blocks = col_blocks * row_blocks;
+    nthreads = static_cast<int>(std::min<int64_t>(threads, blocks));
+    // Chunks: whole rows, about kEpilogueChunk elements, at least two per thread when M allows.
+    chunk_rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
+    chunks = (m + chunk_rows - 1) / chunk_rows;
+    chunk_threads = static_cast<int>(std::min<int64_t>(threads, chunks));
+  }
+
+  // Runs f(b) for every block b, one claim each, as one task of the profile's split.
+  template <class F>
+  void ForEachBlock(F&& f) const {
+    ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) {
+      const ScopedNs task_time(TaskCounter(ctx.cpu));
+      f(b);
+    });
+  }
+  // The packed blocks of column block cb: [FirstPacked(cb), EndPacked(cb)).
+  int64_t FirstPacked(int64_t cb) const { return cb * group; }
+  int64_t EndPacked(int64_t cb) const { return std::min(pblocks, (cb + 1) * group); }
+  // bf16 weights past the streaming rows: A converted once for every block (the projections
+  // share A and the weights' storage); else null.
+  const uint16_t* ConvertedA() const {
+    thread_local std::vector<uint16_t> a16_buf;
+    return packed && !packed->proj.empty() ? packed->proj[0]->ConvertA(a, a16_buf) : nullptr;
+  }
+  // A folded RMSNorm's scale of each row (the row_scale input), or null.
+  const float* RowScale() const {
+    return attrs.row_scale >= 0 ? ctx.inputs[static_cast<size_t>(attrs.row_scale)].as<const float>() : nullptr;
+  }
+
+  const KernelContext& ctx;
+  const FusedGemmAttrs& attrs;
+  const GemmGeometry& g;
+  const PackedProjections* packed;  // null: sgemm on the weights as they are
+  const float* a;
+  const float* w;
+  int threads = 1;
+  int64_t pb = 0, pblocks = 0, group = 1;  // packed: block width, blocks, blocks per task
+  int64_t nb = 0, mb = 0, col_blocks = 0, row_blocks = 0, blocks = 0;  // blocks of nb columns by mb rows
+  int nthreads = 1;
+  int64_t chunk_rows = 0, chunks = 0;
+  int chunk_threads = 1;
+};
+
+// `bytes` from the pool's scratch of task 0, taken before the launch (tasks must not call
+// Scratch themselves), else from `local`.
+char* TakeScratch(const CpuContext& cpu, size_t bytes, std::unique_ptr<char[]>& local) {
+  if (cpu.pool) return static_cast<char*>(cpu.pool->Scratch(0, bytes));
+  local = std::make_unique_for_overwrite<char[]>(bytes + 64);
+  return local.get();
+}
+
+// The rms_epsilon output, once output 0 is final: each row's 1/rms of it into the last output.
+// `summed` holds the rows' sums when a store chain took them per block; else a pass over
+// output 0 sums them.
+void WriteInvRms(const Launch& l, const RowSquareSums* summed) {
+  const int64_t m = l.g.m, n = l.g.n;
+  std::optional<RowSquareSums> pass;
+  if (!summed) {
+    RowSquareSums& sums = pass.emplace(m, n, kRmsChunk);
+    const float* y = l.ctx.outputs[0].as<const float>();
+    ForEachClaimed(l.ctx.cpu, std::min<int>(l.threads, static_cast<int>(std::min<int64_t>(m, INT_MAX))), m,
+                   [&](int64_t i, int) {
+                     const ScopedNs task_time(TaskCounter(l.ctx.cpu));
+                     sums.Sum(y + i * n, i, 0, sums.chunks());
+                   });
+    summed = &sums;
+  }
+  summed->InvRmsTo(l.ctx.outputs.back().as<float>(), m, *l.attrs.rms_epsilon);
+}
+
+// The gated form (GatedEpilogue, packed only): per block, p_act's GEMM into a workspace
+// ([m, n]), U in place while the block is in L2 (with a row scale s: s * U(s * p_act)), then
+// p_mul's GEMM multiplying by it as it stores into the output. No epilogue pass follows.
+Status RunGated(const Launch& l, const GatedEpilogue& gate) {
+  const KernelContext& ctx = l.ctx;
+  const int64_t m = l.g.m, n = l.g.n;
+  const PackedProjections& packed = *l.packed;
+  float* out = ctx.outputs[0].as<float>();
+  std::unique_ptr<char[]> local;
+  float* act = reinterpret_cast<float*>(TakeScratch(ctx.cpu, static_cast<size_t>(m * n) * sizeof(float), local));
+  const float* rs = l.RowScale();
+  const cpu::F32TileKernel kernel = cpu::GetF32TileKernel(gate.u.kind);
+  const cpu::F32ScaledTileKernel scaled_kernel = cpu::GetF32ScaledTileKernel(gate.u.kind);
+  const uint16_t* a16 = l.ConvertedA();
+  l.ForEachBlock([&](int64_t b) {
+    const int64_t cb = b % l.col_blocks;
+    for (int64_t q = l.FirstPacked(cb); q < l.EndPacked(cb); ++q) {
+      {
+        const ScopedNs blas_time(BlasCounter(ctx.cpu));
+        packed.proj[gate.act]->RunBlock(q, l.a, act, {}, a16);
+      }
+      const int64_t c0 = q * l.pb, width = std::min(l.pb, n - c0);
+      for (int64_t i = 0; i < m; ++i) {
+        float* x = act + i * n + c0;
+        if (rs) ApplyScaledUnaryInPlace(scaled_kernel, gate.u.attrs, x, width, rs[i]);  // s * U(s * x)
+        else ApplyUnaryInPlace(kernel, gate.u.attrs, x, width);
+      }
+      const ScopedNs blas_time(BlasCounter(ctx.cpu));
+      const float* const mul[] = {act};
+      packed.proj[gate.mul]->RunBlock(q, l.a, out, mul, a16);
+    }
+  });
+  if (l.attrs.rms_epsilon) WriteInvRms(l, nullptr);
+  return Status::Ok();
+}
+
+// The store-chain form (StoreChain, packed only): the GEMM adds the chain's inputs as it stores
+// each block, straight into the outputs; no epilogue runs. Output 0's row sums for rms_epsilon
+// are taken per block while it is in L2. (PackedFormOf forms no chain with a row scale.)
+Status RunStoreChain(const Launch& l, const StoreChain& chain) {
+  const KernelContext& ctx = l.ctx;
+  const int64_t m = l.g.m, n = l.g.n, S = l.g.splits;
+  std::vector<float*> out(static_cast<size_t>(S));
+  std::vector<std::vector<const float*>> operands(static_cast<size_t>(S));
+  for (int64_t s = 0; s < S; ++s) {
+    out[static_cast<size_t>(s)] = ctx.outputs[static_cast<size_t>(chain.output[static_cast<size_t>(s)])].as<float>();
+    for (const StoreChain::Link& link : chain.links[static_cast<size_t>(s)])
+      operands[static_cast<size_t>(s)].push_back(ctx.inputs[static_cast<size_t>(link.input)].as<const float>());
+  }
+  std::optional<RowSquareSums> sums;
+  if (l.attrs.rms_epsilon) sums.emplace(m, n, l.pb);
+  const uint16_t* a16 = l.ConvertedA();
+  l.ForEachBlock([&](int64_t b) {
+    const int64_t cb = b % l.col_blocks;
+    for (int64_t s = 0; s < S; ++s) {
+      float* y = out[static_cast<size_t>(s)];
+      for (int64_t q = l.FirstPacked(cb); q < l.EndPacked(cb); ++q) {
+        {
+          const ScopedNs blas_time(BlasCounter(ctx.cpu));
+          l.packed->proj[s]->RunBlock(q, l.a, y, operands[static_cast<size_t>(s)], a16);
+        }
+        // Output 0, final once stored: its row sums while the block is in L2.
+        if (sums && chain.output[static_cast<size_t>(s)] == 0)
+          for (int64_t i = 0; i < m; ++i) sums->Sum(y + i * n, i, q, q + 1);
+      }
+    }
+  });
+  if (sums) WriteInvRms(l, &*sums);
+  return Status::Ok();
+}
+
+// The bias-activation form (BiasActEpilogue, packed only): the GEMM writes the output (adding
+// the bias as it stores where it is the matmul's), and each block is finished in place right
+// after its GEMM: the bias where the GEMM did not add it, then U. No epilogue pass follows.
+Status RunBiasAct(const Launch& l, const BiasActEpilogue& form) {
+  const KernelContext& ctx = l.ctx;
+  const int64_t m = l.g.m, n = l.g.n;
+  const bool bias_in_gemm = l.packed->bias_in_gemm;
+  float* out = ctx.outputs[0].as<float>();
+  const cpu::F32TileKernel act_kernel = form.u ? cpu::GetF32TileKernel(form.u->kind) : nullptr;
+  const float* bias =
+      form.bias_input >= 0 ? ctx.inputs[static_cast<size_t>(form.bias_input)].as<const float>() : nullptr;
+  const uint16_t* a16 = l.ConvertedA();
+  l.ForEachBlock([&](int64_t b) {
+    const int64_t cb = b % l.col_blocks;
+    for (int64_t q = l.FirstPacked(cb); q < l.EndPacked(cb); ++q) {
+      {
+        const ScopedNs blas_time(BlasCounter(ctx.cpu));
+        const float* const gemm_bias[] = {bias};
+        l.packed->proj[0]->RunBlock(q, l.a, out, std::span<const float* const>(gemm_bias, bias_in_gemm ? 1 : 0), a16);
+      }
+      const int64_t c0 = q * l.pb, width = std::min(l.pb, n - c0);
+      for (int64_t i = 0; i < m; ++i) {
+        float* row = out + i * n + c0;
+        if (bias && !bias_in_gemm) AddInPlace(row, bias + c0, width);
+        if (act_kernel) ApplyUnaryInPlace(act_kernel, form.u->attrs, row, width);
+      }
+    }
+  });
+  if (l.attrs.rms_epsilon) WriteInvRms(l, nullptr);
+  return Status::Ok();
+}
+
+// The residual form without packed weights (ResidualInput: one projection plus r): the output
+// takes a copy of r over chunks of whole rows, then sgemm accumulates onto it (beta = 1); no
+// epilogue runs.
+Status RunResidualAccumulate(const Launch& l, int64_t residual) {
+  const KernelContext& ctx = l.ctx;
+  const int64_t m = l.g.m, n = l.g.n, k = l.g.k;
+  const float* r = ctx.inputs[static_cast<size_t>(residual)].as<const float>();
+  float* out = ctx.outputs[0].as<float>();
+  ForEachClaimed(ctx.cpu, l.chunk_threads, l.chunks, [&](int64_t c, int) {
+    const ScopedNs task_time(TaskCounter(ctx.cpu));
+    const int64_t begin = c * l.chunk_rows * n, end = std::min(m, (c + 1) * l.chunk_rows) * n;
+    if (out != r) std::copy(r + begin, r + end, out + begin);  // an output in place of r has it already
+  });
+  l.ForEachBlock([&](int64_t b) {
+    const int64_t cb = b % l.col_blocks, rb = b / l.col_blocks;
+    const int64_t j0 = cb * l.nb, j1 = std::min(n, j0 + l.nb), i0 = rb * l.mb, i1 = std::min(m, i0 + l.mb);
+    const ScopedNs blas_time(BlasCounter(ctx.cpu));
+    if (k == 0) return;  // r is the output
+    // One projection: the weights' and the output's rows are n long.
+    Sgemm(false, false, i1 - i0, j1 - j0, k, 1.f, l.a + i0 * k, k, l.w + j0, n, 1.f, out + i0 * n + j0, n);
+  });
+  if (l.attrs.rms_epsilon) WriteInvRms(l, nullptr);
+  return Status::Ok();
+}
+
+// The general form, in two phases: the GEMMs write each projection into the output that IS it,
+// else into a workspace ([m, S*n]), block by block (times its row's scale with a row_scale);
+// then the epilogue program runs over chunks of whole rows. Also the GEMMs without an epilogue,
+// and the packed forms where oneDNN would not pack their post-ops (PrepareFusedGemm).
+Status RunTwoPhase(const Launch& l) {
+  const KernelContext& ctx = l.ctx;
+  const std::vector<int64_t>& out_proj = l.attrs.out_proj;
+  const Graph* epi = l.attrs.epilogue.get();
+  const int64_t m = l.g.m, n = l.g.n, k = l.g.k, S = l.g.splits, ldw = S * n;
+  const float* rs = l.RowScale();
 
   // Where each projection lives: a node output (ld = n) or the workspace (ld = S*n).
   std::vector<float*> proj(S, nullptr);
   const std::vector<int64_t> proj_ld = ProjectionLd(out_proj, S, n);
   for (size_t o = 0; o < out_proj.size(); ++o)
     if (out_proj[o] >= 0 && !proj[out_proj[o]]) proj[out_proj[o]] = ctx.outputs[o].as<float>();
-  if (accumulate) proj[0] = ctx.outputs[0].as<float>();
-  if (chain)
-    for (int64_t s = 0; s < S; ++s)
-      proj[s] = ctx.outputs[static_cast<size_t>(chain->output[static_cast<size_t>(s)])].as<float>();
-  if (gate) proj[gate->mul] = ctx.outputs[0].as<float>();
-  if (bias_act) proj[0] = ctx.outputs[0].as<float>();
   bool need_ws = false;
   for (int64_t s = 0; s < S; ++s) need_ws |= proj[s] == nullptr;
-
-  // Blocks: each sgemm call packs its rows of A again, so blocks are as wide as the threads
-  // allow (one per thread: N / threads columns) while a block of all S projections stays
-  // within ~2 MiB (L2); never narrower than 256 columns (for large M the A repacking would
-  // cost more than the cache saves); rows are cut only when even that does not fit.
-  constexpr int64_t kBlockBytes = 2 << 20;
-  constexpr int64_t kEpilogueChunk = 16384;
-  const int64_t work = m * n * S * std::max<int64_t>(k, 1) / 8;
-  const int threads = ctx.cpu.pool ? ctx.cpu.ThreadsFor(work) : 1;
-  const int64_t nb_threads = (n + threads - 1) / threads;
-  const int64_t nb_fit = kBlockBytes / (m * S * 4) / 16 * 16;
-  // Packed weights come in fixed column blocks of all rows; a task takes a run of `group` of
-  // them (at least two tasks per thread, within the L2 budget), balanced over the threads.
-  const int64_t pb = packed ? packed->proj[0]->block_cols() : 0, pblocks = packed ? packed->proj[0]->blocks() : 0;
-  const int64_t group =
-      packed ? BalancedGroup(pblocks, pb, n, threads,
-                             std::clamp<int64_t>(std::min<int64_t>(pblocks / (2 * threads), kBlockBytes / (m * pb * S * 4)), 1,
-                                                 pblocks))
-             : 1;
-  const int64_t nb = packed ? pb * group : std::min({n, nb_threads, std::max<int64_t>(256, nb_fit)});
-  const int64_t mb = packed ? m : std::clamp<int64_t>(2 * kBlockBytes / (nb * S * 4), 1, m);
-  const int64_t col_blocks = (n + nb - 1) / nb, row_blocks = (m + mb - 1) / mb;
-  const int64_t blocks = col_blocks * row_blocks;
 
   // The epilogue, prepared once for this launch over the whole output space.
   std::optional<cpu::TileRunner> runner;
   size_t reg_bytes = 0;
-  const size_t ws_bytes = need_ws ? static_cast<size_t>(m * (gate ? n : ldw)) * sizeof(float) : 0;
-  const int nthreads = static_cast<int>(std::min<int64_t>(threads, blocks));
-  // One allocation from the pool's scratch of task 0, taken before the launch: the workspace,
-  // then one register area per thread (tasks must not call Scratch themselves).
+  const size_t ws_bytes = need_ws ? static_cast<size_t>(m * ldw) * sizeof(float) : 0;
+  // One allocation: the workspace, then one register area per thread.
   char* scratch = nullptr;
   std::unique_ptr<char[]> local;
-  auto take = [&](size_t bytes) -> char* {
-    if (ctx.cpu.pool) return static_cast<char*>(ctx.cpu.pool->Scratch(0, bytes));
-    local = std::make_unique_for_overwrite<char[]>(bytes + 64);
-    return local.get();
-  };
   if (epi) {
     std::optional<cpu::TileProgram> cached_program;
     std::optional<cpu::TileRunner> cached_runner;
-    if (packed) {
-      const std::lock_guard<std::mutex> lock(packed->mu);
-      cached_program = packed->program;
-      cached_runner = packed->runner;
+    if (l.packed) {
+      const std::lock_guard<std::mutex> lock(l.packed->mu);
+      cached_program = l.packed->program;
+      cached_runner = l.packed->runner;
     }
     if (!cached_program) {  // (then no runner either: the two are stored together)
       GF_ASSIGN_OR_RETURN(cached_program, cpu::LowerElementwiseGroup(*epi));
@@ -323,13 +516,13 @@ Status RunFusedGemm(const KernelContext& ctx) {
     cpu::TileProgram& p = *cached_program;
     // The register size: the cached runner's, else a probe's (data pointers unbound).
     reg_bytes = ((cached_runner ? cached_runner->scratch_bytes() : cpu::TileRunner(p).scratch_bytes()) + 63) / 64 * 64;
-    scratch = take(ws_bytes + reg_bytes * static_cast<size_t>(threads) + 64);
+    scratch = TakeScratch(ctx.cpu, ws_bytes + reg_bytes * static_cast<size_t>(l.threads) + 64, local);
     float* ws = reinterpret_cast<float*>(scratch);
     for (int64_t s = 0; s < S; ++s)
       if (!proj[s]) proj[s] = ws + s * n;
     for (int64_t s = 0; s < S; ++s) {
       p.inputs[s].data = proj[s];
-      p.inputs[s].strides = MatrixStrides(g.out_shape, proj_ld[s]);
+      p.inputs[s].strides = MatrixStrides(l.g.out_shape, proj_ld[s]);
     }
     for (size_t e = 0; e + S < p.inputs.size(); ++e) p.inputs[S + e].data = ctx.inputs[2 + e].data;
     size_t next = 0;
@@ -339,160 +532,87 @@ Status RunFusedGemm(const KernelContext& ctx) {
       runner = std::move(cached_runner);
     } else {
       runner.emplace(p, ctx.cpu.codegen);
-      if (packed) {
-        const std::lock_guard<std::mutex> lock(packed->mu);
-        packed->program = p;
-        packed->runner = runner;
+      if (l.packed) {
+        const std::lock_guard<std::mutex> lock(l.packed->mu);
+        l.packed->program = p;
+        l.packed->runner = runner;
       }
     }
-  } else if (gate) {
-    proj[gate->act] = reinterpret_cast<float*>(take(ws_bytes));
   } else if (need_ws) {
     return Internal(KernelWhere(ctx), ": a projection is neither an output nor read by an epilogue");
   }
-  const cpu::F32TileKernel gate_kernel = gate ? cpu::GetF32TileKernel(gate->u.kind) : nullptr;
-  const cpu::F32ScaledTileKernel scaled_gate_kernel = gate ? cpu::GetF32ScaledTileKernel(gate->u.kind) : nullptr;
-  const cpu::F32TileKernel act_kernel = bias_act && bias_act->u ? cpu::GetF32TileKernel(bias_act->u->kind) : nullptr;
-  const float* bias = bias_act && bias_act->bias_input >= 0
-                          ? ctx.inputs[static_cast<size_t>(bias_act->bias_input)].as<const float>()
-                          : nullptr;
 
-  // The row sums per block (a store chain's), else in a pass after the GEMMs.
-  const bool rms_per_block = rms_out && chain;
-  const int64_t rms_width = rms_per_block ? pb : kRmsChunk, rms_chunks = (n + rms_width - 1) / rms_width;
-  std::vector<double> chunk_ss(rms_out ? static_cast<size_t>(m * rms_chunks) : 0);
-  auto sum_chunks = [&](const float* row, int64_t i, int64_t c0, int64_t c1) {  // chunks [c0, c1) of row i
-    for (int64_t c = c0; c < c1; ++c)
-      chunk_ss[static_cast<size_t>(i * rms_chunks + c)] =
-          RowSumSquaresD(row + c * rms_width, std::min(rms_width, n - c * rms_width));
-  };
-
-  const float* a = ctx.inputs[0].as<const float>();
-  const float* w = ctx.inputs[1].as<const float>();
-  // bf16 weights past the streaming rows: A converted once for every block (the projections
-  // share A and the weights' storage).
-  thread_local std::vector<uint16_t> a16_buf;
-  const uint16_t* a16 = packed && !packed->proj.empty() ? packed->proj[0]->ConvertA(a, a16_buf) : nullptr;
-  auto run_block = [&](int64_t b) {
-    const ScopedNs task_time(TaskCounter(ctx.cpu));
-    const int64_t cb = b % col_blocks, rb = b / col_blocks;
-    const int64_t j0 = cb * nb, j1 = std::min(n, j0 + nb), i0 = rb * mb, i1 = std::min(m, i0 + mb);
-    if (gate) {  // per block: p_act's GEMM, U in place while the block is in L2, p_mul's GEMM * U
-      for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
-        float* act = proj[gate->act];
-        {
-          const ScopedNs blas_time(BlasCounter(ctx.cpu));
-          packed->proj[gate->act]->RunBlock(q, a, act, {}, a16);
-        }
-        const int64_t c0 = q * pb, width = std::min(pb, n - c0);
-        for (int64_t i = 0; i < m; ++i) {
-          float* x = act + i * n + c0;
-          if (rs) ApplyScaledUnaryInPlace(scaled_gate_kernel, gate->u.attrs, x, width, rs[i]);  // s * U(s * x)
-          else ApplyUnaryInPlace(gate_kernel, gate->u.attrs, x, width);
-        }
-        const ScopedNs blas_time(BlasCounter(ctx.cpu));
-        const float* const mul[] = {act};
-        packed->proj[gate->mul]->RunBlock(q, a, proj[gate->mul], mul, a16);
-      }
-      return;
-    }
-    if (bias_act) {  // per block: the GEMM (adding the bias as it stores) into the output, then U in place
-      for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
-        {
-          const ScopedNs blas_time(BlasCounter(ctx.cpu));
-          const float* const gemm_bias[] = {bias};
-          packed->proj[0]->RunBlock(q, a, proj[0],
-                                    std::span<const float* const>(gemm_bias, packed->bias_in_gemm ? 1 : 0), a16);
-        }
-        const int64_t c0 = q * pb, width = std::min(pb, n - c0);
-        for (int64_t i = 0; i < m; ++i) {
-          float* row = proj[0] + i * n + c0;
-          if (bias && !packed->bias_in_gemm) AddInPlace(row, bias + c0, width);
-          if (act_kernel) ApplyUnaryInPlace(act_kernel, bias_act->u->attrs, row, width);
-        }
-      }
-      return;
-    }
+  // Phase 1: the GEMMs, packed blocks of all rows, else sgemm on blocks of rows and columns.
+  const uint16_t* a16 = l.ConvertedA();
+  l.ForEachBlock([&](int64_t b) {
+    const int64_t cb = b % l.col_blocks, rb = b / l.col_blocks;
+    const int64_t j0 = cb * l.nb, j1 = std::min(n, j0 + l.nb), i0 = rb * l.mb, i1 = std::min(m, i0 + l.mb);
     for (int64_t s = 0; s < S; ++s) {
-      if (packed) {
-        for (int64_t q = cb * group; q < std::min(pblocks, (cb + 1) * group); ++q) {
+      if (l.packed) {
+        for (int64_t q = l.FirstPacked(cb); q < l.EndPacked(cb); ++q) {
           {
             const ScopedNs blas_time(BlasCounter(ctx.cpu));
-            packed->proj[s]->RunBlock(q, a, proj[s], chain_operands[static_cast<size_t>(s)], a16);
+            l.packed->proj[s]->RunBlock(q, l.a, proj[s], {}, a16);
           }
-          const int64_t c0 = q * pb, width = std::min(pb, n - c0);
+          const int64_t c0 = q * l.pb, width = std::min(l.pb, n - c0);
           if (rs)
             for (int64_t i = 0; i < m; ++i) simd::ScaleRow(proj[s] + i * proj_ld[s] + c0, width, rs[i]);
-          // A store chain's output 0, final once stored: its row sums while the block is in L2.
-          if (rms_per_block && chain->output[static_cast<size_t>(s)] == 0)
-            for (int64_t i = 0; i < m; ++i)
-              sum_chunks(proj[s] + i * n, i, q, q + 1);
         }
         continue;
       }
       const ScopedNs blas_time(BlasCounter(ctx.cpu));
       if (k == 0) {
-        if (!accumulate)
-          for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
+        for (int64_t i = i0; i < i1; ++i) std::fill(proj[s] + i * proj_ld[s] + j0, proj[s] + i * proj_ld[s] + j1, 0.f);
         continue;
       }
-      Sgemm(false, false, i1 - i0, j1 - j0, k, 1.f, a + i0 * k, k, w + s * n + j0, ldw, accumulate ? 1.f : 0.f,
+      Sgemm(false, false, i1 - i0, j1 - j0, k, 1.f, l.a + i0 * k, k, l.w + s * n + j0, ldw, 0.f,
             proj[s] + i0 * proj_ld[s] + j0, proj_ld[s]);
       if (rs)
         for (int64_t i = i0; i < i1; ++i) simd::ScaleRow(proj[s] + i * proj_ld[s] + j0, j1 - j0, rs[i]);
     }
-  };
-  char* regs_base = scratch ? scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64
-                            : nullptr;
-  // Epilogue chunks: whole rows, about kEpilogueChunk elements, at least two per thread when M
-  // allows.
-  const int64_t chunk_rows = std::clamp<int64_t>(kEpilogueChunk / n, 1, std::max<int64_t>(1, m / (2 * threads)));
-  const int64_t chunks = (m + chunk_rows - 1) / chunk_rows;
-  const int chunk_threads = static_cast<int>(std::min<int64_t>(threads, chunks));
-  if (accumulate) {  // phase 0 of sgemm's form: the output takes r, over whole rows
-    const float* r = r_in;
-    float* out = ctx.outputs[0].as<float>();
-    ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int) {
-      const ScopedNs task_time(TaskCounter(ctx.cpu));
-      const int64_t begin = c * chunk_rows * n, end = std::min(m, (c + 1) * chunk_rows) * n;
-      if (out != r) std::copy(r + begin, r + end, out + begin);  // an output in place of r has it already
-    });
-  }
-  ForEachClaimed(ctx.cpu, nthreads, blocks, [&](int64_t b, int) { run_block(b); });
-  // The epilogue over chunks of whole rows. Not TileRunner::Launch nor fused_rowwise's
+  });
+  // Phase 2: the epilogue over chunks of whole rows. Not TileRunner::Launch nor fused_rowwise's
   // ForRowBlocks: both take each thread's registers from pool->Scratch(tid), and thread 0's
   // scratch holds the workspace; and each chunk counts as a task for the profile's split.
   if (runner) {
-    ForEachClaimed(ctx.cpu, chunk_threads, chunks, [&](int64_t c, int tid) {
+    char* regs_base = scratch + ws_bytes + (64 - reinterpret_cast<uintptr_t>(scratch + ws_bytes) % 64) % 64;
+    ForEachClaimed(ctx.cpu, l.chunk_threads, l.chunks, [&](int64_t c, int tid) {
       const ScopedNs task_time(TaskCounter(ctx.cpu));
-      runner->Run(c * chunk_rows * n, std::min(m, (c + 1) * chunk_rows) * n,
+      runner->Run(c * l.chunk_rows * n, std::min(m, (c + 1) * l.chunk_rows) * n,
                   regs_base + reg_bytes * static_cast<size_t>(tid));
     });
   }
-  if (rms_out) {  // each row's 1/rms of output 0, as RMSNorm computes it (norm_rows.h)
-    const float* y = ctx.outputs[0].as<const float>();
-    if (!rms_per_block)
-      ForEachClaimed(ctx.cpu, std::min<int>(threads, static_cast<int>(std::min<int64_t>(m, INT_MAX))), m,
-                     [&](int64_t i, int) {
-                       const ScopedNs task_time(TaskCounter(ctx.cpu));
-                       sum_chunks(y + i * n, i, 0, rms_chunks);
-                     });
-    const double eps = node.GetFloat("rms_epsilon", 1e-6f);
-    float* inv = ctx.outputs.back().as<float>();
-    for (int64_t i = 0; i < m; ++i) {
-      double ss = 0;
-      for (int64_t c = 0; c < rms_chunks; ++c) ss += chunk_ss[static_cast<size_t>(i * rms_chunks + c)];
-      inv[i] = InvRms(ss, n, eps);
-    }
-  }
+  if (l.attrs.rms_epsilon) WriteInvRms(l, nullptr);
   return Status::Ok();
+}
+
+// Runs the epilogue form that PrepareFusedGemm packed for (PackedFormOf), else the residual
+// form of unpacked weights, else the general two-phase form.
+Status RunFusedGemm(const KernelContext& ctx) {
+  const FusedGemmAttrs attrs = FusedGemmAttrs::Read(ctx.node);
+  GF_ASSIGN_OR_RETURN(GemmGeometry g,
+                      Geometry(KernelWhere(ctx), ctx.inputs[0].shape, ctx.inputs[1].shape, attrs.splits));
+  if (g.m * g.n == 0) {  // an empty row's 1/rms is NaN, as RMSNorm's (0 / 0 mean)
+    if (attrs.rms_epsilon)
+      std::fill_n(ctx.outputs.back().as<float>(), g.m, std::numeric_limits<float>::quiet_NaN());
+    return Status::Ok();
+  }
+  const auto* packed = static_cast<const PackedProjections*>(ctx.state);
+  if (packed && (packed->m != g.m || static_cast<int64_t>(packed->proj.size()) != g.splits)) packed = nullptr;
+  const Launch launch(ctx, attrs, g, packed);
+  if (packed && packed->gate) return RunGated(launch, *packed->gate);
+  if (packed && packed->chain) return RunStoreChain(launch, *packed->chain);
+  if (packed && packed->bias_act) return RunBiasAct(launch, *packed->bias_act);
+  if (const int64_t residual = packed ? -1 : ResidualInput(ctx.node, g); residual >= 0)
+    return RunResidualAccumulate(launch, residual);
+  return RunTwoPhase(launch);
 }
 
 std::string DescribeFusedGemm(const Node& node, const PrepareOptions& options) {
   const Value* a = node.input(0);
   const Value* w = node.input(1);
   if (a->dtype() != DType::kF32 || w->dtype() != DType::kF32) return "";
-  auto g = Geometry(node.Describe(), a->shape(), w->shape(), node.GetInt("splits", 1));
+  auto g = Geometry(node.Describe(), a->shape(), w->shape(), FusedGemmAttrs::Read(node).splits);
   if (!g.ok()) return g.status().message();
   const std::string each = g->splits > 1 ? StrCat(g->splits, " projections, each ") : "";
   if (!w->constant()) return StrCat(each, kActivationGemms, " (the weights are not a constant)");

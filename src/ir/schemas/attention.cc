@@ -15,6 +15,9 @@ namespace graphfuse::schemas {
 
 namespace {
 
+// The folded RMSNorm's attribute of the projected form (Dims::rms_eps).
+constexpr char kRmsEpsilon[] = "rms_epsilon";
+
 Result<Layout> ParseLayout(const std::string& s, bool allow_bhds, const std::string& where, const char* which) {
   if (s == "bshd") return Layout::kBSHD;
   if (s == "bhsd") return Layout::kBHSD;
@@ -66,7 +69,8 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
                            d.rope_dim);
   d.out_shape = AttrInts(a, "output_shape", {});
   d.proj = AttrInt(a, "qkv_proj", 0) != 0;
-  if (!d.proj && a.count("rms_epsilon")) return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
+  if (!d.proj && a.count(kRmsEpsilon))
+    return InvalidArgument(where, ": rms_epsilon needs the projected form (qkv_proj)");
   d.proj_bias = AttrInt(a, "qkv_bias", 0) != 0;
   if (d.proj_bias && !d.proj) return InvalidArgument(where, ": qkv_bias needs the projected form (qkv_proj)");
   if (d.proj) {
@@ -74,8 +78,8 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
     if (split.size() != 3 || std::set<int64_t>(split.begin(), split.end()) != std::set<int64_t>{0, 1, 2})
       return InvalidArgument(where, ": qkv_split must order 0, 1, 2 (which third of W is q, k, v)");
     for (int i = 0; i < 3; ++i) d.proj_split[i] = split[static_cast<size_t>(i)];
-    if (a.count("rms_epsilon")) {
-      d.rms_eps = AttrFloat(a, "rms_epsilon", 0.f);
+    if (a.count(kRmsEpsilon)) {
+      d.rms_eps = AttrFloat(a, kRmsEpsilon, 0.f);
       if (!(d.rms_eps >= 0)) return InvalidArgument(where, ": rms_epsilon must be >= 0");
     }
     if (d.q != Layout::kBSHD || d.k != Layout::kBSHD || d.v != Layout::kBSHD || d.s != d.sk || d.d != d.dv)
@@ -83,6 +87,13 @@ Result<Dims> ReadDims(const AttributeMap& a, const std::string& where) {
   }
   return d;
 }
+
+std::optional<float> AttentionRmsEpsilon(const AttributeMap& a) {
+  if (!a.count(kRmsEpsilon)) return std::nullopt;
+  return AttrFloat(a, kRmsEpsilon, 0.f);
+}
+
+void SetAttentionRmsEpsilon(AttributeMap& a, float epsilon) { a[kRmsEpsilon] = epsilon; }
 
 HeadAccess Access(Layout l, const Dims&, int64_t heads, int64_t rows, int64_t cols) {
   switch (l) {

@@ -3,6 +3,7 @@
 // FuseAttention pass, the CPU kernel (src/cpu/kernels/attention.cc) and the CUDA code generator.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <string>
 
@@ -79,6 +80,11 @@ struct Dims {
 };
 
 Result<Dims> ReadDims(const AttributeMap& a, const std::string& where);
+
+// The folded RMSNorm's epsilon of a projected attention (Dims::rms_eps), if it has one, and
+// setting it: with ReadDims, the only code that names the attribute's key.
+std::optional<float> AttentionRmsEpsilon(const AttributeMap& a);
+void SetAttentionRmsEpsilon(AttributeMap& a, float epsilon);
 
 // Where head (b, h) of an operand starts and how far apart its rows are. `heads`: the operand's
 // heads (d.h for Q and the output, d.kv_h for K and V).

@@ -11,6 +11,39 @@
 
 namespace graphfuse::schemas {
 
+namespace {
+
+// The attribute keys (FusedGemmAttrs documents each).
+constexpr char kSplits[] = "splits";
+constexpr char kOutProj[] = "out_proj";
+constexpr char kEpilogue[] = "epilogue";
+constexpr char kRowScale[] = "row_scale";
+constexpr char kRmsEpsilon[] = "rms_epsilon";
+
+}  // namespace
+
+FusedGemmAttrs FusedGemmAttrs::Read(const AttributeMap& attrs) {
+  FusedGemmAttrs a;
+  a.splits = AttrInt(attrs, kSplits, 1);
+  a.out_proj = AttrInts(attrs, kOutProj, {});
+  if (auto it = attrs.find(kEpilogue); it != attrs.end())
+    if (const auto* g = std::get_if<std::shared_ptr<const Graph>>(&it->second)) a.epilogue = *g;
+  a.row_scale = AttrInt(attrs, kRowScale, -1);
+  if (attrs.count(kRmsEpsilon)) a.rms_epsilon = AttrFloat(attrs, kRmsEpsilon, 1e-6f);
+  return a;
+}
+
+void FusedGemmAttrs::WriteTo(AttributeMap& attrs) const {
+  attrs[kSplits] = splits;
+  attrs[kOutProj] = out_proj;
+  if (epilogue) attrs[kEpilogue] = epilogue;
+  else attrs.erase(kEpilogue);
+  if (row_scale >= 0) attrs[kRowScale] = row_scale;
+  else attrs.erase(kRowScale);
+  if (rms_epsilon) attrs[kRmsEpsilon] = *rms_epsilon;
+  else attrs.erase(kRmsEpsilon);
+}
+
 Result<GemmGeometry> Geometry(const std::string& where, const Shape& a, const Shape& w, int64_t splits) {
   if (a.size() < 2 || w.size() != 2)
     return InvalidArgument(where, ": FusedGemm needs A of rank >= 2 and 2-D weights, got ", ShapeToString(a), " and ",
@@ -42,13 +75,12 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
     return InvalidArgument(ctx.Describe(), ": FusedGemm takes A and W of one float dtype, got ", a->TypeString(),
                            " and ", w->TypeString());
   const DType pt = a->dtype();
-  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(ctx.Describe(), a->shape(), w->shape(), ctx.GetInt("splits", 1)));
-  const std::vector<int64_t> out_proj = ctx.GetInts("out_proj");
+  const FusedGemmAttrs attrs = FusedGemmAttrs::Read(ctx.attrs);
+  GF_ASSIGN_OR_RETURN(GemmGeometry g, Geometry(ctx.Describe(), a->shape(), w->shape(), attrs.splits));
+  const std::vector<int64_t>& out_proj = attrs.out_proj;
   if (out_proj.empty()) return InvalidArgument(ctx.Describe(), ": needs an 'out_proj' attribute (one entry per output)");
-  const Graph* epi = nullptr;
-  if (auto it = ctx.attrs.find("epilogue"); it != ctx.attrs.end())
-    if (const auto* p = std::get_if<std::shared_ptr<const Graph>>(&it->second)) epi = p->get();
-  const int64_t row_scale = ctx.GetInt("row_scale", -1);
+  const Graph* epi = attrs.epilogue.get();
+  const int64_t row_scale = attrs.row_scale;
   Shape row_shape(g.out_shape.begin(), g.out_shape.end() - 1);  // [..., 1]: one value per row
   row_shape.push_back(1);
   if (row_scale >= 0) {
@@ -91,7 +123,7 @@ Result<std::vector<ValueType>> InferFusedGemm(const InferContext& ctx) {
   if (epi && next_epi != epi->outputs().size())
     return InvalidArgument(ctx.Describe(), ": the epilogue has ", epi->outputs().size(), " outputs, out_proj uses ",
                            next_epi);
-  if (ctx.HasAttr("rms_epsilon")) {
+  if (attrs.rms_epsilon) {
     if (out[0].dtype != DType::kF32 || out[0].shape != g.out_shape)
       return InvalidArgument(ctx.Describe(), ": rms_epsilon needs output 0 to be ", TypeStr(DType::kF32, g.out_shape));
     out.push_back({DType::kF32, row_shape});
