@@ -657,9 +657,11 @@ TEST(Canonicalize, PackedProjectionUnpackedByGathersBecomesSlices) {
   EXPECT_EQ(ops["Reshape"], 3) << PrintGraph(*g);
   EXPECT_EQ(ops["Transpose"], 3) << PrintGraph(*g);
   EXPECT_EQ(ops["Gather"] + ops["Squeeze"] + ops["Unsqueeze"], 0) << PrintGraph(*g);
-  for (const auto& n : g->nodes())
-    if (n->op() == "Transpose" && n->output()->name() == "k4")
+  for (const auto& n : g->nodes()) {
+    if (n->is(op::Transpose) && n->output()->name() == "k4") {
       EXPECT_EQ(n->GetInts("perm"), (std::vector<int64_t>{1, 2, 3, 0}));
+    }
+  }
 }
 
 // A Gather whose indices pick non-contiguous columns (a stride-2 pick) is not a Slice: unchanged.

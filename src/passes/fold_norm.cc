@@ -38,6 +38,7 @@
 #include "../ir/schemas/attention_layout.h"
 #include "../ir/schemas/fused_gemm.h"
 #include "fusion_passes.h"
+#include "pass_manager.h"
 #include "gemm_epilogue_form.h"
 #include "match.h"
 
@@ -96,15 +97,11 @@ class NormFolder {
   }
 
  private:
-  void Refuse(const Node& p, const Node& c, const char* code, const std::string& why) {
-    if (report_) report_->refusals.push_back({p.name(), c.name(), code, why});
-  }
-
   // The norm's scale for W's rows (FoldableScale), else a refusal naming `reader`.
   std::optional<std::vector<float>> ScaleOrRefuse(const Node& norm, int64_t k, const Node& reader) {
     std::optional<std::vector<float>> gamma = FoldableScale(norm, k);
     if (!gamma)
-      Refuse(norm, reader, refusal::kNormNotFoldable,
+      Refuse(report_, norm, reader, refusal::kNormNotFoldable,
              "the RMSNorm stays a kernel: its scale is not a constant of one value per column");
     return gamma;
   }
@@ -155,12 +152,12 @@ class NormFolder {
     }
     for (const Node* n : {p, norm})
       if (options_.exclude.count(n->name())) {
-        Refuse(*p, *norm, refusal::kExcluded, "the RMSNorm stays a kernel: it or the GEMM before it is excluded");
+        Refuse(report_, *p, *norm, refusal::kExcluded, "the RMSNorm stays a kernel: it or the GEMM before it is excluded");
         return false;
       }
     for (const Node* c : consumers)
       if (options_.exclude.count(c->name())) {
-        Refuse(*norm, *c, refusal::kExcluded, "the RMSNorm stays a kernel: a GEMM reading it is excluded");
+        Refuse(report_, *norm, *c, refusal::kExcluded, "the RMSNorm stays a kernel: a GEMM reading it is excluded");
         return false;
       }
     const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *consumers.front());
@@ -195,7 +192,7 @@ class NormFolder {
         a->input(1)->shape()[0] != k)
       return false;
     if (options_.exclude.count(norm->name()) || options_.exclude.count(a->name())) {
-      Refuse(*norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
+      Refuse(report_, *norm, *a, refusal::kExcluded, "the RMSNorm stays a kernel: it or the attention reading it is excluded");
       return false;
     }
     const std::optional<std::vector<float>> gamma = ScaleOrRefuse(*norm, k, *a);

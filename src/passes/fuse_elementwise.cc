@@ -1,5 +1,6 @@
 #include "core/hash.h"
 #include "fuse_elementwise.h"
+#include "pass_manager.h"
 
 #include <algorithm>
 #include <cctype>
@@ -61,13 +62,14 @@ class Planner {
     std::vector<std::vector<int>> groups = FinalGroups();
     // Refusals only matter where the two sides ended up apart.
     for (const Pending& p : pending_)
-      if (Find(p.a) != Find(p.b) || !elementwise_[p.a] || !elementwise_[p.b]) rep.refusals.push_back(p.refusal);
+      if (Find(p.a) != Find(p.b) || !elementwise_[p.a] || !elementwise_[p.b])
+        Refuse(&rep, p.refusal.producer, p.refusal.consumer, p.refusal.code.c_str(), p.refusal.message);
     std::vector<bool> excluded(groups.size());
     for (size_t k = 0; k < groups.size(); ++k) {
       excluded[k] = o_.exclude.count(StrCat("fused_", k)) != 0;
       if (excluded[k]) {
-        rep.refusals.push_back({order_[groups[k].front()]->name(), order_[groups[k].back()]->name(), refusal::kExcluded,
-                                StrCat("group fused_", k, " is excluded by option")});
+        Refuse(&rep, order_[groups[k].front()]->name(), order_[groups[k].back()]->name(), refusal::kExcluded,
+               StrCat("group fused_", k, " is excluded by option"));
         continue;
       }
       for (int i : groups[k]) group_of_[order_[i]] = static_cast<int>(k);
@@ -165,7 +167,9 @@ class Planner {
     return false;
   }
 
-  void Refuse(int a, int b, const char* code, const std::string& message) {
+  // A refusal between nodes a and b, kept until the groups are final (RefuseLater: recorded only
+  // where the two ended up apart).
+  void RefuseLater(int a, int b, const char* code, const std::string& message) {
     const std::string pa = order_[a]->name(), pb = order_[b]->name();
     for (const Pending& p : pending_)
       if (p.refusal.producer == pa && p.refusal.consumer == pb && p.refusal.code == code) return;
@@ -177,12 +181,12 @@ class Planner {
     const int ra = Find(a), rb = Find(b);
     if (ra == rb) return true;
     if (!o_.enabled) {
-      Refuse(a, b, refusal::kDisabled, "fusion is switched off");
+      RefuseLater(a, b, refusal::kDisabled, "fusion is switched off");
       return false;
     }
     for (int n : {a, b})
       if (o_.exclude.count(order_[n]->name())) {
-        Refuse(a, b, refusal::kExcluded, StrCat("node '", order_[n]->name(), "' is excluded by option"));
+        RefuseLater(a, b, refusal::kExcluded, StrCat("node '", order_[n]->name(), "' is excluded by option"));
         return false;
       }
     const std::vector<int> ma = Members(ra), mb = Members(rb);
@@ -197,7 +201,7 @@ class Planner {
                                         "' (or back) runs through a node or group outside both"));
     if (d.allowed) d = PolicyAllowsMerge(A, B, M, o_);
     if (!d.allowed) {
-      Refuse(a, b, d.code, StrCat(relation, ": ", d.message));
+      RefuseLater(a, b, d.code, StrCat(relation, ": ", d.message));
       return false;
     }
     parent_[rb] = ra;
@@ -218,7 +222,7 @@ class Planner {
         } else if (elementwise_[p] != elementwise_[i]) {
           const Node* other = elementwise_[p] ? n : order_[p];
           const OpSchema* schema = FindSchema(other->op());
-          Refuse(p, i, refusal::kNotElementwise,
+          RefuseLater(p, i, refusal::kNotElementwise,
                  StrCat(other->Describe(), schema && schema->view
                                                ? " is a view (no kernel of its own), which a group does not take in"
                                                : " is not an elementwise op (it runs as its own kernel)"));

@@ -27,6 +27,7 @@
 #include "../ir/elementwise_body.h"
 #include "../ir/schemas/fused_gemm.h"
 #include "fusion_passes.h"
+#include "pass_manager.h"
 #include "gemm_epilogue_form.h"
 #include "match.h"
 
@@ -121,10 +122,6 @@ class GemmFuser {
  private:
   static constexpr size_t kMaxProjections = 8;
 
-  void Refuse(const Node* producer, const Node* consumer, const char* code, std::string message) {
-    if (report_) report_->refusals.push_back({producer->name(), consumer->name(), code, std::move(message)});
-  }
-
   // The elementwise readers of the projections that can run as the epilogue.
   std::vector<Node*> EpilogueMembers(const std::vector<Node*>& projections, const Shape& out_shape) {
     std::set<const Value*> proj_values;
@@ -139,13 +136,13 @@ class GemmFuser {
         if (v && proj_values.count(v)) producer = v->producer();
       if (!IsElementwiseNode(n.get())) continue;  // attention, norms, ...: they read the output
       if (Excluded(options_, n.get())) {
-        Refuse(producer, n.get(), refusal::kExcluded, StrCat("'", n->name(), "' is excluded from fusion"));
+        Refuse(report_, producer, n.get(), refusal::kExcluded, StrCat("'", n->name(), "' is excluded from fusion"));
         continue;
       }
       bool same_space = true;
       for (const Value* o : n->outputs()) same_space &= o->shape() == out_shape;
       if (!same_space) {
-        Refuse(producer, n.get(), refusal::kShapeMismatch,
+        Refuse(report_, producer, n.get(), refusal::kShapeMismatch,
                StrCat("'", n->name(), "' iterates over ", ShapeToString(n->output()->shape()), ", the GEMM '",
                       producer->name(), "' produces ", ShapeToString(out_shape)));
         continue;
@@ -171,7 +168,7 @@ class GemmFuser {
             bad = p;
         }
         if (bad) {
-          Refuse(projections.front(), members[i], refusal::kWouldCreateCycle,
+          Refuse(report_, projections.front(), members[i], refusal::kWouldCreateCycle,
                  StrCat("'", members[i]->name(), "' also reads '", bad->name(),
                         "', which is computed after the GEMM outside the epilogue"));
           members.erase(members.begin() + static_cast<long>(i));
@@ -220,7 +217,7 @@ class GemmFuser {
     if (!members.empty()) {
       const Status fits = CheckElementwiseBody(*epilogue);
       if (!fits.ok()) {
-        Refuse(projections.front(), members.front(), refusal::kGroupTooLarge,
+        Refuse(report_, projections.front(), members.front(), refusal::kGroupTooLarge,
                StrCat("the epilogue does not fit one kernel: ", fits.message()));
         if (S == 1) return false;
         return FuseGroup(projections, /*with_epilogue=*/false);  // still one GEMM for all S

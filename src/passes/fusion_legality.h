@@ -25,6 +25,9 @@ inline constexpr const char* kExcluded = "excluded";                 // named in
 inline constexpr const char* kDisabled = "fusion-disabled";          // FusionOptions::enabled == false
 inline constexpr const char* kNotProfitable = "not-profitable";      // the cost policy says no
 inline constexpr const char* kNormNotFoldable = "norm-not-foldable";  // an RMSNorm's scale cannot go into W
+// FuseAttention's and FuseAttentionProjections': ranks, broadcast batches, an axis or a form the
+// attention kernel does not take.
+inline constexpr const char* kAttentionUnsupportedLayout = "attention-unsupported-layout";
 }  // namespace refusal
 
 struct FusionDecision {

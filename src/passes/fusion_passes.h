@@ -41,7 +41,7 @@ Result<int> FuseAttentionCache(Graph& g, const FusionOptions& options, FusionRep
 Result<int> FuseGemm(Graph& g, const FusionOptions& options, FusionReport* report);
 // A FusedAttention whose q, k, v are the three outputs of one FusedGemm (and nothing else's),
 // or of separate GEMMs of one x (grouped-query attention's q and k / v), takes the GEMMs in: it
-// reads x and W, and projects each head in its own task.
+// reads x and W, and projects each head in its own task. (fuse_attention_projections.cc)
 Result<int> FuseAttentionProjections(Graph& g, const FusionOptions& options, FusionReport* report);
 
 // An RMSNorm between two FusedGemms (the first writes its input, the second reads its output as

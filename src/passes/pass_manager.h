@@ -74,5 +74,13 @@ inline void Refuse(FusionReport* report, const Node* producer, const Node* consu
                    std::string message) {
   Refuse(report, producer->name(), consumer->name(), code, std::move(message));
 }
+inline void Refuse(FusionReport* report, const Node& producer, const Node& consumer, const char* code,
+                   std::string message) {
+  Refuse(report, producer.name(), consumer.name(), code, std::move(message));
+}
+inline void Refuse(FusionReport* report, const Node* producer, std::string consumer, const char* code,
+                   std::string message) {
+  Refuse(report, producer->name(), std::move(consumer), code, std::move(message));
+}
 
 }  // namespace graphfuse
