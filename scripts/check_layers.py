@@ -17,10 +17,11 @@ below it, never above:
   api         the embeddable API (include/graphfuse/model.h)
   testing     fixtures of the tools, tests and benchmarks (not in the library)
 
-Usage: scripts/check_layers.py [ROOT] [--doc FILE]
+Usage: scripts/check_layers.py [ROOT] [--doc FILE [--write]]
   exit 1 on a violation, with each offending include; with --doc, also when FILE's block of this
   output (the fenced block after the line ending "Its output today:") differs from it (the
-  ctest `layers` passes docs/ARCHITECTURE.md: its layer block is this output, not a copy by hand)
+  ctest `layers` passes docs/ARCHITECTURE.md: its layer block is this output, not a copy by hand);
+  --write puts this output into FILE's block instead of comparing
 """
 import os
 import re
@@ -65,9 +66,29 @@ def doc_block(path):
     return None
 
 
+def write_block(path, text):
+    """Replaces the fenced block after the line ending "Its output today:" in `path` with `text`."""
+    lines = open(path, encoding="utf-8").read().split("\n")
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("Its output today:"):
+            j = i + 1
+            while not lines[j].startswith("```"):
+                j += 1
+            k = j + 1
+            while not lines[k].startswith("```"):
+                k += 1
+            lines[j + 1:k] = text.split("\n")
+            open(path, "w", encoding="utf-8").write("\n".join(lines))
+            return True
+    return False
+
+
 def main():
     args = sys.argv[1:]
     doc = None
+    write = "--write" in args
+    if write:
+        args.remove("--write")
     if "--doc" in args:
         at = args.index("--doc")
         doc = args[at + 1]
@@ -81,13 +102,18 @@ def main():
         sys.stdout.write(out.getvalue())
         want = doc_block(doc)
         got = out.getvalue().rstrip("\n")
+        if write and rc == 0:
+            if not write_block(doc, got):
+                print(f"{doc}: no fenced block after a line ending 'Its output today:'", file=sys.stderr)
+                return 1
+            return 0
         if want is None:
             print(f"{doc}: no fenced block after a line ending 'Its output today:'", file=sys.stderr)
             return 1
         if want != got:
             import difflib
-            print(f"{doc}: its layer block differs from this output (paste the output above into it):",
-                  file=sys.stderr)
+            print(f"{doc}: its layer block differs from this output (scripts/check_layers.py --doc {doc} --write "
+                  "puts it there):", file=sys.stderr)
             for line in difflib.unified_diff(want.split("\n"), got.split("\n"), "doc", "check", lineterm=""):
                 print(line, file=sys.stderr)
             return 1
