@@ -234,11 +234,10 @@ class Session {
   // `model`: the serialized ModelProto (bytes) or a path (str); `external_data_folder`: where a
   // model given as bytes keeps its external data files.
   Session(nb::object model, const std::string& backend, int threads, bool fusion, int plan_cache_capacity,
-          int device, bool cuda_graph, bool emulate, bool bf16_weights, bool shape_classes,
+          int device, bool cuda_graph, bool emulate, const std::string& dtype, bool shape_classes,
           const std::string& external_data_folder) {
     gf::TargetOptions target_options;
     target_options.threads = threads;
-    target_options.cpu_bf16_weights = bf16_weights;
     target_options.device = device;
     target_options.cuda_graph = cuda_graph;
     target_options.emulate = emulate;
@@ -246,6 +245,9 @@ class Session {
     options.fusion.enabled = fusion;
     options.plan_cache_capacity = plan_cache_capacity;
     options.shape_classes = shape_classes;
+    gf::Result<gf::DType> compute = gf::ParseDType(dtype);
+    if (!compute.ok()) Raise(compute.status().WithContext("dtype"));
+    options.dtype = *compute;
     std::optional<std::string> path;
     std::string_view bytes;
     if (nb::isinstance<nb::bytes>(model)) {
@@ -467,10 +469,10 @@ NB_MODULE(_graphfuse, m) {
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
 
   nb::class_<Session>(m, "Session")
-      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, bool, bool, const std::string&>(),
+      .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, const std::string&, bool, const std::string&>(),
            nb::arg("model"), nb::arg("backend") = "cpu", nb::arg("threads") = 0, nb::arg("fusion") = true,
            nb::arg("plan_cache_capacity") = 16, nb::arg("device") = 0, nb::arg("cuda_graph") = false,
-           nb::arg("emulate") = false, nb::arg("bf16_weights") = false, nb::arg("shape_classes") = true,
+           nb::arg("emulate") = false, nb::arg("dtype") = "f32", nb::arg("shape_classes") = true,
            nb::arg("external_data_folder") = "")
       .def("inputs", &Session::Inputs, "(name, shape, type) per input, as the model declares them.")
       .def("outputs", &Session::Outputs, "(name, shape, type) per output, as the model declares them.")
