@@ -400,12 +400,7 @@ int Bench(Args& args) {
         Status st = record(*graphs[k], k == 1 && !narrow[1] ? &report : nullptr, choices[k],
                            k == 0 ? "cuda plan, unfused" : "cuda plan, fused", (*ex)->stats().launches,
                            [&](StepLog& log) -> Status {
-                             GF_ASSIGN_OR_RETURN(auto steps, (*ex)->ProfileSteps(1));
-                             int64_t at = SteadyClockNs();
-                             for (const auto& [label, step_ms] : steps) {
-                               log.steps.push_back(StepTiming{nullptr, label, at, static_cast<int64_t>(step_ms * 1e6), true});
-                               at += log.steps.back().duration_ns;
-                             }
+                             GF_ASSIGN_OR_RETURN(log.steps, (*ex)->DeviceSteps(SteadyClockNs()));
                              return Status::Ok();
                            });
         if (!st.ok()) return Fail(st);

@@ -255,7 +255,7 @@ int RunModel(Args& args) {
   traced.signature = binding->key;
   traced.target = o.backend;
   traced.planned = true;
-  traced.start_ns = SteadyClockNs() - static_cast<int64_t>(planning_ms * 1e6);
+  traced.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(planning_start.time_since_epoch()).count();
   traced.run_start_ns = SteadyClockNs();
   traced.steps = &steps.steps;
   const std::vector<KernelChoice> choices = (*target)->DescribeKernels(g);
@@ -310,13 +310,9 @@ int RunModel(Args& args) {
     if (!o.trace.empty()) {
       // Device times: the steps replayed one by one between CUDA events (an emulated plan has
       // none; its run is one host-timed step).
-      auto device = (*ex)->ProfileSteps(1);
-      int64_t at = traced.run_start_ns;
+      auto device = (*ex)->DeviceSteps(traced.run_start_ns);
       if (device.ok()) {
-        for (const auto& [label, ms] : *device) {
-          steps.steps.push_back(StepTiming{nullptr, label, at, static_cast<int64_t>(ms * 1e6), true});
-          at += steps.steps.back().duration_ns;
-        }
+        steps.steps = std::move(*device);
       } else {
         steps.steps.push_back(StepTiming{nullptr, "run", traced.run_start_ns, traced.end_ns - traced.run_start_ns});
       }

@@ -246,9 +246,10 @@ class CompiledModel {
                  RunProfiler* profiler = nullptr) const;
   // PlanFor; `planned`, when given, says whether this call made the plan.
   Result<std::shared_ptr<const Plan>> PlanForTraced(std::span<const TensorView> inputs, bool* planned) const;
-  // RunPlan profiled, recorded in `trace` with the call's planning (since start_ns).
+  // RunPlan, profiled and recorded in `trace` with the call's planning (since start_ns) when a
+  // trace is given.
   Status RunTraced(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                   int64_t start_ns, bool planned, TraceRecorder& trace) const;
+                   int64_t start_ns, bool planned, TraceRecorder* trace) const;
   std::shared_ptr<detail::ModelSource> source_;
   std::shared_ptr<const Target> target_;
   CompileOptions options_;

@@ -490,12 +490,12 @@ PlanCacheStats CompiledModel::cache_stats() const {
 
 Status CompiledModel::Run(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                           TraceRecorder* trace) const {
-  if (static_plan_) return trace ? RunTraced(*static_plan_, inputs, outputs, SteadyClockNs(), false, *trace)
-                                 : RunPlan(*static_plan_, inputs, outputs);
-  const int64_t start_ns = SteadyClockNs();
+  // The clock is read only for a trace: untraced calls stay as they were.
+  if (static_plan_) return RunTraced(*static_plan_, inputs, outputs, trace ? SteadyClockNs() : 0, false, trace);
+  const int64_t start_ns = trace ? SteadyClockNs() : 0;
   bool planned = false;
   GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> p, PlanForTraced(inputs, trace ? &planned : nullptr));
-  return trace ? RunTraced(*p, inputs, outputs, start_ns, planned, *trace) : RunPlan(*p, inputs, outputs);
+  return RunTraced(*p, inputs, outputs, start_ns, planned, trace);
 }
 
 Result<std::shared_ptr<const Plan>> CompiledModel::PlanForTraced(std::span<const TensorView> inputs,
@@ -511,7 +511,8 @@ Result<std::shared_ptr<const Plan>> CompiledModel::PlanForTraced(std::span<const
 
 Status CompiledModel::RunTraced(const Plan& plan, std::span<const TensorView> inputs,
                                 std::span<const TensorView> outputs, int64_t start_ns, bool planned,
-                                TraceRecorder& trace) const {
+                                TraceRecorder* trace) const {
+  if (!trace) return RunPlan(plan, inputs, outputs);
   const int64_t run_start_ns = SteadyClockNs();
   StepLog log;
   const Status st = RunPlan(plan, inputs, outputs, &log);
@@ -529,7 +530,7 @@ Status CompiledModel::RunTraced(const Plan& plan, std::span<const TensorView> in
   r.kernels = plan.launches_per_run();
   r.ok = st.ok();
   r.steps = &log.steps;
-  trace.Record(r);
+  trace->Record(r);
   return st;
 }
 
@@ -587,7 +588,7 @@ Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inpu
 }
 
 Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs, TraceRecorder* trace) const {
-  const int64_t start_ns = SteadyClockNs();
+  const int64_t start_ns = trace ? SteadyClockNs() : 0;
   bool planned = false;
   std::shared_ptr<const Plan> p = static_plan_;
   if (!p) {
@@ -600,11 +601,7 @@ Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> input
     out.push_back(std::move(t));
     views.push_back(out.back().view());
   }
-  if (trace) {
-    GF_RETURN_IF_ERROR(RunTraced(*p, inputs, views, start_ns, planned, *trace));
-  } else {
-    GF_RETURN_IF_ERROR(RunPlan(*p, inputs, views));
-  }
+  GF_RETURN_IF_ERROR(RunTraced(*p, inputs, views, start_ns, planned, trace));
   return out;
 }
 

@@ -26,7 +26,7 @@ struct Event {
   double ts_us = 0, dur_us = 0;
   int tid = 0;
   bool device = false;
-  // Args, written in order: strings, numbers, and one list of strings (fused members).
+  // Args, written in order: strings, numbers, booleans, and one list of strings (fused members).
   std::vector<std::pair<std::string, std::string>> str_args;
   std::vector<std::pair<std::string, double>> num_args;
   std::vector<std::pair<std::string, bool>> bool_args;

@@ -310,6 +310,17 @@ Result<std::vector<std::pair<std::string, double>>> CudaExecutor::ProfileSteps(i
   return out;
 }
 
+Result<std::vector<StepTiming>> CudaExecutor::DeviceSteps(int64_t start_ns) {
+  GF_ASSIGN_OR_RETURN(auto steps, ProfileSteps(1));
+  std::vector<StepTiming> out;
+  int64_t at = start_ns;
+  for (const auto& [label, ms] : steps) {
+    out.push_back(StepTiming{nullptr, label, at, static_cast<int64_t>(ms * 1e6), true});
+    at += out.back().duration_ns;
+  }
+  return out;
+}
+
 Result<double> CudaExecutor::Replay(double* wall_ms) {
   Impl& x = *impl_;
   if (!x.ran) return InvalidArgument("Replay before a first Run");

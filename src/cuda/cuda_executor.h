@@ -26,6 +26,7 @@
 
 #include "codegen.h"
 #include "graphfuse/graph.h"
+#include "graphfuse/target.h"
 #include "graphfuse/tensor.h"
 
 namespace graphfuse::cuda {
@@ -87,6 +88,10 @@ class CudaExecutor {
   // `repeats` replays of the device time between events recorded around it. Launched one by one
   // (a plan captured as a CUDA graph is timed as the plan it was captured from).
   Result<std::vector<std::pair<std::string, double>>> ProfileSteps(int repeats);
+  // One replay's steps as a profiler records them (StepTiming, graphfuse/target.h): each step's
+  // device time, the steps laid end to end from `start_ns`, labelled by their node's name.
+  // Unimplemented for an emulated plan, as ProfileSteps.
+  Result<std::vector<StepTiming>> DeviceSteps(int64_t start_ns);
 
   const CudaExecStats& stats() const;
   // One line per step: what runs and how ("fused_gemm_3: cuBLAS GEMM, then the generated

@@ -40,20 +40,15 @@ class CudaExecutable final : public Executable {
     const int64_t start_ns = SteadyClockNs();
     GF_RETURN_IF_ERROR(Run(inputs, outputs));
     const int64_t end_ns = SteadyClockNs();
-    Result<std::vector<std::pair<std::string, double>>> steps = [&] {
+    Result<std::vector<StepTiming>> steps = [&] {
       std::lock_guard<std::mutex> lock(mu_);
-      return executor_->ProfileSteps(1);
+      return executor_->DeviceSteps(start_ns);
     }();
     if (!steps.ok()) {
       profiler.OnStep(StepTiming{nullptr, "run", start_ns, end_ns - start_ns, false});
       return Status::Ok();
     }
-    int64_t at = start_ns;
-    for (const auto& [label, ms] : *steps) {
-      StepTiming t{nullptr, label, at, static_cast<int64_t>(ms * 1e6), true};  // the label is its node's name
-      at += t.duration_ns;
-      profiler.OnStep(t);
-    }
+    for (const StepTiming& t : *steps) profiler.OnStep(t);
     return Status::Ok();
   }
   int64_t launches_per_run() const override { return executor_->stats().launches; }
