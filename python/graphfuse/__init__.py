@@ -228,6 +228,16 @@ class SessionOptions(_ConfigEntries):
         return self._get_entry(key)
 
 
+def _provider_names(providers: Sequence[Any]) -> list[str]:
+    """The provider names of onnxruntime's providers list (a name, or (name, options)), each one
+    graphfuse knows (ValueError naming it otherwise)."""
+    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
+    for name in names:
+        if name not in _PROVIDER_BACKEND:
+            raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
+    return names
+
+
 def _backends_for(providers: Optional[Sequence[Any]], backend: Optional[str]) -> list[str]:
     """The backends to try, in order: `backend` alone, else the providers' (onnxruntime's names)
     that this build has, else the CPU."""
@@ -238,10 +248,7 @@ def _backends_for(providers: Optional[Sequence[Any]], backend: Optional[str]) ->
     if not providers:
         return ["cpu"]
     available = set(get_available_backends())
-    names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers]
-    for name in names:
-        if name not in _PROVIDER_BACKEND:
-            raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
+    names = _provider_names(providers)
     chosen = [_PROVIDER_BACKEND[n] for n in names if _PROVIDER_BACKEND[n] in available]
     if not chosen:
         raise ValueError(f"none of the providers {names} is available in this build (it has {get_available_providers()})")
@@ -610,10 +617,7 @@ class InferenceSession:
     def set_providers(self, providers: Optional[Sequence[Any]] = None, provider_options: Optional[Sequence[Any]] = None) -> None:
         """As onnxruntime's, where the providers name this session's backend; another backend needs a
         new InferenceSession (its plans and prepared weights belong to one target)."""
-        names = [p[0] if isinstance(p, (tuple, list)) else p for p in providers or []]
-        for name in names:
-            if name not in _PROVIDER_BACKEND:
-                raise ValueError(f"unknown provider {name!r}; graphfuse takes {sorted(_PROVIDER_BACKEND)}")
+        names = _provider_names(providers or [])
         if names and _PROVIDER_BACKEND[names[0]] != self._backend:
             raise Unimplemented(
                 f"onnxruntime's set_providers to another backend ({providers[0]!r}): graphfuse compiles a session "
