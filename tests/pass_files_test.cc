@@ -3,8 +3,7 @@
 // and `# CHECK...` lines (filecheck.h) the printed IR after them must satisfy. Every file is
 // read twice: by the FileCheck runner (the rewrite itself: which nodes become what, their
 // inputs, outputs and attributes) and by the numeric harness, which runs the graph before and
-// after the passes on the same fresh random inputs and wants the same outputs. `# NUMERIC: no
-// <reason>` leaves a case out of the second where its inputs cannot be drawn at random.
+// after the passes on the same fresh random inputs and wants the same outputs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,7 +28,6 @@ struct PassFile {
   std::string path, name;  // name: <Pass>_<case>, the test's name
   std::string text, checks;
   std::vector<std::string> passes;
-  std::string numeric_skip;  // why the numeric harness leaves it out ("" runs it)
 };
 
 std::vector<PassFile> ReadPassFiles() {
@@ -51,8 +49,6 @@ std::vector<PassFile> ReadPassFiles() {
         for (std::string n; names >> n;) f.passes.push_back(n);
       } else if (line.rfind("# CHECK", 0) == 0) {
         f.checks += line.substr(2) + "\n";
-      } else if (line.rfind("# NUMERIC: no", 0) == 0) {
-        f.numeric_skip = line.substr(13);
       }
     }
     files.push_back(std::move(f));
@@ -92,7 +88,6 @@ TEST_P(PassFiles, RewriteMatchesItsChecks) {
 
 TEST_P(PassFiles, RewrittenGraphComputesWhatTheOriginalDoes) {
   const PassFile& f = GetParam();
-  if (!f.numeric_skip.empty()) GTEST_SKIP() << f.numeric_skip;
   auto before = ParseGraph(f.text);
   ASSERT_TRUE(before.ok()) << before.status().ToString();
   auto after = RunFilePasses(f);

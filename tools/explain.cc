@@ -61,11 +61,7 @@ int Explain(Args& args) {
       } else {
         return fail(InvalidArgument("unknown flag '", f, "' (see graphfuse --help)"));
       }
-      if (name != "all" && !FindPass(name)) {
-        std::string known;
-        for (const Pass& p : AllPasses()) known += StrCat(known.empty() ? "" : ", ", p.name);
-        return fail(InvalidArgument(flag, ": no pass named '", name, "' (the passes: ", known, "; or all)"));
-      }
+      if (Status known = CheckPassName(name); !known.ok()) return fail(known.WithContext(flag));
       (before ? hooks.print_ir_before : hooks.print_ir_after).insert(name);
     } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
       return fail(flag.status());

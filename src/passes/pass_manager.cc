@@ -89,6 +89,13 @@ const Pass* FindPass(std::string_view name) {
   return nullptr;
 }
 
+Status CheckPassName(std::string_view name) {
+  if (name == "all" || FindPass(name)) return Status::Ok();
+  std::string known;
+  for (const Pass& p : kPasses) known += StrCat(known.empty() ? "" : ", ", p.name);
+  return InvalidArgument("no pass named '", std::string(name), "' (the passes: ", known, "; or all)");
+}
+
 std::vector<const Pass*> PipelineFor(const PassContext& ctx) {
   std::vector<const Pass*> out;
   for (const Pass& p : kPasses)
@@ -99,12 +106,7 @@ std::vector<const Pass*> PipelineFor(const PassContext& ctx) {
 Result<std::vector<PassRecord>> RunPasses(Graph& g, std::span<const Pass* const> passes, PassContext& ctx,
                                           const PassHooks& hooks) {
   for (const std::set<std::string>* names : {&hooks.print_ir_before, &hooks.print_ir_after})
-    for (const std::string& n : *names)
-      if (n != "all" && !FindPass(n)) {
-        std::string known;
-        for (const Pass& p : kPasses) known += StrCat(known.empty() ? "" : ", ", p.name);
-        return InvalidArgument("no pass named '", n, "' (the passes: ", known, "; or all)");
-      }
+    for (const std::string& n : *names) GF_RETURN_IF_ERROR(CheckPassName(n));
   FILE* out = hooks.print_to ? hooks.print_to : stdout;
   std::vector<PassRecord> records;
   for (const Pass* pass : passes) {

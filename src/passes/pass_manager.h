@@ -43,6 +43,9 @@ struct Pass {
 std::span<const Pass> AllPasses();
 // The pass named `name`, or nullptr.
 const Pass* FindPass(std::string_view name);
+// Ok when `name` is a pass or "all" (what PassHooks and --print-ir-* take); else
+// InvalidArgument naming it and listing the passes.
+Status CheckPassName(std::string_view name);
 // The passes that run for `ctx` (its target's forms, fusion on or off), in order.
 std::vector<const Pass*> PipelineFor(const PassContext& ctx);
 
