@@ -4,8 +4,9 @@
 //     (ParseGraph + FuseElementwise) are generated and compiled with NVRTC -- all must compile;
 //   - kernel names say what they fuse;
 //   - a snapshot ("process replay"): the generated source of a fixed corpus must equal
-//     tests/golden/<case>.cu byte for byte, so a refactor of the generator is provably neutral
-//     or shows its diff. After an intended change, regenerate and review the diff:
+//     tests/golden/<case>.cu byte for byte (the device prelude they all start with is kept once,
+//     as prelude.cuh: golden.h), so a refactor of the generator is provably neutral or shows its
+//     diff. After an intended change, regenerate and review the diff:
 //         GF_UPDATE_GOLDEN=1 ./graphfuse_cuda_tests --gtest_filter='*Golden*'
 //   - tests that need a GPU skip with "no CUDA device: runtime tests need a GPU".
 #include <cuda_runtime_api.h>
@@ -24,6 +25,7 @@
 
 #include "cuda/cuda_target.h"
 #include "cuda/codegen.h"
+#include "golden.h"
 #include "../graph_test_util.h"
 #include "cuda/cuda_executor.h"
 #include "cuda/nvrtc_compile.h"
@@ -42,7 +44,6 @@
 namespace graphfuse::cuda {
 namespace {
 
-std::filesystem::path GoldenDir() { return GF_GOLDEN_DIR; }
 
 // Compiles every kernel on all cores with one shared compiler; returns the failures.
 std::vector<std::string> CompileAll(const std::vector<CudaKernelSource>& kernels, NvrtcCompiler& compiler,
@@ -789,24 +790,9 @@ TEST(CudaCodegen, EveryKernelOfTheBlocksAndExportedModelsCompiles) {
 // ---- the snapshot ----------------------------------------------------------------------------
 
 TEST(CudaCodegen, GoldenSources) {
-  const bool update = [] {
-    const char* e = std::getenv("GF_UPDATE_GOLDEN");
-    return e && std::string(e) == "1";
-  }();
-  auto check = [&](const std::string& name, const CudaKernelSource& k) {
-    const std::filesystem::path file = GoldenDir() / StrCat(name, ".cu");
-    if (update) {
-      std::filesystem::create_directories(file.parent_path());
-      std::ofstream(file, std::ios::binary) << k.source;
-      return;
-    }
-    std::ifstream f(file, std::ios::binary);
-    ASSERT_TRUE(f.good()) << file << " is missing; run with GF_UPDATE_GOLDEN=1 to create it";
-    std::stringstream want;
-    want << f.rdbuf();
-    EXPECT_EQ(k.source, want.str()) << "generated source of '" << name << "' differs from " << file
-                                    << "; if intended, rerun with GF_UPDATE_GOLDEN=1 and review the diff";
-  };
+  auto check = [](const std::string& name, const CudaKernelSource& k) { ExpectGoldenSource(name, k.source); };
+  // The prelude every kernel starts with, kept once.
+  ExpectGoldenFile("prelude.cuh", kDevicePrelude);
   for (const char* name : {"chain", "gelu", "silu", "f16_chain", "dropout"}) {
     const FusedCase* c = nullptr;
     for (const FusedCase& fc : kFusedCases)

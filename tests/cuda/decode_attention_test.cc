@@ -14,6 +14,7 @@
 
 #include "../graph_test_util.h"
 #include "capture_node.h"
+#include "golden.h"
 #include "narrow_twin.h"
 #include "../onnx/onnx_test_util.h"
 #include "cpu/executor.h"
@@ -435,8 +436,6 @@ TEST(CudaDecodeAttention, KernelsCompileThroughNvrtc) {
 // The kernels' sources for a grouped-query decode step (RoPE, causal mask, 1000 past keys), as
 // two kernels and as one launch, against tests/golden (GF_UPDATE_GOLDEN=1 rewrites them, as CudaCodegen.GoldenSources).
 TEST(CudaDecodeAttention, GoldenSources) {
-  const char* e = std::getenv("GF_UPDATE_GOLDEN");
-  const bool update = e && std::string(e) == "1";
   auto g = DecoderGraph({.b = 1, .h = 8, .kv = 2, .past = 1000, .s = 1, .d = 64});
   ASSERT_TRUE(g.ok()) << g.status().ToString();
   const Node* node = FindCached(**g);
@@ -448,17 +447,7 @@ TEST(CudaDecodeAttention, GoldenSources) {
   for (const auto& [name, src] : {std::pair<std::string, const CudaKernelSource*>{"decode_attention_split", &k->split},
                                   {"decode_attention_combine", &k->combine},
                                   {"decode_attention_one_launch", &one->split}}) {
-    const std::filesystem::path file = std::filesystem::path(GF_GOLDEN_DIR) / (name + ".cu");
-    if (update) {
-      std::ofstream(file, std::ios::binary) << src->source;
-      continue;
-    }
-    std::ifstream f(file, std::ios::binary);
-    ASSERT_TRUE(f.good()) << file << " is missing; run with GF_UPDATE_GOLDEN=1 to create it";
-    std::stringstream want;
-    want << f.rdbuf();
-    EXPECT_EQ(src->source, want.str()) << "generated source of '" << name << "' differs from " << file
-                                       << "; if intended, rerun with GF_UPDATE_GOLDEN=1 and review the diff";
+    ExpectGoldenSource(name, src->source);
   }
 }
 
@@ -467,9 +456,9 @@ TEST(CudaDecodeAttention, GoldenSources) {
 // against torch's outputs.
 TEST(CudaDecodeAttention, ExportedKvCacheModelsMatchTheCpu) {
   const std::filesystem::path corpus = std::filesystem::path(GF_MODELS_DIR) / "hf";
-  auto cuda_target = MakeTarget("cuda", {.emulate = true});
+  auto cuda_target = MakeTarget("cuda", {.cuda = {.emulate = true}});
   ASSERT_TRUE(cuda_target.ok()) << cuda_target.status().ToString();
-  auto cpu_target = MakeTarget("cpu", {.threads = 2});
+  auto cpu_target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(cpu_target.ok()) << cpu_target.status().ToString();
   const std::shared_ptr<const Target> cuda = std::move(*cuda_target), cpu = std::move(*cpu_target);
   for (const char* name : {"llama_ts_kv", "llama_gqa_ts_kv"}) {
