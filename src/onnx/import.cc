@@ -141,7 +141,7 @@ void MarkShapeValueInputs(const onnx::GraphProto& gp, std::vector<TensorDecl>* d
     auto p = producer.find(value);
     if (p == producer.end()) continue;  // an initializer, or undefined (the import names it)
     const onnx::NodeProto& n = *p->second;
-    if (n.op_type() == "Shape" || n.op_type() == "Size") continue;
+    if (const op::Id id = op::FromName(n.op_type()); id == op::Shape || id == op::Size) continue;
     for (const std::string& in : n.input())
       if (!in.empty()) work.emplace_back(in, use);
   }

@@ -281,15 +281,11 @@ Status ImportDropout(NodeImport& n) {
 }
 
 // LeakyRelu, HardSigmoid, Elu, Selu: ONNX's alpha/beta (Selu: alpha/gamma) attributes with
-// ONNX's defaults.
+// ONNX's defaults (the table row's).
 Status ImportAlphaBeta(NodeImport& n) {
   GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
   GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
-  float alpha = 0.f, beta = 0.f;
-  if (n.op() == "LeakyRelu") alpha = 0.01f;
-  if (n.op() == "HardSigmoid") alpha = 0.2f, beta = 0.5f;
-  if (n.op() == "Elu") alpha = 1.f;
-  if (n.op() == "Selu") alpha = 1.67326319217681884765625f, beta = 1.05070102214813232421875f;
+  float alpha = n.args.alpha, beta = n.args.beta;
   auto get = [&](const char* k, float def) -> Result<float> {
     auto it = n.attrs.find(k);
     if (it == n.attrs.end()) return def;
@@ -298,21 +294,22 @@ Status ImportAlphaBeta(NodeImport& n) {
   };
   GF_ASSIGN_OR_RETURN(alpha, get("alpha", alpha));
   AttributeMap a{{"alpha", alpha}};
-  if (n.op() == "HardSigmoid" || n.op() == "Selu") {
-    GF_ASSIGN_OR_RETURN(beta, get(n.op() == "Selu" ? "gamma" : "beta", beta));
+  if (n.args.beta_attr) {
+    GF_ASSIGN_OR_RETURN(beta, get(n.args.beta_attr, beta));
     a["beta"] = beta;
   }
   return Emit(n, n.op(), {n.inputs[0]}, std::move(a), true).status();
 }
 
-// Max, Min, Sum, Mean over one or more inputs.
+// Max, Min, Sum, Mean over one or more inputs: the row's pairwise op folded over them (Mean:
+// their sum divided by the count).
 Status ImportVariadic(NodeImport& n) {
   GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
   if (n.inputs.empty()) return InvalidArgument("needs at least one input");
   for (size_t i = 0; i < n.inputs.size(); ++i)
     if (!n.inputs[i]) return InvalidArgument("input ", i, " is empty");
-  const bool mean = n.op() == "Mean";
-  const std::string bin = (n.op() == "Sum" || mean) ? "Add" : n.op();
+  const bool mean = n.args.mean;
+  const std::string bin = n.args.binary;
   if (n.inputs.size() == 1) return Emit(n, "Identity", {n.inputs[0]}, {}, true).status();
   Value* acc = n.inputs[0];
   for (size_t i = 1; i < n.inputs.size(); ++i) {
@@ -325,11 +322,11 @@ Status ImportVariadic(NodeImport& n) {
   return Emit(n, "Div", {acc, count}, {}, true).status();
 }
 
-// LessOrEqual / GreaterOrEqual: strict comparison OR equality.
+// LessOrEqual / GreaterOrEqual: the row's strict comparison OR equality.
 Status ImportOrEqual(NodeImport& n) {
   GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
   GF_RETURN_IF_ERROR(RequireInputs(n, 2, 2));
-  const std::string strict = n.op() == "LessOrEqual" ? "Less" : "Greater";
+  const std::string strict = n.args.binary;
   GF_ASSIGN_OR_RETURN(Value * s, Emit(n, strict, {n.inputs[0], n.inputs[1]}, {}, false));
   GF_ASSIGN_OR_RETURN(Value * e, Emit(n, "Equal", {n.inputs[0], n.inputs[1]}, {}, false));
   return Emit(n, "Or", {s, e}, {}, true).status();
@@ -425,7 +422,7 @@ Status ImportEinsum(NodeImport& n) {
   for (size_t k = 0; k < steps.size(); ++k) {
     std::vector<Value*> ins;
     for (int i : steps[k].inputs) ins.push_back(values[static_cast<size_t>(i)]);
-    if (steps[k].op == "Reshape") {
+    if (op::FromName(steps[k].op) == op::Reshape) {
       GF_ASSIGN_OR_RETURN(Value * shape, Int64sConstant(n, "shape", steps[k].shape));
       ins.push_back(shape);
     }
@@ -435,20 +432,41 @@ Status ImportEinsum(NodeImport& n) {
   return Status::Ok();
 }
 
+// The importer's table: the ONNX ops that are not the IR op of the same name with ONNX's
+// inputs, attributes and outputs, each with the conversion that builds it and its arguments.
 struct Conversion {
   const char* op;
   ConvertFn fn;
+  ConversionArgs args = {};
 };
 constexpr Conversion kConversions[] = {
-    {"Constant", ImportConstant},   {"Clip", ImportClip},         {"Cast", ImportCast},
-    {"CastLike", ImportCastLike},   {"Dropout", ImportDropout},   {"LeakyRelu", ImportAlphaBeta},
-    {"HardSigmoid", ImportAlphaBeta}, {"Elu", ImportAlphaBeta},   {"Selu", ImportAlphaBeta},   {"Max", ImportVariadic},
-    {"Min", ImportVariadic},        {"Sum", ImportVariadic},      {"Mean", ImportVariadic},
-    {"LessOrEqual", ImportOrEqual}, {"GreaterOrEqual", ImportOrEqual}, {"Xor", ImportXor},
-    {"PRelu", ImportPRelu},         {"HardSwish", ImportHardSwish}, {"Pow", ImportPow},
-    {"Gelu", ImportGelu},           {"Split", ImportSplit},         {"Einsum", ImportEinsum},
-    {"Attention", ImportAttention}, {"RotaryEmbedding", ImportRotaryEmbedding},
-    {"RMSNormalization", ImportRmsNormalization}, {"Swish", ImportSwish},
+    {"Constant", ImportConstant},
+    {"Clip", ImportClip},
+    {"Cast", ImportCast},
+    {"CastLike", ImportCastLike},
+    {"Dropout", ImportDropout},
+    {"LeakyRelu", ImportAlphaBeta, {.alpha = 0.01f}},
+    {"HardSigmoid", ImportAlphaBeta, {.alpha = 0.2f, .beta = 0.5f, .beta_attr = "beta"}},
+    {"Elu", ImportAlphaBeta, {.alpha = 1.f}},
+    {"Selu", ImportAlphaBeta,
+     {.alpha = 1.67326319217681884765625f, .beta = 1.05070102214813232421875f, .beta_attr = "gamma"}},
+    {"Max", ImportVariadic, {.binary = "Max"}},
+    {"Min", ImportVariadic, {.binary = "Min"}},
+    {"Sum", ImportVariadic, {.binary = "Add"}},
+    {"Mean", ImportVariadic, {.binary = "Add", .mean = true}},
+    {"LessOrEqual", ImportOrEqual, {.binary = "Less"}},
+    {"GreaterOrEqual", ImportOrEqual, {.binary = "Greater"}},
+    {"Xor", ImportXor},
+    {"PRelu", ImportPRelu},
+    {"HardSwish", ImportHardSwish},
+    {"Pow", ImportPow},
+    {"Gelu", ImportGelu},
+    {"Split", ImportSplit},
+    {"Einsum", ImportEinsum},
+    {"Attention", ImportAttention},
+    {"RotaryEmbedding", ImportRotaryEmbedding},
+    {"RMSNormalization", ImportRmsNormalization},
+    {"Swish", ImportSwish},
 };
 
 // The 1:1 path: the registry has the op with ONNX's inputs, attributes and outputs.
@@ -555,10 +573,12 @@ Result<int64_t> OnnxTypeByName(const std::string& name) {
 //   Dropout < 7              is_test is dropped (inference either way), ratio stays an attribute
 //   Tile < 6                 (tiles, axis) inputs: refused
 Status UpgradeBefore7(NodeImport& n) {
-  const std::string& op = n.op();
+  const op::Id op = n.id;
   n.attrs.erase("consumed_inputs");
-  static const char* kBroadcastOps[] = {"Add", "Sub", "Mul", "Div", "Pow", "And", "Or", "Xor", "Equal", "Greater", "Less"};
-  if (std::find(std::begin(kBroadcastOps), std::end(kBroadcastOps), op) != std::end(kBroadcastOps)) {
+  // The ONNX ops with legacy broadcasting (Xor among them, which the IR builds from others).
+  static constexpr std::string_view kBroadcastOps[] = {"Add", "Sub", "Mul",   "Div",     "Pow", "And",
+                                                       "Or",  "Xor", "Equal", "Greater", "Less"};
+  if (std::find(std::begin(kBroadcastOps), std::end(kBroadcastOps), n.op()) != std::end(kBroadcastOps)) {
     const bool broadcast = AttrInt(n.attrs, "broadcast", 0) != 0;
     const bool has_axis = n.attrs.count("axis") != 0;
     const int64_t axis = AttrInt(n.attrs, "axis", 0);
@@ -579,37 +599,37 @@ Status UpgradeBefore7(NodeImport& n) {
     GF_ASSIGN_OR_RETURN(n.inputs[1], Emit(n, "Reshape", {n.inputs[1], shape}, {}, false));
     return Status::Ok();
   }
-  if (op == "Gemm") n.attrs.erase("broadcast");
-  if (op == "Dropout") n.attrs.erase("is_test");
-  if (op == "Cast") {
+  if (op == op::Gemm) n.attrs.erase("broadcast");
+  if (op == op::Dropout) n.attrs.erase("is_test");
+  if (op == op::Cast) {
     auto to = n.attrs.find("to");
     if (to != n.attrs.end() && std::holds_alternative<std::string>(to->second)) {
       GF_ASSIGN_OR_RETURN(int64_t t, OnnxTypeByName(std::get<std::string>(to->second)));
       to->second = t;
     }
   }
-  if (op == "Reshape" && n.opset < 5 && n.attrs.count("shape")) {
+  if (op == op::Reshape && n.opset < 5 && n.attrs.count("shape")) {
     n.inputs.resize(1);
     GF_ASSIGN_OR_RETURN(Value * shape, IntsInput(n, "shape"));
     n.inputs.push_back(shape);
   }
-  if (op == "Concat" && n.opset < 4 && !n.attrs.count("axis")) n.attrs["axis"] = int64_t{1};
-  if (op == "Pad" && n.opset < 2) {
+  if (op == op::Concat && n.opset < 4 && !n.attrs.count("axis")) n.attrs["axis"] = int64_t{1};
+  if (op == op::Pad && n.opset < 2) {
     auto p = n.attrs.find("paddings");
     if (p != n.attrs.end()) {
       n.attrs["pads"] = p->second;
       n.attrs.erase("paddings");
     }
   }
-  if (op == "Tile" && n.opset < 6) return Unimplemented("Tile before opset 6 (tiles and axis inputs) is not supported");
+  if (op == op::Tile && n.opset < 6) return Unimplemented("Tile before opset 6 (tiles and axis inputs) is not supported");
   return Status::Ok();
 }
 
 Status UpgradeForm(NodeImport& n, bool* done) {
   *done = false;
-  const std::string& op = n.op();
+  const op::Id op = n.id;
   if (n.opset < 7) GF_RETURN_IF_ERROR(UpgradeBefore7(n));
-  if (n.opset < 13 && (op == "Softmax" || op == "LogSoftmax")) {
+  if (n.opset < 13 && (op == op::Softmax || op == op::LogSoftmax)) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     GF_RETURN_IF_ERROR(CheckOutputs(n, 1));
     Value* x = n.inputs[0];
@@ -624,13 +644,13 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     }
     // Over every axis from `axis` on, as one: flatten them, normalize, restore the shape.
     GF_ASSIGN_OR_RETURN(Value * flat, Emit(n, "Flatten", {x}, {{"axis", axis}}, false));
-    GF_ASSIGN_OR_RETURN(Value * soft, Emit(n, op, {flat}, {{"axis", int64_t{-1}}}, false));
+    GF_ASSIGN_OR_RETURN(Value * soft, Emit(n, n.op(), {flat}, {{"axis", int64_t{-1}}}, false));
     GF_ASSIGN_OR_RETURN(Value * s, Int64sConstant(n, "shape", x->shape()));
     GF_RETURN_IF_ERROR(Emit(n, "Reshape", {soft, s}, {}, true).status());
     *done = true;
     return Status::Ok();
   }
-  if (n.opset < 11 && op == "Clip") {
+  if (n.opset < 11 && op == op::Clip) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     Value* x = n.inputs[0];
     n.inputs.resize(3, nullptr);
@@ -643,7 +663,7 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     }
     return Status::Ok();
   }
-  if (n.opset < 10 && op == "Slice") {
+  if (n.opset < 10 && op == op::Slice) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     const bool has_axes = n.attrs.count("axes") != 0;
     n.inputs.resize(has_axes ? 4 : 3, nullptr);
@@ -652,7 +672,7 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     if (has_axes) { GF_ASSIGN_OR_RETURN(n.inputs[3], IntsInput(n, "axes")); }
     return Status::Ok();
   }
-  if (n.opset < 11 && op == "Pad") {
+  if (n.opset < 11 && op == op::Pad) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     if (!n.attrs.count("pads")) return InvalidArgument("Pad before opset 11 needs a 'pads' attribute");
     Value* x = n.inputs[0];
@@ -666,7 +686,7 @@ Status UpgradeForm(NodeImport& n, bool* done) {
     }
     return Status::Ok();
   }
-  if (n.opset < 10 && op == "TopK") {
+  if (n.opset < 10 && op == op::TopK) {
     GF_RETURN_IF_ERROR(RequireInputs(n, 1, 1));
     auto k = n.attrs.find("k");
     if (k == n.attrs.end() || !std::holds_alternative<int64_t>(k->second))
@@ -687,8 +707,9 @@ Status ImportNode(NodeImport& n) {
   if (!domain.empty() && domain != "ai.onnx")
     return Unimplemented("op domain '", domain, "' is not supported (only the default ONNX domain)");
   ConvertFn convert = nullptr;
+  n.id = op::FromName(n.op());
   for (const Conversion& c : kConversions)
-    if (n.op() == c.op) convert = c.fn;
+    if (n.op() == c.op) convert = c.fn, n.args = c.args;
   const OpSchema* schema = convert ? nullptr : FindSchema(n.op());
   if (!convert && !schema) return Unimplemented("op not supported");
   for (const onnx::AttributeProto& a : n.proto.attribute()) {

@@ -17,6 +17,16 @@ namespace graphfuse::onnx_import {
 
 // One ONNX node on its way into the graph. Errors returned by the converters need not name
 // the node: ImportNode's caller adds the file, node name and op_type.
+// What a row of the importer's conversion table (node_import.cc) tells the conversion it
+// names: ONNX's defaults for an activation's attributes, and the IR op a variadic or
+// or-equal op is built from.
+struct ConversionArgs {
+  float alpha = 0.f, beta = 0.f;  // LeakyRelu, HardSigmoid, Elu, Selu: ONNX's defaults
+  const char* beta_attr = nullptr;  // the ONNX attribute read as beta ("beta"; Selu: "gamma"), if any
+  const char* binary = nullptr;   // Max, Min, Sum, Mean: the pairwise op; LessOrEqual: the strict one
+  bool mean = false;              // Mean: the sum divided by the count
+};
+
 struct NodeImport {
   Graph& g;
   const onnx::NodeProto& proto;
@@ -24,6 +34,10 @@ struct NodeImport {
   std::vector<Value*> inputs;   // nullptr for omitted optional inputs ("" in ONNX)
   AttributeMap attrs;           // converted ONNX attributes
   int64_t opset;                // the model's default-domain opset
+  // The IR op of the ONNX op's name (op::kUnknown for an ONNX op the IR builds from others),
+  // and the conversion table row's arguments: set by ImportNode.
+  op::Id id = op::kUnknown;
+  ConversionArgs args;
 
   const std::string& op() const;
   // "node 'name' (OpType)"
