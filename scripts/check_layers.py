@@ -12,7 +12,7 @@ below it, never above:
   passes      the pass pipeline
   cpu         the CPU backend (its kernels, executor, code generator)
   cuda        the CUDA backend (it runs host fallbacks on the CPU backend)
-  runtime     targets by name, presets, blocks, reference evaluation
+  runtime     targets by name (the one place that names the backends), input signatures
   onnx        ONNX import
   api         the embeddable API (include/graphfuse/model.h)
   testing     fixtures of the tools, tests and benchmarks (not in the library)

@@ -49,7 +49,7 @@ Tensor Input(const BlockConfig& cfg, uint32_t seed) {
 
 // The small block compiled, fused, for a CPU target of 2 threads (nullptr after a failure).
 std::unique_ptr<CompiledModel> CompileOnTwoThreads(const Fixture& f) {
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   EXPECT_TRUE(target.ok()) << target.status().ToString();
   if (!target.ok()) return nullptr;
   auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
@@ -59,7 +59,7 @@ std::unique_ptr<CompiledModel> CompileOnTwoThreads(const Fixture& f) {
 
 TEST(ModelApi, CompilesFusedAndUnfusedAndTheyAgree) {
   const Fixture f = MakeFixture();
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(target.ok());
   CompileOptions unfused_options;
   unfused_options.fusion.enabled = false;
@@ -194,7 +194,10 @@ TEST(ModelApi, OneDtypeOptionForEveryTarget) {
   const TensorView in[] = {x.view()};
   for (const std::string& name : TargetNames()) {
     SCOPED_TRACE(name);
-    auto target = MakeTarget(name, {.threads = 2, .emulate = true});
+    // Each target its own options (a target refuses another's): the CUDA target emulated.
+    TargetOptions options{.cpu = {.threads = 2}};
+    options.cuda.emulate = name == "cuda";
+    auto target = MakeTarget(name, options);
     ASSERT_TRUE(target.ok()) << target.status().ToString();
     std::shared_ptr<const Target> t = std::move(*target);
     CompileOptions bf16;
@@ -258,7 +261,7 @@ TEST(ModelApi, AFailingCallLeavesTheModelUsable) {
 TEST(ModelApi, LeavesProcessSettingsAlone) {
   omp_set_num_threads(3);
   const Fixture f = MakeFixture();
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(target.ok());
   auto model = CompiledModel::Compile(SmallLlama(f.weights, f.cfg), std::move(*target));
   ASSERT_TRUE(model.ok());

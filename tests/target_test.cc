@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 #include <string>
 
 #include "cpu/cpu_target.h"
@@ -120,6 +121,76 @@ TEST(Target, MakeTargetNamesWhatThisBuildHas) {
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().code(), StatusCode::kNotFound);
   EXPECT_NE(none.status().message().find("targets: cpu"), std::string::npos) << none.status().ToString();
+}
+
+// Each target reads its own options struct; options set for another target are refused, naming
+// that target, rather than ignored.
+TEST(Target, OptionsOfAnotherTargetAreRefused) {
+  auto refused = MakeTarget("cpu", {.cuda = {.graph = true}});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("cuda target's options"), std::string::npos) << refused.status().ToString();
+  EXPECT_TRUE(MakeTarget("cpu", {.cpu = {.threads = 1, .codegen = false}}).ok());
+}
+
+// The reference is the CPU in f32: bf16 weights make a target that is not, and its f32 form is.
+TEST(Target, TheReferenceIsTheCpuInF32) {
+  const std::unique_ptr<Target> ref = MakeReferenceTarget({.cpu = {.threads = 1, .bf16_weights = true}});
+  EXPECT_TRUE(ref->is_reference());
+  auto bf16 = ref->ForDtype(DType::kBF16);
+  ASSERT_TRUE(bf16.ok()) << bf16.status().ToString();
+  EXPECT_FALSE((*bf16)->is_reference());
+  auto back = (*bf16)->ForDtype(DType::kF32);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE((*back)->is_reference());
+  EXPECT_EQ(ref->CopyGbps(1 << 20, 1).status().code(), StatusCode::kUnimplemented);
+  EXPECT_EQ(ref->WriteKernelSources(Graph(), "/tmp").status().code(), StatusCode::kUnimplemented);
+}
+
+// A CPU executable reports its launches and arena, shows every node of an observed run with its
+// buffers (whose outputs are the run's), and has no device time.
+TEST(Target, CpuExecutableStatsAndObservedRuns) {
+  auto g = ParseGraph(R"(
+    graph @g(%x: f32[2,8]) {
+      %a = Mul(%x, %x)
+      %b = Relu(%a)
+      %y = Softmax(%b) {axis = -1}
+      return %y
+    }
+  )");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 1}});
+  ASSERT_TRUE(target.ok());
+  ASSERT_TRUE(RunPipeline(**g, **target, {.fusion = {.enabled = false}}).ok());
+  std::shared_ptr<const Graph> graph = std::move(*g);
+  auto ex = (*target)->Compile(graph);
+  ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+  const ExecutableStats st = (*ex)->stats();
+  EXPECT_EQ(st.launches, 3);
+  EXPECT_EQ(st.launches, (*ex)->launches_per_run());
+  EXPECT_GT(st.activation_bytes, 0);
+  EXPECT_GE(st.activation_bytes_no_reuse, st.activation_bytes);
+  EXPECT_EQ(st.device_bytes, 0);
+
+  Tensor x = Tensor::Empty(DType::kF32, {2, 8}).value();
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = 0.25f * static_cast<float>(i % 7) - 0.6f;
+  Tensor plain = Tensor::Empty(DType::kF32, {2, 8}).value(), observed = Tensor::Empty(DType::kF32, {2, 8}).value();
+  const TensorView in[] = {x.view()};
+  const TensorView out_plain[] = {plain.view()}, out_observed[] = {observed.view()};
+  ASSERT_TRUE((*ex)->Run(in, out_plain).ok());
+  std::vector<std::string> seen;
+  float last_first = 0;
+  ASSERT_TRUE((*ex)->RunObserved(in, out_observed,
+                                 [&](const Node& n, std::span<const TensorView> ins, std::span<const TensorView> outs) {
+                                   seen.push_back(std::string(op::Name(n.op_id())));
+                                   last_first = static_cast<const float*>(outs[0].data)[0];
+                                   return Status::Ok();
+                                 })
+                  .ok());
+  EXPECT_EQ(seen, (std::vector<std::string>{"Mul", "Relu", "Softmax"}));
+  EXPECT_EQ(last_first, observed.data_as<float>()[0]);
+  EXPECT_EQ(std::memcmp(plain.data(), observed.data(), plain.nbytes()), 0);
+  EXPECT_EQ((*ex)->DeviceRunMs(3).status().code(), StatusCode::kUnimplemented);
 }
 
 }  // namespace

@@ -29,10 +29,6 @@
 #include "testing/reference_eval.h"
 #include "testing/timer.h"
 
-#ifdef GF_HAVE_CUDA
-#include "cuda/cuda_executor.h"
-#endif
-
 namespace graphfuse::cli {
 namespace {
 
@@ -43,6 +39,259 @@ int64_t IoBytes(const Graph& g) {
   for (const Value* v : g.inputs()) b += v->numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
   for (const Value* v : g.outputs()) b += v->numel() * static_cast<int64_t>(DTypeSize(v->dtype()));
   return b;
+}
+
+
+// The flags of a bench of a model or an elementwise preset (the block presets are RunDemo's).
+struct BenchFlags {
+  std::string model, preset, json, trace_file, backend = "cpu", generate;
+  int64_t elements = 1 << 20;
+  int threads = 0, repeats = 21;
+  double rtol = kDefaultRtol, atol = kDefaultAtol;
+  bool native = false, rtol_set = false, atol_set = false, repeats_set = false;
+  DType dtype = DType::kF32;     // what the target's plans compute in (--dtype)
+  TargetOptions target_options;  // --emulate-gpu
+  FusionOptions fusion;
+  std::map<std::string, Shape> shapes;
+};
+
+Status ParseBenchFlags(Args& args, BenchFlags* b) {
+  while (!args.Done()) {
+    const std::string f = args.Next();
+    if (f == "--shape") {
+      GF_ASSIGN_OR_RETURN(const std::string v, args.Value(f));
+      GF_RETURN_IF_ERROR(ParseShapeFlag(v, &b->shapes));
+    } else if (f == "--cpu-codegen") {
+      b->native = true;
+    } else if (f == "--emulate-gpu") {
+      b->target_options.cuda.emulate = true;
+    } else if (f == "--dtype") {
+      GF_ASSIGN_OR_RETURN(b->dtype, args.Dtype(f));
+    } else if (f == "--backend") {
+      GF_ASSIGN_OR_RETURN(b->backend, args.Backend(f));
+    } else if (f == "--generate") {
+      GF_ASSIGN_OR_RETURN(b->generate, args.Value(f));
+    } else if (f == "--trace") {
+      GF_ASSIGN_OR_RETURN(b->trace_file, args.OutputFile(f));
+    } else if (f == "--preset") {
+      GF_ASSIGN_OR_RETURN(b->preset, args.Value(f));
+    } else if (f == "--json") {
+      GF_ASSIGN_OR_RETURN(b->json, args.OutputFile(f));
+    } else if (f == "--elements") {
+      GF_ASSIGN_OR_RETURN(b->elements, args.Int(f, 1, int64_t{1} << 30));
+    } else if (f == "--rtol" || f == "--atol") {
+      GF_ASSIGN_OR_RETURN(const double v, args.Float(f, 0, 1e6));
+      (f == "--rtol" ? b->rtol : b->atol) = v;
+      (f == "--rtol" ? b->rtol_set : b->atol_set) = true;
+    } else if (f == "--threads" || f == "--repeats") {
+      GF_ASSIGN_OR_RETURN(const int64_t v, args.Int(f, 1, f == "--threads" ? 256 : 1001));
+      (f == "--threads" ? b->threads : b->repeats) = static_cast<int>(v);
+      b->repeats_set |= f == "--repeats";
+    } else if (auto flag = ParseFusionFlag(f, args, &b->fusion); !flag.ok()) {
+      return flag.status();
+    } else if (*flag) {
+      // consumed
+    } else if (!f.empty() && f[0] == '-') {
+      return InvalidArgument("unknown flag '", f, "' (see graphfuse --help)");
+    } else if (b->model.empty()) {
+      b->model = f;
+    } else {
+      return InvalidArgument("unexpected argument '", f, "'");
+    }
+  }
+  if (!b->shapes.empty() && b->model.empty()) return InvalidArgument("--shape binds a model's input dims; give a model");
+  if (b->model.empty() == b->preset.empty())
+    return InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, "
+                           "gpt2, bert), not both");
+  return Status::Ok();
+}
+
+// Random inputs for a graph's inputs: floats uniform in [-2, 2); integers 0 or 1 (valid token
+// ids, attention masks, token types and positions).
+Result<std::vector<Tensor>> RandomInputs(const Graph& g, std::mt19937& rng) {
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<Tensor> ins;
+  for (const Value* v : g.inputs()) {
+    GF_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(v->dtype(), v->shape()));
+    for (int64_t i = 0; i < t.numel(); ++i) t.SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : double(rng() % 2));
+    ins.push_back(std::move(t));
+  }
+  return ins;
+}
+
+// Output tensors for a graph's outputs, and views of them.
+struct Outputs {
+  std::vector<Tensor> tensors;
+  std::vector<TensorView> views;
+  explicit Outputs(const Graph& g) {
+    for (const Value* v : g.outputs()) tensors.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
+    for (const Tensor& t : tensors) views.push_back(t.view());
+  }
+};
+
+// --trace: runs of a plan with every kernel timed, recorded as graphfuse/profiling.h places them.
+class BenchTrace {
+ public:
+  explicit BenchTrace(std::string target) : target_(std::move(target)) {}
+  Status Record(const Graph& g, const FusionReport* r, const std::vector<KernelChoice>& choices,
+                const std::string& what, int64_t kernels, const std::function<Status(StepLog&)>& run) {
+    for (int k = 0; k < 3; ++k) {
+      StepLog log;
+      TracedRun tr;
+      tr.graph = &g;
+      tr.report = r;
+      tr.kernel_choices = &choices;
+      tr.signature = what;
+      tr.target = target_;
+      tr.kernels = kernels;
+      tr.start_ns = tr.run_start_ns = SteadyClockNs();
+      GF_RETURN_IF_ERROR(run(log));
+      tr.end_ns = SteadyClockNs();
+      tr.steps = &log.steps;
+      trace_.Record(tr);
+    }
+    return Status::Ok();
+  }
+  const TraceRecorder& recorder() const { return trace_; }
+
+ private:
+  std::string target_;
+  TraceRecorder trace_;
+};
+
+// The figures of a target other than the reference (--backend cuda).
+struct TargetFigures {
+  double unfused_ms = 0, fused_ms = 0, copy_gbps = 0, rtol = 0, atol = 0;
+};
+
+// What the target section needs of the host's run: how to load the graph, the two pipelines,
+// the inputs and the reference's outputs (unfused, fused), and the bytes a run moves.
+struct HostRun {
+  const std::function<Result<std::unique_ptr<Graph>>()>& load;
+  const PipelineOptions& off;
+  const PipelineOptions& on;
+  const Graph& base;
+  const std::vector<TensorView>& inputs;
+  const std::vector<Tensor>* want[2];
+  double bytes;
+};
+
+// A target other than the reference: both plans on it (device 0), checked against the
+// reference's outputs, median device time of `repeats` replays each, beside a same-run copy in
+// its memory. --dtype bf16 / f16: its plans are of the model converted to that dtype before the
+// passes (as `run` converts it), checked against the reference's f32 plans within that dtype's
+// tolerance unless --rtol / --atol are given. --emulate-gpu: the plans on the host (the times are
+// the host's, of one run, and there is no copy to compare with). Returns the exit code; kExitOk
+// goes on.
+int BenchOnTarget(const BenchFlags& b, const Target& target, const HostRun& host, BenchTrace* trace,
+                  TargetFigures* fig) {
+  const bool emulate_gpu = b.target_options.cuda.emulate;
+  fig->rtol = b.dtype != DType::kF32 && !b.rtol_set ? NarrowTolerance(b.dtype) : b.rtol;
+  fig->atol = b.dtype != DType::kF32 && !b.atol_set ? NarrowTolerance(b.dtype) : b.atol;
+  double ms[2] = {0, 0};
+  const std::string on_target = StrCat("--backend ", b.backend);
+  for (int k = 0; k < 2; ++k) {
+    auto src = host.load();
+    if (!src.ok()) return Fail(src.status());
+    std::shared_ptr<Graph> g = std::move(*src);
+    if (target.graph_dtype() != DType::kF32) {
+      auto converted = ConvertPrecision(*g, target.graph_dtype());
+      if (!converted.ok()) return Fail(converted.status().WithContext(StrCat("--dtype ", DTypeName(b.dtype))));
+      g = std::move(*converted);
+    }
+    PipelineOptions planned = k == 0 ? host.off : host.on;
+    planned.fusion_report = nullptr;  // the report is the reference's plan's
+    if (auto r = RunPipeline(*g, target, planned); !r.ok()) return Fail(r.status().WithContext(on_target));
+    auto ex = target.Compile(g);
+    if (!ex.ok()) return Fail(ex.status().WithContext(on_target));
+    Outputs got(*g);
+    if (Status st = (*ex)->Run(host.inputs, got.views); !st.ok()) return Fail(st.WithContext(on_target));
+    for (size_t o = 0; o < got.tensors.size(); ++o) {
+      const OutputReport c =
+          Compare(host.base.outputs()[o]->name(), got.tensors[o], (*host.want[k])[o], fig->rtol, fig->atol);
+      if (!c.ok) {
+        std::fprintf(stderr, "graphfuse bench: the %s target's output '%s' differs from the reference's: max |err| "
+                     "%.3g, max rel %.3g, %lld mismatches\n", b.backend.c_str(),
+                     c.name.c_str(), c.max_abs, c.max_rel, static_cast<long long>(c.mismatches));
+        return kExitMismatch;
+      }
+    }
+    auto median_ms = (*ex)->DeviceRunMs(emulate_gpu ? 1 : b.repeats);
+    if (!median_ms.ok() && median_ms.status().code() == StatusCode::kUnimplemented)  // a host target: time Run
+      median_ms = MeasureMedian([&] { (void)(*ex)->Run(host.inputs, got.views); }, b.repeats).median_s * 1e3;
+    if (!median_ms.ok()) return Fail(median_ms.status());
+    ms[k] = *median_ms;
+    if (!b.trace_file.empty() && !emulate_gpu) {
+      // Device times of each step (CUDA events around it), as graphfuse/profiling.h places them.
+      const std::vector<KernelChoice> none;
+      Status st = trace->Record(*g, nullptr, none, StrCat(b.backend, " plan, ", k == 0 ? "unfused" : "fused"),
+                                (*ex)->launches_per_run(),
+                                [&](StepLog& log) -> Status { return (*ex)->RunProfiled(host.inputs, got.views, log); });
+      if (!st.ok()) return Fail(st);
+    }
+  }
+  fig->unfused_ms = ms[0], fig->fused_ms = ms[1];
+  const std::string agree = b.dtype == DType::kF32 ? "outputs == CPU's"
+                                                   : StrCat("in ", DTypeName(b.dtype), ", outputs within ", fig->atol,
+                                                            " + ", fig->rtol, " * |CPU's f32|");
+  auto copy_gbps = target.CopyGbps(b.elements * 4, b.repeats);
+  if (!copy_gbps.ok()) {
+    std::printf("  %s plans emulated on the host (no GPU used): unfused %.1f ms, fused %.1f ms (host time of one run); %s\n",
+                b.backend.c_str(), fig->unfused_ms, fig->fused_ms, agree.c_str());
+  } else {
+    fig->copy_gbps = *copy_gbps;
+    const double bytes = host.bytes;
+    std::printf("  GPU %d: unfused %.4f ms (%.1f GB/s), fused %.4f ms (%.1f GB/s; %.0f%% of copy), "
+                "device copy %.1f GB/s (read + write); %s\n",
+                b.target_options.cuda.device, fig->unfused_ms, bytes / (fig->unfused_ms * 1e-3) / 1e9,
+                fig->fused_ms, bytes / (fig->fused_ms * 1e-3) / 1e9,
+                100 * bytes / (fig->fused_ms * 1e-3) / 1e9 / fig->copy_gbps, fig->copy_gbps, agree.c_str());
+  }
+  return kExitOk;
+}
+
+// The host's figures, as the table and --json report them.
+struct HostFigures {
+  const ElementwisePreset* preset;  // null for a model
+  int threads;
+  double planning_ms, rtol, atol;
+  const std::vector<OutputReport>* checks;
+  const InterleavedTiming* timing;
+  double t_unfused, t_fused, t_native;  // seconds; t_native 0 without --cpu-codegen
+  double bytes, gb_triad, max_rel_f64;
+};
+
+bool WriteBenchJson(const BenchFlags& b, const FusionReport& report, const HostFigures& h,
+                    const TargetFigures* target) {
+  const ElementwisePreset* p = h.preset;
+  Json j;
+  j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : b.model);
+  j.Key("dtype").Str(DTypeName(b.dtype)).Key("backend").Str(b.backend).Key("emulate_gpu").Bool(b.target_options.cuda.emulate);
+  j.Key("elements").Int(p ? b.elements : 0).Key("threads").Int(h.threads).Key("repeats").Int(b.repeats);
+  AddFusionJson(j, report);
+  j.Key("planning_ms").Num(h.planning_ms);
+  j.Key("check").BeginObject().Key("rtol").Num(h.rtol).Key("atol").Num(h.atol).Key("outputs").BeginArray();
+  for (const OutputReport& c : *h.checks)
+    j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)
+        .Key("ok").Bool(c.ok).EndObject();
+  j.EndArray().EndObject();
+  j.Key("latency_ms").BeginObject().Key("unfused").Num(h.t_unfused * 1e3).Key("fused").Num(h.t_fused * 1e3);
+  if (b.native) j.Key("native").Num(h.t_native * 1e3);
+  j.EndObject();
+  j.Key("speedup").Num(h.t_unfused / h.t_fused).Key("speedup_median_ratio").Num(1.0 / h.timing->median_ratio_to_first[1]);
+  if (p) {
+    j.Key("gbps").BeginObject().Key("unfused").Num(h.bytes / h.t_unfused / 1e9).Key("fused").Num(h.bytes / h.t_fused / 1e9)
+        .Key("triad").Num(h.gb_triad);
+    if (b.native) j.Key("native").Num(h.bytes / h.t_native / 1e9);
+    j.EndObject();
+    j.Key("max_rel_err_f64").Num(h.max_rel_f64);
+  }
+  if (target)  // the target's figures, under its name
+    j.Key(b.backend).BeginObject().Key("latency_ms").BeginObject().Key("unfused").Num(target->unfused_ms)
+        .Key("fused").Num(target->fused_ms).EndObject().Key("copy_gbps").Num(target->copy_gbps)
+        .Key("rtol").Num(target->rtol).Key("atol").Num(target->atol).EndObject();
+  j.EndObject();
+  return j.WriteFile(b.json);
 }
 
 }  // namespace
@@ -61,132 +310,69 @@ int Bench(Args& args) {
         if (BlockPreset(name).ok()) return RunDemo(args);
       }
   }
-  std::string model, preset, json, trace_file, backend = "cpu", generate;
-  int64_t elements = 1 << 20;
-  int threads = 0, repeats = 21;
-  double rtol = kDefaultRtol, atol = kDefaultAtol;
-  bool native = false, emulate_gpu = false, rtol_set = false, atol_set = false, repeats_set = false;
-  DType dtype = DType::kF32;  // what the GPU's plans compute in (--dtype)
-  FusionOptions fusion;
-  std::map<std::string, Shape> shapes;
-  while (!args.Done()) {
-    const std::string f = args.Next();
-    if (f == "--shape") {
-      auto v = args.Value(f);
-      if (!v.ok()) return Fail(v.status());
-      if (Status st = ParseShapeFlag(*v, &shapes); !st.ok()) return Fail(st);
-    } else if (f == "--cpu-codegen") {
-      native = true;
-    } else if (f == "--emulate-gpu") {
-      emulate_gpu = true;
-    } else if (f == "--dtype") {
-      auto v = args.Dtype(f);
-      if (!v.ok()) return Fail(v.status());
-      dtype = *v;
-    } else if (f == "--backend") {
-      auto v = args.Backend(f);
-      if (!v.ok()) return Fail(v.status());
-      backend = *v;
-    } else if (f == "--generate") {
-      auto v = args.Value(f);
-      if (!v.ok()) return Fail(v.status());
-      generate = *v;
-    } else if (f == "--trace") {
-      auto v = args.OutputFile(f);
-      if (!v.ok()) return Fail(v.status());
-      trace_file = *v;
-    } else if (f == "--preset" || f == "--json") {
-      auto v = f == "--json" ? args.OutputFile(f) : args.Value(f);
-      if (!v.ok()) return Fail(v.status());
-      (f == "--preset" ? preset : json) = *v;
-    } else if (f == "--elements") {
-      auto v = args.Int(f, 1, int64_t{1} << 30);
-      if (!v.ok()) return Fail(v.status());
-      elements = *v;
-    } else if (f == "--rtol" || f == "--atol") {
-      auto v = args.Float(f, 0, 1e6);
-      if (!v.ok()) return Fail(v.status());
-      (f == "--rtol" ? rtol : atol) = *v;
-      (f == "--rtol" ? rtol_set : atol_set) = true;
-    } else if (f == "--threads" || f == "--repeats") {
-      auto v = args.Int(f, 1, f == "--threads" ? 256 : 1001);
-      if (!v.ok()) return Fail(v.status());
-      (f == "--threads" ? threads : repeats) = static_cast<int>(*v);
-      repeats_set |= f == "--repeats";
-    } else if (auto flag = ParseFusionFlag(f, args, &fusion); !flag.ok()) {
-      return Fail(flag.status());
-    } else if (*flag) {
-      // consumed
-    } else if (!f.empty() && f[0] == '-') {
-      return Fail(InvalidArgument("unknown flag '", f, "' (see graphfuse --help)"));
-    } else if (model.empty()) {
-      model = f;
-    } else {
-      return Fail(InvalidArgument("unexpected argument '", f, "'"));
-    }
-  }
-  if (!shapes.empty() && model.empty()) return Fail(InvalidArgument("--shape binds a model's input dims; give a model"));
-  if (model.empty() == preset.empty())
-    return Fail(InvalidArgument("give a model or --preset NAME (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert), not both"));
-
-  if (!generate.empty()) {
-    if (model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
-    if (!shapes.empty() || backend != "cpu" || dtype != DType::kF32 || native || emulate_gpu || rtol_set || atol_set ||
-        !fusion.enabled || !trace_file.empty())
+  BenchFlags b;
+  if (Status st = ParseBenchFlags(args, &b); !st.ok()) return Fail(st);
+  auto target = MakeCommandTarget(b.backend, b.target_options, b.dtype);
+  if (!target.ok()) return Fail(target.status());
+  // The plans timed kernel by kernel on the host: the target's when it is the reference's kind
+  // (the CPU), else the reference's, with the target's plans run beside them.
+  const bool on_reference = IsReferenceKind(**target);
+  const std::shared_ptr<const Target> host =
+      on_reference ? *target : std::shared_ptr<const Target>(MakeReferenceTarget(b.target_options));
+  if (!b.generate.empty()) {
+    if (b.model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
+    if (!b.shapes.empty() || !on_reference || b.dtype != DType::kF32 || b.native || b.rtol_set || b.atol_set ||
+        !b.fusion.enabled || !b.trace_file.empty())
       return Fail(InvalidArgument("--generate runs the model as exported, fused, in f32 on the CPU, every call with "
                                   "its own shapes: it takes --threads, --repeats and --json only"));
-    return BenchGenerate(model, generate, threads, repeats_set ? repeats : 3, json);
+    return BenchGenerate(b.model, b.generate, b.threads, b.repeats_set ? b.repeats : 3, b.json);
   }
-  if (emulate_gpu && backend != "cuda") return Fail(InvalidArgument("--emulate-gpu needs --backend cuda"));
-  if (Status st = CheckDtypeBackend("bench", dtype, backend); !st.ok()) return Fail(st);
   // On the CPU --dtype bf16 holds GEMM weights in bf16: an elementwise preset has none.
-  const bool cpu_bf16 = backend == "cpu" && dtype == DType::kBF16;
-  if (cpu_bf16 && !preset.empty())
-    return Fail(InvalidArgument("--dtype bf16 on the CPU holds GEMM weights in bf16, and preset '", preset,
+  const bool cpu_bf16 = on_reference && b.dtype == DType::kBF16;
+  if (cpu_bf16 && !b.preset.empty())
+    return Fail(InvalidArgument("--dtype bf16 on the CPU holds GEMM weights in bf16, and preset '", b.preset,
                                 "' has no GEMM; it computes in bf16 on --backend cuda"));
   const PrepareOptions prepare{.bf16_weights = cpu_bf16};
   // Both plans hold bf16 weights, but they round different GEMM inputs (the fused one's A is
   // normalized inside the GEMM, say): fused and unfused agree within bf16's tolerance, as run
   // --dtype bf16 checks, unless --rtol / --atol say otherwise.
+  double rtol = b.rtol, atol = b.atol;
   if (cpu_bf16) {
-    if (!rtol_set) rtol = NarrowTolerance(DType::kBF16);
-    if (!atol_set) atol = NarrowTolerance(DType::kBF16);
+    if (!b.rtol_set) rtol = NarrowTolerance(DType::kBF16);
+    if (!b.atol_set) atol = NarrowTolerance(DType::kBF16);
   }
-  if (backend == "cuda" && !emulate_gpu)
-    if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
 
   // Two copies of the graph: one planned without fusion (the baseline), one with; the fused
   // one's planning (import for these shapes, passes, executor plan) is timed.
   const ElementwisePreset* p = nullptr;
   std::string text;
-  if (!preset.empty()) {
-    p = FindElementwisePreset(preset);
-    if (!p) return Fail(InvalidArgument("unknown preset '", preset, "' (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert)"));
+  const int64_t elements = b.elements;
+  if (!b.preset.empty()) {
+    p = FindElementwisePreset(b.preset);
+    if (!p) return Fail(InvalidArgument("unknown preset '", b.preset, "' (chain, gelu, silu, residual; blocks: llama7b, llama-small, gpt2, bert)"));
     const int64_t cols = elements % 4096 == 0 ? 4096 : elements;
     text = p->text(elements / cols, cols);
   }
-  auto load = [&]() -> Result<std::unique_ptr<Graph>> {
+  const std::function<Result<std::unique_ptr<Graph>>()> load = [&]() -> Result<std::unique_ptr<Graph>> {
     if (p) return ParseGraph(text);
-    return ImportOnnxFileWithShapes(model, shapes);
+    return ImportOnnxFileWithShapes(b.model, b.shapes);
   };
-  auto target = MakeTarget(backend);
-  if (!target.ok()) return Fail(target.status());
   FusionReport report;
   PipelineOptions off, on;
   off.fusion.enabled = false;
-  on.fusion = fusion;
+  on.fusion = b.fusion;
   on.fusion_report = &report;
   auto loaded = load();
   if (!loaded.ok()) return Fail(loaded.status());
   std::unique_ptr<Graph> base = std::move(*loaded);
-  if (auto r = RunPipeline(*base, **target, off); !r.ok()) return Fail(r.status());
+  if (auto r = RunPipeline(*base, *host, off); !r.ok()) return Fail(r.status());
   auto base_plan = ExecutionPlan::Compile(*base, prepare);
   if (!base_plan.ok()) return Fail(base_plan.status());
   const auto planning_start = std::chrono::steady_clock::now();
   loaded = load();
   if (!loaded.ok()) return Fail(loaded.status());
   std::unique_ptr<Graph> fused = std::move(*loaded);
-  if (auto r = RunPipeline(*fused, **target, on); !r.ok()) return Fail(r.status());
+  if (auto r = RunPipeline(*fused, *host, on); !r.ok()) return Fail(r.status());
   auto fused_plan = ExecutionPlan::Compile(*fused, prepare);
   if (!fused_plan.ok()) return Fail(fused_plan.status());
   const double planning_ms =
@@ -194,47 +380,32 @@ int Bench(Args& args) {
 
   std::fprintf(stderr, "graphfuse bench: preparing inputs...\n");
   std::mt19937 rng(7);
-  std::uniform_real_distribution<double> u(-2, 2);
-  std::vector<Tensor> ins, out_a, out_b;
-  // Integer inputs are 0 or 1: valid token ids, attention masks, token types and positions.
-  for (const Value* v : base->inputs()) {
-    auto t = Tensor::Empty(v->dtype(), v->shape());
-    if (!t.ok()) return Fail(t.status());
-    for (int64_t i = 0; i < t->numel(); ++i) t->SetFromDouble(i, IsFloat(v->dtype()) ? u(rng) : double(rng() % 2));
-    ins.push_back(std::move(*t));
-  }
-  for (const Value* v : base->outputs()) {
-    out_a.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
-    out_b.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
-  }
-  std::vector<TensorView> iv, av, bv;
-  for (const Tensor& t : ins) iv.push_back(t.view());
-  for (const Tensor& t : out_a) av.push_back(t.view());
-  for (const Tensor& t : out_b) bv.push_back(t.view());
-  ThreadPool pool(threads);
+  auto ins = RandomInputs(*base, rng);
+  if (!ins.ok()) return Fail(ins.status());
+  Outputs out_a(*base), out_b(*base);
+  std::vector<TensorView> iv;
+  for (const Tensor& t : *ins) iv.push_back(t.view());
+  ThreadPool pool(b.threads);
   const CpuContext ctx{&pool};
-  if (Status s = (*base_plan)->Run(iv, av, ctx); !s.ok()) return Fail(s);
-  if (Status s = (*fused_plan)->Run(iv, bv, ctx); !s.ok()) return Fail(s);
+  if (Status s = (*base_plan)->Run(iv, out_a.views, ctx); !s.ok()) return Fail(s);
+  if (Status s = (*fused_plan)->Run(iv, out_b.views, ctx); !s.ok()) return Fail(s);
   // --cpu-codegen: the fused plan once more, its groups compiled to native loops (a plan of
   // its own, so that the two keep their own prepared launches), timed in the same rounds.
   std::unique_ptr<CpuCodegen> codegen;
   std::unique_ptr<ExecutionPlan> native_plan;
   CpuContext native_ctx = ctx;
-  std::vector<Tensor> out_c;
-  std::vector<TensorView> cv;
-  if (native) {
+  Outputs out_c(*base);
+  if (b.native) {
     auto cg = AttachCodegen(native_ctx);
     if (!cg.ok()) return Fail(cg.status());
     codegen = std::move(*cg);
     auto np = ExecutionPlan::Compile(*fused, prepare);
     if (!np.ok()) return Fail(np.status());
     native_plan = std::move(*np);
-    for (const Value* v : base->outputs()) out_c.push_back(Tensor::Empty(v->dtype(), v->shape()).value());
-    for (const Tensor& t : out_c) cv.push_back(t.view());
     std::fprintf(stderr, "graphfuse bench: compiling native kernels (cache: %s)...\n", codegen->cache_dir().c_str());
-    if (Status s = native_plan->Run(iv, cv, native_ctx); !s.ok()) return Fail(s);
-    for (size_t k = 0; k < out_c.size(); ++k)
-      if (std::memcmp(out_c[k].data(), out_b[k].data(), out_b[k].nbytes()) != 0) {
+    if (Status s = native_plan->Run(iv, out_c.views, native_ctx); !s.ok()) return Fail(s);
+    for (size_t k = 0; k < out_c.tensors.size(); ++k)
+      if (std::memcmp(out_c.tensors[k].data(), out_b.tensors[k].data(), out_b.tensors[k].nbytes()) != 0) {
         std::fprintf(stderr, "graphfuse bench: the native kernels' output %zu differs from the tile executor's\n", k);
         return kExitMismatch;
       }
@@ -245,19 +416,20 @@ int Bench(Args& args) {
   std::vector<OutputReport> checks;
   bool same = true;
   double check_abs = 0, check_rel = 0;  // the largest over all outputs
-  for (size_t k = 0; k < out_a.size(); ++k) {
-    const OutputReport& c = checks.emplace_back(Compare(base->outputs()[k]->name(), out_b[k], out_a[k], rtol, atol));
+  for (size_t k = 0; k < out_a.tensors.size(); ++k) {
+    const OutputReport& c =
+        checks.emplace_back(Compare(base->outputs()[k]->name(), out_b.tensors[k], out_a.tensors[k], rtol, atol));
     same &= c.ok;
     check_abs = std::max(check_abs, c.max_abs), check_rel = std::max(check_rel, c.max_rel);
   }
   double max_rel_f64 = 0;
   if (p) {
-    const int64_t n = out_b[0].numel();
+    const int64_t n = out_b.tensors[0].numel();
     for (int s = 0; s < 4096; ++s) {
       const int64_t i = s < 2048 ? s % n : static_cast<int64_t>(rng() % static_cast<uint64_t>(n));
       auto ref = ReferenceEvalAt(*base, iv, i);
       if (!ref.ok()) return Fail(ref.status());
-      const double got = out_b[0].GetAsDouble(i), want = (*ref)[0];
+      const double got = out_b.tensors[0].GetAsDouble(i), want = (*ref)[0];
       max_rel_f64 = std::max(max_rel_f64, std::fabs(got - want) / std::max(std::fabs(want), 1e-6));
     }
   }
@@ -276,56 +448,37 @@ int Bench(Args& args) {
   for (int64_t i = 0; i < elements; ++i) tb.data_as<float>()[i] = 1.f, tc.data_as<float>()[i] = 2.f, ta.data_as<float>()[i] = 0.f;
   const int triad_threads = ctx.ThreadsFor(elements);
   std::vector<std::function<void()>> fs = {
-      [&] { (void)(*base_plan)->Run(iv, av, ctx); },
-      [&] { (void)(*fused_plan)->Run(iv, bv, ctx); },
+      [&] { (void)(*base_plan)->Run(iv, out_a.views, ctx); },
+      [&] { (void)(*fused_plan)->Run(iv, out_b.views, ctx); },
   };
   if (p)
     fs.push_back([&] {
       StreamTriad(pool, triad_threads, ta.data_as<float>(), tb.data_as<float>(), tc.data_as<float>(), elements);
     });
-  if (native) fs.push_back([&] { (void)native_plan->Run(iv, cv, native_ctx); });
-  const InterleavedTiming t = MeasureInterleaved(fs, repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
+  if (b.native) fs.push_back([&] { (void)native_plan->Run(iv, out_c.views, native_ctx); });
+  const InterleavedTiming t = MeasureInterleaved(fs, b.repeats, elements >= (1 << 22) ? 2e-3 : 2e-4);
   const double t_unfused = t.timings[0].median_s, t_fused = t.timings[1].median_s;
   // --trace: after the timing, a few runs of each plan with every kernel timed.
-  TraceRecorder trace;
+  BenchTrace trace{std::string(host->name())};
   std::vector<KernelChoice> choices[2];
-  auto record = [&](const Graph& g, const FusionReport* r, const std::vector<KernelChoice>& c, const std::string& what,
-                    int64_t kernels, const std::function<Status(StepLog&)>& run) -> Status {
-    for (int k = 0; k < 3; ++k) {
-      StepLog log;
-      TracedRun tr;
-      tr.graph = &g;
-      tr.report = r;
-      tr.kernel_choices = &c;
-      tr.signature = what;
-      tr.target = backend;
-      tr.kernels = kernels;
-      tr.start_ns = tr.run_start_ns = SteadyClockNs();
-      GF_RETURN_IF_ERROR(run(log));
-      tr.end_ns = SteadyClockNs();
-      tr.steps = &log.steps;
-      trace.Record(tr);
-    }
-    return Status::Ok();
-  };
-  if (!trace_file.empty()) {
-    choices[0] = (*target)->DescribeKernels(*base);
-    choices[1] = (*target)->DescribeKernels(*fused);
-    Status st = record(*base, nullptr, choices[0], "cpu plan, unfused", (*base_plan)->stats().kernels_launched,
-                       [&](StepLog& log) { return (*base_plan)->Run(iv, av, ctx, nullptr, nullptr, &log); });
+  if (!b.trace_file.empty()) {
+    choices[0] = host->DescribeKernels(*base);
+    choices[1] = host->DescribeKernels(*fused);
+    Status st = trace.Record(*base, nullptr, choices[0], "cpu plan, unfused", (*base_plan)->stats().kernels_launched,
+                             [&](StepLog& log) { return (*base_plan)->Run(iv, out_a.views, ctx, nullptr, nullptr, &log); });
     if (st.ok())
-      st = record(*fused, &report, choices[1], "cpu plan, fused", (*fused_plan)->stats().kernels_launched,
-                  [&](StepLog& log) { return (*fused_plan)->Run(iv, bv, ctx, nullptr, nullptr, &log); });
+      st = trace.Record(*fused, &report, choices[1], "cpu plan, fused", (*fused_plan)->stats().kernels_launched,
+                        [&](StepLog& log) { return (*fused_plan)->Run(iv, out_b.views, ctx, nullptr, nullptr, &log); });
     if (!st.ok()) return Fail(st);
   }
-  const double t_native = native ? t.timings.back().median_s : 0;
+  const double t_native = b.native ? t.timings.back().median_s : 0;
   const double bytes = static_cast<double>(IoBytes(*base));
-  const double gb_unfused = bytes / t_unfused / 1e9, gb_fused = bytes / t_fused / 1e9;
+  const double gb_fused = bytes / t_fused / 1e9;
   const double gb_triad = p ? 12.0 * elements / t.timings[2].median_s / 1e9 : 0;
 
   std::printf("bench %s%s: %lld kernels unfused, %lld fused; %d thread(s) max; median of %d interleaved samples\n",
-              p ? "preset " : "", p ? p->name : model.c_str(), static_cast<long long>(report.kernels_before),
-              static_cast<long long>(report.kernels_after), pool.num_threads(), repeats);
+              p ? "preset " : "", p ? p->name : b.model.c_str(), static_cast<long long>(report.kernels_before),
+              static_cast<long long>(report.kernels_after), pool.num_threads(), b.repeats);
   if (p) std::printf("  %s, %lld f32 elements\n", p->what, static_cast<long long>(elements));
   std::printf("  planning the fused plan: %.2f ms (import for these shapes, passes, executor plan)\n", planning_ms);
   // GB/s only for the presets, whose bytes are all input and output.
@@ -336,130 +489,34 @@ int Bench(Args& args) {
   std::printf("  %-10s %12s %10s\n", "", "latency", p ? "GB/s" : "");
   row("unfused", t_unfused, "");
   row("fused", t_fused, "");
-  if (native) row("native", t_native, "   (fused, groups as native loops)");
+  if (b.native) row("native", t_native, "   (fused, groups as native loops)");
   if (p) std::printf("  %-10s %10.4f ms %10.1f   (12 B/element, same pool)\n", "triad", t.timings[2].median_s * 1e3, gb_triad);
   std::printf("  fused is %.2fx unfused (median of per-round ratios %.2fx)%s\n", t_unfused / t_fused,
               1.0 / t.median_ratio_to_first[1], p ? StrCat("; ", std::lround(100 * gb_fused / gb_triad), "% of triad").c_str() : "");
-  if (native)
+  if (b.native)
     std::printf("  native is %.2fx unfused (median of per-round ratios %.2fx)%s; native loops: %s\n", t_unfused / t_native,
                 1.0 / t.median_ratio_to_first.back(),
                 p ? StrCat("; ", std::lround(100 * bytes / t_native / 1e9 / gb_triad), "% of triad").c_str() : "",
-                CodegenSummary(*codegen).c_str());
+                codegen->Summary().c_str());
   std::printf("  checks: fused vs unfused max |err| %.3g, max rel %.3g (within %g + %g * |unfused|)%s", check_abs,
-              check_rel, atol, rtol, native ? "; fused == native (bitwise)" : "");
+              check_rel, atol, rtol, b.native ? "; fused == native (bitwise)" : "");
   if (p) std::printf("; max rel error vs float64 at 4096 sampled elements: %.2g", max_rel_f64);
   std::printf("\n");
-#ifdef GF_HAVE_CUDA
-  // --backend cuda: both plans on GPU 0 (checked against the CPU's outputs), median device
-  // time of `repeats` replays each, beside a same-run device-to-device copy of one tensor.
-  // --dtype bf16 / f16: the GPU's plans are of the model converted to that dtype before the
-  // passes (as `run` converts it), checked against the CPU's f32 plans within that dtype's
-  // tolerance unless --rtol / --atol are given. --emulate-gpu: the plans on the host (no GPU;
-  // the times are the host's, of one run, and there is no copy to compare with).
-  double cuda_unfused_ms = 0, cuda_fused_ms = 0, cuda_copy_gbps = 0;
-  const double gpu_rtol = dtype != DType::kF32 && !rtol_set ? NarrowTolerance(dtype) : rtol;
-  const double gpu_atol = dtype != DType::kF32 && !atol_set ? NarrowTolerance(dtype) : atol;
-  if (backend == "cuda") {
-    double ms[2] = {0, 0};
-    std::unique_ptr<Graph> narrow[2];
-    if (dtype != DType::kF32) {
-      PipelineOptions narrow_on = on;
-      narrow_on.fusion_report = nullptr;  // the report is the f32 plan's
-      for (int k = 0; k < 2; ++k) {
-        auto src = load();
-        if (!src.ok()) return Fail(src.status());
-        auto converted = ConvertPrecision(**src, dtype);
-        if (!converted.ok()) return Fail(converted.status().WithContext(StrCat("--dtype ", DTypeName(dtype))));
-        narrow[k] = std::move(*converted);
-        if (auto r = RunPipeline(*narrow[k], **target, k == 0 ? off : narrow_on); !r.ok())
-          return Fail(r.status().WithContext(StrCat("--dtype ", DTypeName(dtype))));
-      }
-    }
-    const Graph* graphs[2] = {narrow[0] ? narrow[0].get() : base.get(), narrow[1] ? narrow[1].get() : fused.get()};
-    const std::vector<Tensor>* want[2] = {&out_a, &out_b};
-    for (int k = 0; k < 2; ++k) {
-      cuda::CudaExecOptions co;
-      co.emulate = emulate_gpu;
-      auto ex = cuda::CudaExecutor::Create(*graphs[k], co);
-      if (!ex.ok()) return Fail(ex.status().WithContext("--backend cuda"));
-      auto got = (*ex)->Run(iv);
-      if (!got.ok()) return Fail(got.status().WithContext("--backend cuda"));
-      for (size_t o = 0; o < got->size(); ++o) {
-        const OutputReport c = Compare(base->outputs()[o]->name(), (*got)[o], (*want[k])[o], gpu_rtol, gpu_atol);
-        if (!c.ok) {
-          std::fprintf(stderr, "graphfuse bench: the GPU's output '%s' differs from the CPU's: max |err| %.3g, max rel %.3g, %lld mismatches\n",
-                       c.name.c_str(), c.max_abs, c.max_rel, static_cast<long long>(c.mismatches));
-          return kExitMismatch;
-        }
-      }
-      auto median_ms = (*ex)->MedianReplayMs(emulate_gpu ? 1 : repeats);
-      if (!median_ms.ok()) return Fail(median_ms.status());
-      ms[k] = *median_ms;
-      if (!trace_file.empty() && !emulate_gpu) {
-        // Device times of each step (CUDA events around it), as graphfuse/profiling.h places them.
-        Status st = record(*graphs[k], k == 1 && !narrow[1] ? &report : nullptr, choices[k],
-                           k == 0 ? "cuda plan, unfused" : "cuda plan, fused", (*ex)->stats().launches,
-                           [&](StepLog& log) -> Status {
-                             GF_ASSIGN_OR_RETURN(log.steps, (*ex)->DeviceSteps(SteadyClockNs()));
-                             return Status::Ok();
-                           });
-        if (!st.ok()) return Fail(st);
-      }
-    }
-    cuda_unfused_ms = ms[0], cuda_fused_ms = ms[1];
-    const std::string agree = dtype == DType::kF32 ? "outputs == CPU's"
-                                                   : StrCat("in ", DTypeName(dtype), ", outputs within ", gpu_atol, " + ",
-                                                            gpu_rtol, " * |CPU's f32|");
-    if (emulate_gpu) {
-      std::printf("  GPU plans emulated on the host (no GPU used): unfused %.1f ms, fused %.1f ms (host time of one run); %s\n",
-                  cuda_unfused_ms, cuda_fused_ms, agree.c_str());
-    } else {
-      auto copy_ms = cuda::DeviceCopyMs(elements * 4, repeats);
-      if (!copy_ms.ok()) return Fail(copy_ms.status());
-      cuda_copy_gbps = 8.0 * elements / (*copy_ms * 1e-3) / 1e9;
-      std::printf("  GPU 0: unfused %.4f ms (%.1f GB/s), fused %.4f ms (%.1f GB/s; %.0f%% of copy), "
-                  "device copy %.1f GB/s (read + write); %s\n",
-                  cuda_unfused_ms, bytes / (cuda_unfused_ms * 1e-3) / 1e9, cuda_fused_ms,
-                  bytes / (cuda_fused_ms * 1e-3) / 1e9, 100 * bytes / (cuda_fused_ms * 1e-3) / 1e9 / cuda_copy_gbps,
-                  cuda_copy_gbps, agree.c_str());
-    }
+  TargetFigures target_figures;
+  if (!on_reference) {
+    const HostRun host_run{load, off, on, *base, iv, {&out_a.tensors, &out_b.tensors}, bytes};
+    if (int rc = BenchOnTarget(b, **target, host_run, &trace, &target_figures); rc != kExitOk) return rc;
   }
-#endif
-  if (!trace_file.empty()) {
-    if (Status st = trace.WriteFile(trace_file); !st.ok()) return Fail(st);
+  if (!b.trace_file.empty()) {
+    if (Status st = trace.recorder().WriteFile(b.trace_file); !st.ok()) return Fail(st);
     std::printf("  trace: %s (%lld events: 3 runs of each plan, every kernel timed; open in https://ui.perfetto.dev)\n",
-                trace_file.c_str(), static_cast<long long>(trace.events()));
+                b.trace_file.c_str(), static_cast<long long>(trace.recorder().events()));
   }
-  if (!json.empty()) {
-    Json j;
-    j.BeginObject().Key("command").Str("bench").Key(p ? "preset" : "model").Str(p ? p->name : model);
-    j.Key("dtype").Str(DTypeName(dtype)).Key("backend").Str(backend).Key("emulate_gpu").Bool(emulate_gpu);
-    j.Key("elements").Int(p ? elements : 0).Key("threads").Int(pool.num_threads()).Key("repeats").Int(repeats);
-    AddFusionJson(j, report);
-    j.Key("planning_ms").Num(planning_ms);
-    j.Key("check").BeginObject().Key("rtol").Num(rtol).Key("atol").Num(atol).Key("outputs").BeginArray();
-    for (const OutputReport& c : checks)
-      j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)
-          .Key("ok").Bool(c.ok).EndObject();
-    j.EndArray().EndObject();
-    j.Key("latency_ms").BeginObject().Key("unfused").Num(t_unfused * 1e3).Key("fused").Num(t_fused * 1e3);
-    if (native) j.Key("native").Num(t_native * 1e3);
-    j.EndObject();
-    j.Key("speedup").Num(t_unfused / t_fused).Key("speedup_median_ratio").Num(1.0 / t.median_ratio_to_first[1]);
-    if (p) {
-      j.Key("gbps").BeginObject().Key("unfused").Num(gb_unfused).Key("fused").Num(gb_fused).Key("triad").Num(gb_triad);
-      if (native) j.Key("native").Num(bytes / t_native / 1e9);
-      j.EndObject();
-      j.Key("max_rel_err_f64").Num(max_rel_f64);
-    }
-#ifdef GF_HAVE_CUDA
-    if (backend == "cuda")
-      j.Key("cuda").BeginObject().Key("latency_ms").BeginObject().Key("unfused").Num(cuda_unfused_ms)
-          .Key("fused").Num(cuda_fused_ms).EndObject().Key("copy_gbps").Num(cuda_copy_gbps)
-          .Key("rtol").Num(gpu_rtol).Key("atol").Num(gpu_atol).EndObject();
-#endif
-    j.EndObject();
-    if (!j.WriteFile(json)) return Fail(InvalidArgument("cannot write --json file '", json, "'"));
+  if (!b.json.empty()) {
+    const HostFigures h{p, pool.num_threads(), planning_ms, rtol, atol, &checks,
+                        &t, t_unfused, t_fused, t_native, bytes, gb_triad, max_rel_f64};
+    if (!WriteBenchJson(b, report, h, on_reference ? nullptr : &target_figures))
+      return Fail(InvalidArgument("cannot write --json file '", b.json, "'"));
   }
   return kExitOk;
 }

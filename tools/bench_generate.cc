@@ -104,6 +104,107 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
+
+// One greedy generation's figures: per call its time, its planning time and RSS after it.
+struct GenerationRun {
+  std::vector<double> ms, planning_ms, rss_mb;
+  std::vector<int64_t> tokens;
+};
+
+// One greedy generation. Copying (in_place false): each call returns new presents, fed back
+// as the next pasts, so a decode step copies its whole cache. In place: each cache is one
+// buffer with room for the whole generation; past is a view of its first rows and present a
+// view of the same buffer one step longer, so a step writes only its new rows (where the plan
+// takes them in place: Plan::takes_strided).
+Result<GenerationRun> Generate(CompiledModel& m, const DecoderIo& io, int64_t prompt, int64_t fresh, int64_t vocab,
+                               bool in_place, bool print_calls) {
+  const auto& in = m.inputs();
+  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
+  GenerationRun run;
+  std::vector<Tensor> feed(in.size()), caches(io.caches.size());
+  std::vector<std::vector<int64_t>> strides(io.caches.size());
+  std::vector<int64_t> ids(static_cast<size_t>(prompt));
+  std::mt19937_64 prompt_rng(99);
+  for (int64_t& id : ids) id = token(prompt_rng);
+  int64_t total = 0;
+  // Empty caches first: each cache input's shape with its growing dim 0 (in place: the
+  // generation's length) and its other symbolic dims 1 (batch 1).
+  for (size_t c = 0; c < io.caches.size(); ++c) {
+    Shape s = in[static_cast<size_t>(io.caches[c].input)].shape;
+    for (int64_t& d : s) d = d < 0 ? 1 : d;
+    s[static_cast<size_t>(io.caches[c].grow_dim)] = in_place ? prompt + fresh : 0;
+    GF_ASSIGN_OR_RETURN(caches[c], Tensor::Empty(DType::kF32, s));
+    strides[c] = ContiguousStrides(s);
+  }
+  // A view of the first `rows` rows of cache c.
+  auto rows_of = [&](size_t c, int64_t rows) {
+    Shape s = caches[c].shape();
+    s[static_cast<size_t>(io.caches[c].grow_dim)] = rows;
+    return TensorView(DType::kF32, s, caches[c].data(), strides[c]);
+  };
+  for (int64_t step = 0; step < fresh; ++step) {
+    const auto n = static_cast<int64_t>(ids.size());
+    const int64_t past = total;
+    total += n;
+    auto ids_t = Tensor::Empty(DType::kI64, {1, n}).value();
+    std::copy(ids.begin(), ids.end(), ids_t.data_as<int64_t>());
+    feed[static_cast<size_t>(io.ids)] = std::move(ids_t);
+    if (io.mask >= 0) {
+      auto mask = Tensor::Empty(in[static_cast<size_t>(io.mask)].dtype, {1, total}).value();
+      for (int64_t i = 0; i < total; ++i) mask.SetFromDouble(i, 1);
+      feed[static_cast<size_t>(io.mask)] = std::move(mask);
+    }
+    if (io.positions >= 0) {
+      auto pos = Tensor::Empty(DType::kI64, {1, n}).value();
+      for (int64_t i = 0; i < n; ++i) pos.data_as<int64_t>()[i] = total - n + i;
+      feed[static_cast<size_t>(io.positions)] = std::move(pos);
+    }
+    std::vector<TensorView> views(in.size());
+    for (size_t i = 0; i < in.size(); ++i) views[i] = feed[i].view();
+    for (size_t c = 0; c < io.caches.size(); ++c)
+      views[static_cast<size_t>(io.caches[c].input)] = in_place ? rows_of(c, past) : caches[c].view();
+    const double planned_before = m.cache_stats().planning_ms;
+    const auto t = Clock::now();
+    std::vector<Tensor> out;
+    if (in_place) {
+      GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> plan, m.PlanFor(views));
+      std::vector<TensorView> out_views(plan->outputs().size());
+      out.resize(plan->outputs().size());
+      for (size_t o = 0; o < out.size(); ++o) {
+        GF_ASSIGN_OR_RETURN(out[o], Tensor::Empty(plan->outputs()[o].dtype, plan->outputs()[o].shape));
+        out_views[o] = out[o].view();
+      }
+      for (size_t c = 0; c < io.caches.size(); ++c) {
+        out[static_cast<size_t>(io.caches[c].output)] = Tensor();
+        out_views[static_cast<size_t>(io.caches[c].output)] = rows_of(c, total);
+      }
+      GF_RETURN_IF_ERROR(m.Run(views, out_views).WithContext(StrCat("--generate step ", step)));
+    } else {
+      auto ran = m.Run(views);
+      if (!ran.ok()) return ran.status().WithContext(StrCat("--generate step ", step));
+      out = std::move(*ran);
+    }
+    run.ms.push_back(MsSince(t));
+    run.planning_ms.push_back(m.cache_stats().planning_ms - planned_before);
+    run.rss_mb.push_back(RssMb());
+    if (print_calls) {
+      const PlanningTime& pt = m.plan()->planning_time();
+      std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s; RSS %.1f MiB\n",
+                  static_cast<long long>(step), run.ms.back(), run.planning_ms.back(), pt.import_ms, pt.passes_ms,
+                  pt.compile_ms, m.plan()->from_template() ? ", from the template" : "", run.rss_mb.back());
+    }
+    const Tensor& logits = out[static_cast<size_t>(io.logits)];
+    const int64_t v = logits.shape().back(), last = logits.numel() / v - 1;
+    const float* row = logits.data_as<float>() + last * v;
+    const int64_t next = std::max_element(row, row + v) - row;
+    run.tokens.push_back(next);
+    ids.assign(1, next);
+    if (!in_place)
+      for (size_t c = 0; c < io.caches.size(); ++c) caches[c] = std::move(out[static_cast<size_t>(io.caches[c].output)]);
+  }
+  return run;
+}
+
 }  // namespace
 
 int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats, const std::string& json) {
@@ -121,18 +222,16 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
     return Fail(InvalidArgument("--generate ", spec, ": the prompt and the new tokens must each be 1..65536"));
 
   const double rss_before = RssMb();
-  auto t = Clock::now();
+  const auto t = Clock::now();
   auto model = Model::FromOnnxFile(path);
   if (!model.ok()) return Fail(model.status());
-  auto target = MakeTarget("cpu", {.threads = threads});
-  if (!target.ok()) return Fail(target.status());
-  auto compiled = CompiledModel::Compile(std::move(*model), std::move(*target));
+  // The generation loop runs on the reference target (the CPU in f32).
+  auto compiled = CompiledModel::Compile(std::move(*model), MakeReferenceTarget({.cpu = {.threads = threads}}));
   if (!compiled.ok()) return Fail(compiled.status());
   const double load_ms = MsSince(t), load_rss = RssMb() - rss_before;
   CompiledModel& m = **compiled;
   auto io = FindDecoderIo(m, path);
   if (!io.ok()) return Fail(io.status());
-  const auto& in = m.inputs();
   int64_t vocab = -1;
   if (const TensorInfo& lo = m.outputs()[static_cast<size_t>(io->logits)]; !lo.shape.empty()) vocab = lo.shape.back();
   if (vocab <= 0) vocab = 32000;  // ids drawn below it: a model declares its vocabulary in the logits
@@ -140,112 +239,16 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
               path.c_str(), threads, load_ms, load_rss);
   std::fflush(stdout);
 
-  std::mt19937_64 rng(1234);
-  std::uniform_int_distribution<int64_t> token(0, vocab - 1);
-  struct Run {
-    std::vector<double> ms, planning_ms, rss_mb;  // per call; RSS after it
-    std::vector<int64_t> tokens;
-  };
-  // One greedy generation. Copying (in_place false): each call returns new presents, fed back
-  // as the next pasts, so a decode step copies its whole cache. In place: each cache is one
-  // buffer with room for the whole generation; past is a view of its first rows and present a
-  // view of the same buffer one step longer, so a step writes only its new rows (where the plan
-  // takes them in place: Plan::takes_strided).
-  auto generate = [&](bool in_place, bool print_calls) -> Result<Run> {
-    Run run;
-    std::vector<Tensor> feed(in.size()), caches(io->caches.size());
-    std::vector<std::vector<int64_t>> strides(io->caches.size());
-    std::vector<int64_t> ids(static_cast<size_t>(prompt));
-    std::mt19937_64 prompt_rng(99);
-    for (int64_t& id : ids) id = token(prompt_rng);
-    int64_t total = 0;
-    // Empty caches first: each cache input's shape with its growing dim 0 (in place: the
-    // generation's length) and its other symbolic dims 1 (batch 1).
-    for (size_t c = 0; c < io->caches.size(); ++c) {
-      Shape s = in[static_cast<size_t>(io->caches[c].input)].shape;
-      for (int64_t& d : s) d = d < 0 ? 1 : d;
-      s[static_cast<size_t>(io->caches[c].grow_dim)] = in_place ? prompt + fresh : 0;
-      GF_ASSIGN_OR_RETURN(caches[c], Tensor::Empty(DType::kF32, s));
-      strides[c] = ContiguousStrides(s);
-    }
-    // A view of the first `rows` rows of cache c.
-    auto rows_of = [&](size_t c, int64_t rows) {
-      Shape s = caches[c].shape();
-      s[static_cast<size_t>(io->caches[c].grow_dim)] = rows;
-      return TensorView(DType::kF32, s, caches[c].data(), strides[c]);
-    };
-    for (int64_t step = 0; step < fresh; ++step) {
-      const auto n = static_cast<int64_t>(ids.size());
-      const int64_t past = total;
-      total += n;
-      auto ids_t = Tensor::Empty(DType::kI64, {1, n}).value();
-      std::copy(ids.begin(), ids.end(), ids_t.data_as<int64_t>());
-      feed[static_cast<size_t>(io->ids)] = std::move(ids_t);
-      if (io->mask >= 0) {
-        auto mask = Tensor::Empty(in[static_cast<size_t>(io->mask)].dtype, {1, total}).value();
-        for (int64_t i = 0; i < total; ++i) mask.SetFromDouble(i, 1);
-        feed[static_cast<size_t>(io->mask)] = std::move(mask);
-      }
-      if (io->positions >= 0) {
-        auto pos = Tensor::Empty(DType::kI64, {1, n}).value();
-        for (int64_t i = 0; i < n; ++i) pos.data_as<int64_t>()[i] = total - n + i;
-        feed[static_cast<size_t>(io->positions)] = std::move(pos);
-      }
-      std::vector<TensorView> views(in.size());
-      for (size_t i = 0; i < in.size(); ++i) views[i] = feed[i].view();
-      for (size_t c = 0; c < io->caches.size(); ++c)
-        views[static_cast<size_t>(io->caches[c].input)] = in_place ? rows_of(c, past) : caches[c].view();
-      const double planned_before = m.cache_stats().planning_ms;
-      t = Clock::now();
-      std::vector<Tensor> out;
-      if (in_place) {
-        GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> plan, m.PlanFor(views));
-        std::vector<TensorView> out_views(plan->outputs().size());
-        out.resize(plan->outputs().size());
-        for (size_t o = 0; o < out.size(); ++o) {
-          GF_ASSIGN_OR_RETURN(out[o], Tensor::Empty(plan->outputs()[o].dtype, plan->outputs()[o].shape));
-          out_views[o] = out[o].view();
-        }
-        for (size_t c = 0; c < io->caches.size(); ++c) {
-          out[static_cast<size_t>(io->caches[c].output)] = Tensor();
-          out_views[static_cast<size_t>(io->caches[c].output)] = rows_of(c, total);
-        }
-        GF_RETURN_IF_ERROR(m.Run(views, out_views).WithContext(StrCat("--generate step ", step)));
-      } else {
-        auto ran = m.Run(views);
-        if (!ran.ok()) return ran.status().WithContext(StrCat("--generate step ", step));
-        out = std::move(*ran);
-      }
-      run.ms.push_back(MsSince(t));
-      run.planning_ms.push_back(m.cache_stats().planning_ms - planned_before);
-      run.rss_mb.push_back(RssMb());
-      if (print_calls) {
-        const PlanningTime& pt = m.plan()->planning_time();
-        std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s; RSS %.1f MiB\n",
-                    static_cast<long long>(step), run.ms.back(), run.planning_ms.back(), pt.import_ms, pt.passes_ms,
-                    pt.compile_ms, m.plan()->from_template() ? ", from the template" : "", run.rss_mb.back());
-      }
-      const Tensor& logits = out[static_cast<size_t>(io->logits)];
-      const int64_t v = logits.shape().back(), last = logits.numel() / v - 1;
-      const float* row = logits.data_as<float>() + last * v;
-      const int64_t next = std::max_element(row, row + v) - row;
-      run.tokens.push_back(next);
-      ids.assign(1, next);
-      if (!in_place)
-        for (size_t c = 0; c < io->caches.size(); ++c) caches[c] = std::move(out[static_cast<size_t>(io->caches[c].output)]);
-    }
-    return run;
-  };
   // The first generation copies, and meets every length for the first time; later ones take
   // turns copying and in place.
-  std::vector<Run> runs, in_place_runs;
+  std::vector<GenerationRun> runs, in_place_runs;
   bool takes_in_place = false;
   for (int r = 0; r < repeats; ++r) {
-    auto copied = generate(false, std::getenv("GRAPHFUSE_BENCH_CALLS") && r == 0);
+    auto copied = Generate(m, *io, prompt, fresh, vocab, false, std::getenv("GRAPHFUSE_BENCH_CALLS") && r == 0);
     if (!copied.ok()) return Fail(copied.status());
     runs.push_back(std::move(*copied));
     if (r == 0) continue;
-    auto kept = generate(true, false);
+    auto kept = Generate(m, *io, prompt, fresh, vocab, true, false);
     if (!kept.ok()) return Fail(kept.status());
     in_place_runs.push_back(std::move(*kept));
     takes_in_place = true;
@@ -260,7 +263,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
     double prefill = 0, mean = 0, last = 0, total = 0, planning = 0, max_planning_after_first_decode = 0,
            median_planning_after_first_decode = 0;
   };
-  auto summarize = [](const Run& r) {
+  auto summarize = [](const GenerationRun& r) {
     Summary s;
     s.prefill = r.ms[0];
     for (size_t i = 1; i < r.ms.size(); ++i) s.mean += r.ms[i];
@@ -278,15 +281,15 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   const Summary first_sum = summarize(runs[0]);
   std::vector<Summary> later, in_place_sums;  // generations 2.., copying; the same, in place
   for (size_t r = 1; r < runs.size(); ++r) later.push_back(summarize(runs[r]));
-  for (const Run& r : in_place_runs) in_place_sums.push_back(summarize(r));
+  for (const GenerationRun& r : in_place_runs) in_place_sums.push_back(summarize(r));
   auto median_of = [](const std::vector<Summary>& v, double Summary::*field) {
     std::vector<double> x;
     for (const Summary& e : v) x.push_back(e.*field);
     return Median(x);
   };
   bool same = true;
-  for (const Run& r : runs) same &= r.tokens == runs[0].tokens;
-  for (const Run& r : in_place_runs) same &= r.tokens == runs[0].tokens;
+  for (const GenerationRun& r : runs) same &= r.tokens == runs[0].tokens;
+  for (const GenerationRun& r : in_place_runs) same &= r.tokens == runs[0].tokens;
   const PlanCacheStats s = m.cache_stats();
   std::printf("  %-34s %10s %12s %10s %10s %12s %14s\n", "", "prefill ms", "per token ms", "last ms", "total ms",
               "planning ms", "max planning");
@@ -305,7 +308,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   }
   std::printf("  (%lld prompt tokens, %lld decode calls; max planning: the most one call after the first decode "
               "spent planning)\n", static_cast<long long>(prompt), static_cast<long long>(fresh - 1));
-  const Run& first = runs[0];
+  const GenerationRun& first = runs[0];
   std::printf("  planning per call after the first decode, generation 1: median %.2f ms, max %.2f ms\n",
               first_sum.median_planning_after_first_decode, first_sum.max_planning_after_first_decode);
   const double rss_first = first.rss_mb.front(), rss_decode = first.rss_mb[std::min<size_t>(1, first.rss_mb.size() - 1)];

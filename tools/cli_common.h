@@ -10,6 +10,7 @@
 #include "graphfuse/cpu_codegen.h"
 #include "graphfuse/dtype.h"
 #include "graphfuse/status.h"
+#include "graphfuse/target.h"
 #include "graphfuse/thread_pool.h"
 
 namespace graphfuse::cli {
@@ -17,10 +18,6 @@ namespace graphfuse::cli {
 // Exit codes of the command-line contract (docs/ARCHITECTURE.md, "The command-line contract").
 inline constexpr int kExitOk = 0, kExitMismatch = 1, kExitBadInput = 2;
 
-// --cpu-codegen: what the code generator did, for the command's report: "2 compiled (3.4 s),
-// 1 from the cache, 1 left to the tile executor (1 with integer or bool data)", and any
-// failure with its message.
-std::string CodegenSummary(const CpuCodegen& cg);
 // --cpu-codegen: creates the code generator (an error names the flag) and points ctx at it;
 // the caller keeps the returned object alive as long as ctx runs plans.
 Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx);
@@ -29,14 +26,18 @@ Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx);
 // Args' errors do, is not prefixed twice) and returns kExitBadInput.
 int FailUsage(const std::string& command, const Status& s);
 
-// --backend cuda: Ok when GPU 0 can be used, else an error saying what is missing (no device,
-// or a build without the CUDA toolkit). Call it before any long work.
-Status CheckCudaBackend();
+// --backend NAME with the command's target options, made to compute in --dtype
+// (Target::ForDtype): on the cuda target bf16 / f16 convert the model; on the CPU bf16 holds the
+// GEMMs' constant weights in bf16 and f16 is refused. Errors say what is missing (no device, a
+// build without that backend), which options belong to another target, or where the dtype
+// runs. Call it before any long work.
+Result<std::shared_ptr<const Target>> MakeCommandTarget(const std::string& backend, const TargetOptions& options,
+                                                        DType dtype);
 
-// --dtype: what a model computes in. On --backend cuda (with --emulate-gpu where there is no
-// GPU) the model is converted to bf16 / f16; on the CPU, bf16 holds the GEMMs' constant weights
-// in bf16 (TargetOptions::cpu_bf16_weights) and f16 is an error naming the command.
-Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend);
+// Whether `t` is the reference target in some dtype (the CPU, with bf16 weights or not): its
+// plans are the ones a command runs on the host and times kernel by kernel; any other target's
+// are run beside the reference's and compared with them.
+bool IsReferenceKind(const Target& t);
 
 // The same-run bandwidth ceiling that demo and bench report beside the kernels: STREAM triad
 // a = b + 0.5 * c over n floats, split over `threads` threads of the pool (12 bytes/element).

@@ -2,6 +2,7 @@
 // member nodes and kernel names, every refused fusion with its reason code, and which engine
 // runs each GEMM on the CPU and why; with --cuda-src, how each node would run on a GPU and the
 // CUDA source generated for it (no GPU needed).
+#include <cctype>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -15,9 +16,6 @@
 #include "passes/convert_precision.h"
 #include "passes/pipeline.h"
 #include "runtime/signature.h"
-#ifdef GF_HAVE_CUDA
-#include "cuda/codegen.h"
-#endif
 
 namespace graphfuse::cli {
 
@@ -82,17 +80,21 @@ int Explain(Args& args) {
     if (model.empty()) return kExitOk;
   }
   if (model.empty()) return fail(InvalidArgument("no model given (usage: graphfuse explain MODEL.onnx)"));
-  // The plan explained is the CPU's, unless --cuda-src asks for the GPU's; --dtype means what it
-  // means to `run` on that backend (on the CPU: f32 with bf16 GEMM weights).
-  const bool cpu = cuda_src.empty();
-  if (cpu && dtype == DType::kF16)
-    return fail(InvalidArgument("--dtype f16 is a GPU plan (add --cuda-src DIR); on the CPU, --dtype bf16 holds the ",
-                                "GEMM weights in bf16"));
+  // The plan explained is the CPU's, unless --cuda-src asks for the GPU's (planned as the cuda
+  // target plans, no device needed); --dtype means what it means to `run` on that target (on the
+  // CPU: f32 with bf16 GEMM weights).
+  TargetOptions target_options;
+  target_options.cuda.emulate = !cuda_src.empty();
+  auto target = MakeCommandTarget(cuda_src.empty() ? "cpu" : "cuda", target_options, dtype);
+  if (!target.ok() && cuda_src.empty())
+    return fail(InvalidArgument(target.status().message(), "; for the GPU's plan, add --cuda-src DIR"));
+  if (!target.ok()) return fail(target.status().WithContext("--cuda-src"));
   InputBinding binding;
   auto g = ImportOnnxFileWithShapes(model, shapes, &binding);
   if (!g.ok()) return fail(g.status());
-  if (dtype != DType::kF32 && !cpu) {
-    auto converted = ConvertPrecision(**g, dtype);
+  const DType graph_dtype = (*target)->graph_dtype();
+  if (graph_dtype != DType::kF32) {
+    auto converted = ConvertPrecision(**g, graph_dtype);
     if (!converted.ok()) return fail(converted.status().WithContext(StrCat(model, ": --dtype ", DTypeName(dtype))));
     *g = std::move(*converted);
   }
@@ -102,75 +104,48 @@ int Explain(Args& args) {
   pipeline.fusion_report = &report;
   pipeline.print_after_each = print_ir ? stdout : nullptr;
   pipeline.hooks = hooks;
-  auto target = MakeTarget(cpu ? "cpu" : "cuda", {.cpu_bf16_weights = cpu && dtype == DType::kBF16});
-  if (!target.ok()) return fail(target.status());
   auto passes = RunPipeline(**g, **target, pipeline);
   if (!passes.ok()) return fail(passes.status().WithContext(model));
   std::printf("model %s%s%s\n", model.c_str(), shapes.empty() ? "" : StrCat(" for ", binding.key).c_str(),
-              dtype == DType::kF32 ? ""
-              : cpu                ? ", computing in f32 with bf16 GEMM weights"
-                                   : StrCat(", computing in ", DTypeName(dtype)).c_str());
+              dtype == DType::kF32       ? ""
+              : graph_dtype == DType::kF32 ? ", computing in f32 with bf16 GEMM weights"
+                                           : StrCat(", computing in ", DTypeName(dtype)).c_str());
   PrintFusionReport(stdout, report);
+  // How the target's kernels choose where they choose (the CPU: each GEMM's engine).
   const std::vector<KernelChoice> choices = (*target)->DescribeKernels(**g);
-  if (cpu) {
-    if (!choices.empty()) std::printf("\nhow the CPU runs the GEMMs:\n");
-    for (const KernelChoice& c : choices)
-      std::printf("  %-28s %-15s %s\n", c.node.c_str(), c.op.c_str(), c.how.c_str());
+  if (!choices.empty()) {
+    std::string name((*target)->name());
+    for (char& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    std::printf("\nhow the %s runs the GEMMs:\n", name.c_str());
   }
+  for (const KernelChoice& c : choices) std::printf("  %-28s %-15s %s\n", c.node.c_str(), c.op.c_str(), c.how.c_str());
   if (!dot.empty()) {
     std::ofstream f(dot);
     f << FusionDot(**g, report);
     if (!f) return fail(InvalidArgument("cannot write --dot file '", dot, "'"));
   }
   if (!cuda_src.empty()) {
-#ifdef GF_HAVE_CUDA
-    std::error_code ec;
-    std::filesystem::create_directories(cuda_src, ec);
-    if (ec) return fail(InvalidArgument("--cuda-src: cannot create directory '", cuda_src, "': ", ec.message()));
+    auto lines = (*target)->WriteKernelSources(**g, cuda_src);
+    if (!lines.ok()) return fail(lines.status().WithContext("--cuda-src"));
     std::printf("\nCUDA plan (sources in %s):\n", cuda_src.c_str());
-    int files = 0;
-    Status st = cuda::ForEachCudaPlan(**g, [&](const Node& n, Result<cuda::CudaNodePlan>& plan, int depth) -> Status {
-      const std::string indent(static_cast<size_t>(2 * depth), ' ');
-      if (!plan.ok()) {
-        std::printf("%s  %-28s %s%s\n", indent.c_str(), n.name().c_str(), plan.status().message().c_str(),
-                    n.GetGraph("reference") ? "; its reference graph runs:" : "");
-        return Status::Ok();
-      }
-      std::string kernels;
-      for (const cuda::CudaKernelSource& k : plan->kernels) {
-        const std::filesystem::path file = std::filesystem::path(cuda_src) / (k.name + ".cu");
-        std::ofstream out(file);
-        out << k.source;
-        if (!out) return InvalidArgument("--cuda-src: cannot write '", file.string(), "'");
-        kernels += " " + k.name;
-        ++files;
-      }
-      std::printf("%s  %-28s %s%s\n", indent.c_str(), n.name().c_str(), plan->what.c_str(), kernels.c_str());
-      return Status::Ok();
-    });
-    if (!st.ok()) return fail(st);
-    std::printf("%d kernel source(s) written\n", files);
-#else
-    return fail(Unimplemented("--cuda-src: this build has no CUDA backend (no CUDA toolkit when it was built)"));
-#endif
+    for (size_t i = 0; i < lines->size(); ++i)
+      std::printf(i + 1 < lines->size() ? "  %s\n" : "%s\n", (*lines)[i].c_str());
   }
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("command").Str("explain").Key("model").Str(model);
     if (!shapes.empty()) j.Key("signature").Str(binding.key);
-    j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(cuda_src.empty() ? "cpu" : "cuda");
+    j.Key("dtype").Str(DTypeName(dtype)).Key("target").Str(std::string((*target)->name()));
     AddFusionJson(j, report);
     // Each pass that ran: what it reports it changed, and its time (with the verifier after it).
     j.Key("passes").BeginArray();
     for (const PassRecord& r : *passes)
       j.BeginObject().Key("name").Str(r.pass).Key("changes").Int(r.changes).Key("ms").Num(r.ms).EndObject();
     j.EndArray();
-    if (cpu) {
-      j.Key("kernel_choices").BeginArray();
-      for (const KernelChoice& c : choices)
-        j.BeginObject().Key("node").Str(c.node).Key("op").Str(c.op).Key("how").Str(c.how).EndObject();
-      j.EndArray();
-    }
+    j.Key("kernel_choices").BeginArray();
+    for (const KernelChoice& c : choices)
+      j.BeginObject().Key("node").Str(c.node).Key("op").Str(c.op).Key("how").Str(c.how).EndObject();
+    j.EndArray();
     j.EndObject();
     if (!j.WriteFile(json)) return fail(InvalidArgument("cannot write --json file '", json, "'"));
   }

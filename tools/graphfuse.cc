@@ -12,9 +12,6 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
 #include "graphfuse/target.h"
-#ifdef GF_HAVE_CUDA
-#include "cuda/cuda_executor.h"
-#endif
 
 namespace graphfuse::cli {
 
@@ -23,20 +20,18 @@ int RunModel(Args& args);  // run.cc
 int Explain(Args& args);   // explain.cc
 int Bench(Args& args);     // bench.cc
 
-Status CheckCudaBackend() {
-#ifdef GF_HAVE_CUDA
-  std::string why;
-  if (!cuda::CudaDeviceAvailable(0, &why)) return NotFound("--backend cuda: ", why);
-  return Status::Ok();
-#else
-  return Unimplemented("--backend cuda: this build has no CUDA backend (no CUDA toolkit when it was built)");
-#endif
+Result<std::shared_ptr<const Target>> MakeCommandTarget(const std::string& backend, const TargetOptions& options,
+                                                        DType dtype) {
+  GF_ASSIGN_OR_RETURN(std::unique_ptr<Target> target, MakeTarget(backend, options));
+  if (dtype == DType::kF32) return std::shared_ptr<const Target>(std::move(target));
+  auto typed = target->ForDtype(dtype);
+  if (!typed.ok()) return typed.status().WithContext(StrCat("--dtype ", DTypeName(dtype)));
+  return std::shared_ptr<const Target>(std::move(*typed));
 }
 
-Status CheckDtypeBackend(const std::string& command, DType dtype, const std::string& backend) {
-  if (dtype == DType::kF32 || backend == "cuda" || dtype == DType::kBF16) return Status::Ok();
-  return InvalidArgument(command, ": --dtype ", DTypeName(dtype), " runs on --backend cuda (--emulate-gpu without a GPU); ",
-                         "on the CPU, --dtype bf16 holds the GEMM weights in bf16");
+bool IsReferenceKind(const Target& t) {
+  auto f32 = t.ForDtype(DType::kF32);
+  return f32.ok() && (*f32)->is_reference();
 }
 
 int FailUsage(const std::string& command, const Status& s) {
@@ -118,19 +113,6 @@ Result<std::unique_ptr<CpuCodegen>> AttachCodegen(CpuContext& ctx) {
   if (!cg.ok()) return cg.status().WithContext("--cpu-codegen");
   ctx.codegen = cg->get();
   return std::move(*cg);
-}
-
-std::string CodegenSummary(const CpuCodegen& cg) {
-  const CpuCodegen::Stats s = cg.stats();
-  char head[160];
-  std::snprintf(head, sizeof head, "%d compiled (%.1f s), %d from the cache, %d left to the tile executor", s.compiled,
-                s.compile_seconds, s.loaded, s.outside_scope);
-  std::string out = head;
-  std::string why;
-  for (const auto& [reason, count] : s.outside_why) why += StrCat(why.empty() ? "" : ", ", count, " with ", reason);
-  out += why.empty() ? "" : StrCat(" (", why, ")");
-  if (s.failed) out += StrCat("; ", s.failed, " failed to compile (the tile executor ran them): ", s.last_error);
-  return out;
 }
 
 namespace {

@@ -1,5 +1,6 @@
 // `graphfuse run MODEL.onnx [--data DIR | --shape NAME=D0xD1...] ...`: plans a model for the
-// inputs' shapes, runs it on the CPU and compares its outputs with the expected ones
+// inputs' shapes, runs it on the target --backend names (beside the reference, the CPU in f32,
+// when that is another) and compares its outputs with the expected ones
 // (numpy.allclose: |out - ref| <= atol + rtol * |ref|).
 #include <algorithm>
 #include <chrono>
@@ -14,30 +15,24 @@
 
 #include "cli_common.h"
 #include "compare.h"
-#include "graphfuse/cpu.h"
-#include "graphfuse/cpu_codegen.h"
+#include "graphfuse/model.h"
 #include "graphfuse/profiling.h"
 #include "fusion_report.h"
 #include "core/json.h"
 #include "onnx/import.h"
-#include "passes/convert_precision.h"
-#include "passes/pipeline.h"
 #include "runtime/signature.h"
 #include "cpu/executor.h"
-#ifdef GF_HAVE_CUDA
-#include "cuda/cuda_executor.h"
-#endif
 
 namespace graphfuse::cli {
 namespace {
 
 struct RunOptions {
   std::string model, data, json, trace, backend = "cpu";
-  std::string cuda_attention;  // "flash" / "gemms": prefill attention's form on the CUDA backend
+  // --threads, --cpu-codegen; --cuda-graph, --emulate-gpu, --tf32, --cuda-attention (the
+  // target refuses another's options).
+  TargetOptions target;
   double rtol = kDefaultRtol, atol = kDefaultAtol;
-  int threads = 0;
-  bool check_fusion = false, cuda_graph = false, emulate_gpu = false, cpu_codegen = false;
-  bool tf32 = false;  // f32 GEMMs in TF32 on the CUDA backend (--tf32)
+  bool check_fusion = false;
   bool rtol_set = false, atol_set = false;
   DType dtype = DType::kF32;  // what the model computes in (--dtype)
   FusionOptions fusion;
@@ -67,21 +62,21 @@ Result<RunOptions> ParseRun(Args& args) {
       GF_ASSIGN_OR_RETURN(o.dtype, args.Dtype(f));
     } else if (f == "--threads") {
       GF_ASSIGN_OR_RETURN(int64_t t, args.Int(f, 1, 256));
-      o.threads = static_cast<int>(t);
+      o.target.cpu.threads = static_cast<int>(t);
     } else if (f == "--backend") {
       GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else if (f == "--check-fusion") {
       o.check_fusion = true;
     } else if (f == "--cpu-codegen") {
-      o.cpu_codegen = true;
+      o.target.cpu.codegen = true;
     } else if (f == "--cuda-graph") {
-      o.cuda_graph = true;
+      o.target.cuda.graph = true;
     } else if (f == "--emulate-gpu") {
-      o.emulate_gpu = true;
+      o.target.cuda.emulate = true;
     } else if (f == "--tf32") {
-      o.tf32 = true;
+      o.target.cuda.tf32 = true;
     } else if (f == "--cuda-attention") {
-      GF_ASSIGN_OR_RETURN(o.cuda_attention, args.Value(f));
+      GF_ASSIGN_OR_RETURN(o.target.cuda.prefill_attention, args.Value(f));
     } else if (auto fusion_flag = ParseFusionFlag(f, args, &o.fusion); !fusion_flag.ok()) {
       return fusion_flag.status();
     } else if (*fusion_flag) {
@@ -95,22 +90,17 @@ Result<RunOptions> ParseRun(Args& args) {
     }
   }
   if (o.model.empty()) return InvalidArgument("run: no model given (usage: graphfuse run MODEL.onnx [--data DIR])");
-  if ((o.cuda_graph || o.emulate_gpu || o.tf32 || !o.cuda_attention.empty()) && o.backend != "cuda")
-    return InvalidArgument("run: --cuda-graph, --emulate-gpu, --tf32 and --cuda-attention need --backend cuda");
   if (!o.data.empty() && !o.shapes.empty())
     return InvalidArgument("run: --shape is for random inputs; with --data the input files give the shapes");
-  if (o.cuda_graph && o.emulate_gpu) return InvalidArgument("run: a CUDA graph cannot be emulated (--emulate-gpu)");
-  GF_RETURN_IF_ERROR(CheckDtypeBackend("run", o.dtype, o.backend));
   // A narrow plan is compared with the f32 CPU plan within its dtype's tolerance (README,
   // "Accuracy contract"), unless --rtol / --atol say otherwise.
   // f32 GEMMs in TF32: within TF32's tolerance likewise.
-  if (o.dtype != DType::kF32 || o.tf32) {
-    const double tol = std::max(o.dtype != DType::kF32 ? NarrowTolerance(o.dtype) : 0.0, o.tf32 ? kTf32Tolerance : 0.0);
+  if (o.dtype != DType::kF32 || o.target.cuda.tf32) {
+    const double tol =
+        std::max(o.dtype != DType::kF32 ? NarrowTolerance(o.dtype) : 0.0, o.target.cuda.tf32 ? kTf32Tolerance : 0.0);
     if (!o.rtol_set) o.rtol = tol;
     if (!o.atol_set) o.atol = tol;
   }
-  if (!o.cuda_attention.empty() && o.cuda_attention != "flash" && o.cuda_attention != "gemms")
-    return InvalidArgument("run: --cuda-attention '", o.cuda_attention, "': expected flash or gemms");
   return o;
 }
 
@@ -133,103 +123,69 @@ struct GroupCheck {
 
 int Fail(const Status& s) { return FailUsage("run", s); }
 
-}  // namespace
+// The model's declared inputs as the signature binder reads them.
+std::vector<TensorDecl> Decls(const std::vector<TensorInfo>& infos) {
+  std::vector<TensorDecl> decls;
+  for (const TensorInfo& t : infos) {
+    TensorDecl d{t.name, t.dtype, {}, t.values_shape_plan, t.value_use};
+    for (size_t k = 0; k < t.shape.size(); ++k) d.dims.push_back(DeclDim{t.shape[k], t.dim_params[k]});
+    decls.push_back(std::move(d));
+  }
+  return decls;
+}
 
-int RunModel(Args& args) {
-  auto parsed = ParseRun(args);
-  if (!parsed.ok()) return Fail(parsed.status());
-  const RunOptions o = *parsed;
-  TraceRecorder trace;  // --trace: its clock starts before the planning it records
-  if (o.backend == "cuda" && !o.emulate_gpu)
-    if (Status st = CheckCudaBackend(); !st.ok()) return Fail(st);
-
-  auto onnx = OnnxModel::FromFile(o.model);
-  if (!onnx.ok()) return Fail(onnx.status());
-  const std::vector<TensorDecl>& decls = (*onnx)->inputs();
-
-  // Inputs: from DIR, else random (seeded, of the shapes --shape gives) so that a model can be
-  // smoke-run without data.
-  std::vector<Tensor> inputs(decls.size());
-  std::vector<std::string> expected_files;
+// The inputs of the run: DIR/input_<i>.pb, or random ones (seeded, of the shapes --shape
+// gives) so that a model can be smoke-run without data; `expected` gets DIR/output_<i>.pb.
+Result<std::vector<Tensor>> LoadInputs(const RunOptions& o, const std::vector<TensorInfo>& declared,
+                                       std::vector<std::string>* expected) {
+  std::vector<Tensor> inputs(declared.size());
   if (!o.data.empty()) {
-    if (!std::filesystem::is_directory(o.data)) return Fail(NotFound("--data '", o.data, "' is not a directory"));
+    if (!std::filesystem::is_directory(o.data)) return NotFound("--data '", o.data, "' is not a directory");
     const std::vector<std::string> files = NumberedFiles(o.data, "input");
-    if (files.size() != decls.size())
-      return Fail(InvalidArgument(o.data, ": the model takes ", decls.size(), " inputs, found ", files.size(),
-                                  " input_<i>.pb files"));
+    if (files.size() != declared.size())
+      return InvalidArgument(o.data, ": the model takes ", declared.size(), " inputs, found ", files.size(),
+                             " input_<i>.pb files");
     for (size_t i = 0; i < files.size(); ++i) {
       std::string name;
-      auto t = ReadTensorProtoFile(files[i], &name);
-      if (!t.ok()) return Fail(t.status());
+      GF_ASSIGN_OR_RETURN(Tensor t, ReadTensorProtoFile(files[i], &name));
       // The input the file names, else the one at its position.
       size_t slot = i;
-      for (size_t k = 0; k < decls.size(); ++k)
-        if (!name.empty() && decls[k].name == name) slot = k;
-      inputs[slot] = std::move(*t);
+      for (size_t k = 0; k < declared.size(); ++k)
+        if (!name.empty() && declared[k].name == name) slot = k;
+      inputs[slot] = std::move(t);
     }
-    expected_files = NumberedFiles(o.data, "output");
-  } else {
-    auto bound = BindShapes(decls, o.shapes);
-    if (!bound.ok()) return Fail(bound.status().WithContext(o.model));
-    std::mt19937 rng(1);
-    std::uniform_real_distribution<double> u(-1, 1);
-    for (size_t i = 0; i < decls.size(); ++i) {
-      auto t = Tensor::Empty(decls[i].dtype, bound->shapes[i]);
-      if (!t.ok()) return Fail(t.status());
-      for (int64_t k = 0; k < t->numel(); ++k) t->SetFromDouble(k, IsFloat(decls[i].dtype) ? u(rng) : 0.0);
-      inputs[i] = std::move(*t);
-    }
-    std::fprintf(stderr, "graphfuse run: no --data: running on random inputs in [-1, 1) (nothing to compare)\n");
+    *expected = NumberedFiles(o.data, "output");
+    return inputs;
   }
-  std::vector<TensorView> model_views;
-  for (const Tensor& t : inputs) model_views.push_back(t.view());
-  auto binding = BindInputs(decls, model_views);
-  if (!binding.ok())
-    return Fail(binding.status().WithContext(o.data.empty() ? o.model : StrCat(o.model, ": --data ", o.data)));
-
-  // The plan for these shapes (and the values of inputs that become shapes), timed.
-  const auto planning_start = std::chrono::steady_clock::now();
-  auto imported = (*onnx)->Instantiate(*binding);
-  if (!imported.ok()) return Fail(imported.status());
-  Graph& g = **imported;
-  FusionReport fusion;
-  PipelineOptions pipeline;
-  pipeline.fusion = o.fusion;
-  pipeline.fusion_report = &fusion;
-  auto target = MakeTarget(o.backend);
-  if (!target.ok()) return Fail(target.status());
-  auto passes = RunPipeline(g, **target, pipeline);
-  if (!passes.ok()) return Fail(passes.status().WithContext(o.model));
-  // --dtype bf16 on the CPU: the GEMMs' weights in bf16 (on CUDA the CPU's plan is the f32 reference).
-  auto plan = ExecutionPlan::Compile(g, {.bf16_weights = o.backend == "cpu" && o.dtype == DType::kBF16});
-  if (!plan.ok()) return Fail(plan.status().WithContext(o.model));
-  const double planning_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();
-  // Inputs whose values became shapes are constants of the plan, not its inputs.
-  std::vector<TensorView> views;
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (!binding->values[i]) views.push_back(model_views[i]);
-
-  ThreadPool pool(o.threads);
-  CpuContext ctx{&pool};
-  std::unique_ptr<CpuCodegen> codegen;
-  if (o.cpu_codegen) {
-    auto cg = AttachCodegen(ctx);
-    if (!cg.ok()) return Fail(cg.status());
-    codegen = std::move(*cg);
+  const std::vector<TensorDecl> decls = Decls(declared);
+  auto bound = BindShapes(decls, o.shapes);
+  if (!bound.ok()) return bound.status().WithContext(o.model);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<double> u(-1, 1);
+  for (size_t i = 0; i < decls.size(); ++i) {
+    GF_ASSIGN_OR_RETURN(inputs[i], Tensor::Empty(decls[i].dtype, bound->shapes[i]));
+    for (int64_t k = 0; k < inputs[i].numel(); ++k)
+      inputs[i].SetFromDouble(k, IsFloat(decls[i].dtype) ? u(rng) : 0.0);
   }
+  std::fprintf(stderr, "graphfuse run: no --data: running on random inputs in [-1, 1) (nothing to compare)\n");
+  return inputs;
+}
+
+// --check-fusion: every fused kernel's results against its original ops on the same inputs, in
+// a run of `model` that shows each node's buffers.
+Result<std::vector<GroupCheck>> CheckFusion(const CompiledModel& model, std::span<const TensorView> inputs,
+                                            const RunOptions& o) {
+  GF_ASSIGN_OR_RETURN(std::shared_ptr<const Plan> plan, model.PlanFor(inputs));
   std::vector<Tensor> outputs;
-  for (const Value* v : g.outputs()) {
-    auto t = Tensor::Empty(v->dtype(), v->shape());
-    if (!t.ok()) return Fail(t.status());
-    outputs.push_back(std::move(*t));
+  std::vector<TensorView> views;
+  for (const TensorInfo& t : plan->outputs()) {
+    GF_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.dtype, t.shape));
+    outputs.push_back(std::move(out));
+    views.push_back(outputs.back().view());
   }
-  std::vector<TensorView> out_views;
-  for (const Tensor& t : outputs) out_views.push_back(t.view());
-  // --check-fusion: every fused kernel's results against its original ops on the same inputs.
   std::vector<GroupCheck> checks;
-  ExecutionPlan::StepObserver observer = [&](const Node& n, std::span<const TensorView> in,
-                                              std::span<const TensorView> out) -> Status {
+  const NodeObserver observer = [&](const Node& n, std::span<const TensorView> in,
+                                    std::span<const TensorView> out) -> Status {
     // A fused node's original ops: "reference" (GEMM, norm, softmax, attention kernels) or the
     // elementwise group's own body.
     const Graph* body = n.GetGraph("reference") ? n.GetGraph("reference") : n.GetGraph("body");
@@ -237,7 +193,7 @@ int RunModel(Args& args) {
     GF_ASSIGN_OR_RETURN(std::vector<Tensor> want, Execute(*body, in, CpuContext{}));
     GroupCheck c{n.name(), n.GetString("kernel_name", ""), true, 0, 0};
     for (size_t k = 0; k < want.size(); ++k) {
-      Tensor got = Tensor::Empty(out[k].dtype, out[k].shape).value();
+      GF_ASSIGN_OR_RETURN(Tensor got, Tensor::Empty(out[k].dtype, out[k].shape));
       std::memcpy(got.data(), out[k].data, got.nbytes());
       const OutputReport r = Compare(body->outputs()[k]->name(), got, want[k], o.rtol, o.atol);
       c.ok &= r.ok;
@@ -247,135 +203,91 @@ int RunModel(Args& args) {
     checks.push_back(c);
     return Status::Ok();
   };
-  // --trace: the run of the backend asked for, each kernel timed (graphfuse/profiling.h).
-  StepLog steps;
-  TracedRun traced;
-  traced.graph = &g;
-  traced.report = &fusion;
-  traced.signature = binding->key;
-  traced.target = o.backend;
-  traced.planned = true;
-  traced.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(planning_start.time_since_epoch()).count();
-  traced.run_start_ns = SteadyClockNs();
-  traced.steps = &steps.steps;
-  const std::vector<KernelChoice> choices = (*target)->DescribeKernels(g);
-  traced.kernel_choices = &choices;
-  RunProfiler* cpu_profiler = !o.trace.empty() && o.backend == "cpu" ? &steps : nullptr;
-  if (Status st = (*plan)->Run(views, out_views, ctx, o.check_fusion ? &observer : nullptr, nullptr, cpu_profiler);
-      !st.ok())
-    return Fail(st.WithContext(o.model));
-  traced.end_ns = SteadyClockNs();
-  traced.kernels = (*plan)->stats().kernels_launched;
+  GF_RETURN_IF_ERROR(model.RunObserved(inputs, views, observer));
+  return checks;
+}
 
-#ifdef GF_HAVE_CUDA
-  // --backend cuda: the same plan on the GPU; its outputs are the ones reported, after a
-  // comparison with the CPU's on the same inputs. With --dtype bf16 / f16 the GPU runs the model
-  // converted to that dtype (planned afresh), against the CPU's f32 plan.
-  std::vector<std::string> cuda_lines;
-  std::vector<OutputReport> cuda_vs_cpu;
-  std::unique_ptr<Graph> narrow;
-  if (o.backend == "cuda" && o.dtype != DType::kF32) {
-    auto fresh = (*onnx)->Instantiate(*binding);
-    if (!fresh.ok()) return Fail(fresh.status());
-    auto converted = ConvertPrecision(**fresh, o.dtype);
-    if (!converted.ok()) return Fail(converted.status().WithContext(StrCat(o.model, ": --dtype ", DTypeName(o.dtype))));
-    narrow = std::move(*converted);
-    PipelineOptions narrow_pipeline;
-    narrow_pipeline.fusion = o.fusion;
-    if (auto r = RunPipeline(*narrow, **target, narrow_pipeline); !r.ok())
-      return Fail(r.status().WithContext(StrCat(o.model, ": --dtype ", DTypeName(o.dtype))));
-  }
-  if (o.backend == "cuda") {
-    cuda::CudaExecOptions co;
-    co.cuda_graph = o.cuda_graph;
-    co.emulate = o.emulate_gpu;
-    co.plan.tf32 = o.tf32;
-    if (!o.cuda_attention.empty()) {
-      auto form = cuda::ParsePrefillAttention(o.cuda_attention);
-      if (!form.ok()) return Fail(form.status().WithContext("run: --cuda-attention"));
-      co.plan.prefill_attention = *form;
-    }
-    traced.start_ns = SteadyClockNs();  // the trace's "plan": the GPU plan's compilation
-    auto ex = cuda::CudaExecutor::Create(narrow ? *narrow : g, co);
-    if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend cuda")));
-    traced.run_start_ns = SteadyClockNs();
-    auto gpu = (*ex)->Run(views);
-    if (!gpu.ok()) return Fail(gpu.status().WithContext(StrCat(o.model, ": --backend cuda")));
-    traced.end_ns = SteadyClockNs();
-    traced.kernels = (*ex)->stats().launches;
-    if (narrow) {
-      traced.graph = narrow.get();
-      traced.report = nullptr;
-    }
-    if (!o.trace.empty()) {
-      // Device times: the steps replayed one by one between CUDA events (an emulated plan has
-      // none; its run is one host-timed step).
-      auto device = (*ex)->DeviceSteps(traced.run_start_ns);
-      if (device.ok()) {
-        steps.steps = std::move(*device);
-      } else {
-        steps.steps.push_back(StepTiming{nullptr, "run", traced.run_start_ns, traced.end_ns - traced.run_start_ns});
-      }
-    }
-    for (size_t i = 0; i < outputs.size(); ++i)
-      cuda_vs_cpu.push_back(Compare(g.outputs()[i]->name(), (*gpu)[i], outputs[i], o.rtol, o.atol));
-    const cuda::CudaExecStats& cs = (*ex)->stats();
-    cuda_lines.push_back(StrCat("cuda", narrow ? StrCat(" (", DTypeName(o.dtype), ")") : "", ": ", cs.launches,
-                                " launches per run (", cs.generated, " generated kernels, ",
-                                cs.cublas, " cuBLAS calls, ", cs.host_fallbacks, " on the host)",
-                                o.cuda_graph ? ", replayed as one CUDA graph" : "",
-                                o.tf32 ? ", f32 GEMMs in TF32" : "",
-                                o.emulate_gpu ? "; emulated on the host, no GPU used" : ""));
-    for (const std::string& l : (*ex)->describe()) cuda_lines.push_back("  " + l);
-    outputs = std::move(*gpu);
-  }
-  for (const std::string& l : cuda_lines) std::printf("%s\n", l.c_str());
-  for (const OutputReport& r : cuda_vs_cpu)
-    std::printf("cuda vs cpu  %-24s max |err| %.3g  max rel %.3g  %s\n", r.name.c_str(), r.max_abs, r.max_rel,
-                r.ok ? "ok" : "DIFFERS");
-#endif
+}  // namespace
 
-  // Any other target: its executable on the same inputs, compared with the CPU's outputs.
-  std::vector<OutputReport> target_vs_cpu;
-  if (o.backend != "cpu" && o.backend != "cuda") {
-    auto ex = (*target)->Compile(std::shared_ptr<const Graph>(&g, [](const Graph*) {}));
-    if (!ex.ok()) return Fail(ex.status().WithContext(StrCat(o.model, ": --backend ", o.backend)));
-    std::vector<Tensor> got;
-    std::vector<TensorView> got_views;
-    for (const Tensor& t : outputs) {
-      got.push_back(Tensor::Empty(t.dtype(), t.shape()).value());
-      got_views.push_back(got.back().view());
+int RunModel(Args& args) {
+  auto parsed = ParseRun(args);
+  if (!parsed.ok()) return Fail(parsed.status());
+  const RunOptions o = *parsed;
+  TraceRecorder trace;  // --trace: its clock starts before the planning it records
+  auto target = MakeCommandTarget(o.backend, o.target, o.dtype);
+  if (!target.ok()) return Fail(target.status());
+  // A target other than the reference runs beside the reference (the CPU in f32, with the same
+  // threads) on the same inputs, and its outputs are compared with the reference's.
+  const bool beside_reference = !IsReferenceKind(**target);
+  auto model = Model::FromOnnxFile(o.model);
+  if (!model.ok()) return Fail(model.status());
+  std::vector<std::string> expected_files;
+  auto inputs = LoadInputs(o, model->inputs(), &expected_files);
+  if (!inputs.ok()) return Fail(inputs.status());
+  std::vector<TensorView> views;
+  for (const Tensor& t : *inputs) views.push_back(t.view());
+
+  CompileOptions compile;
+  compile.fusion = o.fusion;
+  std::unique_ptr<CompiledModel> reference;
+  if (beside_reference) {
+    // The same loaded model (its weights are shared, not read again).
+    auto ref = CompiledModel::Compile(*model, MakeReferenceTarget(o.target), compile);
+    if (!ref.ok()) return Fail(ref.status().WithContext(o.model));
+    reference = std::move(*ref);
+  }
+  auto compiled = CompiledModel::Compile(std::move(*model), *target, compile);
+  if (!compiled.ok()) return Fail(compiled.status().WithContext(o.model));
+  const CompiledModel& cm = **compiled;
+  // The plan for these shapes (and the values of inputs that become shapes); a bad input is
+  // refused here, naming the input and the dim.
+  auto plan = cm.PlanFor(views);
+  if (!plan.ok())
+    return Fail(plan.status().WithContext(o.data.empty() ? o.model : StrCat(o.model, ": --data ", o.data)));
+
+  // --check-fusion: in a run that shows each node, the target's own, or the reference's where
+  // the target's kernels do not run node by node on the host.
+  std::vector<GroupCheck> checks;
+  if (o.check_fusion) {
+    auto c = CheckFusion(cm, views, o);
+    if (!c.ok() && c.status().code() == StatusCode::kUnimplemented && reference) c = CheckFusion(*reference, views, o);
+    if (!c.ok()) return Fail(c.status().WithContext(o.model));
+    checks = std::move(*c);
+  }
+  auto outputs = cm.Run(views, o.trace.empty() ? nullptr : &trace);
+  if (!outputs.ok()) return Fail(outputs.status().WithContext(StrCat(o.model, ": --backend ", o.backend)));
+  const Plan& p = **plan;
+
+  // Beside the reference: the target's description, then its outputs against the reference's.
+  std::vector<OutputReport> vs_reference;
+  bool all_ok = true;
+  if (reference) {
+    auto want = reference->Run(views);
+    if (!want.ok()) return Fail(want.status().WithContext(o.model));
+    const std::vector<std::string> lines = p.describe();
+    std::printf("%s%s: %s\n", o.backend.c_str(), o.dtype != DType::kF32 ? StrCat(" (", DTypeName(o.dtype), ")").c_str() : "",
+                lines.empty() ? StrCat(p.launches_per_run(), " launches per run").c_str() : lines[0].c_str());
+    for (size_t i = 1; i < lines.size(); ++i) std::printf("%s\n", lines[i].c_str());
+    for (size_t i = 0; i < outputs->size(); ++i) {
+      vs_reference.push_back(Compare(p.outputs()[i].name, (*outputs)[i], (*want)[i], o.rtol, o.atol));
+      const OutputReport& r = vs_reference.back();
+      std::printf("%s vs %s  %-24s max |err| %.3g  max rel %.3g  %s\n", o.backend.c_str(),
+                  std::string(MakeReferenceTarget()->name()).c_str(), r.name.c_str(), r.max_abs, r.max_rel,
+                  r.ok ? "ok" : "DIFFERS");
+      all_ok &= r.ok;
     }
-    traced.run_start_ns = SteadyClockNs();
-    if (Status st = o.trace.empty() ? (*ex)->Run(views, got_views) : (*ex)->RunProfiled(views, got_views, steps);
-        !st.ok())
-      return Fail(st.WithContext(StrCat(o.model, ": --backend ", o.backend)));
-    traced.end_ns = SteadyClockNs();
-    traced.kernels = (*ex)->launches_per_run();
-    for (size_t i = 0; i < outputs.size(); ++i)
-      target_vs_cpu.push_back(Compare(g.outputs()[i]->name(), got[i], outputs[i], o.rtol, o.atol));
-    std::printf("%s: %lld launches per run\n", o.backend.c_str(), static_cast<long long>((*ex)->launches_per_run()));
-    for (const OutputReport& r : target_vs_cpu)
-      std::printf("%s vs cpu  %-24s max |err| %.3g  max rel %.3g  %s\n", o.backend.c_str(), r.name.c_str(), r.max_abs,
-                  r.max_rel, r.ok ? "ok" : "DIFFERS");
-    outputs = std::move(got);
   }
 
   std::vector<OutputReport> reports;
-  bool all_ok = true;
-  for (const OutputReport& r : target_vs_cpu) all_ok &= r.ok;
-#ifdef GF_HAVE_CUDA
-  for (const OutputReport& r : cuda_vs_cpu) all_ok &= r.ok;
-#endif
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const std::string name = g.outputs()[i]->name();
+  for (size_t i = 0; i < outputs->size(); ++i) {
+    const std::string& name = p.outputs()[i].name;
     if (i >= expected_files.size()) {
       reports.push_back(OutputReport{name});
       continue;
     }
     auto want = ReadTensorProtoFile(expected_files[i]);
     if (!want.ok()) return Fail(want.status());
-    const Tensor& got = outputs[i];
+    const Tensor& got = (*outputs)[i];
     if (want->shape() != got.shape())
       return Fail(InvalidArgument(expected_files[i], ": expected output '", name, "' has shape ",
                                   ShapeToString(want->shape()), ", the model gives ", ShapeToString(got.shape())));
@@ -383,13 +295,16 @@ int RunModel(Args& args) {
     all_ok &= reports.back().ok;
   }
 
-  const ExecStats& st = (*plan)->stats();
+  const FusionReport& fusion = p.report();
+  const ExecutableStats st = p.stats();
+  const double planning_ms = p.planning_time().total_ms();
   std::printf("model %s: %lld kernels per run unfused, %lld %s; peak activations %.1f KiB (%.1f KiB without reuse)\n",
-              o.model.c_str(), static_cast<long long>(fusion.kernels_before), static_cast<long long>(st.kernels_launched),
-              o.fusion.enabled ? "fused" : "run (--no-fuse)", st.peak_activation_bytes / 1024.0,
+              o.model.c_str(), static_cast<long long>(fusion.kernels_before), static_cast<long long>(st.launches),
+              o.fusion.enabled ? "fused" : "run (--no-fuse)", st.activation_bytes / 1024.0,
               st.activation_bytes_no_reuse / 1024.0);
-  std::printf("planning: %.1f ms for %s\n", planning_ms, binding->key.c_str());
-  if (codegen) std::printf("native loops: %s\n", CodegenSummary(*codegen).c_str());
+  std::printf("planning: %.1f ms for %s\n", planning_ms, p.signature().c_str());
+  if (!reference)
+    for (const std::string& l : p.describe()) std::printf("%s\n", l.c_str());
   if (o.check_fusion) {
     const GroupCheck* first_bad = nullptr;
     for (const GroupCheck& c : checks)
@@ -411,8 +326,7 @@ int RunModel(Args& args) {
                 static_cast<long long>(r.mismatches), r.ok ? "ok" : "DIFFERS");
   }
   if (!o.trace.empty()) {
-    trace.Record(traced);
-    if (Status st = trace.WriteFile(o.trace); !st.ok()) return Fail(st);
+    if (Status ws = trace.WriteFile(o.trace); !ws.ok()) return Fail(ws);
     std::printf("trace: %s (%lld events; open in https://ui.perfetto.dev or chrome://tracing)\n", o.trace.c_str(),
                 static_cast<long long>(trace.events()));
   }
@@ -420,7 +334,7 @@ int RunModel(Args& args) {
     Json j;
     j.BeginObject().Key("command").Str("run").Key("model").Str(o.model);
     AddFusionJson(j, fusion);
-    j.Key("signature").Str(binding->key).Key("planning_ms").Num(planning_ms);
+    j.Key("signature").Str(p.signature()).Key("planning_ms").Num(planning_ms);
     if (o.check_fusion) {
       j.Key("check_fusion").BeginArray();
       for (const GroupCheck& c : checks)
@@ -428,7 +342,7 @@ int RunModel(Args& args) {
             .Key("max_rel_err").Num(c.max_rel).Key("ok").Bool(c.ok).EndObject();
       j.EndArray();
     }
-    j.Key("peak_activation_bytes").Int(st.peak_activation_bytes);
+    j.Key("peak_activation_bytes").Int(st.activation_bytes);
     j.Key("outputs").BeginArray();
     for (const OutputReport& r : reports) {
       j.BeginObject().Key("name").Str(r.name);

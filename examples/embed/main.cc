@@ -19,9 +19,9 @@ int main(int argc, char** argv) {
     if (a == "--target" && i + 1 < argc) {
       target_name = argv[++i];
     } else if (a == "--threads" && i + 1 < argc) {
-      target_options.threads = std::atoi(argv[++i]);
+      target_options.cpu.threads = std::atoi(argv[++i]);
     } else if (a == "--cpu-codegen") {
-      target_options.cpu_codegen = true;
+      target_options.cpu.codegen = true;
     } else if (a == "--no-fuse") {
       compile_options.fusion.enabled = false;
     } else if (model_path.empty() && a[0] != '-') {

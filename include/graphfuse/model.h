@@ -1,7 +1,7 @@
 // The embeddable API: load a model, compile it for a Target, run it.
 //
 //   auto model = graphfuse::Model::FromOnnxFile("block.onnx");           // or bytes, or a Graph
-//   auto target = graphfuse::MakeTarget("cpu", {.threads = 4});
+//   auto target = graphfuse::MakeTarget("cpu", {.cpu = {.threads = 4}});
 //   auto compiled = graphfuse::CompiledModel::Compile(std::move(*model), std::move(*target));
 //   auto outputs = (*compiled)->Run(inputs);                           // std::vector<Tensor>
 //   for (const auto& g : (*compiled)->plan()->report().groups) ...     // what was fused, and why not
@@ -49,6 +49,9 @@ struct TensorInfo {
   // Inputs only: its values become a shape (a Reshape's shape, a Range's limit, ...), so each
   // set of values gets a plan of its own.
   bool values_shape_plan = false;
+  // Where its values become a shape: the first operand that reads them ("input 1 of node
+  // 'Reshape_0' (Reshape)"), for messages.
+  std::string value_use;
 };
 
 // What an ONNX model says about itself (ModelProto's producer, domain, version, doc strings and
@@ -138,6 +141,14 @@ class Plan {
   const Graph& graph() const { return *graph_; }
   // Kernel launches one run makes.
   int64_t launches_per_run() const { return executable_->launches_per_run(); }
+  // The executable's launches and memory, and how it runs, for a person (Executable::stats,
+  // Executable::Describe).
+  ExecutableStats stats() const { return executable_->stats(); }
+  std::vector<std::string> describe() const { return executable_->Describe(); }
+  // Replays of the latest run timed on the device (Executable::DeviceRunMs).
+  Result<double> DeviceRunMs(int repeats, double* median_wall_ms = nullptr) const {
+    return executable_->DeviceRunMs(repeats, median_wall_ms);
+  }
   // How the target's kernels run the nodes where they choose (the CPU: each GEMM's engine).
   const std::vector<KernelChoice>& kernel_choices() const { return kernel_choices_; }
   const PlanningTime& planning_time() const { return planning_; }
@@ -222,6 +233,11 @@ class CompiledModel {
              TraceRecorder* trace = nullptr) const;
   // Same, returning newly allocated outputs.
   Result<std::vector<Tensor>> Run(std::span<const TensorView> inputs, TraceRecorder* trace = nullptr) const;
+  // Run, showing `observer` each node of the plan with its inputs and outputs (slow: checks of
+  // fused kernels against their original ops); Unimplemented on a target whose executables do
+  // not (Executable::RunObserved).
+  Status RunObserved(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                     const NodeObserver& observer) const;
 
   PlanCacheStats cache_stats() const;
 
@@ -243,7 +259,7 @@ class CompiledModel {
                  std::vector<std::shared_ptr<const Plan>>* ahead) const;
   Status FinishPlan(Plan& p, std::shared_ptr<Graph> g, const InputBinding& binding) const;
   Status RunPlan(const Plan& plan, std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                 RunProfiler* profiler = nullptr) const;
+                 RunProfiler* profiler = nullptr, const NodeObserver* observer = nullptr) const;
   // PlanFor; `planned`, when given, says whether this call made the plan.
   Result<std::shared_ptr<const Plan>> PlanForTraced(std::span<const TensorView> inputs, bool* planned) const;
   // RunPlan, profiled and recorded in `trace` with the call's planning (since start_ns) when a

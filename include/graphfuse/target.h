@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -74,6 +75,23 @@ class RunProfiler {
   virtual void OnStep(const StepTiming& step) = 0;
 };
 
+// What a compiled graph does per run and holds, as its target counts it.
+struct ExecutableStats {
+  int64_t launches = 0;         // kernel launches and library calls per run
+  int64_t generated = 0;        // of those, kernels generated for this graph (CUDA: NVRTC)
+  int64_t library_calls = 0;    // of those, library calls (cuBLAS / cuBLASLt)
+  int64_t host_steps = 0;       // of those, nodes a device target runs on the host between copies
+  // Intermediates: the bytes they take with buffers shared by liveness, and what every buffer
+  // would add up to without reuse.
+  int64_t activation_bytes = 0, activation_bytes_no_reuse = 0;
+  int64_t device_bytes = 0;     // device memory held (buffers, constants, workspaces); 0 on the host
+};
+
+// Called after each node of an observed run (Executable::RunObserved) with its inputs and
+// outputs as host buffers: checks of fused kernels against their original ops.
+using NodeObserver =
+    std::function<Status(const Node& node, std::span<const TensorView> in, std::span<const TensorView> out)>;
+
 // A graph compiled for a target: runs it on host tensors.
 class Executable {
  public:
@@ -85,8 +103,21 @@ class Executable {
   // Run, telling `profiler` each step's time. By default the whole run is one step.
   virtual Status RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
                              RunProfiler& profiler);
+  // Run, showing `observer` each node's inputs and outputs (slow: for checks). Unimplemented
+  // where the target's kernels do not run node by node on host buffers.
+  virtual Status RunObserved(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                             const NodeObserver& observer);
+  // The median time of `repeats` replays of the latest run, timed on the device (CUDA events),
+  // in milliseconds; `median_wall_ms`, when given, the median host time from the first launch
+  // to the end of the wait. Unimplemented where kernels run on the host (time Run there).
+  virtual Result<double> DeviceRunMs(int repeats, double* median_wall_ms = nullptr);
   // Kernel launches (and library calls) one run makes.
   virtual int64_t launches_per_run() const = 0;
+  // Launches and memory, as counted when it was compiled. By default only the launches.
+  virtual ExecutableStats stats() const { return {.launches = launches_per_run()}; }
+  // How it runs, a line per point, for a person: the kernels it generated, what runs on the
+  // host, native loops compiled. None by default.
+  virtual std::vector<std::string> Describe() const { return {}; }
   // Whether graph input (output = false) or output `index` may be given as a strided view
   // (TensorView::strides), read or written in place: a KV cache's past and present rows kept
   // in one buffer of larger capacity. Every other view Run is given is contiguous
@@ -94,26 +125,40 @@ class Executable {
   virtual bool TakesStrided(bool output, size_t index) const { return false; }
 };
 
-// How a target runs what it compiles. Each target reads the fields that concern it.
-struct TargetOptions {
-  // CPU: threads of the pool each compiled model runs on (the calling thread counts); 0: the
+// Each target's own options: MakeTarget reads the named target's, and refuses options set for
+// a target it was not asked for.
+struct CpuTargetOptions {
+  // Threads of the pool each compiled model runs on (the calling thread counts); 0: the
   // hardware's.
   int threads = 0;
-  // CPU: fused elementwise loops compiled to native code by the host compiler at run time
+  // Fused elementwise loops compiled to native code by the host compiler at run time
   // (graphfuse/cpu_codegen.h); off: the tile executor interprets them.
-  bool cpu_codegen = false;
-  // CPU: GEMMs against constant weights hold them in bf16, rounded once when the plan is
-  // compiled; activations, sums and every other kernel stay f32 (`--dtype bf16` on the CPU).
-  // Halves a decode step's weight stream; accurate to the bf16 tolerance of the README.
-  bool cpu_bf16_weights = false;
-  // CUDA: the device, and whether each run replays its launches as one CUDA graph.
+  bool codegen = false;
+  // GEMMs against constant weights hold them in bf16, rounded once when the plan is compiled;
+  // activations, sums and every other kernel stay f32 (what ForDtype(kBF16) sets; `--dtype
+  // bf16` on the CPU). Halves a decode step's weight stream; accurate to the bf16 tolerance of
+  // the README.
+  bool bf16_weights = false;
+};
+
+struct CudaTargetOptions {
   int device = 0;
-  bool cuda_graph = false;
-  // CUDA: run the plan on the host instead of a GPU (slow; checks plans without a GPU).
+  // Each run replays its launches as one CUDA graph.
+  bool graph = false;
+  // Plans run on the host instead of a GPU (slow; checks plans without a GPU).
   bool emulate = false;
-  // CUDA: f32 GEMMs in TF32 (10-bit mantissa products, f32 sums): faster on tensor cores, about
-  // 1e-3 relative error instead of f32's 1e-7. Off: f32 GEMMs are exact f32.
-  bool cuda_tf32 = false;
+  // f32 GEMMs in TF32 (10-bit mantissa products, f32 sums): faster on tensor cores, about 1e-3
+  // relative error instead of f32's 1e-7. Off: f32 GEMMs are exact f32.
+  bool tf32 = false;
+  // Prefill attention's form: "flash" (one kernel), "gemms" (cuBLAS GEMMs around a softmax), or
+  // "" (chosen by shape).
+  std::string prefill_attention;
+  bool operator==(const CudaTargetOptions&) const = default;
+};
+
+struct TargetOptions {
+  CpuTargetOptions cpu;
+  CudaTargetOptions cuda;
 };
 
 class Target {
@@ -145,10 +190,24 @@ class Target {
   // This target made to compute models in `dtype` (CompileOptions::dtype), as it runs that dtype
   // (the CPU: bf16 holds the GEMMs' constant weights in bf16; the CUDA target: the model
   // converted to bf16 or f16); Unimplemented, naming what it runs instead, for a dtype it does
-  // not. f32 gives a target like this one.
+  // not. The CPU and CUDA targets give f32 a target like this one; the default refuses every
+  // dtype (a target that computes f32 only need not copy itself).
   virtual Result<std::unique_ptr<Target>> ForDtype(DType dtype) const;
   // The dtype models are converted to before the passes (ConvertPrecision; f32: none).
   virtual DType graph_dtype() const { return DType::kF32; }
+
+  // Whether its results are the reference that other targets' are checked against (the CPU
+  // computing in f32); a tool runs the reference beside any other target and compares.
+  virtual bool is_reference() const { return false; }
+  // The same-run bandwidth ceiling of the memory its kernels read: a copy of `bytes` there, the
+  // median of `repeats`, in GB/s of read + write; Unimplemented where the caller measures the
+  // host's (the CPU).
+  virtual Result<double> CopyGbps(int64_t bytes, int repeats) const;
+  // For a target that generates its kernels' code: writes the sources a graph it planned would
+  // compile into folder `dir` (one file per kernel; no device needed) and returns a line per
+  // node saying how it runs and which files are its kernels, then the count of files written.
+  // Unimplemented by default.
+  virtual Result<std::vector<std::string>> WriteKernelSources(const Graph& graph, const std::string& dir) const;
 
   // Whether its executables read fused nodes' "reference" graphs (to run a fused node whose
   // kernel is missing through its original ops, say). A target that never does may be handed
@@ -160,7 +219,12 @@ class Target {
 // The targets this build has: "cpu", and "cuda" when built with the CUDA toolkit.
 std::vector<std::string> TargetNames();
 
-// The target named `name`; NotFound naming the targets of this build.
+// The target named `name`; NotFound naming the targets of this build (Unimplemented for one
+// this build was made without), InvalidArgument for options given for another target, and the
+// target's own refusal (a GPU target without a device).
 Result<std::unique_ptr<Target>> MakeTarget(std::string_view name, const TargetOptions& options = {});
+
+// The target every other is checked against (Target::is_reference), with options.cpu.
+std::unique_ptr<Target> MakeReferenceTarget(const TargetOptions& options = {});
 
 }  // namespace graphfuse

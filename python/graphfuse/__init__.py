@@ -549,8 +549,11 @@ class InferenceSession:
             dtype = "bf16"
         for k, name in enumerate(candidates):
             try:
+                # The CUDA options go to the cuda target only (a target refuses another's options).
+                on_cuda = name == "cuda"
                 self._session = _graphfuse.Session(
-                    path_or_bytes, name, threads, fusion, plan_cache_capacity, device, cuda_graph, emulate_gpu,
+                    path_or_bytes, name, threads, fusion, plan_cache_capacity, device if on_cuda else 0,
+                    cuda_graph and on_cuda, emulate_gpu and on_cuda,
                     str(dtype), shape_classes, os.fspath(external_data_folder) if external_data_folder else "",
                 )
             except NotFound as e:  # the backend cannot start here (no device): the next provider

@@ -237,10 +237,10 @@ class Session {
           int device, bool cuda_graph, bool emulate, const std::string& dtype, bool shape_classes,
           const std::string& external_data_folder) {
     gf::TargetOptions target_options;
-    target_options.threads = threads;
-    target_options.device = device;
-    target_options.cuda_graph = cuda_graph;
-    target_options.emulate = emulate;
+    target_options.cpu.threads = threads;
+    target_options.cuda.device = device;
+    target_options.cuda.graph = cuda_graph;
+    target_options.cuda.emulate = emulate;
     gf::CompileOptions options;
     options.fusion.enabled = fusion;
     options.plan_cache_capacity = plan_cache_capacity;

@@ -127,7 +127,7 @@ bool Agrees(const ShapeTemplate& tmpl, int64_t t, const Graph& planned) {
 double MsSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 TensorInfo InfoOf(const TensorDecl& d) {
-  TensorInfo info{d.name, d.dtype, {}, {}, d.values_shape_plan};
+  TensorInfo info{d.name, d.dtype, {}, {}, d.values_shape_plan, d.value_use};
   for (const DeclDim& dim : d.dims) {
     info.shape.push_back(dim.fixed() ? dim.value : -1);
     info.dim_params.push_back(dim.fixed() ? "" : dim.param);
@@ -535,7 +535,8 @@ Status CompiledModel::RunTraced(const Plan& plan, std::span<const TensorView> in
 }
 
 Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inputs,
-                              std::span<const TensorView> outputs, RunProfiler* profiler) const {
+                              std::span<const TensorView> outputs, RunProfiler* profiler,
+                              const NodeObserver* observer) const {
   const Plan* p = &plan;
   if (inputs.size() != p->inputs().size())
     return InvalidArgument(source_->label, ": the model takes ", p->inputs().size(), " inputs, ", inputs.size(),
@@ -581,10 +582,20 @@ Status CompiledModel::RunPlan(const Plan& plan, std::span<const TensorView> inpu
     scatter.emplace_back(i, std::move(c));
   }
   std::span<const TensorView> run_out = run_outputs.empty() ? outputs : run_outputs;
-  GF_RETURN_IF_ERROR(profiler ? p->executable_->RunProfiled(graph_inputs, run_out, *profiler)
-                              : p->executable_->Run(graph_inputs, run_out));
+  GF_RETURN_IF_ERROR(observer   ? p->executable_->RunObserved(graph_inputs, run_out, *observer)
+                     : profiler ? p->executable_->RunProfiled(graph_inputs, run_out, *profiler)
+                                : p->executable_->Run(graph_inputs, run_out));
   for (const auto& [i, c] : scatter) GF_RETURN_IF_ERROR(CopyView(c.view(), outputs[i]));
   return Status::Ok();
+}
+
+Status CompiledModel::RunObserved(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                                  const NodeObserver& observer) const {
+  std::shared_ptr<const Plan> p = static_plan_;
+  if (!p) {
+    GF_ASSIGN_OR_RETURN(p, PlanFor(inputs));
+  }
+  return RunPlan(*p, inputs, outputs, nullptr, &observer);
 }
 
 Result<std::vector<Tensor>> CompiledModel::Run(std::span<const TensorView> inputs, TraceRecorder* trace) const {

@@ -1,4 +1,4 @@
-#include "prepared_store.h"
+#include "core/prepared_store.h"
 
 #include <cstdio>
 

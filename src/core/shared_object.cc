@@ -1,4 +1,4 @@
-#include "shared_object.h"
+#include "core/shared_object.h"
 
 #include <dlfcn.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "cpu_codegen.h"
+#include "cpu/cpu_codegen.h"
 
 #include <dlfcn.h>
 
@@ -343,4 +343,18 @@ void CountOutsideScope(CpuCodegen& cg, const std::string& why) {
 }
 
 }  // namespace cpu
+
+std::string CpuCodegen::Summary() const {
+  const Stats s = stats();
+  char head[160];
+  std::snprintf(head, sizeof head, "%d compiled (%.1f s), %d from the cache, %d left to the tile executor", s.compiled,
+                s.compile_seconds, s.loaded, s.outside_scope);
+  std::string out = head;
+  std::string why;
+  for (const auto& [reason, count] : s.outside_why) why += StrCat(why.empty() ? "" : ", ", count, " with ", reason);
+  out += why.empty() ? "" : StrCat(" (", why, ")");
+  if (s.failed) out += StrCat("; ", s.failed, " failed to compile (the tile executor ran them): ", s.last_error);
+  return out;
+}
+
 }  // namespace graphfuse

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "graphfuse/cpu_codegen.h"
-#include "tile_program.h"
+#include "cpu/tile_program.h"
 
 namespace graphfuse::cpu {
 

@@ -1,10 +1,10 @@
-#include "cpu_target.h"
+#include "cpu/cpu_target.h"
 
 #include <mutex>
 
-#include "../ir/op_registry.h"
-#include "executor.h"
-#include "kernel_registry.h"
+#include "ir/op_registry.h"
+#include "cpu/executor.h"
+#include "cpu/kernel_registry.h"
 #include "graphfuse/cpu_codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/thread_pool.h"
@@ -42,7 +42,27 @@ class CpuExecutable final : public Executable {
                      RunProfiler& profiler) override {
     return RunWith(inputs, outputs, &profiler);
   }
+  Status RunObserved(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
+                     const NodeObserver& observer) override {
+    std::lock_guard<std::mutex> lock(workers_->run);
+    GF_ASSIGN_OR_RETURN(void* arena, ExecutionPlan::GrowArena(workers_->arena, plan_->arena_bytes()));
+    CpuContext ctx{&workers_->pool()};
+    ctx.codegen = codegen_.get();
+    return plan_->Run(inputs, outputs, ctx, &observer, arena, nullptr);
+  }
   int64_t launches_per_run() const override { return plan_->stats().kernels_launched; }
+  ExecutableStats stats() const override {
+    const ExecStats& s = plan_->stats();
+    return {.launches = s.kernels_launched,
+            .activation_bytes = s.peak_activation_bytes,
+            .activation_bytes_no_reuse = s.activation_bytes_no_reuse};
+  }
+  // The native loops (CpuTargetOptions::codegen) compiled so far and what they left to the
+  // tile executor.
+  std::vector<std::string> Describe() const override {
+    if (!codegen_) return {};
+    return {StrCat("native loops: ", codegen_->Summary())};
+  }
   bool TakesStrided(bool output, size_t index) const override { return plan_->TakesStrided(output, index); }
 
  private:
@@ -63,16 +83,15 @@ class CpuExecutable final : public Executable {
 
 }  // namespace
 
-CpuTarget::CpuTarget(const TargetOptions& options)
+CpuTarget::CpuTarget(const CpuTargetOptions& options)
     : options_(options), workers_(std::make_shared<Workers>(options.threads)) {}
 
 Result<std::unique_ptr<Target>> CpuTarget::ForDtype(DType dtype) const {
-  TargetOptions o = options_;
-  if (dtype == DType::kBF16) {
-    o.cpu_bf16_weights = true;
-  } else if (dtype != DType::kF32) {
+  CpuTargetOptions o = options_;
+  o.bf16_weights = dtype == DType::kBF16;
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return Unimplemented("the cpu target computes in f32, and in bf16 with its GEMMs' weights held in bf16; ",
-                         DTypeName(dtype), " needs the cuda target");
+                         DTypeName(dtype), " needs the cuda target (--backend cuda)");
   }
   return std::unique_ptr<Target>(new CpuTarget(o));
 }
@@ -90,16 +109,16 @@ Status CpuTarget::EvaluateOnHost(const Node& node, std::span<const TensorView> i
 Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Graph> graph) const {
   if (options_.threads < 0) return InvalidArgument("CPU target: threads must be >= 0 (0: the hardware's), got ", options_.threads);
   std::unique_ptr<CpuCodegen> codegen;
-  if (options_.cpu_codegen) {
+  if (options_.codegen) {
     GF_ASSIGN_OR_RETURN(codegen, CpuCodegen::Create());
   }
   GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan,
-                      ExecutionPlan::Compile(*graph, {.bf16_weights = options_.cpu_bf16_weights}));
+                      ExecutionPlan::Compile(*graph, {.bf16_weights = options_.bf16_weights}));
   return std::unique_ptr<Executable>(new CpuExecutable(std::move(graph), workers_, std::move(codegen), std::move(plan)));
 }
 
 std::vector<KernelChoice> CpuTarget::DescribeKernels(const Graph& graph) const {
-  return DescribeCpuKernels(graph, {.bf16_weights = options_.cpu_bf16_weights});
+  return DescribeCpuKernels(graph, {.bf16_weights = options_.bf16_weights});
 }
 
 const Target& DefaultCpuTarget() {

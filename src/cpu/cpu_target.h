@@ -10,8 +10,7 @@ namespace graphfuse::cpu {
 
 class CpuTarget final : public Target {
  public:
-  // Reads options.threads and options.cpu_codegen.
-  explicit CpuTarget(const TargetOptions& options = {});
+  explicit CpuTarget(const CpuTargetOptions& options = {});
   std::string_view name() const override { return "cpu"; }
   // A launch on the thread pool costs about 1 us; fused traffic is priced at 40 GB/s.
   TargetCosts costs() const override { return {1.0, 40.0}; }
@@ -24,20 +23,22 @@ class CpuTarget final : public Target {
   // runs from several threads, of one plan or of several, take turns (each run already uses
   // every thread of the pool).
   Result<std::unique_ptr<Executable>> Compile(std::shared_ptr<const Graph> graph) const override;
-  // Which engine runs each GEMM (with options.cpu_bf16_weights), and why.
+  // Which engine runs each GEMM (with options.bf16_weights), and why.
   std::vector<KernelChoice> DescribeKernels(const Graph& graph) const override;
-  // bf16: the same target with options.cpu_bf16_weights (activations and sums stay f32); f16:
+  // bf16: the same target with options.bf16_weights (activations and sums stay f32); f16:
   // refused (the CPU kernels compute f32).
   Result<std::unique_ptr<Target>> ForDtype(DType dtype) const override;
   // Every fused node has a CPU kernel, and none reads a reference graph.
   bool ReadsReferenceGraphs() const override { return false; }
+  // In f32 (no bf16 weights), its results are the reference.
+  bool is_reference() const override { return !options_.bf16_weights; }
 
   // What its executables share: the thread pool (made on the first run), the arena their
   // intermediates live in (grown to the largest plan's), and the lock their runs take turns on.
   struct Workers;
 
  private:
-  TargetOptions options_;
+  CpuTargetOptions options_;
   std::shared_ptr<Workers> workers_;
 };
 

@@ -1,8 +1,8 @@
-#include "elementwise_kernels.h"
+#include "cpu/elementwise_kernels.h"
 
 #include <hwy/cache_control.h>
 
-#include "op_rows.h"
+#include "cpu/op_rows.h"
 
 namespace graphfuse::cpu {
 namespace {

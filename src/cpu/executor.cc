@@ -4,17 +4,17 @@
 // (Reshape, Squeeze, ...) shares its input's memory, a block is reused once nothing later reads
 // it. Graph outputs are written straight into the caller's buffers unless they alias an input,
 // a constant or another output, in which case they live in the arena and are copied at the end.
-#include "executor.h"
+#include "cpu/executor.h"
 
 #include <algorithm>
 #include <cstring>
 #include <optional>
 #include <map>
 
-#include "../cpu/lower_group.h"
-#include "../ir/op_registry.h"
-#include "../memory/memory_plan.h"
-#include "kernel_registry.h"
+#include "cpu/lower_group.h"
+#include "ir/op_registry.h"
+#include "memory/memory_plan.h"
+#include "cpu/kernel_registry.h"
 
 namespace graphfuse {
 

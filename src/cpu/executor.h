@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "../cpu/tile_program.h"
+#include "cpu/tile_program.h"
 #include "graphfuse/cpu.h"
-#include "kernel_registry.h"
+#include "cpu/kernel_registry.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/target.h"
 

@@ -1,10 +1,10 @@
-#include "kernel_registry.h"
+#include "cpu/kernel_registry.h"
 
 #include <functional>
 #include <map>
 #include <string>
 
-#include "kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_lists.h"
 
 namespace graphfuse {
 namespace {

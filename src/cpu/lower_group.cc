@@ -1,10 +1,10 @@
-#include "lower_group.h"
+#include "cpu/lower_group.h"
 
 #include <map>
 
-#include "../ir/elementwise_body.h"
-#include "../ir/op_registry.h"
-#include "../ops/reference.h"
+#include "ir/elementwise_body.h"
+#include "ir/op_registry.h"
+#include "ops/reference.h"
 
 namespace graphfuse::cpu {
 

@@ -5,7 +5,7 @@
 #pragma once
 
 #include "graphfuse/graph.h"
-#include "tile_program.h"
+#include "cpu/tile_program.h"
 
 namespace graphfuse::cpu {
 

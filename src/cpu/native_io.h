@@ -6,7 +6,7 @@
 
 #include <cstring>
 
-#include "simd.h"
+#include "cpu/simd.h"
 
 namespace graphfuse::cpu::native {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "../ops/reference.h"
+#include "ops/reference.h"
 #include "graphfuse/cpu.h"
-#include "tile_program.h"
+#include "cpu/tile_program.h"
 
 namespace graphfuse {
 

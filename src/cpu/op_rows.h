@@ -4,8 +4,8 @@
 // (cpu_codegen.cc), so that both compute every op with the very same instructions.
 #pragma once
 
-#include "../ops/scalar_math.h"
-#include "simd.h"
+#include "ops/scalar_math.h"
+#include "cpu/simd.h"
 
 namespace graphfuse::cpu::rows {
 

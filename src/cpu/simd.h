@@ -21,7 +21,7 @@
 #include <cstdint>
 
 #include "graphfuse/ops.h"
-#include "../ops/philox.h"
+#include "ops/philox.h"
 
 #if HWY_ARCH_X86
 #include <immintrin.h>

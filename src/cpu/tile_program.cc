@@ -1,4 +1,4 @@
-#include "tile_program.h"
+#include "cpu/tile_program.h"
 
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
@@ -11,7 +11,7 @@
 #include <memory>
 #include <optional>
 
-#include "cpu_codegen.h"
+#include "cpu/cpu_codegen.h"
 #include "graphfuse/dtype.h"
 
 namespace graphfuse::cpu {

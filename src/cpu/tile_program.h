@@ -13,9 +13,9 @@
 #include <memory>
 #include <span>
 
-#include "../core/inline_vec.h"
-#include "../ir/elementwise_body.h"
-#include "elementwise_kernels.h"
+#include "core/inline_vec.h"
+#include "ir/elementwise_body.h"
+#include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 
 namespace graphfuse::cpu {

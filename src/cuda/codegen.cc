@@ -7,7 +7,7 @@
 // would store that type. (4) The kernel wraps the body in a float4 loop (when every operand
 // allows it) and a scalar grid-stride loop.
 #include "core/hash.h"
-#include "codegen.h"
+#include "cuda/codegen.h"
 
 #include <algorithm>
 #include <cctype>
@@ -16,10 +16,10 @@
 #include <cstring>
 #include <map>
 
-#include "../ir/op_registry.h"
-#include "../ops/reference.h"
-#include "codegen_internal.h"
-#include "device_prelude.h"
+#include "ir/op_registry.h"
+#include "ops/reference.h"
+#include "cuda/codegen_internal.h"
+#include "cuda/device_prelude.h"
 #include "graphfuse/ops.h"
 
 namespace graphfuse::cuda {

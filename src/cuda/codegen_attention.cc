@@ -11,11 +11,11 @@
 #include <algorithm>
 #include <functional>
 
-#include "../ir/schemas/attention_layout.h"
-#include "codegen.h"
-#include "codegen_attention.h"
-#include "codegen_internal.h"
-#include "device_prelude.h"
+#include "ir/schemas/attention_layout.h"
+#include "cuda/codegen.h"
+#include "cuda/codegen_attention.h"
+#include "cuda/codegen_internal.h"
+#include "cuda/device_prelude.h"
 
 namespace graphfuse::cuda {
 

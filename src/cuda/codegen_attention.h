@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "../ir/schemas/attention_layout.h"
-#include "codegen.h"
-#include "codegen_internal.h"
+#include "ir/schemas/attention_layout.h"
+#include "cuda/codegen.h"
+#include "cuda/codegen_internal.h"
 
 namespace graphfuse::cuda::internal {
 

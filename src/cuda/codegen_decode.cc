@@ -31,12 +31,12 @@
 // keeps (the next step reads it from there).
 #include <algorithm>
 
-#include "../ir/schemas/attention_cache.h"
-#include "codegen.h"
-#include "codegen_attention.h"
-#include "codegen_internal.h"
+#include "ir/schemas/attention_cache.h"
+#include "cuda/codegen.h"
+#include "cuda/codegen_attention.h"
+#include "cuda/codegen_internal.h"
 #include "core/hash.h"
-#include "device_prelude.h"
+#include "cuda/device_prelude.h"
 
 namespace graphfuse::cuda {
 namespace {

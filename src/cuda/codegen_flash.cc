@@ -35,9 +35,9 @@
 #include <limits>
 #include <optional>
 
-#include "codegen_attention.h"
-#include "codegen_internal.h"
-#include "device_prelude.h"
+#include "cuda/codegen_attention.h"
+#include "cuda/codegen_internal.h"
+#include "cuda/device_prelude.h"
 
 namespace graphfuse::cuda {
 namespace {

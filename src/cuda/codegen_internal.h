@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen.h"
+#include "cuda/codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/ops.h"
 

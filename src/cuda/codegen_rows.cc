@@ -20,11 +20,11 @@
 #include <string_view>
 
 #include "core/hash.h"
-#include "../ir/schemas/fused_gemm.h"
-#include "../ir/schemas/rowwise_layout.h"
-#include "codegen.h"
-#include "codegen_internal.h"
-#include "device_prelude.h"
+#include "ir/schemas/fused_gemm.h"
+#include "ir/schemas/rowwise_layout.h"
+#include "cuda/codegen.h"
+#include "cuda/codegen_internal.h"
+#include "cuda/device_prelude.h"
 
 namespace graphfuse::cuda {
 namespace internal {

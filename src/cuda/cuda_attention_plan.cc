@@ -1,4 +1,4 @@
-#include "cuda_attention_plan.h"
+#include "cuda/cuda_attention_plan.h"
 
 namespace graphfuse::cuda {
 

@@ -6,7 +6,7 @@
 // for the partials.
 #pragma once
 
-#include "plan_builder.h"
+#include "cuda/plan_builder.h"
 
 namespace graphfuse::cuda {
 

@@ -2,7 +2,7 @@
 // generated kernels in plan_builder.h, GEMMs in cuda_gemm_plan.h, attention as GEMMs and the
 // decode attention's two kernels in cuda_attention_plan.h, the rest on the host in host_fallback.h) and captures the plan as a
 // CUDA graph if asked; Run, Replay and ProfileSteps launch the steps.
-#include "cuda_executor.h"
+#include "cuda/cuda_executor.h"
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -12,12 +12,12 @@
 #include <chrono>
 #include <cstdlib>
 
-#include "cuda_attention_plan.h"
-#include "cuda_gemm_plan.h"
-#include "cuda_status.h"
-#include "host_fallback.h"
-#include "nvrtc_compile.h"
-#include "plan_builder.h"
+#include "cuda/cuda_attention_plan.h"
+#include "cuda/cuda_gemm_plan.h"
+#include "cuda/cuda_status.h"
+#include "cuda/host_fallback.h"
+#include "cuda/nvrtc_compile.h"
+#include "cuda/plan_builder.h"
 
 namespace graphfuse::cuda {
 

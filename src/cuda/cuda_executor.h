@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen.h"
+#include "cuda/codegen.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/target.h"
 #include "graphfuse/tensor.h"

@@ -1,10 +1,10 @@
-#include "cuda_gemm.h"
+#include "cuda/cuda_gemm.h"
 
 #include <bit>
 #include <cmath>
 #include <cstring>
 
-#include "cuda_status.h"
+#include "cuda/cuda_status.h"
 
 namespace graphfuse::cuda {
 namespace {

@@ -1,10 +1,10 @@
-#include "cuda_gemm_plan.h"
+#include "cuda/cuda_gemm_plan.h"
 
 #include <algorithm>
 
-#include "../ir/schemas/fused_gemm.h"
-#include "cuda_status.h"
-#include "host_fallback.h"
+#include "ir/schemas/fused_gemm.h"
+#include "cuda/cuda_status.h"
+#include "cuda/host_fallback.h"
 
 namespace graphfuse::cuda {
 namespace {

@@ -7,7 +7,7 @@
 // reads.
 #pragma once
 
-#include "plan_builder.h"
+#include "cuda/plan_builder.h"
 
 namespace graphfuse::cuda {
 

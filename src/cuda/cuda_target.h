@@ -15,9 +15,12 @@ class KernelCache;
 
 class CudaTarget final : public Target {
  public:
-  // Reads options.device, options.cuda_graph, options.emulate and options.cuda_tf32.
-  // `dtype`: what models are converted to before the passes (f32: none).
-  explicit CudaTarget(const TargetOptions& options = {}, DType dtype = DType::kF32);
+  // `dtype`: what models are converted to before the passes (f32: none). Create checks the
+  // options and the device; the constructor takes them as given.
+  explicit CudaTarget(const CudaTargetOptions& options = {}, DType dtype = DType::kF32);
+  // InvalidArgument for options that contradict (a CUDA graph emulated, an unknown attention
+  // form), NotFound when the device cannot be used and emulation is off.
+  static Result<std::unique_ptr<CudaTarget>> Create(const CudaTargetOptions& options);
   std::string_view name() const override { return "cuda"; }
   // Per launch: the launch time saved by replaying the LLaMA block's launches as one CUDA
   // graph; bandwidth: a device-to-device copy (bench/RESULTS.md, "CUDA on the H200").
@@ -35,9 +38,13 @@ class CudaTarget final : public Target {
   DType graph_dtype() const override { return dtype_; }
   // The kernels its plans compiled, shared by all of them (kernel_cache.h).
   const KernelCache& kernel_cache() const { return *kernels_; }
+  // A device-to-device copy (none when emulated: the host's memory is measured there).
+  Result<double> CopyGbps(int64_t bytes, int repeats) const override;
+  // Each node's CUDA path (ForEachCudaPlan) and its generated kernels' sources, NAME.cu.
+  Result<std::vector<std::string>> WriteKernelSources(const Graph& graph, const std::string& dir) const override;
 
  private:
-  TargetOptions options_;
+  CudaTargetOptions options_;
   DType dtype_ = DType::kF32;
   std::shared_ptr<KernelCache> kernels_;
 };

@@ -1,10 +1,10 @@
-#include "device_memory.h"
+#include "cuda/device_memory.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
-#include "cuda_status.h"
+#include "cuda/cuda_status.h"
 
 namespace graphfuse::cuda {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "../memory/memory_plan.h"
+#include "memory/memory_plan.h"
 #include "graphfuse/graph.h"
 
 namespace graphfuse::cuda {

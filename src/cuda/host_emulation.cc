@@ -1,8 +1,8 @@
-#include "host_emulation.h"
+#include "cuda/host_emulation.h"
 
 #include <filesystem>
 
-#include "codegen_internal.h"
+#include "cuda/codegen_internal.h"
 #include "core/shared_object.h"
 
 namespace graphfuse::cuda {

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen.h"
+#include "cuda/codegen.h"
 
 namespace graphfuse {
 class SharedObject;

@@ -1,6 +1,6 @@
-#include "host_fallback.h"
+#include "cuda/host_fallback.h"
 
-#include "../cpu/executor.h"
+#include "cpu/executor.h"
 
 namespace graphfuse::cuda {
 

@@ -2,7 +2,7 @@
 // its outputs, on the plan's stream (reported; refused under CUDA-graph capture).
 #pragma once
 
-#include "plan_builder.h"
+#include "cuda/plan_builder.h"
 
 namespace graphfuse::cuda {
 

@@ -1,4 +1,4 @@
-#include "kernel_cache.h"
+#include "cuda/kernel_cache.h"
 
 namespace graphfuse::cuda {
 

@@ -12,9 +12,9 @@
 #include <mutex>
 #include <string>
 
-#include "codegen.h"
-#include "host_emulation.h"
-#include "nvrtc_compile.h"
+#include "cuda/codegen.h"
+#include "cuda/host_emulation.h"
+#include "cuda/nvrtc_compile.h"
 
 namespace graphfuse::cuda {
 

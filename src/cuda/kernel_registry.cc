@@ -5,9 +5,9 @@
 // host.
 #include <string_view>
 
-#include "../ir/schemas/attention_layout.h"
-#include "../ir/schemas/fused_gemm.h"
-#include "codegen.h"
+#include "ir/schemas/attention_layout.h"
+#include "ir/schemas/fused_gemm.h"
+#include "cuda/codegen.h"
 #include "graphfuse/ops.h"
 
 namespace graphfuse::cuda {

@@ -1,5 +1,5 @@
 #include "core/hash.h"
-#include "nvrtc_compile.h"
+#include "cuda/nvrtc_compile.h"
 
 #include <nvrtc.h>
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "codegen.h"
+#include "cuda/codegen.h"
 
 namespace graphfuse::cuda {
 

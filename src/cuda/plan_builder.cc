@@ -1,9 +1,9 @@
-#include "plan_builder.h"
+#include "cuda/plan_builder.h"
 
 #include <algorithm>
 #include <chrono>
 
-#include "cuda_status.h"
+#include "cuda/cuda_status.h"
 
 namespace graphfuse::cuda {
 

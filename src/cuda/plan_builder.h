@@ -15,13 +15,13 @@
 #include <string>
 #include <vector>
 
-#include "codegen.h"
-#include "cuda_executor.h"
-#include "cuda_gemm.h"
-#include "device_memory.h"
-#include "host_emulation.h"
-#include "kernel_cache.h"
-#include "nvrtc_compile.h"
+#include "cuda/codegen.h"
+#include "cuda/cuda_executor.h"
+#include "cuda/cuda_gemm.h"
+#include "cuda/device_memory.h"
+#include "cuda/host_emulation.h"
+#include "cuda/kernel_cache.h"
+#include "cuda/nvrtc_compile.h"
 
 namespace graphfuse::cuda {
 

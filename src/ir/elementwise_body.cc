@@ -1,8 +1,8 @@
-#include "elementwise_body.h"
+#include "ir/elementwise_body.h"
 
 #include <vector>
 
-#include "../ops/reference.h"
+#include "ops/reference.h"
 
 namespace graphfuse {
 

@@ -1,7 +1,7 @@
 // Registry entries for the op table's rows: inference from ops.h's rules.
 #include <array>
 
-#include "op_registry.h"
+#include "ir/op_registry.h"
 
 namespace graphfuse {
 

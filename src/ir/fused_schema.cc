@@ -1,8 +1,8 @@
 // FusedElementwise: a group of op-table nodes run as one kernel. Its "body" attribute is a
 // graph whose inputs and outputs correspond one to one to the node's; the planner
 // (src/passes/fuse_elementwise.cc) creates these nodes, a backend lowers each body once.
-#include "elementwise_body.h"
-#include "op_registry.h"
+#include "ir/elementwise_body.h"
+#include "ir/op_registry.h"
 
 namespace graphfuse {
 namespace {

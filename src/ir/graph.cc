@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "op_registry.h"
+#include "ir/op_registry.h"
 
 namespace graphfuse {
 

@@ -1,8 +1,8 @@
-#include "op_registry.h"
+#include "ir/op_registry.h"
 
 #include <map>
 
-#include "schemas/schema_lists.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse {
 

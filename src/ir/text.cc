@@ -1,4 +1,4 @@
-#include "text.h"
+#include "ir/text.h"
 
 #include <cctype>
 #include <cmath>

@@ -1,8 +1,8 @@
-#include "memory_plan.h"
+#include "memory/memory_plan.h"
 
 #include <algorithm>
 
-#include "../ir/op_registry.h"
+#include "ir/op_registry.h"
 
 namespace graphfuse {
 

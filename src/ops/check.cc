@@ -1,11 +1,11 @@
-#include "check.h"
+#include "ops/check.h"
 
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "graphfuse/status.h"
-#include "reference.h"
+#include "ops/reference.h"
 
 namespace graphfuse {
 namespace {

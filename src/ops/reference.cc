@@ -1,6 +1,6 @@
-#include "reference.h"
+#include "ops/reference.h"
 
-#include "scalar_math.h"
+#include "ops/scalar_math.h"
 
 namespace graphfuse {
 namespace {

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "graphfuse/ops.h"
-#include "philox.h"
+#include "ops/philox.h"
 
 namespace graphfuse::scalar {
 

@@ -46,11 +46,11 @@
 #include <string>
 #include <vector>
 
-#include "../core/prepared_store.h"
+#include "core/prepared_store.h"
 #include "graphfuse/ops.h"
-#include "fusion_passes.h"
-#include "match.h"
-#include "view_chains.h"
+#include "passes/fusion_passes.h"
+#include "passes/match.h"
+#include "passes/view_chains.h"
 
 namespace graphfuse {
 namespace {

@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "../core/prepared_store.h"
-#include "fusion_passes.h"
-#include "match.h"
+#include "core/prepared_store.h"
+#include "passes/fusion_passes.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace {

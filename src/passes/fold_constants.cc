@@ -1,10 +1,10 @@
-#include "fold_constants.h"
+#include "passes/fold_constants.h"
 
 #include <cstring>
 #include <vector>
 
-#include "../core/prepared_store.h"
-#include "../ir/op_registry.h"
+#include "core/prepared_store.h"
+#include "ir/op_registry.h"
 
 namespace graphfuse {
 

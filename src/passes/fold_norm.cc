@@ -34,13 +34,13 @@
 #include <string>
 #include <vector>
 
-#include "../core/prepared_store.h"
-#include "../ir/schemas/attention_layout.h"
-#include "../ir/schemas/fused_gemm.h"
-#include "fusion_passes.h"
-#include "pass_manager.h"
-#include "gemm_epilogue_form.h"
-#include "match.h"
+#include "core/prepared_store.h"
+#include "ir/schemas/attention_layout.h"
+#include "ir/schemas/fused_gemm.h"
+#include "passes/fusion_passes.h"
+#include "passes/pass_manager.h"
+#include "passes/gemm_epilogue_form.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace {

@@ -21,11 +21,11 @@
 #include <map>
 #include <set>
 
-#include "../ir/schemas/attention_cache.h"
-#include "fusion_passes.h"
-#include "pass_manager.h"
-#include "match.h"
-#include "reference_graph.h"
+#include "ir/schemas/attention_cache.h"
+#include "passes/fusion_passes.h"
+#include "passes/pass_manager.h"
+#include "passes/match.h"
+#include "passes/reference_graph.h"
 
 namespace graphfuse {
 namespace {

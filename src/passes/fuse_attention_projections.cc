@@ -7,17 +7,17 @@
 #include <optional>
 #include <set>
 
-#include "../core/prepared_store.h"
+#include "core/prepared_store.h"
 #include "core/hash.h"
-#include "../ir/op_registry.h"
-#include "../ir/text.h"
-#include "../ir/schemas/attention_layout.h"
-#include "../ir/schemas/fused_gemm.h"
-#include "fusion_legality.h"
-#include "fusion_passes.h"
-#include "pass_manager.h"
-#include "match.h"
-#include "reference_graph.h"
+#include "ir/op_registry.h"
+#include "ir/text.h"
+#include "ir/schemas/attention_layout.h"
+#include "ir/schemas/fused_gemm.h"
+#include "passes/fusion_legality.h"
+#include "passes/fusion_passes.h"
+#include "passes/pass_manager.h"
+#include "passes/match.h"
+#include "passes/reference_graph.h"
 
 namespace graphfuse {
 

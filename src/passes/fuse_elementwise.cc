@@ -1,6 +1,6 @@
 #include "core/hash.h"
-#include "fuse_elementwise.h"
-#include "pass_manager.h"
+#include "passes/fuse_elementwise.h"
+#include "passes/pass_manager.h"
 
 #include <algorithm>
 #include <cctype>
@@ -9,10 +9,10 @@
 #include <memory>
 #include <numeric>
 
-#include "../ir/op_registry.h"
-#include "../ir/text.h"
-#include "../ops/reference.h"
-#include "match.h"
+#include "ir/op_registry.h"
+#include "ir/text.h"
+#include "ops/reference.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 

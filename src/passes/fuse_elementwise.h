@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "fusion_legality.h"
+#include "passes/fusion_legality.h"
 #include "graphfuse/graph.h"
 
 namespace graphfuse {

@@ -23,13 +23,13 @@
 #include <map>
 #include <set>
 
-#include "../core/prepared_store.h"
-#include "../ir/elementwise_body.h"
-#include "../ir/schemas/fused_gemm.h"
-#include "fusion_passes.h"
-#include "pass_manager.h"
-#include "gemm_epilogue_form.h"
-#include "match.h"
+#include "core/prepared_store.h"
+#include "ir/elementwise_body.h"
+#include "ir/schemas/fused_gemm.h"
+#include "passes/fusion_passes.h"
+#include "passes/pass_manager.h"
+#include "passes/gemm_epilogue_form.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace {

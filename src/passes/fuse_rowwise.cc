@@ -36,10 +36,10 @@
 #include <set>
 
 #include "core/hash.h"
-#include "../ir/text.h"
-#include "fusion_passes.h"
-#include "pass_manager.h"
-#include "match.h"
+#include "ir/text.h"
+#include "passes/fusion_passes.h"
+#include "passes/pass_manager.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace {

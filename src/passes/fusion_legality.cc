@@ -1,4 +1,4 @@
-#include "fusion_legality.h"
+#include "passes/fusion_legality.h"
 
 namespace graphfuse {
 

@@ -7,7 +7,7 @@
 // same inputs. With options.enabled == false each pass changes nothing.
 #pragma once
 
-#include "fuse_elementwise.h"
+#include "passes/fuse_elementwise.h"
 #include "graphfuse/graph.h"
 
 namespace graphfuse {

@@ -1,9 +1,9 @@
-#include "gemm_epilogue_form.h"
+#include "passes/gemm_epilogue_form.h"
 
 #include <algorithm>
 
-#include "../ir/op_registry.h"
-#include "match.h"
+#include "ir/op_registry.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace gemm_epilogue {

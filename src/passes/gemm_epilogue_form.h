@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "../ir/schemas/fused_gemm.h"
+#include "ir/schemas/fused_gemm.h"
 #include "graphfuse/graph.h"
 #include "graphfuse/ops.h"
 

@@ -1,11 +1,11 @@
-#include "match.h"
+#include "passes/match.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 
-#include "../ir/op_registry.h"
-#include "../ir/schemas/data_movement.h"
+#include "ir/op_registry.h"
+#include "ir/schemas/data_movement.h"
 
 namespace graphfuse::match {
 

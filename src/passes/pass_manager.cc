@@ -1,12 +1,12 @@
-#include "pass_manager.h"
+#include "passes/pass_manager.h"
 
 #include <algorithm>
 #include <chrono>
 #include <iterator>
 
-#include "../ir/text.h"
-#include "fold_constants.h"
-#include "fusion_passes.h"
+#include "ir/text.h"
+#include "passes/fold_constants.h"
+#include "passes/fusion_passes.h"
 
 namespace graphfuse {
 

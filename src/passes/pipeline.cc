@@ -1,10 +1,10 @@
-#include "pipeline.h"
+#include "passes/pipeline.h"
 
 #include <algorithm>
 #include <iterator>
 
-#include "../ir/text.h"
-#include "fuse_elementwise.h"
+#include "ir/text.h"
+#include "passes/fuse_elementwise.h"
 
 namespace graphfuse {
 

@@ -16,7 +16,7 @@
 
 #include "graphfuse/graph.h"
 #include "graphfuse/target.h"
-#include "pass_manager.h"
+#include "passes/pass_manager.h"
 
 namespace graphfuse {
 

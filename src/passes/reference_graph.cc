@@ -1,4 +1,4 @@
-#include "reference_graph.h"
+#include "passes/reference_graph.h"
 
 #include <map>
 #include <set>

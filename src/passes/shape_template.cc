@@ -1,4 +1,4 @@
-#include "shape_template.h"
+#include "passes/shape_template.h"
 
 #include <cstdio>
 #include <cstring>

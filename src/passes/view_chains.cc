@@ -23,14 +23,14 @@
 // node of the chain alone, except a value read only by Gathers of one index (the q, k and v of
 // a packed projection). Chains without a Gather (head splits, K^T, repeated heads) stay as
 // written: the fusion passes read those forms.
-#include "view_chains.h"
+#include "passes/view_chains.h"
 
 #include <algorithm>
 #include <numeric>
 #include <optional>
 #include <set>
 
-#include "match.h"
+#include "passes/match.h"
 
 namespace graphfuse {
 namespace {

@@ -8,22 +8,6 @@
 
 namespace graphfuse {
 
-Status Executable::RunProfiled(std::span<const TensorView> inputs, std::span<const TensorView> outputs,
-                               RunProfiler& profiler) {
-  StepTiming step;
-  step.label = "run";
-  step.start_ns = SteadyClockNs();
-  Status st = Run(inputs, outputs);
-  step.duration_ns = SteadyClockNs() - step.start_ns;
-  if (st.ok()) profiler.OnStep(step);
-  return st;
-}
-
-Result<std::unique_ptr<Target>> Target::ForDtype(DType dtype) const {
-  if (dtype == DType::kF32) return MakeTarget(name());
-  return Unimplemented("the ", name(), " target computes models in f32 only, not ", DTypeName(dtype));
-}
-
 const Target& HostTarget() { return cpu::DefaultCpuTarget(); }
 
 std::vector<std::string> TargetNames() {
@@ -35,13 +19,28 @@ std::vector<std::string> TargetNames() {
 }
 
 Result<std::unique_ptr<Target>> MakeTarget(std::string_view name, const TargetOptions& options) {
-  if (name == "cpu") return std::unique_ptr<Target>(new cpu::CpuTarget(options));
+  if (name != "cuda" && !(options.cuda == CudaTargetOptions{}))
+    return InvalidArgument("the cuda target's options (device, CUDA graph, emulation, TF32, attention form: "
+                           "--cuda-graph, --emulate-gpu, --tf32, --cuda-attention) do not apply to the ",
+                           std::string(name), " target");
+  if (name == "cpu") return std::unique_ptr<Target>(new cpu::CpuTarget(options.cpu));
+  if (name == "cuda") {
 #ifdef GF_HAVE_CUDA
-  if (name == "cuda") return std::unique_ptr<Target>(new cuda::CudaTarget(options));
+    GF_ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaTarget> target, cuda::CudaTarget::Create(options.cuda));
+    return std::unique_ptr<Target>(std::move(target));
+#else
+    return Unimplemented("this build has no CUDA backend (no CUDA toolkit when it was built)");
 #endif
+  }
   std::string names;
   for (const std::string& n : TargetNames()) names += (names.empty() ? "" : ", ") + n;
   return NotFound("no target '", std::string(name), "' in this build (targets: ", names, ")");
+}
+
+std::unique_ptr<Target> MakeReferenceTarget(const TargetOptions& options) {
+  CpuTargetOptions cpu = options.cpu;
+  cpu.bf16_weights = false;
+  return std::unique_ptr<Target>(new cpu::CpuTarget(cpu));
 }
 
 }  // namespace graphfuse

@@ -1,5 +1,5 @@
 #include "core/hash.h"
-#include "blocks.h"
+#include "testing/blocks.h"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "presets.h"
+#include "testing/presets.h"
 
 #include "graphfuse/status.h"
 

@@ -1,9 +1,9 @@
-#include "reference_eval.h"
+#include "testing/reference_eval.h"
 
 #include <map>
 
-#include "../ir/op_registry.h"
-#include "../ops/reference.h"
+#include "ir/op_registry.h"
+#include "ops/reference.h"
 
 namespace graphfuse {
 

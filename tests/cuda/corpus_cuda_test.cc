@@ -25,7 +25,7 @@ const char* const kEmulated[] = {"llama_ts_kv", "llama_gqa_dynamo_dynamic", "gpt
 
 TEST(CudaCorpus, ExportedModelsMatchTorch) {
   const bool gpu = cuda::CudaDeviceAvailable(0);
-  auto target = MakeTarget("cuda", {.emulate = !gpu});
+  auto target = MakeTarget("cuda", {.cuda = {.emulate = !gpu}});
   ASSERT_TRUE(target.ok()) << target.status().ToString();
   const std::shared_ptr<const Target> cuda = std::move(*target);
   std::vector<std::string> dirs;

@@ -973,7 +973,7 @@ TEST(CudaHostEmulation, RoundToTf32KeepsTenMantissaBitsToNearestEven) {
 // against a float64 reference on the same f32 values: without TF32 within f32's rounding; with
 // it the error is TF32's (it differs from the f32 plan's), bounded by the operands' rounding,
 // |err| <= (2 * 2^-11 + 2^-22) * sum_q |a_q w_q| + 2^-24 |y| + |r| 2^-24. The CUDA target's
-// TargetOptions::cuda_tf32 gives the same plan.
+// CudaTargetOptions::tf32 gives the same plan.
 TEST(CudaHostEmulation, Tf32GemmsAreEmulatedWithTheirRoundingError) {
   const int64_t m = 12, k = 96, n = 40;
   std::mt19937 rng(77);
@@ -1047,8 +1047,8 @@ TEST(CudaHostEmulation, Tf32GemmsAreEmulatedWithTheirRoundingError) {
               static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n), worst[0], worst[1]);
   // The target's option reaches the plan: the same bits as o.plan.tf32 above.
   TargetOptions to;
-  to.emulate = true;
-  to.cuda_tf32 = true;
+  to.cuda.emulate = true;
+  to.cuda.tf32 = true;
   auto target = MakeTarget("cuda", to);
   ASSERT_TRUE(target.ok()) << target.status().ToString();
   auto exe = (*target)->Compile(std::shared_ptr<const Graph>(&g, [](const Graph*) {}));
@@ -1060,6 +1060,56 @@ TEST(CudaHostEmulation, Tf32GemmsAreEmulatedWithTheirRoundingError) {
   ASSERT_TRUE((*exe)->Run(views, out_views).ok());
   for (int o = 0; o < 2; ++o)
     EXPECT_EQ(std::memcmp(outs[o].data(), results[1][o].data(), outs[o].nbytes()), 0) << "output " << o;
+  // What the executable says of itself, as the tools print it.
+  const ExecutableStats st = (*exe)->stats();
+  EXPECT_EQ(st.launches, (*exe)->launches_per_run());
+  EXPECT_EQ(st.launches, st.generated + st.library_calls + st.host_steps);
+  EXPECT_GT(st.library_calls, 0) << "the GEMMs are cuBLAS calls";
+  const std::vector<std::string> lines = (*exe)->Describe();
+  ASSERT_FALSE(lines.empty());
+  EXPECT_NE(lines[0].find(StrCat(st.launches, " launches per run")), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("f32 GEMMs in TF32"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[0].find("emulated on the host"), std::string::npos) << lines[0];
+  EXPECT_EQ(lines.size(), static_cast<size_t>(st.launches) + 1) << "a line per step after the summary";
+  // Emulated, there is no device memory to copy in: the bandwidth ceiling is the host's.
+  EXPECT_EQ((*target)->CopyGbps(1 << 20, 1).status().code(), StatusCode::kUnimplemented);
+}
+
+// Options that contradict each other are refused when the target is made, naming them.
+TEST(CudaTarget, ContradictoryOptionsAreRefused) {
+  auto graph_emulated = MakeTarget("cuda", {.cuda = {.graph = true, .emulate = true}});
+  ASSERT_FALSE(graph_emulated.ok());
+  EXPECT_NE(graph_emulated.status().message().find("cannot be emulated"), std::string::npos)
+      << graph_emulated.status().ToString();
+  auto form = MakeTarget("cuda", {.cuda = {.emulate = true, .prefill_attention = "blocks"}});
+  ASSERT_FALSE(form.ok());
+  EXPECT_EQ(form.status().code(), StatusCode::kInvalidArgument) << form.status().ToString();
+  EXPECT_TRUE(MakeTarget("cuda", {.cuda = {.emulate = true, .prefill_attention = "gemms"}}).ok());
+}
+
+// explain --cuda-src: each node's CUDA path and its generated kernels' files, then the count.
+TEST(CudaTarget, WritesTheKernelSourcesOfAPlan) {
+  auto g = ParseGraph(R"(
+    graph @g(%x: f32[4,64], %b: f32[64]) {
+      %a = Add(%x, %b)
+      %y = Gelu(%a)
+      return %y
+    }
+  )");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  auto target = MakeTarget("cuda", {.cuda = {.emulate = true}});
+  ASSERT_TRUE(target.ok()) << target.status().ToString();
+  ASSERT_TRUE(RunPipeline(**g, **target).ok());
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "graphfuse_kernel_sources_test";
+  std::filesystem::remove_all(dir);
+  auto lines = (*target)->WriteKernelSources(**g, dir.string());
+  ASSERT_TRUE(lines.ok()) << lines.status().ToString();
+  ASSERT_GE(lines->size(), 2u);
+  EXPECT_EQ(lines->back(), "1 kernel source(s) written");
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) files += e.path().extension() == ".cu";
+  EXPECT_EQ(files, 1);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -55,8 +55,8 @@ double WorstRelative(const Tensor& got, const Tensor& want) {
 // more query rows than CudaPlanOptions::attention_rows_one_kernel, so all take the flash kernel).
 TEST(CudaShapeClasses, NewLengthsCompileNoKernelAfterTheFirstPromptAndDecodeStep) {
   const std::string path = std::string(GF_MODELS_DIR) + "/hf/llama_ts_kv/model.onnx";
-  auto cuda = std::make_shared<const CudaTarget>(TargetOptions{.emulate = true});
-  auto cpu_target = MakeTarget("cpu", {.threads = 2});
+  auto cuda = std::make_shared<const CudaTarget>(CudaTargetOptions{.emulate = true});
+  auto cpu_target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(cpu_target.ok()) << cpu_target.status().ToString();
   const std::shared_ptr<const Target> cpu = std::move(*cpu_target);
   auto on_cuda = CompiledModel::Compile(Model::FromOnnxFile(path).value(), cuda);

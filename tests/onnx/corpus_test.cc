@@ -121,7 +121,7 @@ Row RunModel(const std::string& dir, const std::shared_ptr<const Target>& cpu) {
 TEST(HfCorpus, EveryModelMatchesTorchFusedAndUnfused) {
   const std::vector<std::string> dirs = CorpusDirs();
   ASSERT_FALSE(dirs.empty()) << "no models under " << GF_MODELS_DIR << "/hf";
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(target.ok());
   const std::shared_ptr<const Target> cpu = std::move(*target);
   std::string report;
@@ -216,7 +216,7 @@ const std::map<std::string, int64_t>& MaxKernels() {
 }
 
 TEST(HfCorpus, FusedKernelCountsPerModel) {
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(target.ok()) << target.status().ToString();
   const std::shared_ptr<const Target> cpu = std::move(*target);
   for (const auto& [model, max_kernels] : MaxKernels()) {
@@ -240,7 +240,7 @@ const std::map<std::string, std::string>& AttentionApart() {
 // attention, by either exporter, runs each of its 2 layers' attention as one kernel; and each
 // sdpa export runs in at most one kernel a layer more than its eager export (the pins above).
 TEST(HfCorpus, EveryLayersAttentionIsOneKernel) {
-  auto target = MakeTarget("cpu", {.threads = 2});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 2}});
   ASSERT_TRUE(target.ok()) << target.status().ToString();
   const std::shared_ptr<const Target> cpu = std::move(*target);
   int sdpa = 0;

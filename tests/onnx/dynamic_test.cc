@@ -140,7 +140,7 @@ struct Compiled {
 
 // A CPU target of one thread (null, with the failure reported, if it cannot be made).
 std::shared_ptr<const Target> OneThreadCpu() {
-  auto target = MakeTarget("cpu", {.threads = 1});
+  auto target = MakeTarget("cpu", {.cpu = {.threads = 1}});
   EXPECT_TRUE(target.ok()) << target.status().ToString();
   return target.ok() ? std::shared_ptr<const Target>(std::move(*target)) : nullptr;
 }

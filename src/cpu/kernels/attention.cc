@@ -45,15 +45,15 @@
 #include <vector>
 
 #include "cpu/simd.h"
-#include "attention_mask.h"
+#include "cpu/kernels/attention_mask.h"
 #include "ir/schemas/attention_layout.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "norm_rows.h"
-#include "packed_gemm.h"
-#include "sgemm.h"
-#include "softmax_row.h"
-#include "rope_row.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/norm_rows.h"
+#include "cpu/kernels/packed_gemm.h"
+#include "cpu/kernels/sgemm.h"
+#include "cpu/kernels/softmax_row.h"
+#include "cpu/kernels/rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {

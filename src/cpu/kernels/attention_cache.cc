@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "ir/schemas/attention_cache.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "rope_row.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {

@@ -1,11 +1,11 @@
-#include "attention_mask.h"
+#include "cpu/kernels/attention_mask.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "cpu/simd.h"
-#include "softmax_row.h"
+#include "cpu/kernels/softmax_row.h"
 
 namespace graphfuse::kernels {
 

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "ir/schemas/data_movement.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
 
 namespace graphfuse::kernels {
 namespace {

@@ -3,7 +3,7 @@
 // each node instead).
 #include "cpu/lower_group.h"
 #include "ir/op_registry.h"
-#include "kernel_lists.h"
+#include "cpu/kernels/kernel_lists.h"
 
 namespace graphfuse::kernels {
 namespace {

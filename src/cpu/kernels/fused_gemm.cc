@@ -51,11 +51,11 @@
 #include "cpu/simd.h"
 #include "cpu/tile_program.h"
 #include "ir/schemas/fused_gemm.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "norm_rows.h"
-#include "packed_gemm.h"
-#include "sgemm.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/norm_rows.h"
+#include "cpu/kernels/packed_gemm.h"
+#include "cpu/kernels/sgemm.h"
 #include "passes/gemm_epilogue_form.h"
 
 namespace graphfuse::kernels {

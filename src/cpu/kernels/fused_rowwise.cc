@@ -35,10 +35,10 @@
 #include "cpu/simd.h"
 #include "cpu/tile_program.h"
 #include "ir/schemas/rowwise_layout.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "norm_rows.h"
-#include "softmax_row.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/norm_rows.h"
+#include "cpu/kernels/softmax_row.h"
 
 namespace graphfuse::kernels {
 namespace {

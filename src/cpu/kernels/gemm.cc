@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "ir/schemas/gemm.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "packed_gemm.h"
-#include "sgemm.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/packed_gemm.h"
+#include "cpu/kernels/sgemm.h"
 
 namespace graphfuse::kernels {
 namespace {

@@ -9,9 +9,9 @@
 #include <cstring>
 #include <vector>
 
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "norm_rows.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/norm_rows.h"
 
 namespace graphfuse::kernels {
 namespace {

@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-#include "kernel_util.h"
+#include "cpu/kernels/kernel_util.h"
 
 namespace graphfuse::kernels {
 

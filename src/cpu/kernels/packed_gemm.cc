@@ -1,4 +1,4 @@
-#include "packed_gemm.h"
+#include "cpu/kernels/packed_gemm.h"
 
 #include <cpuid.h>
 #include <hwy/aligned_allocator.h>
@@ -18,7 +18,7 @@
 #include "core/hash.h"
 #include "core/prepared_store.h"
 #include "graphfuse/dtype.h"
-#include "sgemm.h"
+#include "cpu/kernels/sgemm.h"
 
 namespace graphfuse::kernels {
 

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "graphfuse/status.h"
-#include "../kernel_registry.h"
+#include "cpu/kernel_registry.h"
 #include "core/prepared_store.h"
 
 namespace graphfuse::kernels {

@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "ir/schemas/reduce.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
 
 namespace graphfuse::kernels {
 namespace {

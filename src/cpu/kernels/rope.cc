@@ -15,9 +15,9 @@
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/rope.cc.
 #include <vector>
 
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "rope_row.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/rope_row.h"
 
 namespace graphfuse::kernels {
 namespace {

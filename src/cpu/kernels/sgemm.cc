@@ -1,4 +1,4 @@
-#include "sgemm.h"
+#include "cpu/kernels/sgemm.h"
 
 #include <oneapi/dnnl/dnnl.h>
 

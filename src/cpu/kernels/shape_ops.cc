@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "ir/schemas/shape_ops.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
 
 namespace graphfuse::kernels {
 namespace {

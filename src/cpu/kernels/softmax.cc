@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "cpu/simd.h"
-#include "kernel_lists.h"
-#include "kernel_util.h"
-#include "softmax_row.h"
+#include "cpu/kernels/kernel_lists.h"
+#include "cpu/kernels/kernel_util.h"
+#include "cpu/kernels/softmax_row.h"
 
 namespace graphfuse::kernels {
 namespace {

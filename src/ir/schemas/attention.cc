@@ -2,14 +2,14 @@
 // formed by the FuseAttention pass (src/passes/fuse_attention.cc): how its attributes describe
 // the problem (attention_layout.h) and its inference. The CPU kernel is in
 // src/cpu/kernels/attention.cc.
-#include "attention_layout.h"
+#include "ir/schemas/attention_layout.h"
 
 #include <climits>
 #include <set>
 #include <vector>
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -1,12 +1,12 @@
 // FusedCachedAttention's attributes and inference (attention_cache.h). The attention part is
 // FusedAttention's (attention_layout.h): ReadDims and CheckAttentionOperands check it on the
 // operands it would read, present_k and present_v in place of k and v.
-#include "attention_cache.h"
+#include "ir/schemas/attention_cache.h"
 
 #include <vector>
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -17,7 +17,7 @@
 #include <span>
 #include <string>
 
-#include "attention_layout.h"
+#include "ir/schemas/attention_layout.h"
 
 namespace graphfuse::schemas {
 

@@ -6,12 +6,12 @@
 //   Trilu (upper / lower triangle from diagonal k), Expand (bidirectional broadcast to a constant
 //   shape), GatherND (batch_dims), ScatterND (reduction none / add / mul / max / min), Tile
 //   (constant repeats), Pad (constant / reflect / edge / wrap; constant pads and axes).
-#include "data_movement.h"
+#include "ir/schemas/data_movement.h"
 
 #include <climits>
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -1,13 +1,13 @@
 // FusedGemm: S projections of one input through concatenated weights, with an elementwise
 // epilogue, formed by src/passes/fuse_gemm.cc: its geometry and inference. The attributes are
 // documented with the CPU kernel (src/cpu/kernels/fused_gemm.cc).
-#include "fused_gemm.h"
+#include "ir/schemas/fused_gemm.h"
 
 #include <climits>
 #include <vector>
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -2,11 +2,11 @@
 // axis) with the elementwise groups around it, formed by src/passes/fuse_rowwise.cc. How a
 // node's inputs and outputs map onto its bodies (rowwise_layout.h; the attributes are documented
 // in src/cpu/kernels/fused_rowwise.cc, the CPU kernels) and the nodes' inference.
-#include "rowwise_layout.h"
+#include "ir/schemas/rowwise_layout.h"
 
 #include "ir/elementwise_body.h"
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -1,9 +1,9 @@
 // MatMul (numpy matmul semantics: batched broadcasting, 1-D operands) and Gemm (alpha, beta,
 // transA, transB, C broadcast): shapes and inference.
-#include "gemm.h"
+#include "ir/schemas/gemm.h"
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -3,8 +3,8 @@
 //   LayerNormalization (ONNX opset 17): Y = (X - mean) / sqrt(var + epsilon) * Scale + B,
 //     optional outputs Mean and InvStdDev (f32, X.shape[:axis] + ones);
 //   RMSNorm (graphfuse):               Y = X / sqrt(mean(X^2) + epsilon) * scale.
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 namespace {

@@ -8,10 +8,10 @@
 // keepdims defaults to 1; negative axes count from the end. ReduceL2, ReduceLogSum and
 // ReduceLogSumExp (a root or a log of the data) take floats only.
 // Along one axis besides ArgMax / ArgMin: CumSum and TopK.
-#include "reduce.h"
+#include "ir/schemas/reduce.h"
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

@@ -9,8 +9,8 @@
 // x's shape with r for d); the other d - r pass through (GPT-NeoX's and Phi's partial rotary).
 // interleaved = 1: the rotated pairs are (x[2i], x[2i+1]) instead of (x[i], x[i + r/2]), as
 // GPT-J's rotate_every_two writes them, the tables [.., r] holding each angle twice.
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 namespace {

@@ -8,13 +8,13 @@
 //     default f32 0),
 //     Constant (value / value_float / value_floats / value_int / value_ints), Range.
 // Output shapes that depend on input values need those inputs to be constants.
-#include "shape_ops.h"
+#include "ir/schemas/shape_ops.h"
 
 #include <cmath>
 #include <vector>
 
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 

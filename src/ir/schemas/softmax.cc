@@ -1,7 +1,7 @@
 // Softmax and LogSoftmax over one axis (ONNX opset 13: axis default -1, the single axis, not
 // the flattened tail of opset 11): inference. The CPU kernels are in src/cpu/kernels/softmax.cc.
-#include "infer_util.h"
-#include "schema_lists.h"
+#include "ir/schemas/infer_util.h"
+#include "ir/schemas/schema_lists.h"
 
 namespace graphfuse::schemas {
 namespace {
