@@ -41,7 +41,7 @@ TEST(PassManager, EveryPassOnceAndThePipelineFollowsTheTargetAndTheOptions) {
   PassContext fused{cpu, FusionOptionsFor(cpu, {}), report};
   const std::vector<std::string> all = Names(PipelineFor(fused));
   EXPECT_EQ(all.front(), "FoldConstants");
-  EXPECT_EQ(all.back(), "FuseRowwise");
+  EXPECT_EQ(all.back(), "FuseSiblingNorms");
   // The forms only some targets run leave the pipeline when the target or the user turns them off.
   FusionOptions no_forms;
   no_forms.attention_projection = false;

@@ -56,4 +56,9 @@ Result<int> FoldNormIntoGemm(Graph& g, const FusionOptions& options, FusionRepor
 // epilogue: dropout mask) runs inside the row kernel. (fuse_rowwise.cc)
 Result<int> FuseRowwise(Graph& g, const FusionOptions& options, FusionReport* report);
 
+// LayerNormalizations of one input (a parallel block's attention and MLP norms) with the same
+// axis and epsilon become one FusedLayerNorms: the input read once, each row's statistics
+// computed once. Returns the number of fused nodes formed. (fuse_sibling_norms.cc)
+Result<int> FuseSiblingNorms(Graph& g, const FusionOptions& options, FusionReport* report);
+
 }  // namespace graphfuse

@@ -43,6 +43,7 @@ Result<int> RunFuseAttentionProjections(Graph& g, PassContext& ctx) {
 }
 Result<int> RunFoldNormIntoGemm(Graph& g, PassContext& ctx) { return FoldNormIntoGemm(g, ctx.fusion, &ctx.report); }
 Result<int> RunFuseRowwise(Graph& g, PassContext& ctx) { return FuseRowwise(g, ctx.fusion, &ctx.report); }
+Result<int> RunFuseSiblingNorms(Graph& g, PassContext& ctx) { return FuseSiblingNorms(g, ctx.fusion, &ctx.report); }
 
 bool WantsAttentionProjection(const PassContext& ctx) { return ctx.fusion.attention_projection; }
 bool WantsNormIntoGemm(const PassContext& ctx) { return ctx.fusion.norm_into_gemm; }
@@ -73,6 +74,8 @@ constexpr Pass kPasses[] = {
      RunFoldNormIntoGemm},
     {"FuseRowwise", "prologues / epilogues of norms and softmax -> FusedNorm / FusedSoftmax", true, nullptr,
      RunFuseRowwise},
+    {"FuseSiblingNorms", "LayerNorms of one input (a parallel block's two norms) -> one FusedLayerNorms", true,
+     nullptr, RunFuseSiblingNorms},
 };
 
 bool Asked(const std::set<std::string>& names, const char* pass) {

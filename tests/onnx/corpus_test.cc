@@ -159,8 +159,9 @@ TEST(HfCorpus, EveryModelMatchesTorchFusedAndUnfused) {
 // eager export of the same model. The TorchScript exporter refuses sdpa with grouped-query
 // attention (enable_gqa), so those three have no sdpa ts_static export. The dynamo exporter at
 // opsets 23 / 24 writes ONNX's Attention (and RotaryEmbedding where positions come at run time),
-// which import writes as the same patterns: as many kernels again, or fewer. Every model of the
-// corpus is pinned.
+// which import writes as the same patterns: as many kernels again, or fewer. GPT-NeoX's parallel
+// layers normalize the residual stream twice: the two norms are one kernel (FuseSiblingNorms).
+// Every model of the corpus is pinned.
 const std::map<std::string, int64_t>& MaxKernels() {
   static const std::map<std::string, int64_t> m = {
       {"bert_dynamo_dynamic", 21}, {"bert_dynamo_static", 21}, {"bert_sdpa_dynamo23_dynamic", 20},
@@ -174,13 +175,13 @@ const std::map<std::string, int64_t>& MaxKernels() {
       {"gpt2_sdpa_dynamo24_dynamic", 18}, {"gpt2_sdpa_dynamo24_kv", 21}, {"gpt2_sdpa_dynamo24_static", 15},
       {"gpt2_sdpa_dynamo_dynamic", 19}, {"gpt2_sdpa_dynamo_kv", 22}, {"gpt2_sdpa_dynamo_static", 15},
       {"gpt2_sdpa_ts_dynamic", 18}, {"gpt2_sdpa_ts_kv", 21}, {"gpt2_sdpa_ts_static", 15},
-      {"gpt2_ts_dynamic", 18}, {"gpt2_ts_kv", 21}, {"gpt2_ts_static", 15}, {"gpt_neox_dynamo_dynamic", 25},
-      {"gpt_neox_dynamo_kv", 32}, {"gpt_neox_dynamo_static", 21}, {"gpt_neox_sdpa_dynamo23_dynamic", 24},
-      {"gpt_neox_sdpa_dynamo23_kv", 32}, {"gpt_neox_sdpa_dynamo23_static", 21},
-      {"gpt_neox_sdpa_dynamo_dynamic", 25}, {"gpt_neox_sdpa_dynamo_kv", 32},
-      {"gpt_neox_sdpa_dynamo_static", 21}, {"gpt_neox_sdpa_ts_dynamic", 28}, {"gpt_neox_sdpa_ts_kv", 35},
-      {"gpt_neox_sdpa_ts_static", 25}, {"gpt_neox_ts_dynamic", 28}, {"gpt_neox_ts_kv", 35},
-      {"gpt_neox_ts_static", 25}, {"gptj_sdpa_dynamo_dynamic", 17}, {"gptj_sdpa_dynamo_kv", 25},
+      {"gpt2_ts_dynamic", 18}, {"gpt2_ts_kv", 21}, {"gpt2_ts_static", 15}, {"gpt_neox_dynamo_dynamic", 23},
+      {"gpt_neox_dynamo_kv", 30}, {"gpt_neox_dynamo_static", 19}, {"gpt_neox_sdpa_dynamo23_dynamic", 22},
+      {"gpt_neox_sdpa_dynamo23_kv", 30}, {"gpt_neox_sdpa_dynamo23_static", 19},
+      {"gpt_neox_sdpa_dynamo_dynamic", 23}, {"gpt_neox_sdpa_dynamo_kv", 30},
+      {"gpt_neox_sdpa_dynamo_static", 19}, {"gpt_neox_sdpa_ts_dynamic", 26}, {"gpt_neox_sdpa_ts_kv", 33},
+      {"gpt_neox_sdpa_ts_static", 23}, {"gpt_neox_ts_dynamic", 26}, {"gpt_neox_ts_kv", 33},
+      {"gpt_neox_ts_static", 23}, {"gptj_sdpa_dynamo_dynamic", 17}, {"gptj_sdpa_dynamo_kv", 25},
       {"llama_dynamo_dynamic", 15}, {"llama_dynamo_kv", 23}, {"llama_dynamo_static", 11},
       {"llama_gqa_dynamo_dynamic", 15}, {"llama_gqa_dynamo_kv", 26}, {"llama_gqa_dynamo_static", 11},
       {"llama_gqa_sdpa_dynamo23_dynamic", 14}, {"llama_gqa_sdpa_dynamo23_kv", 26},

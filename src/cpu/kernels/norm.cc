@@ -1,7 +1,10 @@
 // Row normalizations over the trailing dims X.shape[axis:]:
 //   LayerNormalization (ONNX opset 17): Y = (X - mean) / sqrt(var + epsilon) * Scale + B,
 //     optional outputs Mean and InvStdDev (f32, X.shape[:axis] + ones);
-//   RMSNorm (graphfuse):               Y = X / sqrt(mean(X^2) + epsilon) * scale.
+//   RMSNorm (graphfuse):               Y = X / sqrt(mean(X^2) + epsilon) * scale;
+//   FusedLayerNorms (graphfuse):       K LayerNormalizations of one X: each row's statistics
+//     once, then Y_k = (X - mean) * inv * Scale_k + B_k for every k, with the bits of K
+//     separate LayerNorms (norm_rows.h), reading X once.
 // Statistics accumulate in double (two-pass variance), so a row of 1e6 similar values keeps its
 // variance; the per-element normalization runs in f32. f16/bf16 rows are converted to f32.
 // The CPU kernels; the ops' shape rules and inference are in src/ir/schemas/norm.cc.
@@ -63,6 +66,41 @@ Status LayerNormKernel(const KernelContext& ctx) {
   return Status::Ok();
 }
 
+// ---- FusedLayerNorms ----
+
+Status FusedLayerNormsKernel(const KernelContext& ctx) {
+  const TensorView& X = ctx.inputs[0];
+  const int64_t rank = static_cast<int64_t>(X.shape.size());
+  GF_ASSIGN_OR_RETURN(const int64_t axis, KernelAxis(ctx, "axis", -1, rank));
+  const double eps = ctx.node.GetFloat("epsilon", 1e-5f);
+  const size_t norms = ctx.outputs.size();
+  const bool with_bias = ctx.node.GetInt("with_bias", 0) != 0;
+  const size_t per = with_bias ? 2 : 1;
+  const Shape norm(X.shape.begin() + axis, X.shape.end());
+  const int64_t d = Product(norm), rows = Product(X.shape, 0, static_cast<size_t>(axis));
+  std::vector<std::vector<float>> scale(norms), bias(norms);
+  for (size_t k = 0; k < norms; ++k) {
+    scale[k] = ExpandRow(ctx, 1 + k * per, norm, 1.f);
+    if (with_bias) bias[k] = ExpandRow(ctx, 2 + k * per, norm, 0.f);
+  }
+  const bool f32 = X.dtype == DType::kF32;
+  ParallelFor(ctx.cpu, rows, d * 4 * static_cast<int64_t>(1 + norms), [&](int64_t begin, int64_t end) {
+    std::vector<float> xs(f32 ? 0 : static_cast<size_t>(d)), ys(f32 ? 0 : static_cast<size_t>(d));
+    for (int64_t r = begin; r < end; ++r) {
+      if (!f32) LoadF32(X.dtype, X.data, r * d, 1, d, xs.data());
+      const float* x = f32 ? X.as<const float>() + r * d : xs.data();
+      const LayerNormStats st = LayerNormRowStats(x, d, eps);
+      for (size_t k = 0; k < norms; ++k) {
+        const TensorView& Y = ctx.outputs[k];
+        float* y = f32 ? Y.as<float>() + r * d : ys.data();
+        LayerNormRowApply(x, y, d, scale[k].data(), with_bias ? bias[k].data() : nullptr, st);
+        if (!f32) StoreF32(Y.dtype, Y.data, r * d, 1, d, ys.data());
+      }
+    }
+  });
+  return Status::Ok();
+}
+
 // ---- RMSNorm ----
 
 Status RmsNormKernel(const KernelContext& ctx) {
@@ -86,6 +124,7 @@ std::vector<CpuKernel> NormKernels() {
   return {
       {"LayerNormalization", LayerNormKernel},
       {"RMSNorm", RmsNormKernel},
+      {"FusedLayerNorms", FusedLayerNormsKernel},
   };
 }
 

@@ -143,19 +143,37 @@ inline void RmsNormRow(const float* x, float* y, int64_t d, const float* scale, 
 
 // y = (x - mean) / sqrt(var + eps) * scale + bias (bias may be null: 0); the f32 mean and
 // inverse standard deviation go to *mean_out / *inv_out when those are not null.
-inline void LayerNormRow(const float* x, float* y, int64_t d, const float* scale, const float* bias, double eps,
-                         float* mean_out = nullptr, float* inv_out = nullptr) {
+// A LayerNorm row's statistics: its mean and 1 / sqrt(var + eps), rounded to f32 as the
+// normalization uses them.
+struct LayerNormStats {
+  float mean, inv;
+};
+
+inline LayerNormStats LayerNormRowStats(const float* x, int64_t d, double eps) {
   const double dd = static_cast<double>(d);
   const double mean = RowSumD(x, d, [](auto v) { return v; }) / dd;
   const double var = RowSumD(x, d, [mean](auto v) { return (v - mean) * (v - mean); }) / dd;
-  const float mf = static_cast<float>(mean), inv = static_cast<float>(1.0 / std::sqrt(var + eps));
+  return {static_cast<float>(mean), static_cast<float>(1.0 / std::sqrt(var + eps))};
+}
+
+// y = (x - mean) * inv * scale (+ bias) with a row's statistics: FusedLayerNorms applies one
+// row's statistics to several (scale, bias) pairs, with the bits of separate LayerNorms.
+inline void LayerNormRowApply(const float* x, float* y, int64_t d, const float* scale, const float* bias,
+                              LayerNormStats st) {
+  const float mf = st.mean, inv = st.inv;
   if (bias) {
     for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * inv * scale[j] + bias[j];
   } else {
     for (int64_t j = 0; j < d; ++j) y[j] = (x[j] - mf) * inv * scale[j];
   }
-  if (mean_out) *mean_out = mf;
-  if (inv_out) *inv_out = inv;
+}
+
+inline void LayerNormRow(const float* x, float* y, int64_t d, const float* scale, const float* bias, double eps,
+                         float* mean_out = nullptr, float* inv_out = nullptr) {
+  const LayerNormStats st = LayerNormRowStats(x, d, eps);
+  LayerNormRowApply(x, y, d, scale, bias, st);
+  if (mean_out) *mean_out = st.mean;
+  if (inv_out) *inv_out = st.inv;
 }
 
 }  // namespace graphfuse::kernels

@@ -2,7 +2,9 @@
 // src/cpu/kernels/norm.cc):
 //   LayerNormalization (ONNX opset 17): Y = (X - mean) / sqrt(var + epsilon) * Scale + B,
 //     optional outputs Mean and InvStdDev (f32, X.shape[:axis] + ones);
-//   RMSNorm (graphfuse):               Y = X / sqrt(mean(X^2) + epsilon) * scale.
+//   RMSNorm (graphfuse):               Y = X / sqrt(mean(X^2) + epsilon) * scale;
+//   FusedLayerNorms (graphfuse):       K LayerNormalizations of one X (the FuseSiblingNorms
+//     pass): inputs X, then Scale_k (and B_k when with_bias = 1) for k < norms; outputs Y_k.
 #include "ir/schemas/infer_util.h"
 #include "ir/schemas/schema_lists.h"
 
@@ -64,6 +66,26 @@ Result<std::vector<ValueType>> InferRmsNorm(const InferContext& ctx) {
   return std::vector<ValueType>{{ctx.input(0)->dtype(), ctx.input(0)->shape()}};
 }
 
+Result<std::vector<ValueType>> InferFusedLayerNorms(const InferContext& ctx) {
+  const int64_t norms = ctx.GetInt("norms", 0), with_bias = ctx.GetInt("with_bias", 0);
+  const int64_t per = with_bias ? 2 : 1;
+  if (norms < 2 || (with_bias != 0 && with_bias != 1) || ctx.inputs.size() != static_cast<size_t>(1 + norms * per))
+    return InvalidArgument(ctx.Describe(), ": FusedLayerNorms takes X and ", with_bias ? "a scale and a bias" : "a scale",
+                           " for each of its norms (attribute norms >= 2, with_bias 0 or 1); got norms = ", norms,
+                           ", with_bias = ", with_bias, " and ", ctx.inputs.size(), " inputs");
+  GF_ASSIGN_OR_RETURN(NormShape ns, InferNormShape(ctx, -1));
+  for (int64_t k = 1; k < norms; ++k) {
+    GF_RETURN_IF_ERROR(CheckParamShape(ctx, static_cast<size_t>(1 + k * per), "scale", ns.norm));
+    if (with_bias) GF_RETURN_IF_ERROR(CheckParamShape(ctx, static_cast<size_t>(2 + k * per), "bias", ns.norm));
+  }
+  for (int64_t k = 0; k < norms; ++k)
+    if (ctx.input(static_cast<size_t>(1 + k * per)) == nullptr ||
+        (with_bias && ctx.input(static_cast<size_t>(2 + k * per)) == nullptr))
+      return InvalidArgument(ctx.Describe(), ": norm ", k, " of FusedLayerNorms lacks its scale or bias");
+  const Value* x = ctx.input(0);
+  return std::vector<ValueType>(static_cast<size_t>(norms), ValueType{x->dtype(), x->shape()});
+}
+
 }  // namespace
 
 std::vector<OpSchema> NormSchemas() {
@@ -71,6 +93,7 @@ std::vector<OpSchema> NormSchemas() {
       // Y, Mean, InvStdDev: a node may ask for the first 1, 2 or 3.
       {"LayerNormalization", 2, 3, -1, InferLayerNorm},
       {"RMSNorm", 1, 2, 1, InferRmsNorm},
+      {"FusedLayerNorms", 3, 255, -1, InferFusedLayerNorms},
   };
 }
 
