@@ -332,6 +332,17 @@ assert [r['plan'] for r in rows] == ['unfused', 'fused'] and all(r['ok'] and r['
 fi
 check run-cuda-graph-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cuda-graph
 check run-tf32-needs-cuda 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --tf32
+# --cpu-gemm forces the CPU's GEMM engine: each agrees with the data set's outputs, explain says
+# which engine runs each GEMM and that the option forced it; an unknown engine is exit 2.
+for engine in own onednn; do
+  check "run-cpu-gemm-$engine" 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" \
+    --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --cpu-gemm "$engine"
+done
+check explain-cpu-gemm 0 "$GF" explain "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm onednn
+echo "$LAST" | grep -q "oneDNN matmul, as the target's options force (--cpu-gemm onednn)" ||
+  { echo "FAIL explain --cpu-gemm onednn does not say the engine was forced"; fail=1; }
+check run-cpu-gemm-unknown 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm fast
+echo "$LAST" | grep -q "auto, own or onednn" || { echo "FAIL --cpu-gemm fast does not list the engines"; fail=1; }
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
 # with a GPU, the GPU's outputs agree with the CPU's.
 out=$("$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda 2>&1); rc=$?

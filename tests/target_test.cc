@@ -3,8 +3,11 @@
 // host evaluation for constant folding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstring>
+#include <random>
 #include <string>
 
 #include "cpu/cpu_target.h"
@@ -191,6 +194,53 @@ TEST(Target, CpuExecutableStatsAndObservedRuns) {
   EXPECT_EQ(last_first, observed.data_as<float>()[0]);
   EXPECT_EQ(std::memcmp(plain.data(), observed.data(), plain.nbytes()), 0);
   EXPECT_EQ((*ex)->DeviceRunMs(3).status().code(), StatusCode::kUnimplemented);
+}
+
+// CpuTargetOptions::gemm: each engine, forced, runs every GEMM against constant weights (as the
+// target's DescribeKernels says), and each gives the float64 product within f32's rounding, at
+// the rows where the rule takes the other one (4 rows: the own stream; 80 rows: oneDNN).
+TEST(Target, TheCpuGemmEngineOptionForcesEachEngine) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1, 1);
+  constexpr int64_t k = 96, n = 72;
+  auto w = std::make_shared<Tensor>(Tensor::Empty(DType::kF32, {k, n}).value());
+  for (int64_t i = 0; i < w->numel(); ++i) w->data_as<float>()[i] = u(rng);
+  for (const int64_t m : {int64_t{4}, int64_t{80}}) {
+    Tensor x = Tensor::Empty(DType::kF32, {m, k}).value();
+    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = u(rng);
+    const TensorView in[] = {x.view()};
+    for (const CpuGemmEngine engine : {CpuGemmEngine::kAuto, CpuGemmEngine::kOwn, CpuGemmEngine::kOneDnn}) {
+      SCOPED_TRACE(StrCat("m ", m, ", engine ", static_cast<int>(engine)));
+      auto g = std::make_shared<Graph>("gemm");
+      Value* xv = g->AddInput("x", DType::kF32, {m, k}).value();
+      Value* wv = g->AddConstant("w", w).value();
+      ASSERT_TRUE(g->MarkOutput(g->AddNode("MatMul", {xv, wv}, {}, "mm", 1, {"y"}).value()->output()).ok());
+      auto target = MakeTarget("cpu", {.cpu = {.threads = 2, .gemm = engine}});
+      ASSERT_TRUE(target.ok()) << target.status().ToString();
+      const std::vector<KernelChoice> choices = (*target)->DescribeKernels(*g);
+      ASSERT_EQ(choices.size(), 1u);
+      const bool forced = choices[0].how.find("as the target's options force") != std::string::npos;
+      EXPECT_EQ(forced, engine != CpuGemmEngine::kAuto) << choices[0].how;
+      if (engine == CpuGemmEngine::kOneDnn) EXPECT_NE(choices[0].how.find("oneDNN"), std::string::npos) << choices[0].how;
+      if (engine == CpuGemmEngine::kOwn) EXPECT_NE(choices[0].how.find("own loops"), std::string::npos) << choices[0].how;
+      auto ex = (*target)->Compile(g);
+      ASSERT_TRUE(ex.ok()) << ex.status().ToString();
+      Tensor y = Tensor::Empty(DType::kF32, {m, n}).value();
+      const TensorView out[] = {y.view()};
+      ASSERT_TRUE((*ex)->Run(in, out).ok());
+      double worst = 0;
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0, mag = 0;
+          for (int64_t p = 0; p < k; ++p) {
+            const double t = double(x.data_as<float>()[i * k + p]) * double(w->data_as<float>()[p * n + j]);
+            ref += t, mag += std::fabs(t);
+          }
+          worst = std::max(worst, std::fabs(double(y.data_as<float>()[i * n + j]) - ref) / mag);
+        }
+      EXPECT_LT(worst, 1e-5);  // k = 96 products, each rounded to f32: a few ulps of the sum of |terms|
+    }
+  }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ int Explain(Args& args) {
   bool print_ir = false, list_passes = false;
   PassHooks hooks;
   DType dtype = DType::kF32;  // what the model computes in (--dtype): converted before planning
+  CpuGemmEngine cpu_gemm = CpuGemmEngine::kAuto;  // --cpu-gemm: the CPU plan's GEMM engine
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
   auto fail = [](const Status& s) { return FailUsage("explain", s); };
@@ -41,6 +42,10 @@ int Explain(Args& args) {
       auto v = args.Dtype(f);
       if (!v.ok()) return fail(v.status());
       dtype = *v;
+    } else if (f == "--cpu-gemm") {
+      auto v = args.CpuGemm(f);
+      if (!v.ok()) return fail(v.status());
+      cpu_gemm = *v;
     } else if (f == "--print-ir") {
       print_ir = true;
     } else if (f == "--passes") {
@@ -85,6 +90,9 @@ int Explain(Args& args) {
   // CPU: f32 with bf16 GEMM weights).
   TargetOptions target_options;
   target_options.cuda.emulate = !cuda_src.empty();
+  if (cuda_src.empty()) target_options.cpu.gemm = cpu_gemm;
+  else if (cpu_gemm != CpuGemmEngine::kAuto)
+    return fail(InvalidArgument("--cpu-gemm picks the CPU's GEMM engine; --cuda-src explains the GPU's plan"));
   auto target = MakeCommandTarget(cuda_src.empty() ? "cpu" : "cuda", target_options, dtype);
   if (!target.ok() && cuda_src.empty())
     return fail(InvalidArgument(target.status().message(), "; for the GPU's plan, add --cuda-src DIR"));

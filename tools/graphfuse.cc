@@ -76,6 +76,14 @@ Result<DType> Args::Dtype(const std::string& name) {
   return InvalidArgument(command_, ": ", name, " takes f32, bf16 or f16, not '", v, "'");
 }
 
+Result<CpuGemmEngine> Args::CpuGemm(const std::string& name) {
+  GF_ASSIGN_OR_RETURN(std::string v, Value(name));
+  if (v == "auto") return CpuGemmEngine::kAuto;
+  if (v == "own") return CpuGemmEngine::kOwn;
+  if (v == "onednn") return CpuGemmEngine::kOneDnn;
+  return InvalidArgument(command_, ": ", name, " takes auto, own or onednn, not '", v, "'");
+}
+
 Result<std::string> Args::OutputFile(const std::string& name) {
   GF_ASSIGN_OR_RETURN(std::string v, Value(name));
   if (v.empty()) return InvalidArgument(command_, ": ", name, " needs a file name, got ''");
@@ -163,8 +171,9 @@ constexpr HelpSection kCommands[] = {
 )",
      false, true, true},
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
-                 [--cpu-codegen] [--check-fusion] [--backend cpu|cuda] [--cuda-graph] [--emulate-gpu]
-                 [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [--trace FILE] [fusion flags]
+                 [--cpu-codegen] [--cpu-gemm auto|own|onednn] [--check-fusion] [--backend cpu|cuda] [--cuda-graph]
+                 [--emulate-gpu] [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [--trace FILE]
+                 [fusion flags]
         imports an ONNX model (opsets 1-24) for the shapes of its inputs (symbolic dims take
         the sizes in DIR, or those --shape gives; inputs whose values become shapes are read
         from DIR), prints the planning time, folds its constant and shape-only subgraphs, recognizes decomposed norms / GELU / SiLU / softmax / RoPE, fuses attention,
@@ -189,6 +198,11 @@ constexpr HelpSection kCommands[] = {
         (CUBLAS_COMPUTE_32F_FAST_TF32: each operand rounded to a 10-bit mantissa, f32 sums;
         --emulate-gpu rounds them so on the host) and compares within rtol = atol = 1e-2
         unless --rtol / --atol say otherwise; f16 / bf16 GEMMs are unaffected.
+        --cpu-gemm picks the engine of the CPU's GEMMs against constant weights: auto (the
+        default: the engine measured faster for the GEMM's rows, as explain names it), own
+        (graphfuse's weight stream and tiles) or onednn (oneDNN's packed matmul) for every
+        one; a GEMM the forced engine has no kernel for (oneDNN's bf16 matmul below AVX-512)
+        exits 2 naming it.
         --cuda-attention picks how attention with many query rows per head (prefill) runs on
         the GPU: one flash-style kernel (flash, the default) or cuBLAS GEMMs around generated
         prep and softmax kernels (gemms).
@@ -201,7 +215,8 @@ constexpr HelpSection kCommands[] = {
 )",
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
-                     [--print-ir-before=PASS] [--print-ir-after=PASS] [--dtype f32|bf16|f16] [fusion flags]
+                     [--print-ir-before=PASS] [--print-ir-after=PASS] [--dtype f32|bf16|f16]
+                     [--cpu-gemm auto|own|onednn] [fusion flags]
   explain --passes
         the fusion plan (for the shapes --shape binds where the model's dims are symbolic:
         NAME an input and its whole shape, or a symbolic dim and its size): groups, member nodes, kernel names, how each GEMM's epilogue runs on
@@ -211,7 +226,8 @@ constexpr HelpSection kCommands[] = {
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
         writes every generated kernel's CUDA source to DIR (no GPU needed); without --cuda-src,
-        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why;
+        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why
+        (--cpu-gemm: as run --cpu-gemm would force it);
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the

@@ -69,6 +69,8 @@ Result<RunOptions> ParseRun(Args& args) {
       o.check_fusion = true;
     } else if (f == "--cpu-codegen") {
       o.target.cpu.codegen = true;
+    } else if (f == "--cpu-gemm") {
+      GF_ASSIGN_OR_RETURN(o.target.cpu.gemm, args.CpuGemm(f));
     } else if (f == "--cuda-graph") {
       o.target.cuda.graph = true;
     } else if (f == "--emulate-gpu") {

@@ -127,6 +127,13 @@ class Executable {
 
 // Each target's own options: MakeTarget reads the named target's, and refuses options set for
 // a target it was not asked for.
+// Which code runs the CPU's GEMMs against constant weights. kAuto: the engine measured faster
+// for the GEMM's rows (`graphfuse explain` names it, and why). kOwn (graphfuse's weight stream
+// and tiles) or kOneDnn (oneDNN's packed matmul) force one for every such GEMM, for runs that
+// must not depend on the rule or for comparing the two; a GEMM the forced engine has no kernel
+// for (oneDNN's bf16 matmul below AVX-512) fails to compile, naming the node.
+enum class CpuGemmEngine { kAuto, kOwn, kOneDnn };
+
 struct CpuTargetOptions {
   // Threads of the pool each compiled model runs on (the calling thread counts); 0: the
   // hardware's.
@@ -139,6 +146,7 @@ struct CpuTargetOptions {
   // bf16` on the CPU). Halves a decode step's weight stream; accurate to the bf16 tolerance of
   // the README.
   bool bf16_weights = false;
+  CpuGemmEngine gemm = CpuGemmEngine::kAuto;  // `--cpu-gemm auto|own|onednn`
 };
 
 struct CudaTargetOptions {

@@ -81,6 +81,11 @@ class CpuExecutable final : public Executable {
   std::unique_ptr<ExecutionPlan> plan_;
 };
 
+// What the target's options ask of its plans' kernels.
+PrepareOptions PrepareOptionsFor(const CpuTargetOptions& o) {
+  return {.bf16_weights = o.bf16_weights, .gemm_engine = o.gemm};
+}
+
 }  // namespace
 
 CpuTarget::CpuTarget(const CpuTargetOptions& options)
@@ -113,12 +118,12 @@ Result<std::unique_ptr<Executable>> CpuTarget::Compile(std::shared_ptr<const Gra
     GF_ASSIGN_OR_RETURN(codegen, CpuCodegen::Create());
   }
   GF_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionPlan> plan,
-                      ExecutionPlan::Compile(*graph, {.bf16_weights = options_.bf16_weights}));
+                      ExecutionPlan::Compile(*graph, PrepareOptionsFor(options_)));
   return std::unique_ptr<Executable>(new CpuExecutable(std::move(graph), workers_, std::move(codegen), std::move(plan)));
 }
 
 std::vector<KernelChoice> CpuTarget::DescribeKernels(const Graph& graph) const {
-  return DescribeCpuKernels(graph, {.bf16_weights = options_.bf16_weights});
+  return DescribeCpuKernels(graph, PrepareOptionsFor(options_));
 }
 
 const Target& DefaultCpuTarget() {

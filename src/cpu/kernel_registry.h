@@ -34,6 +34,8 @@ struct PrepareOptions {
   // GEMMs against constant weights hold them in bf16 (rounded once, when packed; activations and
   // sums stay f32): half the weight stream of a decode step.
   bool bf16_weights = false;
+  // Which engine runs the GEMMs against constant weights (CpuTargetOptions::gemm).
+  CpuGemmEngine gemm_engine = CpuGemmEngine::kAuto;
   // Where packed weights are kept, shared by every plan of a model (ExecutionPlan::Compile
   // takes the graph's prepared_store() when this is null); null: each plan packs its own.
   PreparedStore* store = nullptr;

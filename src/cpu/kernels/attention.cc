@@ -167,7 +167,7 @@ std::string DescribeAttention(const Node& node, const PrepareOptions& options) {
   if (!w) return products;
   const int64_t k = w->shape()[0], group = HeadGroup(*d, k), wg = UnitSlots(*d) * d->d * group;
   return StrCat("projections: ", d->kv_h / group, " GEMMs per sequence, each ",
-                DescribePackedGemm(d->s, k, wg, WeightStorageFor(options), OneFormFor(options)), "; ", products);
+                DescribePackedGemm(d->s, k, wg, options), "; ", products);
 }
 
 // One launch: the problem, where its operands lie, and how it is cut into tasks. Built once

@@ -616,7 +616,7 @@ std::string DescribeFusedGemm(const Node& node, const PrepareOptions& options) {
   if (!g.ok()) return g.status().message();
   const std::string each = g->splits > 1 ? StrCat(g->splits, " projections, each ") : "";
   if (!w->constant()) return StrCat(each, kActivationGemms, " (the weights are not a constant)");
-  return each + DescribePackedGemm(g->m, g->k, g->n, WeightStorageFor(options), OneFormFor(options));
+  return each + DescribePackedGemm(g->m, g->k, g->n, options);
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ Result<std::shared_ptr<const void>> PrepareMatMul(const Node& node, const Prepar
 std::string DescribeMatMul(const Node& node, const PrepareOptions& options) {
   if (node.input(0)->dtype() != DType::kF32 || node.input(1)->dtype() != DType::kF32) return "";
   if (const std::optional<PackedDims> d = PackedMatMulDims(node))
-    return DescribePackedGemm(d->m, d->k, d->n, WeightStorageFor(options), OneFormFor(options));
+    return DescribePackedGemm(d->m, d->k, d->n, options);
   return StrCat(kActivationGemms, " (the second operand is not a constant)");
 }
 

@@ -572,9 +572,14 @@ bool CpuHasAmxBf16() {
   return amx;
 }
 
-std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form) {
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, const PrepareOptions& options) {
+  const GemmWeightStorage storage = WeightStorageFor(options);
   const char* why = nullptr;
-  PackedGemm::AutoEngine(m, storage, &why, one_form);
+  switch (EngineFor(options)) {
+    case GemmEngine::kOwn: why = "own loops, as the target's options force (--cpu-gemm own)"; break;
+    case GemmEngine::kOneDnn: why = "oneDNN matmul, as the target's options force (--cpu-gemm onednn)"; break;
+    case GemmEngine::kAuto: PackedGemm::AutoEngine(m, storage, &why, OneFormFor(options)); break;
+  }
   return StrCat(m, "x", k, " @ ", k, "x", n, " (", storage == GemmWeightStorage::kBF16 ? "bf16" : "f32",
                 " weights, packed once): ", why);
 }

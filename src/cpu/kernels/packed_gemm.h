@@ -128,8 +128,9 @@ class PackedGemm {
 };
 
 // One line for `graphfuse explain`: the engine that runs an m x k x n GEMM against constant
-// weights held in `storage`, and why (PackedGemm::AutoEngine).
-std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form = false);
+// weights as a plan with these options packs them, and why (PackedGemm::AutoEngine, or the
+// engine the options force).
+std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, const PrepareOptions& options);
 // The library that runs the GEMMs of two activations (attention's products, a MatMul whose
 // second operand is computed), in the same lines.
 inline constexpr const char* kActivationGemms = "oneDNN sgemm per call";
@@ -143,12 +144,23 @@ inline GemmWeightStorage WeightStorageFor(const PrepareOptions& o) {
 // one_form): its model's plans serve different shapes.
 inline bool OneFormFor(const PrepareOptions& o) { return o.store && o.store->shapes_vary(); }
 
+// The engine a plan's options force, or kAuto.
+inline GemmEngine EngineFor(const PrepareOptions& o) {
+  switch (o.gemm_engine) {
+    case CpuGemmEngine::kOwn: return GemmEngine::kOwn;
+    case CpuGemmEngine::kOneDnn: return GemmEngine::kOneDnn;
+    case CpuGemmEngine::kAuto: break;
+  }
+  return GemmEngine::kAuto;
+}
+
 // How a plan packs the constant weights `w` read from `where` on (a column offset, a gather of
 // columns: whatever tells two packings of w apart): the storage the plan's options ask for, and
 // the model's store where it knows w, so that every plan of the model shares the packed copy.
 inline PackedGemmOptions PackOptionsFor(const PrepareOptions& o, const Tensor& w, const std::string& where) {
   PackedGemmOptions p;
   p.storage = WeightStorageFor(o);
+  p.engine = EngineFor(o);
   p.one_form = OneFormFor(o);
   if (o.store && o.store->Knows(&w)) {
     p.store = o.store;
