@@ -338,6 +338,7 @@ for engine in own onednn; do
   check "run-cpu-gemm-$engine" 0 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" \
     --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --cpu-gemm "$engine"
 done
+check bench-cpu-gemm-own 0 "$GF" bench "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm own --repeats 3
 check explain-cpu-gemm 0 "$GF" explain "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm onednn
 echo "$LAST" | grep -q "oneDNN matmul, as the target's options force (--cpu-gemm onednn)" ||
   { echo "FAIL explain --cpu-gemm onednn does not say the engine was forced"; fail=1; }

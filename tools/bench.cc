@@ -50,7 +50,7 @@ struct BenchFlags {
   double rtol = kDefaultRtol, atol = kDefaultAtol;
   bool native = false, rtol_set = false, atol_set = false, repeats_set = false;
   DType dtype = DType::kF32;     // what the target's plans compute in (--dtype)
-  TargetOptions target_options;  // --emulate-gpu
+  TargetOptions target_options;  // --emulate-gpu, --cpu-gemm
   FusionOptions fusion;
   std::map<std::string, Shape> shapes;
 };
@@ -63,6 +63,8 @@ Status ParseBenchFlags(Args& args, BenchFlags* b) {
       GF_RETURN_IF_ERROR(ParseShapeFlag(v, &b->shapes));
     } else if (f == "--cpu-codegen") {
       b->native = true;
+    } else if (f == "--cpu-gemm") {
+      GF_ASSIGN_OR_RETURN(b->target_options.cpu.gemm, args.CpuGemm(f));
     } else if (f == "--emulate-gpu") {
       b->target_options.cuda.emulate = true;
     } else if (f == "--dtype") {
@@ -322,7 +324,7 @@ int Bench(Args& args) {
   if (!b.generate.empty()) {
     if (b.model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
     if (!b.shapes.empty() || !on_reference || b.dtype != DType::kF32 || b.native || b.rtol_set || b.atol_set ||
-        !b.fusion.enabled || !b.trace_file.empty())
+        !b.fusion.enabled || !b.trace_file.empty() || b.target_options.cpu.gemm != CpuGemmEngine::kAuto)
       return Fail(InvalidArgument("--generate runs the model as exported, fused, in f32 on the CPU, every call with "
                                   "its own shapes: it takes --threads, --repeats and --json only"));
     return BenchGenerate(b.model, b.generate, b.threads, b.repeats_set ? b.repeats : 3, b.json);
@@ -332,7 +334,7 @@ int Bench(Args& args) {
   if (cpu_bf16 && !b.preset.empty())
     return Fail(InvalidArgument("--dtype bf16 on the CPU holds GEMM weights in bf16, and preset '", b.preset,
                                 "' has no GEMM; it computes in bf16 on --backend cuda"));
-  const PrepareOptions prepare{.bf16_weights = cpu_bf16};
+  const PrepareOptions prepare{.bf16_weights = cpu_bf16, .gemm_engine = b.target_options.cpu.gemm};
   // Both plans hold bf16 weights, but they round different GEMM inputs (the fused one's A is
   // normalized inside the GEMM, say): fused and unfused agree within bf16's tolerance, as run
   // --dtype bf16 checks, unless --rtol / --atol say otherwise.

@@ -78,12 +78,15 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
       o.profile = true;
     } else if (f == "--cpu-codegen") {
       o.cpu_codegen = true;
+    } else if (f == "--cpu-gemm") {
+      GF_ASSIGN_OR_RETURN(o.target.cpu.gemm, args.CpuGemm(f));
     } else if (f == "--backend") {
       GF_ASSIGN_OR_RETURN(o.backend, args.Backend(f));
     } else {
       return InvalidArgument("demo: unknown flag '", f,
                              "' (flags: --preset NAME --seq N --past L --threads T --repeats R --rtol R --atol A "
-                             "--profile --cpu-codegen --backend cpu|cuda --emulate-gpu --dtype f32|bf16|f16 --json FILE)");
+                             "--profile --cpu-codegen --cpu-gemm auto|own|onednn --backend cpu|cuda --emulate-gpu "
+                             "--dtype f32|bf16|f16 --json FILE)");
     }
   }
   return o;
@@ -589,7 +592,8 @@ int RunDemo(Args& args) {
     if (auto r = RunPipeline(*target_f, **target, target_on); !r.ok()) return fail(r.status().WithContext(where));
   }
   // --dtype bf16 on the CPU: both plans hold their GEMMs' weights in bf16.
-  const PrepareOptions cpu_prepare{.bf16_weights = on_reference && o.dtype == DType::kBF16};
+  const PrepareOptions cpu_prepare{.bf16_weights = on_reference && o.dtype == DType::kBF16,
+                                   .gemm_engine = o.target.cpu.gemm};
   auto plan_u = ExecutionPlan::Compile(unfused, cpu_prepare);
   if (!plan_u.ok()) return fail(plan_u.status());
   auto plan_f = ExecutionPlan::Compile(fused, cpu_prepare);

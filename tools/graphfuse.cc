@@ -135,7 +135,8 @@ struct HelpSection {
 
 constexpr HelpSection kCommands[] = {
     {"demo", R"(  demo [--preset NAME] [--seq N] [--past L] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
-       [--cpu-codegen] [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16] [--json FILE]
+       [--cpu-codegen] [--cpu-gemm auto|own|onednn] [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16]
+       [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
         gpt2 and bert: hidden 768, seq 128), runs it unfused (every op a kernel) and fused,
@@ -144,7 +145,8 @@ constexpr HelpSection kCommands[] = {
         its median ratio over rounds that run the two plans back to back), block latency
         (median of interleaved repeats), bytes moved and the fused groups; --profile
         adds the median time of every kernel of both plans; --cpu-codegen runs the fused plan's
-        elementwise programs as native loops (see below); --backend cuda also runs both plans
+        elementwise programs as native loops (see below); --cpu-gemm forces the CPU's GEMM
+        engine in both plans, as for run; --backend cuda also runs both plans
         on GPU 0 (launched one by one, and replayed as one CUDA graph) and prints each plan's
         steps, launches, median device latency, median wall latency (first launch to the
         end of the wait) and the error against the CPU; with --profile, every step's median
@@ -227,7 +229,7 @@ constexpr HelpSection kCommands[] = {
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
         writes every generated kernel's CUDA source to DIR (no GPU needed); without --cuda-src,
         which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why
-        (--cpu-gemm: as run --cpu-gemm would force it);
+        (--cpu-gemm: as run, bench and demo --cpu-gemm force it);
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the
@@ -238,8 +240,9 @@ constexpr HelpSection kCommands[] = {
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] [--generate PROMPT:NEW] | --preset NAME) [--elements N] [--threads T] [--repeats R]
-                                     [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--backend cpu|cuda]
-                                     [--emulate-gpu] [--dtype f32|bf16|f16] [--trace FILE] [fusion flags]
+                                     [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--cpu-gemm auto|own|onednn]
+                                     [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16] [--trace FILE]
+                                     [fusion flags]
         times the unfused and the fused plan (of the shapes --shape binds, as for explain;
         the time planning them is printed) (medians of interleaved samples) after checking
         they agree as `run` checks (|fused - unfused| <= atol + rtol*|unfused|; defaults rtol
@@ -248,6 +251,7 @@ constexpr HelpSection kCommands[] = {
         report GB/s beside a same-run STREAM triad and check against float64; the block
         presets llama7b, llama-small, gpt2, bert take the demo's flags and print its table;
         --cpu-codegen adds a third row, the fused plan with native loops, checked bit for bit;
+        --cpu-gemm forces the CPU's GEMM engine in both plans, as for run (not with --generate);
         --backend cuda also times both plans on GPU 0 (median device time) beside a same-run
         device-to-device copy, after checking the GPU's outputs against the CPU's;
         --emulate-gpu runs those CUDA plans on the host instead (host times of one run, no copy);
