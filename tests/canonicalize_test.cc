@@ -28,12 +28,6 @@ namespace {
 
 constexpr double kUlp = 1.0 / (1 << 23);  // f32 ulp at 1.0
 
-std::unique_ptr<Graph> Parse(const std::string& text) {
-  auto g = ParseGraph(text);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return g.ok() ? std::move(g).value() : std::make_unique<Graph>();
-}
-
 // Values of magnitude in [0.1, 2] with random sign: never zero, so relative checks mean something.
 // How far the canonicalized graph may be from the decomposed one, per element:
 // |a - b| <= atol + ulps * 2^-23 * max(|a|, |b|).

@@ -6,17 +6,12 @@
 
 #include <random>
 
+#include "graph_test_util.h"
 #include "ir/text.h"
 #include "cpu/executor.h"
 
 namespace graphfuse {
 namespace {
-
-std::unique_ptr<Graph> Parse(const std::string& text) {
-  auto g = ParseGraph(text);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return std::move(g).value();
-}
 
 std::vector<Tensor> RandomInputs(const Graph& g, uint32_t seed) {
   std::mt19937 rng(seed);

@@ -20,12 +20,6 @@
 namespace graphfuse {
 namespace {
 
-std::unique_ptr<Graph> Parse(const std::string& text) {
-  auto g = ParseGraph(text);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return g.ok() ? std::move(g).value() : std::make_unique<Graph>();
-}
-
 // The planner stages this pass depends on, then the pass itself.
 FusionReport Plan(Graph& g, const FusionOptions& o = {}) {
   auto rep = FuseElementwise(g, o);

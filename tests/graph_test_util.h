@@ -10,11 +10,21 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "graphfuse/graph.h"
 #include "graphfuse/tensor.h"
+#include "ir/text.h"
 #include "passes/fuse_elementwise.h"
 
 namespace graphfuse {
+
+// A graph in textual IR; a parse error fails the test and gives an empty graph.
+inline std::unique_ptr<Graph> Parse(const std::string& text) {
+  auto g = ParseGraph(text);
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return g.ok() ? std::move(g).value() : std::make_unique<Graph>();
+}
 
 inline int CountOp(const Graph& g, const std::string& op) {
   int n = 0;

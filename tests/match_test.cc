@@ -8,16 +8,11 @@
 #include <memory>
 #include <string>
 
+#include "graph_test_util.h"
 #include "ir/text.h"
 
 namespace graphfuse {
 namespace {
-
-std::unique_ptr<Graph> Parse(const std::string& text) {
-  auto g = ParseGraph(text);
-  EXPECT_TRUE(g.ok()) << g.status().ToString();
-  return g.ok() ? std::move(g).value() : std::make_unique<Graph>();
-}
 
 // The value named `name` (a test error if there is none).
 Value* V(const Graph& g, const std::string& name) {

@@ -270,11 +270,12 @@ int RunModel(Args& args) {
     std::printf("%s%s: %s\n", o.backend.c_str(), o.dtype != DType::kF32 ? StrCat(" (", DTypeName(o.dtype), ")").c_str() : "",
                 lines.empty() ? StrCat(p.launches_per_run(), " launches per run").c_str() : lines[0].c_str());
     for (size_t i = 1; i < lines.size(); ++i) std::printf("%s\n", lines[i].c_str());
+    const std::string reference_name(MakeReferenceTarget()->name());
     for (size_t i = 0; i < outputs->size(); ++i) {
       vs_reference.push_back(Compare(p.outputs()[i].name, (*outputs)[i], (*want)[i], o.rtol, o.atol));
       const OutputReport& r = vs_reference.back();
       std::printf("%s vs %s  %-24s max |err| %.3g  max rel %.3g  %s\n", o.backend.c_str(),
-                  std::string(MakeReferenceTarget()->name()).c_str(), r.name.c_str(), r.max_abs, r.max_rel,
+                  reference_name.c_str(), r.name.c_str(), r.max_abs, r.max_rel,
                   r.ok ? "ok" : "DIFFERS");
       all_ok &= r.ok;
     }

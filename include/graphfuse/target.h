@@ -125,8 +125,6 @@ class Executable {
   virtual bool TakesStrided(bool output, size_t index) const { return false; }
 };
 
-// Each target's own options: MakeTarget reads the named target's, and refuses options set for
-// a target it was not asked for.
 // Which code runs the CPU's GEMMs against constant weights. kAuto: the engine measured faster
 // for the GEMM's rows (`graphfuse explain` names it, and why). kOwn (graphfuse's weight stream
 // and tiles) or kOneDnn (oneDNN's packed matmul) force one for every such GEMM, for runs that
@@ -134,6 +132,8 @@ class Executable {
 // for (oneDNN's bf16 matmul below AVX-512) fails to compile, naming the node.
 enum class CpuGemmEngine { kAuto, kOwn, kOneDnn };
 
+// Each target's own options: MakeTarget reads the named target's, and refuses options set for
+// a target it was not asked for.
 struct CpuTargetOptions {
   // Threads of the pool each compiled model runs on (the calling thread counts); 0: the
   // hardware's.

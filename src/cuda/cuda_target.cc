@@ -126,15 +126,21 @@ Status CudaTarget::EvaluateOnHost(const Node& node, std::span<const TensorView> 
   return cpu::DefaultCpuTarget().EvaluateOnHost(node, in, out);
 }
 
+Result<CudaPlanOptions> CudaTarget::PlanOptions() const {
+  CudaPlanOptions plan;
+  plan.tf32 = options_.tf32;
+  if (!options_.prefill_attention.empty()) {
+    GF_ASSIGN_OR_RETURN(plan.prefill_attention, ParsePrefillAttention(options_.prefill_attention));
+  }
+  return plan;
+}
+
 Result<std::unique_ptr<Executable>> CudaTarget::Compile(std::shared_ptr<const Graph> graph) const {
   CudaExecOptions o;
   o.device = options_.device;
   o.cuda_graph = options_.graph;
   o.emulate = options_.emulate;
-  o.plan.tf32 = options_.tf32;
-  if (!options_.prefill_attention.empty()) {
-    GF_ASSIGN_OR_RETURN(o.plan.prefill_attention, ParsePrefillAttention(options_.prefill_attention));
-  }
+  GF_ASSIGN_OR_RETURN(o.plan, PlanOptions());
   o.kernels = kernels_;
   if (!o.emulate) {
     std::string why;
@@ -148,11 +154,7 @@ Result<std::vector<std::string>> CudaTarget::WriteKernelSources(const Graph& gra
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return InvalidArgument("cannot create directory '", dir, "': ", ec.message());
-  CudaPlanOptions plan;
-  plan.tf32 = options_.tf32;
-  if (!options_.prefill_attention.empty()) {
-    GF_ASSIGN_OR_RETURN(plan.prefill_attention, ParsePrefillAttention(options_.prefill_attention));
-  }
+  GF_ASSIGN_OR_RETURN(const CudaPlanOptions plan, PlanOptions());
   std::vector<std::string> lines;
   int files = 0;
   GF_RETURN_IF_ERROR(ForEachCudaPlan(

@@ -12,6 +12,7 @@
 namespace graphfuse::cuda {
 
 class KernelCache;
+struct CudaPlanOptions;
 
 class CudaTarget final : public Target {
  public:
@@ -44,6 +45,9 @@ class CudaTarget final : public Target {
   Result<std::vector<std::string>> WriteKernelSources(const Graph& graph, const std::string& dir) const override;
 
  private:
+  // What its options ask of each plan (TF32 GEMMs, the prefill attention's form).
+  Result<CudaPlanOptions> PlanOptions() const;
+
   CudaTargetOptions options_;
   DType dtype_ = DType::kF32;
   std::shared_ptr<KernelCache> kernels_;
