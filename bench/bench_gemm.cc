@@ -3,13 +3,17 @@
 // stream's ceiling), in interleaved samples on graphfuse's thread pool: per shape and engine
 // (graphfuse's own loops or oneDNN's matmul, f32 or bf16 weights), the median time of the GEMM
 // (its blocks claimed by the pool's threads, as the kernels run them) and of the read, GB/s of
-// the weights, the GEMM's share of the read bandwidth, GFLOP/s, and a * on the engine that
-// PackedGemm::AutoEngine takes. With bf16 weights the stream is half as long. Decode rows
-// (M <= 8) are the memory-bound case the streaming loop serves; past them the FMAs count more.
+// the weights, the GEMM's share of the read bandwidth, GFLOP/s, a * on the engine a plan takes
+// on this machine (timed, gemm_tuning.h: cached, or timed here first) and a r on the rule's
+// (PackedGemm::AutoEngine). With bf16 weights the stream is half as long. Decode rows (M <= 8)
+// are the memory-bound case the streaming loop serves; past them the FMAs count more. The read
+// runs over memory allocated as the packed weights are (huge pages or not).
 //
 //   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]
 //              [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]
-// (--block-cols: the width of the column blocks instead of PackedGemm's rule)
+//              [--huge-pages on|off|both]
+// (--block-cols: the width of the column blocks instead of PackedGemm's rule; --huge-pages:
+// the packed weights, and the read, in transparent huge pages or in 4 KiB pages)
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -20,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/kernels/gemm_tuning.h"
 #include "cpu/kernels/packed_gemm.h"
 #include "graphfuse/thread_pool.h"
 
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
   std::string storage = "both";
   std::string engine = "both", which_shapes = "llama";
   int64_t block_cols = 0;
+  std::string huge = "on";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
@@ -93,10 +99,12 @@ int main(int argc, char** argv) {
     else if (f == "--block-cols") block_cols = std::atoll(argv[i + 1]);
     else if (f == "--engine") engine = argv[i + 1];
     else if (f == "--shapes") which_shapes = argv[i + 1];
+    else if (f == "--huge-pages") huge = argv[i + 1];
     else {
       std::fprintf(stderr,
                    "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n"
-                   "                  [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]\n");
+                   "                  [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]\n"
+                   "                  [--huge-pages on|off|both]\n");
       return 2;
     }
   }
@@ -118,15 +126,24 @@ int main(int argc, char** argv) {
   std::uniform_real_distribution<float> u(-1, 1);
   std::printf("PackedGemm against a same-run read of its weights, %d threads, medians of %d interleaved samples\n",
               threads, samples);
-  std::printf("%-20s %4s %11s %9s %9s %9s %9s %8s %8s %s\n", "shape", "M", "engine", "gemm ms", "GB/s", "read ms",
-              "GB/s", "of read", "GFLOP/s", "auto");
+  std::printf("%-20s %4s %16s %9s %9s %9s %9s %8s %8s %s\n", "shape", "M", "engine", "gemm ms", "GB/s", "read ms",
+              "GB/s", "of read", "GFLOP/s", "timed/rule");
   for (const Shape& s : shapes) {
     std::vector<float> b(static_cast<size_t>(s.k * s.n));
     for (float& x : b) x = u(rng);
+    // The read's copy of b, in each kind of memory.
+    std::vector<std::unique_ptr<void, void (*)(void*)>> reads;
+    for (bool h : {false, true}) {
+      reads.push_back(graphfuse::kernels::AllocateWeightMemory(b.size() * sizeof(float), h));
+      std::memcpy(reads.back().get(), b.data(), b.size() * sizeof(float));
+    }
     for (int64_t m : rows) {
       std::vector<float> a(static_cast<size_t>(m * s.k)), c(static_cast<size_t>(m * s.n));
       for (float& x : a) x = u(rng);
-      for (const std::string st : {"f32 own", "f32 oneDNN", "bf16 own", "bf16 oneDNN"}) {
+      for (const std::string st0 : {"f32 own", "f32 oneDNN", "bf16 own", "bf16 oneDNN"})
+      for (const bool huge_pages : {true, false}) {
+        if (huge != "both" && (huge == "on") != huge_pages) continue;
+        const std::string st = huge == "both" ? st0 + (huge_pages ? " 2M" : " 4K") : st0;
         const bool bf16 = st.rfind("bf16", 0) == 0;
         const bool onednn = st.find("oneDNN") != std::string::npos;
         if (storage != "both" && storage != (bf16 ? "bf16" : "f32")) continue;
@@ -134,8 +151,13 @@ int main(int argc, char** argv) {
         PackedGemm::Options o;
         o.storage = bf16 ? PackedGemm::WeightStorage::kBF16 : PackedGemm::WeightStorage::kF32;
         o.engine = onednn ? GemmEngine::kOneDnn : GemmEngine::kOwn;
-        const bool chosen = PackedGemm::AutoEngine(m, o.storage) == o.engine;
+        const bool rule = PackedGemm::AutoEngine(m, o.storage) == o.engine;
+        const bool timed = graphfuse::kernels::ChooseGemmEngine(m, s.k, s.n, o.storage, false,
+                                                                {.measure = true, .threads = threads})
+                               .engine == o.engine;
         o.block_cols = block_cols;
+        o.huge_pages = huge_pages;
+        const float* read = static_cast<const float*>(reads[huge_pages ? 1 : 0].get());
         auto g = PackedGemm::Create(m, s.k, s.n, b.data(), s.n, s.n, {}, o);
         if (!g.ok()) {
           std::fprintf(stderr, "%s\n", g.status().ToString().c_str());
@@ -147,20 +169,21 @@ int main(int argc, char** argv) {
         std::vector<double> tg, tr;
         volatile float sink = 0;
         RunGemm(pool, threads, **g, a.data(), c.data());  // warm
-        sink = sink + ReadAll(pool, threads, b.data(), floats);
+        sink = sink + ReadAll(pool, threads, read, floats);
         for (int i = 0; i < samples; ++i) {
           auto t0 = Clock::now();
           RunGemm(pool, threads, **g, a.data(), c.data());
           auto t1 = Clock::now();
-          sink = sink + ReadAll(pool, threads, b.data(), floats);
+          sink = sink + ReadAll(pool, threads, read, floats);
           auto t2 = Clock::now();
           tg.push_back(Ms(t0, t1));
           tr.push_back(Ms(t1, t2));
         }
         const double mg = Median(tg), mr = Median(tr);
         const double gflops = 2.0 * static_cast<double>(m * s.k * s.n) / mg / 1e6;
-        std::printf("%-20s %4lld %11s %9.3f %9.1f %9.3f %9.1f %7.0f%% %8.1f %s\n", s.name, static_cast<long long>(m),
-                    st.c_str(), mg, bytes / mg / 1e6, mr, bytes / mr / 1e6, 100 * mr / mg, gflops, chosen ? "*" : "");
+        std::printf("%-20s %4lld %16s %9.3f %9.1f %9.3f %9.1f %7.0f%% %8.1f %s%s\n", s.name,
+                    static_cast<long long>(m), st.c_str(), mg, bytes / mg / 1e6, mr, bytes / mr / 1e6, 100 * mr / mg,
+                    gflops, timed ? "*" : " ", rule ? "r" : "");
       }
     }
   }

@@ -343,7 +343,11 @@ check explain-cpu-gemm 0 "$GF" explain "$MODELS/mlp_gelu_opset17/model.onnx" --c
 echo "$LAST" | grep -q "oneDNN matmul, as the target's options force (--cpu-gemm onednn)" ||
   { echo "FAIL explain --cpu-gemm onednn does not say the engine was forced"; fail=1; }
 check run-cpu-gemm-unknown 2 "$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm fast
-echo "$LAST" | grep -q "auto, own or onednn" || { echo "FAIL --cpu-gemm fast does not list the engines"; fail=1; }
+echo "$LAST" | grep -q "auto, rule, own or onednn" || { echo "FAIL --cpu-gemm fast does not list the engines"; fail=1; }
+# --cpu-gemm rule: nothing timed, and explain says the rule chose.
+check explain-cpu-gemm-rule 0 "$GF" explain "$MODELS/mlp_gelu_opset17/model.onnx" --cpu-gemm rule
+echo "$LAST" | grep -q "(the rule: --cpu-gemm rule)" ||
+  { echo "FAIL explain --cpu-gemm rule does not say the rule chose"; fail=1; }
 # --backend cuda: exit 2 naming what is missing (no device, or a build without the toolkit);
 # with a GPU, the GPU's outputs agree with the CPU's.
 out=$("$GF" run "$MODELS/mlp_gelu_opset17/model.onnx" --data "$MODELS/mlp_gelu_opset17/test_data_set_0" --backend cuda 2>&1); rc=$?

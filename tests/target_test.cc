@@ -209,7 +209,8 @@ TEST(Target, TheCpuGemmEngineOptionForcesEachEngine) {
     Tensor x = Tensor::Empty(DType::kF32, {m, k}).value();
     for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = u(rng);
     const TensorView in[] = {x.view()};
-    for (const CpuGemmEngine engine : {CpuGemmEngine::kAuto, CpuGemmEngine::kOwn, CpuGemmEngine::kOneDnn}) {
+    for (const CpuGemmEngine engine :
+         {CpuGemmEngine::kAuto, CpuGemmEngine::kRule, CpuGemmEngine::kOwn, CpuGemmEngine::kOneDnn}) {
       SCOPED_TRACE(StrCat("m ", m, ", engine ", static_cast<int>(engine)));
       auto g = std::make_shared<Graph>("gemm");
       Value* xv = g->AddInput("x", DType::kF32, {m, k}).value();
@@ -220,7 +221,11 @@ TEST(Target, TheCpuGemmEngineOptionForcesEachEngine) {
       const std::vector<KernelChoice> choices = (*target)->DescribeKernels(*g);
       ASSERT_EQ(choices.size(), 1u);
       const bool forced = choices[0].how.find("as the target's options force") != std::string::npos;
-      EXPECT_EQ(forced, engine != CpuGemmEngine::kAuto) << choices[0].how;
+      EXPECT_EQ(forced, engine == CpuGemmEngine::kOwn || engine == CpuGemmEngine::kOneDnn) << choices[0].how;
+      // kRule says so; kAuto leaves weights this small (under kMinTunedWeights) to the rule too.
+      if (engine == CpuGemmEngine::kRule)
+        EXPECT_NE(choices[0].how.find("(the rule: --cpu-gemm rule)"), std::string::npos) << choices[0].how;
+      if (engine == CpuGemmEngine::kAuto) EXPECT_NE(choices[0].how.find("not timed"), std::string::npos) << choices[0].how;
       if (engine == CpuGemmEngine::kOneDnn) EXPECT_NE(choices[0].how.find("oneDNN"), std::string::npos) << choices[0].how;
       if (engine == CpuGemmEngine::kOwn) EXPECT_NE(choices[0].how.find("own loops"), std::string::npos) << choices[0].how;
       auto ex = (*target)->Compile(g);

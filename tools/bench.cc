@@ -257,6 +257,7 @@ struct HostFigures {
   const ElementwisePreset* preset;  // null for a model
   int threads;
   double planning_ms, rtol, atol;
+  double tuning_ms;  // timing the GEMM engines, both plans (once per machine: 0 when cached)
   const std::vector<OutputReport>* checks;
   const InterleavedTiming* timing;
   double t_unfused, t_fused, t_native;  // seconds; t_native 0 without --cpu-codegen
@@ -271,7 +272,7 @@ bool WriteBenchJson(const BenchFlags& b, const FusionReport& report, const HostF
   j.Key("dtype").Str(DTypeName(b.dtype)).Key("backend").Str(b.backend).Key("emulate_gpu").Bool(b.target_options.cuda.emulate);
   j.Key("elements").Int(p ? b.elements : 0).Key("threads").Int(h.threads).Key("repeats").Int(b.repeats);
   AddFusionJson(j, report);
-  j.Key("planning_ms").Num(h.planning_ms);
+  j.Key("planning_ms").Num(h.planning_ms).Key("gemm_tuning_ms").Num(h.tuning_ms);
   j.Key("check").BeginObject().Key("rtol").Num(h.rtol).Key("atol").Num(h.atol).Key("outputs").BeginArray();
   for (const OutputReport& c : *h.checks)
     j.BeginObject().Key("name").Str(c.name).Key("max_abs_err").Num(c.max_abs).Key("max_rel_err").Num(c.max_rel)
@@ -334,7 +335,8 @@ int Bench(Args& args) {
   if (cpu_bf16 && !b.preset.empty())
     return Fail(InvalidArgument("--dtype bf16 on the CPU holds GEMM weights in bf16, and preset '", b.preset,
                                 "' has no GEMM; it computes in bf16 on --backend cuda"));
-  const PrepareOptions prepare{.bf16_weights = cpu_bf16, .gemm_engine = b.target_options.cpu.gemm};
+  const PrepareOptions prepare{
+      .bf16_weights = cpu_bf16, .gemm_engine = b.target_options.cpu.gemm, .threads = b.threads};
   // Both plans hold bf16 weights, but they round different GEMM inputs (the fused one's A is
   // normalized inside the GEMM, say): fused and unfused agree within bf16's tolerance, as run
   // --dtype bf16 checks, unless --rtol / --atol say otherwise.
@@ -379,6 +381,7 @@ int Bench(Args& args) {
   if (!fused_plan.ok()) return Fail(fused_plan.status());
   const double planning_ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - planning_start).count();
+  const double tuning_ms = (*base_plan)->stats().gemm_tuning_ms + (*fused_plan)->stats().gemm_tuning_ms;
 
   std::fprintf(stderr, "graphfuse bench: preparing inputs...\n");
   std::mt19937 rng(7);
@@ -483,6 +486,8 @@ int Bench(Args& args) {
               static_cast<long long>(report.kernels_after), pool.num_threads(), b.repeats);
   if (p) std::printf("  %s, %lld f32 elements\n", p->what, static_cast<long long>(elements));
   std::printf("  planning the fused plan: %.2f ms (import for these shapes, passes, executor plan)\n", planning_ms);
+  if (tuning_ms > 0)
+    std::printf("  timing the GEMM engines (both plans; once per machine, then cached): %.2f ms\n", tuning_ms);
   // GB/s only for the presets, whose bytes are all input and output.
   auto row = [&](const char* name, double s, const char* note) {
     if (p) std::printf("  %-10s %10.4f ms %10.1f%s\n", name, s * 1e3, bytes / s / 1e9, note);
@@ -515,7 +520,7 @@ int Bench(Args& args) {
                 b.trace_file.c_str(), static_cast<long long>(trace.recorder().events()));
   }
   if (!b.json.empty()) {
-    const HostFigures h{p, pool.num_threads(), planning_ms, rtol, atol, &checks,
+    const HostFigures h{p, pool.num_threads(), planning_ms, rtol, atol, tuning_ms, &checks,
                         &t, t_unfused, t_fused, t_native, bytes, gb_triad, max_rel_f64};
     if (!WriteBenchJson(b, report, h, on_reference ? nullptr : &target_figures))
       return Fail(InvalidArgument("cannot write --json file '", b.json, "'"));

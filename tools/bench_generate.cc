@@ -189,9 +189,10 @@ Result<GenerationRun> Generate(CompiledModel& m, const DecoderIo& io, int64_t pr
     run.rss_mb.push_back(RssMb());
     if (print_calls) {
       const PlanningTime& pt = m.plan()->planning_time();
-      std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f)%s; RSS %.1f MiB\n",
+      std::printf("    call %lld: %.2f ms; planning %.2f ms (import %.2f, passes %.2f, compile %.2f, of which GEMM "
+                  "tuning %.2f)%s; RSS %.1f MiB\n",
                   static_cast<long long>(step), run.ms.back(), run.planning_ms.back(), pt.import_ms, pt.passes_ms,
-                  pt.compile_ms, m.plan()->from_template() ? ", from the template" : "", run.rss_mb.back());
+                  pt.compile_ms, pt.gemm_tuning_ms, m.plan()->from_template() ? ", from the template" : "", run.rss_mb.back());
     }
     const Tensor& logits = out[static_cast<size_t>(io.logits)];
     const int64_t v = logits.shape().back(), last = logits.numel() / v - 1;

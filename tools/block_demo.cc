@@ -85,7 +85,7 @@ Result<BlockDemoOptions> ParseBlockDemo(Args& args) {
     } else {
       return InvalidArgument("demo: unknown flag '", f,
                              "' (flags: --preset NAME --seq N --past L --threads T --repeats R --rtol R --atol A "
-                             "--profile --cpu-codegen --cpu-gemm auto|own|onednn --backend cpu|cuda --emulate-gpu "
+                             "--profile --cpu-codegen --cpu-gemm auto|rule|own|onednn --backend cpu|cuda --emulate-gpu "
                              "--dtype f32|bf16|f16 --json FILE)");
     }
   }
@@ -593,11 +593,16 @@ int RunDemo(Args& args) {
   }
   // --dtype bf16 on the CPU: both plans hold their GEMMs' weights in bf16.
   const PrepareOptions cpu_prepare{.bf16_weights = on_reference && o.dtype == DType::kBF16,
-                                   .gemm_engine = o.target.cpu.gemm};
+                                   .gemm_engine = o.target.cpu.gemm,
+                                   .threads = o.threads};
   auto plan_u = ExecutionPlan::Compile(unfused, cpu_prepare);
   if (!plan_u.ok()) return fail(plan_u.status());
   auto plan_f = ExecutionPlan::Compile(fused, cpu_prepare);
   if (!plan_f.ok()) return fail(plan_f.status());
+  if (const int64_t timed = (*plan_u)->stats().gemm_classes_timed + (*plan_f)->stats().gemm_classes_timed; timed > 0)
+    std::fprintf(stderr, "  timed the CPU's GEMM engines for %lld shape classes in %.0f ms (once per machine: cached)\n",
+                 static_cast<long long>(timed),
+                 (*plan_u)->stats().gemm_tuning_ms + (*plan_f)->stats().gemm_tuning_ms);
   // --cpu-codegen: the fused plan's elementwise programs (groups, GEMM and norm epilogues) run
   // as native loops, compiled on their first run (cached on disk).
   std::unique_ptr<CpuCodegen> codegen;

@@ -64,7 +64,7 @@ class Args {
   Result<std::string> Backend(const std::string& name);
   // A compute dtype (--dtype): "f32", "bf16" or "f16".
   Result<DType> Dtype(const std::string& name);
-  // The CPU's GEMM engine (--cpu-gemm): "auto", "own" or "onednn".
+  // The CPU's GEMM engine (--cpu-gemm): "auto", "rule", "own" or "onednn".
   Result<CpuGemmEngine> CpuGemm(const std::string& name);
   // A file the command will write when it ends (--json, --dot), checked now so that a long
   // run does not end in "cannot write": its directory exists and is writable, and the path is

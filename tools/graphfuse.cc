@@ -79,9 +79,10 @@ Result<DType> Args::Dtype(const std::string& name) {
 Result<CpuGemmEngine> Args::CpuGemm(const std::string& name) {
   GF_ASSIGN_OR_RETURN(std::string v, Value(name));
   if (v == "auto") return CpuGemmEngine::kAuto;
+  if (v == "rule") return CpuGemmEngine::kRule;
   if (v == "own") return CpuGemmEngine::kOwn;
   if (v == "onednn") return CpuGemmEngine::kOneDnn;
-  return InvalidArgument(command_, ": ", name, " takes auto, own or onednn, not '", v, "'");
+  return InvalidArgument(command_, ": ", name, " takes auto, rule, own or onednn, not '", v, "'");
 }
 
 Result<std::string> Args::OutputFile(const std::string& name) {
@@ -135,7 +136,7 @@ struct HelpSection {
 
 constexpr HelpSection kCommands[] = {
     {"demo", R"(  demo [--preset NAME] [--seq N] [--past L] [--threads T] [--repeats R] [--rtol R] [--atol A] [--profile]
-       [--cpu-codegen] [--cpu-gemm auto|own|onednn] [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16]
+       [--cpu-codegen] [--cpu-gemm auto|rule|own|onednn] [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16]
        [--json FILE]
         builds a transformer block with the graph API (random weights; presets llama7b, the
         default: hidden 4096, 32 heads, ffn 11008, seq 32; llama-small: hidden 512, seq 128;
@@ -173,7 +174,7 @@ constexpr HelpSection kCommands[] = {
 )",
      false, true, true},
     {"run", R"(  run MODEL.onnx [--data DIR | --shape NAME=D0xD1x...] [--rtol R] [--atol A] [--threads T] [--json FILE]
-                 [--cpu-codegen] [--cpu-gemm auto|own|onednn] [--check-fusion] [--backend cpu|cuda] [--cuda-graph]
+                 [--cpu-codegen] [--cpu-gemm auto|rule|own|onednn] [--check-fusion] [--backend cpu|cuda] [--cuda-graph]
                  [--emulate-gpu] [--dtype f32|bf16|f16] [--tf32] [--cuda-attention flash|gemms] [--trace FILE]
                  [fusion flags]
         imports an ONNX model (opsets 1-24) for the shapes of its inputs (symbolic dims take
@@ -201,7 +202,9 @@ constexpr HelpSection kCommands[] = {
         --emulate-gpu rounds them so on the host) and compares within rtol = atol = 1e-2
         unless --rtol / --atol say otherwise; f16 / bf16 GEMMs are unaffected.
         --cpu-gemm picks the engine of the CPU's GEMMs against constant weights: auto (the
-        default: the engine measured faster for the GEMM's rows, as explain names it), own
+        default: the engine timed faster on this machine for the GEMM's weight shape and rows,
+        timed once per machine and kept in ~/.cache/graphfuse/gemm; weights under 1 MiB take
+        the rule), rule (the built-in rule by rows, nothing timed: reproducible runs), own
         (graphfuse's weight stream and tiles) or onednn (oneDNN's packed matmul) for every
         one; a GEMM the forced engine has no kernel for (oneDNN's bf16 matmul below AVX-512)
         exits 2 naming it.
@@ -218,7 +221,7 @@ constexpr HelpSection kCommands[] = {
      true, true, true},
     {"explain", R"(  explain MODEL.onnx [--shape NAME=D0xD1x...] [--dot FILE] [--json FILE] [--print-ir] [--cuda-src DIR]
                      [--print-ir-before=PASS] [--print-ir-after=PASS] [--dtype f32|bf16|f16]
-                     [--cpu-gemm auto|own|onednn] [fusion flags]
+                     [--cpu-gemm auto|rule|own|onednn] [fusion flags]
   explain --passes
         the fusion plan (for the shapes --shape binds where the model's dims are symbolic:
         NAME an input and its whole shape, or a symbolic dim and its size): groups, member nodes, kernel names, how each GEMM's epilogue runs on
@@ -228,8 +231,8 @@ constexpr HelpSection kCommands[] = {
         every pass; --cuda-src prints how each node would run on a GPU (generated kernel,
         cuBLAS, cuBLASLt epilogue, view; the CUDA plan keeps its RMSNorms as kernels) and
         writes every generated kernel's CUDA source to DIR (no GPU needed); without --cuda-src,
-        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why
-        (--cpu-gemm: as run, bench and demo --cpu-gemm force it);
+        which engine runs each GEMM on the CPU (own stream, own tiles, oneDNN) and why: timed
+        (the timings, and whether from the cache) or the rule (--cpu-gemm: as for run);
         --dtype means what it means to run on that backend: with --cuda-src the model converted
         to bf16 / f16 (the plan and sources run --backend cuda --dtype runs), on the CPU bf16 is
         the f32 plan with bf16 GEMM weights and f16 an error; the JSON records the dtype, the
@@ -240,7 +243,7 @@ constexpr HelpSection kCommands[] = {
 )",
      true, false, false},
     {"bench", R"(  bench (MODEL.onnx [--shape NAME=D0xD1x...] [--generate PROMPT:NEW] | --preset NAME) [--elements N] [--threads T] [--repeats R]
-                                     [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--cpu-gemm auto|own|onednn]
+                                     [--rtol R] [--atol A] [--json FILE] [--cpu-codegen] [--cpu-gemm auto|rule|own|onednn]
                                      [--backend cpu|cuda] [--emulate-gpu] [--dtype f32|bf16|f16] [--trace FILE]
                                      [fusion flags]
         times the unfused and the fused plan (of the shapes --shape binds, as for explain;

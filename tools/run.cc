@@ -306,6 +306,9 @@ int RunModel(Args& args) {
               o.fusion.enabled ? "fused" : "run (--no-fuse)", st.activation_bytes / 1024.0,
               st.activation_bytes_no_reuse / 1024.0);
   std::printf("planning: %.1f ms for %s\n", planning_ms, p.signature().c_str());
+  if (st.tuned_classes > 0)
+    std::printf("  of which %.1f ms timing the GEMM engines of %lld shape classes (once per machine: cached)\n",
+                st.tuning_ms, static_cast<long long>(st.tuned_classes));
   if (!reference)
     for (const std::string& l : p.describe()) std::printf("%s\n", l.c_str());
   if (o.check_fusion) {

@@ -122,6 +122,9 @@ struct PlanningTime {
   double passes_ms = 0;   // canonicalization, fusion, memory planning; or the graph made from its
                           // shape class's template (then import_ms is 0)
   double compile_ms = 0;  // the target's executable (native code where it compiles any)
+  // Of compile_ms: timing the CPU's GEMM engines for shape classes this machine had not timed
+  // (paid once per machine; ExecutableStats::tuning_ms).
+  double gemm_tuning_ms = 0;
   double total_ms() const { return import_ms + passes_ms + compile_ms; }
 };
 

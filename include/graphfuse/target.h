@@ -85,6 +85,10 @@ struct ExecutableStats {
   // would add up to without reuse.
   int64_t activation_bytes = 0, activation_bytes_no_reuse = 0;
   int64_t device_bytes = 0;     // device memory held (buffers, constants, workspaces); 0 on the host
+  // Compiling it: the time spent timing engines on this machine (the CPU's GEMMs, CpuGemmEngine::
+  // kAuto) and the shape classes timed; 0 where every choice came from the cache.
+  double tuning_ms = 0;
+  int64_t tuned_classes = 0;
 };
 
 // Called after each node of an observed run (Executable::RunObserved) with its inputs and
@@ -125,12 +129,15 @@ class Executable {
   virtual bool TakesStrided(bool output, size_t index) const { return false; }
 };
 
-// Which code runs the CPU's GEMMs against constant weights. kAuto: the engine measured faster
-// for the GEMM's rows (`graphfuse explain` names it, and why). kOwn (graphfuse's weight stream
-// and tiles) or kOneDnn (oneDNN's packed matmul) force one for every such GEMM, for runs that
-// must not depend on the rule or for comparing the two; a GEMM the forced engine has no kernel
-// for (oneDNN's bf16 matmul below AVX-512) fails to compile, naming the node.
-enum class CpuGemmEngine { kAuto, kOwn, kOneDnn };
+// Which code runs the CPU's GEMMs against constant weights. kAuto: the engine timed faster on
+// this machine for the GEMM's shape class (its weights' shape and storage, its rows rounded up to
+// a power of two, the threads), timed once per machine and cached under ~/.cache/graphfuse/gemm;
+// `graphfuse explain` names it, the timings and whether they came from the cache. kRule: the
+// built-in rule by rows and storage, nothing timed (runs that must not depend on a timing). kOwn
+// (graphfuse's weight stream and tiles) or kOneDnn (oneDNN's packed matmul) force one for every
+// such GEMM, for comparing the two; a GEMM the forced engine has no kernel for (oneDNN's bf16
+// matmul below AVX-512) fails to compile, naming the node.
+enum class CpuGemmEngine { kAuto, kRule, kOwn, kOneDnn };
 
 // Each target's own options: MakeTarget reads the named target's, and refuses options set for
 // a target it was not asked for.
@@ -146,7 +153,7 @@ struct CpuTargetOptions {
   // bf16` on the CPU). Halves a decode step's weight stream; accurate to the bf16 tolerance of
   // the README.
   bool bf16_weights = false;
-  CpuGemmEngine gemm = CpuGemmEngine::kAuto;  // `--cpu-gemm auto|own|onednn`
+  CpuGemmEngine gemm = CpuGemmEngine::kAuto;  // `--cpu-gemm auto|rule|own|onednn`
 };
 
 struct CudaTargetOptions {

@@ -200,6 +200,7 @@ nb::dict ReportDict(const gf::Plan& plan) {
   planning["import_ms"] = plan.planning_time().import_ms;
   planning["passes_ms"] = plan.planning_time().passes_ms;
   planning["compile_ms"] = plan.planning_time().compile_ms;
+  planning["gemm_tuning_ms"] = plan.planning_time().gemm_tuning_ms;
   nb::dict out;
   out["signature"] = plan.signature();
   out["kernels_before"] = r.kernels_before;

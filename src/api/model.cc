@@ -277,6 +277,7 @@ Status CompiledModel::FinishPlan(Plan& plan, std::shared_ptr<Graph> g, const Inp
   GF_ASSIGN_OR_RETURN(p->executable_, target_->Compile(planned));
   p->kernel_choices_ = target_->DescribeKernels(*planned);
   p->planning_.compile_ms = MsSince(t);
+  p->planning_.gemm_tuning_ms = p->executable_->stats().tuning_ms;
   return Status::Ok();
 }
 

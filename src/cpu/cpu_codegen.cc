@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cache_dir.h"
 #include "core/hash.h"
 #include "core/shared_object.h"
 
@@ -97,13 +98,6 @@ std::string FirstLineOf(const std::string& cmd) {
   return line;
 }
 
-std::filesystem::path DefaultCacheDir() {
-  if (const char* d = std::getenv("GF_KERNEL_CACHE"); d && *d) return std::filesystem::path(d) / "cpu";
-  if (const char* d = std::getenv("XDG_CACHE_HOME"); d && *d) return std::filesystem::path(d) / "graphfuse" / "cpu";
-  if (const char* d = std::getenv("HOME"); d && *d) return std::filesystem::path(d) / ".cache" / "graphfuse" / "cpu";
-  return std::filesystem::temp_directory_path() / "graphfuse" / "cpu";
-}
-
 std::vector<std::string> CodegenHeaders() {
   std::vector<std::string> out;
   std::string list = GF_CODEGEN_HEADERS;
@@ -154,7 +148,7 @@ Result<std::unique_ptr<CpuCodegen>> CpuCodegen::Create(const Options& options) {
     const char* cxx = std::getenv("CXX");
     impl->options.compiler = cxx && *cxx ? cxx : GF_CODEGEN_CXX;
   }
-  if (impl->options.cache_dir.empty()) impl->options.cache_dir = DefaultCacheDir().string();
+  if (impl->options.cache_dir.empty()) impl->options.cache_dir = UserCacheDir("cpu").string();
   const std::vector<std::string> header_names = CodegenHeaders();
   if (header_names.empty()) return Unimplemented("CPU code generation: this build of graphfuse does not list its headers");
   const std::filesystem::path root = CodegenRoot(header_names);

@@ -55,7 +55,9 @@ class CpuExecutable final : public Executable {
     const ExecStats& s = plan_->stats();
     return {.launches = s.kernels_launched,
             .activation_bytes = s.peak_activation_bytes,
-            .activation_bytes_no_reuse = s.activation_bytes_no_reuse};
+            .activation_bytes_no_reuse = s.activation_bytes_no_reuse,
+            .tuning_ms = s.gemm_tuning_ms,
+            .tuned_classes = s.gemm_classes_timed};
   }
   // The native loops (CpuTargetOptions::codegen) compiled so far and what they left to the
   // tile executor.
@@ -83,7 +85,7 @@ class CpuExecutable final : public Executable {
 
 // What the target's options ask of its plans' kernels.
 PrepareOptions PrepareOptionsFor(const CpuTargetOptions& o) {
-  return {.bf16_weights = o.bf16_weights, .gemm_engine = o.gemm};
+  return {.bf16_weights = o.bf16_weights, .gemm_engine = o.gemm, .threads = o.threads};
 }
 
 }  // namespace

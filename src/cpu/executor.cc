@@ -15,6 +15,7 @@
 #include "ir/op_registry.h"
 #include "memory/memory_plan.h"
 #include "cpu/kernel_registry.h"
+#include "cpu/kernels/gemm_tuning.h"
 
 namespace graphfuse {
 
@@ -60,6 +61,7 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
   if (!options.store) options.store = g.prepared_store();
   std::unique_ptr<ExecutionPlan> plan(new ExecutionPlan());
   plan->graph_ = &g;
+  const kernels::GemmTuningTotals tuned_before = kernels::GemmTuningSoFar();
 
   // A graph output computed by a node (listed once) is written into the caller's buffer.
   std::map<const Value*, int> direct_output;
@@ -163,6 +165,9 @@ Result<std::unique_ptr<ExecutionPlan>> ExecutionPlan::Compile(const Graph& g, co
   plan->stats_.peak_activation_bytes = memory.peak_bytes;
   // Without reuse, every value a node writes would have a buffer of its own, outputs included.
   plan->stats_.activation_bytes_no_reuse = memory.no_reuse_bytes + memory.external_bytes;
+  const kernels::GemmTuningTotals tuned = kernels::GemmTuningSoFar();
+  plan->stats_.gemm_classes_timed = tuned.timed - tuned_before.timed;
+  plan->stats_.gemm_tuning_ms = tuned.ms - tuned_before.ms;
   return plan;
 }
 

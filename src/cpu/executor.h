@@ -21,6 +21,10 @@ struct ExecStats {
   int64_t kernels_launched = 0;           // per run: nodes that launch a kernel (views are free)
   int64_t peak_activation_bytes = 0;      // the arena: intermediate buffers live at the peak
   int64_t activation_bytes_no_reuse = 0;  // all intermediate buffers added up, for comparison
+  // Compiling it: GEMM shape classes whose engines were timed on this machine, and the time that
+  // took (gemm_tuning.h; nothing where the cache had them).
+  int64_t gemm_classes_timed = 0;
+  double gemm_tuning_ms = 0;
 };
 
 class ExecutionPlan {

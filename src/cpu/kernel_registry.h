@@ -36,6 +36,9 @@ struct PrepareOptions {
   bool bf16_weights = false;
   // Which engine runs the GEMMs against constant weights (CpuTargetOptions::gemm).
   CpuGemmEngine gemm_engine = CpuGemmEngine::kAuto;
+  // The threads the plan runs on (CpuTargetOptions::threads; 0: the hardware's): the GEMM
+  // engines are timed with as many (gemm_tuning.h).
+  int threads = 0;
   // Where packed weights are kept, shared by every plan of a model (ExecutionPlan::Compile
   // takes the graph's prepared_store() when this is null); null: each plan packs its own.
   PreparedStore* store = nullptr;

@@ -5,10 +5,12 @@
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
 #include <immintrin.h>
+#include <sys/mman.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
@@ -18,9 +20,19 @@
 #include "core/hash.h"
 #include "core/prepared_store.h"
 #include "graphfuse/dtype.h"
+#include "cpu/kernels/gemm_tuning.h"
 #include "cpu/kernels/sgemm.h"
 
 namespace graphfuse::kernels {
+
+std::unique_ptr<void, void (*)(void*)> AllocateWeightMemory(size_t bytes, bool huge_pages) {
+  constexpr size_t kHuge = kHugePageBytes;
+  if (!huge_pages || bytes < kHuge) return {std::aligned_alloc(128, (bytes + 127) / 128 * 128), std::free};
+  const size_t rounded = (bytes + kHuge - 1) / kHuge * kHuge;
+  void* p = std::aligned_alloc(kHuge, rounded);
+  if (p) madvise(p, rounded, MADV_HUGEPAGE);  // advice: the kernel may decline (THP off)
+  return {p, std::free};
+}
 
 int64_t L2Bytes() {
   static const int64_t bytes = [] {
@@ -82,10 +94,12 @@ struct PackedGemm::Impl {
   GemmEngine engine = GemmEngine::kOwn;
   bool dot = false;
   int64_t block_stride = 0;
-  // The panels (shared through the model's store by every plan of the weights).
+  // The panels (shared through the model's store by every plan of the weights): one of f32 /
+  // bf16 points into `memory`.
   struct Panels {
-    hwy::AlignedFreeUniquePtr<float[]> f32;
-    hwy::AlignedFreeUniquePtr<uint16_t[]> bf16;
+    std::unique_ptr<void, void (*)(void*)> memory{nullptr, std::free};
+    float* f32 = nullptr;
+    uint16_t* bf16 = nullptr;
   };
   std::shared_ptr<const Panels> panels;
   const float* stream_f32 = nullptr;
@@ -361,7 +375,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   if (options.engine == GemmEngine::kAuto) {
     Options chosen = options;
-    chosen.engine = AutoEngine(m, storage, nullptr, options.one_form);
+    chosen.engine = ChooseGemmEngine(m, k, n, storage, options.one_form, options.tuning).engine;
     auto made = Create(m, k, n, b_given, ldb, ldc, post_ops, chosen);
     const bool refused = !made.ok() && made.status().code() == StatusCode::kUnimplemented;
     if (!refused || chosen.engine == GemmEngine::kOwn) return made;
@@ -390,9 +404,10 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     auto pack = [&]() -> Result<PreparedStore::Made> {
       const float* b = source();
       auto panels = std::make_shared<Impl::Panels>();
-      if (bf16) panels->bf16 = hwy::AllocateAligned<uint16_t>(total);
-      else panels->f32 = hwy::AllocateAligned<float>(total);
-      if (!panels->bf16 && !panels->f32) return ResourceExhausted("packing GEMM weights: ", total, " elements");
+      panels->memory = AllocateWeightMemory(total * (bf16 ? sizeof(uint16_t) : sizeof(float)), options.huge_pages);
+      if (!panels->memory) return ResourceExhausted("packing GEMM weights: ", total, " elements");
+      if (bf16) panels->bf16 = static_cast<uint16_t*>(panels->memory.get());
+      else panels->f32 = static_cast<float*>(panels->memory.get());
       for (int64_t blk = 0; blk < p.blocks; ++blk) {
         const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
         if (!bf16 && !p.dot) {
@@ -401,7 +416,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
           const int64_t full = width / kStreamPanel;
           for (int64_t kk = 0; kk < k; ++kk) {
             const float* row = b + kk * ldb + j0;
-            float* to = panels->f32.get() + blk * p.block_stride + kk * kStreamPanel;
+            float* to = panels->f32 + blk * p.block_stride + kk * kStreamPanel;
             for (int64_t q = 0; q < full; ++q)
               std::memcpy(to + q * panel_k * kStreamPanel, row + q * kStreamPanel, kStreamPanel * sizeof(float));
             if (const int64_t tail = width - full * kStreamPanel; tail > 0) {
@@ -433,8 +448,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
                                          bf16 ? " bf16" : " f32", p.dot ? " pairs" : "");
     GF_ASSIGN_OR_RETURN(std::shared_ptr<const void> made, GetOrMakeShared(options.store, key, pack));
     p.panels = std::static_pointer_cast<const Impl::Panels>(made);
-    p.stream_f32 = p.panels->f32.get();
-    p.stream_bf16 = p.panels->bf16.get();
+    p.stream_f32 = p.panels->f32;
+    p.stream_bf16 = p.panels->bf16;
     return std::shared_ptr<const PackedGemm>(std::move(g));
   }
   for (size_t i = p.bias ? 1 : 0; i < p.post_ops.size(); ++i)
@@ -480,6 +495,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     struct Blocks {
       std::vector<dnnl::memory::desc> descs;  // per Which(width)
       std::vector<dnnl::memory> weights;
+      std::vector<std::unique_ptr<void, void (*)(void*)>> memory;  // theirs (AllocateWeightMemory)
     };
     auto pack = [&]() -> Result<PreparedStore::Made> {
       const float* b = source();
@@ -488,7 +504,10 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       for (const auto& pd : p.pds) blocks->descs.push_back(pd.weights_desc());
       for (int64_t blk = 0; blk < p.blocks; ++blk) {
         const int64_t j0 = blk * p.block_cols, width = std::min(p.block_cols, n - j0);
-        dnnl::memory packed(p.pds[p.Which(width)].weights_desc(), Engine());
+        const dnnl::memory::desc desc = p.pds[p.Which(width)].weights_desc();
+        blocks->memory.push_back(AllocateWeightMemory(desc.get_size(), options.huge_pages));
+        if (!blocks->memory.back()) return ResourceExhausted("packing GEMM weights: ", desc.get_size(), " bytes");
+        dnnl::memory packed(desc, Engine(), blocks->memory.back().get());
         dnnl::memory plain({{k, width}, dt::f32, {ldb, 1}}, Engine(), const_cast<float*>(b + j0));
         dnnl::reorder(plain, packed).execute(stream, plain, packed);
         stream.wait();
@@ -574,11 +593,14 @@ bool CpuHasAmxBf16() {
 
 std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, const PrepareOptions& options) {
   const GemmWeightStorage storage = WeightStorageFor(options);
-  const char* why = nullptr;
+  std::string why;
   switch (EngineFor(options)) {
     case GemmEngine::kOwn: why = "own loops, as the target's options force (--cpu-gemm own)"; break;
     case GemmEngine::kOneDnn: why = "oneDNN matmul, as the target's options force (--cpu-gemm onednn)"; break;
-    case GemmEngine::kAuto: PackedGemm::AutoEngine(m, storage, &why, OneFormFor(options)); break;
+    case GemmEngine::kAuto:
+      why = ChooseGemmEngine(m, k, n, storage, OneFormFor(options), TuningFor(options)).why;
+      if (options.gemm_engine == CpuGemmEngine::kRule) why += " (the rule: --cpu-gemm rule)";
+      break;
   }
   return StrCat(m, "x", k, " @ ", k, "x", n, " (", storage == GemmWeightStorage::kBF16 ? "bf16" : "f32",
                 " weights, packed once): ", why);

@@ -46,8 +46,16 @@ inline constexpr int64_t kOneDnnRowsF32 = 64;
 
 // Which code computes the products: graphfuse's own loops over panels packed for them (the
 // stream up to kGemmStreamRows rows, the tiles past them) or oneDNN's packed matmul. kAuto takes
-// the one measured faster (PackedGemm::AutoEngine), and the own loops where oneDNN has no kernel.
+// the one timed faster on this machine (GemmTuning::measure, gemm_tuning.h) or else the rule
+// (PackedGemm::AutoEngine), and the own loops where oneDNN has no kernel.
 enum class GemmEngine { kAuto, kOwn, kOneDnn };
+
+// How kAuto chooses (gemm_tuning.h).
+struct GemmTuning {
+  bool measure = false;   // time the engines (cached per machine); false: the rule
+  int threads = 0;        // the threads the plan runs on (0: the hardware's)
+  std::string cache_dir;  // empty: UserCacheDir("gemm")
+};
 
 struct PackedGemmOptions {
   int64_t block_cols = 0;  // > 0: the width of the column blocks (else BlockCols in packed_gemm.cc)
@@ -69,6 +77,9 @@ struct PackedGemmOptions {
   // (PreparedStore::shapes_vary). f32 weights only: with bf16 weights on AMX, oneDNN's tiles are
   // worth their own copy past the stream's rows.
   bool one_form = false;
+  GemmTuning tuning = {};
+  // Packed weights of kHugePageBytes or more in transparent huge pages (AllocateWeightMemory).
+  bool huge_pages = true;
 };
 
 class PackedGemm {
@@ -128,8 +139,9 @@ class PackedGemm {
 };
 
 // One line for `graphfuse explain`: the engine that runs an m x k x n GEMM against constant
-// weights as a plan with these options packs them, and why (PackedGemm::AutoEngine, or the
-// engine the options force).
+// weights as a plan with these options packs them, and why (timed: ChooseGemmEngine, which
+// times it here if no plan has; the rule: PackedGemm::AutoEngine; or the engine the options
+// force).
 std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, const PrepareOptions& options);
 // The library that runs the GEMMs of two activations (attention's products, a MatMul whose
 // second operand is computed), in the same lines.
@@ -149,9 +161,15 @@ inline GemmEngine EngineFor(const PrepareOptions& o) {
   switch (o.gemm_engine) {
     case CpuGemmEngine::kOwn: return GemmEngine::kOwn;
     case CpuGemmEngine::kOneDnn: return GemmEngine::kOneDnn;
-    case CpuGemmEngine::kAuto: break;
+    case CpuGemmEngine::kAuto:
+    case CpuGemmEngine::kRule: break;
   }
   return GemmEngine::kAuto;
+}
+
+// How kAuto chooses for a plan with these options: timed unless they ask for the rule.
+inline GemmTuning TuningFor(const PrepareOptions& o) {
+  return {.measure = o.gemm_engine == CpuGemmEngine::kAuto, .threads = o.threads};
 }
 
 // How a plan packs the constant weights `w` read from `where` on (a column offset, a gather of
@@ -162,12 +180,20 @@ inline PackedGemmOptions PackOptionsFor(const PrepareOptions& o, const Tensor& w
   p.storage = WeightStorageFor(o);
   p.engine = EngineFor(o);
   p.one_form = OneFormFor(o);
+  p.tuning = TuningFor(o);
   if (o.store && o.store->Knows(&w)) {
     p.store = o.store;
     p.weights_key = PreparedStore::Id(&w) + " " + where;
   }
   return p;
 }
+
+// Memory for packed weights (freed with std::free). With `huge_pages`, from kHugePageBytes up it
+// is aligned to that and asked to be backed by transparent huge pages (madvise; the kernel may
+// decline, as where THP is off): a stream over 180 MB of weights then walks 2 MiB pages, not
+// 4 KiB ones, 512 times fewer TLB entries. Else, and below that size, cache-line aligned.
+inline constexpr size_t kHugePageBytes = size_t{2} << 20;
+std::unique_ptr<void, void (*)(void*)> AllocateWeightMemory(size_t bytes, bool huge_pages);
 
 // Whether the CPU has AMX-BF16 (CPUID), whose tile instructions oneDNN's bf16 matmul uses.
 bool CpuHasAmxBf16();
