@@ -42,18 +42,20 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// Sums `n` floats split over the pool's threads (8-way unrolled, so that the loads, not the
-// adds, bound it): the read bandwidth a stream of n floats can have here.
+// Sums `n` floats split over the pool's threads (64 independent sums: four AVX-512 vectors, so
+// that the loads, not one chain of dependent adds, bound it): the read bandwidth a stream of n
+// floats can have here.
 float ReadAll(ThreadPool& pool, int threads, const float* x, int64_t n) {
-  std::vector<float> partial(static_cast<size_t>(threads) * 16, 0.f);
+  constexpr int kSums = 64;
+  std::vector<float> partial(static_cast<size_t>(threads) * kSums, 0.f);
   pool.Parallel(threads, [&](int tid, int nt) {
     const int64_t lo = n * tid / nt, hi = n * (tid + 1) / nt;
-    float s[16] = {};
+    float s[kSums] = {};
     int64_t i = lo;
-    for (; i + 16 <= hi; i += 16)
-      for (int j = 0; j < 16; ++j) s[j] += x[i + j];
+    for (; i + kSums <= hi; i += kSums)
+      for (int j = 0; j < kSums; ++j) s[j] += x[i + j];
     for (; i < hi; ++i) s[0] += x[i];
-    for (int j = 0; j < 16; ++j) partial[static_cast<size_t>(tid) * 16 + static_cast<size_t>(j)] = s[j];
+    for (int j = 0; j < kSums; ++j) partial[static_cast<size_t>(tid) * kSums + static_cast<size_t>(j)] = s[j];
   });
   float t = 0;
   for (float v : partial) t += v;
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
     for (int64_t m : rows) {
       std::vector<float> a(static_cast<size_t>(m * s.k)), c(static_cast<size_t>(m * s.n));
       for (float& x : a) x = u(rng);
-      for (const std::string st0 : {"f32 own", "f32 oneDNN", "bf16 own", "bf16 oneDNN"})
+      for (const std::string st0 : {"f32 own", "f32 oneDNN", "bf16 own", "bf16 own-widen", "bf16 oneDNN"})
       for (const bool huge_pages : {true, false}) {
         if (huge != "both" && (huge == "on") != huge_pages) continue;
         const std::string st = huge == "both" ? st0 + (huge_pages ? " 2M" : " 4K") : st0;
@@ -151,10 +153,15 @@ int main(int argc, char** argv) {
         PackedGemm::Options o;
         o.storage = bf16 ? PackedGemm::WeightStorage::kBF16 : PackedGemm::WeightStorage::kF32;
         o.engine = onednn ? GemmEngine::kOneDnn : GemmEngine::kOwn;
-        const bool rule = PackedGemm::AutoEngine(m, o.storage) == o.engine;
+        // "own-widen": the own loops with the weights widened to f32 as they are loaded (the stream
+        // up to 8 rows), not the bf16 dot products (where the CPU has them; else the same as own).
+        const bool widen = st0.find("widen") != std::string::npos;
+        if (widen && !PackedGemm::OwnBf16Dot()) continue;
+        o.bf16_dot = !widen;
+        const bool rule = PackedGemm::AutoEngine(m, o.storage) == o.engine && !widen;
         const bool timed = graphfuse::kernels::ChooseGemmEngine(m, s.k, s.n, o.storage, false,
                                                                 {.measure = true, .threads = threads})
-                               .engine == o.engine;
+                               .engine == o.engine && !widen;
         o.block_cols = block_cols;
         o.huge_pages = huge_pages;
         const float* read = static_cast<const float*>(reads[huge_pages ? 1 : 0].get());

@@ -59,6 +59,24 @@ int64_t BlockCols(int64_t m, int64_t n) {
   return std::clamp<int64_t>((n / 8 + 15) / 16 * 16, 64, cap);
 }
 
+// A packed layout's identity, for keying it in the store: the descriptor's bytes (oneDNN 2.x),
+// or its dims, data type, strides and inner blocks (3.x, where the descriptor is a handle).
+std::string LayoutOf(const dnnl::memory::desc& d) {
+#if DNNL_VERSION_MAJOR >= 3
+  std::string s = StrCat(static_cast<int>(d.get_data_type()), ":", d.get_size());
+  for (auto v : d.get_dims()) s += StrCat(",", v);
+  s += ";";
+  for (auto v : d.get_strides()) s += StrCat(",", v);
+  s += ";";
+  for (auto v : d.get_inner_blks()) s += StrCat(",", v);
+  s += ";";
+  for (auto v : d.get_inner_idxs()) s += StrCat(",", v);
+  return s;
+#else
+  return std::string(reinterpret_cast<const char*>(&d.data), sizeof(d.data));
+#endif
+}
+
 // One row of `width` f32 values, broadcast over the rows of C (a bias).
 dnnl::memory::desc RowDesc(int64_t width) { return dnnl::memory::desc({1, width}, dt::f32, {width, 1}); }
 
@@ -481,9 +499,14 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
       dnnl::memory::desc src_md({m, k}, wdt, {k, 1});
       dnnl::memory::desc wei_md({k, width}, wdt, dnnl::memory::format_tag::any);
       dnnl::memory::desc dst_md({m, width}, dt::f32, {ldc, 1});
+#if DNNL_VERSION_MAJOR >= 3
+      p.pds.push_back(p.bias ? dnnl::matmul::primitive_desc(Engine(), src_md, wei_md, RowDesc(width), dst_md, attr)
+                             : dnnl::matmul::primitive_desc(Engine(), src_md, wei_md, dst_md, attr));
+#else
       p.pds.emplace_back(p.bias ? dnnl::matmul::desc(src_md, wei_md, RowDesc(width), dst_md)
                                 : dnnl::matmul::desc(src_md, wei_md, dst_md),
                          attr, Engine());
+#endif
       if ((!p.post_ops.empty() || bf16) && std::string(p.pds.back().impl_info_str()).rfind("ref", 0) == 0)
         return Unimplemented("packed GEMM: oneDNN has only its reference matmul for ",
                              bf16 ? "bf16 on this CPU" : "these post-ops", " here");
@@ -519,10 +542,7 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
     std::string key;
     if (!options.weights_key.empty()) {
       key = StrCat(options.weights_key, " onednn k=", k, " n=", n, " block=", p.block_cols);
-      for (const auto& pd : p.pds) {
-        const dnnl::memory::desc d = pd.weights_desc();
-        key += StrCat(" ", Hash8(std::string_view(reinterpret_cast<const char*>(&d.data), sizeof(d.data))));
-      }
+      for (const auto& pd : p.pds) key += StrCat(" ", Hash8(LayoutOf(pd.weights_desc())));
     }
     GF_ASSIGN_OR_RETURN(std::shared_ptr<const void> made, GetOrMakeShared(options.store, key, pack));
     // A layout hash that matched another layout would have packed in another form: pack here.
