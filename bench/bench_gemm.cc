@@ -159,9 +159,9 @@ int main(int argc, char** argv) {
         if (widen && !PackedGemm::OwnBf16Dot()) continue;
         o.bf16_dot = !widen;
         const bool rule = PackedGemm::AutoEngine(m, o.storage) == o.engine && !widen;
-        const bool timed = graphfuse::kernels::ChooseGemmEngine(m, s.k, s.n, o.storage, false,
-                                                                {.measure = true, .threads = threads})
-                               .engine == o.engine && !widen;
+        const graphfuse::kernels::GemmChoice choice = graphfuse::kernels::ChooseGemmEngine(
+            m, s.k, s.n, o.storage, false, {.measure = true, .threads = threads});
+        const bool timed = choice.engine == o.engine && (onednn || !bf16 || choice.bf16_dot == !widen);
         o.block_cols = block_cols;
         o.huge_pages = huge_pages;
         const float* read = static_cast<const float*>(reads[huge_pages ? 1 : 0].get());

@@ -26,20 +26,47 @@ namespace {
 
 // The own kernels' revision: part of the machine key, so that a build whose own loops run at
 // another speed does not take choices timed against the old ones. Raise it with such a change.
-constexpr int kOwnKernelsRevision = 2;
-
-// Timings closer than this are taken as equal (a shared machine's noise): the rule decides.
-constexpr double kNoise = 0.05;
+constexpr int kOwnKernelsRevision = 3;
 
 // With f32 weights and row counts that vary, oneDNN's copy of the weights would sit beside the
-// own panels the decode rows need: the own loops, unmeasured.
+// own panels the decode rows need: the own loops, untimed.
 constexpr const char* kOneFormWhy = "own loops: the model's row counts vary, and one packed copy serves them all";
 
-const char* EngineName(GemmEngine e, int64_t rows, GemmWeightStorage storage) {
+// The candidates, in the order an Entry holds their times.
+enum class Candidate { kOwn, kWiden, kOneDnn };
+
+double TimeOf(const GemmTuningCache::Entry& e, Candidate c) {
+  return c == Candidate::kOwn ? e.own_ms : c == Candidate::kWiden ? e.widen_ms : e.onednn_ms;
+}
+
+const char* CandidateName(Candidate c, int64_t rows, GemmWeightStorage storage) {
   const bool bf16 = storage == GemmWeightStorage::kBF16;
-  if (e == GemmEngine::kOneDnn) return bf16 ? "oneDNN bf16 matmul" : "oneDNN matmul";
+  switch (c) {
+    case Candidate::kOneDnn: return bf16 ? "oneDNN bf16 matmul" : "oneDNN matmul";
+    case Candidate::kWiden:
+      return rows <= kGemmStreamRows ? "own stream, bf16 weights widened to f32"
+                                     : "own tiles, bf16 weights widened to f32";
+    case Candidate::kOwn: break;
+  }
   if (bf16 && PackedGemm::OwnBf16Dot()) return "own bf16 dot-product tiles";
   return rows <= kGemmStreamRows ? "own stream" : "own tiles";
+}
+
+// The rule's candidate for these rows (PackedGemm::AutoEngine).
+Candidate RuleCandidate(int64_t rows, GemmWeightStorage storage) {
+  return PackedGemm::AutoEngine(rows, storage) == GemmEngine::kOneDnn ? Candidate::kOneDnn : Candidate::kOwn;
+}
+
+// The fastest of `allowed` (those timed), unless the rule's candidate, when allowed, is within
+// kGemmNoise of it.
+Candidate Fastest(const GemmTuningCache::Entry& e, std::initializer_list<Candidate> allowed, Candidate rule) {
+  Candidate best = rule;
+  double best_ms = 0;
+  for (Candidate c : allowed)
+    if (const double ms = TimeOf(e, c); ms > 0 && (best_ms == 0 || ms < best_ms)) best = c, best_ms = ms;
+  for (Candidate c : allowed)
+    if (c == rule && TimeOf(e, rule) > 0 && TimeOf(e, rule) <= best_ms * (1 + kGemmNoise)) return rule;
+  return best;
 }
 
 std::string CpuBrand() {
@@ -82,53 +109,57 @@ void RunAll(const PackedGemm& g, const CpuContext& cpu, int64_t work, const floa
   ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c, {}, a16); });
 }
 
+// Three significant digits.
+std::string Round3(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", v);
+  return buf;
+}
+
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// Times the candidates for one shape class: random weights packed by each engine, run in turns
-// (so that a noisy stretch of the machine falls on both), the median of each.
+// Times the candidates for one shape class: random weights packed by each, run in turns (so that
+// a noisy stretch of the machine falls on all of them), the median of each.
 GemmTuningCache::Entry Measure(int64_t rows, int64_t k, int64_t n, GemmWeightStorage storage, int threads) {
   std::mt19937 rng(static_cast<uint32_t>(k * 31 + n));
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   std::vector<float> b(static_cast<size_t>(k * n)), a(static_cast<size_t>(rows * k)), c(static_cast<size_t>(rows * n));
   for (float& x : b) x = u(rng);
   for (float& x : a) x = u(rng);
-  GemmTuningCache::Entry e{.rows = rows, .k = k, .n = n, .storage = storage, .threads = threads};
-  std::shared_ptr<const PackedGemm> own, dnn;
-  PackedGemmOptions o{.storage = storage, .engine = GemmEngine::kOwn};
-  if (auto made = PackedGemm::Create(rows, k, n, b.data(), n, n, {}, o); made.ok()) own = *made;
-  o.engine = GemmEngine::kOneDnn;
-  if (auto made = PackedGemm::Create(rows, k, n, b.data(), n, n, {}, o); made.ok()) dnn = *made;
+  const bool widen = storage == GemmWeightStorage::kBF16 && PackedGemm::OwnBf16Dot();
+  std::shared_ptr<const PackedGemm> made[3];  // per Candidate
+  const PackedGemmOptions options[3] = {{.storage = storage, .engine = GemmEngine::kOwn},
+                                        {.storage = storage, .engine = GemmEngine::kOwn, .bf16_dot = false},
+                                        {.storage = storage, .engine = GemmEngine::kOneDnn}};
+  for (int i = 0; i < 3; ++i) {
+    if (i == 1 && !widen) continue;
+    // A candidate without a kernel here (oneDNN's bf16 matmul below AVX-512) is left out.
+    if (auto g = PackedGemm::Create(rows, k, n, b.data(), n, n, {}, options[i]); g.ok()) made[i] = *g;
+  }
   b = {};
   ThreadPool& pool = TimingPool(threads);
   const CpuContext cpu{&pool};
   const int64_t work = rows * n * k / 8;  // as RunPackedBlocks counts it
-  std::vector<double> own_ms, dnn_ms;
-  auto time = [&](const PackedGemm& g, std::vector<double>& into) {
+  std::vector<double> ms[3];
+  auto time = [&](int i) {
+    if (!made[i]) return;
     const auto t = std::chrono::steady_clock::now();
-    RunAll(g, cpu, work, a.data(), c.data());
-    into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
+    RunAll(*made[i], cpu, work, a.data(), c.data());
+    ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   };
   // One warm-up each, then rounds: at least 3, at most 9, until 300 ms have passed.
-  std::vector<double> warm;
-  if (own) time(*own, warm);
-  if (dnn) time(*dnn, warm);
+  for (int i = 0; i < 3; ++i) time(i);
+  for (auto& v : ms) v.clear();
   const auto start = std::chrono::steady_clock::now();
   for (int round = 0; round < 9; ++round) {
     if (round >= 3 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
-    if (own) time(*own, own_ms);
-    if (dnn) time(*dnn, dnn_ms);
+    for (int i = 0; i < 3; ++i) time(i);
   }
-  e.own_ms = Median(own_ms);
-  e.onednn_ms = Median(dnn_ms);
-  // The rule's engine stays unless the other is faster by more than kNoise.
-  const GemmEngine rule = PackedGemm::AutoEngine(rows, storage);
-  if (!dnn || !own) e.engine = dnn ? GemmEngine::kOneDnn : GemmEngine::kOwn;
-  else if (rule == GemmEngine::kOwn) e.engine = e.onednn_ms * (1 + kNoise) < e.own_ms ? GemmEngine::kOneDnn : GemmEngine::kOwn;
-  else e.engine = e.own_ms * (1 + kNoise) < e.onednn_ms ? GemmEngine::kOwn : GemmEngine::kOneDnn;
-  return e;
+  return {.rows = rows, .k = k, .n = n, .storage = storage, .threads = threads,
+          .own_ms = Median(ms[0]), .widen_ms = Median(ms[1]), .onednn_ms = Median(ms[2])};
 }
 
 struct TuningState {
@@ -144,13 +175,6 @@ TuningState& State() {
 bool ParseStorage(const std::string& s, GemmWeightStorage& out) {
   if (s == "f32") out = GemmWeightStorage::kF32;
   else if (s == "bf16") out = GemmWeightStorage::kBF16;
-  else return false;
-  return true;
-}
-
-bool ParseEngine(const std::string& s, GemmEngine& out) {
-  if (s == "own") out = GemmEngine::kOwn;
-  else if (s == "onednn") out = GemmEngine::kOneDnn;
   else return false;
   return true;
 }
@@ -193,9 +217,9 @@ void GemmTuningCache::Load() {
   while (std::getline(in, line)) {
     std::istringstream f(line);
     Entry e;
-    std::string storage, engine;
-    if (!(f >> e.rows >> e.k >> e.n >> storage >> e.threads >> engine >> e.own_ms >> e.onednn_ms) ||
-        !ParseStorage(storage, e.storage) || !ParseEngine(engine, e.engine) || e.rows <= 0 || e.k <= 0 || e.n <= 0)
+    std::string storage;
+    if (!(f >> e.rows >> e.k >> e.n >> storage >> e.threads >> e.own_ms >> e.widen_ms >> e.onednn_ms) ||
+        !ParseStorage(storage, e.storage) || e.rows <= 0 || e.k <= 0 || e.n <= 0)
       continue;
     std::erase_if(entries_, [&](const Entry& x) { return SameClass(x, e); });
     entries_.push_back(e);
@@ -225,7 +249,7 @@ bool GemmTuningCache::Put(const Entry& e) {
     out << "# " << machine_ << "\n";
     for (const Entry& x : entries_)
       out << x.rows << ' ' << x.k << ' ' << x.n << ' ' << StorageName(x.storage) << ' ' << x.threads << ' '
-          << (x.engine == GemmEngine::kOneDnn ? "onednn" : "own") << ' ' << x.own_ms << ' ' << x.onednn_ms << "\n";
+          << x.own_ms << ' ' << x.widen_ms << ' ' << x.onednn_ms << "\n";
     if (!out) return false;
   }
   fs::rename(tmp, file_, ec);
@@ -249,6 +273,33 @@ bool GemmTuningCache::Put(const Entry& e) {
   return true;
 }
 
+namespace {
+
+// The timings of one shape class: from the cache, else timed now (and cached).
+GemmTuningCache::Entry Timings(int64_t rows, int64_t k, int64_t n, GemmWeightStorage storage, int threads,
+                               const GemmTuning& tuning, bool* from_cache) {
+  TuningState& s = State();
+  std::lock_guard lock(s.mu);
+  const std::string dir = tuning.cache_dir.empty() ? UserCacheDir("gemm").string() : tuning.cache_dir;
+  auto& file = s.files[dir];
+  if (!file) file = std::make_unique<GemmTuningCache>(dir, GemmMachineKey());
+  if (auto found = file->Find(rows, k, n, storage, threads)) {
+    ++s.totals.from_cache;
+    *from_cache = true;
+    return *found;
+  }
+  // Timed under the lock: two plans compiled at once would time each other's noise.
+  const auto t = std::chrono::steady_clock::now();
+  GemmTuningCache::Entry e = Measure(rows, k, n, storage, threads);
+  s.totals.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+  ++s.totals.timed;
+  file->Put(e);
+  *from_cache = false;
+  return e;
+}
+
+}  // namespace
+
 GemmChoice ChooseGemmEngine(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form,
                             const GemmTuning& tuning) {
   GemmChoice c;
@@ -256,59 +307,58 @@ GemmChoice ChooseGemmEngine(int64_t m, int64_t k, int64_t n, GemmWeightStorage s
   const char* why = nullptr;
   c.engine = PackedGemm::AutoEngine(m, storage, &why, one_form);
   c.why = why;
-  const bool f32 = storage == GemmWeightStorage::kF32;
   if (!tuning.measure || k * n < kMinTunedWeights) {
     if (tuning.measure) c.why += " (the rule: weights under 1 MiB are not timed)";
     return c;
   }
-  if (one_form && f32) {
+  const bool bf16 = storage == GemmWeightStorage::kBF16;
+  if (one_form && !bf16) {
     c.engine = GemmEngine::kOwn, c.why = kOneFormWhy;
     return c;
   }
   c.rows = TunedRows(m);
   c.threads = tuning.threads > 0 ? tuning.threads : static_cast<int>(std::max(1l, sysconf(_SC_NPROCESSORS_ONLN)));
-  TuningState& s = State();
-  GemmTuningCache::Entry e;
-  {
-    std::lock_guard lock(s.mu);
-    const std::string dir = tuning.cache_dir.empty() ? UserCacheDir("gemm").string() : tuning.cache_dir;
-    auto& file = s.files[dir];
-    if (!file) file = std::make_unique<GemmTuningCache>(dir, GemmMachineKey());
-    if (auto found = file->Find(c.rows, k, n, storage, c.threads)) {
-      e = *found;
-      c.from_cache = true;
-      ++s.totals.from_cache;
-    } else {
-      // Timed under the lock: two plans compiled at once would time each other's noise.
-      const auto t = std::chrono::steady_clock::now();
-      e = Measure(c.rows, k, n, storage, c.threads);
-      s.totals.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
-      ++s.totals.timed;
-      file->Put(e);
-    }
-  }
+  const GemmTuningCache::Entry e = Timings(c.rows, k, n, storage, c.threads, tuning, &c.from_cache);
   c.measured = true;
-  c.engine = e.engine;
-  c.own_ms = e.own_ms;
-  c.onednn_ms = e.onednn_ms;
-  const char* name = EngineName(c.engine, m, storage);
-  if (e.onednn_ms <= 0) {
-    c.why = StrCat(name, ": oneDNN has no kernel for it here (own ", e.own_ms, " ms at ", c.rows, " rows)");
+  c.own_ms = e.own_ms, c.widen_ms = e.widen_ms, c.onednn_ms = e.onednn_ms;
+  const Candidate rule = RuleCandidate(c.rows, storage);
+  Candidate pick;
+  std::string form_note;
+  if (one_form && e.widen_ms > 0) {
+    // The own form timed faster at kOneFormRows serves every row count: one copy of the panels.
+    bool cached = false;
+    const GemmTuningCache::Entry at = Timings(kOneFormRows, k, n, storage, c.threads, tuning, &cached);
+    const Candidate form = Fastest(at, {Candidate::kOwn, Candidate::kWiden}, Candidate::kOwn);
+    pick = Fastest(e, {form, Candidate::kOneDnn}, rule == Candidate::kOwn ? form : rule);
+    if (pick != Candidate::kOneDnn)
+      form_note = StrCat("; the own form timed at ", kOneFormRows, " rows, one packed copy for every row count");
   } else {
-    const double chosen = c.engine == GemmEngine::kOwn ? e.own_ms : e.onednn_ms;
-    const double other = c.engine == GemmEngine::kOwn ? e.onednn_ms : e.own_ms;
-    char how[160];
-    if (other > chosen * (1 + kNoise))
-      std::snprintf(how, sizeof how, "timed %.2fx faster than %s", other / chosen,
-                    c.engine == GemmEngine::kOwn ? "oneDNN" : "the own loops");
-    else
-      std::snprintf(how, sizeof how, "timed within %.0f%% of %s, the rule's choice", kNoise * 100,
-                    c.engine == GemmEngine::kOwn ? "oneDNN" : "the own loops");
-    char times[96];
-    std::snprintf(times, sizeof times, "own %.3g ms, oneDNN %.3g ms", e.own_ms, e.onednn_ms);
-    c.why = StrCat(name, ": ", how, " at ", c.rows, " rows on ", c.threads, " threads (", times,
-                   c.from_cache ? ", cached" : "", ")");
+    pick = Fastest(e, {Candidate::kOwn, Candidate::kWiden, Candidate::kOneDnn}, rule);
   }
+  c.engine = pick == Candidate::kOneDnn ? GemmEngine::kOneDnn : GemmEngine::kOwn;
+  c.bf16_dot = pick != Candidate::kWiden;
+  // How the timings compare: the chosen one against the fastest other.
+  const double chosen = TimeOf(e, pick);
+  Candidate other = pick;
+  for (Candidate x : {Candidate::kOwn, Candidate::kWiden, Candidate::kOneDnn})
+    if (x != pick && TimeOf(e, x) > 0 && (other == pick || TimeOf(e, x) < TimeOf(e, other))) other = x;
+  char how[192];
+  if (other == pick)
+    std::snprintf(how, sizeof how, "the only candidate with a kernel here");
+  else if (TimeOf(e, other) > chosen * (1 + kGemmNoise))
+    std::snprintf(how, sizeof how, "timed %.2fx faster than the %s", TimeOf(e, other) / chosen,
+                  CandidateName(other, c.rows, storage));
+  else if (pick == rule)
+    std::snprintf(how, sizeof how, "timed within %.0f%% of the %s, the rule's choice", kGemmNoise * 100,
+                  CandidateName(other, c.rows, storage));
+  else
+    std::snprintf(how, sizeof how, "timed within %.0f%% of the %s", kGemmNoise * 100,
+                  CandidateName(other, c.rows, storage));
+  std::string times = StrCat("own ", Round3(e.own_ms), " ms");
+  if (e.widen_ms > 0) times += StrCat(", widened ", Round3(e.widen_ms), " ms");
+  times += e.onednn_ms > 0 ? StrCat(", oneDNN ", Round3(e.onednn_ms), " ms") : ", oneDNN: no kernel";
+  c.why = StrCat(CandidateName(pick, m, storage), ": ", how, " at ", c.rows, " rows on ", c.threads, " threads (",
+                 times, c.from_cache ? ", cached" : "", ")", form_note);
   return c;
 }
 

@@ -27,22 +27,35 @@ namespace graphfuse::kernels {
 inline constexpr int64_t kMinTunedWeights = int64_t{1} << 18;
 // The most rows a choice is timed at.
 inline constexpr int64_t kMaxTunedRows = 512;
+// Timings closer than this (relative) are taken as equal, the shared machine's noise: the rule's
+// engine stays.
+inline constexpr double kGemmNoise = 0.05;
+// The rows whose timing picks the own form for every row count of a model whose rows vary.
+inline constexpr int64_t kOneFormRows = 32;
 
 // The rows a choice for m rows is timed at: m rounded up to a power of two, at most kMaxTunedRows.
 int64_t TunedRows(int64_t m);
 
+// The candidates timed: the own loops (with bf16 weights on a CPU with AVX512-BF16, as bf16 dot
+// products), the own loops with bf16 weights widened to f32 as they load (only where the first
+// are dot products: PackedGemmOptions::bf16_dot false), and oneDNN's packed matmul.
 struct GemmChoice {
   GemmEngine engine = GemmEngine::kOwn;  // kOwn or kOneDnn
+  bool bf16_dot = true;                  // kOwn: PackedGemmOptions::bf16_dot
   bool measured = false;                 // timed (now or earlier: from_cache); else the rule
   bool from_cache = false;               // the timing was made before (this process, or the file)
   int64_t rows = 0;                      // the rows timed at
   int threads = 0;                       // the threads timed with
-  double own_ms = 0, onednn_ms = 0;      // median time of one GEMM; 0: that engine has no kernel
+  // Median time of one GEMM per candidate; 0: not a candidate here, or no kernel for it.
+  double own_ms = 0, widen_ms = 0, onednn_ms = 0;
   std::string why;                       // the rule's reason, or how the timings compare
 };
 
-// The engine for an m x k x n GEMM with these weights (PackedGemm::Create's kAuto). `one_form`:
-// PackedGemmOptions::one_form (with f32 weights the own loops, unmeasured: one packed copy).
+// The engine for an m x k x n GEMM with these weights (PackedGemm::Create's kAuto): the fastest
+// candidate, unless the rule's is within kGemmNoise of it. `one_form` (PackedGemmOptions::
+// one_form): f32 weights take the own loops, untimed; bf16 weights take the own form (dot
+// products or widened) timed faster at kOneFormRows rows for every row count, so that one
+// packed copy of the own panels serves them all.
 GemmChoice ChooseGemmEngine(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form,
                             const GemmTuning& tuning);
 
@@ -67,12 +80,12 @@ class GemmTuningCache {
  public:
   static constexpr size_t kMaxEntries = 512;
   static constexpr size_t kMaxFiles = 8;
+  // One shape class's timings (GemmChoice's; 0: not a candidate, or no kernel).
   struct Entry {
     int64_t rows = 0, k = 0, n = 0;
     GemmWeightStorage storage = GemmWeightStorage::kF32;
     int threads = 0;
-    GemmEngine engine = GemmEngine::kOwn;
-    double own_ms = 0, onednn_ms = 0;
+    double own_ms = 0, widen_ms = 0, onednn_ms = 0;
   };
   GemmTuningCache(std::filesystem::path dir, std::string machine);
   const std::filesystem::path& file() const { return file_; }

@@ -393,7 +393,9 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   if (m <= 0 || k <= 0 || n <= 0) return InvalidArgument("packed GEMM of ", m, "x", n, "x", k, ": empty");
   if (options.engine == GemmEngine::kAuto) {
     Options chosen = options;
-    chosen.engine = ChooseGemmEngine(m, k, n, storage, options.one_form, options.tuning).engine;
+    const GemmChoice choice = ChooseGemmEngine(m, k, n, storage, options.one_form, options.tuning);
+    chosen.engine = choice.engine;
+    chosen.bf16_dot = options.bf16_dot && choice.bf16_dot;
     auto made = Create(m, k, n, b_given, ldb, ldc, post_ops, chosen);
     const bool refused = !made.ok() && made.status().code() == StatusCode::kUnimplemented;
     if (!refused || chosen.engine == GemmEngine::kOwn) return made;
