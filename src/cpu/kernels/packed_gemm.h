@@ -19,9 +19,10 @@
 //
 // Past those rows the FMAs set the time more and more: the same panels run through tiles of
 // our own (8 rows x 2 vectors, K in chunks, rows in blocks of 64), or oneDNN's packed matmul,
-// whichever was measured faster for the rows and the weights' storage (PackedGemm::AutoEngine).
+// whichever was timed faster on this machine (gemm_tuning.h; else the rule, AutoEngine).
 // With bf16 weights on a CPU with AVX512-BF16 the own tiles are bf16 dot products, on weights
-// packed in pairs of K rows; they, and oneDNN's bf16 matmul, read A rounded to bf16.
+// packed in pairs of K rows, unless widening the weights to f32 was timed faster (bf16_dot);
+// the dot products, and oneDNN's bf16 matmul, read A rounded to bf16.
 #pragma once
 
 #include <cstdint>
