@@ -143,13 +143,13 @@ TEST(GemmTuning, TimedOnceThenTakenFromTheCache) {
   fs::remove_all(dir);
 }
 
-// explain's line for a plan's GEMM: timed by default (the timings, then "cached"), the rule
-// when the options ask for it.
+// explain's line for a plan's GEMM: timed where the options ask (a target's default: the
+// timings, then "cached"), the rule where they ask for it (a plan compiled without a target).
 TEST(GemmTuning, ExplainSaysTimedOrTheRule) {
   const fs::path dir = FreshDir("explain");
   ASSERT_EQ(setenv("GF_KERNEL_CACHE", dir.c_str(), 1), 0);
-  const std::string timed = DescribePackedGemm(16, 1024, 512, {.threads = 2});
-  const std::string cached = DescribePackedGemm(16, 1024, 512, {.threads = 2});
+  const std::string timed = DescribePackedGemm(16, 1024, 512, {.gemm_engine = CpuGemmEngine::kAuto, .threads = 2});
+  const std::string cached = DescribePackedGemm(16, 1024, 512, {.gemm_engine = CpuGemmEngine::kAuto, .threads = 2});
   const std::string rule = DescribePackedGemm(16, 1024, 512, {.gemm_engine = CpuGemmEngine::kRule, .threads = 2});
   unsetenv("GF_KERNEL_CACHE");
   EXPECT_NE(timed.find(": timed "), std::string::npos) << timed;

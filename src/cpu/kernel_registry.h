@@ -34,8 +34,10 @@ struct PrepareOptions {
   // GEMMs against constant weights hold them in bf16 (rounded once, when packed; activations and
   // sums stay f32): half the weight stream of a decode step.
   bool bf16_weights = false;
-  // Which engine runs the GEMMs against constant weights (CpuTargetOptions::gemm).
-  CpuGemmEngine gemm_engine = CpuGemmEngine::kAuto;
+  // Which engine runs the GEMMs against constant weights (CpuTargetOptions::gemm, whose default
+  // times them). A plan compiled without a target takes the rule: nothing timed, so that two
+  // plans of one graph compiled apart choose alike.
+  CpuGemmEngine gemm_engine = CpuGemmEngine::kRule;
   // The threads the plan runs on (CpuTargetOptions::threads; 0: the hardware's): the GEMM
   // engines are timed with as many (gemm_tuning.h).
   int threads = 0;

@@ -150,11 +150,12 @@ GemmTuningCache::Entry Measure(int64_t rows, int64_t k, int64_t n, GemmWeightSto
     RunAll(*made[i], cpu, work, a.data(), c.data());
     ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   };
-  // One warm-up each, then rounds: at least 3, at most 9, until 300 ms have passed.
+  // One warm-up each, then rounds until 300 ms have passed: at least 3, at most 41 (a decode
+  // GEMM of a millisecond gets the most, where a shared machine's noise weighs most).
   for (int i = 0; i < 3; ++i) time(i);
   for (auto& v : ms) v.clear();
   const auto start = std::chrono::steady_clock::now();
-  for (int round = 0; round < 9; ++round) {
+  for (int round = 0; round < 41; ++round) {
     if (round >= 3 && std::chrono::steady_clock::now() - start > std::chrono::milliseconds(300)) break;
     for (int i = 0; i < 3; ++i) time(i);
   }
