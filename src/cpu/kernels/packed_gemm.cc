@@ -54,8 +54,14 @@ using dt = dnnl::memory::data_type;
 // follows the L2, as 512-column blocks ran slower on a 512 KiB L2. Below M = 16 the calls are
 // memory-bound row products whose number counts, and 512 stays. (The timings behind these
 // widths: bench/history/2026-12.md, "Notes moved out of code comments".)
-int64_t BlockCols(int64_t m, int64_t n) {
-  const int64_t cap = m >= 16 ? std::clamp<int64_t>(L2Bytes() / 2048 / 16 * 16, 64, 512) : 512;
+// Below M = 16 a block may also widen past 512 to hold kMinStreamBlockBytes of weights, where
+// N leaves room for eight such blocks: with a short K (LLaMA's lm_head, K = 1024, in bf16) the
+// stream would otherwise be cut into 1 MiB blocks, each starting its prefetch afresh, which
+// read measurably slower (bench/history/2026-12.md, issue 41).
+constexpr int64_t kMinStreamBlockBytes = int64_t{2} << 20;
+int64_t BlockCols(int64_t m, int64_t k, int64_t n, int64_t weight_bytes) {
+  const int64_t stream_cap = std::max<int64_t>(512, kMinStreamBlockBytes / (k * weight_bytes) / 16 * 16);
+  const int64_t cap = m >= 16 ? std::clamp<int64_t>(L2Bytes() / 2048 / 16 * 16, 64, 512) : stream_cap;
   return std::clamp<int64_t>((n / 8 + 15) / 16 * 16, 64, cap);
 }
 
@@ -410,7 +416,8 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
   Impl& p = *g->impl_;
   p.m = m, p.k = k, p.n = n, p.ldc = ldc, p.post_ops = std::move(post_ops), p.storage = storage;
   p.bias = !p.post_ops.empty() && p.post_ops[0].row && p.post_ops[0].kind == PostOp::Kind::kAdd;
-  p.block_cols = block_cols > 0 ? std::min(block_cols, n) : BlockCols(m, n);
+  p.block_cols = block_cols > 0 ? std::min(block_cols, n)
+                                : BlockCols(m, k, n, storage == WeightStorage::kBF16 ? 2 : 4);
   p.blocks = (n + p.block_cols - 1) / p.block_cols;
   const bool bf16 = storage == WeightStorage::kBF16;
   p.engine = options.engine;
