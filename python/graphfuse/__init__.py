@@ -711,7 +711,8 @@ class InferenceSession:
         dims. A dict: signature, kernels_before, kernels_after, launches_per_run, groups (name,
         kind, kernel_name, nodes, recomputed, epilogue), refusals (producer, consumer, code,
         message), kernel_choices (node, op, how: on the CPU, which engine runs each GEMM and
-        why), planning_ms (import_ms, passes_ms, compile_ms), from_template (made from its shape
+        why), planning_ms (import_ms, passes_ms, compile_ms, gemm_tuning_ms: of compile_ms, timing the
+        CPU's GEMM engines once per machine), from_template (made from its shape
         class's template), in_place_inputs and in_place_outputs (those whose bound strided arrays
         are read or written in place: a KV cache, see IOBinding); and of the model: plans_made (the
         shapes planned so far), shape_classes (classes whose template makes their plans) and
