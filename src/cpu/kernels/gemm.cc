@@ -85,14 +85,6 @@ std::string DescribeMatMul(const Node& node, const PrepareOptions& options) {
   return StrCat(kActivationGemms, " (the second operand is not a constant)");
 }
 
-// Blocks of a packed GEMM spread over the pool, one claim at a time.
-void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
-  const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
-  thread_local std::vector<uint16_t> a16_buf;  // bf16 weights past the streaming rows: A converted once
-  const uint16_t* a16p = g.ConvertA(a, a16_buf);
-  ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c, {}, a16p); });
-}
-
 Status MatMulKernel(const KernelContext& ctx) {
   GF_RETURN_IF_ERROR(RequireF32(ctx));
   const TensorView& A = ctx.inputs[0];

@@ -18,7 +18,6 @@
 
 #include "core/cache_dir.h"
 #include "core/hash.h"
-#include "cpu/kernels/kernel_util.h"
 #include "graphfuse/thread_pool.h"
 
 namespace graphfuse::kernels {
@@ -101,14 +100,6 @@ ThreadPool& TimingPool(int threads) {
   return *p;
 }
 
-// One GEMM as a plan runs it: every block over the pool, A converted once where it is read in bf16.
-void RunAll(const PackedGemm& g, const CpuContext& cpu, int64_t work, const float* a, float* c) {
-  const int threads = static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks()));
-  thread_local std::vector<uint16_t> a16_buf;
-  const uint16_t* a16 = g.ConvertA(a, a16_buf);
-  ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c, {}, a16); });
-}
-
 // Three significant digits.
 std::string Round3(double v) {
   char buf[32];
@@ -142,12 +133,12 @@ GemmTuningCache::Entry Measure(int64_t rows, int64_t k, int64_t n, GemmWeightSto
   b = {};
   ThreadPool& pool = TimingPool(threads);
   const CpuContext cpu{&pool};
-  const int64_t work = rows * n * k / 8;  // as RunPackedBlocks counts it
+  const int64_t work = rows * n * k / 8;  // as the MatMul kernel counts it
   std::vector<double> ms[3];
   auto time = [&](int i) {
     if (!made[i]) return;
     const auto t = std::chrono::steady_clock::now();
-    RunAll(*made[i], cpu, work, a.data(), c.data());
+    RunPackedBlocks(cpu, *made[i], work, a.data(), c.data());  // as a plan runs it
     ms[i].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count());
   };
   // One warm-up each, then rounds until 300 ms have passed: at least 3, at most 41 (a decode
@@ -285,7 +276,6 @@ GemmTuningCache::Entry Timings(int64_t rows, int64_t k, int64_t n, GemmWeightSto
   auto& file = s.files[dir];
   if (!file) file = std::make_unique<GemmTuningCache>(dir, GemmMachineKey());
   if (auto found = file->Find(rows, k, n, storage, threads)) {
-    ++s.totals.from_cache;
     *from_cache = true;
     return *found;
   }

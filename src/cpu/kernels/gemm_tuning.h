@@ -59,10 +59,9 @@ struct GemmChoice {
 GemmChoice ChooseGemmEngine(int64_t m, int64_t k, int64_t n, GemmWeightStorage storage, bool one_form,
                             const GemmTuning& tuning);
 
-// The process's tuning so far: shape classes timed, choices taken from the cache (the file, or
-// this process's earlier timings), and the time spent timing.
+// The process's tuning so far: shape classes timed, and the time spent timing them.
 struct GemmTuningTotals {
-  int64_t timed = 0, from_cache = 0;
+  int64_t timed = 0;
   double ms = 0;
 };
 GemmTuningTotals GemmTuningSoFar();

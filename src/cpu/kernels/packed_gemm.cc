@@ -21,6 +21,7 @@
 #include "core/prepared_store.h"
 #include "graphfuse/dtype.h"
 #include "cpu/kernels/gemm_tuning.h"
+#include "cpu/kernels/kernel_util.h"
 #include "cpu/kernels/sgemm.h"
 
 namespace graphfuse::kernels {
@@ -52,12 +53,11 @@ using dt = dnnl::memory::data_type;
 // of A).
 // From M = 16 on, also at most L2 / 2 KiB (512 with 2 MiB of L2, 256 with 512 KiB): the width
 // follows the L2, as 512-column blocks ran slower on a 512 KiB L2. Below M = 16 the calls are
-// memory-bound row products whose number counts, and 512 stays. (The timings behind these
-// widths: bench/history/2026-12.md, "Notes moved out of code comments".)
-// Below M = 16 a block may also widen past 512 to hold kMinStreamBlockBytes of weights, where
-// N leaves room for eight such blocks: with a short K (LLaMA's lm_head, K = 1024, in bf16) the
-// stream would otherwise be cut into 1 MiB blocks, each starting its prefetch afresh, which
-// read measurably slower (bench/history/2026-12.md, issue 41).
+// memory-bound row products whose number counts: 512 stays, or wider where a block would hold
+// less than kMinStreamBlockBytes of weights and N leaves room for eight such blocks (a short K,
+// LLaMA's lm_head with K = 1024 in bf16, would otherwise cut the stream into 1 MiB blocks, each
+// starting its prefetch afresh, which read measurably slower). (The timings behind these widths:
+// bench/history/2026-12.md, "Notes moved out of code comments", and issue 41's section.)
 constexpr int64_t kMinStreamBlockBytes = int64_t{2} << 20;
 int64_t BlockCols(int64_t m, int64_t k, int64_t n, int64_t weight_bytes) {
   const int64_t stream_cap = std::max<int64_t>(512, kMinStreamBlockBytes / (k * weight_bytes) / 16 * 16);
@@ -618,6 +618,13 @@ bool CpuHasAmxBf16() {
     return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && (edx >> 22 & 1u);
   }();
   return amx;
+}
+
+void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c) {
+  const int threads = cpu.pool ? static_cast<int>(std::min<int64_t>(cpu.ThreadsFor(work), g.blocks())) : 1;
+  thread_local std::vector<uint16_t> a16_buf;  // bf16 weights past the streaming rows: A converted once
+  const uint16_t* a16p = g.ConvertA(a, a16_buf);
+  ForEachClaimed(cpu, threads, g.blocks(), [&](int64_t blk, int) { g.RunBlock(blk, a, c, {}, a16p); });
 }
 
 std::string DescribePackedGemm(int64_t m, int64_t k, int64_t n, const PrepareOptions& options) {

@@ -139,6 +139,11 @@ class PackedGemm {
   std::unique_ptr<Impl> impl_;
 };
 
+// C = A @ B with no post-ops: every block of `g` spread over cpu's pool, one claim at a time, A
+// converted once where the blocks read it in bf16; `work` sizes the launch (CpuContext::ThreadsFor:
+// multiply-adds / 8).
+void RunPackedBlocks(const CpuContext& cpu, const PackedGemm& g, int64_t work, const float* a, float* c);
+
 // One line for `graphfuse explain`: the engine that runs an m x k x n GEMM against constant
 // weights as a plan with these options packs them, and why (timed: ChooseGemmEngine, which
 // times it here if no plan has; the rule: PackedGemm::AutoEngine; or the engine the options
