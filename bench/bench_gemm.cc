@@ -1,5 +1,5 @@
-// The CPU GEMM against constant weights (kernels::PackedGemm) on the LLaMA-7B block's shapes (or
-// GPT-2 / BERT's: --shapes gpt2), beside a same-run read of the same number of bytes (the weight
+// The CPU GEMM against constant weights (kernels::PackedGemm) on the LLaMA-7B block's shapes and
+// output layer (beside a 1024-wide one; or GPT-2 / BERT's: --shapes gpt2), beside a same-run read of the same number of bytes (the weight
 // stream's ceiling), in interleaved samples on graphfuse's thread pool: per shape and engine
 // (graphfuse's own loops or oneDNN's matmul, f32 or bf16 weights), the median time of the GEMM
 // (its blocks claimed by the pool's threads, as the kernels run them) and of the read, GB/s of
@@ -10,7 +10,7 @@
 // runs over memory allocated as the packed weights are (huge pages or not).
 //
 //   bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]
-//              [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]
+//              [--engine own|onednn|both] [--shapes llama|gpt2|all|NAME] [--block-cols C]
 //              [--huge-pages on|off|both]
 // (--block-cols: the width of the column blocks instead of PackedGemm's rule; --huge-pages:
 // the packed weights, and the read, in transparent huge pages or in 4 KiB pages)
@@ -74,11 +74,15 @@ void RunGemm(ThreadPool& pool, int threads, const PackedGemm& g, const float* a,
   });
 }
 
+// "1,4,8" as numbers; empty when any is not a positive number.
 std::vector<int64_t> ParseList(const char* s) {
   std::vector<int64_t> v;
   for (const char* p = s; *p;) {
-    v.push_back(std::strtoll(p, const_cast<char**>(&p), 10));
-    if (*p == ',') ++p;
+    char* end = nullptr;
+    const long long x = std::strtoll(p, &end, 10);
+    if (end == p || x <= 0 || (*end != ',' && *end != 0)) return {};
+    v.push_back(x);
+    p = *end == ',' ? end + 1 : end;
   }
   return v;
 }
@@ -92,8 +96,21 @@ int main(int argc, char** argv) {
   std::string engine = "both", which_shapes = "llama";
   int64_t block_cols = 0;
   std::string huge = "on";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const char* usage =
+      "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n"
+      "                  [--engine own|onednn|both] [--shapes llama|gpt2|all|NAME] [--block-cols C]\n"
+      "                  [--huge-pages on|off|both]\n"
+      "(--shapes NAME: the shapes whose name contains NAME, e.g. lm_head)\n";
+  for (int i = 1; i < argc; i += 2) {
     const std::string f = argv[i];
+    if (f == "--help" || f == "-h") {
+      std::printf("%s", usage);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "bench_gemm: %s needs a value\n%s", f.c_str(), usage);
+      return 2;
+    }
     if (f == "--threads") threads = std::atoi(argv[i + 1]);
     else if (f == "--samples") samples = std::atoi(argv[i + 1]);
     else if (f == "--rows") rows = ParseList(argv[i + 1]);
@@ -103,12 +120,13 @@ int main(int argc, char** argv) {
     else if (f == "--shapes") which_shapes = argv[i + 1];
     else if (f == "--huge-pages") huge = argv[i + 1];
     else {
-      std::fprintf(stderr,
-                   "usage: bench_gemm [--threads T] [--samples S] [--rows M,M,...] [--storage f32|bf16|both]\n"
-                   "                  [--engine own|onednn|both] [--shapes llama|gpt2|all] [--block-cols C]\n"
-                   "                  [--huge-pages on|off|both]\n");
+      std::fprintf(stderr, "bench_gemm: unknown flag %s\n%s", f.c_str(), usage);
       return 2;
     }
+  }
+  if (threads < 1 || samples < 1 || rows.empty()) {
+    std::fprintf(stderr, "bench_gemm: --threads, --samples and --rows need positive values\n");
+    return 2;
   }
   struct Shape {
     const char* name;
@@ -116,13 +134,20 @@ int main(int argc, char** argv) {
     bool llama;
   };
   const Shape all_shapes[] = {{"q/k/v/o 4096x4096", 4096, 4096, true}, {"gate/up 4096x11008", 4096, 11008, true},
-                              {"down 11008x4096", 11008, 4096, true},  {"lm_head 1024x32000", 1024, 32000, true},
+                              {"down 11008x4096", 11008, 4096, true},  {"lm_head 4096x32000", 4096, 32000, true},
+                              {"out 1024x32000", 1024, 32000, true},
                               {"qkv 768x2304", 768, 2304, false},
                               {"proj 768x768", 768, 768, false},       {"fc 768x3072", 768, 3072, false},
                               {"fc2 3072x768", 3072, 768, false}};
   std::vector<Shape> shapes;
   for (const Shape& s : all_shapes)
-    if (which_shapes == "all" || (which_shapes == "llama") == s.llama) shapes.push_back(s);
+    if (which_shapes == "all" || (which_shapes == "llama" && s.llama) || (which_shapes == "gpt2" && !s.llama) ||
+        std::string(s.name).find(which_shapes) != std::string::npos)
+      shapes.push_back(s);
+  if (shapes.empty()) {
+    std::fprintf(stderr, "bench_gemm: no shape matches --shapes %s\n", which_shapes.c_str());
+    return 2;
+  }
   ThreadPool pool(threads);
   std::mt19937 rng(1);
   std::uniform_real_distribution<float> u(-1, 1);
@@ -160,7 +185,7 @@ int main(int argc, char** argv) {
         o.bf16_dot = !widen;
         const bool rule = PackedGemm::AutoEngine(m, o.storage) == o.engine && !widen;
         const graphfuse::kernels::GemmChoice choice = graphfuse::kernels::ChooseGemmEngine(
-            m, s.k, s.n, o.storage, false, {.measure = true, .threads = threads});
+            m, s.k, s.n, o.storage, false, {.measure = true, .threads = threads, .cache_dir = {}});
         const bool timed = choice.engine == o.engine && (onednn || !bf16 || choice.bf16_dot == !widen);
         o.block_cols = block_cols;
         o.huge_pages = huge_pages;

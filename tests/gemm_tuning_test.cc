@@ -130,7 +130,7 @@ TEST(GemmTuning, TimedOnceThenTakenFromTheCache) {
   EXPECT_TRUE(GemmTuningCache(dir, GemmMachineKey()).Find(4, k, n, GemmWeightStorage::kF32, 2));
 
   // Nothing timed: tuning off, weights under the threshold, or f32 weights of a model whose rows vary.
-  const GemmChoice off = ChooseGemmEngine(3, k, n, GemmWeightStorage::kF32, false, {.measure = false});
+  const GemmChoice off = ChooseGemmEngine(3, k, n, GemmWeightStorage::kF32, false, {.measure = false, .threads = 0, .cache_dir = {}});
   EXPECT_FALSE(off.measured);
   EXPECT_EQ(off.engine, PackedGemm::AutoEngine(3, GemmWeightStorage::kF32));
   const GemmChoice small = ChooseGemmEngine(3, 64, 64, GemmWeightStorage::kF32, false, tuning);
@@ -175,7 +175,7 @@ TEST(GemmTuning, TheCachedTimingsNameTheEngineAPlanBuilds) {
   const bool dot = PackedGemm::OwnBf16Dot();
   std::vector<Case> cases = {{GemmWeightStorage::kF32, 1, 0, 10, GemmEngine::kOwn, false},
                              {GemmWeightStorage::kF32, 10, 0, 1, GemmEngine::kOneDnn, false},
-                             {GemmWeightStorage::kBF16, 1, dot ? 10 : 0, 10, GemmEngine::kOwn, dot}};
+                             {GemmWeightStorage::kBF16, 1, dot ? 10.0 : 0.0, 10, GemmEngine::kOwn, dot}};
   if (dot) cases.push_back({GemmWeightStorage::kBF16, 10, 1, 10, GemmEngine::kOwn, false});
   int seed = 3;
   for (const Case& t : cases) {

@@ -109,8 +109,9 @@ TEST(PackedGemm, EveryEngineMatchesFloat64) {
   for (Storage st : {Storage::kF32, Storage::kBF16})
     for (bool post : {false, true}) {
       // The engine kAuto takes: f32 rows 1..8 stream (widths not a multiple of a panel, several
-      // blocks), the own tiles up to 63 rows and oneDNN from 64; bf16 the own dot-product tiles
-      // (AVX512-BF16) or the stream up to 8 rows, past them the dot products or oneDNN
+      // blocks), the own tiles up to 63 rows and oneDNN from 64; bf16 the own dot products
+      // (AVX512-BF16: one row's stream, then the tiles) or the stream up to 8 rows, past them the
+      // dot products or oneDNN
       // (AutoEngine). bf16 runs once more with the weights widened as a CPU without bf16 dot
       // products does: the stream, then the tiles.
       for (bool dots : {true, false}) {
@@ -119,6 +120,7 @@ TEST(PackedGemm, EveryEngineMatchesFloat64) {
           Check({m, 67, 1000, st, post, GemmEngine::kAuto, dots}, seed++);
         Check({1, 4096, 70, st, post, GemmEngine::kAuto, dots}, seed++);
         Check({3, 5, 17, st, post, GemmEngine::kAuto, dots}, seed++);
+        Check({1, 5, 17, st, post, GemmEngine::kAuto, dots}, seed++);  // one panel, an odd K
         Check({21, 600, 300, st, post, GemmEngine::kOwn, dots}, seed++);
       }
       // Each engine forced, past the stream: the tiles' row groups end short (9 = 8 + 1, 21 =

@@ -175,7 +175,7 @@ inline GemmEngine EngineFor(const PrepareOptions& o) {
 
 // How kAuto chooses for a plan with these options: timed unless they ask for the rule.
 inline GemmTuning TuningFor(const PrepareOptions& o) {
-  return {.measure = o.gemm_engine == CpuGemmEngine::kAuto, .threads = o.threads};
+  return {.measure = o.gemm_engine == CpuGemmEngine::kAuto, .threads = o.threads, .cache_dir = {}};
 }
 
 // How a plan packs the constant weights `w` read from `where` on (a column offset, a gather of
