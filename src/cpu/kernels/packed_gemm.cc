@@ -321,9 +321,10 @@ void TileRowsDot(const uint16_t* w, int64_t kc, const uint16_t* a, int64_t lda, 
 }
 
 // One row of A in bf16 (`a16`) against one block of weights in pairs of K rows: the decode row's
-// stream with bf16 dot products, as StreamBlock runs it (two panels at once, each pair row
-// prefetched kStreamAheadBytes ahead into L1). The tiles' L2 prefetch a chunk ahead read the
-// weights at 81-102% of the read bandwidth at one row, this at 93-102% (bench_gemm, M = 1).
+// stream with bf16 dot products, four panels at once (four weight streams in flight, eight
+// accumulators), each pair row prefetched kStreamAheadBytes ahead into L1 as StreamBlock does.
+// At one row the tiles (their L2 prefetch a chunk ahead) read the weights at 81-102% of the read
+// bandwidth, two panels at once at 90-102%, four at 97-102% (bench_gemm, M = 1).
 void StreamRowDot(const PackedGemm::Impl& p, const uint16_t* wb, int64_t width, int64_t j0, const uint16_t* a16,
                   float* c, std::span<const float* const> operands) {
   const int64_t k = p.k, pairs = (k + 1) / 2;
@@ -355,6 +356,7 @@ void StreamRowDot(const PackedGemm::Impl& p, const uint16_t* wb, int64_t width, 
   };
   const int64_t panels = (width + kStreamPanel - 1) / kStreamPanel;
   int64_t q = 0;
+  for (; q + 4 <= panels; q += 4) run(std::integral_constant<int, 4>{}, q);
   for (; q + 2 <= panels; q += 2) run(std::integral_constant<int, 2>{}, q);
   if (q < panels) run(std::integral_constant<int, 1>{}, q);
 }
