@@ -24,7 +24,7 @@ Exit status 1 when a peer failed (other than a bf16 model it has no kernels for)
 
 Threads: torch.set_num_threads(T), InferenceSession(threads=T), onnxruntime intra_op T, inter_op
 1, sequential, ORT_ENABLE_ALL. --dtype bf16 runs the module in bf16 behind f32 casts at its input
-and output (the same for every peer; the ONNX file is the export of that module): graphfuse's
+and output (the same for every peer; the ONNX file is the export of that module):
 graphfuse runs the f32 model with its GEMM weights held in bf16 (InferenceSession(bf16_weights=True):
 weights rounded once, activations and sums f32); onnxruntime runs the bf16 export if its CPU kernels
 take bf16, else "no bf16 kernels"; the error goes below the table.
