@@ -109,6 +109,27 @@ check run-external-data 0 "$GF" run "$MODELS/external_data_opset17/model.onnx" \
 check run-external-data-outside 2 "$GF" run "$MODELS/external_data_opset17/outside/model.onnx"
 echo "$LAST" | grep -q "initializer 'W'.*'../model.onnx.data' leaves the model's folder" \
   || { echo "FAIL external data outside the folder: $LAST"; fail=1; }
+# bench --generate: a serving loop over a decoder exported with a KV cache (the dynamo export of a
+# small LLaMA in the corpus), in f32 and with --dtype bf16 (the GEMM weights held in bf16, so the
+# weights its plans share are fewer bytes); repeats give the same tokens (else exit 1).
+KV="$MODELS/hf/llama_sdpa_dynamo_kv/model.onnx"
+check bench-generate 0 "$GF" bench "$KV" --generate 8:4 --repeats 2 --threads 2 --json /tmp/graphfuse_gen_f32.json
+echo "$LAST" | grep -q "2 thread(s), f32;" && echo "$LAST" | grep -q "the same tokens in every generation" \
+  || { echo "FAIL bench --generate: $LAST"; fail=1; }
+check bench-generate-bf16 0 "$GF" bench "$KV" --generate 8:4 --repeats 2 --threads 2 --dtype bf16 \
+  --json /tmp/graphfuse_gen_bf16.json
+echo "$LAST" | grep -q "GEMM weights in bf16" || { echo "FAIL bench --generate --dtype bf16: $LAST"; fail=1; }
+python3 -c "
+import json
+f, b = (json.load(open('/tmp/graphfuse_gen_%s.json' % d)) for d in ('f32', 'bf16'))
+assert (f['dtype'], b['dtype']) == ('f32', 'bf16'), (f['dtype'], b['dtype'])
+assert len(f['tokens']) == len(b['tokens']) == 4, (f['tokens'], b['tokens'])
+assert 0 < b['prepared_bytes'] < f['prepared_bytes'], (b['prepared_bytes'], f['prepared_bytes'])
+" || { echo "FAIL bench --generate --json: dtype, tokens or the bf16 weights' bytes"; fail=1; }
+check bench-generate-f16 2 "$GF" bench "$KV" --generate 8:4 --dtype f16
+echo "$LAST" | grep -q "f16 needs the cuda target" || { echo "FAIL bench --generate --dtype f16: $LAST"; fail=1; }
+check bench-generate-bad-spec 2 "$GF" bench "$KV" --generate 8
+check bench-generate-preset 2 "$GF" bench --preset llama-small --generate 8:4
 check run-llama-check-fusion 0 "$GF" run "$MODELS/llama_block_opset17/model.onnx" --data "$MODELS/llama_block_opset17/test_data_set_0" \
   --check-fusion --json /tmp/graphfuse_llama.json
 echo "$LAST" | grep -q "all agree" || { echo "FAIL check-fusion on the llama block does not say all agree"; fail=1; }

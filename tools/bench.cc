@@ -300,7 +300,7 @@ bool WriteBenchJson(const BenchFlags& b, const FusionReport& report, const HostF
 }  // namespace
 
 int RunDemo(Args& args);  // block_demo.cc
-int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats,
+int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats, bool bf16_weights,
                   const std::string& json);  // bench_generate.cc
 
 int Bench(Args& args) {
@@ -324,11 +324,14 @@ int Bench(Args& args) {
       on_reference ? *target : std::shared_ptr<const Target>(MakeReferenceTarget(b.target_options));
   if (!b.generate.empty()) {
     if (b.model.empty()) return Fail(InvalidArgument("--generate runs a decoder: give MODEL.onnx, not a preset"));
-    if (!b.shapes.empty() || !on_reference || b.dtype != DType::kF32 || b.native || b.rtol_set || b.atol_set ||
-        !b.fusion.enabled || !b.trace_file.empty() || b.target_options.cpu.gemm != CpuGemmEngine::kAuto)
-      return Fail(InvalidArgument("--generate runs the model as exported, fused, in f32 on the CPU, every call with "
-                                  "its own shapes: it takes --threads, --repeats and --json only"));
-    return BenchGenerate(b.model, b.generate, b.threads, b.repeats_set ? b.repeats : 3, b.json);
+    if (!b.shapes.empty() || !on_reference || (b.dtype != DType::kF32 && b.dtype != DType::kBF16) || b.native ||
+        b.rtol_set || b.atol_set || !b.fusion.enabled || !b.trace_file.empty() ||
+        b.target_options.cpu.gemm != CpuGemmEngine::kAuto)
+      return Fail(InvalidArgument("--generate runs the model as exported, fused, on the CPU (f32, or with --dtype bf16 "
+                                  "its GEMM weights in bf16), every call with its own shapes: it takes --threads, "
+                                  "--repeats, --dtype f32|bf16 and --json only"));
+    return BenchGenerate(b.model, b.generate, b.threads, b.repeats_set ? b.repeats : 3, b.dtype == DType::kBF16,
+                         b.json);
   }
   // On the CPU --dtype bf16 holds GEMM weights in bf16: an elementwise preset has none.
   const bool cpu_bf16 = on_reference && b.dtype == DType::kBF16;

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli_common.h"
@@ -208,7 +209,8 @@ Result<GenerationRun> Generate(CompiledModel& m, const DecoderIo& io, int64_t pr
 
 }  // namespace
 
-int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats, const std::string& json) {
+int BenchGenerate(const std::string& path, const std::string& spec, int threads, int repeats, bool bf16_weights,
+                  const std::string& json) {
   const size_t colon = spec.find(':');
   int64_t prompt = 0, fresh = 0;
   try {
@@ -226,8 +228,13 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   const auto t = Clock::now();
   auto model = Model::FromOnnxFile(path);
   if (!model.ok()) return Fail(model.status());
-  // The generation loop runs on the reference target (the CPU in f32).
-  auto compiled = CompiledModel::Compile(std::move(*model), MakeReferenceTarget({.cpu = {.threads = threads}}));
+  // The generation loop runs on the reference target (the CPU; f32, or the GEMM weights in bf16).
+  TargetOptions options;
+  options.cpu.threads = threads;
+  options.cpu.bf16_weights = bf16_weights;
+  auto target = MakeTarget("cpu", options);
+  if (!target.ok()) return Fail(target.status());
+  auto compiled = CompiledModel::Compile(std::move(*model), std::move(*target));
   if (!compiled.ok()) return Fail(compiled.status());
   const double load_ms = MsSince(t), load_rss = RssMb() - rss_before;
   CompiledModel& m = **compiled;
@@ -236,8 +243,10 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   int64_t vocab = -1;
   if (const TensorInfo& lo = m.outputs()[static_cast<size_t>(io->logits)]; !lo.shape.empty()) vocab = lo.shape.back();
   if (vocab <= 0) vocab = 32000;  // ids drawn below it: a model declares its vocabulary in the logits
-  std::printf("graphfuse bench --generate %s on %s: %d thread(s); loaded in %.0f ms, RSS +%.0f MiB\n", spec.c_str(),
-              path.c_str(), threads, load_ms, load_rss);
+  const int shown_threads = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  std::printf("graphfuse bench --generate %s on %s: %d thread(s), %s; loaded in %.0f ms, RSS +%.0f MiB\n",
+              spec.c_str(), path.c_str(), shown_threads, bf16_weights ? "GEMM weights in bf16" : "f32", load_ms,
+              load_rss);
   std::fflush(stdout);
 
   // The first generation copies, and meets every length for the first time; later ones take
@@ -328,7 +337,8 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   if (!json.empty()) {
     Json j;
     j.BeginObject().Key("model").Str(path).Key("prompt").Num(static_cast<double>(prompt)).Key("new").Num(static_cast<double>(fresh));
-    j.Key("threads").Num(threads).Key("repeats").Num(repeats).Key("load_ms").Num(load_ms);
+    j.Key("threads").Num(shown_threads).Key("dtype").Str(bf16_weights ? "bf16" : "f32");
+    j.Key("repeats").Num(repeats).Key("load_ms").Num(load_ms);
     const Summary& f = first_sum;
     j.Key("first").BeginObject().Key("prefill_ms").Num(f.prefill).Key("per_token_ms").Num(f.mean);
     j.Key("last_token_ms").Num(f.last).Key("total_ms").Num(f.total).Key("planning_ms").Num(f.planning);

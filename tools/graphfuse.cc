@@ -267,10 +267,11 @@ constexpr HelpSection kCommands[] = {
         --generate PROMPT:NEW runs MODEL.onnx (a decoder exported with a KV cache: input_ids,
         [attention_mask], [position_ids], past_key_values.* in, logits and present.* out) as a
         serving loop does: greedy, a random prompt of PROMPT tokens, then NEW - 1 calls of one
-        token with each present fed back as the past (every call a new length), fused, f32,
-        on the CPU; prints prefill ms, mean and last per-token ms, the planning per call (median
-        and max after the first decode), the weights its plans share, RSS after the first call,
-        the first decode and the first generation, and peak RSS (medians of --repeats
+        token with each present fed back as the past (every call a new length), fused, on the
+        CPU, in f32 (--dtype bf16: the GEMM weights in bf16); prints prefill ms, mean and last
+        per-token ms, the planning per call (median and max after the first decode), the
+        weights its plans share, RSS after the first call, the first decode and the first
+        generation, and peak RSS (medians of --repeats
         generations, default 3; later ones alternate copying the KV cache and keeping it in
         place; exit 1 when repeats give different tokens); GRAPHFUSE_BENCH_CALLS=1 prints each
         call of the first generation (its planning split, RSS after it);
