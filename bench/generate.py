@@ -20,10 +20,18 @@ sequence length). Per runtime, taking turns (--repeats generations each):
                   median and max after the shape class's first three decode lengths
   RSS             the process's RSS after the runtime's generations (peak in the process too)
 
-The run fails (exit status 1) when the runtimes' tokens differ.
+--runtimes may add torch: the same LlamaForCausalLM (the export's weights: the same seed) in
+PyTorch eager through the same loop, its own DynamicCache carried from call to call instead of
+present.* fed back. --dtype bf16 runs graphfuse with its GEMM weights in bf16
+(InferenceSession(bf16_weights=True): activations and sums f32) and torch with the model in bf16
+(onnxruntime has no CPU bf16 kernels: the default runtimes become torch and graphfuse).
+
+The run fails (exit status 1) when the runtimes' tokens differ (f32), or when a runtime's tokens
+differ between its turns (bf16, where the runtimes round differently: their agreement with the
+first runtime's tokens is printed).
 
     ~/.cache/graphfuse/venv/bin/python bench/generate.py [--layers 4] [--prompt 128] [--new 64]
-        [--repeats 3] [--threads 2] [--small]
+        [--repeats 3] [--threads 2] [--small] [--dtype f32|bf16] [--runtimes onnxruntime graphfuse torch]
 
 --torch instead runs transformers' generate() itself (its default, dynamic KV cache; greedy,
 exactly --new tokens after the --prompt tokens) on the same LlamaForCausalLM (vocab 32000, the
@@ -70,13 +78,10 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def export(path: str, args) -> None:
-    """Exports the decoder with a KV cache to `path` (TorchScript exporter, dynamic axes)."""
+def build_model(args):
+    """The decoder with random weights (seed 0): what export() writes, and the torch runtime runs."""
     import torch
     import transformers
-
-    sys.path.insert(0, os.path.join(ROOT, "tools"))
-    from export_hf_corpus import CausalLMWithPast
 
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
@@ -84,7 +89,17 @@ def export(path: str, args) -> None:
         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads, max_position_embeddings=2048,
         tie_word_embeddings=False,
     )
-    model = transformers.LlamaForCausalLM(cfg).eval()
+    return transformers.LlamaForCausalLM(cfg).eval()
+
+
+def export(path: str, args) -> None:
+    """Exports the decoder with a KV cache to `path` (TorchScript exporter, dynamic axes)."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "tools"))
+    from export_hf_corpus import CausalLMWithPast
+
+    model = build_model(args)
     module = CausalLMWithPast(model).eval()
     head = args.hidden // args.heads
     past = 3
@@ -132,6 +147,33 @@ def generate(sess, names, prompt, new, layers, kv_heads, head, kv_dtype=np.float
         past = out[1:]
         ids = np.array([[nxt]], np.int64)
     return tokens, times, planning
+
+
+class TorchSession:
+    """LlamaForCausalLM in PyTorch eager behind run(None, feed): the loop's feeds, its own
+    DynamicCache carried between calls (reset when a call starts from position 0), the logits
+    returned as f32 and the pasts as they were given (the loop feeds them back unread)."""
+
+    def __init__(self, model, threads: int):
+        import torch
+
+        self.torch, self.model, self.threads, self.cache = torch, model, threads, None
+
+    def run(self, _, feed):
+        import transformers
+
+        torch = self.torch
+        torch.set_num_threads(self.threads)
+        pos = torch.from_numpy(feed["position_ids"])
+        if int(pos[0, 0]) == 0:
+            self.cache = transformers.DynamicCache()
+        with torch.no_grad():
+            out = self.model(input_ids=torch.from_numpy(feed["input_ids"]),
+                             attention_mask=torch.from_numpy(feed["attention_mask"]), position_ids=pos,
+                             past_key_values=self.cache, use_cache=True)
+        self.cache = out.past_key_values
+        pasts = [v for k, v in feed.items() if k.startswith("past_key_values")]
+        return [out.logits[:, -1:].float().numpy()] + pasts
 
 
 def torch_main(args) -> int:
@@ -263,7 +305,10 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--cache", default=os.path.expanduser("~/.cache/graphfuse/models"))
-    p.add_argument("--runtimes", nargs="+", default=["onnxruntime", "graphfuse"], choices=["onnxruntime", "graphfuse"])
+    p.add_argument("--runtimes", nargs="+", default=None, choices=["onnxruntime", "graphfuse", "torch"],
+                   help="default: onnxruntime graphfuse (f32), torch graphfuse (bf16)")
+    p.add_argument("--dtype", default="f32", choices=["f32", "bf16"],
+                   help="bf16: graphfuse's GEMM weights and the torch model in bf16")
     p.add_argument("--torch", action="store_true", help="transformers' generate() under torch.compile backends")
     p.add_argument("--torch-variants", nargs="+", default=["eager", "inductor", "graphfuse"],
                    choices=["eager", "inductor", "graphfuse"])
@@ -273,7 +318,13 @@ def main() -> int:
     if args.small:
         args.hidden, args.ffn, args.heads, args.kv_heads = 256, 704, 4, 1
     if args.torch:
+        if args.dtype != "f32":
+            p.error("--torch runs f32; --dtype bf16 is for the loop of --runtimes")
         return torch_main(args)
+    if args.runtimes is None:
+        args.runtimes = ["onnxruntime", "graphfuse"] if args.dtype == "f32" else ["torch", "graphfuse"]
+    if args.dtype == "bf16" and "onnxruntime" in args.runtimes:
+        p.error("onnxruntime has no CPU bf16 kernels: --dtype bf16 runs torch and graphfuse")
     name = f"llama_h{args.hidden}_f{args.ffn}_a{args.heads}_kv{args.kv_heads}_l{args.layers}_ts_kv"
     path = os.path.join(args.cache, name, "model.onnx")
     if not os.path.exists(path):
@@ -283,8 +334,8 @@ def main() -> int:
     head = args.hidden // args.heads
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, 32000, (1, args.prompt), dtype=np.int64)
-    print(f"model {path} ({size_mb:.0f} MB), prompt {args.prompt}, {args.new} new tokens, {args.threads} threads, "
-          f"RSS before loading {rss_mb():.0f} MB")
+    print(f"model {path} ({size_mb:.0f} MB), {args.dtype}, prompt {args.prompt}, {args.new} new tokens, "
+          f"{args.threads} threads, RSS before loading {rss_mb():.0f} MB")
 
     sessions, load = {}, {}
     for rt in args.runtimes:
@@ -297,13 +348,19 @@ def main() -> int:
             so.intra_op_num_threads = args.threads
             so.inter_op_num_threads = 1
             sessions[rt] = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+        elif rt == "torch":
+            import torch
+
+            model = build_model(args)
+            sessions[rt] = TorchSession(model.to(torch.bfloat16) if args.dtype == "bf16" else model, args.threads)
         else:
             import graphfuse as gf
 
-            sessions[rt] = gf.InferenceSession(path, threads=args.threads)
+            sessions[rt] = gf.InferenceSession(path, threads=args.threads, bf16_weights=args.dtype == "bf16")
         load[rt] = (time.perf_counter() - t) * 1e3
         print(f"{rt}: loaded in {load[rt]:.0f} ms, RSS +{rss_mb() - before:.0f} MB", flush=True)
-    names = [i.name for i in next(iter(sessions.values())).get_inputs()]
+    names = ["input_ids", "attention_mask", "position_ids"] + [
+        f"past_key_values.{i}.{kv}" for i in range(args.layers) for kv in ("key", "value")]
 
     results = {rt: [] for rt in sessions}
     rss_after = {}
@@ -339,9 +396,17 @@ def main() -> int:
         print(f"\ngraphfuse cache_stats: {s}")
     print(f"RSS at the end {rss_mb():.0f} MB, peak {peak_rss_mb():.0f} MB")
     ref = next(iter(tokens.values()))
-    same = all(t == ref for t in tokens.values()) and all(r[0] == ref for runs in results.values() for r in runs)
-    print("tokens:", "the same in every runtime and turn" if same else f"DIFFER: {tokens}")
-    return 0 if same else 1
+    stable = all(r[0] == tokens[rt] for rt, runs in results.items() for r in runs)
+    if args.dtype == "f32":
+        same = stable and all(t == ref for t in tokens.values())
+        print("tokens:", "the same in every runtime and turn" if same else f"DIFFER: {tokens}")
+        return 0 if same else 1
+    first = next(iter(tokens))
+    agree = {rt: sum(a == b for a, b in zip(t, ref)) for rt, t in tokens.items()}
+    print("tokens:", "each runtime's the same in every turn" if stable else f"DIFFER between turns: {results}")
+    print(f"tokens agreeing with {first}'s (bf16 rounds differently per runtime): "
+          + ", ".join(f"{rt} {n} of {len(ref)}" for rt, n in agree.items()))
+    return 0 if stable else 1
 
 
 if __name__ == "__main__":
