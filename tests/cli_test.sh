@@ -56,6 +56,14 @@ assert {g['kind'] for g in j['groups']} >= {'attention', 'gemm_epilogue'}, j['gr
 att = [g for g in j['groups'] if g['kind'] == 'attention']
 assert len(att) == 1 and '/q_proj/MatMul' in att[0]['nodes'], j['groups']  # the QKV GEMM inside
 " || { echo "FAIL demo --json: kernel counts, check, times or group kinds"; fail=1; }
+# On an empty GEMM cache the first plan times its shape classes, and says so on stderr as it starts
+# each (seconds on large weights); a second run finds them cached and times nothing.
+rm -rf /tmp/graphfuse_cli_gemm_cache
+check demo-gemm-timing 0 env GF_KERNEL_CACHE=/tmp/graphfuse_cli_gemm_cache "$GF" demo --preset llama-small --seq 16 --repeats 3
+echo "$LAST" | grep -q "^graphfuse: timing the CPU's GEMM engines for 512x512 f32 weights at 16 rows on" \
+  || { echo "FAIL demo on an empty GEMM cache does not tell of its timing: $LAST"; fail=1; }
+check demo-gemm-cached 0 env GF_KERNEL_CACHE=/tmp/graphfuse_cli_gemm_cache "$GF" demo --preset llama-small --seq 16 --repeats 3
+echo "$LAST" | grep -q "timing the CPU's GEMM engines" && { echo "FAIL demo timed its GEMMs again: $LAST"; fail=1; }
 check demo-small 0 "$GF" demo --preset elementwise --elements 4096 --repeats 5 --json /tmp/graphfuse_cli_test.json
 grep -q '"ops"' /tmp/graphfuse_cli_test.json || { echo "FAIL demo json lacks ops"; fail=1; }
 python3 -c "import json,sys; json.load(open('/tmp/graphfuse_cli_test.json'))" || { echo "FAIL demo json invalid"; fail=1; }

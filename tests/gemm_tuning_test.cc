@@ -10,10 +10,12 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cpu/kernels/gemm_tuning.h"
 #include "graphfuse/dtype.h"
+#include "graphfuse/progress.h"
 #include "graphfuse/status.h"
 
 namespace graphfuse::kernels {
@@ -102,7 +104,13 @@ TEST(GemmTuning, TimedOnceThenTakenFromTheCache) {
   const GemmTuning tuning{.measure = true, .threads = 2, .cache_dir = dir.string()};
   const int64_t k = 512, n = 512;
   const GemmTuningTotals before = GemmTuningSoFar();
+  // A timing tells the progress sink (the command line prints it): the class and the cache.
+  std::vector<std::string> progress;
+  SetProgressSink([&](std::string_view line) { progress.emplace_back(line); });
   const GemmChoice first = ChooseGemmEngine(3, k, n, GemmWeightStorage::kF32, false, tuning);
+  ASSERT_EQ(progress.size(), 1u);
+  EXPECT_NE(progress[0].find("512x512 f32 weights at 4 rows on 2 thread(s)"), std::string::npos) << progress[0];
+  EXPECT_NE(progress[0].find(dir.string()), std::string::npos) << progress[0];
   EXPECT_TRUE(first.measured);
   EXPECT_FALSE(first.from_cache);
   EXPECT_EQ(first.rows, 4);
@@ -140,6 +148,8 @@ TEST(GemmTuning, TimedOnceThenTakenFromTheCache) {
   EXPECT_FALSE(varying.measured);
   EXPECT_EQ(varying.engine, GemmEngine::kOwn);
   EXPECT_EQ(GemmTuningSoFar().timed, after.timed);
+  EXPECT_EQ(progress.size(), 1u);  // nothing more was timed
+  SetProgressSink({});
   fs::remove_all(dir);
 }
 

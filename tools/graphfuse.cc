@@ -5,12 +5,14 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli_common.h"
 #include "cpu/elementwise_kernels.h"
 #include "graphfuse/cpu.h"
 #include "graphfuse/ops.h"
+#include "graphfuse/progress.h"
 #include "graphfuse/target.h"
 
 namespace graphfuse::cli {
@@ -377,6 +379,10 @@ int main(int argc, char** argv) {
       PrintHelp(stdout, cmd.c_str());
       return kExitOk;
     }
+  // Long steps of compiling (the GEMM engines timed on a machine's first run) tell stderr, so
+  // that seconds of timing are not silence.
+  graphfuse::SetProgressSink(
+      [](std::string_view line) { std::fprintf(stderr, "graphfuse: %.*s\n", static_cast<int>(line.size()), line.data()); });
   if (cmd == "demo") return RunDemo(args);
   if (cmd == "ops") return ListOps(args);
   if (cmd == "run") return RunModel(args);

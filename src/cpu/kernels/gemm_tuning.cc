@@ -18,6 +18,7 @@
 
 #include "core/cache_dir.h"
 #include "core/hash.h"
+#include "core/progress.h"
 #include "graphfuse/thread_pool.h"
 
 namespace graphfuse::kernels {
@@ -280,6 +281,9 @@ GemmTuningCache::Entry Timings(int64_t rows, int64_t k, int64_t n, GemmWeightSto
     return *found;
   }
   // Timed under the lock: two plans compiled at once would time each other's noise.
+  ReportProgress(StrCat("timing the CPU's GEMM engines for ", k, "x", n,
+                        storage == GemmWeightStorage::kBF16 ? " bf16" : " f32", " weights at ", rows, " rows on ",
+                        threads, " thread(s) (once per machine: kept in ", dir, ")"));
   const auto t = std::chrono::steady_clock::now();
   GemmTuningCache::Entry e = Measure(rows, k, n, storage, threads);
   s.totals.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
