@@ -55,6 +55,7 @@ __all__ = [
     "SessionOptions",
     "get_available_providers",
     "get_available_backends",
+    "set_progress",
     "Error",
     "InvalidArgument",
     "Unimplemented",
@@ -70,6 +71,20 @@ _PROVIDER_BACKEND = {"CPUExecutionProvider": "cpu", "CUDAExecutionProvider": "cu
 def get_available_backends() -> list[str]:
     """The backends this build has: 'cpu', and 'cuda' when it was built with the CUDA toolkit."""
     return list(_graphfuse.target_names())
+
+
+def set_progress(fn=None) -> None:
+    """Calls fn(line: str) before each long step of compiling a session's plans: today each GEMM
+    shape class timed for the first time on this machine (about a second each on large weights;
+    the choices are then cached under ~/.cache/graphfuse/gemm). None, the default, keeps
+    graphfuse silent. Process-wide; fn runs with the GIL held, from the thread that compiles;
+    an exception it raises is reported as unraisable and compiling goes on.
+
+        graphfuse.set_progress(print)
+    """
+    if fn is not None and not callable(fn):
+        raise TypeError(f"set_progress takes a callable or None, not {type(fn).__name__}")
+    _graphfuse.set_progress(fn)
 
 
 def get_device() -> str:

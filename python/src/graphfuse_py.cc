@@ -21,6 +21,7 @@
 #include "graphfuse/cpu.h"
 #include "graphfuse/model.h"
 #include "graphfuse/profiling.h"
+#include "graphfuse/progress.h"
 #include "graphfuse/target.h"
 
 namespace nb = nanobind;
@@ -468,6 +469,28 @@ NB_MODULE(_graphfuse, m) {
   m.doc() = "graphfuse's compiled core; use the graphfuse package (InferenceSession).";
   RegisterErrors(m);
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
+  // The progress sink (graphfuse/progress.h) as a Python callable taking a str, or None. It is
+  // called with the GIL taken, from whichever thread compiles; an exception it raises is printed
+  // as unraisable (compiling goes on). The callable is kept for the process (never released, so
+  // that no reference is dropped after the interpreter has finalized).
+  m.def(
+      "set_progress",
+      [](nb::object fn) {
+        if (fn.is_none()) {
+          gf::SetProgressSink({});
+          return;
+        }
+        auto* kept = new nb::object(std::move(fn));
+        gf::SetProgressSink([kept](std::string_view line) {
+          nb::gil_scoped_acquire gil;
+          try {
+            (*kept)(nb::str(line.data(), line.size()));
+          } catch (nb::python_error& e) {
+            e.discard_as_unraisable("graphfuse progress callback");
+          }
+        });
+      },
+      nb::arg("fn").none(), "Calls fn(line) before each long step of compiling; None: silent (the default).");
 
   nb::class_<Session>(m, "Session")
       .def(nb::init<nb::object, const std::string&, int, bool, int, int, bool, bool, const std::string&, bool, const std::string&>(),

@@ -476,3 +476,34 @@ def test_default_dynamo_export_with_external_data(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     report = session.explain()
     assert report["kernels_after"] < report["kernels_before"], report
+
+
+def test_set_progress_tells_of_the_gemm_timing(tmp_path, monkeypatch):
+    # On an empty GEMM cache the first plan times the MatMul's shape class (1 MiB of f32 weights:
+    # the least that is timed) and tells the callable first; a second session finds it cached.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    monkeypatch.setenv("GF_KERNEL_CACHE", str(tmp_path / "cache"))
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((512, 512)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 512])], [w])
+    path = str(tmp_path / "mm.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = rng.standard_normal((8, 512)).astype(np.float32)
+    lines = []
+    gf.set_progress(lines.append)
+    try:
+        y = gf.InferenceSession(path, threads=2).run(None, {"x": x})[0]
+        assert len(lines) == 1 and "512x512 f32 weights at 8 rows" in lines[0], lines
+        assert str(tmp_path / "cache") in lines[0], lines
+        gf.InferenceSession(path, threads=2).run(None, {"x": x})
+        assert len(lines) == 1, lines  # cached: nothing timed, nothing told
+    finally:
+        gf.set_progress(None)
+    np.testing.assert_allclose(y, x.astype(np.float64) @ numpy_helper.to_array(w).astype(np.float64),
+                               rtol=1e-4, atol=1e-3)
+    with pytest.raises(TypeError, match="callable"):
+        gf.set_progress(3)
