@@ -13,7 +13,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <sstream>
 
 #include "core/cache_dir.h"
@@ -116,11 +115,16 @@ double Median(std::vector<double> v) {
 // Times the candidates for one shape class: random weights packed by each, run in turns (so that
 // a noisy stretch of the machine falls on all of them), the median of each.
 GemmTuningCache::Entry Measure(int64_t rows, int64_t k, int64_t n, GemmWeightStorage storage, int threads) {
-  std::mt19937 rng(static_cast<uint32_t>(k * 31 + n));
-  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  // Values in [-1, 1) from a xorshift: the timing needs no better randomness, and the largest
+  // classes (an output layer's 65 M weights) filled from mt19937 took longer than their timing.
+  uint32_t state = static_cast<uint32_t>(k * 31 + n) | 1u;
+  auto next = [&state] {
+    state ^= state << 13, state ^= state >> 17, state ^= state << 5;
+    return static_cast<float>(state >> 8) * (2.f / 16777216.f) - 1.f;
+  };
   std::vector<float> b(static_cast<size_t>(k * n)), a(static_cast<size_t>(rows * k)), c(static_cast<size_t>(rows * n));
-  for (float& x : b) x = u(rng);
-  for (float& x : a) x = u(rng);
+  for (float& x : b) x = next();
+  for (float& x : a) x = next();
   const bool widen = storage == GemmWeightStorage::kBF16 && PackedGemm::OwnBf16Dot();
   std::shared_ptr<const PackedGemm> made[3];  // per Candidate
   const PackedGemmOptions options[3] = {{.storage = storage, .engine = GemmEngine::kOwn},

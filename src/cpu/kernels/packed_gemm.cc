@@ -495,18 +495,28 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
           }
           continue;
         }
-        for (int64_t q = 0; q * kStreamPanel < width; ++q) {
-          const int64_t base = blk * p.block_stride + q * panel_k * kStreamPanel;
-          for (int64_t kk = 0; kk < panel_k; ++kk)
-            for (int64_t j = 0; j < kStreamPanel; ++j) {
-              const int64_t col = q * kStreamPanel + j;
-              const float v = col < width && kk < k ? b[kk * ldb + j0 + col] : 0.f;
-              const int64_t in_panel = p.dot ? (kk / 2 * kStreamPanel + j) * 2 + kk % 2 : kk * kStreamPanel + j;
-              const size_t at = static_cast<size_t>(base + in_panel);
-              if (bf16) panels->bf16[at] = F32ToBF16Bits(v);
-              else panels->f32[at] = v;
+        // bf16 panels: row by row of B's block (a pair of rows for the dot products), a panel's
+        // width at a time rounded to bf16 (ToBF16: SIMD), zeros past the block's width and K.
+        const int64_t panels_n = (width + kStreamPanel - 1) / kStreamPanel;
+        uint16_t row0[kStreamPanel], row1[kStreamPanel];
+        auto round_row = [&](int64_t kk, int64_t q, uint16_t* to) {
+          const int64_t valid = kk < k ? std::min(kStreamPanel, width - q * kStreamPanel) : 0;
+          if (valid > 0) ToBF16(b + kk * ldb + j0 + q * kStreamPanel, valid, to);
+          std::fill(to + valid, to + kStreamPanel, uint16_t{0});
+        };
+        for (int64_t kk = 0; kk < panel_k; kk += p.dot ? 2 : 1)
+          for (int64_t q = 0; q < panels_n; ++q) {
+            // Row kk of panel q; with the dot products, pair kk / 2, each column's two values side
+            // by side (Impl::dot): the same offset, kk being even.
+            uint16_t* to = panels->bf16 + blk * p.block_stride + (q * panel_k + kk) * kStreamPanel;
+            round_row(kk, q, row0);
+            if (!p.dot) {
+              std::memcpy(to, row0, sizeof row0);
+              continue;
             }
-        }
+            round_row(kk + 1, q, row1);
+            for (int64_t j = 0; j < kStreamPanel; ++j) to[2 * j] = row0[j], to[2 * j + 1] = row1[j];
+          }
       }
       return PreparedStore::Made{panels, static_cast<int64_t>(total * (bf16 ? 2 : 4))};
     };
