@@ -8,7 +8,7 @@
 #include "graphfuse/graph.h"
 #include "graphfuse/model.h"
 #include "graphfuse/ops.h"
-include "graphfuse/profiling.h"
+#include "graphfuse/profiling.h"
 #include "graphfuse/progress.h"
 #include "graphfuse/shape.h"
 #include "graphfuse/status.h"
