@@ -228,7 +228,7 @@ int BenchGenerate(const std::string& path, const std::string& spec, int threads,
   const auto t = Clock::now();
   auto model = Model::FromOnnxFile(path);
   if (!model.ok()) return Fail(model.status());
-  // The generation loop runs on the reference target (the CPU; f32, or the GEMM weights in bf16).
+  // The generation loop runs on the CPU target (f32, or with its GEMM weights in bf16).
   TargetOptions options;
   options.cpu.threads = threads;
   options.cpu.bf16_weights = bf16_weights;

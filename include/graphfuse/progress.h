@@ -5,8 +5,9 @@
 //
 //   graphfuse::SetProgressSink([](std::string_view line) { std::fprintf(stderr, "%.*s\n", ...); });
 //
-// The sink is process-wide and replaces the previous one; it may be called from any thread that
-// compiles, one line at a time (under a lock). An empty function, the default, drops them.
+// The sink is process-wide and replaces the previous one (which may still get a line already on
+// its way); it may be called from any thread that compiles, one line at a time, and is called
+// outside the lock that guards it. An empty function, the default, drops them.
 #pragma once
 
 #include <functional>

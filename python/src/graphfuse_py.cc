@@ -471,20 +471,23 @@ NB_MODULE(_graphfuse, m) {
   m.def("target_names", &gf::TargetNames, "The backends this build has: 'cpu', and 'cuda' when built with CUDA.");
   // The progress sink (graphfuse/progress.h) as a Python callable taking a str, or None. It is
   // called with the GIL taken, from whichever thread compiles; an exception it raises is printed
-  // as unraisable (compiling goes on). The callable is kept for the process (never released, so
-  // that no reference is dropped after the interpreter has finalized).
+  // as unraisable (compiling goes on). One slot holds the current callable, replaced under the
+  // GIL; the slot itself is never freed, so that no reference is dropped after the interpreter
+  // has finalized.
   m.def(
       "set_progress",
       [](nb::object fn) {
-        if (fn.is_none()) {
+        static nb::object* const slot = new nb::object(nb::none());
+        *slot = std::move(fn);
+        if (slot->is_none()) {
           gf::SetProgressSink({});
           return;
         }
-        auto* kept = new nb::object(std::move(fn));
-        gf::SetProgressSink([kept](std::string_view line) {
+        gf::SetProgressSink([](std::string_view line) {
           nb::gil_scoped_acquire gil;
+          if (slot->is_none()) return;  // cleared after this line was on its way
           try {
-            (*kept)(nb::str(line.data(), line.size()));
+            (*slot)(nb::str(line.data(), line.size()));
           } catch (nb::python_error& e) {
             e.discard_as_unraisable("graphfuse progress callback");
           }

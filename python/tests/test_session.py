@@ -507,3 +507,31 @@ def test_set_progress_tells_of_the_gemm_timing(tmp_path, monkeypatch):
                                rtol=1e-4, atol=1e-3)
     with pytest.raises(TypeError, match="callable"):
         gf.set_progress(3)
+
+
+def test_a_progress_callback_may_replace_itself(tmp_path, monkeypatch):
+    # The sink is called outside the lock that guards it: a callback that clears the sink (or a
+    # thread replacing it while a compile waits for the GIL) does not deadlock.
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    monkeypatch.setenv("GF_KERNEL_CACHE", str(tmp_path / "cache"))
+    w = numpy_helper.from_array(np.ones((512, 1024), np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 512])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 1024])], [w])
+    path = str(tmp_path / "mm.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    lines = []
+
+    def once(line):
+        lines.append(line)
+        gf.set_progress(None)
+
+    gf.set_progress(once)
+    try:
+        y = gf.InferenceSession(path, threads=2).run(None, {"x": np.ones((2, 512), np.float32)})[0]
+    finally:
+        gf.set_progress(None)
+    assert len(lines) == 1 and "512x1024 f32 weights at 2 rows" in lines[0], lines
+    np.testing.assert_allclose(y, np.full((2, 1024), 512.0), rtol=1e-6)

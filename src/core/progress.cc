@@ -7,7 +7,8 @@ namespace graphfuse {
 namespace {
 
 struct Sink {
-  std::mutex mu;
+  std::mutex mu;       // guards fn
+  std::mutex call_mu;  // one line at a time
   std::function<void(std::string_view)> fn;
 };
 Sink& TheSink() {
@@ -24,9 +25,17 @@ void SetProgressSink(std::function<void(std::string_view line)> sink) {
 }
 
 void ReportProgress(std::string_view line) {
+  // The sink is called outside `mu`: a sink that waits (Python's, for the GIL) must not hold up
+  // a thread replacing it, nor deadlock a sink that replaces itself.
   Sink& s = TheSink();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.fn) s.fn(line);
+  std::function<void(std::string_view)> fn;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    fn = s.fn;
+  }
+  if (!fn) return;
+  std::lock_guard<std::mutex> one_line(s.call_mu);
+  fn(line);
 }
 
 }  // namespace graphfuse

@@ -509,11 +509,11 @@ Result<std::shared_ptr<const PackedGemm>> PackedGemm::Create(int64_t m, int64_t 
             // Row kk of panel q; with the dot products, pair kk / 2, each column's two values side
             // by side (Impl::dot): the same offset, kk being even.
             uint16_t* to = panels->bf16 + blk * p.block_stride + (q * panel_k + kk) * kStreamPanel;
-            round_row(kk, q, row0);
             if (!p.dot) {
-              std::memcpy(to, row0, sizeof row0);
+              round_row(kk, q, to);
               continue;
             }
+            round_row(kk, q, row0);
             round_row(kk + 1, q, row1);
             for (int64_t j = 0; j < kStreamPanel; ++j) to[2 * j] = row0[j], to[2 * j + 1] = row1[j];
           }
